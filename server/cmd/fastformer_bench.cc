@@ -1,0 +1,157 @@
+// fastformer-bench: runs an engine on the synthetic workload of server/engine/workload.h,
+// with no server, and prints throughput, batch latency percentiles and peak memory.
+// tools/bench_pytorch.py runs the reference model on the same sequences.
+#include <sys/resource.h>
+
+#include <algorithm>
+#include <chrono>
+#include <cmath>
+#include <cstdio>
+#include <iostream>
+#include <string>
+#include <vector>
+
+#include <CLI/CLI.hpp>
+#include <nlohmann/json.hpp>
+
+#include "server/engine/engine.h"
+#include "server/engine/model.h"
+#include "server/engine/workload.h"
+
+namespace {
+
+using namespace fastformer;
+using Clock = std::chrono::steady_clock;
+
+double percentile(std::vector<double> v, double p) {  // nearest rank
+  if (v.empty()) return 0.0;
+  std::sort(v.begin(), v.end());
+  const size_t rank = static_cast<size_t>(std::ceil(p / 100.0 * double(v.size())));
+  return v[std::clamp<size_t>(rank, 1, v.size()) - 1];
+}
+
+int64_t peak_rss_bytes() {
+  rusage usage{};
+  getrusage(RUSAGE_SELF, &usage);
+  return int64_t(usage.ru_maxrss) * 1024;
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  CLI::App app{"fastformer-bench: engine throughput on a synthetic workload, no server"};
+  std::string model_dir, backend_name = "cpu", lengths_text = "uniform:16:256";
+  engine::EngineOptions options;
+  int64_t batch_tokens = 8192;
+  double seconds = 10;
+  uint64_t seed = 1;
+  int pool_batches = 8, warmup_batches = 2;
+  bool json_output = false, print_workload = false;
+  app.add_option("--model-dir", model_dir, "model directory")->required();
+  app.add_option("--backend", backend_name, "cpu, cuda or auto")
+      ->check(CLI::IsMember({"auto", "cpu", "cuda"}))
+      ->capture_default_str();
+  app.add_option("--dtype", options.dtype, "float32, float16 or bfloat16")
+      ->check(CLI::IsMember({"float32", "float16", "bfloat16"}))
+      ->capture_default_str();
+  app.add_option("--threads", options.threads, "CPU threads, 0 = all cores")->capture_default_str();
+  app.add_option("--batch-tokens", batch_tokens, "tokens per ragged batch")
+      ->check(CLI::PositiveNumber)
+      ->capture_default_str();
+  app.add_option("--lengths", lengths_text, "fixed:L or uniform:MIN:MAX")->capture_default_str();
+  app.add_option("--seconds", seconds, "timed duration (at least one pass over the pool)")
+      ->capture_default_str();
+  app.add_option("--seed", seed, "workload seed")->capture_default_str();
+  app.add_option("--pool-batches", pool_batches, "distinct batches, cycled")
+      ->check(CLI::PositiveNumber)
+      ->capture_default_str();
+  app.add_option("--warmup-batches", warmup_batches, "untimed batches first")->capture_default_str();
+  app.add_flag("--json", json_output, "print one JSON object");
+  app.add_flag("--print-workload", print_workload,
+               "print the workload's batches as JSON (token ids) and exit");
+  CLI11_PARSE(app, argc, argv);
+
+  engine::LengthSpec lengths;
+  std::string error;
+  if (!engine::parse_lengths(lengths_text, &lengths, &error)) {
+    std::cerr << "fastformer-bench: --" << error << "\n";
+    return 2;
+  }
+  engine::parse_backend(backend_name, &options.backend);
+  try {
+    auto model = engine::Model::load(model_dir);
+    const auto& config = model->config();
+    if (lengths.max > config.max_position_embeddings) {
+      std::cerr << "fastformer-bench: --lengths " << lengths_text << " exceeds max_position_embeddings "
+                << config.max_position_embeddings << "\n";
+      return 2;
+    }
+    if (!model->has_word_embedding()) {
+      std::cerr << "fastformer-bench: the model has no word embedding; the workload is token ids\n";
+      return 2;
+    }
+    const auto pool = engine::make_workload(lengths, config.vocab_size, config.pad_token_id,
+                                            batch_tokens, pool_batches, seed);
+    if (print_workload) {
+      std::cout << nlohmann::json(pool).dump() << "\n";
+      return 0;
+    }
+    std::vector<engine::RaggedBatch> batches(pool.size());
+    int64_t largest = 0;
+    for (size_t i = 0; i < pool.size(); ++i) {
+      for (const auto& seq : pool[i]) batches[i].add({seq, {}}, config);
+      largest = std::max<int64_t>(largest, batches[i].num_tokens());
+    }
+    options.max_batch_tokens = std::max(batch_tokens, largest);
+    auto eng = engine::create_engine(model, options);
+    const engine::OutputOptions out_options;
+
+    for (int i = 0; i < warmup_batches; ++i) eng->encode(batches[size_t(i) % batches.size()], {&out_options, 1});
+    std::vector<double> latencies_ms;
+    int64_t tokens = 0, sequences = 0;
+    const auto start = Clock::now();
+    double elapsed = 0;
+    for (size_t i = 0;; ++i) {
+      const auto& batch = batches[i % batches.size()];
+      const auto t0 = Clock::now();
+      eng->encode(batch, {&out_options, 1});
+      const auto t1 = Clock::now();
+      latencies_ms.push_back(std::chrono::duration<double, std::milli>(t1 - t0).count());
+      tokens += batch.num_tokens();
+      sequences += batch.num_sequences();
+      elapsed = std::chrono::duration<double>(t1 - start).count();
+      if (elapsed >= seconds && i + 1 >= batches.size()) break;
+    }
+    nlohmann::ordered_json result = {
+        {"backend", eng->backend_name()},
+        {"device", eng->device_name()},
+        {"dtype", options.dtype},
+        {"model", config.model_name},
+        {"lengths", lengths_text},
+        {"batch_tokens", batch_tokens},
+        {"seed", seed},
+        {"tokens_per_second", double(tokens) / elapsed},
+        {"sequences_per_second", double(sequences) / elapsed},
+        {"batches", latencies_ms.size()},
+        {"tokens", tokens},
+        {"sequences", sequences},
+        {"seconds", elapsed},
+        {"batch_latency_p50_ms", percentile(latencies_ms, 50)},
+        {"batch_latency_p99_ms", percentile(latencies_ms, 99)},
+        {"peak_rss_bytes", peak_rss_bytes()},
+        {"weight_bytes", model->weight_bytes()},
+    };
+    if (json_output) {
+      std::cout << result.dump() << "\n";
+    } else {
+      std::printf("%s %s: %.0f tokens/s, %.1f sequences/s, %zu batches, p50 %.2f ms, p99 %.2f ms, peak RSS %.1f MiB\n",
+                  eng->backend_name().c_str(), lengths_text.c_str(), double(tokens) / elapsed,
+                  double(sequences) / elapsed, latencies_ms.size(), percentile(latencies_ms, 50),
+                  percentile(latencies_ms, 99), double(peak_rss_bytes()) / (1 << 20));
+    }
+  } catch (const std::exception& e) {
+    std::cerr << "fastformer-bench: " << e.what() << "\n";
+    return 1;
+  }
+  return 0;
+}

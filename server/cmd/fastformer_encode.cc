@@ -1,0 +1,155 @@
+// fastformer-encode: the offline encoder. Reads JSON lines (one sequence each), encodes
+// them in ragged batches of at most --max-batch-tokens tokens, writes one JSON line per
+// input line, in input order. A bad line stops the run with exit code 2 and a message
+// naming its line number; every line before it has been written.
+#include <cstdio>
+#include <fstream>
+#include <iostream>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include <CLI/CLI.hpp>
+#include <spdlog/spdlog.h>
+#include <spdlog/sinks/stdout_color_sinks.h>
+
+#include "server/cmd/jsonl_io.h"
+#include "server/engine/engine.h"
+#include "server/engine/error.h"
+#include "server/engine/model.h"
+
+namespace {
+
+using namespace fastformer;
+
+constexpr int kExitBadInput = 2;
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  CLI::App app{"fastformer-encode: embed JSON-lines sequences with a Fastformer model, no server"};
+  std::string model_dir, backend_name = "auto", input = "-", output = "-";
+  engine::OutputOptions out_options;
+  engine::EngineOptions engine_options;
+  engine_options.max_batch_tokens = 16384;
+  app.add_option("--model-dir", model_dir, "model directory (config.json + model.safetensors)")
+      ->required()
+      ->envname("FASTFORMER_MODEL_DIR");
+  app.add_option("--backend", backend_name, "auto, cpu or cuda")
+      ->check(CLI::IsMember({"auto", "cpu", "cuda"}))
+      ->capture_default_str();
+  app.add_option("--input", input, "input JSON lines, - for stdin")->capture_default_str();
+  app.add_option("--output", output, "output JSON lines, - for stdout")->capture_default_str();
+  app.add_flag("--return-token-embeddings", out_options.token_embeddings,
+               "also write each token's final hidden state");
+  app.add_flag("--return-logits", out_options.logits, "also write the classifier head's logits");
+  app.add_flag("--normalize", out_options.normalize, "L2-normalise the pooled embedding");
+  app.add_option("--max-batch-tokens", engine_options.max_batch_tokens,
+                 "tokens per ragged batch (and the engine's buffer size)")
+      ->check(CLI::PositiveNumber)
+      ->capture_default_str();
+  app.add_option("--threads", engine_options.threads, "CPU threads, 0 = all cores")
+      ->check(CLI::NonNegativeNumber)
+      ->capture_default_str();
+  CLI11_PARSE(app, argc, argv);
+
+  auto log = spdlog::stderr_color_st("encode");
+  spdlog::set_default_logger(log);
+  engine::parse_backend(backend_name, &engine_options.backend);
+
+  std::shared_ptr<const engine::Model> model;
+  std::unique_ptr<engine::Engine> eng;
+  try {
+    model = engine::Model::load(model_dir);
+    std::string why;
+    eng = engine::create_engine(model, engine_options, &why);
+    spdlog::info("model {}: {} parameters ({}), backend {} ({}), max batch tokens {}",
+                 model->config().model_name, model->parameter_count(), model->stored_dtype(),
+                 eng->device_name(), why, eng->max_batch_tokens());
+  } catch (const std::exception& e) {
+    spdlog::error("{}", e.what());
+    return 1;
+  }
+  if (out_options.logits && model->num_labels() == 0) {
+    spdlog::error("--return-logits: this model has no classifier head (dense_linear)");
+    return kExitBadInput;
+  }
+  const engine::ModelConfig& config = model->config();
+  const int64_t D = config.hidden_size;
+
+  std::ifstream in_file;
+  std::istream* in = &std::cin;
+  if (input != "-") {
+    in_file.open(input);
+    if (!in_file) {
+      spdlog::error("--input {}: cannot open", input);
+      return 1;
+    }
+    in = &in_file;
+  }
+  std::FILE* out = stdout;
+  if (output != "-") {
+    out = std::fopen(output.c_str(), "wb");
+    if (out == nullptr) {
+      spdlog::error("--output {}: cannot open for writing", output);
+      return 1;
+    }
+  }
+
+  std::vector<cli::InputLine> pending;  // lines of the batch being formed
+  int64_t pending_tokens = 0;
+  std::string buffer;
+  auto flush = [&]() {
+    if (pending.empty()) return;
+    engine::RaggedBatch batch;
+    for (const auto& line : pending) batch.add(line.view(), config);
+    const auto encoded = eng->encode(batch, {&out_options, 1});
+    buffer.clear();
+    for (const auto& seq : encoded) cli::append_output_line(seq, D, &buffer);
+    std::fwrite(buffer.data(), 1, buffer.size(), out);
+    pending.clear();
+    pending_tokens = 0;
+  };
+
+  std::string line;
+  int64_t line_number = 0, sequences = 0;
+  int status = 0;
+  try {
+    while (std::getline(*in, line)) {
+      ++line_number;
+      if (line.find_first_not_of(" \t\r") == std::string::npos) continue;  // blank line
+      std::string error;
+      auto parsed = cli::parse_input_line(line, D, &error);
+      if (parsed) {
+        if (auto bad = engine::validate_sequence(config, model->has_word_embedding(), parsed->view(), 0)) {
+          error = bad->field + ": " + bad->message;
+          parsed.reset();
+        }
+      }
+      const int64_t n = parsed ? engine::sequence_length(parsed->view(), D) : 0;
+      if (parsed && n > eng->max_batch_tokens()) {
+        error = "sequence of " + std::to_string(n) + " tokens exceeds --max-batch-tokens " +
+                std::to_string(eng->max_batch_tokens());
+        parsed.reset();
+      }
+      if (!parsed) {
+        flush();  // everything before the bad line is written
+        spdlog::error("{}: line {}: {}", input == "-" ? "stdin" : input, line_number, error);
+        status = kExitBadInput;
+        break;
+      }
+      if (pending_tokens + n > eng->max_batch_tokens()) flush();
+      pending.push_back(std::move(*parsed));
+      pending_tokens += n;
+      ++sequences;
+    }
+    if (status == 0) flush();
+  } catch (const std::exception& e) {
+    spdlog::error("encoding failed: {}", e.what());
+    status = 1;
+  }
+  if (out != stdout) std::fclose(out);
+  else std::fflush(out);
+  if (status == 0) spdlog::info("encoded {} sequences", sequences);
+  return status;
+}

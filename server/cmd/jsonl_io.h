@@ -1,0 +1,35 @@
+// The JSON-lines formats of fastformer-encode (and, later, fastformer-client encode).
+//
+// Input, one sequence a line: {"token_ids": [1, 2, 3]} or {"input_embeddings": [[...], ...]}.
+// Output, in input order: {"embedding": [...], "num_tokens": n} plus "token_embeddings"
+// ([[...], ...]) and "logits" ([...]) when asked.
+#pragma once
+
+#include <cstdint>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include "server/engine/engine.h"
+#include "server/engine/ragged_batch.h"
+
+namespace fastformer::cli {
+
+// A parsed input line; owns the storage the SequenceInput view points at.
+struct InputLine {
+  std::vector<int32_t> token_ids;
+  std::vector<float> input_embeddings;  ///< flattened rows
+  int64_t rows = 0;                     ///< embedding rows
+
+  engine::SequenceInput view() const { return {token_ids, input_embeddings}; }
+};
+
+// Parses one line. On failure returns nullopt and sets `error` (without the line number).
+// `hidden_size` checks that every embedding row has the model's width.
+std::optional<InputLine> parse_input_line(const std::string& line, int64_t hidden_size,
+                                          std::string* error);
+
+// Appends one output line (with its trailing newline) to `out`.
+void append_output_line(const engine::EncodedSequence& seq, int64_t hidden_size, std::string* out);
+
+}  // namespace fastformer::cli

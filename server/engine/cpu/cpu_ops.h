@@ -1,0 +1,66 @@
+// The CPU implementation of Ops: float32, GEMMs through OpenBLAS, element-wise and
+// reduction passes fused per row and spread over a thread pool. It is also the oracle
+// every CUDA kernel is tested against.
+#pragma once
+
+#include <memory>
+#include <vector>
+
+#include "server/engine/cpu/thread_pool.h"
+#include "server/engine/ops.h"
+
+namespace fastformer::engine {
+
+class CpuOps final : public Ops {
+ public:
+  // `threads` for both OpenBLAS and the pool; buffers grow to `max_batch_tokens` rows.
+  CpuOps(int threads, int64_t max_batch_tokens, const ModelConfig& config);
+
+  size_t element_size() const override { return sizeof(float); }
+  const void* upload(std::span<const float> host) override;
+  void* scratch(size_t elements) override;
+  void reset_scratch() override;
+  BatchRef begin_batch(const RaggedBatch& batch) override;
+  void embed(const BatchRef& batch, const void* word_embedding, const void* position_embeddings,
+             const void* ln_gamma, const void* ln_beta, double eps, Mat x) override;
+  void linear(const Mat& a, const WeightRef& w, Mat c, Epilogue epilogue, Activation act) override;
+  void query_pool(const BatchRef& batch, const Mat& scores, const Mat& q, Mat pq) override;
+  void key_pool(const BatchRef& batch, const Mat& k, const Mat& pq, const WeightRef& key_att,
+                Mat pk) override;
+  void mix(const BatchRef& batch, const Mat& q, const Mat& pk, Mat u) override;
+  void bias_residual_layernorm(const Mat& c, const void* bias, const Mat& residual, const void* gamma,
+                               const void* beta, double eps, Mat out) override;
+  void attention_pool(const BatchRef& batch, const Mat& e, const WeightRef& fc2, const Mat& x,
+                      Mat pooled) override;
+  void l2_normalize(Mat rows) override;
+  void download(const Mat& src, float* dst) override;
+  void synchronize() override {}
+
+  int threads() const { return pool_.size(); }
+
+ private:
+  // Online-softmax partials of one chunk of one sequence, per head: running max m, sum l,
+  // and the weighted value vector v (head h owns columns h*d .. h*d+d-1).
+  struct Partials {
+    std::vector<float> m, l, v;
+  };
+  // Scores are per (token, head) in `scores` ([T, heads], ld heads); values [T, D].
+  void pool_chunks(int64_t heads, const float* scores, int64_t score_ld, const Mat& values);
+  // Combines chunk partials into one row per sequence: out_b = v / (L + extra * exp(-M)).
+  void combine(int64_t heads, Mat out, const float* scale_by, float denominator_extra);
+
+  const ModelConfig config_;
+  ThreadPool pool_;
+  int64_t max_batch_tokens_;
+  std::unique_ptr<float[]> arena_;  // scratch for one batch, sized at start-up
+  size_t arena_size_ = 0, arena_used_ = 0;
+
+  // The current batch, as begin_batch received it.
+  const RaggedBatch* batch_ = nullptr;
+  std::vector<int32_t> chunk_seq_, chunk_begin_, chunk_end_;  // pooling chunks
+  std::vector<int32_t> seq_first_chunk_;                        // B+1 offsets into chunks
+  Partials partials_;
+  std::unique_ptr<float[]> token_scores_;  // [T, H] key scores r, or [T] pooler scores z
+};
+
+}  // namespace fastformer::engine

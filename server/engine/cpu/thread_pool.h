@@ -1,0 +1,44 @@
+// A small fork-join pool for the CPU engine's element-wise and reduction passes.
+// Workers sleep on a condition variable between jobs (no spinning), so they do not fight
+// OpenBLAS's own threads for the cores during GEMMs.
+#pragma once
+
+#include <atomic>
+#include <condition_variable>
+#include <cstdint>
+#include <functional>
+#include <mutex>
+#include <thread>
+#include <vector>
+
+namespace fastformer::engine {
+
+class ThreadPool {
+ public:
+  explicit ThreadPool(int threads);  // threads - 1 workers; the caller is the last one
+  ~ThreadPool();
+  ThreadPool(const ThreadPool&) = delete;
+  ThreadPool& operator=(const ThreadPool&) = delete;
+
+  int size() const { return static_cast<int>(workers_.size()) + 1; }
+
+  // Calls fn(begin, end) over [0, n) in pieces of about `grain` indices, spread over the
+  // pool; returns when every piece is done.
+  void parallel_for(int64_t n, int64_t grain, const std::function<void(int64_t, int64_t)>& fn);
+
+ private:
+  void worker_loop();
+  void run_pieces();
+
+  std::vector<std::thread> workers_;
+  std::mutex mu_;
+  std::condition_variable work_cv_, done_cv_;
+  uint64_t generation_ = 0;
+  bool stop_ = false;
+  int busy_ = 0;
+  const std::function<void(int64_t, int64_t)>* job_ = nullptr;
+  int64_t n_ = 0, grain_ = 1;
+  std::atomic<int64_t> next_{0};
+};
+
+}  // namespace fastformer::engine

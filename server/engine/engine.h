@@ -1,0 +1,66 @@
+// The engine API: encode one ragged batch of validated sequences. Nothing here knows gRPC.
+//
+// An Engine runs the forward graph (forward.cc) over an Ops implementation: the CPU ops
+// (OpenBLAS + threads) or, in CUDA builds, the CUDA ops. It is not thread-safe: one
+// batch at a time per Engine; the server runs one Engine per worker.
+#pragma once
+
+#include <cstdint>
+#include <memory>
+#include <span>
+#include <string>
+#include <vector>
+
+#include "server/engine/model.h"
+#include "server/engine/ragged_batch.h"
+
+namespace fastformer::engine {
+
+enum class Backend { kAuto, kCpu, kCuda };
+
+bool parse_backend(const std::string& name, Backend* out);
+
+struct EngineOptions {
+  Backend backend = Backend::kAuto;
+  int threads = 0;                  ///< CPU threads; 0 = all cores
+  int64_t max_batch_tokens = 16384; ///< buffers are sized for this many tokens at start-up
+  std::string dtype = "float32";    ///< serving dtype (the CPU engine serves float32)
+  int device = 0;                   ///< CUDA device ordinal
+};
+
+// What a caller wants back for one sequence.
+struct OutputOptions {
+  bool token_embeddings = false;  ///< the last layer's hidden state of every token
+  bool logits = false;            ///< the classifier head's output (when the model has one)
+  bool normalize = false;         ///< L2-normalise the pooled embedding
+};
+
+struct EncodedSequence {
+  std::vector<float> embedding;         ///< pooled [D] (normalised when asked)
+  std::vector<float> token_embeddings;  ///< [n, D] when asked
+  std::vector<float> logits;            ///< [num_labels] when asked and present
+  int32_t num_tokens = 0;               ///< tokens in the sequence, pads included
+};
+
+class Engine {
+ public:
+  virtual ~Engine() = default;
+
+  // Encodes `batch` (built from sequences validate_sequence accepted). `options` has one
+  // entry per sequence, or a single entry for all. Throws EngineError when the batch does
+  // not fit the buffers (more than max_batch_tokens tokens).
+  virtual std::vector<EncodedSequence> encode(const RaggedBatch& batch,
+                                              std::span<const OutputOptions> options) = 0;
+
+  virtual std::string backend_name() const = 0;  ///< "cpu" or "cuda"
+  virtual std::string device_name() const = 0;   ///< e.g. "cpu (2 threads)"
+  virtual int64_t max_batch_tokens() const = 0;
+  virtual const Model& model() const = 0;
+};
+
+// Creates the engine `options.backend` asks for. kAuto picks CUDA when this build has it
+// and a usable device exists, else the CPU engine; `why` (if given) receives the reason.
+std::unique_ptr<Engine> create_engine(std::shared_ptr<const Model> model, const EngineOptions& options,
+                                      std::string* why = nullptr);
+
+}  // namespace fastformer::engine

@@ -1,0 +1,161 @@
+#include "server/engine/forward.h"
+
+#include <cmath>
+#include <map>
+
+#include "server/engine/error.h"
+
+namespace fastformer::engine {
+
+ForwardEngine::ForwardEngine(std::shared_ptr<const Model> model, std::unique_ptr<Ops> ops,
+                             int64_t max_batch_tokens, std::string backend, std::string device)
+    : model_(std::move(model)),
+      prepared_(prepare_weights(*model_)),
+      ops_(std::move(ops)),
+      max_batch_tokens_(max_batch_tokens),
+      backend_(std::move(backend)),
+      device_(std::move(device)) {
+  const ModelConfig& c = model_->config();
+  const ModelWeights& w = model_->weights();
+  const int64_t D = c.hidden_size;
+  if (w.word_embedding) word_embedding_ = ops_->upload({w.word_embedding, size_t(c.vocab_size * D)});
+  position_embeddings_ = ops_->upload({w.position_embeddings, size_t(c.max_position_embeddings * D)});
+  embedding_ln_gamma_ = ops_->upload({w.embedding_layernorm.gamma, size_t(D)});
+  embedding_ln_beta_ = ops_->upload({w.embedding_layernorm.beta, size_t(D)});
+
+  const PreparedWeights& prepared = prepared_;
+  std::map<const PreparedLayer*, LayerRefs> uploaded;  // shared layers are uploaded once
+  for (const auto& layer : prepared.layers) {
+    auto it = uploaded.find(layer.get());
+    if (it == uploaded.end()) {
+      LayerRefs r;
+      r.query_key_scores = upload(layer->query_key_scores);
+      r.key_att = upload(layer->key_att);
+      r.transform = upload(layer->transform);
+      r.attention_output = upload(layer->attention_output);
+      r.intermediate = upload(layer->intermediate);
+      r.output = upload(layer->output);
+      r.ln1_gamma = ops_->upload(layer->ln1_gamma);
+      r.ln1_beta = ops_->upload(layer->ln1_beta);
+      r.ln2_gamma = ops_->upload(layer->ln2_gamma);
+      r.ln2_beta = ops_->upload(layer->ln2_beta);
+      it = uploaded.emplace(layer.get(), r).first;
+    }
+    layers_.push_back(it->second);
+  }
+  pooler_fc1_ = upload(prepared.pooler_fc1);
+  pooler_fc2_ = upload(prepared.pooler_fc2);
+  if (prepared.classifier.out > 0) classifier_ = upload(prepared.classifier);
+}
+
+WeightRef ForwardEngine::upload(const PreparedLinear& linear) {
+  WeightRef r;
+  r.out = linear.out;
+  r.in = linear.in;
+  r.weight = ops_->upload(linear.weight);
+  if (!linear.bias.empty()) r.bias = ops_->upload(linear.bias);
+  return r;
+}
+
+std::vector<EncodedSequence> ForwardEngine::encode(const RaggedBatch& batch,
+                                                   std::span<const OutputOptions> options) {
+  const ModelConfig& c = model_->config();
+  const int64_t T = batch.num_tokens();
+  const int32_t B = batch.num_sequences();
+  if (B == 0) return {};
+  if (T > max_batch_tokens_) {
+    throw EngineError("batch of " + std::to_string(T) + " tokens exceeds max_batch_tokens " +
+                      std::to_string(max_batch_tokens_));
+  }
+  if (options.size() != 1 && options.size() != static_cast<size_t>(B)) {
+    throw EngineError("encode: expected 1 or " + std::to_string(B) + " output options, got " +
+                      std::to_string(options.size()));
+  }
+  auto option = [&](int32_t b) -> const OutputOptions& { return options[options.size() == 1 ? 0 : b]; };
+
+  const int64_t D = c.hidden_size, H = c.num_attention_heads, I = c.intermediate_size;
+  const int64_t P = 2 * D + H;  // width of the fused Q | K | s output
+  Ops& ops = *ops_;
+  ops.reset_scratch();
+  auto mat = [&](int64_t rows, int64_t cols) {
+    return Mat{ops.scratch(size_t(rows * cols)), rows, cols, cols};
+  };
+
+  const BatchRef ref = ops.begin_batch(batch);
+  Mat x = mat(T, D);        // hidden state, updated in place layer by layer
+  Mat qks = mat(T, P);      // [Q | K | s]; K's block is reused for U, Q's for A
+  Mat y = mat(T, D);        // GEMM outputs before their LayerNorm
+  Mat h = mat(T, I);        // feed-forward activations
+  Mat pq = mat(B, D), pk = mat(B, D);
+  const size_t elem = ops.element_size();
+  const Mat q = columns(qks, 0, D, elem), k = columns(qks, D, D, elem);
+  const Mat s = columns(qks, 2 * D, H, elem);
+
+  ops.embed(ref, word_embedding_, position_embeddings_, embedding_ln_gamma_, embedding_ln_beta_,
+            c.layer_norm_eps, x);
+  for (const LayerRefs& l : layers_) {
+    ops.linear(x, l.query_key_scores, qks, Epilogue::kBias);           // Q, K, s
+    ops.query_pool(ref, s, q, pq);                                      // pq
+    ops.key_pool(ref, k, pq, l.key_att, pk);                            // pk
+    ops.mix(ref, q, pk, k);                                             // U = pk * Q, over K
+    ops.linear(k, l.transform, q, Epilogue::kAccumulate);               // A = Q + U Wt^T
+    ops.linear(q, l.attention_output, y, Epilogue::kStore);             // A Wo^T
+    ops.bias_residual_layernorm(y, l.attention_output.bias, x, l.ln1_gamma, l.ln1_beta,
+                                c.layer_norm_eps, x);                   // X1
+    ops.linear(x, l.intermediate, h, Epilogue::kBiasAct, c.hidden_act); // act(X1 Wi^T + bi)
+    ops.linear(h, l.output, y, Epilogue::kStore);
+    ops.bias_residual_layernorm(y, l.output.bias, x, l.ln2_gamma, l.ln2_beta, c.layer_norm_eps,
+                                x);                                     // X'
+  }
+  Mat pooled = mat(B, D);
+  ops.linear(x, pooler_fc1_, y, Epilogue::kBias);
+  ops.attention_pool(ref, y, pooler_fc2_, x, pooled);
+
+  std::vector<EncodedSequence> out(static_cast<size_t>(B));
+  bool any_logits = false, any_normalize = false;
+  for (int32_t b = 0; b < B; ++b) {
+    any_logits |= option(b).logits && classifier_.out > 0;
+    any_normalize |= option(b).normalize;
+  }
+  std::vector<float> logits_host;
+  if (any_logits) {
+    Mat logits = mat(B, classifier_.out);
+    ops.linear(pooled, classifier_, logits, Epilogue::kBias);
+    logits_host.resize(size_t(B * classifier_.out));
+    ops.download(logits, logits_host.data());
+  }
+  std::vector<float> pooled_host(size_t(B * D)), normalized_host;
+  ops.download(pooled, pooled_host.data());
+  if (any_normalize) {
+    ops.l2_normalize(pooled);
+    normalized_host.resize(pooled_host.size());
+    ops.download(pooled, normalized_host.data());
+  }
+  std::vector<float> tokens_host;
+  bool any_tokens = false;
+  for (int32_t b = 0; b < B; ++b) any_tokens |= option(b).token_embeddings;
+  if (any_tokens) {
+    tokens_host.resize(size_t(T * D));
+    ops.download(x, tokens_host.data());
+  }
+  ops.synchronize();
+
+  for (int32_t b = 0; b < B; ++b) {
+    EncodedSequence& e = out[size_t(b)];
+    const OutputOptions& o = option(b);
+    const int32_t begin = batch.cu_seqlens[size_t(b)], end = batch.cu_seqlens[size_t(b) + 1];
+    e.num_tokens = end - begin;
+    const std::vector<float>& src = o.normalize ? normalized_host : pooled_host;
+    e.embedding.assign(src.begin() + b * D, src.begin() + (b + 1) * D);
+    if (o.token_embeddings) {
+      e.token_embeddings.assign(tokens_host.begin() + begin * D, tokens_host.begin() + end * D);
+    }
+    if (o.logits && classifier_.out > 0) {
+      e.logits.assign(logits_host.begin() + b * classifier_.out,
+                      logits_host.begin() + (b + 1) * classifier_.out);
+    }
+  }
+  return out;
+}
+
+}  // namespace fastformer::engine

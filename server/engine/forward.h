@@ -1,0 +1,49 @@
+// The Fastformer forward graph over a ragged batch, written once over the Ops interface.
+#pragma once
+
+#include <memory>
+#include <span>
+#include <vector>
+
+#include "server/engine/engine.h"
+#include "server/engine/ops.h"
+#include "server/engine/prepared_weights.h"
+
+namespace fastformer::engine {
+
+class ForwardEngine final : public Engine {
+ public:
+  ForwardEngine(std::shared_ptr<const Model> model, std::unique_ptr<Ops> ops,
+                int64_t max_batch_tokens, std::string backend, std::string device);
+
+  std::vector<EncodedSequence> encode(const RaggedBatch& batch,
+                                      std::span<const OutputOptions> options) override;
+  std::string backend_name() const override { return backend_; }
+  std::string device_name() const override { return device_; }
+  int64_t max_batch_tokens() const override { return max_batch_tokens_; }
+  const Model& model() const override { return *model_; }
+
+ private:
+  struct LayerRefs {
+    WeightRef query_key_scores, key_att, transform, attention_output, intermediate, output;
+    const void* ln1_gamma;
+    const void* ln1_beta;
+    const void* ln2_gamma;
+    const void* ln2_beta;
+  };
+  WeightRef upload(const PreparedLinear& linear);
+
+  std::shared_ptr<const Model> model_;
+  PreparedWeights prepared_;  // host copies the ops may serve in place
+  std::unique_ptr<Ops> ops_;
+  int64_t max_batch_tokens_;
+  std::string backend_, device_;
+  const void* word_embedding_ = nullptr;
+  const void* position_embeddings_ = nullptr;
+  const void* embedding_ln_gamma_ = nullptr;
+  const void* embedding_ln_beta_ = nullptr;
+  std::vector<LayerRefs> layers_;
+  WeightRef pooler_fc1_, pooler_fc2_, classifier_;
+};
+
+}  // namespace fastformer::engine

@@ -1,0 +1,110 @@
+// The operations the forward graph is written over (forward.cc). The CPU engine implements
+// them with OpenBLAS and a thread pool; the CUDA engine with cuBLASLt and kernels/. Each
+// operation names the line of the model contract (DESIGN.md section 1) it computes.
+//
+// Buffers are opaque pointers into the engine's own memory, holding elements of the
+// engine's serving dtype; matrices are row-major with an explicit leading dimension so a
+// view can address a column block of a wider matrix (Q, K and s share one GEMM output).
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+#include <span>
+
+#include "server/engine/config.h"
+#include "server/engine/ragged_batch.h"
+
+namespace fastformer::engine {
+
+struct Mat {
+  void* data = nullptr;  ///< first element
+  int64_t rows = 0;
+  int64_t cols = 0;
+  int64_t ld = 0;  ///< elements between consecutive rows
+};
+
+// Columns first .. first+cols-1 of `m`, for elements of `element_size` bytes.
+inline Mat columns(const Mat& m, int64_t first, int64_t cols, size_t element_size) {
+  return Mat{static_cast<char*>(m.data) + first * static_cast<int64_t>(element_size), m.rows, cols,
+             m.ld};
+}
+
+struct WeightRef {
+  const void* weight = nullptr;  ///< [out, in] in engine memory
+  const void* bias = nullptr;    ///< [out] or null
+  int64_t out = 0;
+  int64_t in = 0;
+};
+
+enum class Epilogue {
+  kStore,       ///< C = A W^T
+  kBias,        ///< C = A W^T + b
+  kBiasAct,     ///< C = act(A W^T + b)
+  kAccumulate,  ///< C = C + A W^T
+};
+
+// A batch's metadata in engine memory (offsets, ids, mask, positions, pooling chunks).
+struct BatchRef {
+  int32_t num_sequences = 0;
+  int32_t num_tokens = 0;
+  int32_t max_seq_len = 0;
+};
+
+class Ops {
+ public:
+  virtual ~Ops() = default;
+
+  // Bytes per element of the serving dtype.
+  virtual size_t element_size() const = 0;
+
+  // Makes float32 host data available in engine memory in the serving dtype. The host
+  // array outlives the Ops (an engine may serve it in place); the result lives as long.
+  virtual const void* upload(std::span<const float> host) = 0;
+  // Engine memory for `elements` values, carved from the workspace sized at start-up.
+  virtual void* scratch(size_t elements) = 0;
+  // Releases every scratch() of the current batch.
+  virtual void reset_scratch() = 0;
+
+  // Copies the batch's ids, input embeddings, offsets, mask and positions to the engine.
+  virtual BatchRef begin_batch(const RaggedBatch& batch) = 0;
+
+  // X0_t = LN_emb(W_word[id_t] + W_pos[t])  (input embedding rows instead of W_word[id]).
+  virtual void embed(const BatchRef& batch, const void* word_embedding,
+                     const void* position_embeddings, const void* ln_gamma, const void* ln_beta,
+                     double eps, Mat x) = 0;
+
+  // C (=|+=) A W^T (+ b, act): every Linear of the model.
+  virtual void linear(const Mat& a, const WeightRef& w, Mat c, Epilogue epilogue,
+                      Activation act = Activation::kGeluErf) = 0;
+
+  // a = masked softmax over t of s (per head); pq_h = sum_t a_{t,h} Q_{t,h-slice}.
+  // `scores` is [T, H] (already scaled), `q` [T, D]; writes pq [B, D].
+  virtual void query_pool(const BatchRef& batch, const Mat& scores, const Mat& q, Mat pq) = 0;
+
+  // r_t = (K_t * pq) Wka'^T + bka';  b = masked softmax over t of r (per head);
+  // pk_h = pq_h * sum_t b_{t,h} K_{t,h-slice}. Writes pk [B, D].
+  virtual void key_pool(const BatchRef& batch, const Mat& k, const Mat& pq, const WeightRef& key_att,
+                        Mat pk) = 0;
+
+  // U_t = pk * Q_t (pk of the token's sequence).
+  virtual void mix(const BatchRef& batch, const Mat& q, const Mat& pk, Mat u) = 0;
+
+  // out = LN(c + bias + residual); `out` may alias `residual`.
+  virtual void bias_residual_layernorm(const Mat& c, const void* bias, const Mat& residual,
+                                       const void* gamma, const void* beta, double eps, Mat out) = 0;
+
+  // e_t = tanh(E_t) (E = X W1^T + b1, given);  z_t = e_t w2 + b2;  masked stable softmax
+  // w_t with the reference's + 1e-8 in the denominator;  pooled = sum_t w_t X_t. Writes [B, D].
+  virtual void attention_pool(const BatchRef& batch, const Mat& e, const WeightRef& fc2,
+                              const Mat& x, Mat pooled) = 0;
+
+  // Each row scaled to unit L2 norm (norm clamped below at 1e-12, as F.normalize).
+  virtual void l2_normalize(Mat rows) = 0;
+
+  // Copies engine memory back to float32 host rows.
+  virtual void download(const Mat& src, float* dst) = 0;
+  // Waits until every queued operation is done.
+  virtual void synchronize() = 0;
+};
+
+}  // namespace fastformer::engine

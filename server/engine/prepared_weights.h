@@ -1,0 +1,47 @@
+// The weights rearranged for serving, once at load, on the host in float32.
+//
+// These fusions use the identities of DESIGN.md section 1; they change rounding, not the
+// math, and every engine (CPU and CUDA) serves the same prepared arrays:
+//  - query_key_scores = [Wq; Wk; (Wqa Wq) / sqrt(d)]: one GEMM yields Q, K and the query
+//    scores s (H extra output columns), bias [bq; bk; (Wqa bq + bqa) / sqrt(d)].
+//  - key_att is pre-scaled by 1 / sqrt(d), so r_t = (K_t * pq) Wka'^T + bka'.
+//  - the transform bias rides on the attention output's bias: (A + bt) Wo^T + bo =
+//    A Wo^T + (bo + Wo bt), so A = Q + U Wt^T needs no bias pass.
+#pragma once
+
+#include <cstdint>
+#include <memory>
+#include <vector>
+
+#include "server/engine/model.h"
+
+namespace fastformer::engine {
+
+struct PreparedLinear {
+  std::vector<float> weight;  ///< [out, in]
+  std::vector<float> bias;    ///< [out]; empty when the linear has no bias here
+  int64_t out = 0;
+  int64_t in = 0;
+};
+
+struct PreparedLayer {
+  PreparedLinear query_key_scores;   ///< [2D + H, D]: Q, K and the query scores s
+  PreparedLinear key_att;            ///< [H, D], scaled by 1/sqrt(d)
+  PreparedLinear transform;          ///< [D, D], no bias (folded into attention_output)
+  PreparedLinear attention_output;   ///< [D, D], bias bo + Wo bt
+  std::vector<float> ln1_gamma, ln1_beta;
+  PreparedLinear intermediate;       ///< [I, D]
+  PreparedLinear output;             ///< [D, I]
+  std::vector<float> ln2_gamma, ln2_beta;
+};
+
+struct PreparedWeights {
+  std::vector<std::shared_ptr<const PreparedLayer>> layers;  ///< shared layers share one
+  PreparedLinear pooler_fc1;                                 ///< [D, D]
+  PreparedLinear pooler_fc2;                                 ///< [1, D]
+  PreparedLinear classifier;                                 ///< [L, D]; out == 0 if absent
+};
+
+PreparedWeights prepare_weights(const Model& model);
+
+}  // namespace fastformer::engine

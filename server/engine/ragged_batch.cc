@@ -1,0 +1,109 @@
+#include "server/engine/ragged_batch.h"
+
+#include <algorithm>
+#include <cmath>
+#include <string>
+
+namespace fastformer::engine {
+
+int64_t sequence_length(const SequenceInput& s, int64_t hidden_size) {
+  if (!s.token_ids.empty()) return static_cast<int64_t>(s.token_ids.size());
+  return static_cast<int64_t>(s.input_embeddings.size()) / std::max<int64_t>(hidden_size, 1);
+}
+
+std::optional<InputError> validate_sequence(const ModelConfig& c, bool has_word_embedding,
+                                            const SequenceInput& s, size_t index) {
+  auto error = [&](const char* field, std::string message) {
+    return InputError{index, field, std::move(message)};
+  };
+  const bool has_ids = !s.token_ids.empty();
+  const bool has_embeddings = !s.input_embeddings.empty();
+  if (has_ids && has_embeddings) {
+    return error("token_ids", "set either token_ids or input_embeddings, not both");
+  }
+  if (!has_ids && !has_embeddings) {
+    return error("token_ids", "empty sequence: send at least one token id or embedding row");
+  }
+  const std::string max_len = std::to_string(c.max_position_embeddings);
+  if (has_ids) {
+    if (!has_word_embedding) {
+      return error("token_ids",
+                   "this model has no word embedding table; send input_embeddings instead");
+    }
+    if (static_cast<int64_t>(s.token_ids.size()) > c.max_position_embeddings) {
+      return error("token_ids", std::to_string(s.token_ids.size()) +
+                                    " tokens exceed max_position_embeddings " + max_len);
+    }
+    bool any_real = false;
+    for (size_t t = 0; t < s.token_ids.size(); ++t) {
+      const int32_t id = s.token_ids[t];
+      if (id < 0 || id >= c.vocab_size) {
+        return error("token_ids", "token " + std::to_string(t) + " has id " + std::to_string(id) +
+                                      ", outside [0, vocab_size " + std::to_string(c.vocab_size) + ")");
+      }
+      any_real |= id != c.pad_token_id;
+    }
+    if (!any_real) {
+      return error("token_ids", "every token is the pad token (pad_token_id " +
+                                    std::to_string(c.pad_token_id) + "): nothing to encode");
+    }
+    return std::nullopt;
+  }
+  const int64_t D = c.hidden_size;
+  if (static_cast<int64_t>(s.input_embeddings.size()) % D != 0) {
+    return error("input_embeddings", std::to_string(s.input_embeddings.size()) +
+                                         " values is not a whole number of rows of hidden_size " +
+                                         std::to_string(D));
+  }
+  const int64_t n = static_cast<int64_t>(s.input_embeddings.size()) / D;
+  if (n > c.max_position_embeddings) {
+    return error("input_embeddings", std::to_string(n) + " rows exceed max_position_embeddings " +
+                                         max_len);
+  }
+  for (size_t i = 0; i < s.input_embeddings.size(); ++i) {
+    if (!std::isfinite(s.input_embeddings[i])) {
+      return error("input_embeddings", "row " + std::to_string(i / D) + " column " +
+                                           std::to_string(i % D) + " is not finite (NaN or Inf)");
+    }
+  }
+  return std::nullopt;
+}
+
+void RaggedBatch::add(const SequenceInput& s, const ModelConfig& c) {
+  const int32_t start = cu_seqlens.back();
+  int32_t n;
+  if (!s.token_ids.empty()) {
+    n = static_cast<int32_t>(s.token_ids.size());
+    for (int32_t id : s.token_ids) {
+      token_ids.push_back(id);
+      embedding_index.push_back(-1);
+      mask.push_back(id != c.pad_token_id ? 1 : 0);
+    }
+    for (int32_t t = 0; t < n; ++t) position_ids.push_back(t);
+  } else {
+    n = static_cast<int32_t>(s.input_embeddings.size() / c.hidden_size);
+    const int32_t first_row = static_cast<int32_t>(input_embeddings.size() / c.hidden_size);
+    input_embeddings.insert(input_embeddings.end(), s.input_embeddings.begin(),
+                            s.input_embeddings.end());
+    for (int32_t t = 0; t < n; ++t) {
+      token_ids.push_back(kEmbeddingRow);
+      embedding_index.push_back(first_row + t);
+      mask.push_back(1);
+      position_ids.push_back(t);
+    }
+  }
+  cu_seqlens.push_back(start + n);
+  max_seq_len = std::max(max_seq_len, n);
+}
+
+void RaggedBatch::clear() {
+  cu_seqlens.assign(1, 0);
+  token_ids.clear();
+  embedding_index.clear();
+  input_embeddings.clear();
+  mask.clear();
+  position_ids.clear();
+  max_seq_len = 0;
+}
+
+}  // namespace fastformer::engine
