@@ -440,11 +440,13 @@ class Model(nn.Module):
 
 def build_model(config, vocab_size=None, num_labels=None, word_embedding=True) -> Model:
     """A Model for `config` (default vocab_size: config.vocab_size; default
-    num_labels: config.num_labels or none; 0/None means no head)."""
+    num_labels: config.num_labels or none; 0/None means no head), in eval()
+    mode (dropout off; call .train() to train it)."""
     config = load_config(config)
     if num_labels is None:
         num_labels = getattr(config, "num_labels", 0) or 0
-    return Model(config, vocab_size=vocab_size, num_labels=num_labels, word_embedding=word_embedding)
+    model = Model(config, vocab_size=vocab_size, num_labels=num_labels, word_embedding=word_embedding)
+    return model.eval()
 
 
 # ----------------------------------------------------------------------------- model directory

@@ -1,0 +1,146 @@
+"""Shared fixtures for the golden tests (run: /usr/bin/python3 -m pytest tests/golden).
+
+Test modules get the helpers through the `golden` fixture (not `from conftest
+import ...`, which breaks when several test directories with a conftest.py are
+collected together); importing this conftest puts tools/ on sys.path.
+
+The C++ binaries are looked up in $FASTFORMER_BIN_DIR (default <repo>/build/bin).
+A test that needs `fastformer-encode` FAILS when it is missing (set
+FASTFORMER_ALLOW_MISSING_BINARIES=1 to skip those tests instead, while developing).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+REPO = Path(__file__).resolve().parents[2]
+TOOLS = REPO / "tools"
+if str(TOOLS) not in sys.path:
+    sys.path.insert(0, str(TOOLS))
+
+PYTHON = "/usr/bin/python3" if os.path.exists("/usr/bin/python3") else sys.executable
+
+
+def bin_dir() -> Path:
+    return Path(os.environ.get("FASTFORMER_BIN_DIR", str(REPO / "build" / "bin")))
+
+
+def require_binary(name: str) -> Path:
+    path = bin_dir() / name
+    if path.is_file() and os.access(path, os.X_OK):
+        return path
+    msg = (f"{name} not found at {path}: build the C++ engine first (cmake --build build), "
+           f"or point FASTFORMER_BIN_DIR at the directory holding it")
+    if os.environ.get("FASTFORMER_ALLOW_MISSING_BINARIES") == "1":
+        pytest.skip(msg)
+    pytest.fail(msg, pytrace=False)
+
+
+def encode_binary() -> Path:
+    """Call inside a test body (so a missing binary is a test FAILURE, not a setup error)."""
+    return require_binary("fastformer-encode")
+
+
+class EncodeRun:
+    def __init__(self, proc, outputs):
+        self.returncode = proc.returncode
+        self.stderr = proc.stderr
+        self.stdout = proc.stdout
+        self.outputs = outputs
+
+
+def write_jsonl(path, items):
+    with open(path, "w", encoding="utf-8") as f:
+        for it in items:
+            f.write(it if isinstance(it, str) else json.dumps(it))
+            f.write("\n")
+
+
+def run_encode(encode_bin, model_dir, items, tmp_path, *flags, name="in", timeout=300,
+               use_stdio=False, check=True) -> EncodeRun:
+    """Run fastformer-encode on `items` (dicts, or raw strings written verbatim as lines)."""
+    inp = Path(tmp_path) / f"{name}.jsonl"
+    out = Path(tmp_path) / f"{name}.out.jsonl"
+    write_jsonl(inp, items)
+    cmd = [str(encode_bin), "--model-dir", str(model_dir), "--backend", "cpu"]
+    if use_stdio:
+        cmd += ["--input", "-", "--output", "-"]
+        with open(inp, "rb") as fin:
+            proc = subprocess.run(cmd + list(flags), stdin=fin, capture_output=True, timeout=timeout)
+        text = proc.stdout.decode("utf-8", "replace")
+    else:
+        if out.exists():
+            out.unlink()
+        cmd += ["--input", str(inp), "--output", str(out)]
+        proc = subprocess.run(cmd + list(flags), capture_output=True, timeout=timeout)
+        text = out.read_text(encoding="utf-8") if out.exists() else ""
+    proc.stderr = proc.stderr.decode("utf-8", "replace")
+    if check and proc.returncode != 0:
+        pytest.fail(f"fastformer-encode failed (exit {proc.returncode}): {' '.join(cmd + list(flags))}\n"
+                    f"stderr:\n{proc.stderr[-4000:]}", pytrace=False)
+    outputs = [json.loads(line) for line in text.splitlines() if line.strip()] if proc.returncode == 0 else []
+    return EncodeRun(proc, outputs)
+
+
+def assert_close(name, ours, ref, tol=1e-4):
+    """|ours - ref| <= tol * max(1, |ref|) elementwise; prints the worst error."""
+    ours = np.asarray(ours, dtype=np.float64)
+    ref = np.asarray(ref, dtype=np.float64)
+    assert ours.shape == ref.shape, f"{name}: shape {ours.shape} != reference {ref.shape}"
+    assert np.all(np.isfinite(ours)), f"{name}: non-finite values"
+    err = np.abs(ours - ref)
+    scaled = err / np.maximum(1.0, np.abs(ref))
+    worst = float(scaled.max()) if scaled.size else 0.0
+    print(f"  {name}: worst scaled error {worst:.3e} (max abs {float(err.max()) if err.size else 0:.3e})")
+    if worst > tol:
+        idx = np.unravel_index(int(np.argmax(scaled)), scaled.shape)
+        raise AssertionError(f"{name}: |ours - ref| = {err[idx]:.3e} at {idx} exceeds {tol} * max(1, |ref|) "
+                             f"(ours {ours[idx]!r}, ref {ref[idx]!r})")
+    return worst
+
+
+def check_outputs(outputs, refs, lengths, want_tokens=True, want_logits=True, label="", tol=1e-4):
+    """Compare fastformer-encode output lines with reference_encode results."""
+    assert len(outputs) == len(refs), f"{label}: {len(outputs)} output lines for {len(refs)} inputs"
+    worst = {}
+    for i, (o, r, n) in enumerate(zip(outputs, refs, lengths)):
+        assert o.get("num_tokens") == n, f"{label}: line {i + 1}: num_tokens {o.get('num_tokens')} != {n}"
+        worst.setdefault("embedding", []).append(
+            assert_close(f"{label} seq {i} (n={n}) embedding", o["embedding"], r.embedding, tol))
+        if want_tokens:
+            assert "token_embeddings" in o, f"{label}: line {i + 1} lacks token_embeddings"
+            worst.setdefault("token_embeddings", []).append(
+                assert_close(f"{label} seq {i} (n={n}) token_embeddings", o["token_embeddings"],
+                             r.token_embeddings, tol))
+        if want_logits and r.logits is not None:
+            assert "logits" in o, f"{label}: line {i + 1} lacks logits"
+            worst.setdefault("logits", []).append(
+                assert_close(f"{label} seq {i} (n={n}) logits", o["logits"], r.logits, tol))
+    print(f"{label}: worst scaled errors " + ", ".join(f"{k} {max(v):.2e}" for k, v in worst.items()))
+    return worst
+
+
+class _Golden:
+    """What the `golden` fixture hands to the tests."""
+    REPO = REPO
+    TOOLS = TOOLS
+    PYTHON = PYTHON
+    bin_dir = staticmethod(bin_dir)
+    require_binary = staticmethod(require_binary)
+    encode_binary = staticmethod(encode_binary)
+    run_encode = staticmethod(run_encode)
+    write_jsonl = staticmethod(write_jsonl)
+    assert_close = staticmethod(assert_close)
+    check_outputs = staticmethod(check_outputs)
+
+
+@pytest.fixture(scope="session")
+def golden():
+    return _Golden
