@@ -248,3 +248,28 @@ def test_good_input_for_bad_models(golden, bad_models, tmp_path):
     assert [o["num_tokens"] for o in run.outputs] == [3, 64]
     run = golden.run_encode(encode, bad_models["noemb"], [_good_emb], tmp_path, name="emb")
     assert [o["num_tokens"] for o in run.outputs] == [2]
+
+
+# ----------------------------------------------------------------------------- shared benchmark workload
+
+
+@pytest.mark.parametrize("lengths,batch_tokens,seed,pool", [("uniform:3:40", 100, 7, 5), ("fixed:150", 100, 2, 3),
+                                                            ("uniform:16:256", 8192, 1, 8)])
+def test_bench_workload_matches_python(golden, tmp_path, lengths, batch_tokens, seed, pool):
+    """fastformer-bench --print-workload generates exactly tools/workload.py's pool."""
+    import subprocess
+
+    import workload as wl
+
+    bench = golden.require_binary("fastformer-bench")
+    d = tmp_path / "m"
+    mdm.make_demo_model(d, preset="tiny", seed=1, vocab=50, pad_token_id=5, log=lambda *a: None)
+    p = subprocess.run([str(bench), "--model-dir", str(d), "--lengths", lengths, "--seed", str(seed),
+                        "--batch-tokens", str(batch_tokens), "--pool-batches", str(pool), "--print-workload"],
+                       capture_output=True, text=True, timeout=120)
+    assert p.returncode == 0, p.stderr
+    got = json.loads(p.stdout)
+    if isinstance(got, dict):
+        got = got.get("batches", got)
+    want = wl.make_pool(seed, lengths, 50, 5, batch_tokens, pool)
+    assert got == want
