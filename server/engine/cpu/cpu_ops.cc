@@ -18,6 +18,9 @@ namespace {
 constexpr int32_t kChunkTokens = 256;
 // Rows per piece of work in the row-wise passes.
 constexpr int64_t kRowGrain = 16;
+// Rows per GEMM piece: large enough for OpenBLAS to reach full speed, small enough that
+// the epilogue finds the piece's output still in cache.
+constexpr int64_t kGemmRows = 128;
 
 float* f(void* p) { return static_cast<float*>(p); }
 const float* f(const void* p) { return static_cast<const float*>(p); }
@@ -34,9 +37,11 @@ FASTFORMER_VECTOR_CLONES
 void layernorm_row(const float* in, float* out, const float* gamma, const float* beta, int64_t D,
                    float eps) {
   float sum = 0.0f;
+#pragma omp simd reduction(+ : sum)
   for (int64_t j = 0; j < D; ++j) sum += in[j];
   const float mean = sum / static_cast<float>(D);
   float sq = 0.0f;
+#pragma omp simd reduction(+ : sq)
   for (int64_t j = 0; j < D; ++j) sq += (in[j] - mean) * (in[j] - mean);
   const float rstd = 1.0f / std::sqrt(sq / static_cast<float>(D) + eps);
   for (int64_t j = 0; j < D; ++j) out[j] = (in[j] - mean) * rstd * gamma[j] + beta[j];
@@ -60,10 +65,21 @@ void bias_act_row(float* c, const float* bias, int64_t n, Activation act) {
   }
 }
 
+FASTFORMER_VECTOR_CLONES
+void add_row(float* c, const float* bias, int64_t n) {
+  for (int64_t j = 0; j < n; ++j) c[j] += bias[j];
+}
+
+FASTFORMER_VECTOR_CLONES
+void multiply_rows(const float* a, const float* b, float* out, int64_t n) {
+  for (int64_t j = 0; j < n; ++j) out[j] = a[j] * b[j];
+}
+
 // z = sum_j tanh(e_j) w_j, the pooler's score before its bias.
 FASTFORMER_VECTOR_CLONES
 float tanh_dot(const float* e, const float* w, int64_t D) {
   float z = 0.0f;
+#pragma omp simd reduction(+ : z)
   for (int64_t j = 0; j < D; ++j) z += vmath::tanh(e[j]) * w[j];
   return z;
 }
@@ -72,7 +88,8 @@ float tanh_dot(const float* e, const float* w, int64_t D) {
 
 CpuOps::CpuOps(int threads, int64_t max_batch_tokens, const ModelConfig& config)
     : config_(config), pool_(threads), max_batch_tokens_(max_batch_tokens) {
-  openblas_set_num_threads(threads);
+  // Our pool splits every GEMM; OpenBLAS's own threads would only spin against it.
+  openblas_set_num_threads(1);
   const int64_t D = config.hidden_size, H = config.num_attention_heads, I = config.intermediate_size;
   // One batch needs X, [Q|K|s], Y [T, D]-ish, the feed-forward [T, I], and [B, D] rows for
   // pq, pk, pooled and logits (B <= T). Left uninitialised: untouched pages cost no memory.
@@ -142,23 +159,26 @@ void CpuOps::embed(const BatchRef& ref, const void* word_embedding, const void* 
 }
 
 void CpuOps::linear(const Mat& a, const WeightRef& w, Mat c, Epilogue epilogue, Activation act) {
+  // OpenBLAS runs single-threaded inside each piece; the pool splits the rows, and each
+  // piece applies its epilogue to the rows it just produced while they are in cache.
   const float beta = epilogue == Epilogue::kAccumulate ? 1.0f : 0.0f;
-  cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, int(a.rows), int(w.out), int(w.in), 1.0f,
-              f(a.data), int(a.ld), f(w.weight), int(w.in), beta, f(c.data), int(c.ld));
-  if (epilogue == Epilogue::kBias || epilogue == Epilogue::kBiasAct) {
-    const float* bias = f(w.bias);
-    const int64_t n = w.out;
-    pool_.parallel_for(c.rows, kRowGrain, [&](int64_t begin, int64_t end) {
-      for (int64_t r = begin; r < end; ++r) {
-        float* out = row(c, r);
-        if (epilogue == Epilogue::kBiasAct) {
-          bias_act_row(out, bias, n, act);
-        } else {
-          for (int64_t j = 0; j < n; ++j) out[j] += bias[j];
-        }
+  const float* bias = f(w.bias);
+  const int64_t n = w.out;
+  const int64_t pieces = std::min<int64_t>(pool_.size() * 4, (a.rows + kGemmRows - 1) / kGemmRows);
+  const int64_t rows_per_piece = (a.rows + pieces - 1) / std::max<int64_t>(pieces, 1);
+  pool_.parallel_for(pieces, 1, [&](int64_t first, int64_t last) {
+    for (int64_t piece = first; piece < last; ++piece) {
+      const int64_t r0 = piece * rows_per_piece, r1 = std::min(a.rows, r0 + rows_per_piece);
+      if (r0 >= r1) continue;
+      cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, int(r1 - r0), int(n), int(w.in), 1.0f,
+                  row(a, r0), int(a.ld), f(w.weight), int(w.in), beta, row(c, r0), int(c.ld));
+      if (epilogue == Epilogue::kBiasAct) {
+        for (int64_t r = r0; r < r1; ++r) bias_act_row(row(c, r), bias, n, act);
+      } else if (epilogue == Epilogue::kBias) {
+        for (int64_t r = r0; r < r1; ++r) add_row(row(c, r), bias, n);
       }
-    });
-  }
+    }
+  });
 }
 
 void CpuOps::pool_chunks(int64_t heads, const float* scores, int64_t score_ld, const Mat& values) {
@@ -240,22 +260,18 @@ void CpuOps::key_pool(const BatchRef& ref, const Mat& k, const Mat& pq, const We
   const float* wka = f(key_att.weight);
   const float* bka = f(key_att.bias);
   float* r = token_scores_.get();
-  // r_t = (K_t * pq) Wka'^T + bka' for every token (padding too; it is masked below).
-  pool_.parallel_for(ref.num_tokens, kRowGrain, [&](int64_t begin, int64_t end) {
-    std::vector<float> p(static_cast<size_t>(D));
+  // r_t = (K_t * pq) Wka'^T + bka' for every token (padding too; it is masked below), a
+  // block of rows at a time: P = K * pq in a per-piece buffer, then one small GEMM.
+  pool_.parallel_for(ref.num_tokens, kGemmRows, [&](int64_t begin, int64_t end) {
+    std::vector<float> p(static_cast<size_t>((end - begin) * D));
     int32_t b = sequence_of(batch, begin);
     for (int64_t t = begin; t < end; ++t) {
       while (batch.cu_seqlens[size_t(b) + 1] <= t) ++b;
-      const float* kt = row(k, t);
-      const float* pqb = row(pq, b);
-      for (int64_t j = 0; j < D; ++j) p[size_t(j)] = kt[j] * pqb[j];
-      for (int64_t h = 0; h < H; ++h) {
-        const float* w = wka + h * D;
-        float acc = 0.0f;
-        for (int64_t j = 0; j < D; ++j) acc += p[size_t(j)] * w[j];
-        r[t * H + h] = acc + bka[h];
-      }
+      multiply_rows(row(k, t), row(pq, b), p.data() + (t - begin) * D, D);
     }
+    cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, int(end - begin), int(H), int(D), 1.0f,
+                p.data(), int(D), wka, int(D), 0.0f, r + begin * H, int(H));
+    for (int64_t t = begin; t < end; ++t) add_row(r + t * H, bka, H);
   });
   // pk_h = pq_h * sum_t b_{t,h} K_{t,h-slice}: P = K * pq is never stored.
   pool_chunks(H, r, H, k);
@@ -269,10 +285,7 @@ void CpuOps::mix(const BatchRef& ref, const Mat& q, const Mat& pk, Mat u) {
     int32_t b = sequence_of(batch, begin);
     for (int64_t t = begin; t < end; ++t) {
       while (batch.cu_seqlens[size_t(b) + 1] <= t) ++b;
-      const float* qt = row(q, t);
-      const float* pkb = row(pk, b);
-      float* ut = row(u, t);
-      for (int64_t j = 0; j < D; ++j) ut[j] = pkb[j] * qt[j];
+      multiply_rows(row(q, t), row(pk, b), row(u, t), D);
     }
   });
 }

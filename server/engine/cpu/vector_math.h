@@ -21,8 +21,12 @@
 namespace fastformer::engine::vmath {
 
 inline float exp(float x) {
-  x = std::clamp(x, -87.0f, 88.0f);
-  const float n = std::floor(x * 1.44269504088896341f + 0.5f);
+  x = x < -87.0f ? -87.0f : (x > 88.0f ? 88.0f : x);
+  // n = round(x / ln 2) by truncation after adding +-0.5 (std::floor is a library call
+  // on baseline x86-64 and would stop vectorisation).
+  const float t = x * 1.44269504088896341f;
+  const auto ni = static_cast<int32_t>(t + std::copysign(0.5f, t));
+  const float n = static_cast<float>(ni);
   const float r = (x - n * 0.693359375f) + n * 2.12194440e-4f;  // x - n ln2, in two parts
   float p = 1.9875691500e-4f;
   p = p * r + 1.3981999507e-3f;
@@ -31,7 +35,7 @@ inline float exp(float x) {
   p = p * r + 1.6666665459e-1f;
   p = p * r + 5.0000001201e-1f;
   p = p * r * r + r + 1.0f;
-  const int32_t bits = (static_cast<int32_t>(n) + 127) << 23;  // 2^n
+  const int32_t bits = (ni + 127) << 23;  // 2^n
   return p * std::bit_cast<float>(bits);
 }
 

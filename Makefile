@@ -1,0 +1,66 @@
+# Fastformer Serving: the two commands are `make serve` and `make test`.
+#
+#   make serve   install deps if missing, build, create models/demo, run it
+#   make test    install deps if missing, build, run every suite (unit, golden, sanitizer)
+#   make build   build into build/ (binaries in build/bin/)
+#   make bench   the engine benchmarks recorded in docs/benchmarks.md
+
+# The interpreter that imports torch: Debian's /usr/bin/python3 (python3-torch), which
+# may not be the python3 first on PATH.
+PYTHON ?= $(shell for p in /usr/bin/python3 python3; do $$p -c 'import torch' >/dev/null 2>&1 && { echo $$p; break; }; done)
+BUILD_DIR ?= build
+ASAN_DIR ?= build-asan
+JOBS ?= $(shell nproc)
+# CI builds treat warnings as errors.
+WERROR ?= $(if $(CI),ON,OFF)
+CMAKE_ARGS ?=
+MODEL_DIR ?= models/demo
+DEMO_PRESET ?= official
+
+.PHONY: all deps build build-asan test test-unit test-golden test-asan serve demo-model bench clean
+
+all: build
+
+deps:
+	@deploy/install-deps.sh
+
+build: deps
+	cmake -S . -B $(BUILD_DIR) -DCMAKE_BUILD_TYPE=Release -DFASTFORMER_WERROR=$(WERROR) $(CMAKE_ARGS)
+	cmake --build $(BUILD_DIR) -j$(JOBS)
+
+# AddressSanitizer + UndefinedBehaviorSanitizer build of the engine, tools and unit tests.
+build-asan: deps
+	cmake -S . -B $(ASAN_DIR) -DCMAKE_BUILD_TYPE=Debug -DFASTFORMER_CUDA=OFF -DFASTFORMER_SERVER=OFF \
+	  -DFASTFORMER_SANITIZE=address,undefined -DFASTFORMER_WERROR=$(WERROR) $(CMAKE_ARGS)
+	cmake --build $(ASAN_DIR) -j$(JOBS)
+
+test: build build-asan
+	$(MAKE) --no-print-directory test-unit test-golden test-asan
+
+test-unit:
+	ctest --test-dir $(BUILD_DIR) --output-on-failure -j$(JOBS)
+
+test-golden:
+	@test -n "$(PYTHON)" || { echo "no python3 that imports torch: run deploy/install-deps.sh"; exit 1; }
+	FASTFORMER_BIN_DIR=$(CURDIR)/$(BUILD_DIR)/bin $(PYTHON) -m pytest tests/golden -q
+
+# The unit tests and the bad-input end-to-end tests under ASan/UBSan.
+test-asan:
+	ctest --test-dir $(ASAN_DIR) --output-on-failure -j$(JOBS)
+	FASTFORMER_BIN_DIR=$(CURDIR)/$(ASAN_DIR)/bin ASAN_OPTIONS=detect_leaks=1 \
+	  $(PYTHON) -m pytest tests/golden -q -m asan
+
+$(MODEL_DIR)/model.safetensors:
+	$(PYTHON) tools/make_demo_model.py --preset $(DEMO_PRESET) --seed 1 --out $(MODEL_DIR)
+
+demo-model: deps $(MODEL_DIR)/model.safetensors
+
+# Until the gRPC server exists, `serve` runs the offline encoder on a sample request.
+serve: build demo-model
+	$(BUILD_DIR)/bin/fastformer-encode --model-dir $(MODEL_DIR) --input tools/sample.jsonl --output - --normalize
+
+bench: build
+	$(PYTHON) tools/run_benchmarks.py --build-dir $(BUILD_DIR)
+
+clean:
+	rm -rf $(BUILD_DIR) $(ASAN_DIR)
