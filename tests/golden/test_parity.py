@@ -106,8 +106,9 @@ def parity_model(request, tmp_path_factory):
 
 
 # token ids for every model with a word embedding; input embeddings for all
-PARITY_PARAMS = [pytest.param(c, k, id=f"{c.name}-{k}") for c in CASES for k in ("ids", "embeddings")
-                 if k == "embeddings" or c.word_embedding]
+# (the first configuration also runs against the sanitizer build: make test-asan)
+PARITY_PARAMS = [pytest.param(c, k, id=f"{c.name}-{k}", marks=[pytest.mark.asan] if c is CASES[0] else [])
+                 for c in CASES for k in ("ids", "embeddings") if k == "embeddings" or c.word_embedding]
 
 
 @pytest.mark.parametrize("parity_model,kind", PARITY_PARAMS, indirect=["parity_model"])
@@ -138,6 +139,7 @@ def basic_model(tmp_path_factory):
     return d, model, cfg
 
 
+@pytest.mark.asan
 def test_normalize(golden, basic_model, tmp_path):
     model_dir, model, cfg = basic_model
     encode = golden.encode_binary()
@@ -154,6 +156,7 @@ def test_normalize(golden, basic_model, tmp_path):
         assert "token_embeddings" not in o and "logits" not in o
 
 
+@pytest.mark.asan
 def test_small_max_batch_tokens_and_stdio(golden, basic_model, tmp_path):
     """Many sequences split over many small batches, via stdin/stdout; order is kept."""
     model_dir, model, cfg = basic_model
@@ -225,6 +228,7 @@ def bad_models(tmp_path_factory):
     return out
 
 
+@pytest.mark.asan
 @pytest.mark.parametrize("case_name", list(BAD_CASES))
 def test_bad_input(golden, bad_models, tmp_path, case_name):
     encode = golden.encode_binary()
@@ -241,6 +245,7 @@ def test_bad_input(golden, bad_models, tmp_path, case_name):
     print(f"{case_name}: {msg.strip().splitlines()[-1] if msg.strip() else ''}")
 
 
+@pytest.mark.asan
 def test_good_input_for_bad_models(golden, bad_models, tmp_path):
     """The good lines used above are accepted (so the failures above are the bad line's)."""
     encode = golden.encode_binary()
