@@ -60,7 +60,7 @@ serve: build demo-model
 	$(BUILD_DIR)/bin/fastformer-encode --model-dir $(MODEL_DIR) --input tools/sample.jsonl --output - --normalize
 
 bench: build
-	$(PYTHON) tools/run_benchmarks.py --build-dir $(BUILD_DIR)
+	$(PYTHON) tools/run_benchmarks.py --build-dir $(BUILD_DIR) --long
 
 clean:
 	rm -rf $(BUILD_DIR) $(ASAN_DIR)
