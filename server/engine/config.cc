@@ -23,7 +23,7 @@ int64_t positive_int(const json& j, const std::string& key, const std::string& o
     fail(origin, "key \"" + key + "\": expected a positive integer, found " + v.dump());
   }
   const int64_t n = v.get<int64_t>();
-  if (n <= 0 || n > (int64_t{1} << 31)) {
+  if (n <= 0 || n >= (int64_t{1} << 31)) {
     fail(origin, "key \"" + key + "\": expected a positive integer below 2^31, found " +
                      std::to_string(n));
   }

@@ -35,7 +35,8 @@ std::unique_ptr<Engine> create_engine(std::shared_ptr<const Model> model, const 
   }
   const int threads = options.threads > 0 ? options.threads
                                           : std::max(1, int(std::thread::hardware_concurrency()));
-  auto ops = std::make_unique<CpuOps>(threads, options.max_batch_tokens, model->config());
+  auto ops = std::make_unique<CpuOps>(threads, options.max_batch_tokens, model->config(),
+                                      model->num_labels());
   const std::string device = "cpu (" + std::to_string(threads) + " threads)";
   return std::make_unique<ForwardEngine>(std::move(model), std::move(ops), options.max_batch_tokens,
                                          "cpu", device);

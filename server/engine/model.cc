@@ -149,8 +149,9 @@ std::shared_ptr<const Model> Model::load(const std::filesystem::path& dir) {
 
   // The reference Model nests the encoder under "fastformer_model."; a bare
   // FastformerEncoder state_dict has the same names without it.
-  const std::string prefix =
-      file.find("fastformer_model.position_embeddings.weight") != nullptr ? "fastformer_model." : "";
+  bool prefixed = false;
+  for (const auto& [name, info] : file.tensors()) prefixed |= name.starts_with("fastformer_model.");
+  const std::string prefix = prefixed ? "fastformer_model." : "";
   TensorBinder b(file, prefix, &model->owned_);
   const int64_t D = c.hidden_size, H = c.num_attention_heads, I = c.intermediate_size;
   ModelWeights& w = model->weights_;

@@ -8,6 +8,7 @@
 #include <algorithm>
 #include <cerrno>
 #include <cstring>
+#include <tuple>
 #include <utility>
 
 #include <nlohmann/json.hpp>
@@ -79,9 +80,13 @@ SafetensorsFile::SafetensorsFile(const std::filesystem::path& path) : path_(path
     const auto* base = static_cast<const std::byte*>(mapping_);
     uint64_t header_size = 0;
     for (int i = 7; i >= 0; --i) header_size = (header_size << 8) | static_cast<uint8_t>(base[i]);
-    if (header_size > file_size_ - 8 || header_size > kMaxHeaderBytes) {
+    if (header_size > file_size_ - 8) {
       fail("header size " + std::to_string(header_size) + " exceeds the " +
            std::to_string(file_size_ - 8) + " bytes that follow it in the file");
+    }
+    if (header_size > kMaxHeaderBytes) {
+      fail("header size " + std::to_string(header_size) + " exceeds the limit of " +
+           std::to_string(kMaxHeaderBytes) + " bytes");
     }
     const std::string_view header_text(reinterpret_cast<const char*>(base + 8), header_size);
     json header;
@@ -94,8 +99,12 @@ SafetensorsFile::SafetensorsFile(const std::filesystem::path& path) : path_(path
 
     const std::byte* data = base + 8 + header_size;
     const size_t data_size = file_size_ - 8 - header_size;
-    std::vector<std::pair<size_t, size_t>> ranges;  // (begin, end) of every tensor
-    std::map<std::pair<size_t, size_t>, std::string> range_owner;
+    struct Range {
+      size_t begin, end;
+      std::string name;
+      bool operator<(const Range& o) const { return std::tie(begin, end) < std::tie(o.begin, o.end); }
+    };
+    std::vector<Range> ranges;  // every non-empty tensor's bytes
 
     for (const auto& [name, entry] : header.items()) {
       if (name == "__metadata__") continue;
@@ -139,16 +148,13 @@ SafetensorsFile::SafetensorsFile(const std::filesystem::path& path) : path_(path
       }
       t.data = data + begin;
       t.nbytes = static_cast<size_t>(expected);
-      if (expected > 0) {
-        ranges.emplace_back(begin, end);
-        range_owner[{begin, end}] = name;
-      }
+      if (expected > 0) ranges.push_back(Range{begin, end, name});
       tensors_.emplace(name, std::move(t));
     }
     std::sort(ranges.begin(), ranges.end());
     for (size_t i = 1; i < ranges.size(); ++i) {
-      if (ranges[i].first < ranges[i - 1].second) {
-        fail("tensors \"" + range_owner[ranges[i - 1]] + "\" and \"" + range_owner[ranges[i]] +
+      if (ranges[i].begin < ranges[i - 1].end) {
+        fail("tensors \"" + ranges[i - 1].name + "\" and \"" + ranges[i].name +
              "\" overlap in the data section");
       }
     }

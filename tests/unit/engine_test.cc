@@ -507,7 +507,7 @@ TEST_F(EngineTest, LogitsOfAModelWithoutHeadAreEmpty) {
 // A classifier head wider than the scratch arena's per-token allowance: a batch of many
 // one-token sequences needs B x num_labels logits. Disabled: see the report (cpu_ops.cc,
 // CpuOps::CpuOps sizes the arena with max(D, 64) per token for the logits).
-TEST_F(EngineTest, DISABLED_WideClassifierHeadFitsAnyBatch) {
+TEST_F(EngineTest, WideClassifierHeadFitsAnyBatch) {
   TinyModelSpec s;
   s.num_labels = 300;
   s.seed = 6;

@@ -86,14 +86,15 @@ float tanh_dot(const float* e, const float* w, int64_t D) {
 
 }  // namespace
 
-CpuOps::CpuOps(int threads, int64_t max_batch_tokens, const ModelConfig& config)
+CpuOps::CpuOps(int threads, int64_t max_batch_tokens, const ModelConfig& config, int64_t num_labels)
     : config_(config), pool_(threads), max_batch_tokens_(max_batch_tokens) {
   // Our pool splits every GEMM; OpenBLAS's own threads would only spin against it.
   openblas_set_num_threads(1);
   const int64_t D = config.hidden_size, H = config.num_attention_heads, I = config.intermediate_size;
   // One batch needs X, [Q|K|s], Y [T, D]-ish, the feed-forward [T, I], and [B, D] rows for
   // pq, pk, pooled and logits (B <= T). Left uninitialised: untouched pages cost no memory.
-  const int64_t per_token = D + (2 * D + H) + D + I + 3 * D + std::max<int64_t>(D, 64);
+  const int64_t labels = num_labels;
+  const int64_t per_token = D + (2 * D + H) + D + I + 3 * D + std::max({D, labels, int64_t{64}});
   const size_t elements = size_t(max_batch_tokens * per_token + 64 * 16);
   arena_.reset(new float[elements]);
   arena_size_ = elements;

@@ -13,8 +13,9 @@ namespace fastformer::engine {
 
 class CpuOps final : public Ops {
  public:
-  // `threads` for both OpenBLAS and the pool; buffers grow to `max_batch_tokens` rows.
-  CpuOps(int threads, int64_t max_batch_tokens, const ModelConfig& config);
+  // `threads` workers share every pass; buffers hold `max_batch_tokens` rows and the
+  // classifier's `num_labels` outputs per sequence.
+  CpuOps(int threads, int64_t max_batch_tokens, const ModelConfig& config, int64_t num_labels);
 
   size_t element_size() const override { return sizeof(float); }
   const void* upload(std::span<const float> host) override;
