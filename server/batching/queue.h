@@ -1,0 +1,88 @@
+// The admission queue and the batch-forming rule.
+//
+// Requests are admitted whole (or not at all) and split into sequences, queued in arrival
+// order. A batch takes sequences from the head, in order, while it stays within the token
+// and sequence budgets; a sequence longer than the token budget runs alone. Sequences of
+// expired, cancelled or already failed requests are dropped at the head, before compute.
+// Nothing overtakes an earlier sequence: an entry that does not fit stays at the head.
+#pragma once
+
+#include <condition_variable>
+#include <cstdint>
+#include <deque>
+#include <functional>
+#include <memory>
+#include <mutex>
+#include <optional>
+#include <vector>
+
+#include "server/batching/request.h"
+
+namespace fastformer::batching {
+
+struct QueueLimits {
+  int64_t max_batch_tokens = 16384;   ///< token budget of one batch
+  int64_t max_batch_sequences = 1024; ///< sequence budget of one batch
+  int64_t max_queue_tokens = 1 << 22; ///< admitted but not yet batched tokens
+  std::chrono::microseconds max_queue_delay{0};  ///< how long a non-full batch may wait
+};
+
+// One queued sequence.
+struct QueueEntry {
+  std::shared_ptr<Request> request;  ///< the request it belongs to
+  int32_t index = 0;                 ///< its position in the request
+  int64_t tokens = 0;                ///< its length
+  Clock::time_point queued_at{};     ///< when it was admitted
+};
+
+struct Batch {
+  std::vector<QueueEntry> entries;   ///< in queue order
+  engine::RaggedBatch ragged;        ///< the staged input, entries[i] is sequence i
+  std::vector<engine::OutputOptions> options;  ///< per sequence
+  int64_t tokens = 0;
+};
+
+// Observers for metrics, called under no lock.
+struct QueueObserver {
+  std::function<void(int64_t tokens, int64_t sequences)> on_depth;   ///< after every change
+  std::function<void(const QueueEntry&, Outcome reason)> on_dropped; ///< deadline / cancelled
+  std::function<void(const QueueEntry&, double queue_seconds)> on_batched;
+};
+
+enum class Admission { kAdmitted, kQueueFull, kClosed };
+
+class BatchQueue {
+ public:
+  BatchQueue(QueueLimits limits, const engine::ModelConfig& config, QueueObserver observer = {});
+
+  // Admits every sequence of `request` or none: kQueueFull when its tokens would push the
+  // queue over max_queue_tokens, kClosed once draining started.
+  Admission push(std::shared_ptr<Request> request);
+
+  // Blocks until a batch is ready (honouring max_queue_delay), or returns nullopt once the
+  // queue is closed and empty.
+  std::optional<Batch> next_batch();
+
+  // Stops admissions; next_batch drains what is queued, then returns nullopt.
+  void close();
+
+  int64_t queued_tokens() const;
+  int64_t queued_sequences() const;
+  const QueueLimits& limits() const { return limits_; }
+
+ private:
+  // Drops dead entries at the head; returns them for completion outside the lock.
+  void drop_dead_head(std::vector<std::pair<QueueEntry, Outcome>>* dropped);
+  void publish_depth();
+
+  const QueueLimits limits_;
+  const engine::ModelConfig config_;
+  QueueObserver observer_;
+  mutable std::mutex mu_;
+  std::condition_variable cv_;
+  std::deque<QueueEntry> entries_;
+  int64_t tokens_ = 0;
+  bool closed_ = false;
+};
+
+}  // namespace fastformer::batching

@@ -1,0 +1,51 @@
+// One admitted Encode call (or one EncodeStream message) as the batcher sees it: its
+// sequences, what to return, its deadline, and where its answers go. Nothing here knows
+// gRPC; the rpc layer fills a Request from the proto and converts the results back.
+#pragma once
+
+#include <atomic>
+#include <chrono>
+#include <cstdint>
+#include <functional>
+#include <memory>
+#include <mutex>
+#include <string>
+#include <vector>
+
+#include "server/engine/engine.h"
+#include "server/engine/ragged_batch.h"
+
+namespace fastformer::batching {
+
+using Clock = std::chrono::steady_clock;
+
+// How a request ended.
+enum class Outcome { kOk, kDeadlineExceeded, kCancelled, kEngineFailure, kShuttingDown };
+
+struct Request {
+  std::vector<engine::SequenceInput> sequences;  ///< views into storage the caller keeps alive
+  engine::OutputOptions options;                 ///< what to return for every sequence
+  Clock::time_point arrival{};                   ///< when the request was admitted
+  Clock::time_point deadline = Clock::time_point::max();  ///< the call's deadline
+  std::function<bool()> is_cancelled;            ///< true once the client gave up (may be empty)
+  // Called exactly once, from the engine or batcher thread, when the request ends.
+  std::function<void(Request&)> on_complete;
+
+  // Filled in as the request runs.
+  std::vector<engine::EncodedSequence> results;  ///< one per sequence, in order
+  Outcome outcome = Outcome::kOk;
+  std::string error;                             ///< why, for kEngineFailure
+  Clock::time_point first_compute{};             ///< start of the first batch holding it
+  int64_t compute_us = 0;                        ///< summed compute time of its batches
+  int64_t tokens = 0;                            ///< sum of sequence lengths
+
+  // Internal bookkeeping of the batcher.
+  std::atomic<int32_t> remaining{0};             ///< sequences not yet computed
+  std::atomic<bool> finished{false};             ///< on_complete has been (or is being) called
+  std::mutex mu;                                 ///< guards results, compute_us and ending
+};
+
+// Ends `request` with `outcome` unless it already ended; returns true if this call ended it.
+bool finish_request(Request& request, Outcome outcome, std::string error = {});
+
+}  // namespace fastformer::batching

@@ -1,0 +1,89 @@
+#include "server/batching/scheduler.h"
+
+#include <algorithm>
+#include <chrono>
+#include <exception>
+
+namespace fastformer::batching {
+
+Scheduler::Scheduler(BatchQueue& queue, engine::Engine& engine, BatchObserver observer)
+    : queue_(queue), engine_(engine), observer_(std::move(observer)) {
+  former_ = std::thread([this] { form_loop(); });
+  worker_ = std::thread([this] { compute_loop(); });
+}
+
+Scheduler::~Scheduler() { join(); }
+
+void Scheduler::join() {
+  if (former_.joinable()) former_.join();
+  if (worker_.joinable()) worker_.join();
+}
+
+void Scheduler::form_loop() {
+  for (;;) {
+    std::optional<Batch> batch = queue_.next_batch();
+    std::unique_lock lock(mu_);
+    if (!batch) {
+      forming_done_ = true;
+      cv_.notify_all();
+      return;
+    }
+    cv_.wait(lock, [&] { return !staged_.has_value(); });  // one batch staged at a time
+    staged_ = std::move(batch);
+    cv_.notify_all();
+  }
+}
+
+void Scheduler::compute_loop() {
+  for (;;) {
+    Batch batch;
+    {
+      std::unique_lock lock(mu_);
+      cv_.wait(lock, [&] { return staged_.has_value() || forming_done_; });
+      if (!staged_) return;
+      batch = std::move(*staged_);
+      staged_.reset();
+      cv_.notify_all();
+    }
+    run_batch(batch);
+  }
+}
+
+void Scheduler::run_batch(Batch& batch) {
+  const auto start = Clock::now();
+  std::vector<Request*> requests;  // distinct requests of this batch
+  for (const QueueEntry& e : batch.entries) {
+    Request* r = e.request.get();
+    if (std::find(requests.begin(), requests.end(), r) == requests.end()) requests.push_back(r);
+  }
+  for (Request* r : requests) {
+    std::lock_guard lock(r->mu);
+    if (r->first_compute == Clock::time_point{}) r->first_compute = start;
+  }
+  std::vector<engine::EncodedSequence> results;
+  try {
+    results = engine_.encode(batch.ragged, batch.options);
+  } catch (const std::exception& e) {
+    // Only this batch's requests fail; the server keeps serving.
+    if (observer_.on_failure) observer_.on_failure(e.what(), int64_t(batch.entries.size()));
+    for (Request* r : requests) finish_request(*r, Outcome::kEngineFailure, e.what());
+    return;
+  }
+  const double seconds = std::chrono::duration<double>(Clock::now() - start).count();
+  if (observer_.on_batch) observer_.on_batch(batch.tokens, int64_t(batch.entries.size()), seconds);
+  const auto compute_us = static_cast<int64_t>(seconds * 1e6);
+  for (Request* r : requests) {
+    std::lock_guard lock(r->mu);
+    r->compute_us += compute_us;
+  }
+  for (size_t i = 0; i < batch.entries.size(); ++i) {
+    const QueueEntry& e = batch.entries[i];
+    {
+      std::lock_guard lock(e.request->mu);
+      e.request->results[size_t(e.index)] = std::move(results[i]);
+    }
+    if (e.request->remaining.fetch_sub(1) == 1) finish_request(*e.request, Outcome::kOk);
+  }
+}
+
+}  // namespace fastformer::batching

@@ -1,0 +1,308 @@
+// fastformer-server: loads a model, serves fastformer.v1.Encoder over gRPC with dynamic
+// ragged batching, health and reflection, and exports Prometheus metrics.
+//
+// Start-up: load the model, build the engine, open /metrics, listen (health NOT_SERVING),
+// run one warm-up batch, then SERVING. SIGTERM/SIGINT: NOT_SERVING, new calls UNAVAILABLE,
+// everything admitted is answered, exit 0 within --shutdown-timeout-s; a second signal
+// exits at once.
+#include <csignal>
+#include <pthread.h>
+
+#include <algorithm>
+#include <chrono>
+#include <cstdlib>
+#include <memory>
+#include <string>
+#include <thread>
+
+#include <CLI/CLI.hpp>
+#include <grpcpp/ext/proto_server_reflection_plugin.h>
+#include <grpcpp/grpcpp.h>
+#include <grpcpp/health_check_service_interface.h>
+#include <spdlog/pattern_formatter.h>
+#include <spdlog/sinks/stdout_sinks.h>
+#include <spdlog/spdlog.h>
+
+#include "server/batching/queue.h"
+#include "server/batching/scheduler.h"
+#include "server/engine/engine.h"
+#include "server/engine/model.h"
+#include "server/metrics/metrics.h"
+#include "server/rpc/encoder_service.h"
+
+#ifndef FASTFORMER_VERSION
+#define FASTFORMER_VERSION "dev"
+#endif
+
+namespace {
+
+using namespace fastformer;
+using Clock = std::chrono::steady_clock;
+
+struct Flags {
+  std::string model_dir;
+  std::string listen = "0.0.0.0:50051";
+  std::string metrics_listen = "0.0.0.0:8002";
+  std::string backend = "auto";
+  int device = 0;
+  std::string dtype = "float32";
+  int threads = 0;
+  int64_t max_batch_tokens = 16384;
+  int64_t max_batch_sequences = 256;
+  int64_t max_queue_delay_us = 0;
+  int64_t max_queue_tokens = 262144;
+  int64_t max_request_tokens = 0;
+  int64_t max_message_bytes = 64 << 20;
+  double shutdown_timeout_s = 30;
+  std::string log_level = "info";
+  std::string log_format = "text";
+};
+
+// %j: the log message escaped as a JSON string body, for --log-format json.
+class JsonEscapedMessage final : public spdlog::custom_flag_formatter {
+ public:
+  void format(const spdlog::details::log_msg& msg, const std::tm&, spdlog::memory_buf_t& dest) override {
+    for (char c : msg.payload) {
+      switch (c) {
+        case '"': dest.append(std::string_view("\\\"")); break;
+        case '\\': dest.append(std::string_view("\\\\")); break;
+        case '\n': dest.append(std::string_view("\\n")); break;
+        case '\t': dest.append(std::string_view("\\t")); break;
+        default:
+          if (static_cast<unsigned char>(c) < 0x20) {
+            char buf[8];
+            std::snprintf(buf, sizeof buf, "\\u%04x", c);
+            dest.append(std::string_view(buf));
+          } else {
+            dest.push_back(c);
+          }
+      }
+    }
+  }
+  std::unique_ptr<custom_flag_formatter> clone() const override {
+    return std::make_unique<JsonEscapedMessage>();
+  }
+};
+
+void setup_logging(const Flags& flags) {
+  auto logger = spdlog::stderr_logger_mt("fastformer");
+  spdlog::set_default_logger(logger);
+  spdlog::set_level(spdlog::level::from_str(flags.log_level));
+  if (flags.log_format == "json") {
+    auto formatter = std::make_unique<spdlog::pattern_formatter>();
+    formatter->add_flag<JsonEscapedMessage>('j').set_pattern(
+        R"({"time":"%Y-%m-%dT%H:%M:%S.%fZ","level":"%l","msg":"%j"})", spdlog::pattern_time_type::utc);
+    spdlog::set_formatter(std::move(formatter));
+  } else {
+    spdlog::set_pattern("%Y-%m-%dT%H:%M:%S.%e %^%l%$ %v");
+  }
+}
+
+// One short sequence through the engine, so the first request does not pay for cold
+// caches and lazy initialisation; health says SERVING only after it.
+void warm_up(engine::Engine& eng) {
+  const engine::Model& model = eng.model();
+  const auto& c = model.config();
+  const int64_t n = std::min<int64_t>(16, c.max_position_embeddings);
+  std::vector<int32_t> ids(size_t(n), (c.pad_token_id + 1) % int32_t(c.vocab_size));
+  std::vector<float> embeddings(size_t(n * c.hidden_size), 0.5f);
+  engine::RaggedBatch batch;
+  if (model.has_word_embedding()) batch.add({ids, {}}, c);
+  else batch.add({{}, embeddings}, c);
+  const engine::OutputOptions options;
+  eng.encode(batch, {&options, 1});
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  Flags f;
+  CLI::App app{"fastformer-server: Fastformer encoders over gRPC, with dynamic ragged batching"};
+  app.set_config();  // no config file: flags and FASTFORMER_* env vars only
+  auto opt = [&](const char* name, auto& value, const char* help, const char* env) {
+    return app.add_option(name, value, help)->envname(env)->capture_default_str();
+  };
+  opt("--model-dir", f.model_dir, "model directory (config.json + model.safetensors)", "FASTFORMER_MODEL_DIR")
+      ->required();
+  opt("--listen", f.listen, "gRPC address host:port (port 0 picks a free one)", "FASTFORMER_LISTEN");
+  opt("--metrics-listen", f.metrics_listen, "Prometheus /metrics address host:port", "FASTFORMER_METRICS_LISTEN");
+  opt("--backend", f.backend, "auto, cpu or cuda", "FASTFORMER_BACKEND")->check(CLI::IsMember({"auto", "cpu", "cuda"}));
+  opt("--device", f.device, "CUDA device ordinal", "FASTFORMER_DEVICE")->check(CLI::NonNegativeNumber);
+  opt("--dtype", f.dtype, "serving dtype: float32, float16, bfloat16 (CPU: float32)", "FASTFORMER_DTYPE")
+      ->check(CLI::IsMember({"float32", "float16", "bfloat16"}));
+  opt("--threads", f.threads, "CPU engine threads, 0 = all cores", "FASTFORMER_THREADS")->check(CLI::NonNegativeNumber);
+  opt("--max-batch-tokens", f.max_batch_tokens, "token budget of one batch", "FASTFORMER_MAX_BATCH_TOKENS")
+      ->check(CLI::PositiveNumber);
+  opt("--max-batch-sequences", f.max_batch_sequences, "sequence budget of one batch", "FASTFORMER_MAX_BATCH_SEQUENCES")
+      ->check(CLI::PositiveNumber);
+  opt("--max-queue-delay-us", f.max_queue_delay_us, "how long a non-full batch may wait for more work",
+      "FASTFORMER_MAX_QUEUE_DELAY_US")
+      ->check(CLI::NonNegativeNumber);
+  opt("--max-queue-tokens", f.max_queue_tokens, "admitted tokens waiting for a batch; beyond: RESOURCE_EXHAUSTED",
+      "FASTFORMER_MAX_QUEUE_TOKENS")
+      ->check(CLI::PositiveNumber);
+  opt("--max-request-tokens", f.max_request_tokens,
+      "tokens in one request; 0 = max(max-batch-tokens, max_position_embeddings)", "FASTFORMER_MAX_REQUEST_TOKENS")
+      ->check(CLI::NonNegativeNumber);
+  opt("--max-message-bytes", f.max_message_bytes, "largest request message accepted", "FASTFORMER_MAX_MESSAGE_BYTES")
+      ->check(CLI::PositiveNumber);
+  opt("--shutdown-timeout-s", f.shutdown_timeout_s, "how long SIGTERM waits for admitted work",
+      "FASTFORMER_SHUTDOWN_TIMEOUT_S")
+      ->check(CLI::NonNegativeNumber);
+  opt("--log-level", f.log_level, "trace, debug, info, warn, error", "FASTFORMER_LOG_LEVEL")
+      ->check(CLI::IsMember({"trace", "debug", "info", "warn", "error"}));
+  opt("--log-format", f.log_format, "text or json", "FASTFORMER_LOG_FORMAT")->check(CLI::IsMember({"text", "json"}));
+  CLI11_PARSE(app, argc, argv);
+  setup_logging(f);
+
+  // Signals are taken by sigwait in main, never by an asynchronous handler: block them in
+  // every thread (threads inherit the mask) before any is started.
+  sigset_t signals;
+  sigemptyset(&signals);
+  sigaddset(&signals, SIGTERM);
+  sigaddset(&signals, SIGINT);
+  pthread_sigmask(SIG_BLOCK, &signals, nullptr);
+
+  std::shared_ptr<const engine::Model> model;
+  std::unique_ptr<engine::Engine> eng;
+  int64_t max_request_tokens = 0;
+  try {
+    model = engine::Model::load(f.model_dir);
+    const auto& c = model->config();
+    max_request_tokens = f.max_request_tokens > 0 ? f.max_request_tokens
+                                                  : std::max(f.max_batch_tokens, c.max_position_embeddings);
+    spdlog::info("model {} from {}: hidden {}, {} layers, {} heads, {} positions, {} parameters stored as {}{}",
+                 c.model_name, f.model_dir, c.hidden_size, c.num_hidden_layers, c.num_attention_heads,
+                 c.max_position_embeddings, model->parameter_count(), model->stored_dtype(),
+                 model->num_labels() ? ", classifier head with " + std::to_string(model->num_labels()) + " labels" : "");
+    engine::EngineOptions options;
+    engine::parse_backend(f.backend, &options.backend);
+    options.threads = f.threads;
+    options.dtype = f.dtype;
+    options.device = f.device;
+    // The buffers hold a full batch, or the longest sequence a request may bring, which
+    // runs in a batch of its own.
+    options.max_batch_tokens =
+        std::max(f.max_batch_tokens, std::min(max_request_tokens, c.max_position_embeddings));
+    std::string why;
+    eng = engine::create_engine(model, options, &why);
+    spdlog::info("backend {} on {} ({}); engine buffers for {} tokens", eng->backend_name(), eng->device_name(),
+                 why, eng->max_batch_tokens());
+  } catch (const std::exception& e) {
+    spdlog::error("start-up failed: {}", e.what());
+    return 1;
+  }
+  spdlog::info("limits: max-batch-tokens {}, max-batch-sequences {}, max-queue-delay-us {}, max-queue-tokens {}, "
+               "max-request-tokens {}, max-message-bytes {}",
+               f.max_batch_tokens, f.max_batch_sequences, f.max_queue_delay_us, f.max_queue_tokens,
+               max_request_tokens, f.max_message_bytes);
+
+  metrics::Metrics metrics({model->config().model_name, f.dtype, eng->backend_name(), eng->device_name(),
+                            FASTFORMER_VERSION});
+  std::unique_ptr<metrics::MetricsServer> metrics_server;
+  try {
+    metrics_server = std::make_unique<metrics::MetricsServer>(f.metrics_listen, metrics.registry());
+  } catch (const std::exception& e) {
+    spdlog::error("cannot serve metrics on {}: {}", f.metrics_listen, e.what());
+    return 1;
+  }
+  spdlog::info("metrics on {} (port {})", f.metrics_listen, metrics_server->port());
+
+  batching::QueueLimits limits;
+  limits.max_batch_tokens = f.max_batch_tokens;
+  limits.max_batch_sequences = f.max_batch_sequences;
+  limits.max_queue_tokens = f.max_queue_tokens;
+  limits.max_queue_delay = std::chrono::microseconds(f.max_queue_delay_us);
+  batching::QueueObserver queue_observer;
+  queue_observer.on_depth = [&](int64_t tokens, int64_t sequences) {
+    metrics.queue_tokens.Set(double(tokens));
+    metrics.queue_sequences.Set(double(sequences));
+  };
+  queue_observer.on_dropped = [&](const batching::QueueEntry&, batching::Outcome reason) {
+    (reason == batching::Outcome::kDeadlineExceeded ? metrics.dropped_deadline : metrics.dropped_cancelled).Increment();
+  };
+  queue_observer.on_batched = [&](const batching::QueueEntry&, double seconds) {
+    metrics.queue_duration.Observe(seconds);
+  };
+  batching::BatchQueue queue(limits, model->config(), queue_observer);
+
+  rpc::ServiceConfig service_config;
+  service_config.limits.max_request_tokens = max_request_tokens;
+  service_config.version = FASTFORMER_VERSION;
+  service_config.max_batch_tokens = f.max_batch_tokens;
+  service_config.dtype = f.dtype;
+  rpc::EncoderService service(service_config, *eng, queue, metrics);
+
+  grpc::EnableDefaultHealthCheckService(true);
+  grpc::reflection::InitProtoReflectionServerBuilderPlugin();
+  grpc::ServerBuilder builder;
+  int port = 0;
+  builder.AddListeningPort(f.listen, grpc::InsecureServerCredentials(), &port);
+  builder.SetMaxReceiveMessageSize(int(std::min<int64_t>(f.max_message_bytes, INT32_MAX)));
+  builder.SetMaxSendMessageSize(-1);
+  builder.RegisterService(&service);
+  std::unique_ptr<grpc::Server> server = builder.BuildAndStart();
+  if (!server || port == 0) {
+    spdlog::error("cannot listen on {} (address in use, or not an address this host has)", f.listen);
+    return 1;
+  }
+  auto* health = server->GetHealthCheckService();
+  const std::string kService = "fastformer.v1.Encoder";
+  health->SetServingStatus("", false);
+  health->SetServingStatus(kService, false);
+  spdlog::info("listening on {} (port {}), health NOT_SERVING until warm-up", f.listen, port);
+
+  try {
+    warm_up(*eng);
+  } catch (const std::exception& e) {
+    spdlog::error("warm-up batch failed: {}", e.what());
+    server->Shutdown();
+    return 1;
+  }
+  batching::BatchObserver batch_observer;
+  batch_observer.on_batch = [&](int64_t tokens, int64_t sequences, double seconds) {
+    metrics.batch_compute_duration.Observe(seconds);
+    metrics.batch_tokens.Observe(double(tokens));
+    metrics.batch_sequences.Observe(double(sequences));
+    metrics.tokens_total.Increment(double(tokens));
+    metrics.sequences_total.Increment(double(sequences));
+  };
+  batch_observer.on_failure = [&](const std::string& reason, int64_t sequences) {
+    metrics.batch_failures.Increment();
+    spdlog::warn("engine failed on a batch of {} sequences: {}", sequences, reason);
+  };
+  batching::Scheduler scheduler(queue, *eng, batch_observer);
+  health->SetServingStatus("", true);
+  health->SetServingStatus(kService, true);
+  spdlog::info("SERVING fastformer.v1.Encoder, version {}", FASTFORMER_VERSION);
+
+  int signal = 0;
+  sigwait(&signals, &signal);
+  spdlog::info("{} received: draining (new calls UNAVAILABLE), up to {} s", strsignal(signal), f.shutdown_timeout_s);
+  std::thread([signals]() mutable {
+    int second = 0;
+    sigwait(&signals, &second);
+    spdlog::warn("second {}: exiting at once", strsignal(second));
+    std::_Exit(130);
+  }).detach();
+
+  const auto give_up = Clock::now() + std::chrono::duration_cast<Clock::duration>(
+                                          std::chrono::duration<double>(f.shutdown_timeout_s));
+  health->SetServingStatus("", false);
+  health->SetServingStatus(kService, false);
+  service.start_draining();
+  while (service.inflight() > 0 && Clock::now() < give_up) {
+    std::this_thread::sleep_for(std::chrono::milliseconds(5));
+  }
+  const int64_t abandoned = service.inflight();
+  queue.close();
+  server->Shutdown(std::chrono::system_clock::now() +
+                   std::max(Clock::duration::zero(), give_up - Clock::now()) + std::chrono::milliseconds(100));
+  scheduler.join();
+  if (abandoned > 0) {
+    spdlog::warn("shutdown timeout: {} admitted requests were not answered in time", abandoned);
+    return 1;
+  }
+  spdlog::info("drained; exiting");
+  return 0;
+}

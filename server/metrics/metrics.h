@@ -1,0 +1,68 @@
+// Every metric the server exports, registered at start-up so each exists before the
+// first request (docs/metrics.md). Recorded where the thing happens: the rpc layer counts
+// requests, the queue its depth and drops, the scheduler its batches.
+#pragma once
+
+#include <memory>
+#include <string>
+
+#include <prometheus/counter.h>
+#include <prometheus/exposer.h>
+#include <prometheus/family.h>
+#include <prometheus/gauge.h>
+#include <prometheus/histogram.h>
+#include <prometheus/registry.h>
+
+namespace fastformer::metrics {
+
+struct ModelLabels {
+  std::string model, dtype, backend, device, version;
+};
+
+class Metrics {
+ private:
+  // Declared first: every family below registers in it during construction.
+  std::shared_ptr<prometheus::Registry> registry_;
+  prometheus::Family<prometheus::Counter>& requests_;
+  prometheus::Family<prometheus::Histogram>& request_duration_;
+  prometheus::Family<prometheus::Counter>& dropped_;
+
+ public:
+  explicit Metrics(const ModelLabels& labels);
+
+  // fastformer_requests_total{method,code} and fastformer_request_duration_seconds{method}.
+  void record_request(const std::string& method, const std::string& code, double seconds);
+  void set_device_memory(double used_bytes, double total_bytes);
+
+  std::shared_ptr<prometheus::Registry> registry() const { return registry_; }
+
+  prometheus::Histogram& queue_duration;          ///< per sequence, admission to batch
+  prometheus::Histogram& batch_compute_duration;  ///< per batch
+  prometheus::Histogram& batch_tokens;
+  prometheus::Histogram& batch_sequences;
+  prometheus::Counter& sequences_total;           ///< computed sequences
+  prometheus::Counter& tokens_total;              ///< computed tokens
+  prometheus::Counter& dropped_deadline;          ///< fastformer_sequences_dropped_total{reason="deadline"}
+  prometheus::Counter& dropped_cancelled;         ///< ... {reason="cancelled"}
+  prometheus::Counter& batch_failures;            ///< fastformer_batch_failures_total
+  prometheus::Gauge& queue_tokens;
+  prometheus::Gauge& queue_sequences;
+  prometheus::Gauge& inflight_requests;
+
+ private:
+  prometheus::Gauge& device_memory_used_;
+  prometheus::Gauge& device_memory_total_;
+};
+
+// Serves `registry` (and the process metrics) on `listen` ("host:port") at /metrics.
+class MetricsServer {
+ public:
+  MetricsServer(const std::string& listen, const std::shared_ptr<prometheus::Registry>& registry);
+  int port() const;
+
+ private:
+  std::unique_ptr<prometheus::Exposer> exposer_;
+  std::shared_ptr<prometheus::Collectable> process_;
+};
+
+}  // namespace fastformer::metrics

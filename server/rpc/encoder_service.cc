@@ -1,0 +1,214 @@
+#include "server/rpc/encoder_service.h"
+
+#include <deque>
+#include <mutex>
+
+#include <spdlog/spdlog.h>
+
+namespace fastformer::rpc {
+namespace {
+
+using batching::Clock;
+
+// The call's deadline on the steady clock (max() when the client set none).
+Clock::time_point steady_deadline(const grpc::CallbackServerContext* context) {
+  const auto deadline = context->deadline();
+  if (deadline >= std::chrono::system_clock::time_point::max() - std::chrono::hours(24 * 365)) {
+    return Clock::time_point::max();
+  }
+  return Clock::now() + (deadline - std::chrono::system_clock::now());
+}
+
+const grpc::Status kDraining(grpc::StatusCode::UNAVAILABLE, "the server is shutting down");
+
+}  // namespace
+
+EncoderService::EncoderService(ServiceConfig config, const engine::Engine& engine,
+                               batching::BatchQueue& queue, metrics::Metrics& metrics)
+    : config_(std::move(config)), engine_(engine), queue_(queue), metrics_(metrics) {}
+
+void EncoderService::record(const char* method, const grpc::Status& status, Clock::time_point start) {
+  metrics_.record_request(method, status_code_name(status.error_code()),
+                          std::chrono::duration<double>(Clock::now() - start).count());
+  if (!status.ok() && status.error_code() != grpc::StatusCode::CANCELLED) {
+    spdlog::warn("{} failed: {}: {}", method, status_code_name(status.error_code()), status.error_message());
+  }
+}
+
+grpc::Status EncoderService::admit(const v1::EncodeRequest& proto, grpc::CallbackServerContext* context,
+                                   std::shared_ptr<batching::Request> request) {
+  if (draining_.load()) return kDraining;
+  grpc::Status status = convert_request(proto, engine_.model(), config_.limits, request.get());
+  if (!status.ok()) return status;
+  request->arrival = Clock::now();
+  request->deadline = steady_deadline(context);
+  inflight_.fetch_add(1);
+  metrics_.inflight_requests.Increment();
+  switch (queue_.push(request)) {
+    case batching::Admission::kAdmitted: return grpc::Status::OK;
+    case batching::Admission::kQueueFull:
+      status = {grpc::StatusCode::RESOURCE_EXHAUSTED,
+                "queue full: " + std::to_string(request->tokens) + " more tokens would exceed max_queue_tokens " +
+                    std::to_string(queue_.limits().max_queue_tokens) + "; retry later"};
+      break;
+    case batching::Admission::kClosed: status = kDraining; break;
+  }
+  inflight_.fetch_sub(1);
+  metrics_.inflight_requests.Decrement();
+  return status;
+}
+
+grpc::ServerUnaryReactor* EncoderService::Encode(grpc::CallbackServerContext* context,
+                                                 const v1::EncodeRequest* proto,
+                                                 v1::EncodeResponse* response) {
+  const auto start = Clock::now();
+  grpc::ServerUnaryReactor* reactor = context->DefaultReactor();
+  auto request = std::make_shared<batching::Request>();
+  request->is_cancelled = [context] { return context->IsCancelled(); };
+  request->on_complete = [this, reactor, proto, response, start](batching::Request& r) {
+    const grpc::Status status = outcome_status(r);
+    if (status.ok()) fill_response(r, response);
+    response->set_request_id(proto->request_id());
+    record("Encode", status, start);
+    inflight_.fetch_sub(1);
+    metrics_.inflight_requests.Decrement();
+    reactor->Finish(status);
+  };
+  const grpc::Status status = admit(*proto, context, request);
+  if (!status.ok()) {
+    record("Encode", status, start);
+    reactor->Finish(status);
+  }
+  return reactor;
+}
+
+// One EncodeStream call: every message read becomes a request; answers are written one at
+// a time, in completion order; the call ends when the client closed its side and every
+// answer is written.
+class EncoderService::StreamReactor final
+    : public grpc::ServerBidiReactor<v1::EncodeRequest, v1::EncodeResponse> {
+ public:
+  StreamReactor(EncoderService* service, grpc::CallbackServerContext* context)
+      : service_(service), context_(context) {
+    StartRead(&incoming_);
+  }
+
+  void OnReadDone(bool ok) override {
+    if (!ok) {
+      std::lock_guard lock(mu_);
+      reads_done_ = true;
+      maybe_finish_locked();
+      return;
+    }
+    const auto start = Clock::now();
+    auto message = std::make_shared<v1::EncodeRequest>(std::move(incoming_));
+    auto request = std::make_shared<batching::Request>();
+    request->is_cancelled = [this] { return cancelled_.load(); };
+    {
+      std::lock_guard lock(mu_);
+      ++outstanding_;
+    }
+    request->on_complete = [this, message, start](batching::Request& r) {
+      v1::EncodeResponse response;
+      const grpc::Status status = outcome_status(r);
+      if (status.ok()) fill_response(r, &response);
+      answer(*message, status, start, std::move(response));
+      service_->inflight_.fetch_sub(1);
+      service_->metrics_.inflight_requests.Decrement();
+    };
+    const grpc::Status status = service_->admit(*message, context_, request);
+    if (!status.ok()) answer(*message, status, start, {});
+    incoming_.Clear();
+    StartRead(&incoming_);
+  }
+
+  void OnWriteDone(bool ok) override {
+    std::lock_guard lock(mu_);
+    writes_.pop_front();
+    if (!ok) broken_ = true;  // the client is gone: the remaining answers have nowhere to go
+    if (broken_) writes_.clear();
+    if (!writes_.empty()) {
+      StartWrite(&writes_.front());
+    } else {
+      writing_ = false;
+      maybe_finish_locked();
+    }
+  }
+
+  void OnCancel() override { cancelled_.store(true); }
+
+  void OnDone() override { delete this; }
+
+ private:
+  // Queues the answer to one message (in-band error when `status` is not OK).
+  void answer(const v1::EncodeRequest& message, const grpc::Status& status, Clock::time_point start,
+              v1::EncodeResponse response) {
+    service_->record("EncodeStream", status, start);
+    response.set_request_id(message.request_id());
+    if (!status.ok()) {
+      response.clear_encodings();
+      response.mutable_error()->set_code(static_cast<int32_t>(status.error_code()));
+      response.mutable_error()->set_message(status.error_message());
+    }
+    std::lock_guard lock(mu_);
+    --outstanding_;
+    if (!broken_) {
+      writes_.push_back(std::move(response));
+      if (!writing_) {
+        writing_ = true;
+        StartWrite(&writes_.front());
+      }
+    }
+    maybe_finish_locked();
+  }
+
+  void maybe_finish_locked() {
+    if (reads_done_ && outstanding_ == 0 && !writing_ && !finished_) {
+      finished_ = true;
+      Finish(grpc::Status::OK);
+    }
+  }
+
+  EncoderService* service_;
+  grpc::CallbackServerContext* context_;
+  v1::EncodeRequest incoming_;
+  std::mutex mu_;
+  std::deque<v1::EncodeResponse> writes_;  // front() is being written
+  int64_t outstanding_ = 0;                // messages read and not yet answered
+  bool reads_done_ = false, writing_ = false, broken_ = false, finished_ = false;
+  std::atomic<bool> cancelled_{false};
+};
+
+grpc::ServerBidiReactor<v1::EncodeRequest, v1::EncodeResponse>* EncoderService::EncodeStream(
+    grpc::CallbackServerContext* context) {
+  return new StreamReactor(this, context);
+}
+
+grpc::ServerUnaryReactor* EncoderService::GetModelInfo(grpc::CallbackServerContext* context,
+                                                       const v1::GetModelInfoRequest*,
+                                                       v1::ModelInfo* info) {
+  const auto start = Clock::now();
+  const engine::Model& model = engine_.model();
+  const engine::ModelConfig& c = model.config();
+  info->set_model_name(c.model_name);
+  info->set_hidden_size(uint32_t(c.hidden_size));
+  info->set_num_hidden_layers(uint32_t(c.num_hidden_layers));
+  info->set_num_attention_heads(uint32_t(c.num_attention_heads));
+  info->set_intermediate_size(uint32_t(c.intermediate_size));
+  info->set_max_position_embeddings(uint32_t(c.max_position_embeddings));
+  info->set_vocab_size(uint32_t(c.vocab_size));
+  info->set_num_labels(uint32_t(model.num_labels()));
+  info->set_accepts_token_ids(model.has_word_embedding());
+  info->set_dtype(config_.dtype);
+  info->set_backend(engine_.backend_name());
+  info->set_device(engine_.device_name());
+  info->set_max_batch_tokens(uint32_t(config_.max_batch_tokens));
+  info->set_max_request_tokens(uint32_t(config_.limits.max_request_tokens));
+  info->set_server_version(config_.version);
+  grpc::ServerUnaryReactor* reactor = context->DefaultReactor();
+  record("GetModelInfo", grpc::Status::OK, start);
+  reactor->Finish(grpc::Status::OK);
+  return reactor;
+}
+
+}  // namespace fastformer::rpc

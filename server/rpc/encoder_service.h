@@ -1,0 +1,60 @@
+// The fastformer.v1.Encoder service on gRPC's callback API: one handler per RPC. Requests
+// are validated and converted here, then admitted to the batch queue; the engine thread
+// answers them through each request's completion.
+#pragma once
+
+#include <atomic>
+#include <string>
+
+#include "fastformer/v1/encoder.grpc.pb.h"
+#include "server/batching/queue.h"
+#include "server/engine/engine.h"
+#include "server/metrics/metrics.h"
+#include "server/rpc/request_conversion.h"
+
+namespace fastformer::rpc {
+
+struct ServiceConfig {
+  RequestLimits limits;
+  std::string version;            ///< server_version in ModelInfo
+  int64_t max_batch_tokens = 0;   ///< reported in ModelInfo
+  std::string dtype = "float32";
+};
+
+class EncoderService final : public v1::Encoder::CallbackService {
+ public:
+  EncoderService(ServiceConfig config, const engine::Engine& engine, batching::BatchQueue& queue,
+                 metrics::Metrics& metrics);
+
+  grpc::ServerUnaryReactor* Encode(grpc::CallbackServerContext* context,
+                                   const v1::EncodeRequest* request,
+                                   v1::EncodeResponse* response) override;
+  grpc::ServerBidiReactor<v1::EncodeRequest, v1::EncodeResponse>* EncodeStream(
+      grpc::CallbackServerContext* context) override;
+  grpc::ServerUnaryReactor* GetModelInfo(grpc::CallbackServerContext* context,
+                                         const v1::GetModelInfoRequest* request,
+                                         v1::ModelInfo* response) override;
+
+  // Draining: new calls and stream messages are answered UNAVAILABLE.
+  void start_draining() { draining_.store(true); }
+  // Admitted requests (unary calls and stream messages) not yet answered.
+  int64_t inflight() const { return inflight_.load(); }
+
+ private:
+  class StreamReactor;
+
+  // Validates and admits one request. On success returns OK and the request is queued;
+  // else the status to answer with (nothing queued).
+  grpc::Status admit(const v1::EncodeRequest& proto, grpc::CallbackServerContext* context,
+                     std::shared_ptr<batching::Request> request);
+  void record(const char* method, const grpc::Status& status, batching::Clock::time_point start);
+
+  const ServiceConfig config_;
+  const engine::Engine& engine_;
+  batching::BatchQueue& queue_;
+  metrics::Metrics& metrics_;
+  std::atomic<bool> draining_{false};
+  std::atomic<int64_t> inflight_{0};
+};
+
+}  // namespace fastformer::rpc

@@ -1,0 +1,108 @@
+#include "server/rpc/request_conversion.h"
+
+#include <algorithm>
+#include <chrono>
+#include <string>
+
+namespace fastformer::rpc {
+
+grpc::Status convert_request(const v1::EncodeRequest& proto, const engine::Model& model,
+                             const RequestLimits& limits, batching::Request* out) {
+  const engine::ModelConfig& c = model.config();
+  if (proto.sequences_size() == 0) {
+    return {grpc::StatusCode::INVALID_ARGUMENT, "sequences: the request has no sequences"};
+  }
+  if (proto.return_logits() && model.num_labels() == 0) {
+    return {grpc::StatusCode::INVALID_ARGUMENT,
+            "return_logits: this model has no classifier head (dense_linear)"};
+  }
+  const int64_t max_len = c.max_position_embeddings, D = c.hidden_size;
+  int64_t total = 0;
+  out->sequences.clear();
+  out->sequences.reserve(size_t(proto.sequences_size()));
+  for (int i = 0; i < proto.sequences_size(); ++i) {
+    const v1::Sequence& s = proto.sequences(i);
+    engine::SequenceInput in{{s.token_ids().data(), size_t(s.token_ids_size())},
+                             {s.input_embeddings().data(), size_t(s.input_embeddings_size())}};
+    // Truncation applies only to a well-formed single-kind sequence; anything else is left
+    // for validate_sequence to reject with its own message.
+    if (proto.truncation() != v1::TRUNCATION_UNSPECIFIED && (in.token_ids.empty() != in.input_embeddings.empty())) {
+      const bool keep_last = proto.truncation() == v1::TRUNCATION_LEFT;
+      if (static_cast<int64_t>(in.token_ids.size()) > max_len) {
+        in.token_ids = keep_last ? in.token_ids.last(size_t(max_len)) : in.token_ids.first(size_t(max_len));
+      }
+      if (!in.input_embeddings.empty() && in.input_embeddings.size() % size_t(D) == 0 &&
+          static_cast<int64_t>(in.input_embeddings.size()) > max_len * D) {
+        const size_t keep = size_t(max_len * D);
+        in.input_embeddings = keep_last ? in.input_embeddings.last(keep) : in.input_embeddings.first(keep);
+      }
+    }
+    if (auto error = engine::validate_sequence(c, model.has_word_embedding(), in, size_t(i))) {
+      return {grpc::StatusCode::INVALID_ARGUMENT, error->to_string()};
+    }
+    total += engine::sequence_length(in, D);
+    out->sequences.push_back(in);
+  }
+  if (total > limits.max_request_tokens) {
+    return {grpc::StatusCode::INVALID_ARGUMENT,
+            "sequences: the request has " + std::to_string(total) + " tokens, over max_request_tokens " +
+                std::to_string(limits.max_request_tokens)};
+  }
+  out->options.token_embeddings = proto.return_token_embeddings();
+  out->options.logits = proto.return_logits();
+  out->options.normalize = proto.normalize();
+  return grpc::Status::OK;
+}
+
+void fill_response(const batching::Request& request, v1::EncodeResponse* response) {
+  for (const engine::EncodedSequence& seq : request.results) {
+    v1::Encoding* e = response->add_encodings();
+    e->mutable_embedding()->Add(seq.embedding.begin(), seq.embedding.end());
+    e->mutable_token_embeddings()->Add(seq.token_embeddings.begin(), seq.token_embeddings.end());
+    e->mutable_logits()->Add(seq.logits.begin(), seq.logits.end());
+    e->set_num_tokens(static_cast<uint32_t>(seq.num_tokens));
+  }
+  const auto queued = request.first_compute - request.arrival;
+  response->set_queue_time_us(static_cast<uint64_t>(
+      std::max<int64_t>(0, std::chrono::duration_cast<std::chrono::microseconds>(queued).count())));
+  response->set_compute_time_us(static_cast<uint64_t>(request.compute_us));
+}
+
+grpc::Status outcome_status(const batching::Request& request) {
+  switch (request.outcome) {
+    case batching::Outcome::kOk: return grpc::Status::OK;
+    case batching::Outcome::kDeadlineExceeded:
+      return {grpc::StatusCode::DEADLINE_EXCEEDED, "the deadline passed before the request was computed"};
+    case batching::Outcome::kCancelled: return {grpc::StatusCode::CANCELLED, "the call was cancelled"};
+    case batching::Outcome::kEngineFailure:
+      return {grpc::StatusCode::INTERNAL, "engine failure: " + request.error};
+    case batching::Outcome::kShuttingDown:
+      return {grpc::StatusCode::UNAVAILABLE, "the server is shutting down"};
+  }
+  return {grpc::StatusCode::INTERNAL, "unknown outcome"};
+}
+
+const char* status_code_name(grpc::StatusCode code) {
+  switch (code) {
+    case grpc::StatusCode::OK: return "OK";
+    case grpc::StatusCode::CANCELLED: return "CANCELLED";
+    case grpc::StatusCode::UNKNOWN: return "UNKNOWN";
+    case grpc::StatusCode::INVALID_ARGUMENT: return "INVALID_ARGUMENT";
+    case grpc::StatusCode::DEADLINE_EXCEEDED: return "DEADLINE_EXCEEDED";
+    case grpc::StatusCode::NOT_FOUND: return "NOT_FOUND";
+    case grpc::StatusCode::ALREADY_EXISTS: return "ALREADY_EXISTS";
+    case grpc::StatusCode::PERMISSION_DENIED: return "PERMISSION_DENIED";
+    case grpc::StatusCode::RESOURCE_EXHAUSTED: return "RESOURCE_EXHAUSTED";
+    case grpc::StatusCode::FAILED_PRECONDITION: return "FAILED_PRECONDITION";
+    case grpc::StatusCode::ABORTED: return "ABORTED";
+    case grpc::StatusCode::OUT_OF_RANGE: return "OUT_OF_RANGE";
+    case grpc::StatusCode::UNIMPLEMENTED: return "UNIMPLEMENTED";
+    case grpc::StatusCode::INTERNAL: return "INTERNAL";
+    case grpc::StatusCode::UNAVAILABLE: return "UNAVAILABLE";
+    case grpc::StatusCode::DATA_LOSS: return "DATA_LOSS";
+    case grpc::StatusCode::UNAUTHENTICATED: return "UNAUTHENTICATED";
+    default: return "UNKNOWN";
+  }
+}
+
+}  // namespace fastformer::rpc
