@@ -13,6 +13,7 @@ ASAN_DIR ?= build-asan
 JOBS ?= $(shell nproc)
 # CI builds treat warnings as errors.
 WERROR ?= $(if $(CI),ON,OFF)
+SERVER ?= ON
 CMAKE_ARGS ?=
 MODEL_DIR ?= models/demo
 DEMO_PRESET ?= official
@@ -25,7 +26,7 @@ deps:
 	@deploy/install-deps.sh
 
 build: deps
-	cmake -S . -B $(BUILD_DIR) -DCMAKE_BUILD_TYPE=Release -DFASTFORMER_WERROR=$(WERROR) $(CMAKE_ARGS)
+	cmake -S . -B $(BUILD_DIR) -DCMAKE_BUILD_TYPE=Release -DFASTFORMER_SERVER=$(SERVER) -DFASTFORMER_WERROR=$(WERROR) $(CMAKE_ARGS)
 	cmake --build $(BUILD_DIR) -j$(JOBS)
 
 # AddressSanitizer + UndefinedBehaviorSanitizer build of the engine, tools and unit tests.
