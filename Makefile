@@ -1,6 +1,6 @@
 # Fastformer Serving: the two commands are `make serve` and `make test`.
 #
-#   make serve   install deps if missing, build, create models/demo, run it
+#   make serve   install deps if missing, build, create models/demo, serve it over gRPC
 #   make test    install deps if missing, build, run every suite (unit, golden, sanitizer)
 #   make build   build into build/ (binaries in build/bin/)
 #   make bench   the engine benchmarks recorded in docs/benchmarks.md
@@ -56,9 +56,9 @@ $(MODEL_DIR)/model.safetensors:
 
 demo-model: deps $(MODEL_DIR)/model.safetensors
 
-# Until the gRPC server exists, `serve` runs the offline encoder on a sample request.
+# The gRPC server on models/demo: gRPC on :50051, Prometheus metrics on :8002/metrics.
 serve: build demo-model
-	$(BUILD_DIR)/bin/fastformer-encode --model-dir $(MODEL_DIR) --input tools/sample.jsonl --output - --normalize
+	$(BUILD_DIR)/bin/fastformer-server --model-dir $(MODEL_DIR) $(SERVE_ARGS)
 
 bench: build
 	$(PYTHON) tools/run_benchmarks.py --build-dir $(BUILD_DIR) --long
