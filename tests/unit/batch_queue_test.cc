@@ -1,0 +1,253 @@
+// The batch-forming rule and admission: FIFO at sequence granularity, token and sequence
+// budgets, a long sequence alone, all-or-nothing admission against max_queue_tokens,
+// deadlines and cancellation dropped before compute, draining; and the scheduler: results
+// land in request order, an engine failure fails only its batch.
+#include <gtest/gtest.h>
+
+#include <atomic>
+#include <chrono>
+#include <memory>
+#include <stdexcept>
+#include <thread>
+#include <vector>
+
+#include "server/batching/queue.h"
+#include "server/batching/scheduler.h"
+
+namespace fastformer::batching {
+namespace {
+
+using namespace std::chrono_literals;
+
+engine::ModelConfig config() {
+  engine::ModelConfig c;
+  c.hidden_size = 4;
+  c.num_hidden_layers = 1;
+  c.num_attention_heads = 1;
+  c.intermediate_size = 4;
+  c.max_position_embeddings = 1000;
+  c.vocab_size = 100;
+  return c;
+}
+
+// A request of sequences with the given lengths; the ids live in `storage`.
+struct TestRequest {
+  std::vector<std::vector<int32_t>> storage;
+  std::shared_ptr<Request> request = std::make_shared<Request>();
+  std::atomic<int> completions{0};
+  Outcome outcome = Outcome::kOk;
+
+  explicit TestRequest(std::vector<int> lengths, int32_t first_id = 1) {
+    for (int n : lengths) storage.emplace_back(size_t(n), first_id);
+    for (const auto& ids : storage) request->sequences.push_back({ids, {}});
+    request->on_complete = [this](Request& r) {
+      outcome = r.outcome;
+      ++completions;
+    };
+  }
+};
+
+QueueLimits limits(int64_t batch_tokens, int64_t batch_sequences = 100, int64_t queue_tokens = 100000) {
+  QueueLimits l;
+  l.max_batch_tokens = batch_tokens;
+  l.max_batch_sequences = batch_sequences;
+  l.max_queue_tokens = queue_tokens;
+  return l;
+}
+
+std::vector<std::pair<Request*, int32_t>> members(const Batch& batch) {
+  std::vector<std::pair<Request*, int32_t>> out;
+  for (const auto& e : batch.entries) out.emplace_back(e.request.get(), e.index);
+  return out;
+}
+
+TEST(BatchQueueTest, SequencesOfSeveralRequestsShareABatchInArrivalOrder) {
+  BatchQueue queue(limits(100), config());
+  TestRequest a({10, 20}), b({30});
+  ASSERT_EQ(queue.push(a.request), Admission::kAdmitted);
+  ASSERT_EQ(queue.push(b.request), Admission::kAdmitted);
+  auto batch = queue.next_batch();
+  ASSERT_TRUE(batch);
+  using P = std::pair<Request*, int32_t>;
+  EXPECT_EQ(members(*batch), (std::vector<P>{{a.request.get(), 0}, {a.request.get(), 1}, {b.request.get(), 0}}));
+  EXPECT_EQ(batch->tokens, 60);
+  EXPECT_EQ(batch->ragged.num_sequences(), 3);
+  EXPECT_EQ(batch->ragged.cu_seqlens, (std::vector<int32_t>{0, 10, 30, 60}));
+  EXPECT_EQ(queue.queued_tokens(), 0);
+}
+
+TEST(BatchQueueTest, StopsBeforeTheTokenBudgetAndNothingOvertakes) {
+  BatchQueue queue(limits(50), config());
+  // 30 fits, 40 does not (70 > 50), and the 5 behind it must not overtake it.
+  TestRequest a({30, 40, 5});
+  queue.push(a.request);
+  auto first = queue.next_batch();
+  ASSERT_EQ(first->entries.size(), 1u);
+  EXPECT_EQ(first->entries[0].index, 0);
+  auto second = queue.next_batch();
+  ASSERT_EQ(second->entries.size(), 2u);
+  EXPECT_EQ(second->entries[0].index, 1);
+  EXPECT_EQ(second->entries[1].index, 2);
+}
+
+TEST(BatchQueueTest, RespectsTheSequenceBudget) {
+  BatchQueue queue(limits(1000, 2), config());
+  TestRequest a({1, 1, 1, 1, 1});
+  queue.push(a.request);
+  EXPECT_EQ(queue.next_batch()->entries.size(), 2u);
+  EXPECT_EQ(queue.next_batch()->entries.size(), 2u);
+  EXPECT_EQ(queue.next_batch()->entries.size(), 1u);
+}
+
+TEST(BatchQueueTest, ASequenceLongerThanTheBudgetRunsAlone) {
+  BatchQueue queue(limits(50), config());
+  TestRequest a({10}), b({200}), c({10});
+  queue.push(a.request);
+  queue.push(b.request);
+  queue.push(c.request);
+  EXPECT_EQ(queue.next_batch()->tokens, 10);
+  auto alone = queue.next_batch();
+  ASSERT_EQ(alone->entries.size(), 1u);
+  EXPECT_EQ(alone->tokens, 200);
+  EXPECT_EQ(queue.next_batch()->tokens, 10);
+}
+
+TEST(BatchQueueTest, AdmissionIsAllOrNothingAgainstMaxQueueTokens) {
+  BatchQueue queue(limits(1000, 100, 100), config());
+  TestRequest a({60}), b({30, 30}), c({40});
+  EXPECT_EQ(queue.push(a.request), Admission::kAdmitted);
+  EXPECT_EQ(queue.push(b.request), Admission::kQueueFull);  // 60 + 60 > 100: none of it queued
+  EXPECT_EQ(queue.queued_tokens(), 60);
+  EXPECT_EQ(queue.queued_sequences(), 1);
+  EXPECT_EQ(queue.push(c.request), Admission::kAdmitted);  // exactly 100 fits
+  EXPECT_EQ(queue.queued_tokens(), 100);
+}
+
+TEST(BatchQueueTest, ExpiredAndCancelledSequencesAreDroppedBeforeCompute) {
+  int dropped_deadline = 0, dropped_cancelled = 0;
+  QueueObserver observer;
+  observer.on_dropped = [&](const QueueEntry&, Outcome reason) {
+    (reason == Outcome::kDeadlineExceeded ? dropped_deadline : dropped_cancelled)++;
+  };
+  BatchQueue queue(limits(1000), config(), observer);
+  TestRequest expired({5, 5}), cancelled({7}), alive({9});
+  expired.request->deadline = Clock::now() - 1ms;
+  cancelled.request->is_cancelled = [] { return true; };
+  queue.push(expired.request);
+  queue.push(cancelled.request);
+  queue.push(alive.request);
+  auto batch = queue.next_batch();
+  ASSERT_EQ(batch->entries.size(), 1u);
+  EXPECT_EQ(batch->entries[0].request, alive.request);
+  EXPECT_EQ(expired.completions, 1);  // answered once, not once per sequence
+  EXPECT_EQ(expired.outcome, Outcome::kDeadlineExceeded);
+  EXPECT_EQ(cancelled.outcome, Outcome::kCancelled);
+  EXPECT_EQ(dropped_deadline, 2);
+  EXPECT_EQ(dropped_cancelled, 1);
+  EXPECT_EQ(alive.completions, 0);
+}
+
+TEST(BatchQueueTest, ANonFullBatchWaitsUpToTheQueueDelay) {
+  QueueLimits l = limits(100);
+  l.max_queue_delay = 50ms;
+  BatchQueue queue(l, config());
+  TestRequest a({10}), b({20});
+  queue.push(a.request);
+  std::thread later([&] {
+    std::this_thread::sleep_for(10ms);
+    queue.push(b.request);
+  });
+  const auto start = Clock::now();
+  auto batch = queue.next_batch();
+  later.join();
+  EXPECT_GE(Clock::now() - start, 45ms);
+  EXPECT_EQ(batch->entries.size(), 2u);  // the late arrival joined the waiting batch
+}
+
+TEST(BatchQueueTest, AFullBatchDoesNotWait) {
+  QueueLimits l = limits(20);
+  l.max_queue_delay = 5s;
+  BatchQueue queue(l, config());
+  TestRequest a({10, 10, 10});
+  queue.push(a.request);
+  const auto start = Clock::now();
+  EXPECT_EQ(queue.next_batch()->tokens, 20);
+  EXPECT_LT(Clock::now() - start, 1s);
+}
+
+TEST(BatchQueueTest, CloseRefusesNewWorkAndDrainsWhatIsQueued) {
+  QueueLimits l = limits(10);
+  l.max_queue_delay = 10s;  // draining must not wait for it
+  BatchQueue queue(l, config());
+  TestRequest a({5}), b({5});
+  queue.push(a.request);
+  queue.close();
+  EXPECT_EQ(queue.push(b.request), Admission::kClosed);
+  EXPECT_EQ(queue.next_batch()->entries.size(), 1u);
+  EXPECT_FALSE(queue.next_batch().has_value());
+}
+
+// An engine that records batches and fails the ones asked to.
+class FakeEngine final : public engine::Engine {
+ public:
+  std::vector<int> batch_sizes;
+  int fail_batch = -1;
+
+  std::vector<engine::EncodedSequence> encode(const engine::RaggedBatch& batch,
+                                              std::span<const engine::OutputOptions>) override {
+    const int n = static_cast<int>(batch_sizes.size());
+    batch_sizes.push_back(batch.num_sequences());
+    if (n == fail_batch) throw std::runtime_error("injected failure");
+    std::vector<engine::EncodedSequence> out(size_t(batch.num_sequences()));
+    for (int b = 0; b < batch.num_sequences(); ++b) {
+      out[size_t(b)].num_tokens = batch.cu_seqlens[size_t(b) + 1] - batch.cu_seqlens[size_t(b)];
+    }
+    return out;
+  }
+  std::string backend_name() const override { return "fake"; }
+  std::string device_name() const override { return "fake"; }
+  int64_t max_batch_tokens() const override { return 1 << 20; }
+  const engine::Model& model() const override { throw std::logic_error("no model"); }
+};
+
+TEST(SchedulerTest, ResultsLandInRequestOrderAcrossBatches) {
+  BatchQueue queue(limits(25), config());
+  FakeEngine eng;
+  TestRequest a({10, 20, 5}), b({3});
+  queue.push(a.request);
+  queue.push(b.request);
+  {
+    Scheduler scheduler(queue, eng);
+    queue.close();
+  }  // joins after draining
+  EXPECT_EQ(a.outcome, Outcome::kOk);
+  EXPECT_EQ(a.completions, 1);
+  ASSERT_EQ(a.request->results.size(), 3u);
+  EXPECT_EQ(a.request->results[0].num_tokens, 10);
+  EXPECT_EQ(a.request->results[1].num_tokens, 20);
+  EXPECT_EQ(a.request->results[2].num_tokens, 5);
+  EXPECT_EQ(b.request->results[0].num_tokens, 3);
+  EXPECT_GE(eng.batch_sizes.size(), 2u);  // the request spanned batches
+}
+
+TEST(SchedulerTest, AnEngineFailureFailsOnlyItsBatch) {
+  BatchQueue queue(limits(10), config());
+  FakeEngine eng;
+  eng.fail_batch = 1;
+  TestRequest a({10}), b({10}), c({10});
+  queue.push(a.request);
+  queue.push(b.request);
+  queue.push(c.request);
+  {
+    Scheduler scheduler(queue, eng);
+    queue.close();
+  }
+  EXPECT_EQ(a.outcome, Outcome::kOk);
+  EXPECT_EQ(b.outcome, Outcome::kEngineFailure);
+  EXPECT_EQ(b.request->error, "injected failure");
+  EXPECT_EQ(c.outcome, Outcome::kOk);
+  EXPECT_EQ(a.completions + b.completions + c.completions, 3);
+}
+
+}  // namespace
+}  // namespace fastformer::batching
