@@ -21,14 +21,19 @@ void Scheduler::join() {
 
 void Scheduler::form_loop() {
   for (;;) {
+    {
+      // Form the next batch only once the previous one is taken: at most one batch waits
+      // beside the one computing, so batches stay full and deadlines are checked late.
+      std::unique_lock lock(mu_);
+      cv_.wait(lock, [&] { return !staged_.has_value(); });
+    }
     std::optional<Batch> batch = queue_.next_batch();
-    std::unique_lock lock(mu_);
+    std::lock_guard lock(mu_);
     if (!batch) {
       forming_done_ = true;
       cv_.notify_all();
       return;
     }
-    cv_.wait(lock, [&] { return !staged_.has_value(); });  // one batch staged at a time
     staged_ = std::move(batch);
     cv_.notify_all();
   }

@@ -5,8 +5,11 @@
 // run one warm-up batch, then SERVING. SIGTERM/SIGINT: NOT_SERVING, new calls UNAVAILABLE,
 // everything admitted is answered, exit 0 within --shutdown-timeout-s; a second signal
 // exits at once.
+#include <fcntl.h>
+#include <unistd.h>
+
+#include <atomic>
 #include <csignal>
-#include <pthread.h>
 
 #include <algorithm>
 #include <chrono>
@@ -94,7 +97,7 @@ void setup_logging(const Flags& flags) {
         R"({"time":"%Y-%m-%dT%H:%M:%S.%fZ","level":"%l","msg":"%j"})");
     spdlog::set_formatter(std::move(formatter));
   } else {
-    spdlog::set_pattern("%Y-%m-%dT%H:%M:%S.%e %^%l%$ %v");
+    spdlog::set_pattern("%Y-%m-%dT%H:%M:%S.%eZ %^%l%$ %v", spdlog::pattern_time_type::utc);
   }
 }
 
@@ -111,6 +114,42 @@ void warm_up(engine::Engine& eng) {
   else batch.add({{}, embeddings}, c);
   const engine::OutputOptions options;
   eng.encode(batch, {&options, 1});
+}
+
+// SIGTERM/SIGINT: the first is written to a pipe that main waits on (a handler, not
+// sigwait, because OpenBLAS starts threads before main could block the signals in them);
+// a second one exits at once.
+int signal_pipe[2] = {-1, -1};
+std::atomic<int> signals_received{0};
+
+void on_signal(int signal) {
+  if (signals_received.fetch_add(1) > 0) {
+    static const char kMsg[] = "second signal: exiting at once\n";
+    (void)!write(STDERR_FILENO, kMsg, sizeof kMsg - 1);
+    std::_Exit(130);
+  }
+  const char byte = static_cast<char>(signal);
+  (void)!write(signal_pipe[1], &byte, 1);
+}
+
+int wait_for_signal() {
+  char byte = 0;
+  while (read(signal_pipe[0], &byte, 1) != 1) {
+  }
+  return byte;
+}
+
+void install_signal_handlers() {
+  if (pipe2(signal_pipe, O_CLOEXEC) != 0) {
+    spdlog::error("cannot create the signal pipe");
+    std::exit(1);
+  }
+  struct sigaction action {};
+  action.sa_handler = on_signal;
+  sigemptyset(&action.sa_mask);
+  action.sa_flags = SA_RESTART;
+  sigaction(SIGTERM, &action, nullptr);
+  sigaction(SIGINT, &action, nullptr);
 }
 
 }  // namespace
@@ -155,13 +194,7 @@ int main(int argc, char** argv) {
   CLI11_PARSE(app, argc, argv);
   setup_logging(f);
 
-  // Signals are taken by sigwait in main, never by an asynchronous handler: block them in
-  // every thread (threads inherit the mask) before any is started.
-  sigset_t signals;
-  sigemptyset(&signals);
-  sigaddset(&signals, SIGTERM);
-  sigaddset(&signals, SIGINT);
-  pthread_sigmask(SIG_BLOCK, &signals, nullptr);
+  install_signal_handlers();
 
   std::shared_ptr<const engine::Model> model;
   std::unique_ptr<engine::Engine> eng;
@@ -190,6 +223,11 @@ int main(int argc, char** argv) {
                  why, eng->max_batch_tokens());
   } catch (const std::exception& e) {
     spdlog::error("start-up failed: {}", e.what());
+    return 1;
+  }
+  if (max_request_tokens > f.max_queue_tokens) {
+    spdlog::error("--max-request-tokens {} exceeds --max-queue-tokens {}: such requests could never be admitted",
+                  max_request_tokens, f.max_queue_tokens);
     return 1;
   }
   spdlog::info("limits: max-batch-tokens {}, max-batch-sequences {}, max-queue-delay-us {}, max-queue-tokens {}, "
@@ -256,7 +294,7 @@ int main(int argc, char** argv) {
     warm_up(*eng);
   } catch (const std::exception& e) {
     spdlog::error("warm-up batch failed: {}", e.what());
-    server->Shutdown();
+    server->Shutdown(std::chrono::system_clock::now());
     return 1;
   }
   batching::BatchObserver batch_observer;
@@ -272,20 +310,14 @@ int main(int argc, char** argv) {
     spdlog::warn("engine failed on a batch of {} sequences: {}", sequences, reason);
   };
   batching::Scheduler scheduler(queue, *eng, batch_observer);
+  service.set_serving();
   health->SetServingStatus("", true);
   health->SetServingStatus(kService, true);
   spdlog::info("SERVING fastformer.v1.Encoder, version {}", FASTFORMER_VERSION);
 
-  int signal = 0;
-  sigwait(&signals, &signal);
-  spdlog::info("{} received: draining (new calls UNAVAILABLE), up to {} s", strsignal(signal), f.shutdown_timeout_s);
-  std::thread([signals]() mutable {
-    int second = 0;
-    sigwait(&signals, &second);
-    spdlog::warn("second {}: exiting at once", strsignal(second));
-    std::_Exit(130);
-  }).detach();
-
+  const int signal = wait_for_signal();
+  spdlog::info("{} received: draining (new calls UNAVAILABLE), up to {} s; a second signal exits at once",
+               strsignal(signal), f.shutdown_timeout_s);
   const auto give_up = Clock::now() + std::chrono::duration_cast<Clock::duration>(
                                           std::chrono::duration<double>(f.shutdown_timeout_s));
   health->SetServingStatus("", false);
@@ -294,15 +326,15 @@ int main(int argc, char** argv) {
   while (service.inflight() > 0 && Clock::now() < give_up) {
     std::this_thread::sleep_for(std::chrono::milliseconds(5));
   }
-  const int64_t abandoned = service.inflight();
-  queue.close();
-  server->Shutdown(std::chrono::system_clock::now() +
-                   std::max(Clock::duration::zero(), give_up - Clock::now()) + std::chrono::milliseconds(100));
-  scheduler.join();
-  if (abandoned > 0) {
-    spdlog::warn("shutdown timeout: {} admitted requests were not answered in time", abandoned);
-    return 1;
+  if (const int64_t abandoned = service.inflight(); abandoned > 0) {
+    spdlog::warn("shutdown timeout after {} s: {} admitted requests not answered; exiting without them",
+                 f.shutdown_timeout_s, abandoned);
+    server->Shutdown(std::chrono::system_clock::now());
+    std::_Exit(1);
   }
+  queue.close();
+  server->Shutdown(std::chrono::system_clock::now() + std::chrono::seconds(1));
+  scheduler.join();
   spdlog::info("drained; exiting");
   return 0;
 }

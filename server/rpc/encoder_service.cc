@@ -20,8 +20,15 @@ Clock::time_point steady_deadline(const grpc::CallbackServerContext* context) {
 }
 
 const grpc::Status kDraining(grpc::StatusCode::UNAVAILABLE, "the server is shutting down");
+const grpc::Status kStarting(grpc::StatusCode::UNAVAILABLE, "the server is starting (warm-up); retry shortly");
 
 }  // namespace
+
+grpc::Status EncoderService::availability() const {
+  if (draining_.load()) return kDraining;
+  if (!serving_.load()) return kStarting;
+  return grpc::Status::OK;
+}
 
 EncoderService::EncoderService(ServiceConfig config, const engine::Engine& engine,
                                batching::BatchQueue& queue, metrics::Metrics& metrics)
@@ -37,7 +44,7 @@ void EncoderService::record(const char* method, const grpc::Status& status, Cloc
 
 grpc::Status EncoderService::admit(const v1::EncodeRequest& proto, grpc::CallbackServerContext* context,
                                    std::shared_ptr<batching::Request> request) {
-  if (draining_.load()) return kDraining;
+  if (const grpc::Status unavailable = availability(); !unavailable.ok()) return unavailable;
   grpc::Status status = convert_request(proto, engine_.model(), config_.limits, request.get());
   if (!status.ok()) return status;
   request->arrival = Clock::now();
@@ -95,9 +102,13 @@ class EncoderService::StreamReactor final
 
   void OnReadDone(bool ok) override {
     if (!ok) {
-      std::lock_guard lock(mu_);
-      reads_done_ = true;
-      maybe_finish_locked();
+      Step step;
+      {
+        std::lock_guard lock(mu_);
+        reads_done_ = true;
+        step = next_step_locked();
+      }
+      run(step);  // may end the call: nothing touches `this` after it
       return;
     }
     const auto start = Clock::now();
@@ -106,33 +117,33 @@ class EncoderService::StreamReactor final
     request->is_cancelled = [this] { return cancelled_.load(); };
     {
       std::lock_guard lock(mu_);
-      ++outstanding_;
+      ++outstanding_;  // before StartRead: the call cannot end while this message is open
     }
     request->on_complete = [this, message, start](batching::Request& r) {
       v1::EncodeResponse response;
       const grpc::Status status = outcome_status(r);
       if (status.ok()) fill_response(r, &response);
-      answer(*message, status, start, std::move(response));
       service_->inflight_.fetch_sub(1);
       service_->metrics_.inflight_requests.Decrement();
+      answer(*message, status, start, std::move(response));  // last: may end the call
     };
     const grpc::Status status = service_->admit(*message, context_, request);
-    if (!status.ok()) answer(*message, status, start, {});
     incoming_.Clear();
     StartRead(&incoming_);
+    if (!status.ok()) answer(*message, status, start, {});  // last: may end the call
   }
 
   void OnWriteDone(bool ok) override {
-    std::lock_guard lock(mu_);
-    writes_.pop_front();
-    if (!ok) broken_ = true;  // the client is gone: the remaining answers have nowhere to go
-    if (broken_) writes_.clear();
-    if (!writes_.empty()) {
-      StartWrite(&writes_.front());
-    } else {
+    Step step;
+    {
+      std::lock_guard lock(mu_);
+      writes_.pop_front();
+      if (!ok) broken_ = true;  // the client is gone: the remaining answers have nowhere to go
+      if (broken_) writes_.clear();
       writing_ = false;
-      maybe_finish_locked();
+      step = next_step_locked();
     }
+    run(step);
   }
 
   void OnCancel() override { cancelled_.store(true); }
@@ -140,6 +151,31 @@ class EncoderService::StreamReactor final
   void OnDone() override { delete this; }
 
  private:
+  // What to do once the lock is released: start the next write, end the call, or nothing.
+  struct Step {
+    const v1::EncodeResponse* write = nullptr;
+    bool finish = false;
+  };
+
+  Step next_step_locked() {
+    Step step;
+    if (!writing_ && !writes_.empty()) {
+      writing_ = true;
+      step.write = &writes_.front();  // stable: deque push_back keeps references valid
+    } else if (reads_done_ && outstanding_ == 0 && !writing_ && writes_.empty() && !finished_) {
+      finished_ = true;
+      step.finish = true;
+    }
+    return step;
+  }
+
+  // Outside the lock, as the caller's last action: Finish may run OnDone (delete this) on
+  // another thread at once.
+  void run(const Step& step) {
+    if (step.write != nullptr) StartWrite(step.write);
+    else if (step.finish) Finish(grpc::Status::OK);
+  }
+
   // Queues the answer to one message (in-band error when `status` is not OK).
   void answer(const v1::EncodeRequest& message, const grpc::Status& status, Clock::time_point start,
               v1::EncodeResponse response) {
@@ -150,30 +186,21 @@ class EncoderService::StreamReactor final
       response.mutable_error()->set_code(static_cast<int32_t>(status.error_code()));
       response.mutable_error()->set_message(status.error_message());
     }
-    std::lock_guard lock(mu_);
-    --outstanding_;
-    if (!broken_) {
-      writes_.push_back(std::move(response));
-      if (!writing_) {
-        writing_ = true;
-        StartWrite(&writes_.front());
-      }
+    Step step;
+    {
+      std::lock_guard lock(mu_);
+      --outstanding_;
+      if (!broken_) writes_.push_back(std::move(response));
+      step = next_step_locked();
     }
-    maybe_finish_locked();
-  }
-
-  void maybe_finish_locked() {
-    if (reads_done_ && outstanding_ == 0 && !writing_ && !finished_) {
-      finished_ = true;
-      Finish(grpc::Status::OK);
-    }
+    run(step);
   }
 
   EncoderService* service_;
   grpc::CallbackServerContext* context_;
   v1::EncodeRequest incoming_;
   std::mutex mu_;
-  std::deque<v1::EncodeResponse> writes_;  // front() is being written
+  std::deque<v1::EncodeResponse> writes_;  // front() is being written while writing_
   int64_t outstanding_ = 0;                // messages read and not yet answered
   bool reads_done_ = false, writing_ = false, broken_ = false, finished_ = false;
   std::atomic<bool> cancelled_{false};
@@ -188,6 +215,12 @@ grpc::ServerUnaryReactor* EncoderService::GetModelInfo(grpc::CallbackServerConte
                                                        const v1::GetModelInfoRequest*,
                                                        v1::ModelInfo* info) {
   const auto start = Clock::now();
+  grpc::ServerUnaryReactor* reactor = context->DefaultReactor();
+  if (const grpc::Status unavailable = availability(); !unavailable.ok()) {
+    record("GetModelInfo", unavailable, start);
+    reactor->Finish(unavailable);
+    return reactor;
+  }
   const engine::Model& model = engine_.model();
   const engine::ModelConfig& c = model.config();
   info->set_model_name(c.model_name);
@@ -205,7 +238,6 @@ grpc::ServerUnaryReactor* EncoderService::GetModelInfo(grpc::CallbackServerConte
   info->set_max_batch_tokens(uint32_t(config_.max_batch_tokens));
   info->set_max_request_tokens(uint32_t(config_.limits.max_request_tokens));
   info->set_server_version(config_.version);
-  grpc::ServerUnaryReactor* reactor = context->DefaultReactor();
   record("GetModelInfo", grpc::Status::OK, start);
   reactor->Finish(grpc::Status::OK);
   return reactor;

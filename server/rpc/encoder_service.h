@@ -35,7 +35,9 @@ class EncoderService final : public v1::Encoder::CallbackService {
                                          const v1::GetModelInfoRequest* request,
                                          v1::ModelInfo* response) override;
 
-  // Draining: new calls and stream messages are answered UNAVAILABLE.
+  // Until set_serving (after warm-up) and once draining, new calls and stream messages
+  // are answered UNAVAILABLE.
+  void set_serving() { serving_.store(true); }
   void start_draining() { draining_.store(true); }
   // Admitted requests (unary calls and stream messages) not yet answered.
   int64_t inflight() const { return inflight_.load(); }
@@ -48,11 +50,13 @@ class EncoderService final : public v1::Encoder::CallbackService {
   grpc::Status admit(const v1::EncodeRequest& proto, grpc::CallbackServerContext* context,
                      std::shared_ptr<batching::Request> request);
   void record(const char* method, const grpc::Status& status, batching::Clock::time_point start);
+  grpc::Status availability() const;  // OK, or UNAVAILABLE while starting or draining
 
   const ServiceConfig config_;
   const engine::Engine& engine_;
   batching::BatchQueue& queue_;
   metrics::Metrics& metrics_;
+  std::atomic<bool> serving_{false};
   std::atomic<bool> draining_{false};
   std::atomic<int64_t> inflight_{0};
 };

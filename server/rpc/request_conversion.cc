@@ -12,6 +12,11 @@ grpc::Status convert_request(const v1::EncodeRequest& proto, const engine::Model
   if (proto.sequences_size() == 0) {
     return {grpc::StatusCode::INVALID_ARGUMENT, "sequences: the request has no sequences"};
   }
+  if (!v1::Truncation_IsValid(proto.truncation())) {
+    return {grpc::StatusCode::INVALID_ARGUMENT,
+            "truncation: unknown value " + std::to_string(proto.truncation()) +
+                " (expected TRUNCATION_UNSPECIFIED, TRUNCATION_RIGHT or TRUNCATION_LEFT)"};
+  }
   if (proto.return_logits() && model.num_labels() == 0) {
     return {grpc::StatusCode::INVALID_ARGUMENT,
             "return_logits: this model has no classifier head (dense_linear)"};
