@@ -1,7 +1,7 @@
 # Fastformer Serving: the two commands are `make serve` and `make test`.
 #
 #   make serve   install deps if missing, build, create models/demo, serve it over gRPC
-#   make test    install deps if missing, build, run every suite (unit, golden, sanitizer)
+#   make test    install deps if missing, build, run every suite (unit, golden, e2e, sanitizer)
 #   make build   build into build/ (binaries in build/bin/)
 #   make bench   the engine benchmarks recorded in docs/benchmarks.md
 
@@ -18,7 +18,7 @@ CMAKE_ARGS ?=
 MODEL_DIR ?= models/demo
 DEMO_PRESET ?= official
 
-.PHONY: all deps build build-asan test test-unit test-golden test-asan serve demo-model bench clean
+.PHONY: all deps build build-asan test test-unit test-golden test-e2e test-asan serve demo-model bench clean
 
 all: build
 
@@ -36,7 +36,7 @@ build-asan: deps
 	cmake --build $(ASAN_DIR) -j$(JOBS)
 
 test: build build-asan
-	$(MAKE) --no-print-directory test-unit test-golden test-asan
+	$(MAKE) --no-print-directory test-unit test-golden test-e2e test-asan
 
 test-unit:
 	ctest --test-dir $(BUILD_DIR) --output-on-failure -j$(JOBS)
@@ -44,6 +44,10 @@ test-unit:
 test-golden:
 	@test -n "$(PYTHON)" || { echo "no python3 that imports torch: run deploy/install-deps.sh"; exit 1; }
 	FASTFORMER_BIN_DIR=$(CURDIR)/$(BUILD_DIR)/bin $(PYTHON) -m pytest tests/golden -q
+
+# The real server on loopback: gRPC clients, promtool, a real Prometheus.
+test-e2e:
+	FASTFORMER_BIN_DIR=$(CURDIR)/$(BUILD_DIR)/bin $(PYTHON) -m pytest tests/e2e -q
 
 # The unit tests and the bad-input end-to-end tests under ASan/UBSan.
 test-asan:
