@@ -65,6 +65,8 @@ REQUEST_CASES = {
                                 ["max_request_tokens"], None),
     "return_logits_without_head": ("noemb", lambda e2e: e2e.make_request([GOOD_EMB], "embeddings", logits=True),
                                    INVALID, ["return_logits"], None),
+    "unknown_truncation": ("head", lambda e2e: e2e.make_request([GOOD_IDS], "ids", truncation=7), INVALID,
+                           ["truncation"], None),
 }
 
 
@@ -186,6 +188,19 @@ def test_limits_are_inclusive(e2e, models, servers):
     assert req.ByteSize() < MAX_MESSAGE_BYTES
     resp = srv.stub.Encode(req, timeout=e2e.RPC_TIMEOUT_S)
     e2e.check_response("512 embedding rows", resp, model, emb, "embeddings", request_id="big")
+
+
+def test_max_request_tokens_counts_kept_tokens(e2e, models, servers):
+    """With truncation, the request's token total is what is kept: 3 x 700 tokens cut to 3 x 512 = 1536
+    fit max_request_tokens 2048."""
+    model = models.get("head")
+    srv = _server(servers, "head")
+    rng = np.random.default_rng(700)
+    seqs = [e2e.make_ids(rng, 700, model.vocab) for _ in range(3)]
+    req = e2e.make_request(seqs, "ids", request_id="kept", truncation=e2e.pb.TRUNCATION_LEFT)
+    resp = srv.stub.Encode(req, timeout=e2e.RPC_TIMEOUT_S)
+    e2e.check_response("3 x 700 tokens, LEFT", resp, model, seqs, "ids", truncation=e2e.pb.TRUNCATION_LEFT,
+                       request_id="kept")
 
 
 def test_bad_requests_counted_and_not_computed(e2e, models, servers):

@@ -130,3 +130,24 @@ def test_sigterm_under_load(e2e, models, servers):
     assert rc is not None, f"still running {elapsed:.0f} s after SIGTERM (--shutdown-timeout-s 30)"
     assert rc == 0, f"exit code {rc} after SIGTERM\n{srv.log_tail()}"
     assert elapsed <= 31, f"exit took {elapsed:.1f} s, over --shutdown-timeout-s 30"
+
+
+def test_second_signal_exits_at_once(e2e, models, servers):
+    """A second SIGTERM during the drain exits at once (without waiting for the queue)."""
+    model = models.get("load")
+    srv = servers.start("load", max_batch_tokens=2048, max_queue_tokens=1_000_000, max_request_tokens=4096)
+    ids = e2e.make_ids(np.random.default_rng(2), 2000, model.vocab)
+    futures = [srv.stub.Encode.future(e2e.make_request([ids], "ids"), timeout=e2e.RPC_TIMEOUT_S) for _ in range(30)]
+    srv.metrics_when(lambda m: m.value("fastformer_inflight_requests") + sum(f.done() for f in futures) >= 30, 10)
+    srv.signal(signal.SIGTERM)
+    time.sleep(0.2)
+    pending = sum(not f.done() for f in futures)
+    t0 = time.monotonic()
+    srv.signal(signal.SIGTERM)
+    rc = srv.wait_exit(5)
+    elapsed = time.monotonic() - t0
+    print(f"second SIGTERM with {pending} requests pending: exit {rc} after {elapsed:.2f} s")
+    assert pending > 0, "the queue drained before the second signal: raise the load"
+    assert rc is not None and elapsed < 2, f"still running {elapsed:.1f} s after the second SIGTERM"
+    for f in futures:  # every call ends (answered, or failed by the exit), none hangs
+        e2e.rpc_code(f.result, timeout=10)

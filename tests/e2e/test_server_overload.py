@@ -121,3 +121,33 @@ def test_deadlines_under_load(e2e, models, servers):
     assert delta("fastformer_requests_total", method="Encode", code="DEADLINE_EXCEEDED") == SHORT_REQUESTS
     assert after.value("fastformer_queue_tokens") == 0 and after.value("fastformer_queue_sequences") == 0
     assert srv.health_status() == "SERVING"
+
+
+def test_cancelled_requests_dropped(e2e, models, servers):
+    """Calls cancelled by the client while queued: dropped before compute, counted as "cancelled"."""
+    model = models.get("load")
+    rng = np.random.default_rng(6)
+    longs = [e2e.make_ids(rng, 2000, model.vocab) for _ in range(2)]
+    short = e2e.make_ids(rng, 300, model.vocab)
+    srv = servers.start("load", max_batch_tokens=2048, max_queue_tokens=1_000_000, max_request_tokens=4096)
+    before = srv.metrics()
+    n_long, n_cancel = 20, 5
+    long_f = [srv.stub.Encode.future(e2e.make_request([longs[i % 2]], "ids"), timeout=e2e.RPC_TIMEOUT_S)
+              for i in range(n_long)]
+    cancel_f = [srv.stub.Encode.future(e2e.make_request([short], "ids"), timeout=e2e.RPC_TIMEOUT_S)
+                for _ in range(n_cancel)]
+    srv.metrics_when(lambda m: m.value("fastformer_inflight_requests") + sum(f.done() for f in long_f + cancel_f)
+                     >= n_long + n_cancel, 10)
+    assert all(f.cancel() for f in cancel_f), "the short calls finished before they could be cancelled"
+    long_results = _wait_all(long_f, e2e.RPC_TIMEOUT_S)
+    assert all(c == OK for c, _, _ in long_results), [(c.name, m) for c, m, _ in long_results if c != OK][:3]
+    dropped = lambda m, reason: (m.value("fastformer_sequences_dropped_total", reason=reason)  # noqa: E731
+                                 - before.value("fastformer_sequences_dropped_total", reason=reason))
+    after = srv.metrics_when(lambda m: dropped(m, "cancelled") + dropped(m, "deadline") >= n_cancel, 10)
+    computed = after.value("fastformer_tokens_total") - before.value("fastformer_tokens_total")
+    print(f"dropped: cancelled +{dropped(after, 'cancelled'):.0f}, deadline +{dropped(after, 'deadline'):.0f}; "
+          f"tokens_total +{computed:.0f}")
+    assert dropped(after, "cancelled") == n_cancel, \
+        f"sequences_dropped_total{{reason=\"cancelled\"}} rose by {dropped(after, 'cancelled'):.0f}, expected {n_cancel}"
+    assert computed == n_long * 2000, f"tokens_total rose by {computed:.0f}: cancelled sequences were computed"
+    assert after.value("fastformer_queue_tokens") == 0 and after.value("fastformer_inflight_requests") == 0
