@@ -196,6 +196,43 @@ int main(int argc, char** argv) {
 
   install_signal_handlers();
 
+  // Metrics and the port come first: health answers NOT_SERVING (and Encode UNAVAILABLE)
+  // while the model loads and warms up.
+  metrics::Metrics metrics;
+  std::unique_ptr<metrics::MetricsServer> metrics_server;
+  try {
+    metrics_server = std::make_unique<metrics::MetricsServer>(f.metrics_listen, metrics.registry());
+  } catch (const std::exception& e) {
+    spdlog::error("cannot serve metrics on {}: {}", f.metrics_listen, e.what());
+    return 1;
+  }
+  spdlog::info("metrics on {} (port {})", f.metrics_listen, metrics_server->port());
+
+  rpc::EncoderService service(metrics);
+  grpc::EnableDefaultHealthCheckService(true);
+  grpc::reflection::InitProtoReflectionServerBuilderPlugin();
+  grpc::ServerBuilder builder;
+  int port = 0;
+  builder.AddListeningPort(f.listen, grpc::InsecureServerCredentials(), &port);
+  builder.SetMaxReceiveMessageSize(int(std::min<int64_t>(f.max_message_bytes, INT32_MAX)));
+  builder.SetMaxSendMessageSize(-1);
+  builder.RegisterService(&service);
+  std::unique_ptr<grpc::Server> server = builder.BuildAndStart();
+  if (!server || port == 0) {
+    spdlog::error("cannot listen on {} (address in use, or not an address this host has)", f.listen);
+    return 1;
+  }
+  auto* health = server->GetHealthCheckService();
+  const std::string kService = "fastformer.v1.Encoder";
+  health->SetServingStatus("", false);
+  health->SetServingStatus(kService, false);
+  spdlog::info("listening on {} (port {}), health NOT_SERVING until the model is loaded and warm", f.listen, port);
+  auto fail_start = [&](const std::string& what) {
+    spdlog::error("start-up failed: {}", what);
+    server->Shutdown(std::chrono::system_clock::now());
+    return 1;
+  };
+
   std::shared_ptr<const engine::Model> model;
   std::unique_ptr<engine::Engine> eng;
   int64_t max_request_tokens = 0;
@@ -208,6 +245,10 @@ int main(int argc, char** argv) {
                  c.model_name, f.model_dir, c.hidden_size, c.num_hidden_layers, c.num_attention_heads,
                  c.max_position_embeddings, model->parameter_count(), model->stored_dtype(),
                  model->num_labels() ? ", classifier head with " + std::to_string(model->num_labels()) + " labels" : "");
+    if (max_request_tokens > f.max_queue_tokens) {
+      return fail_start("--max-request-tokens " + std::to_string(max_request_tokens) + " exceeds --max-queue-tokens " +
+                        std::to_string(f.max_queue_tokens) + ": such requests could never be admitted");
+    }
     engine::EngineOptions options;
     engine::parse_backend(f.backend, &options.backend);
     options.threads = f.threads;
@@ -221,30 +262,16 @@ int main(int argc, char** argv) {
     eng = engine::create_engine(model, options, &why);
     spdlog::info("backend {} on {} ({}); engine buffers for {} tokens", eng->backend_name(), eng->device_name(),
                  why, eng->max_batch_tokens());
+    warm_up(*eng);
   } catch (const std::exception& e) {
-    spdlog::error("start-up failed: {}", e.what());
-    return 1;
-  }
-  if (max_request_tokens > f.max_queue_tokens) {
-    spdlog::error("--max-request-tokens {} exceeds --max-queue-tokens {}: such requests could never be admitted",
-                  max_request_tokens, f.max_queue_tokens);
-    return 1;
+    return fail_start(e.what());
   }
   spdlog::info("limits: max-batch-tokens {}, max-batch-sequences {}, max-queue-delay-us {}, max-queue-tokens {}, "
                "max-request-tokens {}, max-message-bytes {}",
                f.max_batch_tokens, f.max_batch_sequences, f.max_queue_delay_us, f.max_queue_tokens,
                max_request_tokens, f.max_message_bytes);
-
-  metrics::Metrics metrics({model->config().model_name, f.dtype, eng->backend_name(), eng->device_name(),
-                            FASTFORMER_VERSION});
-  std::unique_ptr<metrics::MetricsServer> metrics_server;
-  try {
-    metrics_server = std::make_unique<metrics::MetricsServer>(f.metrics_listen, metrics.registry());
-  } catch (const std::exception& e) {
-    spdlog::error("cannot serve metrics on {}: {}", f.metrics_listen, e.what());
-    return 1;
-  }
-  spdlog::info("metrics on {} (port {})", f.metrics_listen, metrics_server->port());
+  metrics.set_model_info({model->config().model_name, f.dtype, eng->backend_name(), eng->device_name(),
+                          FASTFORMER_VERSION});
 
   batching::QueueLimits limits;
   limits.max_batch_tokens = f.max_batch_tokens;
@@ -264,39 +291,6 @@ int main(int argc, char** argv) {
   };
   batching::BatchQueue queue(limits, model->config(), queue_observer);
 
-  rpc::ServiceConfig service_config;
-  service_config.limits.max_request_tokens = max_request_tokens;
-  service_config.version = FASTFORMER_VERSION;
-  service_config.max_batch_tokens = f.max_batch_tokens;
-  service_config.dtype = f.dtype;
-  rpc::EncoderService service(service_config, *eng, queue, metrics);
-
-  grpc::EnableDefaultHealthCheckService(true);
-  grpc::reflection::InitProtoReflectionServerBuilderPlugin();
-  grpc::ServerBuilder builder;
-  int port = 0;
-  builder.AddListeningPort(f.listen, grpc::InsecureServerCredentials(), &port);
-  builder.SetMaxReceiveMessageSize(int(std::min<int64_t>(f.max_message_bytes, INT32_MAX)));
-  builder.SetMaxSendMessageSize(-1);
-  builder.RegisterService(&service);
-  std::unique_ptr<grpc::Server> server = builder.BuildAndStart();
-  if (!server || port == 0) {
-    spdlog::error("cannot listen on {} (address in use, or not an address this host has)", f.listen);
-    return 1;
-  }
-  auto* health = server->GetHealthCheckService();
-  const std::string kService = "fastformer.v1.Encoder";
-  health->SetServingStatus("", false);
-  health->SetServingStatus(kService, false);
-  spdlog::info("listening on {} (port {}), health NOT_SERVING until warm-up", f.listen, port);
-
-  try {
-    warm_up(*eng);
-  } catch (const std::exception& e) {
-    spdlog::error("warm-up batch failed: {}", e.what());
-    server->Shutdown(std::chrono::system_clock::now());
-    return 1;
-  }
   batching::BatchObserver batch_observer;
   batch_observer.on_batch = [&](int64_t tokens, int64_t sequences, double seconds) {
     metrics.batch_compute_duration.Observe(seconds);
@@ -310,7 +304,12 @@ int main(int argc, char** argv) {
     spdlog::warn("engine failed on a batch of {} sequences: {}", sequences, reason);
   };
   batching::Scheduler scheduler(queue, *eng, batch_observer);
-  service.set_serving();
+  rpc::ServiceConfig service_config;
+  service_config.limits.max_request_tokens = max_request_tokens;
+  service_config.version = FASTFORMER_VERSION;
+  service_config.max_batch_tokens = f.max_batch_tokens;
+  service_config.dtype = f.dtype;
+  service.start_serving(service_config, *eng, queue);
   health->SetServingStatus("", true);
   health->SetServingStatus(kService, true);
   spdlog::info("SERVING fastformer.v1.Encoder, version {}", FASTFORMER_VERSION);

@@ -74,7 +74,7 @@ class ProcessCollector : public prometheus::Collectable {
 
 }  // namespace
 
-Metrics::Metrics(const ModelLabels& labels)
+Metrics::Metrics()
     : registry_(std::make_shared<prometheus::Registry>()),
       requests_(BuildCounter()
                     .Name("fastformer_requests_total")
@@ -140,6 +140,10 @@ Metrics::Metrics(const ModelLabels& labels)
                             .Help("Encode calls and stream messages admitted and not yet answered.")
                             .Register(*registry_)
                             .Add({})),
+      model_info_(BuildGauge()
+                      .Name("fastformer_model_info")
+                      .Help("The served model (set once it is loaded); always 1.")
+                      .Register(*registry_)),
       device_memory_used_(BuildGauge()
                               .Name("fastformer_device_memory_used_bytes")
                               .Help("Device memory the engine holds (CUDA backend; 0 on CPU).")
@@ -150,16 +154,6 @@ Metrics::Metrics(const ModelLabels& labels)
                                .Help("Device memory of the GPU (CUDA backend; 0 on CPU).")
                                .Register(*registry_)
                                .Add({})) {
-  BuildGauge()
-      .Name("fastformer_model_info")
-      .Help("The served model; always 1.")
-      .Register(*registry_)
-      .Add({{"model", labels.model},
-            {"dtype", labels.dtype},
-            {"backend", labels.backend},
-            {"device", labels.device},
-            {"version", labels.version}})
-      .Set(1);
   // Every method and common code exists from start-up, at zero.
   for (const char* method : {"Encode", "EncodeStream", "GetModelInfo"}) {
     request_duration_.Add({{"method", method}}, kSecondsBuckets);
@@ -168,6 +162,16 @@ Metrics::Metrics(const ModelLabels& labels)
       requests_.Add({{"method", method}, {"code", code}});
     }
   }
+}
+
+void Metrics::set_model_info(const ModelLabels& labels) {
+  model_info_
+      .Add({{"model", labels.model},
+            {"dtype", labels.dtype},
+            {"backend", labels.backend},
+            {"device", labels.device},
+            {"version", labels.version}})
+      .Set(1);
 }
 
 void Metrics::record_request(const std::string& method, const std::string& code, double seconds) {

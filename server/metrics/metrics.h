@@ -28,7 +28,10 @@ class Metrics {
   prometheus::Family<prometheus::Counter>& dropped_;
 
  public:
-  explicit Metrics(const ModelLabels& labels);
+  Metrics();
+
+  // fastformer_model_info{model,dtype,backend,device,version} = 1, once the model loaded.
+  void set_model_info(const ModelLabels& labels);
 
   // fastformer_requests_total{method,code} and fastformer_request_duration_seconds{method}.
   void record_request(const std::string& method, const std::string& code, double seconds);
@@ -50,6 +53,7 @@ class Metrics {
   prometheus::Gauge& inflight_requests;
 
  private:
+  prometheus::Family<prometheus::Gauge>& model_info_;
   prometheus::Gauge& device_memory_used_;
   prometheus::Gauge& device_memory_total_;
 };

@@ -26,13 +26,19 @@ const grpc::Status kStarting(grpc::StatusCode::UNAVAILABLE, "the server is start
 
 grpc::Status EncoderService::availability() const {
   if (draining_.load()) return kDraining;
-  if (!serving_.load()) return kStarting;
+  if (!serving_.load(std::memory_order_acquire)) return kStarting;
   return grpc::Status::OK;
 }
 
-EncoderService::EncoderService(ServiceConfig config, const engine::Engine& engine,
-                               batching::BatchQueue& queue, metrics::Metrics& metrics)
-    : config_(std::move(config)), engine_(engine), queue_(queue), metrics_(metrics) {}
+EncoderService::EncoderService(metrics::Metrics& metrics) : metrics_(metrics) {}
+
+void EncoderService::start_serving(ServiceConfig config, const engine::Engine& engine,
+                                   batching::BatchQueue& queue) {
+  config_ = std::move(config);
+  engine_ = &engine;
+  queue_ = &queue;
+  serving_.store(true, std::memory_order_release);
+}
 
 void EncoderService::record(const char* method, const grpc::Status& status, Clock::time_point start) {
   metrics_.record_request(method, status_code_name(status.error_code()),
@@ -45,18 +51,18 @@ void EncoderService::record(const char* method, const grpc::Status& status, Cloc
 grpc::Status EncoderService::admit(const v1::EncodeRequest& proto, grpc::CallbackServerContext* context,
                                    std::shared_ptr<batching::Request> request) {
   if (const grpc::Status unavailable = availability(); !unavailable.ok()) return unavailable;
-  grpc::Status status = convert_request(proto, engine_.model(), config_.limits, request.get());
+  grpc::Status status = convert_request(proto, engine_->model(), config_.limits, request.get());
   if (!status.ok()) return status;
   request->arrival = Clock::now();
   request->deadline = steady_deadline(context);
   inflight_.fetch_add(1);
   metrics_.inflight_requests.Increment();
-  switch (queue_.push(request)) {
+  switch (queue_->push(request)) {
     case batching::Admission::kAdmitted: return grpc::Status::OK;
     case batching::Admission::kQueueFull:
       status = {grpc::StatusCode::RESOURCE_EXHAUSTED,
                 "queue full: " + std::to_string(request->tokens) + " more tokens would exceed max_queue_tokens " +
-                    std::to_string(queue_.limits().max_queue_tokens) + "; retry later"};
+                    std::to_string(queue_->limits().max_queue_tokens) + "; retry later"};
       break;
     case batching::Admission::kClosed: status = kDraining; break;
   }
@@ -221,7 +227,7 @@ grpc::ServerUnaryReactor* EncoderService::GetModelInfo(grpc::CallbackServerConte
     reactor->Finish(unavailable);
     return reactor;
   }
-  const engine::Model& model = engine_.model();
+  const engine::Model& model = engine_->model();
   const engine::ModelConfig& c = model.config();
   info->set_model_name(c.model_name);
   info->set_hidden_size(uint32_t(c.hidden_size));
@@ -233,8 +239,8 @@ grpc::ServerUnaryReactor* EncoderService::GetModelInfo(grpc::CallbackServerConte
   info->set_num_labels(uint32_t(model.num_labels()));
   info->set_accepts_token_ids(model.has_word_embedding());
   info->set_dtype(config_.dtype);
-  info->set_backend(engine_.backend_name());
-  info->set_device(engine_.device_name());
+  info->set_backend(engine_->backend_name());
+  info->set_device(engine_->device_name());
   info->set_max_batch_tokens(uint32_t(config_.max_batch_tokens));
   info->set_max_request_tokens(uint32_t(config_.limits.max_request_tokens));
   info->set_server_version(config_.version);

@@ -23,8 +23,12 @@ struct ServiceConfig {
 
 class EncoderService final : public v1::Encoder::CallbackService {
  public:
-  EncoderService(ServiceConfig config, const engine::Engine& engine, batching::BatchQueue& queue,
-                 metrics::Metrics& metrics);
+  // The service answers UNAVAILABLE from the moment the port opens until start_serving.
+  explicit EncoderService(metrics::Metrics& metrics);
+
+  // Attaches the engine and queue (after the model loaded and warmed up) and starts
+  // admitting requests.
+  void start_serving(ServiceConfig config, const engine::Engine& engine, batching::BatchQueue& queue);
 
   grpc::ServerUnaryReactor* Encode(grpc::CallbackServerContext* context,
                                    const v1::EncodeRequest* request,
@@ -35,9 +39,7 @@ class EncoderService final : public v1::Encoder::CallbackService {
                                          const v1::GetModelInfoRequest* request,
                                          v1::ModelInfo* response) override;
 
-  // Until set_serving (after warm-up) and once draining, new calls and stream messages
-  // are answered UNAVAILABLE.
-  void set_serving() { serving_.store(true); }
+  // Once draining, new calls and stream messages are answered UNAVAILABLE.
   void start_draining() { draining_.store(true); }
   // Admitted requests (unary calls and stream messages) not yet answered.
   int64_t inflight() const { return inflight_.load(); }
@@ -52,9 +54,10 @@ class EncoderService final : public v1::Encoder::CallbackService {
   void record(const char* method, const grpc::Status& status, batching::Clock::time_point start);
   grpc::Status availability() const;  // OK, or UNAVAILABLE while starting or draining
 
-  const ServiceConfig config_;
-  const engine::Engine& engine_;
-  batching::BatchQueue& queue_;
+  // Set once by start_serving, before serving_ turns true (release/acquire).
+  ServiceConfig config_;
+  const engine::Engine* engine_ = nullptr;
+  batching::BatchQueue* queue_ = nullptr;
   metrics::Metrics& metrics_;
   std::atomic<bool> serving_{false};
   std::atomic<bool> draining_{false};
