@@ -1,0 +1,345 @@
+// The CUDA execution model for kernel sources: one header, two builds.
+//
+// Kernel files (kernels/*.cu) include only this header for execution-model features, and the
+// same source compiles
+//   (a) with nvcc, as real CUDA, and
+//   (b) with the host C++ compiler when FF_EMULATION is defined (the fastformer_emulation
+//       target defines it for whatever links it), against the emulator in kernels/emulation/,
+//       so the CUDA engine runs on the CPU in `make test`.
+//
+// In a kernel file write
+//   FF_GLOBAL / FF_DEVICE / FF_HOST_DEVICE         for __global__ / __device__ / __host__
+//   __device__ FF_SHARED(float, partial, 32);                 for __shared__ float partial[32];
+//   FF_DYNAMIC_SHARED(float, row);                 for the launch's dynamic shared memory
+//   FF_LAUNCH(kernel, grid, block, shared_bytes, stream, args...)   for kernel<<<...>>>(args...)
+//   FF_LAUNCH((kernel<float, 256>), ...)           a template kernel in parentheses
+// and the CUDA names as usual: threadIdx, blockIdx, blockDim, gridDim, warpSize, dim3,
+// __syncthreads, __syncwarp, __shfl_sync / _xor / _down / _up, __ballot_sync, __any_sync,
+// __all_sync, atomicAdd / Max / Min / Exch / CAS, __threadfence, __ldg, __expf, rsqrtf, erff,
+// tanhf, fmaxf, ... Storage dtypes are ff_half and ff_bfloat16, read and written through
+// to_float / from_float<T> (round to nearest even) or load_float4 / store_float4.
+// Not in emulation: CUDA keywords (__device__, __shared__, <<<>>>), cuda_fp16 arithmetic,
+// the device min/max overloads (use fminf/fmaxf or a ternary), inline PTX, cooperative groups.
+//
+// Host code (launch functions, the engine) uses ff_stream_t, ff_malloc, ff_memcpy_async,
+// ff_stream_synchronize, ...: thin wrappers over the CUDA runtime that throw
+// std::runtime_error on failure, or their emulated stand-ins (kernels/emulation/host_runtime.h).
+#pragma once
+
+#if defined(FF_EMULATION) && defined(__CUDACC__)
+#error "FF_EMULATION is for host-compiler builds of kernel sources; nvcc builds are real CUDA"
+#endif
+
+#if !defined(FF_EMULATION)
+// ============================== real CUDA ========================================================
+#include <cuda_bf16.h>
+#include <cuda_fp16.h>
+#include <cuda_runtime.h>
+
+#include <cstddef>
+#include <stdexcept>
+#include <string>
+
+#define FF_GLOBAL __global__
+#define FF_DEVICE __device__ __forceinline__
+#define FF_HOST_DEVICE __host__ __device__ __forceinline__
+#define FF_LAUNCH_BOUNDS(max_threads) __launch_bounds__(max_threads)
+#define FF_UNROLL _Pragma("unroll")
+#define FF_SHARED(type, name, count) __shared__ type name[count]
+#define FF_DYNAMIC_SHARED(type, name)                                       \
+  extern __shared__ __align__(16) unsigned char ff_dynamic_shared_memory[]; \
+  type* const name = reinterpret_cast<type*>(ff_dynamic_shared_memory)
+#define FF_LAUNCH(kernel, grid, block, shared_bytes, stream, ...) \
+  kernel<<<(grid), (block), (shared_bytes), (stream)>>>(__VA_ARGS__)
+
+using ff_half = __half;
+using ff_bfloat16 = __nv_bfloat16;
+using ff_float4 = float4;
+
+// ---- host side -------------------------------------------------------------------------------
+using ff_stream_t = cudaStream_t;
+using ff_error_t = cudaError_t;
+using ff_memcpy_kind = cudaMemcpyKind;
+inline constexpr ff_error_t ff_success = cudaSuccess;
+inline constexpr ff_memcpy_kind ff_host_to_host = cudaMemcpyHostToHost;
+inline constexpr ff_memcpy_kind ff_host_to_device = cudaMemcpyHostToDevice;
+inline constexpr ff_memcpy_kind ff_device_to_host = cudaMemcpyDeviceToHost;
+inline constexpr ff_memcpy_kind ff_device_to_device = cudaMemcpyDeviceToDevice;
+inline constexpr ff_memcpy_kind ff_copy_default = cudaMemcpyDefault;
+
+inline void ff_check(ff_error_t err, const char* what = "CUDA call") {
+  if (err != cudaSuccess)
+    throw std::runtime_error(std::string(what) + ": " + cudaGetErrorString(err));
+}
+// After FF_LAUNCH: a bad configuration is reported here, not by the launch.
+inline void ff_check_launch(const char* kernel_name) { ff_check(cudaGetLastError(), kernel_name); }
+
+inline void* ff_malloc(std::size_t bytes) {
+  void* p = nullptr;
+  ff_check(cudaMalloc(&p, bytes), "cudaMalloc");
+  return p;
+}
+inline void ff_free(void* device_pointer) noexcept { (void)cudaFree(device_pointer); }
+inline void* ff_malloc_host(std::size_t bytes) {
+  void* p = nullptr;
+  ff_check(cudaMallocHost(&p, bytes), "cudaMallocHost");
+  return p;
+}
+inline void ff_free_host(void* host_pointer) noexcept { (void)cudaFreeHost(host_pointer); }
+
+inline void ff_memcpy_async(void* dst, const void* src, std::size_t bytes, ff_memcpy_kind kind,
+                            ff_stream_t stream) {
+  ff_check(cudaMemcpyAsync(dst, src, bytes, kind, stream), "cudaMemcpyAsync");
+}
+inline void ff_memset_async(void* device_dst, int value, std::size_t bytes, ff_stream_t stream) {
+  ff_check(cudaMemsetAsync(device_dst, value, bytes, stream), "cudaMemsetAsync");
+}
+
+inline ff_stream_t ff_stream_create() {
+  cudaStream_t stream = nullptr;
+  ff_check(cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking), "cudaStreamCreate");
+  return stream;
+}
+inline void ff_stream_destroy(ff_stream_t stream) noexcept { (void)cudaStreamDestroy(stream); }
+inline void ff_stream_synchronize(ff_stream_t stream) {
+  ff_check(cudaStreamSynchronize(stream), "cudaStreamSynchronize");
+}
+
+// Allows a kernel more than 48 KiB of dynamic shared memory (up to 227 KiB on sm_90).
+template <class... Params>
+void ff_set_max_dynamic_shared_memory(void (*kernel)(Params...), std::size_t bytes) {
+  ff_check(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
+                                static_cast<int>(bytes)),
+           "cudaFuncSetAttribute(MaxDynamicSharedMemorySize)");
+}
+
+// ---- storage dtypes --------------------------------------------------------------------------
+FF_HOST_DEVICE float to_float(float x) { return x; }
+FF_HOST_DEVICE float to_float(ff_half x) { return __half2float(x); }
+FF_HOST_DEVICE float to_float(ff_bfloat16 x) { return __bfloat162float(x); }
+
+template <class T>
+FF_HOST_DEVICE T from_float(float x);
+template <>
+FF_HOST_DEVICE float from_float<float>(float x) {
+  return x;
+}
+template <>
+FF_HOST_DEVICE ff_half from_float<ff_half>(float x) {
+  return __float2half_rn(x);
+}
+template <>
+FF_HOST_DEVICE ff_bfloat16 from_float<ff_bfloat16>(float x) {
+  return __float2bfloat16_rn(x);
+}
+
+// Four consecutive elements as floats in one vector access: `p` must be aligned to 4 elements.
+FF_DEVICE ff_float4 load_float4(const float* p) { return *reinterpret_cast<const float4*>(p); }
+FF_DEVICE ff_float4 load_float4(const ff_half* p) {
+  const __half2* pair = reinterpret_cast<const __half2*>(p);  // 4-element aligned: two pairs
+  const float2 lo = __half22float2(pair[0]);
+  const float2 hi = __half22float2(pair[1]);
+  return make_float4(lo.x, lo.y, hi.x, hi.y);
+}
+FF_DEVICE ff_float4 load_float4(const ff_bfloat16* p) {
+  const __nv_bfloat162* pair = reinterpret_cast<const __nv_bfloat162*>(p);
+  const float2 lo = __bfloat1622float2(pair[0]);
+  const float2 hi = __bfloat1622float2(pair[1]);
+  return make_float4(lo.x, lo.y, hi.x, hi.y);
+}
+FF_DEVICE void store_float4(float* p, ff_float4 v) { *reinterpret_cast<float4*>(p) = v; }
+FF_DEVICE void store_float4(ff_half* p, ff_float4 v) {
+  __half2* pair = reinterpret_cast<__half2*>(p);
+  pair[0] = __floats2half2_rn(v.x, v.y);
+  pair[1] = __floats2half2_rn(v.z, v.w);
+}
+FF_DEVICE void store_float4(ff_bfloat16* p, ff_float4 v) {
+  __nv_bfloat162* pair = reinterpret_cast<__nv_bfloat162*>(p);
+  pair[0] = __floats2bfloat162_rn(v.x, v.y);
+  pair[1] = __floats2bfloat162_rn(v.z, v.w);
+}
+
+#else
+// ============================== host emulation ===================================================
+#include <math.h>  // erff, tanhf, fmaxf, expf, ... as in CUDA device code
+
+#include <bit>
+#include <cmath>
+#include <cstdint>
+
+#include "kernels/emulation/emulator.h"
+#include "kernels/emulation/host_runtime.h"
+#include "server/engine/half.h"
+
+#define FF_GLOBAL
+#define FF_DEVICE inline
+#define FF_HOST_DEVICE inline
+#define FF_LAUNCH_BOUNDS(max_threads)
+#define FF_UNROLL
+#define FF_SHARED(type, name, count)                                                  \
+  static constexpr ::ff_emu::SharedSite ff_shared_site_##name{sizeof(type) * (count), \
+                                                              alignof(type), #name};  \
+  type(&name)[count] = *static_cast<type(*)[count]>(::ff_emu::shared_array(ff_shared_site_##name))
+#define FF_DYNAMIC_SHARED(type, name) \
+  type* const name = static_cast<type*>(::ff_emu::dynamic_shared_memory())
+#define FF_LAUNCH(kernel, grid, block, shared_bytes, stream, ...) \
+  ::ff_emu::launch(#kernel, kernel, grid, block, shared_bytes, stream __VA_OPT__(, ) __VA_ARGS__)
+
+// The indices of the emulated thread that is running (read-only, as in CUDA).
+#define threadIdx (::ff_emu::this_thread().thread_idx)
+#define blockIdx (::ff_emu::this_thread().block_idx)
+#define blockDim (::ff_emu::this_thread().block_dim)
+#define gridDim (::ff_emu::this_thread().grid_dim)
+inline constexpr int warpSize = 32;
+using dim3 = ::ff_emu::Dim3;
+
+// ---- barriers and warp operations ------------------------------------------------------------
+inline void __syncthreads() { ::ff_emu::syncthreads(); }
+inline void __syncwarp(unsigned mask = 0xffffffffu) {
+  ::ff_emu::warp_op(::ff_emu::WarpOp::kSync, mask, 0, 0, warpSize);
+}
+template <class T>
+T __shfl_sync(unsigned mask, T value, int src_lane, int width = warpSize) {
+  return ::ff_emu::warp_shuffle(::ff_emu::WarpOp::kShflIdx, mask, value, src_lane, width);
+}
+template <class T>
+T __shfl_xor_sync(unsigned mask, T value, int lane_mask, int width = warpSize) {
+  return ::ff_emu::warp_shuffle(::ff_emu::WarpOp::kShflXor, mask, value, lane_mask, width);
+}
+template <class T>
+T __shfl_down_sync(unsigned mask, T value, unsigned delta, int width = warpSize) {
+  return ::ff_emu::warp_shuffle(::ff_emu::WarpOp::kShflDown, mask, value, static_cast<int>(delta),
+                                width);
+}
+template <class T>
+T __shfl_up_sync(unsigned mask, T value, unsigned delta, int width = warpSize) {
+  return ::ff_emu::warp_shuffle(::ff_emu::WarpOp::kShflUp, mask, value, static_cast<int>(delta),
+                                width);
+}
+inline unsigned __ballot_sync(unsigned mask, int predicate) {
+  return static_cast<unsigned>(
+      ::ff_emu::warp_op(::ff_emu::WarpOp::kBallot, mask, predicate != 0, 0, warpSize));
+}
+inline int __any_sync(unsigned mask, int predicate) {
+  return static_cast<int>(
+      ::ff_emu::warp_op(::ff_emu::WarpOp::kAny, mask, predicate != 0, 0, warpSize));
+}
+inline int __all_sync(unsigned mask, int predicate) {
+  return static_cast<int>(
+      ::ff_emu::warp_op(::ff_emu::WarpOp::kAll, mask, predicate != 0, 0, warpSize));
+}
+
+// ---- atomics and fences: the fibers of a launch take turns, so a plain update is atomic -----
+#define FF_EMU_ATOMIC(name, T, combine) \
+  inline T name(T* address, T value) {  \
+    const T old = *address;             \
+    *address = combine;                 \
+    return old;                         \
+  }
+FF_EMU_ATOMIC(atomicAdd, float, old + value)
+FF_EMU_ATOMIC(atomicAdd, double, old + value)
+FF_EMU_ATOMIC(atomicAdd, unsigned, old + value)
+FF_EMU_ATOMIC(atomicAdd, unsigned long long, old + value)
+// int adds wrap in two's complement, as on the GPU (no signed-overflow UB)
+FF_EMU_ATOMIC(atomicAdd, int,
+              static_cast<int>(static_cast<unsigned>(old) + static_cast<unsigned>(value)))
+FF_EMU_ATOMIC(atomicMax, int, old > value ? old : value)
+FF_EMU_ATOMIC(atomicMax, unsigned, old > value ? old : value)
+FF_EMU_ATOMIC(atomicMin, int, old < value ? old : value)
+FF_EMU_ATOMIC(atomicMin, unsigned, old < value ? old : value)
+FF_EMU_ATOMIC(atomicExch, int, value)
+FF_EMU_ATOMIC(atomicExch, unsigned, value)
+FF_EMU_ATOMIC(atomicExch, float, value)
+#undef FF_EMU_ATOMIC
+template <class T>
+T ff_emu_atomic_cas(T* address, T compare, T value) {
+  const T old = *address;
+  if (old == compare) *address = value;
+  return old;
+}
+inline int atomicCAS(int* address, int compare, int value) {
+  return ff_emu_atomic_cas(address, compare, value);
+}
+inline unsigned atomicCAS(unsigned* address, unsigned compare, unsigned value) {
+  return ff_emu_atomic_cas(address, compare, value);
+}
+inline unsigned long long atomicCAS(unsigned long long* address, unsigned long long compare,
+                                    unsigned long long value) {
+  return ff_emu_atomic_cas(address, compare, value);
+}
+inline void __threadfence() {}
+inline void __threadfence_block() {}
+
+// ---- loads, bit casts, bit counts, fast math -------------------------------------------------
+template <class T>
+T __ldg(const T* p) {
+  return *p;
+}
+inline int __float_as_int(float x) { return std::bit_cast<int>(x); }
+inline unsigned __float_as_uint(float x) { return std::bit_cast<unsigned>(x); }
+inline float __int_as_float(int x) { return std::bit_cast<float>(x); }
+inline float __uint_as_float(unsigned x) { return std::bit_cast<float>(x); }
+inline int __popc(unsigned x) { return std::popcount(x); }
+inline int __ffs(int x) { return x == 0 ? 0 : std::countr_zero(static_cast<unsigned>(x)) + 1; }
+inline int __clz(int x) { return std::countl_zero(static_cast<unsigned>(x)); }
+inline float rsqrtf(float x) { return 1.0f / std::sqrt(x); }
+inline float __fdividef(float x, float y) { return x / y; }
+// glibc declares (but does not export) __expf and __logf, so these are macros.
+#define __expf(x) (::std::exp(static_cast<float>(x)))
+#define __logf(x) (::std::log(static_cast<float>(x)))
+
+// ---- storage dtypes --------------------------------------------------------------------------
+struct ff_half {
+  std::uint16_t bits;
+};
+struct ff_bfloat16 {
+  std::uint16_t bits;
+};
+struct alignas(16) ff_float4 {
+  float x, y, z, w;
+};
+static_assert(sizeof(ff_half) == 2 && sizeof(ff_bfloat16) == 2);
+
+inline float to_float(float x) { return x; }
+inline float to_float(ff_half x) { return fastformer::engine::half_to_float(x.bits); }
+inline float to_float(ff_bfloat16 x) { return fastformer::engine::bfloat16_to_float(x.bits); }
+
+template <class T>
+T from_float(float x);
+template <>
+inline float from_float<float>(float x) {
+  return x;
+}
+template <>
+inline ff_half from_float<ff_half>(float x) {
+  return ff_half{fastformer::engine::float_to_half(x)};
+}
+template <>
+inline ff_bfloat16 from_float<ff_bfloat16>(float x) {
+  return ff_bfloat16{fastformer::engine::float_to_bfloat16(x)};
+}
+
+namespace ff_emu {
+template <class T>
+ff_float4 load4(const T* p) {
+  check_vector_alignment(p, 4 * sizeof(T), "load_float4");
+  return ff_float4{to_float(p[0]), to_float(p[1]), to_float(p[2]), to_float(p[3])};
+}
+template <class T>
+void store4(T* p, ff_float4 v) {
+  check_vector_alignment(p, 4 * sizeof(T), "store_float4");
+  p[0] = from_float<T>(v.x);
+  p[1] = from_float<T>(v.y);
+  p[2] = from_float<T>(v.z);
+  p[3] = from_float<T>(v.w);
+}
+}  // namespace ff_emu
+// Four consecutive elements as floats in one vector access: `p` must be aligned to 4 elements.
+inline ff_float4 load_float4(const float* p) { return ::ff_emu::load4(p); }
+inline ff_float4 load_float4(const ff_half* p) { return ::ff_emu::load4(p); }
+inline ff_float4 load_float4(const ff_bfloat16* p) { return ::ff_emu::load4(p); }
+inline void store_float4(float* p, ff_float4 v) { ::ff_emu::store4(p, v); }
+inline void store_float4(ff_half* p, ff_float4 v) { ::ff_emu::store4(p, v); }
+inline void store_float4(ff_bfloat16* p, ff_float4 v) { ::ff_emu::store4(p, v); }
+
+#endif
