@@ -55,6 +55,8 @@ int main(int argc, char** argv) {
       ->check(CLI::IsMember({"float32", "float16", "bfloat16"}))
       ->capture_default_str();
   app.add_option("--threads", options.threads, "CPU threads, 0 = all cores")->capture_default_str();
+  app.add_option("--device", options.device, "CUDA device ordinal")->capture_default_str();
+  app.add_flag("--allow-tf32", options.allow_tf32, "TF32 GEMMs for float32 on the CUDA engine");
   app.add_option("--batch-tokens", batch_tokens, "tokens per ragged batch")
       ->check(CLI::PositiveNumber)
       ->capture_default_str();

@@ -50,6 +50,7 @@ struct Flags {
   int device = 0;
   std::string dtype = "float32";
   int threads = 0;
+  bool allow_tf32 = false;
   int64_t max_batch_tokens = 16384;
   int64_t max_batch_sequences = 256;
   int64_t max_queue_delay_us = 0;
@@ -169,6 +170,8 @@ int main(int argc, char** argv) {
   opt("--device", f.device, "CUDA device ordinal", "FASTFORMER_DEVICE")->check(CLI::NonNegativeNumber);
   opt("--dtype", f.dtype, "serving dtype: float32, float16, bfloat16 (CPU: float32)", "FASTFORMER_DTYPE")
       ->check(CLI::IsMember({"float32", "float16", "bfloat16"}));
+  app.add_flag("--allow-tf32", f.allow_tf32, "TF32 tensor-core GEMMs for float32 on the CUDA engine")
+      ->envname("FASTFORMER_ALLOW_TF32");
   opt("--threads", f.threads, "CPU engine threads, 0 = all cores", "FASTFORMER_THREADS")->check(CLI::NonNegativeNumber);
   opt("--max-batch-tokens", f.max_batch_tokens, "token budget of one batch", "FASTFORMER_MAX_BATCH_TOKENS")
       ->check(CLI::PositiveNumber);
@@ -254,6 +257,7 @@ int main(int argc, char** argv) {
     options.threads = f.threads;
     options.dtype = f.dtype;
     options.device = f.device;
+    options.allow_tf32 = f.allow_tf32;
     // The buffers hold a full batch, or the longest sequence a request may bring, which
     // runs in a batch of its own.
     options.max_batch_tokens =
@@ -272,6 +276,9 @@ int main(int argc, char** argv) {
                max_request_tokens, f.max_message_bytes);
   metrics.set_model_info({model->config().model_name, f.dtype, eng->backend_name(), eng->device_name(),
                           FASTFORMER_VERSION});
+  // Device buffers are sized at start-up and never grow, so one reading stays true.
+  const auto [device_used, device_total] = eng->device_memory();
+  metrics.set_device_memory(double(device_used), double(device_total));
 
   batching::QueueLimits limits;
   limits.max_batch_tokens = f.max_batch_tokens;

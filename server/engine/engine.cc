@@ -6,6 +6,10 @@
 #include "server/engine/error.h"
 #include "server/engine/forward.h"
 
+#if defined(FASTFORMER_HAVE_CUDA_ENGINE)
+#include "server/engine/cuda/cuda_ops.h"
+#endif
+
 namespace fastformer::engine {
 
 bool parse_backend(const std::string& name, Backend* out) {
@@ -21,17 +25,31 @@ std::unique_ptr<Engine> create_engine(std::shared_ptr<const Model> model, const 
   if (options.max_batch_tokens <= 0) {
     throw EngineError("max_batch_tokens must be positive, got " + std::to_string(options.max_batch_tokens));
   }
+  std::string cuda_why = "this build has no CUDA engine (configured with FASTFORMER_CUDA=OFF or without nvcc)";
+#if defined(FASTFORMER_HAVE_CUDA_ENGINE)
+  if (options.backend != Backend::kCpu) {
+    cuda::CudaOpsOptions cuda_options;
+    cuda_options.dtype = options.dtype;
+    cuda_options.max_batch_tokens = options.max_batch_tokens;
+    cuda_options.device = options.device;
+    cuda_options.allow_tf32 = options.allow_tf32;
+    std::string device;
+    if (auto ops = cuda::device::make_cuda_ops(*model, cuda_options, &device, &cuda_why)) {
+      if (why != nullptr) *why = options.backend == Backend::kAuto ? "auto: CUDA device " + device + " is usable" : "cuda requested";
+      const std::string name = device + " (device " + std::to_string(options.device) + ", " + options.dtype + ")";
+      return std::make_unique<ForwardEngine>(std::move(model), std::move(ops), options.max_batch_tokens, "cuda", name);
+    }
+  }
+#endif
   if (options.backend == Backend::kCuda) {
-    throw EngineError(
-        "backend cuda: this build has no CUDA engine (it arrives with the CUDA engine issue); "
-        "use --backend cpu or auto");
+    throw EngineError("backend cuda: " + cuda_why + "; use --backend cpu or auto");
   }
   if (options.dtype != "float32") {
-    throw EngineError("dtype " + options.dtype + ": the CPU engine serves float32 only");
+    throw EngineError("dtype " + options.dtype + ": the CPU engine serves float32 only (the CUDA engine serves "
+                      "float16 and bfloat16)");
   }
   if (why != nullptr) {
-    *why = options.backend == Backend::kAuto ? "auto: no CUDA engine in this build, using the CPU engine"
-                                             : "cpu requested";
+    *why = options.backend == Backend::kAuto ? "auto: " + cuda_why + "; using the CPU engine" : "cpu requested";
   }
   const int threads = options.threads > 0 ? options.threads
                                           : std::max(1, int(std::thread::hardware_concurrency()));

@@ -26,6 +26,7 @@ struct EngineOptions {
   int64_t max_batch_tokens = 16384; ///< buffers are sized for this many tokens at start-up
   std::string dtype = "float32";    ///< serving dtype (the CPU engine serves float32)
   int device = 0;                   ///< CUDA device ordinal
+  bool allow_tf32 = false;          ///< TF32 GEMMs for float32 on the CUDA engine
 };
 
 // What a caller wants back for one sequence.
@@ -56,6 +57,8 @@ class Engine {
   virtual std::string device_name() const = 0;   ///< e.g. "cpu (2 threads)"
   virtual int64_t max_batch_tokens() const = 0;
   virtual const Model& model() const = 0;
+  // Device memory held by the engine and the device's total, for metrics (0, 0 on CPU).
+  virtual std::pair<size_t, size_t> device_memory() const { return {0, 0}; }
 };
 
 // Creates the engine `options.backend` asks for. kAuto picks CUDA when this build has it

@@ -22,6 +22,7 @@ class ForwardEngine final : public Engine {
   std::string device_name() const override { return device_; }
   int64_t max_batch_tokens() const override { return max_batch_tokens_; }
   const Model& model() const override { return *model_; }
+  std::pair<size_t, size_t> device_memory() const override { return ops_->device_memory(); }
 
  private:
   struct LayerRefs {

@@ -10,6 +10,7 @@
 #include <cstddef>
 #include <cstdint>
 #include <span>
+#include <utility>
 
 #include "server/engine/config.h"
 #include "server/engine/ragged_batch.h"
@@ -105,6 +106,9 @@ class Ops {
   virtual void download(const Mat& src, float* dst) = 0;
   // Waits until every queued operation is done.
   virtual void synchronize() = 0;
+
+  // Device memory this ops holds and the device's total (0, 0 for host engines).
+  virtual std::pair<size_t, size_t> device_memory() const { return {0, 0}; }
 };
 
 }  // namespace fastformer::engine
