@@ -20,6 +20,20 @@ FF_GLOBAL void mix_kernel(BatchArgs batch, const T* q, int64_t ld_q, const T* pk
   }
 }
 
+// The same with 4 elements per thread (D, ld_q and ld_u multiples of 4).
+template <class T>
+FF_GLOBAL void mix_vec4_kernel(BatchArgs batch, const T* q, int64_t ld_q, const T* pk, int32_t D, T* u, int64_t ld_u) {
+  const int32_t quads = D / 4;
+  const int64_t count = int64_t(batch.num_tokens) * quads;
+  for (int64_t i = int64_t(blockIdx.x) * blockDim.x + threadIdx.x; i < count; i += int64_t(gridDim.x) * blockDim.x) {
+    const int64_t t = i / quads, j = (i % quads) * 4;
+    const int32_t b = batch.token_seq[t];
+    const ff_float4 x = load_float4(q + t * ld_q + j);
+    const ff_float4 w = load_float4(pk + int64_t(b) * D + j);
+    store_float4(u + t * ld_u + j, ff_float4{x.x * w.x, x.y * w.y, x.z * w.z, x.w * w.w});
+  }
+}
+
 template <class T>
 FF_GLOBAL void pooler_scores_kernel(const T* e, int64_t ld_e, const T* w2, const T* b2, int32_t D, float* z) {
   FF_SHARED(float, scratch, 32);
@@ -61,6 +75,14 @@ template <class T>
 void launch_mix(const BatchArgs& batch, const T* q, int64_t ld_q, const T* pk, int32_t D, T* u, int64_t ld_u,
                 ff_stream_t stream) {
   if (batch.num_tokens == 0) return;
+  const bool aligned = reinterpret_cast<uintptr_t>(q) % (4 * sizeof(T)) == 0 &&
+                       reinterpret_cast<uintptr_t>(u) % (4 * sizeof(T)) == 0 &&
+                       reinterpret_cast<uintptr_t>(pk) % (4 * sizeof(T)) == 0;
+  if (D % 4 == 0 && ld_q % 4 == 0 && ld_u % 4 == 0 && aligned) {
+    FF_LAUNCH(mix_vec4_kernel<T>, dim3(grid_size(int64_t(batch.num_tokens) * (D / 4), 256)), dim3(256), 0, stream,
+              batch, q, ld_q, pk, D, u, ld_u);
+    return;
+  }
   FF_LAUNCH(mix_kernel<T>, dim3(grid_size(int64_t(batch.num_tokens) * D, 256)), dim3(256), 0, stream, batch, q,
             ld_q, pk, D, u, ld_u);
 }
