@@ -18,7 +18,7 @@ CMAKE_ARGS ?=
 MODEL_DIR ?= models/demo
 DEMO_PRESET ?= official
 
-.PHONY: all deps build build-asan test test-unit test-golden test-e2e test-asan serve demo-model bench clean
+.PHONY: all deps build build-asan test test-unit test-golden test-e2e test-clients test-asan serve demo-model bench bench-serve clean
 
 all: build
 
@@ -36,18 +36,22 @@ build-asan: deps
 	cmake --build $(ASAN_DIR) -j$(JOBS)
 
 test: build build-asan
-	$(MAKE) --no-print-directory test-unit test-golden test-e2e test-asan
+	$(MAKE) --no-print-directory test-unit test-golden test-e2e test-clients test-asan
 
 test-unit:
 	ctest --test-dir $(BUILD_DIR) --output-on-failure -j$(JOBS)
 
 test-golden:
 	@test -n "$(PYTHON)" || { echo "no python3 that imports torch: run deploy/install-deps.sh"; exit 1; }
-	FASTFORMER_BIN_DIR=$(CURDIR)/$(BUILD_DIR)/bin $(PYTHON) -m pytest tests/golden -q
+	FASTFORMER_BIN_DIR=$(CURDIR)/$(BUILD_DIR)/bin $(PYTHON) -m pytest tests/golden tests/gpu -q
 
 # The real server on loopback: gRPC clients, promtool, a real Prometheus.
 test-e2e:
 	FASTFORMER_BIN_DIR=$(CURDIR)/$(BUILD_DIR)/bin $(PYTHON) -m pytest tests/e2e -q
+
+# The clients against the real server: the Python package, the CLI and the load generator.
+test-clients:
+	FASTFORMER_BIN_DIR=$(CURDIR)/$(BUILD_DIR)/bin $(PYTHON) -m pytest $(wildcard tests/python_client tests/client) -q
 
 # The unit tests and the bad-input end-to-end tests under ASan/UBSan.
 test-asan:
