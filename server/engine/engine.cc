@@ -1,16 +1,59 @@
 #include "server/engine/engine.h"
 
 #include <thread>
+#include <vector>
 
 #include "server/engine/cpu/cpu_ops.h"
 #include "server/engine/error.h"
 #include "server/engine/forward.h"
 
 #if defined(FASTFORMER_HAVE_CUDA_ENGINE)
-#include "server/engine/cuda/cuda_ops.h"
+#include <dlfcn.h>
+#include <unistd.h>
+
+#include <filesystem>
+#include <mutex>
+
+#include "server/engine/cuda/plugin.h"
 #endif
 
 namespace fastformer::engine {
+
+#if defined(FASTFORMER_HAVE_CUDA_ENGINE)
+namespace {
+
+// Opens the CUDA engine plugin once: beside the executable (build/lib next to build/bin,
+// or lib/ next to bin/ when installed), else through the loader's search path.
+cuda::MakeCudaOpsFn cuda_plugin(std::string* why) {
+  static std::once_flag once;
+  static cuda::MakeCudaOpsFn fn = nullptr;
+  static std::string error;
+  std::call_once(once, [] {
+    std::vector<std::string> candidates;
+    std::error_code ec;
+    const auto exe = std::filesystem::read_symlink("/proc/self/exe", ec);
+    if (!ec) {
+      candidates.push_back((exe.parent_path() / ".." / "lib" / cuda::kPluginLibrary).string());
+      candidates.push_back((exe.parent_path() / cuda::kPluginLibrary).string());
+    }
+    candidates.push_back(cuda::kPluginLibrary);
+    std::string errors;
+    for (const auto& path : candidates) {
+      if (void* lib = dlopen(path.c_str(), RTLD_NOW | RTLD_LOCAL)) {
+        fn = reinterpret_cast<cuda::MakeCudaOpsFn>(dlsym(lib, cuda::kPluginSymbol));
+        if (fn == nullptr) error = path + " has no " + cuda::kPluginSymbol;
+        return;
+      }
+      errors += std::string(errors.empty() ? "" : "; ") + dlerror();
+    }
+    error = "cannot load the CUDA engine plugin (" + errors + ")";
+  });
+  if (fn == nullptr) *why = error;
+  return fn;
+}
+
+}  // namespace
+#endif
 
 bool parse_backend(const std::string& name, Backend* out) {
   if (name == "auto") *out = Backend::kAuto;
@@ -34,7 +77,11 @@ std::unique_ptr<Engine> create_engine(std::shared_ptr<const Model> model, const 
     cuda_options.device = options.device;
     cuda_options.allow_tf32 = options.allow_tf32;
     std::string device;
-    if (auto ops = cuda::device::make_cuda_ops(*model, cuda_options, &device, &cuda_why)) {
+    Ops* raw_ops = nullptr;
+    int status = cuda::kPluginNoDevice;
+    if (auto make = cuda_plugin(&cuda_why)) status = make(model.get(), &cuda_options, &raw_ops, &device, &cuda_why);
+    if (status == cuda::kPluginError) throw EngineError("CUDA engine: " + cuda_why);
+    if (std::unique_ptr<Ops> ops(raw_ops); status == cuda::kPluginOk) {
       if (why != nullptr) *why = options.backend == Backend::kAuto ? "auto: CUDA device " + device + " is usable" : "cuda requested";
       const std::string name = device + " (device " + std::to_string(options.device) + ", " + options.dtype + ")";
       return std::make_unique<ForwardEngine>(std::move(model), std::move(ops), options.max_batch_tokens, "cuda", name);

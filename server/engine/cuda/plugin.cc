@@ -1,0 +1,24 @@
+// The CUDA engine is a plugin (libfastformer_cuda_engine.so) that create_engine() opens with
+// dlopen only when a CUDA backend is asked for. Linking the CUDA runtime into the server
+// would put its thread-local storage into every thread's stack, and civetweb (the /metrics
+// server) runs its workers on 100 KiB stacks that OpenBLAS's TLS already nearly fills; the
+// plugin also lets a CUDA build start on machines with no CUDA libraries at all.
+#include <exception>
+#include <string>
+
+#include "server/engine/cuda/cuda_ops.h"
+#include "server/engine/cuda/plugin.h"
+
+extern "C" __attribute__((visibility("default"))) int fastformer_make_cuda_ops(
+    const fastformer::engine::Model* model, const fastformer::engine::cuda::CudaOpsOptions* options,
+    fastformer::engine::Ops** ops, std::string* device_name, std::string* why) {
+  try {
+    auto made = fastformer::engine::cuda::device::make_cuda_ops(*model, *options, device_name, why);
+    if (!made) return fastformer::engine::cuda::kPluginNoDevice;
+    *ops = made.release();
+    return fastformer::engine::cuda::kPluginOk;
+  } catch (const std::exception& e) {
+    *why = e.what();
+    return fastformer::engine::cuda::kPluginError;
+  }
+}

@@ -1,0 +1,19 @@
+// The entry point of the CUDA engine plugin (plugin.cc) as create_engine() sees it.
+#pragma once
+
+#include <string>
+
+#include "server/engine/cuda/cuda_ops.h"
+
+namespace fastformer::engine::cuda {
+
+inline constexpr int kPluginOk = 0;        ///< *ops holds the CUDA ops
+inline constexpr int kPluginNoDevice = 1;  ///< no usable device; *why says why (fall back to CPU)
+inline constexpr int kPluginError = 2;     ///< a device exists but the engine failed; *why says why
+
+using MakeCudaOpsFn = int (*)(const Model* model, const CudaOpsOptions* options, Ops** ops,
+                              std::string* device_name, std::string* why);
+inline constexpr const char* kPluginLibrary = "libfastformer_cuda_engine.so";
+inline constexpr const char* kPluginSymbol = "fastformer_make_cuda_ops";
+
+}  // namespace fastformer::engine::cuda
