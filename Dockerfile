@@ -18,13 +18,16 @@ RUN deploy/install-deps.sh --build
 COPY . .
 RUN cmake -S . -B build -DCMAKE_BUILD_TYPE=Release -DFASTFORMER_CUDA=${FASTFORMER_CUDA} \
       -DCMAKE_CUDA_ARCHITECTURES="${CUDA_ARCHS}" -DFASTFORMER_TESTS=OFF \
- && cmake --build build -j"$(nproc)"
+ && cmake --build build -j"$(nproc)" \
+ && mkdir -p /out/lib && { cp build/lib/libfastformer_cuda_engine.so /out/lib/ 2>/dev/null || true; }
 
 FROM ${RUNTIME_IMAGE} AS runtime
 COPY deploy/install-deps.sh /tmp/install-deps.sh
 RUN /tmp/install-deps.sh --runtime && rm -rf /var/lib/apt/lists/* /tmp/install-deps.sh \
  && useradd --system --uid 10001 --no-create-home fastformer
 COPY --from=build /src/build/bin/fastformer-encode /src/build/bin/fastformer-bench /usr/local/bin/
+# The CUDA engine plugin (CUDA builds only), found beside the binaries as ../lib.
+COPY --from=build /out/lib/ /usr/local/lib/
 USER fastformer
 VOLUME ["/models"]
 ENV FASTFORMER_MODEL_DIR=/models
