@@ -71,5 +71,10 @@ serve: build demo-model
 bench: build
 	$(PYTHON) tools/run_benchmarks.py --build-dir $(BUILD_DIR) --long
 
+# The server under a fastformer-loadgen concurrency sweep against fastformer-bench; writes
+# the table and docs/images/loadgen-cpu.png into docs/benchmarks.md.
+bench-serve: build
+	$(PYTHON) tools/run_bench_serve.py --build-dir $(BUILD_DIR)
+
 clean:
 	rm -rf $(BUILD_DIR) $(ASAN_DIR)
