@@ -6,7 +6,8 @@
 
 The CSV has a header row with at least the columns
     step, requests_per_second, tokens_per_second, p50_ms, p90_ms, p99_ms, p999_ms, max_ms, errors
-(step: the concurrency or the rate of that sweep step; other columns are ignored). Each step is one
+(step: the concurrency or the rate of that sweep step, a column fastformer-loadgen names
+`concurrency` or `rate`; other columns are ignored). Each step is one
 point: x = throughput (tokens/s by default, --x requests for requests/s), y = p50 and p99 latency in
 ms (--percentiles to choose others). Points are joined in step order, so the curve turns back when a
 step past saturation delivers less. Steps with errors are marked with a red ring. Several --csv
@@ -52,12 +53,15 @@ def read_sweep(path) -> List[Dict[str, object]]:
         lines = [ln for ln in f if ln.strip() and not ln.lstrip().startswith("#")]
     reader = csv.DictReader(lines)
     header = [h.strip() for h in (reader.fieldnames or [])]
-    missing = [c for c in REQUIRED if c not in header]
+    # fastformer-loadgen names the step column after the sweep: concurrency or rate.
+    step_column = next((c for c in ("step", "concurrency", "rate") if c in header), "step")
+    missing = [c for c in REQUIRED if c not in header and not (c == "step" and step_column in header)]
     if missing:
         raise CsvError(f"{path}: missing column(s) {', '.join(missing)} (header: {', '.join(header) or 'none'})")
     rows = []
     for i, raw in enumerate(reader, start=2):
         raw = {(k or "").strip(): (v or "").strip() for k, v in raw.items()}
+        raw["step"] = raw[step_column]
         row: Dict[str, object] = {"step_label": raw["step"]}
         for c in REQUIRED:
             row[c] = _number(path, i, c, raw[c])
