@@ -30,6 +30,7 @@ using cli::kExitFailure;
 using cli::kExitUsage;
 
 constexpr const char* kProgram = "fastformer-client";
+constexpr int64_t kHealthDeadlineMs = 5000;  ///< health's default --deadline-ms
 
 struct EncodeFlags {
   std::vector<std::string> ids;  ///< one sequence per --ids
@@ -270,13 +271,18 @@ int main(int argc, char** argv) {
   cli::add_connection_flags(*info, connection);
 
   std::string service;
-  CLI::App* health = app.add_subcommand(
-      "health", "grpc.health.v1 check: prints SERVING and exits 0, else exits 1");
+  CLI::App* health = app.add_subcommand("health",
+                                        "grpc.health.v1 check: prints SERVING and exits 0, else "
+                                        "exits 1 (default --deadline-ms 5000)");
   cli::add_connection_flags(*health, connection);
   health->add_option("--service", service, "service to check; empty = the whole server")
       ->capture_default_str();
 
   if (auto code = cli::parse_command_line(app, argc, argv)) return *code;
+  // A health check answers at once or not at all: it should not hang a container's probe.
+  if (health->parsed() && health->get_option("--deadline-ms")->count() == 0) {
+    connection.deadline_ms = kHealthDeadlineMs;
+  }
 
   const std::unique_ptr<Client> client = cli::make_client(connection, kProgram);
   if (!client) return kExitUsage;
