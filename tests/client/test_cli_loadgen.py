@@ -220,6 +220,11 @@ def wait_increase(srv, before, want, **labels):
     return m.value("fastformer_requests_total", **labels) - before
 
 
+def read_csv(path):
+    with open(path, newline="") as f:
+        return list(csv.DictReader(f))
+
+
 def check_step(step):
     lat = step["latency_ms"]
     assert lat["p50"] <= lat["p90"] <= lat["p99"] <= lat["p999"] <= lat["max"], lat
@@ -304,8 +309,7 @@ def test_sweeps_write_one_csv_row_per_step(e2e, servers, tmp_path):
     steps = loadgen_json(e2e, "--target", srv.target, "--sweep-concurrency", "1:4:x2", "--duration", 0.4,
                          "--warmup", 0, "--lengths", "fixed:32", "--csv", out)
     assert [s["concurrency"] for s in steps] == [1, 2, 4]
-    with open(out, newline="") as f:
-        rows = list(csv.DictReader(f))
+    rows = read_csv(out)
     assert list(rows[0]) == ["concurrency", "requests_per_second", "tokens_per_second", "p50_ms", "p90_ms",
                              "p99_ms", "p999_ms", "max_ms", "errors"]
     assert [int(r["concurrency"]) for r in rows] == [1, 2, 4]
@@ -318,8 +322,7 @@ def test_sweeps_write_one_csv_row_per_step(e2e, servers, tmp_path):
     steps = loadgen_json(e2e, "--target", srv.target, "--sweep-rate", "20:60:+20", "--duration", 0.4,
                          "--warmup", 0, "--lengths", "fixed:32", "--csv", out)
     assert [s["rate"] for s in steps] == [20, 40, 60]
-    with open(out, newline="") as f:
-        rows = list(csv.DictReader(f))
+    rows = read_csv(out)
     assert [float(r["rate"]) for r in rows] == [20, 40, 60]
 
 
