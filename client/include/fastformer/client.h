@@ -9,8 +9,10 @@
 // One Client holds one channel and is thread-safe: share it between threads. Blocking calls
 // (Encode, GetModelInfo, Health, EncodeStream) return a grpc::Status; EncodeAsync and
 // OpenEncodeStream run on gRPC's callback API and call back on gRPC's threads (keep callbacks
-// short; they may start further calls). Retries (off by default) apply to Encode, EncodeAsync
-// and GetModelInfo, on UNAVAILABLE and RESOURCE_EXHAUSTED only; a stream is never retried.
+// short; they may start further calls, but must not destroy the Client or the EncodeStreamCall
+// they belong to: both wait for their callbacks). Retries (off by default) apply to Encode,
+// EncodeAsync and GetModelInfo, on UNAVAILABLE and RESOURCE_EXHAUSTED only; a stream is never
+// retried (its failures come back in-band, per message).
 #pragma once
 
 #include <grpcpp/grpcpp.h>
