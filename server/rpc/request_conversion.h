@@ -5,6 +5,7 @@
 
 #include <cstdint>
 #include <memory>
+#include <string>
 
 #include <grpcpp/support/status.h>
 
@@ -29,6 +30,6 @@ void fill_response(const batching::Request& request, v1::EncodeResponse* respons
 grpc::Status outcome_status(const batching::Request& request);
 
 // "OK", "INVALID_ARGUMENT", ... for metrics labels.
-const char* status_code_name(grpc::StatusCode code);
+std::string status_code_name(grpc::StatusCode code);
 
 }  // namespace fastformer::rpc

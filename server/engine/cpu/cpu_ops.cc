@@ -222,6 +222,7 @@ void CpuOps::pool_chunks(int64_t heads, const float* scores, int64_t score_ld, c
 void CpuOps::combine(int64_t heads, Mat out, const float* scale_by, float denominator_extra) {
   const int64_t D = out.cols, d = D / heads;
   pool_.parallel_for(out.rows, 1, [&](int64_t first, int64_t last) {
+    std::vector<double> acc(static_cast<size_t>(d));  // one per piece, not per head and sequence
     for (int64_t b = first; b < last; ++b) {
       const int32_t c0 = seq_first_chunk_[size_t(b)], c1 = seq_first_chunk_[size_t(b) + 1];
       float* o = row(out, b);
@@ -229,7 +230,7 @@ void CpuOps::combine(int64_t heads, Mat out, const float* scale_by, float denomi
         double M = -std::numeric_limits<double>::infinity();
         for (int32_t c = c0; c < c1; ++c) M = std::max(M, double(partials_.m[size_t(c * heads + h)]));
         double L = 0.0;
-        std::vector<double> acc(size_t(d), 0.0);
+        std::fill(acc.begin(), acc.end(), 0.0);
         for (int32_t c = c0; c < c1; ++c) {
           const float mc = partials_.m[size_t(c * heads + h)];
           if (std::isinf(mc)) continue;  // chunk of padding only
