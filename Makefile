@@ -4,6 +4,10 @@
 #   make test    install deps if missing, build, run every suite (unit, golden, e2e, sanitizer)
 #   make build   build into build/ (binaries in build/bin/)
 #   make bench   the engine benchmarks recorded in docs/benchmarks.md
+#
+# CI (.ci/run) runs `make test`, then the longer checks: `make image-test` (the CPU container
+# image built with buildah and run), `make fuzz FUZZ_SECONDS=60`, `make test-tsan` and
+# `make soak SOAK_SECONDS=60`. Those targets live in mk/*.mk.
 
 # The interpreter that imports torch: Debian's /usr/bin/python3 (python3-torch), which
 # may not be the python3 first on PATH.
@@ -18,7 +22,7 @@ CMAKE_ARGS ?=
 MODEL_DIR ?= models/demo
 DEMO_PRESET ?= official
 
-.PHONY: all deps build build-asan test test-unit test-golden test-e2e test-clients test-asan serve demo-model bench bench-serve clean
+.PHONY: all deps build test test-unit test-golden test-e2e test-clients test-deploy serve demo-model bench bench-serve clean
 
 all: build
 
@@ -29,14 +33,8 @@ build: deps
 	cmake -S . -B $(BUILD_DIR) -DCMAKE_BUILD_TYPE=Release -DFASTFORMER_SERVER=$(SERVER) -DFASTFORMER_WERROR=$(WERROR) $(CMAKE_ARGS)
 	cmake --build $(BUILD_DIR) -j$(JOBS)
 
-# AddressSanitizer + UndefinedBehaviorSanitizer build of the engine, tools and unit tests.
-build-asan: deps
-	cmake -S . -B $(ASAN_DIR) -DCMAKE_BUILD_TYPE=Debug -DFASTFORMER_CUDA=OFF -DFASTFORMER_SERVER=OFF \
-	  -DFASTFORMER_SANITIZE=address,undefined -DFASTFORMER_WERROR=$(WERROR) $(CMAKE_ARGS)
-	cmake --build $(ASAN_DIR) -j$(JOBS)
-
 test: build build-asan
-	$(MAKE) --no-print-directory test-unit test-golden test-e2e test-clients test-asan
+	$(MAKE) --no-print-directory test-unit test-golden test-e2e test-clients test-deploy test-asan
 
 test-unit:
 	ctest --test-dir $(BUILD_DIR) --output-on-failure -j$(JOBS)
@@ -53,11 +51,9 @@ test-e2e:
 test-clients:
 	FASTFORMER_BIN_DIR=$(CURDIR)/$(BUILD_DIR)/bin $(PYTHON) -m pytest $(wildcard tests/python_client tests/client) -q
 
-# The unit tests and the bad-input end-to-end tests under ASan/UBSan.
-test-asan:
-	ctest --test-dir $(ASAN_DIR) --output-on-failure -j$(JOBS)
-	FASTFORMER_BIN_DIR=$(CURDIR)/$(ASAN_DIR)/bin ASAN_OPTIONS=detect_leaks=1 \
-	  $(PYTHON) -m pytest tests/golden -q -m asan
+# The deployment files (compose, Prometheus, Grafana, Kubernetes) against the real server.
+test-deploy:
+	FASTFORMER_BIN_DIR=$(CURDIR)/$(BUILD_DIR)/bin $(PYTHON) -m pytest $(wildcard tests/deploy) -q
 
 $(MODEL_DIR)/model.safetensors:
 	$(PYTHON) tools/make_demo_model.py --preset $(DEMO_PRESET) --seed 1 --out $(MODEL_DIR)
@@ -78,3 +74,7 @@ bench-serve: build
 
 clean:
 	rm -rf $(BUILD_DIR) $(ASAN_DIR)
+
+# Sanitizer builds (mk/sanitizers.mk), fuzzing (mk/fuzz.mk), the image test (mk/image.mk),
+# the soak test (mk/soak.mk).
+include $(sort $(wildcard mk/*.mk))

@@ -27,7 +27,7 @@ build_pkgs=(
 test_pkgs=(
   python3 python3-numpy python3-torch python3-pytest
   python3-grpcio python3-grpc-tools
-  prometheus python3-matplotlib
+  prometheus python3-matplotlib python3-yaml
 )
 runtime_pkgs=(
   libopenblas0 libspdlog1.10 libfmt9
