@@ -28,6 +28,7 @@ test_pkgs=(
   python3 python3-numpy python3-torch python3-pytest
   python3-grpcio python3-grpc-tools
   prometheus python3-matplotlib python3-yaml
+  clang libclang-rt-14-dev  # make fuzz: libFuzzer (-fsanitize=fuzzer)
 )
 runtime_pkgs=(
   libopenblas0 libspdlog1.10 libfmt9
