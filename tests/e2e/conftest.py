@@ -593,6 +593,32 @@ def wait_until(fn, timeout, interval=0.05):
         time.sleep(interval)
 
 
+# ----------------------------------------------------------------------------- sanitizer reports
+
+
+# What ASan, LSan, UBSan and TSan print when they find something (make test-asan and test-tsan
+# run this suite against the sanitizer builds; halt_on_error stops the server at the first one,
+# but a report at exit, such as a leak, only changes its exit code).
+_SANITIZER_REPORT_RE = re.compile(r"^(==\d+==ERROR: \w+Sanitizer|WARNING: ThreadSanitizer|\S+:\d+:\d+: runtime error: )",
+                                  re.M)
+_sanitizer_reported = set()
+
+
+def fail_on_sanitizer_reports(servers):
+    """Fail (once per server) when a server's log holds a sanitizer report."""
+    found = []
+    for srv in servers:
+        if srv.name in _sanitizer_reported:
+            continue
+        text = srv.log_text()
+        m = _SANITIZER_REPORT_RE.search(text)
+        if m:
+            _sanitizer_reported.add(srv.name)
+            found.append(f"{SERVER_NAME} [{srv.name}] log {srv.log_path}:\n{text[max(0, m.start() - 200):][:12000]}")
+    if found:
+        pytest.fail("sanitizer report in the server log\n" + "\n\n".join(found), pytrace=False)
+
+
 # ----------------------------------------------------------------------------- fixtures
 
 
@@ -632,7 +658,9 @@ def models(tmp_path_factory):
 def _session_servers(stubs, tmp_path_factory):
     pool = _SessionServers(stubs, tmp_path_factory.mktemp("server-logs"))
     yield pool
+    shared = list(pool.cache.values())
     pool.close()
+    fail_on_sanitizer_reports(shared)
 
 
 @pytest.fixture
@@ -640,3 +668,4 @@ def servers(_session_servers, models, request):
     pool = ServerPool(_session_servers, models, request.node.name)
     yield pool
     pool.close()
+    fail_on_sanitizer_reports(pool.used)
