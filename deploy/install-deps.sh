@@ -1,10 +1,13 @@
 #!/usr/bin/env bash
 # Installs the Debian/Ubuntu packages Fastformer Serving builds and tests with.
 # Idempotent: packages already present are skipped, and nothing is fetched when
-# everything is installed. Supports Debian 12 (bookworm) and Ubuntu 24.04.
+# everything is installed. Supports Debian 12 (bookworm) and Ubuntu 24.04 (noble), told
+# apart by /etc/os-release: their runtime library packages are named differently.
 #
-#   deploy/install-deps.sh            build + test dependencies
-#   deploy/install-deps.sh --runtime  only the shared libraries the binaries need
+#   deploy/install-deps.sh            build + test dependencies, and buildah + debootstrap
+#                                     for `make image-test`
+#   deploy/install-deps.sh --build    only what compiling needs (the Dockerfile's builder)
+#   deploy/install-deps.sh --runtime  only the shared libraries the binaries need (the image)
 set -euo pipefail
 
 mode=all
@@ -12,7 +15,7 @@ case "${1:-}" in
   --runtime) mode=runtime ;;
   --build) mode=build ;;
   ""|--all) mode=all ;;
-  -h|--help) sed -n '2,8p' "$0"; exit 0 ;;
+  -h|--help) sed -n '2,11p' "$0"; exit 0 ;;
   *) echo "install-deps.sh: unknown option '$1' (expected --runtime, --build or --all)" >&2; exit 2 ;;
 esac
 
@@ -30,15 +33,40 @@ test_pkgs=(
   prometheus python3-matplotlib python3-yaml
   clang libclang-rt-14-dev  # make fuzz: libFuzzer (-fsanitize=fuzzer)
 )
-runtime_pkgs=(
-  libopenblas0 libspdlog1.10 libfmt9
-  libgrpc++1.51 libprotobuf32 libprometheus-cpp-pull1.0 libprometheus-cpp-core1.0
-)
+# make image-test: builds a local debian:bookworm base and the CPU image, no registry.
+image_test_pkgs=(buildah debootstrap)
+
+# The runtime libraries of the binaries (ldd), by release: Ubuntu 24.04 renamed the libraries
+# in the 64-bit time_t transition (t64) and ships spdlog 1.12.
+os_id=unknown os_version=unknown
+if [ -r /etc/os-release ]; then
+  os_id=$(. /etc/os-release && echo "${ID:-unknown}")
+  os_version=$(. /etc/os-release && echo "${VERSION_ID:-unknown}")
+fi
+case "$os_id:$os_version" in
+  debian:12)
+    runtime_pkgs=(
+      libopenblas0 libspdlog1.10 libfmt9
+      libgrpc++1.51 libprotobuf32 libprometheus-cpp-pull1.0 libprometheus-cpp-core1.0
+    ) ;;
+  ubuntu:24.04)
+    runtime_pkgs=(
+      libopenblas0 libspdlog1.12 libfmt9
+      libgrpc++1.51t64 libprotobuf32t64 libprometheus-cpp-pull1.0 libprometheus-cpp-core1.0
+    ) ;;
+  *)
+    if [ "$mode" = runtime ]; then
+      echo "install-deps.sh: $os_id $os_version is not supported (Debian 12 or Ubuntu 24.04)" >&2
+      exit 2
+    fi
+    echo "install-deps.sh: warning: $os_id $os_version is not Debian 12 or Ubuntu 24.04; trying anyway" >&2
+    runtime_pkgs=() ;;
+esac
 
 case "$mode" in
   runtime) wanted=("${runtime_pkgs[@]}") ;;
   build) wanted=("${build_pkgs[@]}") ;;
-  all) wanted=("${build_pkgs[@]}" "${test_pkgs[@]}") ;;
+  all) wanted=("${build_pkgs[@]}" "${test_pkgs[@]}" "${image_test_pkgs[@]}") ;;
 esac
 
 missing=()
