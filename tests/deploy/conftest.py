@@ -1,0 +1,233 @@
+"""Fixtures for the deployment-file tests (run: make test-deploy, or
+FASTFORMER_BIN_DIR=build/bin /usr/bin/python3 -m pytest tests/deploy).
+
+What the tests get, through fixtures (never `from conftest import ...`):
+
+  deploy_files  paths of the files under test (deploy/compose.yaml, deploy/k8s/, ...)
+  flags         fastformer-server's options parsed from its --help: name, env var, default, choices
+  live_page     /metrics of a real fastformer-server (tiny model made here, ephemeral ports, one
+                Encode sent first), parsed (deploy_promql.Exposition)
+  run_server_env  starts the real server with a deployment file's FASTFORMER_* environment (model,
+                ports and backend swapped for the test's) and returns its log: proves the values
+                are ones the server accepts
+
+The binaries are looked up in $FASTFORMER_BIN_DIR (default <repo>/build/bin); a missing one is a
+test failure.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import signal
+import socket
+import subprocess
+import sys
+import time
+import types
+import urllib.request
+from pathlib import Path
+
+import pytest
+
+HERE = Path(__file__).resolve().parent
+REPO = HERE.parents[1]
+if str(HERE) not in sys.path:
+    sys.path.insert(0, str(HERE))
+
+import deploy_flags  # noqa: E402
+import deploy_promql  # noqa: E402
+
+START_TIMEOUT_S = 30.0
+
+
+def _bin(name: str) -> Path:
+    path = Path(os.environ.get("FASTFORMER_BIN_DIR", REPO / "build" / "bin")) / name
+    if not (path.is_file() and os.access(path, os.X_OK)):
+        pytest.fail(f"{name} not found at {path}: build it (make build) or set FASTFORMER_BIN_DIR", pytrace=False)
+    return path
+
+
+def _tool(name: str) -> str:
+    path = shutil.which(name)
+    if not path:
+        pytest.fail(f"{name} not found: install Debian's prometheus package (deploy/install-deps.sh)", pytrace=False)
+    return path
+
+
+def _free_ports(n: int):
+    socks = []
+    try:
+        for _ in range(n):
+            s = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+            s.bind(("127.0.0.1", 0))
+            socks.append(s)
+        return [s.getsockname()[1] for s in socks]
+    finally:
+        for s in socks:
+            s.close()
+
+
+def _child_env(extra=None):
+    # The server reads FASTFORMER_* variables as flag defaults: start from none of the caller's.
+    env = {k: v for k, v in os.environ.items() if not k.startswith("FASTFORMER_")}
+    env.update(extra or {})
+    return env
+
+
+def _die_with_parent(cmd):
+    setpriv = shutil.which("setpriv")
+    return [setpriv, "--pdeathsig", "SIGKILL", "--"] + cmd if setpriv else cmd
+
+
+class _Server:
+    """fastformer-server on 127.0.0.1 with ephemeral ports; env = the FASTFORMER_* variables to run with."""
+
+    def __init__(self, model_dir: Path, log_path: Path, env=None):
+        self.port, self.metrics_port = _free_ports(2)
+        env = dict(env or {})
+        env.update({"FASTFORMER_MODEL_DIR": str(model_dir), "FASTFORMER_LISTEN": f"127.0.0.1:{self.port}",
+                    "FASTFORMER_METRICS_LISTEN": f"127.0.0.1:{self.metrics_port}"})
+        env.setdefault("FASTFORMER_BACKEND", "cpu")
+        env.setdefault("FASTFORMER_THREADS", "1")
+        self.env = env
+        self.log_path = log_path
+        self._log = open(log_path, "wb")
+        self.proc = subprocess.Popen(_die_with_parent([str(_bin("fastformer-server"))]), stdin=subprocess.DEVNULL,
+                                     stdout=self._log, stderr=subprocess.STDOUT, env=_child_env(env))
+
+    def log(self) -> str:
+        self._log.flush()
+        return self.log_path.read_text(errors="replace")
+
+    def wait_serving(self):
+        deadline = time.monotonic() + START_TIMEOUT_S
+        while time.monotonic() < deadline:
+            if self.proc.poll() is not None:
+                pytest.fail(f"fastformer-server exited with {self.proc.returncode} before SERVING with "
+                            f"{self.env}\nlog:\n{self.log()}", pytrace=False)
+            if "info SERVING" in self.log():
+                return self
+            time.sleep(0.02)
+        pytest.fail(f"fastformer-server not SERVING after {START_TIMEOUT_S:.0f} s\nlog:\n{self.log()}", pytrace=False)
+
+    def target(self) -> str:
+        return f"127.0.0.1:{self.port}"
+
+    def scrape(self) -> str:
+        with urllib.request.urlopen(f"http://127.0.0.1:{self.metrics_port}/metrics", timeout=5) as r:
+            return r.read().decode()
+
+    def stop(self) -> str:
+        if self.proc.poll() is None:
+            self.proc.send_signal(signal.SIGTERM)
+            try:
+                self.proc.wait(timeout=10)
+            except subprocess.TimeoutExpired:
+                self.proc.kill()
+                self.proc.wait()
+        text = self.log()
+        self._log.close()
+        return text
+
+
+@pytest.fixture(scope="session")
+def deploy_files():
+    d = REPO / "deploy"
+    return types.SimpleNamespace(
+        repo=REPO, deploy=d, compose=d / "compose.yaml", prometheus=d / "prometheus" / "prometheus.yml",
+        rules=sorted((d / "prometheus" / "rules").glob("*.y*ml")), grafana=d / "grafana",
+        dashboard=d / "grafana" / "fastformer-dashboard.json",
+        datasources=sorted((d / "grafana" / "provisioning" / "datasources").glob("*.y*ml")),
+        dashboard_providers=sorted((d / "grafana" / "provisioning" / "dashboards").glob("*.y*ml")),
+        k8s=d / "k8s", adapter_rules=d / "k8s" / "prometheus-adapter-rules.yaml", dockerfile=REPO / "Dockerfile")
+
+
+@pytest.fixture(scope="session")
+def promtool():
+    return _tool("promtool")
+
+
+@pytest.fixture(scope="session")
+def help_text():
+    p = subprocess.run([str(_bin("fastformer-server")), "--help"], capture_output=True, text=True, timeout=30,
+                       env=_child_env())
+    assert p.returncode == 0, f"fastformer-server --help exited with {p.returncode}:\n{p.stderr}"
+    return p.stdout
+
+
+@pytest.fixture(scope="session")
+def flags(help_text):
+    parsed = deploy_flags.parse_help(help_text)
+    # The checks below read these; if --help stops printing them in this form, fail loudly here.
+    for name in ("model-dir", "listen", "metrics-listen", "shutdown-timeout-s"):
+        assert name in parsed, f"--{name} not found in fastformer-server --help (format changed?):\n{help_text}"
+    for name in ("listen", "metrics-listen", "shutdown-timeout-s"):
+        assert parsed[name].default, f"--{name} has no default in --help:\n{help_text}"
+    return parsed
+
+
+@pytest.fixture(scope="session")
+def client_health_flags():
+    p = subprocess.run([str(_bin("fastformer-client")), "health", "--help"], capture_output=True, text=True,
+                       timeout=30, env=_child_env())
+    assert p.returncode == 0, f"fastformer-client health --help exited with {p.returncode}:\n{p.stderr}"
+    return deploy_flags.parse_help(p.stdout)
+
+
+@pytest.fixture(scope="session")
+def tiny_model(tmp_path_factory):
+    d = tmp_path_factory.mktemp("model") / "tiny"
+    p = subprocess.run([sys.executable, str(REPO / "tools" / "make_demo_model.py"), "--preset", "tiny", "--seed", "1",
+                        "--out", str(d)], capture_output=True, text=True, timeout=120)
+    assert p.returncode == 0, f"make_demo_model.py failed:\n{p.stdout}\n{p.stderr}"
+    return d
+
+
+@pytest.fixture(scope="session")
+def live_page(tiny_model, tmp_path_factory):
+    """/metrics of a live server after one Encode (so every histogram and counter has moved)."""
+    srv = _Server(tiny_model, tmp_path_factory.mktemp("live") / "server.log").wait_serving()
+    try:
+        p = subprocess.run([str(_bin("fastformer-client")), "encode", "--target", srv.target(), "--ids", "5,6,7,8",
+                            "--deadline-ms", "20000"], capture_output=True, text=True, timeout=30, env=_child_env())
+        assert p.returncode == 0, f"fastformer-client encode failed ({p.returncode}):\n{p.stderr}\nserver:\n{srv.log()}"
+        deadline = time.monotonic() + 5
+        while True:   # the counters may be recorded just after the answer is sent
+            text = srv.scrape()
+            page = deploy_promql.Exposition(text)
+            if page.labels.get("fastformer_tokens_total") and 'fastformer_tokens_total 4' in text \
+                    or time.monotonic() > deadline:
+                break
+            time.sleep(0.05)
+        assert "fastformer_tokens_total 4" in text, f"the Encode of 4 tokens is not counted:\n{text}"
+        yield page
+    finally:
+        srv.stop()
+
+
+@pytest.fixture(scope="session")
+def run_server_env(tiny_model, tmp_path_factory):
+    """run(env) -> (log until SERVING and after SIGTERM, the env it ran with): the real server started
+    with a deployment's FASTFORMER_* variables; model dir, addresses, backend (cuda -> cpu), dtype
+    (the CPU engine serves float32 only) and threads are replaced by the test's, so check those
+    values separately (choices from --help)."""
+    logs = tmp_path_factory.mktemp("env-runs")
+    count = [0]
+
+    def run(env):
+        count[0] += 1
+        env = {k: v for k, v in env.items() if k.startswith("FASTFORMER_")}
+        for k in ("FASTFORMER_MODEL_DIR", "FASTFORMER_LISTEN", "FASTFORMER_METRICS_LISTEN"):
+            env.pop(k, None)
+        env["FASTFORMER_BACKEND"] = "cpu"
+        env["FASTFORMER_DTYPE"] = "float32"
+        env["FASTFORMER_THREADS"] = "1"   # 0 (all cores) would be as valid; the test keeps to one
+        srv = _Server(tiny_model, logs / f"run-{count[0]}.log", env)
+        try:
+            srv.wait_serving()
+        finally:
+            log = srv.stop()
+        return log, srv.env
+
+    return run
