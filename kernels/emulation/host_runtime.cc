@@ -42,7 +42,10 @@ bool is_device_range(const void* p, std::size_t bytes) {
   return address - it->first <= it->second && bytes <= it->second - (address - it->first);
 }
 
-bool is_device_pointer(const void* p) { return is_device_range(p, 0); }
+// Whether p points at a byte of a device allocation. (Not is_device_range(p, 0): that holds
+// one past the end too, where an allocator without gaps between blocks, such as
+// ThreadSanitizer's, may place the next, host, allocation.)
+bool is_device_pointer(const void* p) { return is_device_range(p, 1); }
 
 void check_side(const char* side, const void* p, std::size_t bytes, bool device) {
   if (device && !is_device_range(p, bytes)) {
