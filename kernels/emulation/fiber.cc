@@ -19,6 +19,28 @@
 #include <sanitizer/common_interface_defs.h>
 #endif
 
+#if defined(__SANITIZE_THREAD__)
+#define FF_EMU_TSAN 1
+#elif defined(__has_feature)
+#if __has_feature(thread_sanitizer)
+#define FF_EMU_TSAN 1
+#endif
+#endif
+#if defined(FF_EMU_TSAN)
+#include <sanitizer/tsan_interface.h>
+// ThreadSanitizer keeps a shadow call stack per fiber. Fiber::entry never returns (it switches
+// away from inside exit_to_scheduler), so if it were instrumented each run of a fiber would
+// leave two frames on that stack, and a stack reused for millions of emulated threads would
+// overflow it. These two functions touch no shared memory.
+#if defined(__clang__)
+#define FF_EMU_NO_TSAN_FRAMES __attribute__((disable_sanitizer_instrumentation))
+#else
+#define FF_EMU_NO_TSAN_FRAMES __attribute__((no_sanitize_thread))
+#endif
+#else
+#define FF_EMU_NO_TSAN_FRAMES
+#endif
+
 #if defined(FF_EMU_FIBER_ASM)
 // ff_emu_switch_context(save, load): pushes the callee-saved registers and the MXCSR / x87
 // control words on the current stack, stores the stack pointer in *save, switches to `load`
@@ -76,6 +98,7 @@ struct SchedulerSide {
   Fiber* running;
   const void* asan_stack_bottom;  // the OS thread's own stack, for the switch back
   std::size_t asan_stack_bytes;
+  void* tsan_fiber;  // ThreadSanitizer's context of the OS thread, for the switch back
 };
 thread_local SchedulerSide scheduler{};
 
@@ -98,15 +121,30 @@ Fiber::Fiber() {
   // Once: getcontext costs a system call, and makecontext can reuse the saved state.
   if (getcontext(&context_) != 0) std::abort();
 #endif
+#if defined(FF_EMU_TSAN)
+  tsan_fiber_ = __tsan_create_fiber(0);
+#endif
 }
 
-Fiber::~Fiber() { munmap(mapping_, mapping_bytes_); }
+Fiber::~Fiber() {
+#if defined(FF_EMU_TSAN)
+  __tsan_destroy_fiber(tsan_fiber_);
+#endif
+  munmap(mapping_, mapping_bytes_);
+}
 
 void Fiber::start(void (*body)()) {
 #if defined(FF_EMU_ASAN)
   // A fiber abandoned mid-kernel leaves its frames' redzones poisoned; the next thread's
   // frames at the same addresses must not trip over them.
   if (!finished_) __asan_unpoison_memory_region(stack_, stack_bytes_);
+#endif
+#if defined(FF_EMU_TSAN)
+  // Likewise ThreadSanitizer's shadow call stack still holds the abandoned frames: start over.
+  if (!finished_) {
+    __tsan_destroy_fiber(tsan_fiber_);
+    tsan_fiber_ = __tsan_create_fiber(0);
+  }
 #endif
   body_ = body;
   finished_ = false;
@@ -136,6 +174,12 @@ void Fiber::resume() {
   void* scheduler_fake_stack = nullptr;
   __sanitizer_start_switch_fiber(&scheduler_fake_stack, stack_, stack_bytes_);
 #endif
+#if defined(FF_EMU_TSAN)
+  // Flags 0: the switch synchronizes (the emulated threads of a block take turns on one OS
+  // thread; the emulator's racecheck, not TSan, looks for races between them).
+  scheduler.tsan_fiber = __tsan_get_current_fiber();
+  __tsan_switch_to_fiber(tsan_fiber_, 0);
+#endif
 #if defined(FF_EMU_FIBER_ASM)
   ff_emu_switch_context(&scheduler.saved_stack_pointer, saved_stack_pointer_);
 #else
@@ -152,6 +196,9 @@ void Fiber::suspend() {
   __sanitizer_start_switch_fiber(&asan_fake_stack_, scheduler.asan_stack_bottom,
                                  scheduler.asan_stack_bytes);
 #endif
+#if defined(FF_EMU_TSAN)
+  __tsan_switch_to_fiber(scheduler.tsan_fiber, 0);
+#endif
 #if defined(FF_EMU_FIBER_ASM)
   ff_emu_switch_context(&saved_stack_pointer_, scheduler.saved_stack_pointer);
 #else
@@ -163,7 +210,7 @@ void Fiber::suspend() {
 #endif
 }
 
-void Fiber::entry() {
+FF_EMU_NO_TSAN_FRAMES void Fiber::entry() {
   Fiber* self = scheduler.running;
 #if defined(FF_EMU_ASAN)
   __sanitizer_finish_switch_fiber(nullptr, &scheduler.asan_stack_bottom,
@@ -173,11 +220,14 @@ void Fiber::entry() {
   self->exit_to_scheduler();
 }
 
-void Fiber::exit_to_scheduler() {
+FF_EMU_NO_TSAN_FRAMES void Fiber::exit_to_scheduler() {
   finished_ = true;
 #if defined(FF_EMU_ASAN)
   // A null save slot tells ASan this fiber's fake stack is gone.
   __sanitizer_start_switch_fiber(nullptr, scheduler.asan_stack_bottom, scheduler.asan_stack_bytes);
+#endif
+#if defined(FF_EMU_TSAN)
+  __tsan_switch_to_fiber(scheduler.tsan_fiber, 0);
 #endif
 #if defined(FF_EMU_FIBER_ASM)
   ff_emu_switch_context(&saved_stack_pointer_, scheduler.saved_stack_pointer);

@@ -7,7 +7,8 @@
 // elsewhere, or with FF_EMU_UCONTEXT defined, it is ucontext's swapcontext, which also makes a
 // system call for the signal mask (hundreds of ns, and the emulator switches at every barrier).
 // Under AddressSanitizer each switch is announced with __sanitizer_start/finish_switch_fiber
-// so ASan knows which stack is live.
+// so ASan knows which stack is live; under ThreadSanitizer each fiber has its own TSan context
+// (__tsan_create_fiber) and each switch is announced with __tsan_switch_to_fiber.
 #pragma once
 
 #include <cstddef>
@@ -51,6 +52,7 @@ class Fiber {
   void* stack_ = nullptr;
   std::size_t stack_bytes_ = 0;
   void* asan_fake_stack_ = nullptr;
+  [[maybe_unused]] void* tsan_fiber_ = nullptr;  // TSan builds: this fiber's TSan context
 };
 
 }  // namespace ff_emu::detail
