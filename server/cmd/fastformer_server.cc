@@ -4,7 +4,7 @@
 // Start-up: load the model, build the engine, open /metrics, listen (health NOT_SERVING),
 // run one warm-up batch, then SERVING. SIGTERM/SIGINT: NOT_SERVING, new calls UNAVAILABLE,
 // everything admitted is answered, exit 0 within --shutdown-timeout-s; a second signal
-// exits at once.
+// exits at once. SIGHUP re-reads --auth-token-file.
 #include <fcntl.h>
 #include <unistd.h>
 
@@ -32,6 +32,7 @@
 #include "server/engine/model.h"
 #include "server/metrics/metrics.h"
 #include "server/rpc/encoder_service.h"
+#include "server/rpc/server_credentials.h"
 
 #ifndef FASTFORMER_VERSION
 #define FASTFORMER_VERSION "dev"
@@ -60,6 +61,7 @@ struct Flags {
   double shutdown_timeout_s = 30;
   std::string log_level = "info";
   std::string log_format = "text";
+  rpc::SecurityOptions security;
 };
 
 // %j: the log message escaped as a JSON string body, for --log-format json.
@@ -119,12 +121,13 @@ void warm_up(engine::Engine& eng) {
 
 // SIGTERM/SIGINT: the first is written to a pipe that main waits on (a handler, not
 // sigwait, because OpenBLAS starts threads before main could block the signals in them);
-// a second one exits at once.
+// a second one exits at once. SIGHUP (re-read the token file) goes down the same pipe, any
+// number of times.
 int signal_pipe[2] = {-1, -1};
 std::atomic<int> signals_received{0};
 
 void on_signal(int signal) {
-  if (signals_received.fetch_add(1) > 0) {
+  if (signal != SIGHUP && signals_received.fetch_add(1) > 0) {
     static const char kMsg[] = "second signal: exiting at once\n";
     (void)!write(STDERR_FILENO, kMsg, sizeof kMsg - 1);
     std::_Exit(130);
@@ -151,6 +154,7 @@ void install_signal_handlers() {
   action.sa_flags = SA_RESTART;
   sigaction(SIGTERM, &action, nullptr);
   sigaction(SIGINT, &action, nullptr);
+  sigaction(SIGHUP, &action, nullptr);
 }
 
 }  // namespace
@@ -194,6 +198,21 @@ int main(int argc, char** argv) {
   opt("--log-level", f.log_level, "trace, debug, info, warn, error", "FASTFORMER_LOG_LEVEL")
       ->check(CLI::IsMember({"trace", "debug", "info", "warn", "error"}));
   opt("--log-format", f.log_format, "text or json", "FASTFORMER_LOG_FORMAT")->check(CLI::IsMember({"text", "json"}));
+  // Transport security and bearer tokens (docs/security.md).
+  auto* tls_cert = opt("--tls-cert", f.security.tls_cert, "PEM certificate chain: serve gRPC over TLS (needs --tls-key)",
+                       "FASTFORMER_TLS_CERT");
+  auto* tls_key = opt("--tls-key", f.security.tls_key, "PEM private key of --tls-cert", "FASTFORMER_TLS_KEY");
+  tls_cert->needs(tls_key);
+  tls_key->needs(tls_cert);
+  opt("--tls-client-ca", f.security.tls_client_ca,
+      "PEM CA certificates: mutual TLS, clients must present a certificate they signed", "FASTFORMER_TLS_CLIENT_CA")
+      ->needs(tls_cert);
+  auto* token_file = opt("--auth-token-file", f.security.auth_token_file,
+                         "bearer tokens, one per line: calls need `authorization: Bearer <token>`; re-read on SIGHUP",
+                         "FASTFORMER_AUTH_TOKEN_FILE");
+  app.add_flag("--auth-health", f.security.auth_health, "health and reflection need the bearer token too")
+      ->envname("FASTFORMER_AUTH_HEALTH")
+      ->needs(token_file);
   CLI11_PARSE(app, argc, argv);
   setup_logging(f);
 
@@ -210,13 +229,22 @@ int main(int argc, char** argv) {
     return 1;
   }
   spdlog::info("metrics on {} (port {})", f.metrics_listen, metrics_server->port());
+  rpc::AuthMetrics auth_metrics(*metrics.registry());
+  std::unique_ptr<rpc::ServerSecurity> security;
+  try {
+    security = std::make_unique<rpc::ServerSecurity>(f.security, auth_metrics);
+  } catch (const std::exception& e) {
+    spdlog::error("start-up failed: {}", e.what());
+    return 1;
+  }
+  spdlog::info("gRPC security: {}", security->describe());
 
   rpc::EncoderService service(metrics);
   grpc::EnableDefaultHealthCheckService(true);
   grpc::reflection::InitProtoReflectionServerBuilderPlugin();
   grpc::ServerBuilder builder;
   int port = 0;
-  builder.AddListeningPort(f.listen, grpc::InsecureServerCredentials(), &port);
+  builder.AddListeningPort(f.listen, security->credentials(), &port);
   builder.SetMaxReceiveMessageSize(int(std::min<int64_t>(f.max_message_bytes, INT32_MAX)));
   builder.SetMaxSendMessageSize(-1);
   builder.RegisterService(&service);
@@ -321,7 +349,8 @@ int main(int argc, char** argv) {
   health->SetServingStatus(kService, true);
   spdlog::info("SERVING fastformer.v1.Encoder, version {}", FASTFORMER_VERSION);
 
-  const int signal = wait_for_signal();
+  int signal = wait_for_signal();
+  for (; signal == SIGHUP; signal = wait_for_signal()) security->reload_tokens();
   spdlog::info("{} received: draining (new calls UNAVAILABLE), up to {} s; a second signal exits at once",
                strsignal(signal), f.shutdown_timeout_s);
   const auto give_up = Clock::now() + std::chrono::duration_cast<Clock::duration>(
