@@ -244,7 +244,10 @@ class Server:
         opts.update({k.replace("_", "-"): v for k, v in flags.items()})
         self.cmd = [str(binary)]
         for k, v in opts.items():
-            self.cmd += [f"--{k}", str(v)]
+            if v is True:  # a CLI11 flag (no value), e.g. auth_health=True
+                self.cmd.append(f"--{k}")
+            elif v is not False:
+                self.cmd += [f"--{k}", str(v)]
         self.log_path = Path(log_dir) / f"{name}.log"
         self._log = open(self.log_path, "wb")
         self.proc = subprocess.Popen(die_with_parent(self.cmd), stdin=subprocess.DEVNULL, stdout=self._log,
