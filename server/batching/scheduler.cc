@@ -67,6 +67,7 @@ void Scheduler::run_batch(Batch& batch) {
   }
   std::vector<engine::EncodedSequence> results;
   try {
+    if (observer_.before_compute) observer_.before_compute(batch);
     results = engine_.encode(batch.ragged, batch.options);
   } catch (const std::exception& e) {
     // Only this batch's requests fail; the server keeps serving.

@@ -18,6 +18,10 @@ struct BatchObserver {
   std::function<void(int64_t tokens, int64_t sequences, double seconds)> on_batch;
   // After the engine failed on a batch (the batch's requests end with kEngineFailure).
   std::function<void(const std::string& reason, int64_t sequences)> on_failure;
+  // Called just before the engine runs a batch; an exception it throws fails the batch exactly
+  // as an engine failure would. Test-only fault injection (FASTFORMER_TEST_FAULTS); unset in
+  // production.
+  std::function<void(const Batch& batch)> before_compute;
 };
 
 class Scheduler {

@@ -15,6 +15,7 @@
 #include <chrono>
 #include <cstdlib>
 #include <memory>
+#include <optional>
 #include <string>
 #include <thread>
 
@@ -28,6 +29,8 @@
 
 #include "server/batching/queue.h"
 #include "server/batching/scheduler.h"
+#include "server/cmd/listen_check.h"
+#include "server/cmd/test_faults.h"
 #include "server/engine/engine.h"
 #include "server/engine/model.h"
 #include "server/metrics/metrics.h"
@@ -58,6 +61,7 @@ struct Flags {
   int64_t max_queue_tokens = 262144;
   int64_t max_request_tokens = 0;
   int64_t max_message_bytes = 64 << 20;
+  int64_t max_concurrent_streams = 1024;
   double shutdown_timeout_s = 30;
   std::string log_level = "info";
   std::string log_format = "text";
@@ -192,6 +196,10 @@ int main(int argc, char** argv) {
       ->check(CLI::NonNegativeNumber);
   opt("--max-message-bytes", f.max_message_bytes, "largest request message accepted", "FASTFORMER_MAX_MESSAGE_BYTES")
       ->check(CLI::PositiveNumber);
+  opt("--max-concurrent-streams", f.max_concurrent_streams,
+      "EncodeStream calls open at once, server-wide; beyond: RESOURCE_EXHAUSTED (0 = no limit)",
+      "FASTFORMER_MAX_CONCURRENT_STREAMS")
+      ->check(CLI::NonNegativeNumber);
   opt("--shutdown-timeout-s", f.shutdown_timeout_s, "how long SIGTERM waits for admitted work",
       "FASTFORMER_SHUTDOWN_TIMEOUT_S")
       ->check(CLI::NonNegativeNumber);
@@ -216,6 +224,18 @@ int main(int argc, char** argv) {
   CLI11_PARSE(app, argc, argv);
   setup_logging(f);
 
+  std::optional<TestFaults> test_faults;
+  try {
+    test_faults = test_faults_from_env();
+  } catch (const std::exception& e) {
+    spdlog::error("{}: {}", kTestFaultsEnv, e.what());
+    return 1;
+  }
+  if (test_faults) {
+    spdlog::warn("TEST FAULT INJECTION ON ({} is set): {}. This is for tests only: unset it in production.",
+                 kTestFaultsEnv, test_faults->describe());
+  }
+
   install_signal_handlers();
 
   // Metrics and the port come first: health answers NOT_SERVING (and Encode UNAVAILABLE)
@@ -225,7 +245,8 @@ int main(int argc, char** argv) {
   try {
     metrics_server = std::make_unique<metrics::MetricsServer>(f.metrics_listen, metrics.registry());
   } catch (const std::exception& e) {
-    spdlog::error("cannot serve metrics on {}: {}", f.metrics_listen, e.what());
+    const std::string problem = listen_problem(f.metrics_listen);
+    spdlog::error("cannot serve metrics on {}: {}", f.metrics_listen, problem.empty() ? e.what() : problem);
     return 1;
   }
   spdlog::info("metrics on {} (port {})", f.metrics_listen, metrics_server->port());
@@ -240,6 +261,7 @@ int main(int argc, char** argv) {
   spdlog::info("gRPC security: {}", security->describe());
 
   rpc::EncoderService service(metrics);
+  service.set_max_concurrent_streams(f.max_concurrent_streams);
   grpc::EnableDefaultHealthCheckService(true);
   grpc::reflection::InitProtoReflectionServerBuilderPlugin();
   grpc::ServerBuilder builder;
@@ -247,10 +269,15 @@ int main(int argc, char** argv) {
   builder.AddListeningPort(f.listen, security->credentials(), &port);
   builder.SetMaxReceiveMessageSize(int(std::min<int64_t>(f.max_message_bytes, INT32_MAX)));
   builder.SetMaxSendMessageSize(-1);
+  // gRPC sets SO_REUSEPORT by default: a second server on a busy port would start and take
+  // half of the connections. Refuse instead.
+  builder.AddChannelArgument(GRPC_ARG_ALLOW_REUSEPORT, 0);
   builder.RegisterService(&service);
   std::unique_ptr<grpc::Server> server = builder.BuildAndStart();
   if (!server || port == 0) {
-    spdlog::error("cannot listen on {} (address in use, or not an address this host has)", f.listen);
+    const std::string problem = listen_problem(f.listen);
+    spdlog::error("cannot listen on {}: {}", f.listen,
+                  problem.empty() ? "gRPC could not bind it (see its message above)" : problem);
     return 1;
   }
   auto* health = server->GetHealthCheckService();
@@ -299,9 +326,9 @@ int main(int argc, char** argv) {
     return fail_start(e.what());
   }
   spdlog::info("limits: max-batch-tokens {}, max-batch-sequences {}, max-queue-delay-us {}, max-queue-tokens {}, "
-               "max-request-tokens {}, max-message-bytes {}",
+               "max-request-tokens {}, max-message-bytes {}, max-concurrent-streams {}",
                f.max_batch_tokens, f.max_batch_sequences, f.max_queue_delay_us, f.max_queue_tokens,
-               max_request_tokens, f.max_message_bytes);
+               max_request_tokens, f.max_message_bytes, f.max_concurrent_streams);
   metrics.set_model_info({model->config().model_name, f.dtype, eng->backend_name(), eng->device_name(),
                           FASTFORMER_VERSION});
   // Device buffers are sized at start-up and never grow, so one reading stays true.
@@ -338,6 +365,7 @@ int main(int argc, char** argv) {
     metrics.batch_failures.Increment();
     spdlog::warn("engine failed on a batch of {} sequences: {}", sequences, reason);
   };
+  if (test_faults) batch_observer.before_compute = test_fault_hook(*test_faults);
   batching::Scheduler scheduler(queue, *eng, batch_observer);
   rpc::ServiceConfig service_config;
   service_config.limits.max_request_tokens = max_request_tokens;

@@ -134,6 +134,22 @@ LayerNorm bind_layernorm(TensorBinder& b, const std::string& name, int64_t d) {
   return LayerNorm{b.bind(name + ".weight", {d}), b.bind(name + ".bias", {d})};
 }
 
+// Says plainly what a model file is when it cannot be one (a directory, a dangling symbolic
+// link), before a parser reports something confusing; a missing file is left to the parsers.
+void check_model_file(const std::filesystem::path& path) {
+  namespace fs = std::filesystem;
+  std::error_code ec;
+  if (fs::is_symlink(fs::symlink_status(path, ec)) && !fs::exists(path, ec)) {
+    throw ModelError(path.string() + ": cannot open: a symbolic link to " + fs::read_symlink(path, ec).string() +
+                     ", which does not exist");
+  }
+  const fs::file_status status = fs::status(path, ec);
+  if (fs::exists(status) && !fs::is_regular_file(status)) {
+    throw ModelError(path.string() + ": cannot open: not a regular file (" +
+                     (fs::is_directory(status) ? "a directory" : "a device, socket or pipe") + ")");
+  }
+}
+
 }  // namespace
 
 std::shared_ptr<const Model> Model::load(const std::filesystem::path& dir) {
@@ -142,6 +158,8 @@ std::shared_ptr<const Model> Model::load(const std::filesystem::path& dir) {
     throw ModelError(dir.string() + ": model directory does not exist or is not a directory");
   }
   std::shared_ptr<Model> model(new Model());
+  check_model_file(dir / "config.json");
+  check_model_file(dir / "model.safetensors");
   model->config_ = load_config(dir / "config.json");
   const ModelConfig& c = model->config_;
   model->file_ = std::make_unique<SafetensorsFile>(dir / "model.safetensors");

@@ -140,6 +140,11 @@ Metrics::Metrics()
                             .Help("Encode calls and stream messages admitted and not yet answered.")
                             .Register(*registry_)
                             .Add({})),
+      open_streams(BuildGauge()
+                       .Name("fastformer_open_streams")
+                       .Help("EncodeStream calls open (bounded by --max-concurrent-streams).")
+                       .Register(*registry_)
+                       .Add({})),
       model_info_(BuildGauge()
                       .Name("fastformer_model_info")
                       .Help("The served model (set once it is loaded); always 1.")

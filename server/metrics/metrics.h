@@ -51,6 +51,7 @@ class Metrics {
   prometheus::Gauge& queue_tokens;
   prometheus::Gauge& queue_sequences;
   prometheus::Gauge& inflight_requests;
+  prometheus::Gauge& open_streams;               ///< EncodeStream calls open
 
  private:
   prometheus::Family<prometheus::Gauge>& model_info_;

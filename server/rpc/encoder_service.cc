@@ -154,7 +154,11 @@ class EncoderService::StreamReactor final
 
   void OnCancel() override { cancelled_.store(true); }
 
-  void OnDone() override { delete this; }
+  void OnDone() override {
+    service_->open_streams_.fetch_sub(1);
+    service_->metrics_.open_streams.Decrement();
+    delete this;
+  }
 
  private:
   // What to do once the lock is released: start the next write, end the call, or nothing.
@@ -212,8 +216,28 @@ class EncoderService::StreamReactor final
   std::atomic<bool> cancelled_{false};
 };
 
+// A stream over --max-concurrent-streams: ended with `status` before any message is read.
+class EncoderService::RejectedStreamReactor final
+    : public grpc::ServerBidiReactor<v1::EncodeRequest, v1::EncodeResponse> {
+ public:
+  explicit RejectedStreamReactor(const grpc::Status& status) { Finish(status); }
+  void OnDone() override { delete this; }
+};
+
 grpc::ServerBidiReactor<v1::EncodeRequest, v1::EncodeResponse>* EncoderService::EncodeStream(
     grpc::CallbackServerContext* context) {
+  const auto start = Clock::now();
+  // Counted before the check, so concurrent openers never exceed the limit together.
+  if (open_streams_.fetch_add(1) >= max_concurrent_streams_ && max_concurrent_streams_ > 0) {
+    open_streams_.fetch_sub(1);
+    const grpc::Status status(grpc::StatusCode::RESOURCE_EXHAUSTED,
+                              "too many open streams: max_concurrent_streams " +
+                                  std::to_string(max_concurrent_streams_) +
+                                  " EncodeStream calls are open on this server; close one or retry later");
+    record("EncodeStream", status, start);
+    return new RejectedStreamReactor(status);
+  }
+  metrics_.open_streams.Increment();
   return new StreamReactor(this, context);
 }
 

@@ -44,8 +44,13 @@ class EncoderService final : public v1::Encoder::CallbackService {
   // Admitted requests (unary calls and stream messages) not yet answered.
   int64_t inflight() const { return inflight_.load(); }
 
+  // At most `max` EncodeStream calls open at once, server-wide (0 = no limit); one more is
+  // answered RESOURCE_EXHAUSTED at once. Set before the server starts.
+  void set_max_concurrent_streams(int64_t max) { max_concurrent_streams_ = max; }
+
  private:
   class StreamReactor;
+  class RejectedStreamReactor;
 
   // Validates and admits one request. On success returns OK and the request is queued;
   // else the status to answer with (nothing queued).
@@ -62,6 +67,8 @@ class EncoderService final : public v1::Encoder::CallbackService {
   std::atomic<bool> serving_{false};
   std::atomic<bool> draining_{false};
   std::atomic<int64_t> inflight_{0};
+  int64_t max_concurrent_streams_ = 0;
+  std::atomic<int64_t> open_streams_{0};
 };
 
 }  // namespace fastformer::rpc
