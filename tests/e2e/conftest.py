@@ -233,7 +233,8 @@ def rpc_code(fn, *args, **kwargs):
 class Server:
     """One fastformer-server subprocess on 127.0.0.1 with its own gRPC and metrics ports."""
 
-    def __init__(self, stubs, binary: Path, model, flags: Dict[str, object], log_dir: Path, name: str):
+    def __init__(self, stubs, binary: Path, model, flags: Dict[str, object], log_dir: Path, name: str,
+                 extra_env: Optional[Dict[str, str]] = None):
         self.stubs = stubs
         self.model = model
         self.name = name
@@ -251,7 +252,7 @@ class Server:
         self.log_path = Path(log_dir) / f"{name}.log"
         self._log = open(self.log_path, "wb")
         self.proc = subprocess.Popen(die_with_parent(self.cmd), stdin=subprocess.DEVNULL, stdout=self._log,
-                                     stderr=subprocess.STDOUT, env=_child_env())
+                                     stderr=subprocess.STDOUT, env={**_child_env(), **(extra_env or {})})
         self._channels = []
         self.channel = self.stub = self.health = self.reflection = None
 
@@ -388,10 +389,10 @@ class _SessionServers:
         self.cache: Dict[tuple, Server] = {}
         self.count = 0
 
-    def new(self, model, flags, tag):
+    def new(self, model, flags, tag, extra_env=None):
         self.count += 1
         name = f"{self.count:02d}-{tag}-{model.key}"
-        return Server(self.stubs, require_binary(SERVER_NAME), model, flags, self.log_dir, name)
+        return Server(self.stubs, require_binary(SERVER_NAME), model, flags, self.log_dir, name, extra_env)
 
     def close(self):
         stop_all(self.cache.values())
@@ -408,10 +409,11 @@ class ServerPool:
         self.fresh: List[Server] = []
         self.used: List[Server] = []
 
-    def start(self, model_key: str, wait=True, **flags) -> Server:
-        """A new server for this test only (stopped at its end); waits for SERVING unless wait=False."""
+    def start(self, model_key: str, wait=True, extra_env=None, **flags) -> Server:
+        """A new server for this test only (stopped at its end); waits for SERVING unless wait=False.
+        extra_env: environment variables for it (e.g. FASTFORMER_TEST_FAULTS), else none of FASTFORMER_*."""
         model = self._models.get(model_key)
-        srv = self._session.new(model, flags, self._test)
+        srv = self._session.new(model, flags, self._test, extra_env)
         self.fresh.append(srv)
         self.used.append(srv)
         return srv.wait_serving() if wait else srv
