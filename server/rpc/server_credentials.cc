@@ -11,6 +11,8 @@
 #include <grpc/grpc_security.h>
 #include <grpc/slice.h>
 
+#include <spdlog/spdlog.h>
+
 namespace fastformer::rpc {
 namespace {
 
@@ -127,6 +129,8 @@ ServerSecurity::ServerSecurity(const SecurityOptions& options, AuthMetrics& metr
 void ServerSecurity::reload_tokens() {
   if (authenticator_) {
     authenticator_->reload(options_.auth_token_file);
+  } else {
+    spdlog::info("SIGHUP: no --auth-token-file, nothing to reload");
   }
 }
 
