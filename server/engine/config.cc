@@ -12,6 +12,11 @@ namespace {
 
 using nlohmann::json;
 
+// More layers than any encoder we know of. The weights bound every other size (their
+// tensors must be in the file), but with share_layer_parameters one stored layer stands
+// for all of them, and the loader keeps one entry per layer.
+constexpr int64_t kMaxLayers = 1024;
+
 [[noreturn]] void fail(const std::string& origin, const std::string& what) {
   throw ModelError(origin + ": " + what);
 }
@@ -69,6 +74,10 @@ ModelConfig parse_config(const std::string& text, const std::string& origin) {
   ModelConfig c;
   c.hidden_size = positive_int(j, "hidden_size", origin);
   c.num_hidden_layers = positive_int(j, "num_hidden_layers", origin);
+  if (c.num_hidden_layers > kMaxLayers) {
+    fail(origin, "key \"num_hidden_layers\": " + std::to_string(c.num_hidden_layers) +
+                     " layers, more than the " + std::to_string(kMaxLayers) + " the server accepts");
+  }
   c.num_attention_heads = positive_int(j, "num_attention_heads", origin);
   c.intermediate_size = positive_int(j, "intermediate_size", origin);
   c.max_position_embeddings = positive_int(j, "max_position_embeddings", origin);

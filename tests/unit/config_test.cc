@@ -122,6 +122,17 @@ TEST(ConfigTest, HugeSizeRejected) {
   EXPECT_THAT(msg, HasSubstr("below 2^31"));
 }
 
+// Found by fuzz_model_load: with shared layers one stored layer stood for 2e9, and the
+// loader ran out of memory listing them.
+TEST(ConfigTest, LayerCountBounded) {
+  json j = official();
+  j["num_hidden_layers"] = 1024;
+  EXPECT_EQ(parse_config(j.dump(), kOrigin).num_hidden_layers, 1024);
+  j["num_hidden_layers"] = 2000000000;
+  j["share_layer_parameters"] = true;
+  EXPECT_THAT(config_error(j), HasSubstr("key \"num_hidden_layers\": 2000000000 layers, more than the 1024"));
+}
+
 // Disabled: config.cc positive_int() rejects only n > 2^31, so 2^31 itself passes although
 // the message promises "a positive integer below 2^31" (and 2^31 does not fit int32).
 TEST(ConfigTest, SizeOfExactly2Pow31Rejected) {
