@@ -106,7 +106,7 @@ class _Server:
             if self.proc.poll() is not None:
                 pytest.fail(f"fastformer-server exited with {self.proc.returncode} before SERVING with "
                             f"{self.env}\nlog:\n{self.log()}", pytrace=False)
-            if "info SERVING" in self.log():
+            if "SERVING fastformer.v1" in self.log():   # text and json log formats
                 return self
             time.sleep(0.02)
         pytest.fail(f"fastformer-server not SERVING after {START_TIMEOUT_S:.0f} s\nlog:\n{self.log()}", pytrace=False)
