@@ -518,7 +518,7 @@ def test_sigterm_under_continuous_load(e2e, models, servers):
         model.reference(s)
     srv = servers.start("load", max_batch_tokens=2048, max_request_tokens=4096, shutdown_timeout_s=30)
     stop, stop_streams = threading.Event(), threading.Event()
-    outcomes = []  # (kind, index, code, details, response)
+    outcomes = []  # (kind, index, code, details, response, when answered)
     lock = threading.Lock()
 
     def unary_client(k):
@@ -527,7 +527,7 @@ def test_sigterm_under_continuous_load(e2e, models, servers):
         while not stop.is_set():
             code, msg, resp = e2e.rpc_code(stub.Encode, e2e.make_request([seqs[i % 4]], "ids"), timeout=60)
             with lock:
-                outcomes.append(("unary", i % 4, code, msg, resp))
+                outcomes.append(("unary", i % 4, code, msg, resp, time.monotonic()))
             i += 1
 
     def stream_client(k):
@@ -543,8 +543,8 @@ def test_sigterm_under_continuous_load(e2e, models, servers):
                     i = int(r.request_id)
                     c = grpc.StatusCode.OK if not r.HasField("error") else next(
                         s for s in grpc.StatusCode if s.value[0] == r.error.code)
-                    outcomes.append(("stream", i % 4, c, r.error.message, r))
-                outcomes.append(("stream-end", sent, code, msg, len(resps)))
+                    outcomes.append(("stream", i % 4, c, r.error.message, r, None))
+                outcomes.append(("stream-end", sent, code, msg, len(resps), None))
             answered.set()
 
         t = threading.Thread(target=reader)
@@ -579,18 +579,23 @@ def test_sigterm_under_continuous_load(e2e, models, servers):
     rc = srv.wait_exit(35)
     elapsed = time.monotonic() - t0
     requests = [o for o in outcomes if o[0] != "stream-end"]
-    by_code = {}
+    by_code, unavailable = {}, {}
     for o in requests:
         by_code[o[2].name] = by_code.get(o[2].name, 0) + 1
+        if o[2] == grpc.StatusCode.UNAVAILABLE:
+            unavailable[o[3]] = unavailable.get(o[3], 0) + 1
     ends = [o for o in outcomes if o[0] == "stream-end"]
-    print(f"{len(requests)} requests across SIGTERM: {by_code}; streams {[(o[2].name, o[1], o[4]) for o in ends]}; "
-          f"exit {rc} after {elapsed:.1f} s")
-    for kind, i, code, msg, resp in requests:
+    ok_after = sum(1 for o in requests if o[0] == "unary" and o[2] == OK and o[5] > t0)
+    print(f"{len(requests)} requests across SIGTERM: {by_code}; UNAVAILABLE messages {unavailable}; "
+          f"unary calls answered OK after the signal: {ok_after}; streams (code, sent, answered) "
+          f"{[(o[2].name, o[1], o[4]) for o in ends]}; exit {rc} after {elapsed:.1f} s")
+    assert ok_after > 0, "no call in flight at the signal was answered after it"
+    for kind, i, code, msg, resp, _ in requests:
         assert code in (OK, grpc.StatusCode.UNAVAILABLE), f"{kind} request answered {code.name} ({msg!r})"
         if code == OK:
             e2e.check_response(f"{kind} request", resp, model, [seqs[i]])
     assert by_code.get("OK", 0) > 0 and by_code.get("UNAVAILABLE", 0) > 0, \
         f"the load did not straddle the signal: {by_code}"
-    for _, sent, code, msg, n in ends:
+    for _, sent, code, msg, n, _ in ends:
         assert code == OK and n == sent, f"a stream sent {sent} messages and got {n} answers, then {code.name} {msg!r}"
     assert rc == 0, f"exit code {rc} after SIGTERM\n{srv.log_tail()}"
