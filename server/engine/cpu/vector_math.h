@@ -24,7 +24,9 @@ inline float exp(float x) {
   x = x < -87.0f ? -87.0f : (x > 88.0f ? 88.0f : x);
   // n = round(x / ln 2) by truncation after adding +-0.5 (std::floor is a library call
   // on baseline x86-64 and would stop vectorisation).
-  const float t = x * 1.44269504088896341f;
+  // NaN passes the clamp above but must not reach the float -> int conversion (undefined
+  // behaviour): n is 0 for it, and the NaN carries on through r into the result.
+  const float t = x == x ? x * 1.44269504088896341f : 0.0f;
   const auto ni = static_cast<int32_t>(t + std::copysign(0.5f, t));
   const float n = static_cast<float>(ni);
   const float r = (x - n * 0.693359375f) + n * 2.12194440e-4f;  // x - n ln2, in two parts
