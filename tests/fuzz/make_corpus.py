@@ -1,0 +1,221 @@
+#!/usr/bin/env python3
+"""Write the seed corpora of the fuzz targets into tests/fuzz/corpus/<target>/.
+
+    /usr/bin/python3 tests/fuzz/make_corpus.py [--out tests/fuzz/corpus]
+
+Deterministic: the same files every run (the models come from tools/make_demo_model.py
+with fixed seeds). Input formats are those of the targets:
+  fuzz_model_load   config.json, "\\n--model.safetensors--\\n", model.safetensors
+  fuzz_request      one byte (bits 0-1 model, bits 2-3 max_request_tokens), EncodeRequest
+  fuzz_batch_queue  three limit bytes, then operations (see fuzz_batch_queue.cc)
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import shutil
+import struct
+import sys
+import tempfile
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+sys.path.insert(0, os.path.join(HERE, "..", "..", "tools"))
+
+MARKER = b"\n--model.safetensors--\n"
+
+
+# ---- fuzz_model_load ------------------------------------------------------------------------
+
+def tiny_model(dtype="float32", **kw):
+    """(config.json bytes, model.safetensors bytes) of a very small demo model."""
+    from make_demo_model import make_demo_model  # imports torch: only when needed
+
+    args = dict(hidden=8, heads=2, layers=1, intermediate=8, max_positions=8, vocab=16, num_labels=2)
+    args.update(kw)
+    with tempfile.TemporaryDirectory() as d:
+        make_demo_model(d, preset="tiny", seed=1, dtype=dtype, model_name="fuzz", log=lambda *a, **k: None, **args)
+        with open(os.path.join(d, "config.json"), "rb") as f:
+            config = f.read()
+        with open(os.path.join(d, "model.safetensors"), "rb") as f:
+            weights = f.read()
+    return config, weights
+
+
+def split_header(weights):
+    n = struct.unpack("<Q", weights[:8])[0]
+    return json.loads(weights[8:8 + n]), weights[8 + n:]
+
+
+def join_header(header, data, size=None):
+    text = json.dumps(header, separators=(",", ":")).encode()
+    text += b" " * (-(8 + len(text)) % 8)
+    return struct.pack("<Q", len(text) if size is None else size) + text + data
+
+
+def model_seeds():
+    config, weights = tiny_model()
+    cfg = json.loads(config)
+    header, data = split_header(weights)
+    first = sorted(k for k in header if k != "__metadata__")[0]
+    second = sorted(k for k in header if k != "__metadata__")[1]
+    seeds = {
+        "valid_f32": (config, weights),
+        "valid_f16_no_word_embedding": tiny_model("float16", num_labels=0, word_embedding=False),
+        "valid_bf16_shared_layers": tiny_model("bfloat16", layers=3, share_layers=True, pad_token_id=3),
+        "truncated_data": (config, weights[:-40]),
+        "header_size_past_end": (config, join_header(header, data, size=len(weights))),
+        "header_not_json": (config, weights[:8] + b"[" + weights[9:]),
+        "unknown_dtype": (config, join_header({**header, first: {**header[first], "dtype": "I64"}}, data)),
+        "overlapping_tensors": (config, join_header(
+            {**header, second: {**header[second], "data_offsets": header[first]["data_offsets"]}}, data)),
+        "shape_mismatch": (json.dumps({**cfg, "hidden_size": 16}).encode(), weights),
+        "missing_tensor": (config, join_header({k: v for k, v in header.items() if k != second}, data)),
+        "config_missing_key": (json.dumps({k: v for k, v in cfg.items() if k != "vocab_size"}).encode(), weights),
+        "config_bad_pad": (json.dumps({**cfg, "pad_token_id": 99}).encode(), weights),
+        "config_huge_layers_shared": (json.dumps({**cfg, "num_hidden_layers": 2000000000,
+                                                  "share_layer_parameters": True}).encode(), weights),
+        "empty_weights": (config, b""),
+    }
+    return {name: c + MARKER + w for name, (c, w) in seeds.items()}
+
+
+# ---- fuzz_request: protobuf wire format by hand (no generated code needed) -------------------
+
+def varint(n):
+    n &= (1 << 64) - 1
+    out = bytearray()
+    while True:
+        b = n & 0x7F
+        n >>= 7
+        if n:
+            out.append(b | 0x80)
+        else:
+            out.append(b)
+            return bytes(out)
+
+
+def field(number, wire_type, payload):
+    key = varint(number << 3 | wire_type)
+    if wire_type == 0:
+        return key + varint(payload)
+    return key + varint(len(payload)) + payload
+
+
+def sequence(ids=(), embeddings=()):
+    out = b""
+    if ids:
+        out += field(1, 2, b"".join(varint(i) for i in ids))
+    if embeddings:
+        out += field(2, 2, struct.pack(f"<{len(embeddings)}f", *embeddings))
+    return out
+
+
+def request(seqs, request_id="r", token_embeddings=False, logits=False, normalize=False, truncation=0):
+    out = field(1, 2, request_id.encode())
+    for s in seqs:
+        out += field(2, 2, s)
+    if token_embeddings:
+        out += field(3, 0, 1)
+    if logits:
+        out += field(4, 0, 1)
+    if normalize:
+        out += field(5, 0, 1)
+    if truncation:
+        out += field(6, 0, truncation)
+    return out
+
+
+def choice(model, limit):
+    """model 0: ids + 3 labels; 1: embeddings only; 2: pad 5, F16; 3: shared, BF16.
+    limit: max_request_tokens 1, 16, 40, 64 (index 0-3)."""
+    return bytes([model | limit << 2])
+
+
+def request_seeds():
+    D = 8
+    row = [0.5, -1.0, 2.0, 0.0, 1.5, -0.25, 3.0, 1.0]
+    nan = float("nan")
+    return {
+        "ids_two_sequences": choice(0, 3) + request([sequence([1, 2, 3]), sequence([4, 5, 6, 7, 8])],
+                                                    token_embeddings=True, logits=True, normalize=True),
+        "ids_spanning_batches": choice(3, 3) + request([sequence(list(range(1, 12)) + [0]) for _ in range(5)]),
+        "truncate_right": choice(0, 2) + request([sequence(list(range(1, 12)) * 2)], truncation=1),
+        "truncate_left": choice(2, 2) + request([sequence([5] * 10 + [1] * 20)], truncation=2),
+        "embeddings": choice(1, 3) + request([sequence(embeddings=row * 3), sequence(embeddings=row)],
+                                             token_embeddings=True),
+        "mixed_kinds": choice(0, 3) + request([sequence([3, 0, 4]), sequence(embeddings=row * 2)]),
+        "embeddings_truncated": choice(1, 3) + request([sequence(embeddings=row * 20)], truncation=1),
+        "embeddings_nan": choice(1, 3) + request([sequence(embeddings=row[:7] + [nan])]),
+        "embeddings_partial_row": choice(1, 3) + request([sequence(embeddings=row[:5])]),
+        "ids_without_word_embedding": choice(1, 3) + request([sequence([1, 2])]),
+        "id_out_of_range": choice(0, 3) + request([sequence([1, 12])]),
+        "negative_id": choice(0, 3) + request([sequence([1, -1])]),
+        "all_pad": choice(2, 3) + request([sequence([5, 5, 5])]),
+        "both_kinds": choice(0, 3) + request([sequence([1], embeddings=row)]),
+        "empty_sequence": choice(0, 3) + request([sequence()]),
+        "no_sequences": choice(0, 3) + request([]),
+        "too_long": choice(0, 3) + request([sequence([1] * 17)]),
+        "over_request_tokens": choice(0, 1) + request([sequence([1] * 10), sequence([2] * 10)]),
+        "logits_without_head": choice(2, 3) + request([sequence([1])], logits=True),
+        "unknown_truncation": choice(0, 3) + request([sequence([1])], truncation=7),
+        "not_a_proto": choice(0, 3) + b"\xff\xff\xff\xff",
+    }
+
+
+# ---- fuzz_batch_queue ----------------------------------------------------------------------
+
+ARRIVE, DEADLINE, CANCEL, TAKE, COMPLETE, CLOSE = 0, 2, 3, 4, 6, 7
+
+
+def limits(batch_tokens, batch_sequences, queue_tokens):
+    return bytes([batch_tokens - 1, batch_sequences - 1, queue_tokens - 1])
+
+
+def arrive(*lengths, embeddings=False):
+    return bytes([ARRIVE, len(lengths) - 1] + [(n - 1) | (0x80 if embeddings else 0) for n in lengths])
+
+
+def take():
+    return bytes([TAKE])
+
+
+def complete(which=0, fail=False):
+    return bytes([COMPLETE, which, 0 if fail else 1])
+
+
+def queue_seeds():
+    return {
+        "share_a_batch": limits(50, 4, 200) + arrive(10, 20) + arrive(30) + take() + take() + complete() + complete(),
+        "long_sequence_alone": limits(10, 8, 255) + arrive(5) + arrive(39) + arrive(5) + take() * 3 + complete(1),
+        "sequence_budget": limits(64, 2, 255) + arrive(1, 1, 1, 1) + arrive(2, embeddings=True) + take() * 3,
+        "queue_full": limits(64, 8, 30) + arrive(20) + arrive(5, 6) + take() + arrive(10, 10) + complete(),
+        "deadline_and_cancel": limits(40, 8, 255) + arrive(10, 10) + arrive(5) + arrive(7)
+        + bytes([DEADLINE, 0, CANCEL, 1]) + take() + complete(),
+        "engine_failure_mid_request": limits(20, 8, 255) + arrive(20, 20, 20) + arrive(3) + take()
+        + complete(0, fail=True) + take() + take() + complete() + complete(),
+        "close_then_drain": limits(16, 8, 255) + arrive(8, 8, 8) + bytes([CLOSE, 0]) + arrive(1) + take() + complete(),
+        "deadline_after_partial_batch": limits(10, 8, 255) + arrive(10, 10, 10) + take()
+        + bytes([DEADLINE, 0]) + take() + complete(),
+    }
+
+
+def main(argv=None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--out", default=os.path.join(HERE, "corpus"))
+    args = ap.parse_args(argv)
+    for target, seeds in (("fuzz_request", request_seeds()), ("fuzz_batch_queue", queue_seeds()),
+                          ("fuzz_model_load", model_seeds())):
+        d = os.path.join(args.out, target)
+        shutil.rmtree(d, ignore_errors=True)
+        os.makedirs(d)
+        for name, data in seeds.items():
+            with open(os.path.join(d, name), "wb") as f:
+                f.write(data)
+        print(f"{d}: {len(seeds)} seeds, {sum(len(v) for v in seeds.values())} bytes")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
