@@ -5,8 +5,8 @@ What the tests get, through fixtures (never `from conftest import ...`):
 
   deploy_files  paths of the files under test (deploy/compose.yaml, deploy/k8s/, ...)
   flags         fastformer-server's options parsed from its --help: name, env var, default, choices
-  live_page     /metrics of a real fastformer-server (tiny model made here, ephemeral ports, one
-                Encode sent first), parsed (deploy_promql.Exposition)
+  live_server   a real fastformer-server (tiny model made here, ephemeral ports, one Encode sent
+                first), up for the session; live_page: its /metrics, parsed (deploy_promql.Exposition)
   run_server_env  starts the real server with a deployment file's FASTFORMER_* environment (model,
                 ports and backend swapped for the test's) and returns its log: proves the values
                 are ones the server accepts
@@ -185,25 +185,35 @@ def tiny_model(tmp_path_factory):
 
 
 @pytest.fixture(scope="session")
-def live_page(tiny_model, tmp_path_factory):
-    """/metrics of a live server after one Encode (so every histogram and counter has moved)."""
+def live_server(tiny_model, tmp_path_factory):
+    """A live server after one Encode of 4 tokens (so every histogram and counter has moved), up for
+    the session: .page (its /metrics then, parsed), .metrics_port, .target, .scrape(), .encode()."""
     srv = _Server(tiny_model, tmp_path_factory.mktemp("live") / "server.log").wait_serving()
-    try:
+
+    def encode():
         p = subprocess.run([str(_bin("fastformer-client")), "encode", "--target", srv.target(), "--ids", "5,6,7,8",
                             "--deadline-ms", "20000"], capture_output=True, text=True, timeout=30, env=_child_env())
         assert p.returncode == 0, f"fastformer-client encode failed ({p.returncode}):\n{p.stderr}\nserver:\n{srv.log()}"
+
+    try:
+        encode()
         deadline = time.monotonic() + 5
         while True:   # the counters may be recorded just after the answer is sent
             text = srv.scrape()
-            page = deploy_promql.Exposition(text)
-            if page.labels.get("fastformer_tokens_total") and 'fastformer_tokens_total 4' in text \
-                    or time.monotonic() > deadline:
+            if "fastformer_tokens_total 4" in text or time.monotonic() > deadline:
                 break
             time.sleep(0.05)
         assert "fastformer_tokens_total 4" in text, f"the Encode of 4 tokens is not counted:\n{text}"
-        yield page
+        srv.page = deploy_promql.Exposition(text)
+        srv.encode = encode
+        yield srv
     finally:
         srv.stop()
+
+
+@pytest.fixture(scope="session")
+def live_page(live_server):
+    return live_server.page
 
 
 @pytest.fixture(scope="session")
