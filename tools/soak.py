@@ -1,0 +1,289 @@
+#!/usr/bin/env python3
+"""`make soak SOAK_SECONDS=N`: fastformer-server under sustained load, checked for leaks.
+
+    soak.py --bin-dir build/bin --model-dir models/demo --seconds 60
+            [--threads 0] [--lengths uniform:16:256] [--sequences-per-request 1]
+            [--saturation-sweep 8:32:x2] [--load 0.8] [--json-out FILE]
+
+1. Starts fastformer-server (loopback, free ports) on the model and waits for SERVING.
+2. Measures saturation: a short closed-loop fastformer-loadgen sweep; the best requests/s.
+3. Runs fastformer-loadgen open loop (Poisson arrivals) at --load (80%) of it for --seconds,
+   sampling the server's resident memory (/proc/PID/status VmRSS) and open descriptors
+   (/proc/PID/fd) every second.
+4. Checks, and exits 1 if any fails:
+   - no unexpected errors: every request OK, or RESOURCE_EXHAUSTED (an expected, retryable
+     rejection under overload);
+   - every request accounted for: sent = OK + expected rejections, and the server's
+     fastformer_requests_total{method="Encode"} rose by exactly that, code by code;
+   - resident memory after warm-up (the mean of 5 samples taken after the first
+     max(10 s, 10%) of the run) grows less than 5% by the end (the mean of the last 5);
+   - no descriptor growth: the idle server holds no more descriptors after the run than
+     before it (each measured once the load generator exited and the gauges read zero);
+   - the queue and in-flight gauges are back to zero, and SIGTERM exits 0.
+Prints a summary table; --json-out also writes the figures as JSON.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import re
+import signal
+import socket
+import statistics
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+import urllib.request
+from pathlib import Path
+
+EXPECTED_REJECTIONS = {"RESOURCE_EXHAUSTED"}
+RSS_GROWTH_LIMIT = 0.05
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def log(msg: str) -> None:
+    print(f"[soak {time.strftime('%H:%M:%S')}] {msg}", file=sys.stderr, flush=True)
+
+
+def rss_kib(pid: int) -> int:
+    with open(f"/proc/{pid}/status") as f:
+        for line in f:
+            if line.startswith("VmRSS:"):
+                return int(line.split()[1])
+    raise RuntimeError("no VmRSS")
+
+
+def fd_count(pid: int) -> int:
+    return len(os.listdir(f"/proc/{pid}/fd"))
+
+
+def scrape(port: int) -> dict:
+    """{(name, frozenset(labels)): value} of the /metrics text."""
+    with urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=10) as r:
+        text = r.read().decode()
+    out = {}
+    for line in text.splitlines():
+        if not line or line.startswith("#"):
+            continue
+        m = re.match(r"^([a-zA-Z_:][a-zA-Z0-9_:]*)(?:\{(.*)\})?\s+(\S+)", line)
+        if m:
+            labels = frozenset(re.findall(r'([a-zA-Z_][a-zA-Z0-9_]*)="((?:[^"\\]|\\.)*)"', m.group(2) or ""))
+            out[(m.group(1), labels)] = float(m.group(3))
+    return out
+
+
+def encode_counts(metrics: dict) -> dict:
+    """fastformer_requests_total{method="Encode"} by code."""
+    out = {}
+    for (name, labels), v in metrics.items():
+        d = dict(labels)
+        if name == "fastformer_requests_total" and d.get("method") == "Encode":
+            out[d["code"]] = out.get(d["code"], 0) + int(v)
+    return out
+
+
+def gauges_idle(metrics: dict) -> bool:
+    return all(metrics.get((g, frozenset()), 0) == 0
+               for g in ("fastformer_queue_tokens", "fastformer_queue_sequences", "fastformer_inflight_requests"))
+
+
+def loadgen(bin_dir: Path, target: str, args: list) -> list:
+    cmd = [str(bin_dir / "fastformer-loadgen"), "--target", target, "--json"] + [str(a) for a in args]
+    log("+ " + " ".join(cmd))
+    p = subprocess.run(cmd, capture_output=True, text=True)
+    if p.returncode != 0:
+        raise SystemExit(f"fastformer-loadgen failed ({p.returncode}):\n{p.stderr}")
+    return [json.loads(line) for line in p.stdout.splitlines() if line.startswith("{")]
+
+
+class Sampler(threading.Thread):
+    """VmRSS (KiB) and descriptor count of `pid`, once a second, with the time since start."""
+
+    def __init__(self, pid: int):
+        super().__init__(daemon=True)
+        self.pid = pid
+        self.samples = []  # (seconds, rss_kib, fds)
+        self.stop = threading.Event()
+        self.t0 = time.monotonic()
+
+    def run(self):
+        while not self.stop.is_set():
+            try:
+                self.samples.append((time.monotonic() - self.t0, rss_kib(self.pid), fd_count(self.pid)))
+            except (OSError, RuntimeError):
+                return
+            self.stop.wait(1.0)
+
+
+def wait_idle(port: int, timeout=30.0) -> dict:
+    deadline = time.monotonic() + timeout
+    while True:
+        m = scrape(port)
+        if gauges_idle(m) or time.monotonic() > deadline:
+            return m
+        time.sleep(0.2)
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--bin-dir", default="build/bin")
+    ap.add_argument("--model-dir", default="models/demo")
+    ap.add_argument("--seconds", type=float, default=60)
+    ap.add_argument("--threads", type=int, default=0, help="server --threads (0 = all cores)")
+    ap.add_argument("--lengths", default="uniform:16:256")
+    ap.add_argument("--sequences-per-request", type=int, default=1)
+    ap.add_argument("--saturation-sweep", default="8:32:x2", help="closed-loop concurrency steps")
+    ap.add_argument("--saturation-seconds", type=float, default=5, help="measured seconds per sweep step")
+    ap.add_argument("--load", type=float, default=0.8, help="fraction of saturation held")
+    ap.add_argument("--json-out", help="also write the figures here")
+    args = ap.parse_args()
+
+    bin_dir = Path(args.bin_dir)
+    grpc_port, metrics_port = free_port(), free_port()
+    target = f"127.0.0.1:{grpc_port}"
+    server_log = tempfile.NamedTemporaryFile(prefix="soak-server-", suffix=".log", delete=False)
+    server_cmd = [str(bin_dir / "fastformer-server"), "--model-dir", args.model_dir, "--listen", target,
+                  "--metrics-listen", f"127.0.0.1:{metrics_port}", "--threads", str(args.threads)]
+    log("+ " + " ".join(server_cmd) + f"  (log: {server_log.name})")
+    env = {k: v for k, v in os.environ.items() if not k.startswith("FASTFORMER_")}
+    server = subprocess.Popen(server_cmd, stdout=server_log, stderr=subprocess.STDOUT, env=env)
+    failures = []
+    try:
+        for _ in range(600):
+            if server.poll() is not None:
+                raise SystemExit(f"the server exited with {server.returncode}:\n{Path(server_log.name).read_text()}")
+            if subprocess.run([str(bin_dir / "fastformer-client"), "health", "--target", target,
+                               "--deadline-ms", "1000"], capture_output=True).returncode == 0:
+                break
+            time.sleep(0.1)
+        else:
+            raise SystemExit("the server did not become SERVING within 60 s")
+        workload = ["--lengths", args.lengths, "--sequences-per-request", args.sequences_per_request]
+
+        # 1. saturation
+        steps = loadgen(bin_dir, target, ["--sweep-concurrency", args.saturation_sweep, "--duration",
+                                          args.saturation_seconds, "--warmup", 1] + workload)
+        best = max(steps, key=lambda s: s["requests_per_second"])
+        saturation = best["requests_per_second"]
+        rate = round(args.load * saturation, 1)
+        for s in steps:
+            log(f"saturation step: concurrency {s['concurrency']}: {s['requests_per_second']:.1f} req/s, "
+                f"p50 {s['latency_ms']['p50']:.0f} ms, errors {s['errors']}")
+        log(f"saturation {saturation:.1f} req/s (concurrency {best['concurrency']}); soak at {rate} req/s "
+            f"for {args.seconds:.0f} s")
+
+        # 2. the soak
+        before = wait_idle(metrics_port)
+        fds_before = fd_count(server.pid)
+        sampler = Sampler(server.pid)
+        sampler.start()
+        soak_args = ["--rate", rate, "--duration", args.seconds, "--warmup", 0] + workload
+        result = loadgen(bin_dir, target, soak_args)[-1]
+        sampler.stop.set()
+        sampler.join()
+        after = wait_idle(metrics_port)
+        time.sleep(1.0)  # closed connections release their descriptors
+        fds_after = fd_count(server.pid)
+        after = scrape(metrics_port)
+
+        # 3. checks
+        sent = result["requests"] + result["warmup_requests"]
+        ok = result["succeeded"]
+        errors = dict(result["errors"])
+        for code, n in result["warmup_errors"].items():
+            errors[code] = errors.get(code, 0) + n
+        expected = {c: n for c, n in errors.items() if c in EXPECTED_REJECTIONS}
+        unexpected = {c: n for c, n in errors.items() if c not in EXPECTED_REJECTIONS}
+        server_counts = {c: n - encode_counts(before).get(c, 0) for c, n in encode_counts(after).items()}
+        server_counts = {c: n for c, n in server_counts.items() if n}
+        client_counts = {"OK": ok, **errors} if ok else dict(errors)
+        if unexpected:
+            failures.append(f"unexpected errors: {unexpected}")
+        if sent != ok + sum(expected.values()) + sum(unexpected.values()):
+            failures.append(f"{sent} sent but {ok} OK + {sum(errors.values())} errors answered")
+        if server_counts != client_counts:
+            failures.append(f"the server counted {server_counts}, the client {client_counts}")
+
+        warm = max(10.0, 0.1 * args.seconds)
+        samples = sampler.samples
+        after_warm = [s for s in samples if s[0] >= warm]
+        if len(after_warm) < 10:
+            failures.append(f"only {len(after_warm)} memory samples after the {warm:.0f} s warm-up")
+            rss_start = rss_end = samples[-1][1] if samples else 0
+        else:
+            rss_start = statistics.mean(s[1] for s in after_warm[:5])
+            rss_end = statistics.mean(s[1] for s in after_warm[-5:])
+        growth = (rss_end - rss_start) / rss_start if rss_start else 0.0
+        if growth >= RSS_GROWTH_LIMIT:
+            failures.append(f"resident memory grew {growth:.1%} after warm-up ({rss_start:.0f} -> {rss_end:.0f} KiB)")
+        if fds_after > fds_before:
+            failures.append(f"descriptors grew: {fds_before} idle before the soak, {fds_after} after")
+        if not gauges_idle(after):
+            failures.append("the queue / in-flight gauges are not back to zero")
+    finally:
+        server.send_signal(signal.SIGTERM)
+        try:
+            rc = server.wait(timeout=60)
+        except subprocess.TimeoutExpired:
+            server.kill()
+            rc = server.wait()
+    if rc != 0:
+        failures.append(f"the server exited {rc} after SIGTERM (log: {server_log.name})")
+
+    fds_during = [s[2] for s in samples]
+    load1 = os.getloadavg()[0]
+    figures = {
+        "seconds": args.seconds, "saturation_rps": round(saturation, 1), "saturation_concurrency": best["concurrency"],
+        "rate_rps": rate, "achieved_rps": round(result["requests_per_second"], 1), "sent": sent, "ok": ok,
+        "expected_rejections": expected, "unexpected_errors": unexpected, "server_counts": server_counts,
+        "latency_ms": result["latency_ms"], "max_send_lag_ms": result.get("max_send_lag_ms"),
+        "rss_kib": {"first": samples[0][1] if samples else None, "after_warmup": round(rss_start),
+                    "end": round(rss_end), "max": max((s[1] for s in samples), default=None),
+                    "growth": round(growth, 4), "warmup_s": warm},
+        "fds": {"idle_before": fds_before, "idle_after": fds_after, "min_during": min(fds_during, default=None),
+                "max_during": max(fds_during, default=None)},
+        "server_exit": rc, "load_average_1m_at_end": round(load1, 2), "cores": os.cpu_count(),
+        "lengths": args.lengths, "sequences_per_request": args.sequences_per_request,
+        "failures": failures,
+        "samples": [{"t": round(t, 1), "rss_kib": r, "fds": n} for t, r, n in samples],
+    }
+    lat = result["latency_ms"]
+    rows = [
+        ("duration", f"{args.seconds:.0f} s open loop (Poisson), {args.lengths} tokens x "
+                     f"{args.sequences_per_request} sequence(s) a request"),
+        ("saturation (closed loop)", f"{saturation:.1f} req/s at concurrency {best['concurrency']}"),
+        ("offered / achieved", f"{rate} req/s ({args.load:.0%}) / {result['requests_per_second']:.1f} req/s"),
+        ("requests sent", f"{sent}"),
+        ("OK", f"{ok}"),
+        ("expected rejections", f"{expected or 'none'}"),
+        ("unexpected errors", f"{unexpected or 'none'}"),
+        ("server fastformer_requests_total", f"{server_counts}"),
+        ("latency ms p50 / p99 / max", f"{lat['p50']} / {lat['p99']} / {lat['max']}"),
+        ("RSS after warm-up -> end", f"{rss_start / 1024:.1f} -> {rss_end / 1024:.1f} MiB ({growth:+.2%}; "
+                                     f"first sample {figures['rss_kib']['first'] / 1024:.1f} MiB, warm-up {warm:.0f} s)"),
+        ("descriptors idle before / after", f"{fds_before} / {fds_after} (during: {min(fds_during, default=0)}"
+                                            f"..{max(fds_during, default=0)})"),
+        ("server exit after SIGTERM", f"{rc}"),
+        ("machine", f"{os.cpu_count()} cores, 1-min load average {load1:.2f} at the end"),
+        ("result", "PASS" if not failures else "FAIL: " + "; ".join(failures)),
+    ]
+    width = max(len(k) for k, _ in rows)
+    print("\nsoak summary")
+    for k, v in rows:
+        print(f"  {k:<{width}}  {v}")
+    if args.json_out:
+        Path(args.json_out).write_text(json.dumps(figures, indent=2) + "\n")
+    return 1 if failures else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
