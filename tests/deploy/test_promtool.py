@@ -48,3 +48,19 @@ def test_promql_check_catches_a_syntax_error(promtool, tmp_path):
         {"record": "x:y", "expr": deploy_promql.promtool_safe("sum by (le) (rate(a_bucket[$__rate_interval])")}]}]}))
     rc, out = _promtool(promtool, "check", "rules", str(path))
     assert rc != 0, out
+
+
+def test_alert_rules_unit_tests(promtool, deploy_files):
+    """`promtool test rules` on tests/deploy/prometheus_alerts_test.yml: each alert fires when it
+    should (with its labels and annotations) and stays quiet for a healthy server. Every alert of
+    the rules files has a test there."""
+    tests = deploy_files.repo / "tests" / "deploy" / "prometheus_alerts_test.yml"
+    spec = yaml.safe_load(tests.read_text())
+    listed = {(deploy_files.repo / "tests" / "deploy" / f).resolve() for f in spec["rule_files"]}
+    assert listed == {p.resolve() for p in deploy_files.rules}, f"the unit tests load {listed}"
+    alerts = {r["alert"] for p in deploy_files.rules for doc in deploy_sources.load_yaml_docs(p)
+              for g in doc["groups"] for r in g["rules"] if "alert" in r}
+    fired = {t["alertname"] for case in spec["tests"] for t in case.get("alert_rule_test") or [] if t.get("exp_alerts")}
+    assert alerts <= fired, f"alerts without a test that makes them fire: {sorted(alerts - fired)}"
+    rc, out = _promtool(promtool, "test", "rules", str(tests))
+    assert rc == 0, f"promtool test rules failed:\n{out}"
