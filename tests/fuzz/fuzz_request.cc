@@ -54,10 +54,11 @@ std::vector<Served>& models() {
     specs[3].layers = 2;
     specs[3].dtype = engine::DType::kBF16;
     specs[3].activation = "relu";
+    const char* const kNames[] = {"ids_head", "embeddings_only", "pad5_f16", "shared_bf16"};
     std::vector<Served> out;
     for (size_t i = 0; i < specs.size(); ++i) {
       Served s;
-      s.model = engine::Model::load(test::write_tiny_model(dir.path(), "m" + std::to_string(i), specs[i]));
+      s.model = engine::Model::load(test::write_tiny_model(dir.path(), kNames[i], specs[i]));
       engine::EngineOptions options;
       options.backend = engine::Backend::kCpu;
       options.threads = 1;
