@@ -437,3 +437,55 @@ def test_metrics_on_loopback_only(e2e, servers):
     assert _connects(ip, grpc_port), f"the gRPC port on 0.0.0.0 is not reachable at {ip}"
     assert not _connects(ip, metrics_port), f"the loopback-only metrics port answers on {ip}"
     assert srv.alive()
+
+
+# ----------------------------------------------------------------------------- the project's clients
+
+
+def test_project_clients_over_mutual_tls_with_token(e2e, servers, pki, tmp_path):
+    """fastformer-client (the C++ client library) and the Python package against a server with
+    mutual TLS and a token; the Python client picks up a rotated token file by itself."""
+    server_tokens = write_tokens(tmp_path / "server-tokens", TOKEN)
+    client_token = tmp_path / "client-token"
+    client_token.write_text(TOKEN + "\n")
+    srv = start(servers, tls_cert=pki / "server.pem", tls_key=pki / "server.key", tls_client_ca=pki / "ca.pem",
+                auth_token_file=server_tokens, auth_health=True)
+    wait_serving(e2e, srv, Client(e2e, srv, tls_credentials(pki, client="client"), token=TOKEN))
+
+    cli = e2e.require_binary("fastformer-client")
+    env = {k: v for k, v in __import__("os").environ.items() if not k.startswith("FASTFORMER_")}
+    tls_args = ["--target", srv.target, "--tls-ca", pki / "ca.pem", "--tls-cert", pki / "client.pem",
+                "--tls-key", pki / "client.key"]
+
+    def run_cli(*args):
+        return subprocess.run([str(cli), *map(str, args)], capture_output=True, text=True, timeout=60, env=env)
+
+    p = run_cli("health", *tls_args, "--token-file", client_token)
+    assert p.returncode == 0, f"fastformer-client health: {p.returncode}\n{p.stdout}\n{p.stderr}"
+    p = run_cli("encode", *tls_args, "--token-file", client_token, "--ids", "5,6,7,8")
+    assert p.returncode == 0 and '"embedding"' in p.stdout, f"fastformer-client encode: {p.returncode}\n{p.stderr}"
+    p = run_cli("encode", *tls_args, "--ids", "5,6,7,8")
+    assert p.returncode == 1 and "UNAUTHENTICATED" in p.stderr, f"without a token: {p.returncode}\n{p.stderr}"
+    p = run_cli("encode", *tls_args[:4], "--token-file", client_token, "--ids", "5,6,7,8")
+    assert p.returncode == 1, f"without a client certificate: {p.returncode}\n{p.stderr}"
+
+    import sys
+    py_client = str(e2e.REPO / "client" / "python")
+    if py_client not in sys.path:
+        sys.path.insert(0, py_client)
+    from fastformer_client import Client as PyClient
+    from fastformer_client.errors import Unauthenticated
+
+    with PyClient(srv.target, root_certificates=pki / "ca.pem", certificate_chain=pki / "client.pem",
+                  private_key=pki / "client.key", token_file=client_token, deadline_s=RPC_S) as py:
+        assert py.health() == "SERVING"
+        assert py.encode([[5, 6, 7, 8]]).shape[0] == 1
+        # Rotation: the server's file, SIGHUP, then the client's file.
+        write_tokens(server_tokens, NEW_TOKEN)
+        srv.signal(signal.SIGHUP)
+        assert e2e.wait_until(lambda: "SIGHUP: 1 bearer tokens loaded" in srv.log_text(), timeout=10)
+        with pytest.raises(Unauthenticated):
+            py.encode([[5, 6, 7, 8]])
+        client_token.write_text(NEW_TOKEN + "\n")
+        assert py.encode([[5, 6, 7, 8]]).shape[0] == 1
+    assert_no_token_in_log(srv)
