@@ -31,6 +31,7 @@ test_pkgs=(
   python3 python3-numpy python3-torch python3-pytest
   python3-grpcio python3-grpc-tools
   prometheus python3-matplotlib python3-yaml
+  openssl  # the TLS tests make their certificates with it
   clang libclang-rt-14-dev  # make fuzz: libFuzzer (-fsanitize=fuzzer)
 )
 # make image-test: builds a local debian:bookworm base and the CPU image, no registry.
