@@ -163,11 +163,19 @@ def test_prometheus_scrapes_the_compose_servers(compose, flags, deploy_files):
     job = jobs[0]
     assert job.get("metrics_path", "/metrics") == "/metrics"
     targets = [t for sc in job["static_configs"] for t in sc["targets"]]
+    # the names each service answers to on the compose network: its own and its aliases
+    names = {}
+    for name, svc in compose["services"].items():
+        names.setdefault(name, set()).add(name)
+        for net in (svc.get("networks") or {}).values() if isinstance(svc.get("networks"), dict) else []:
+            for alias in (net or {}).get("aliases") or []:
+                names.setdefault(alias, set()).add(name)
     scraped = {}
     for t in targets:
         host, port = t.rsplit(":", 1)
-        assert host in compose["services"], f"prometheus.yml target {t}: no compose service {host}"
-        scraped[host] = int(port)
+        assert host in names, f"prometheus.yml target {t}: no compose service or alias {host}"
+        for svc in names[host]:
+            scraped[svc] = int(port)
     for name in SERVER_SERVICES:
         eff = deploy_flags.effective(flags, _compose_env(compose["services"][name]))
         assert scraped.get(name) == deploy_flags.port_of(eff["metrics-listen"]), (name, scraped)
