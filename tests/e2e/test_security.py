@@ -9,10 +9,12 @@ bad flags and files; metrics bound to loopback only.
 
 from __future__ import annotations
 
+import os
 import shutil
 import signal
 import socket
 import subprocess
+import sys
 import time
 from pathlib import Path
 
@@ -354,7 +356,7 @@ def _run_server(e2e, models, *args, timeout=60):
     port, metrics_port = e2e.free_ports(2)
     cmd = [str(binary), "--model-dir", str(models.get(MODEL).dir), "--listen", f"127.0.0.1:{port}",
            "--metrics-listen", f"127.0.0.1:{metrics_port}", "--backend", "cpu", "--threads", "1", *map(str, args)]
-    env = {k: v for k, v in __import__("os").environ.items() if not k.startswith("FASTFORMER_")}
+    env = {k: v for k, v in os.environ.items() if not k.startswith("FASTFORMER_")}
     p = subprocess.run(e2e.die_with_parent(cmd), capture_output=True, text=True, timeout=timeout, env=env,
                        stdin=subprocess.DEVNULL)
     return p.returncode, p.stdout + p.stderr
@@ -453,7 +455,7 @@ def test_project_clients_over_mutual_tls_with_token(e2e, servers, pki, tmp_path)
     wait_serving(e2e, srv, Client(e2e, srv, tls_credentials(pki, client="client"), token=TOKEN))
 
     cli = e2e.require_binary("fastformer-client")
-    env = {k: v for k, v in __import__("os").environ.items() if not k.startswith("FASTFORMER_")}
+    env = {k: v for k, v in os.environ.items() if not k.startswith("FASTFORMER_")}
     tls_args = ["--target", srv.target, "--tls-ca", pki / "ca.pem", "--tls-cert", pki / "client.pem",
                 "--tls-key", pki / "client.key"]
 
@@ -469,7 +471,6 @@ def test_project_clients_over_mutual_tls_with_token(e2e, servers, pki, tmp_path)
     p = run_cli("encode", *tls_args[:4], "--token-file", client_token, "--ids", "5,6,7,8")
     assert p.returncode == 1, f"without a client certificate: {p.returncode}\n{p.stderr}"
 
-    import sys
     py_client = str(e2e.REPO / "client" / "python")
     if py_client not in sys.path:
         sys.path.insert(0, py_client)
