@@ -66,7 +66,7 @@ ModelConfig parse_config(const std::string& text, const std::string& origin) {
   json j;
   try {
     j = json::parse(text);
-  } catch (const json::parse_error& e) {
+  } catch (const json::exception& e) {  // parse_error, or out_of_range (number overflow)
     fail(origin, std::string("not valid JSON: ") + e.what());
   }
   if (!j.is_object()) fail(origin, "expected a JSON object at the top level");

@@ -92,7 +92,7 @@ SafetensorsFile::SafetensorsFile(const std::filesystem::path& path) : path_(path
     json header;
     try {
       header = json::parse(header_text);
-    } catch (const json::parse_error& e) {
+    } catch (const json::exception& e) {  // parse_error, or out_of_range (number overflow)
       fail(std::string("header is not valid JSON: ") + e.what());
     }
     if (!header.is_object()) fail("header is not a JSON object");
