@@ -27,11 +27,13 @@ for target in "$@"; do
   inputs=("$corpus" "$here/corpus/$target")
   [[ -d "$here/regressions/$target" ]] && inputs+=("$here/regressions/$target")
   echo "== $target: ${seconds}s (log: $log)"
+  start=$SECONDS
   "$bin_dir/$target" "${args[@]}" "${inputs[@]}" >"$log" 2>&1
   rc=$?
+  elapsed=$((SECONDS - start))
   runs=$(sed -n 's/^stat::number_of_executed_units: *//p' "$log" | tail -1)
   cov=$(grep -Eo 'cov: [0-9]+ ft: [0-9]+ corp: [0-9]+' "$log" | tail -1)
-  line="$target: ${runs:-?} executions in ${seconds}s, ${cov:-no coverage line}"
+  line="$target: ${runs:-?} executions in ${elapsed}s, ${cov:-no coverage line}"
   if [[ $rc -ne 0 ]]; then
     failed+=("$target")
     line+=", FAILED (exit $rc)"
