@@ -13,6 +13,7 @@ import pytest
 import yaml
 
 import deploy_flags
+import deploy_promql
 import deploy_sources
 
 SERVER_SERVICES = ("fastformer", "fastformer-cpu")
@@ -319,7 +320,7 @@ def test_k8s_deployment_matches_flags(deployment, flags, run_server_env):
     _run_with_env(run_server_env, flags, env, "k8s deployment")
 
 
-def test_k8s_services_podmonitor_pdb(k8s, deployment, flags):
+def test_k8s_services_podmonitor_pdb(k8s, deployment, flags, deploy_files):
     labels = deployment["spec"]["template"]["metadata"]["labels"]
     assert _selects(deployment["spec"]["selector"]["matchLabels"], labels)
     c = _server_container(deployment)
@@ -344,6 +345,12 @@ def test_k8s_services_podmonitor_pdb(k8s, deployment, flags):
     eps = pm["spec"]["podMetricsEndpoints"]
     assert len(eps) == 1 and eps[0].get("path", "/metrics") == "/metrics"
     assert resolve(eps[0]["port"]) == deploy_flags.port_of(eff["metrics-listen"]), eps
+    # The job label of the scraped series is the one the alert rules and prometheus.yml use.
+    job = labels.get(pm["spec"].get("jobLabel", ""), f"{pm['metadata'].get('namespace', '<namespace>')}/"
+                                                      f"{pm['metadata']['name']}")
+    selected = {v for path in deploy_files.rules for e in deploy_sources.rules_exprs(path)
+                for sel in deploy_promql.parse(e.expr).selectors for k, op, v in sel.matchers if (k, op) == ("job", "=")}
+    assert selected and selected == {job}, f"PodMonitor job label {job!r}; the alert rules select job in {selected}"
     pdb = _one(k8s, "PodDisruptionBudget")
     assert _selects(pdb["spec"]["selector"]["matchLabels"], labels)
 
