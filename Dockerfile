@@ -1,35 +1,58 @@
-# Fastformer Serving image, multi-stage: the builder compiles with the same commands as CI,
-# the runtime stage holds only the binaries and their runtime libraries.
+# Fastformer Serving image, multi-stage: the builder compiles with the same CMake commands
+# as CI (`make build`, less the unit tests), the runtime stage holds only the binaries and
+# their runtime libraries. docs/deploy.md ("Images") describes both flavours.
 #
-# CPU image (what this revision serves):
+# CUDA image (the defaults: NVIDIA CUDA 13 on Ubuntu 24.04, kernels for sm_80, sm_90, sm_100):
+#   docker build -t fastformer-serving:cuda .
+#   docker run --gpus all -p 50051:50051 -p 8002:8002 -v $PWD/models/demo:/models:ro fastformer-serving:cuda
+# CPU image (Debian 12), from this same file:
 #   docker build --build-arg BUILD_IMAGE=debian:bookworm --build-arg RUNTIME_IMAGE=debian:bookworm-slim \
 #                --build-arg FASTFORMER_CUDA=OFF -t fastformer-serving:cpu .
-# The deployment issue adds the CUDA images (NVIDIA CUDA 13 base images), the gRPC server
-# entry point and the health check.
-ARG BUILD_IMAGE=debian:bookworm
-ARG RUNTIME_IMAGE=debian:bookworm-slim
+#
+# Every server flag is also an environment variable (--max-batch-tokens is
+# FASTFORMER_MAX_BATCH_TOKENS, see `fastformer-server --help`): `docker run -e ...`.
+# `make image-test` builds the CPU image with buildah and runs it (deploy/image-test.sh).
+ARG BUILD_IMAGE=nvidia/cuda:13.0.1-devel-ubuntu24.04
+ARG RUNTIME_IMAGE=nvidia/cuda:13.0.1-runtime-ubuntu24.04
 
 FROM ${BUILD_IMAGE} AS build
-ARG FASTFORMER_CUDA=OFF
+ARG FASTFORMER_CUDA=ON
 ARG CUDA_ARCHS="80;90;100"
 WORKDIR /src
+# The dependency layer first: it survives source edits in a layer-caching builder.
 COPY deploy/install-deps.sh deploy/install-deps.sh
 RUN deploy/install-deps.sh --build
 COPY . .
-RUN cmake -S . -B build -DCMAKE_BUILD_TYPE=Release -DFASTFORMER_CUDA=${FASTFORMER_CUDA} \
-      -DCMAKE_CUDA_ARCHITECTURES="${CUDA_ARCHS}" -DFASTFORMER_TESTS=OFF \
+RUN cmake -S . -B build -DCMAKE_BUILD_TYPE=Release -DFASTFORMER_SERVER=ON -DFASTFORMER_TESTS=OFF \
+      -DFASTFORMER_CUDA="${FASTFORMER_CUDA}" -DCMAKE_CUDA_ARCHITECTURES="${CUDA_ARCHS}" \
  && cmake --build build -j"$(nproc)" \
- && mkdir -p /out/lib && { cp build/lib/libfastformer_cuda_engine.so /out/lib/ 2>/dev/null || true; }
+ && mkdir -p /out/bin /out/lib \
+ && for exe in fastformer-server fastformer-client fastformer-encode fastformer-bench fastformer-loadgen; do \
+      install -m 0755 -s "build/bin/$exe" /out/bin/ || exit 1; \
+    done \
+ && if [ "${FASTFORMER_CUDA}" = ON ]; then \
+      install -m 0644 -s build/lib/libfastformer_cuda_engine.so /out/lib/ || exit 1; \
+    fi
 
 FROM ${RUNTIME_IMAGE} AS runtime
 COPY deploy/install-deps.sh /tmp/install-deps.sh
-RUN /tmp/install-deps.sh --runtime && rm -rf /var/lib/apt/lists/* /tmp/install-deps.sh \
- && useradd --system --uid 10001 --no-create-home fastformer
-COPY --from=build /src/build/bin/fastformer-encode /src/build/bin/fastformer-bench /usr/local/bin/
-# The CUDA engine plugin (CUDA builds only), found beside the binaries as ../lib.
+RUN /tmp/install-deps.sh --runtime \
+ && apt-get clean && rm -rf /var/lib/apt/lists/* /tmp/install-deps.sh \
+ && useradd --system --uid 10001 --user-group --no-create-home --home-dir /nonexistent \
+      --shell /usr/sbin/nologin fastformer \
+ && mkdir -p /models
+COPY --from=build /out/bin/ /usr/local/bin/
+# The CUDA engine plugin (CUDA builds only): the server dlopens it from <exe dir>/../lib.
 COPY --from=build /out/lib/ /usr/local/lib/
-USER fastformer
+# The server listens on all interfaces inside the container; the port mapping decides
+# what is reachable. The model is read from the /models volume.
+ENV FASTFORMER_MODEL_DIR=/models \
+    FASTFORMER_LISTEN=0.0.0.0:50051 \
+    FASTFORMER_METRICS_LISTEN=0.0.0.0:8002
 VOLUME ["/models"]
-ENV FASTFORMER_MODEL_DIR=/models
-ENTRYPOINT ["fastformer-encode"]
-CMD ["--input", "-", "--output", "-"]
+EXPOSE 50051 8002
+USER 10001:10001
+# grpc.health.v1 on the gRPC port this container listens on (taken from FASTFORMER_LISTEN).
+HEALTHCHECK --interval=15s --timeout=5s --start-period=60s --retries=3 \
+  CMD fastformer-client health --deadline-ms 4000 --target "127.0.0.1:${FASTFORMER_LISTEN##*:}" || exit 1
+ENTRYPOINT ["fastformer-server"]
