@@ -40,8 +40,11 @@ image_test_pkgs=(buildah debootstrap)
 # The runtime libraries of the binaries (ldd), by release: Ubuntu 24.04 renamed the libraries
 # in the 64-bit time_t transition (t64) and ships spdlog 1.12.
 os_id=unknown os_version=unknown
+not_packaged=()
 if [ -r /etc/os-release ]; then
+  # shellcheck source=/dev/null
   os_id=$(. /etc/os-release && echo "${ID:-unknown}")
+  # shellcheck source=/dev/null
   os_version=$(. /etc/os-release && echo "${VERSION_ID:-unknown}")
 fi
 case "$os_id:$os_version" in
@@ -54,7 +57,9 @@ case "$os_id:$os_version" in
     runtime_pkgs=(
       libopenblas0 libspdlog1.12 libfmt9
       libgrpc++1.51t64 libprotobuf32t64 libprometheus-cpp-pull1.0 libprometheus-cpp-core1.0
-    ) ;;
+    )
+    # Ubuntu 24.04 has no python3-torch package: PyTorch comes from pip there (see below).
+    not_packaged=(python3-torch) ;;
   *)
     if [ "$mode" = runtime ]; then
       echo "install-deps.sh: $os_id $os_version is not supported (Debian 12 or Ubuntu 24.04)" >&2
@@ -69,6 +74,19 @@ case "$mode" in
   build) wanted=("${build_pkgs[@]}") ;;
   all) wanted=("${build_pkgs[@]}" "${test_pkgs[@]}" "${image_test_pkgs[@]}") ;;
 esac
+
+if [ "${#not_packaged[@]}" -gt 0 ]; then
+  kept=()
+  for pkg in "${wanted[@]}"; do
+    [[ " ${not_packaged[*]} " == *" $pkg "* ]] || kept+=("$pkg")
+  done
+  if [ "${#kept[@]}" -ne "${#wanted[@]}" ]; then
+    echo "install-deps: $os_id $os_version does not package ${not_packaged[*]}; the golden tests and" \
+      "tools/ need PyTorch from pip there (python3 -m venv --system-site-packages .venv &&" \
+      ".venv/bin/pip install torch --index-url https://download.pytorch.org/whl/cpu, then put .venv/bin first on PATH)"
+  fi
+  wanted=("${kept[@]}")
+fi
 
 missing=()
 for pkg in "${wanted[@]}"; do
