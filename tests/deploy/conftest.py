@@ -7,6 +7,7 @@ What the tests get, through fixtures (never `from conftest import ...`):
   flags         fastformer-server's options parsed from its --help: name, env var, default, choices
   live_server   a real fastformer-server (tiny model made here, ephemeral ports, one Encode sent
                 first), up for the session; live_page: its /metrics, parsed (deploy_promql.Exposition)
+  start_server  start_server(**env): a fresh server for one test
   run_server_env  starts the real server with a deployment file's FASTFORMER_* environment (model,
                 ports and backend swapped for the test's) and returns its log: proves the values
                 are ones the server accepts
@@ -97,7 +98,8 @@ class _Server:
                                      stdout=self._log, stderr=subprocess.STDOUT, env=_child_env(env))
 
     def log(self) -> str:
-        self._log.flush()
+        if not self._log.closed:
+            self._log.flush()
         return self.log_path.read_text(errors="replace")
 
     def wait_serving(self):
@@ -119,6 +121,8 @@ class _Server:
             return r.read().decode()
 
     def stop(self) -> str:
+        if self._log.closed:
+            return self.log_path.read_text(errors="replace")
         if self.proc.poll() is None:
             self.proc.send_signal(signal.SIGTERM)
             try:
@@ -208,6 +212,24 @@ def live_server(tiny_model, tmp_path_factory):
         srv.encode = encode
         yield srv
     finally:
+        srv.stop()
+
+
+@pytest.fixture
+def start_server(tiny_model, tmp_path):
+    """start_server(**env) -> a fresh server (stopped at the end of the test), SERVING."""
+    started = []
+
+    def start(**env):
+        srv = _Server(tiny_model, tmp_path / f"server-{len(started)}.log", env)
+        started.append(srv)
+        return srv.wait_serving()
+
+    yield start
+    for srv in started:   # signal all first: they drain and exit in parallel
+        if srv.proc.poll() is None:
+            srv.proc.send_signal(signal.SIGTERM)
+    for srv in started:
         srv.stop()
 
 
