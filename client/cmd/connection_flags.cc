@@ -23,10 +23,10 @@ void add_connection_flags(CLI::App& app, ConnectionFlags& flags) {
       ->check(CLI::ExistingFile);
   app.add_option("--tls-cert", flags.tls_cert,
                  "PEM client certificate, for mutual TLS (implies TLS)")
-      ->envname("FASTFORMER_TLS_CERT")
+      ->envname("FASTFORMER_CLIENT_TLS_CERT")
       ->check(CLI::ExistingFile);
   app.add_option("--tls-key", flags.tls_key, "PEM key of --tls-cert")
-      ->envname("FASTFORMER_TLS_KEY")
+      ->envname("FASTFORMER_CLIENT_TLS_KEY")
       ->check(CLI::ExistingFile);
   app.add_option("--tls-server-name", flags.tls_server_name,
                  "name to check the server certificate against, if not the target's host")
