@@ -454,8 +454,6 @@ def test_dockerfile_matches_flags(deploy_files, flags, client_health_flags):
     assert users and users[-1] not in ("root", "0"), f"runtime USER: {users}"
 
 
-@pytest.mark.xfail(strict=False, reason="server --tls-cert/--tls-key and fastformer-client --tls-cert/--tls-key share "
-                                        "FASTFORMER_TLS_CERT / FASTFORMER_TLS_KEY: reported, to be renamed")
 def test_health_check_client_reads_no_server_variable(flags, client_health_flags):
     """The image's HEALTHCHECK runs `fastformer-client health` with the server's environment: a
     variable both programs read, with different meanings, misconfigures the health check (the
