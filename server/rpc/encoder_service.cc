@@ -50,13 +50,19 @@ void EncoderService::record(const char* method, const grpc::Status& status, Cloc
 
 grpc::Status EncoderService::admit(const v1::EncodeRequest& proto, grpc::CallbackServerContext* context,
                                    std::shared_ptr<batching::Request> request) {
-  if (const grpc::Status unavailable = availability(); !unavailable.ok()) return unavailable;
-  grpc::Status status = convert_request(proto, engine_->model(), config_.limits, request.get());
-  if (!status.ok()) return status;
-  request->arrival = Clock::now();
-  request->deadline = steady_deadline(context);
+  // Counted in flight before the draining check: the drain (start_draining, then wait for
+  // inflight() == 0) either sees this call or this call sees the drain; never neither.
   inflight_.fetch_add(1);
   metrics_.inflight_requests.Increment();
+  grpc::Status status = availability();
+  if (status.ok()) status = convert_request(proto, engine_->model(), config_.limits, request.get());
+  if (!status.ok()) {
+    inflight_.fetch_sub(1);
+    metrics_.inflight_requests.Decrement();
+    return status;
+  }
+  request->arrival = Clock::now();
+  request->deadline = steady_deadline(context);
   switch (queue_->push(request)) {
     case batching::Admission::kAdmitted: return grpc::Status::OK;
     case batching::Admission::kQueueFull:
