@@ -24,13 +24,15 @@ std::string_view trim(std::string_view s) {
 
 bool equals_ignoring_case(std::string_view a, std::string_view b) {
   return a.size() == b.size() && std::equal(a.begin(), a.end(), b.begin(), [](char x, char y) {
-           return std::tolower(static_cast<unsigned char>(x)) == std::tolower(static_cast<unsigned char>(y));
+           return std::tolower(static_cast<unsigned char>(x)) ==
+                  std::tolower(static_cast<unsigned char>(y));
          });
 }
 
 // The messages a refused caller reads: what to send, never what was sent.
-const grpc::Status kMissingToken(grpc::StatusCode::UNAUTHENTICATED,
-                                 "missing bearer token: send the metadata `authorization: Bearer <token>`");
+const grpc::Status kMissingToken(
+    grpc::StatusCode::UNAUTHENTICATED,
+    "missing bearer token: send the metadata `authorization: Bearer <token>`");
 const grpc::Status kInvalidToken(grpc::StatusCode::UNAUTHENTICATED,
                                  "invalid bearer token: the token is not one the server accepts");
 
@@ -61,19 +63,22 @@ std::vector<std::string> parse_token_file(std::string_view contents) {
 
 std::vector<std::string> read_token_file(const std::string& path) {
   std::ifstream in(path, std::ios::binary);
-  if (!in) throw std::runtime_error("cannot read the token file " + path + ": " + std::strerror(errno));
+  if (!in) {
+    throw std::runtime_error("cannot read the token file " + path + ": " + std::strerror(errno));
+  }
   std::ostringstream contents;
   contents << in.rdbuf();
   if (in.bad()) throw std::runtime_error("cannot read the token file " + path + ": read error");
   const std::string text = contents.str();
   if (text.size() > kMaxTokenFileBytes) {
-    throw std::runtime_error("the token file " + path + " is over 1 MiB (" + std::to_string(text.size()) +
-                             " bytes); is it the right file?");
+    throw std::runtime_error("the token file " + path + " is over 1 MiB (" +
+                             std::to_string(text.size()) + " bytes); is it the right file?");
   }
   std::vector<std::string> tokens = parse_token_file(text);
   if (tokens.empty()) {
-    throw std::runtime_error("the token file " + path +
-                             " holds no token (one per line; blank lines and # comments are ignored)");
+    throw std::runtime_error(
+        "the token file " + path +
+        " holds no token (one per line; blank lines and # comments are ignored)");
   }
   return tokens;
 }
@@ -94,7 +99,8 @@ bool constant_time_equals(std::string_view a, std::string_view b) {
 std::string_view bearer_token(std::string_view authorization) {
   constexpr std::string_view kScheme = "bearer";
   authorization = trim(authorization);
-  if (authorization.size() <= kScheme.size() || !equals_ignoring_case(authorization.substr(0, kScheme.size()), kScheme) ||
+  if (authorization.size() <= kScheme.size() ||
+      !equals_ignoring_case(authorization.substr(0, kScheme.size()), kScheme) ||
       (authorization[kScheme.size()] != ' ' && authorization[kScheme.size()] != '\t')) {
     return {};
   }
@@ -102,8 +108,9 @@ std::string_view bearer_token(std::string_view authorization) {
 }
 
 bool is_health_or_reflection(std::string_view path) {
-  for (std::string_view service : {"/grpc.health.v1.Health/", "/grpc.reflection.v1alpha.ServerReflection/",
-                                   "/grpc.reflection.v1.ServerReflection/"}) {
+  for (std::string_view service :
+       {"/grpc.health.v1.Health/", "/grpc.reflection.v1alpha.ServerReflection/",
+        "/grpc.reflection.v1.ServerReflection/"}) {
     if (path.starts_with(service)) return true;
   }
   return false;
@@ -112,12 +119,14 @@ bool is_health_or_reflection(std::string_view path) {
 AuthMetrics::AuthMetrics(prometheus::Registry& registry)
     : family(prometheus::BuildCounter()
                  .Name("fastformer_auth_failures_total")
-                 .Help("Calls refused UNAUTHENTICATED: reason missing (no bearer token) or invalid (not accepted)")
+                 .Help("Calls refused UNAUTHENTICATED: reason missing (no bearer token) or invalid "
+                       "(not accepted)")
                  .Register(registry)),
       missing_token(family.Add({{"reason", "missing"}})),
       invalid_token(family.Add({{"reason", "invalid"}})) {}
 
-TokenAuthenticator::TokenAuthenticator(std::vector<std::string> tokens, bool protect_health, AuthMetrics& metrics)
+TokenAuthenticator::TokenAuthenticator(std::vector<std::string> tokens, bool protect_health,
+                                       AuthMetrics& metrics)
     : tokens_(std::make_shared<const std::vector<std::string>>(std::move(tokens))),
       protect_health_(protect_health),
       metrics_(metrics) {

@@ -18,14 +18,19 @@ namespace {
 
 // The contents of a PEM file given to `flag`, checked to hold a `marker` block, so that a
 // swapped or wrong file fails start-up naming the flag rather than deep inside gRPC.
-std::string read_pem(const char* flag, const std::string& path, const char* marker, const char* what) {
+std::string read_pem(const char* flag, const std::string& path, const char* marker,
+                     const char* what) {
   std::ifstream in(path, std::ios::binary);
-  if (!in) throw std::runtime_error(std::string("cannot read ") + flag + " " + path + ": " + std::strerror(errno));
+  if (!in) {
+    throw std::runtime_error(std::string("cannot read ") + flag + " " + path + ": " +
+                             std::strerror(errno));
+  }
   std::ostringstream contents;
   contents << in.rdbuf();
   std::string pem = contents.str();
   if (pem.find(marker) == std::string::npos) {
-    throw std::runtime_error(std::string(flag) + " " + path + " holds no " + what + " (no '" + marker + "' line)");
+    throw std::runtime_error(std::string(flag) + " " + path + " holds no " + what + " (no '" +
+                             marker + "' line)");
   }
   return pem;
 }
@@ -60,7 +65,9 @@ void process_auth_metadata(void* state, grpc_auth_context*, const grpc_metadata*
   }
 }
 
-void destroy_auth_state(void* state) { delete static_cast<std::shared_ptr<TokenAuthenticator>*>(state); }
+void destroy_auth_state(void* state) {
+  delete static_cast<std::shared_ptr<TokenAuthenticator>*>(state);
+}
 
 // Core credentials (insecure, or SSL with the certificate, key and optional client CA) with
 // the token processor when there is an authenticator.
@@ -92,7 +99,8 @@ class CoreServerCredentials final : public grpc::ServerCredentials {
     }
     if (authenticator_) {
       grpc_server_credentials_set_auth_metadata_processor(
-          credentials, {process_auth_metadata, destroy_auth_state, new std::shared_ptr<TokenAuthenticator>(authenticator_)});
+          credentials, {process_auth_metadata, destroy_auth_state,
+                        new std::shared_ptr<TokenAuthenticator>(authenticator_)});
     }
     const int port = grpc_server_add_http2_port(server, addr.c_str(), credentials);
     grpc_server_credentials_release(credentials);
@@ -105,25 +113,27 @@ class CoreServerCredentials final : public grpc::ServerCredentials {
 
 }  // namespace
 
-ServerSecurity::ServerSecurity(const SecurityOptions& options, AuthMetrics& metrics) : options_(options) {
+ServerSecurity::ServerSecurity(const SecurityOptions& options, AuthMetrics& metrics)
+    : options_(options) {
   std::string cert, key, client_ca;
   if (!options.tls_cert.empty()) {
     cert = read_pem("--tls-cert", options.tls_cert, "-----BEGIN CERTIFICATE-----", "certificate");
     key = read_pem("--tls-key", options.tls_key, "PRIVATE KEY-----", "private key");
   }
   if (!options.tls_client_ca.empty()) {
-    client_ca = read_pem("--tls-client-ca", options.tls_client_ca, "-----BEGIN CERTIFICATE-----", "certificate");
+    client_ca = read_pem("--tls-client-ca", options.tls_client_ca, "-----BEGIN CERTIFICATE-----",
+                         "certificate");
   }
   if (!options.auth_token_file.empty()) {
     try {
-      authenticator_ = std::make_shared<TokenAuthenticator>(read_token_file(options.auth_token_file),
-                                                            options.auth_health, metrics);
+      authenticator_ = std::make_shared<TokenAuthenticator>(
+          read_token_file(options.auth_token_file), options.auth_health, metrics);
     } catch (const std::exception& e) {
       throw std::runtime_error(std::string("--auth-token-file: ") + e.what());
     }
   }
-  credentials_ = std::make_shared<CoreServerCredentials>(std::move(cert), std::move(key), std::move(client_ca),
-                                                         authenticator_);
+  credentials_ = std::make_shared<CoreServerCredentials>(std::move(cert), std::move(key),
+                                                         std::move(client_ca), authenticator_);
 }
 
 void ServerSecurity::reload_tokens() {
@@ -138,11 +148,13 @@ std::string ServerSecurity::describe() const {
   std::string out = options_.tls_cert.empty() ? "plaintext (no TLS)"
                     : options_.tls_client_ca.empty()
                         ? "TLS"
-                        : "mutual TLS (client certificates required, verified against " + options_.tls_client_ca + ")";
+                        : "mutual TLS (client certificates required, verified against " +
+                              options_.tls_client_ca + ")";
   if (!authenticator_) return out + ", no bearer token required";
-  return out + ", bearer token required (" + std::to_string(authenticator_->token_count()) + " loaded from " +
-         options_.auth_token_file + (authenticator_->protects_health() ? "; health and reflection too)"
-                                                                       : "; health and reflection open)");
+  return out + ", bearer token required (" + std::to_string(authenticator_->token_count()) +
+         " loaded from " + options_.auth_token_file +
+         (authenticator_->protects_health() ? "; health and reflection too)"
+                                            : "; health and reflection open)");
 }
 
 }  // namespace fastformer::rpc

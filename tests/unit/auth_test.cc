@@ -26,14 +26,16 @@ TEST(TokenFile, OneTokenPerLineTrimmedSkippingBlankAndCommentLines) {
               ElementsAre("alpha", "beta", "delta"));
   EXPECT_THAT(parse_token_file(""), IsEmpty());
   EXPECT_THAT(parse_token_file("\n\n# only comments\n"), IsEmpty());
-  EXPECT_THAT(parse_token_file("a#b\n"), ElementsAre("a#b"));  // '#' starts a comment only at line start
+  EXPECT_THAT(parse_token_file("a#b\n"),
+              ElementsAre("a#b"));  // '#' starts a comment only at line start
 }
 
 class TempFile {
  public:
   explicit TempFile(const std::string& contents)
       : path_(std::filesystem::temp_directory_path() /
-              ("fastformer_auth_test_" + std::to_string(getpid()) + "_" + std::to_string(counter_++))) {
+              ("fastformer_auth_test_" + std::to_string(getpid()) + "_" +
+               std::to_string(counter_++))) {
     write(contents);
   }
   ~TempFile() { std::filesystem::remove(path_); }
@@ -65,7 +67,7 @@ TEST(ConstantTimeEquals, EqualsExactlyWhenTheStringsAreEqual) {
   EXPECT_TRUE(constant_time_equals("token", "token"));
   EXPECT_FALSE(constant_time_equals("token", "tokem"));
   EXPECT_FALSE(constant_time_equals("token", "Token"));
-  EXPECT_FALSE(constant_time_equals("token", "token2"));   // a prefix is not a match
+  EXPECT_FALSE(constant_time_equals("token", "token2"));  // a prefix is not a match
   EXPECT_FALSE(constant_time_equals("token2", "token"));
   EXPECT_FALSE(constant_time_equals("", "token"));
   EXPECT_FALSE(constant_time_equals("token", ""));
@@ -90,7 +92,8 @@ TEST(BearerToken, TakesTheTokenAfterTheSchemeInAnyCase) {
 TEST(HealthOrReflection, ByServicePath) {
   EXPECT_TRUE(is_health_or_reflection("/grpc.health.v1.Health/Check"));
   EXPECT_TRUE(is_health_or_reflection("/grpc.health.v1.Health/Watch"));
-  EXPECT_TRUE(is_health_or_reflection("/grpc.reflection.v1alpha.ServerReflection/ServerReflectionInfo"));
+  EXPECT_TRUE(
+      is_health_or_reflection("/grpc.reflection.v1alpha.ServerReflection/ServerReflectionInfo"));
   EXPECT_TRUE(is_health_or_reflection("/grpc.reflection.v1.ServerReflection/ServerReflectionInfo"));
   EXPECT_FALSE(is_health_or_reflection("/fastformer.v1.Encoder/Encode"));
   EXPECT_FALSE(is_health_or_reflection("/grpc.health.v1.HealthX/Check"));
@@ -99,7 +102,8 @@ TEST(HealthOrReflection, ByServicePath) {
 
 class Authenticator : public ::testing::Test {
  protected:
-  grpc::Status check(const TokenAuthenticator& auth, std::string_view path, std::vector<std::string_view> values) {
+  grpc::Status check(const TokenAuthenticator& auth, std::string_view path,
+                     std::vector<std::string_view> values) {
     return auth.check(path, values);
   }
   prometheus::Registry registry;
@@ -134,7 +138,8 @@ TEST_F(Authenticator, AcceptsAnyOfTheTokensAndRefusesTheRestUnauthenticated) {
 TEST_F(Authenticator, HealthAndReflectionOpenUnlessProtected) {
   TokenAuthenticator open({"t"}, false, metrics);
   EXPECT_TRUE(check(open, kHealth, {}).ok());
-  EXPECT_TRUE(check(open, "/grpc.reflection.v1alpha.ServerReflection/ServerReflectionInfo", {}).ok());
+  EXPECT_TRUE(
+      check(open, "/grpc.reflection.v1alpha.ServerReflection/ServerReflectionInfo", {}).ok());
   EXPECT_FALSE(check(open, "/fastformer.v1.Encoder/GetModelInfo", {}).ok());
   EXPECT_FALSE(check(open, "/unknown.Service/Method", {}).ok());
 
