@@ -11,8 +11,11 @@
 #include <cmath>
 #include <cstdint>
 
-#if defined(__x86_64__) && defined(__GNUC__) && !defined(__clang__) && !defined(__SANITIZE_ADDRESS__)
-// One AVX2+FMA clone and a baseline one; the loader picks at start-up.
+#if defined(__x86_64__) && defined(__GNUC__) && !defined(__clang__) && !defined(__SANITIZE_ADDRESS__) && \
+    !defined(__SANITIZE_THREAD__)
+// One AVX2+FMA clone and a baseline one; the loader picks at start-up. (Not under the
+// sanitizers: the picking function, an ifunc resolver, is instrumented too and runs during
+// relocation, before the sanitizer's runtime is up; under TSan every binary crashed there.)
 #define FASTFORMER_VECTOR_CLONES __attribute__((target_clones("arch=haswell", "default")))
 #else
 #define FASTFORMER_VECTOR_CLONES
