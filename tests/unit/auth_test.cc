@@ -4,14 +4,17 @@
 
 #include <unistd.h>
 
+#include <atomic>
 #include <filesystem>
 #include <fstream>
 #include <string>
+#include <thread>
 #include <vector>
 
 #include <gmock/gmock.h>
 #include <gtest/gtest.h>
 #include <prometheus/registry.h>
+#include <spdlog/spdlog.h>
 
 namespace fastformer::rpc {
 namespace {
@@ -162,6 +165,37 @@ TEST_F(Authenticator, ReloadReplacesTheTokensOrKeepsTheOldOnesOnError) {
   EXPECT_FALSE(auth.reload("/nonexistent/fastformer/tokens"));
   EXPECT_EQ(auth.token_count(), 2u);
   EXPECT_TRUE(check(auth, kEncode, {"Bearer new-token"}).ok());
+}
+
+// gRPC calls check() on its threads while SIGHUP reloads on the main thread (run under TSan
+// by make test-tsan): every check sees either the old or the new tokens, whole.
+TEST_F(Authenticator, ChecksRaceReloadsSafely) {
+  TempFile file("token-a\n");
+  TokenAuthenticator auth(read_token_file(file.path()), false, metrics);
+  const auto level = spdlog::get_level();
+  spdlog::set_level(spdlog::level::off);  // thousands of refusals, each a log line
+  std::atomic<bool> stop{false};
+  std::atomic<int> neither{0};
+  std::vector<std::thread> callers;
+  for (int t = 0; t < 4; ++t) {
+    callers.emplace_back([&] {
+      while (!stop.load()) {
+        const bool a = check(auth, kEncode, {"Bearer token-a"}).ok();
+        const bool b = check(auth, kEncode, {"Bearer token-b"}).ok();
+        if (!a && !b && !check(auth, kEncode, {"Bearer token-a", "Bearer token-b"}).ok()) {
+          neither.fetch_add(1);
+        }
+      }
+    });
+  }
+  for (int i = 0; i < 200; ++i) {
+    file.write(i % 2 ? "token-a\n" : "token-b\n");
+    auth.reload(file.path());
+  }
+  stop.store(true);
+  for (std::thread& t : callers) t.join();
+  spdlog::set_level(level);
+  EXPECT_EQ(neither.load(), 0) << "a check saw no token at all";
 }
 
 }  // namespace
