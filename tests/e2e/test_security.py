@@ -95,9 +95,10 @@ class Client:
         self.health_stub = e2e.health_pb_grpc.HealthStub(self.channel)
         self.reflection_stub = e2e.refl_pb_grpc.ServerReflectionStub(self.channel)
 
-    def health(self):
+    def health(self, service=""):
         """(code, details, status name or None)."""
-        code, details, resp = self.e2e.rpc_code(self.health_stub.Check, self.e2e.health_pb.HealthCheckRequest(),
+        code, details, resp = self.e2e.rpc_code(self.health_stub.Check,
+                                                self.e2e.health_pb.HealthCheckRequest(service=service),
                                                 metadata=self.metadata, timeout=RPC_S)
         name = self.e2e.health_pb.HealthCheckResponse.ServingStatus.Name(resp.status) if resp else None
         return code, details, name
@@ -131,7 +132,10 @@ def start(servers, **flags):
 
 
 def wait_serving(e2e, srv, client: Client, timeout=START_TIMEOUT_S):
-    """Wait until health over `client` says SERVING (the conftest's own wait speaks plaintext)."""
+    """Wait until health over `client` says SERVING (the conftest's own wait speaks plaintext).
+    It asks for the Encoder service: gRPC's health service answers SERVING for "" from the moment
+    it starts, an instant before the server sets NOT_SERVING (a window a slow sanitizer build
+    makes visible)."""
     deadline = time.monotonic() + timeout
     # Wait for the port first: a channel that tried before the server listened backs off.
     while not _connects("127.0.0.1", srv.port):
@@ -142,7 +146,7 @@ def wait_serving(e2e, srv, client: Client, timeout=START_TIMEOUT_S):
     while time.monotonic() < deadline:
         if not srv.alive():
             pytest.fail(f"server exited with {srv.proc.returncode}\n{srv.log_tail()}", pytrace=False)
-        code, details, status = client.health()
+        code, details, status = client.health("fastformer.v1.Encoder")
         last = (code, details, status)
         if status == "SERVING":
             return
