@@ -103,7 +103,9 @@ grpc::ServerUnaryReactor* EncoderService::Encode(grpc::CallbackServerContext* co
 
 // One EncodeStream call: every message read becomes a request; answers are written one at
 // a time, in completion order; the call ends when the client closed its side and every
-// answer is written.
+// answer is written. A client that sends without reading its answers is not read further
+// once kMaxUnwrittenAnswers answers wait for it (reading resumes as they are written), so
+// its answers cannot pile up in server memory; HTTP/2 flow control then holds the client.
 class EncoderService::StreamReactor final
     : public grpc::ServerBidiReactor<v1::EncodeRequest, v1::EncodeResponse> {
  public:
@@ -141,7 +143,13 @@ class EncoderService::StreamReactor final
     };
     const grpc::Status status = service_->admit(*message, context_, request);
     incoming_.Clear();
-    StartRead(&incoming_);
+    bool read_now = false;
+    {
+      std::lock_guard lock(mu_);
+      read_now = writes_.size() < kMaxUnwrittenAnswers;
+      read_paused_ = !read_now;
+    }
+    if (read_now) StartRead(&incoming_);
     if (!status.ok()) answer(*message, status, start, {});  // last: may end the call
   }
 
@@ -169,12 +177,17 @@ class EncoderService::StreamReactor final
  private:
   // What to do once the lock is released: start the next write, end the call, or nothing.
   struct Step {
+    bool read = false;
     const v1::EncodeResponse* write = nullptr;
     bool finish = false;
   };
 
   Step next_step_locked() {
     Step step;
+    if (read_paused_ && writes_.size() < kMaxUnwrittenAnswers) {
+      read_paused_ = false;  // the reader was held back by unwritten answers: resume it
+      step.read = true;
+    }
     if (!writing_ && !writes_.empty()) {
       writing_ = true;
       step.write = &writes_.front();  // stable: deque push_back keeps references valid
@@ -188,6 +201,7 @@ class EncoderService::StreamReactor final
   // Outside the lock, as the caller's last action: Finish may run OnDone (delete this) on
   // another thread at once.
   void run(const Step& step) {
+    if (step.read) StartRead(&incoming_);  // never with finish: reads are not done while paused
     if (step.write != nullptr) StartWrite(step.write);
     else if (step.finish) Finish(grpc::Status::OK);
   }
@@ -219,7 +233,9 @@ class EncoderService::StreamReactor final
   std::deque<v1::EncodeResponse> writes_;  // front() is being written while writing_
   int64_t outstanding_ = 0;                // messages read and not yet answered
   bool reads_done_ = false, writing_ = false, broken_ = false, finished_ = false;
+  bool read_paused_ = false;  // no read outstanding because kMaxUnwrittenAnswers wait
   std::atomic<bool> cancelled_{false};
+  static constexpr size_t kMaxUnwrittenAnswers = 64;
 };
 
 // A stream over --max-concurrent-streams: ended with `status` before any message is read.
