@@ -38,7 +38,7 @@ FROM ${RUNTIME_IMAGE} AS runtime
 COPY deploy/install-deps.sh /tmp/install-deps.sh
 RUN /tmp/install-deps.sh --runtime \
  && apt-get clean && rm -rf /var/lib/apt/lists/* /tmp/install-deps.sh \
- && useradd --system --uid 10001 --user-group --no-create-home --home-dir /nonexistent \
+ && useradd --uid 10001 --user-group --no-create-home --home-dir /nonexistent \
       --shell /usr/sbin/nologin fastformer \
  && mkdir -p /models
 COPY --from=build /out/bin/ /usr/local/bin/
