@@ -8,12 +8,14 @@
 #include <stdlib.h>
 #include <unistd.h>
 
-#include <cmath>
+#include <algorithm>
 #include <cstdint>
 #include <filesystem>
 #include <fstream>
+#include <memory>
 #include <string>
 #include <string_view>
+#include <vector>
 
 #include "server/engine/engine.h"
 #include "server/engine/error.h"
