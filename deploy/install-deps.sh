@@ -32,7 +32,7 @@ test_pkgs=(
   python3-grpcio python3-grpc-tools
   prometheus python3-matplotlib python3-yaml
   openssl  # the TLS tests make their certificates with it
-  clang libclang-rt-14-dev  # make fuzz: libFuzzer (-fsanitize=fuzzer)
+  clang libclang-rt-dev  # make fuzz: libFuzzer (-fsanitize=fuzzer) of the default clang
 )
 # make image-test: builds a local debian:bookworm base and the CPU image, no registry.
 image_test_pkgs=(buildah debootstrap)
