@@ -4,7 +4,8 @@
 #
 #   make build-asan test-asan   AddressSanitizer + UndefinedBehaviorSanitizer (part of make test)
 #   make test-tsan              ThreadSanitizer: builds build-tsan, then runs (.ci/run)
-.PHONY: build-asan test-asan build-tsan test-tsan
+#   make test-tsan-e2e          the server e2e tests under TSan (not in CI: gRPC false positives)
+.PHONY: build-asan test-asan build-tsan test-tsan test-tsan-e2e
 
 TSAN_DIR ?= build-tsan
 SANITIZER_FILES := $(CURDIR)/tests/sanitizers
@@ -17,7 +18,7 @@ SANITIZER_ENV := \
   ASAN_OPTIONS=detect_leaks=1:halt_on_error=1:suppressions=$(SANITIZER_FILES)/asan.supp \
   LSAN_OPTIONS=suppressions=$(SANITIZER_FILES)/lsan.supp \
   UBSAN_OPTIONS=print_stacktrace=1:halt_on_error=1:suppressions=$(SANITIZER_FILES)/ubsan.supp \
-  TSAN_OPTIONS=halt_on_error=1:second_deadlock_stack=1:suppressions=$(SANITIZER_FILES)/tsan.supp
+  TSAN_OPTIONS=halt_on_error=1:second_deadlock_stack=1:ignore_noninstrumented_modules=1:suppressions=$(SANITIZER_FILES)/tsan.supp
 
 # ---- AddressSanitizer + UndefinedBehaviorSanitizer -----------------------------------------
 
@@ -54,12 +55,17 @@ build-tsan: deps
 	  -DFASTFORMER_SANITIZE=thread -DFASTFORMER_WERROR=$(WERROR) $(CMAKE_ARGS)
 	cmake --build $(TSAN_DIR) -j$(JOBS)
 
-# The batching, engine (thread pool, emulated CUDA engine) and emulation tests, the client
-# tests against the TSan server, the sanitizer gates; then the concurrent e2e tests (batching,
-# overload, lifecycle, faults) against the TSan server.
-TSAN_CTEST_EXCLUDE := $(ASAN_CTEST_EXCLUDE)
+# The batching queue and scheduler-facing tests, the CPU engine's thread pool, the emulated CUDA
+# engine, the emulation (fibers), the fuzz-corpus replays and the data-race gate (ctest, all
+# but the client label). The client tests and the server e2e tests use Debian's gRPC, which is
+# not built with TSan: its hand-offs between threads are invisible to TSan and reported as races
+# (docs/reliability.md, "Sanitizers"); until gRPC is instrumented they run in test-tsan-e2e,
+# outside CI.
+test-tsan: build-tsan
+	$(SANITIZER_ENV) ctest --test-dir $(TSAN_DIR) --output-on-failure -j$(JOBS) -LE client
+
 TSAN_E2E := tests/e2e/test_server_batching.py tests/e2e/test_server_overload.py \
   tests/e2e/test_server_lifecycle.py $(wildcard tests/e2e/test_faults.py)
-test-tsan: build-tsan
-	$(SANITIZER_ENV) ctest --test-dir $(TSAN_DIR) --output-on-failure -j$(JOBS) -E '$(TSAN_CTEST_EXCLUDE)'
+test-tsan-e2e: build-tsan
+	$(SANITIZER_ENV) ctest --test-dir $(TSAN_DIR) --output-on-failure -j$(JOBS) -L client -E '$(ASAN_CTEST_EXCLUDE)'
 	$(SANITIZER_ENV) FASTFORMER_BIN_DIR=$(CURDIR)/$(TSAN_DIR)/bin $(PYTHON) -m pytest $(TSAN_E2E) -q
