@@ -103,9 +103,10 @@ grpc::ServerUnaryReactor* EncoderService::Encode(grpc::CallbackServerContext* co
 
 // One EncodeStream call: every message read becomes a request; answers are written one at
 // a time, in completion order; the call ends when the client closed its side and every
-// answer is written. A client that sends without reading its answers is not read further
-// once kMaxUnwrittenAnswers answers wait for it (reading resumes as they are written), so
-// its answers cannot pile up in server memory; HTTP/2 flow control then holds the client.
+// answer is written. A stream holds at most kMaxPendingMessages messages read and not yet
+// written back (queued, computing or waiting to be written): at that bound it is not read
+// further until answers are written, so a client that sends without reading cannot pile
+// requests or answers up in server memory; HTTP/2 flow control then holds the client.
 class EncoderService::StreamReactor final
     : public grpc::ServerBidiReactor<v1::EncodeRequest, v1::EncodeResponse> {
  public:
@@ -146,7 +147,7 @@ class EncoderService::StreamReactor final
     bool read_now = false;
     {
       std::lock_guard lock(mu_);
-      read_now = writes_.size() < kMaxUnwrittenAnswers;
+      read_now = pending_locked() < kMaxPendingMessages;
       read_paused_ = !read_now;
     }
     if (read_now) StartRead(&incoming_);
@@ -182,10 +183,13 @@ class EncoderService::StreamReactor final
     bool finish = false;
   };
 
+  // Messages read and not yet written back: admitted and unanswered, or answered and unwritten.
+  size_t pending_locked() const { return static_cast<size_t>(outstanding_) + writes_.size(); }
+
   Step next_step_locked() {
     Step step;
-    if (read_paused_ && writes_.size() < kMaxUnwrittenAnswers) {
-      read_paused_ = false;  // the reader was held back by unwritten answers: resume it
+    if (read_paused_ && pending_locked() < kMaxPendingMessages) {
+      read_paused_ = false;  // the reader was held back by pending messages: resume it
       step.read = true;
     }
     if (!writing_ && !writes_.empty()) {
@@ -233,9 +237,9 @@ class EncoderService::StreamReactor final
   std::deque<v1::EncodeResponse> writes_;  // front() is being written while writing_
   int64_t outstanding_ = 0;                // messages read and not yet answered
   bool reads_done_ = false, writing_ = false, broken_ = false, finished_ = false;
-  bool read_paused_ = false;  // no read outstanding because kMaxUnwrittenAnswers wait
+  bool read_paused_ = false;  // no read outstanding because kMaxPendingMessages are pending
   std::atomic<bool> cancelled_{false};
-  static constexpr size_t kMaxUnwrittenAnswers = 64;
+  static constexpr size_t kMaxPendingMessages = 256;
 };
 
 // A stream over --max-concurrent-streams: ended with `status` before any message is read.
