@@ -55,10 +55,12 @@ build-tsan: deps
 	  -DFASTFORMER_SANITIZE=thread -DFASTFORMER_WERROR=$(WERROR) $(CMAKE_ARGS)
 	cmake --build $(TSAN_DIR) -j$(JOBS)
 
-# The batching queue and scheduler-facing tests, the CPU engine's thread pool, the emulated CUDA
-# engine, the emulation (fibers), the fuzz-corpus replays and the data-race gate (ctest, all
-# but the client label). The client tests and the server e2e tests use Debian's gRPC, which is
-# not built with TSan: its hand-offs between threads are invisible to TSan and reported as races
+# The batching queue and the scheduler (SchedulerTest.ConcurrentProducers...: the server's
+# batching path with all its threads at once: producers, a canceller, deadlines, the forming
+# and compute threads, engine failures), the CPU engine's thread pool, the emulated CUDA engine,
+# the emulation (fibers), the fuzz-corpus replays and the data-race gate (ctest, all but the
+# client label). The client tests and the server e2e tests use Debian's gRPC, which is not
+# built with TSan: its hand-offs between threads are invisible to TSan and reported as races
 # (docs/reliability.md, "Sanitizers"); until gRPC is instrumented they run in test-tsan-e2e,
 # outside CI.
 test-tsan: build-tsan
