@@ -52,13 +52,11 @@ grpc::Status EncoderService::admit(const v1::EncodeRequest& proto, grpc::Callbac
                                    std::shared_ptr<batching::Request> request) {
   // Counted in flight before the draining check: the drain (start_draining, then wait for
   // inflight() == 0) either sees this call or this call sees the drain; never neither.
-  inflight_.fetch_add(1);
-  metrics_.inflight_requests.Increment();
+  count_inflight();
   grpc::Status status = availability();
   if (status.ok()) status = convert_request(proto, engine_->model(), config_.limits, request.get());
   if (!status.ok()) {
-    inflight_.fetch_sub(1);
-    metrics_.inflight_requests.Decrement();
+    uncount_inflight();
     return status;
   }
   request->arrival = Clock::now();
@@ -72,8 +70,7 @@ grpc::Status EncoderService::admit(const v1::EncodeRequest& proto, grpc::Callbac
       break;
     case batching::Admission::kClosed: status = kDraining; break;
   }
-  inflight_.fetch_sub(1);
-  metrics_.inflight_requests.Decrement();
+  uncount_inflight();
   return status;
 }
 
@@ -89,8 +86,7 @@ grpc::ServerUnaryReactor* EncoderService::Encode(grpc::CallbackServerContext* co
     if (status.ok()) fill_response(r, response);
     response->set_request_id(proto->request_id());
     record("Encode", status, start);
-    inflight_.fetch_sub(1);
-    metrics_.inflight_requests.Decrement();
+    uncount_inflight();
     reactor->Finish(status);
   };
   const grpc::Status status = admit(*proto, context, request);
@@ -138,8 +134,7 @@ class EncoderService::StreamReactor final
       v1::EncodeResponse response;
       const grpc::Status status = outcome_status(r);
       if (status.ok()) fill_response(r, &response);
-      service_->inflight_.fetch_sub(1);
-      service_->metrics_.inflight_requests.Decrement();
+      service_->uncount_inflight();
       answer(*message, status, start, std::move(response));  // last: may end the call
     };
     const grpc::Status status = service_->admit(*message, context_, request);

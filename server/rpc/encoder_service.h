@@ -57,6 +57,15 @@ class EncoderService final : public v1::Encoder::CallbackService {
   grpc::Status admit(const v1::EncodeRequest& proto, grpc::CallbackServerContext* context,
                      std::shared_ptr<batching::Request> request);
   void record(const char* method, const grpc::Status& status, batching::Clock::time_point start);
+  // One request more / less in flight: inflight_ (what the drain waits for) and its gauge.
+  void count_inflight() {
+    inflight_.fetch_add(1);
+    metrics_.inflight_requests.Increment();
+  }
+  void uncount_inflight() {
+    inflight_.fetch_sub(1);
+    metrics_.inflight_requests.Decrement();
+  }
   grpc::Status availability() const;  // OK, or UNAVAILABLE while starting or draining
 
   // Set once by start_serving, before serving_ turns true (release/acquire).
