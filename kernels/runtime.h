@@ -169,7 +169,7 @@ FF_DEVICE void store_float4(ff_bfloat16* p, ff_float4 v) {
 
 #include "kernels/emulation/emulator.h"
 #include "kernels/emulation/host_runtime.h"
-#include "server/engine/half.h"
+#include "common/half.h"
 
 #define FF_GLOBAL
 #define FF_DEVICE inline
@@ -301,8 +301,8 @@ struct alignas(16) ff_float4 {
 static_assert(sizeof(ff_half) == 2 && sizeof(ff_bfloat16) == 2);
 
 inline float to_float(float x) { return x; }
-inline float to_float(ff_half x) { return fastformer::engine::half_to_float(x.bits); }
-inline float to_float(ff_bfloat16 x) { return fastformer::engine::bfloat16_to_float(x.bits); }
+inline float to_float(ff_half x) { return fastformer::half_to_float(x.bits); }
+inline float to_float(ff_bfloat16 x) { return fastformer::bfloat16_to_float(x.bits); }
 
 template <class T>
 T from_float(float x);
@@ -312,11 +312,11 @@ inline float from_float<float>(float x) {
 }
 template <>
 inline ff_half from_float<ff_half>(float x) {
-  return ff_half{fastformer::engine::float_to_half(x)};
+  return ff_half{fastformer::float_to_half(x)};
 }
 template <>
 inline ff_bfloat16 from_float<ff_bfloat16>(float x) {
-  return ff_bfloat16{fastformer::engine::float_to_bfloat16(x)};
+  return ff_bfloat16{fastformer::float_to_bfloat16(x)};
 }
 
 namespace ff_emu {

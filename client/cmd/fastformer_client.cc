@@ -21,7 +21,7 @@
 
 #include "client/cmd/connection_flags.h"
 #include "fastformer/client.h"
-#include "server/cmd/jsonl_io.h"
+#include "common/jsonl_io.h"
 
 namespace {
 
@@ -69,13 +69,13 @@ std::optional<std::vector<int32_t>> parse_ids(const std::string& text, std::stri
 
 // The JSON line of one Encoding, written by fastformer-encode's own writer.
 void append_encoding(const v1::Encoding& encoding, int64_t hidden_size, std::string* out) {
-  engine::EncodedSequence seq;
+  EncodedSequence seq;
   seq.embedding.assign(encoding.embedding().begin(), encoding.embedding().end());
   seq.token_embeddings.assign(encoding.token_embeddings().begin(),
                               encoding.token_embeddings().end());
   seq.logits.assign(encoding.logits().begin(), encoding.logits().end());
   seq.num_tokens = static_cast<int32_t>(encoding.num_tokens());
-  cli::append_output_line(seq, hidden_size, out);
+  jsonl::append_output_line(seq, hidden_size, out);
 }
 
 // Sends the pending sequences as one request and writes their lines; false (reported) on failure.
@@ -93,7 +93,7 @@ class EncodeBatcher {
   }
 
   // Adds one sequence (from input line `line`); sends when the batch is full.
-  bool add(const cli::InputLine& input, int64_t line) {
+  bool add(const jsonl::InputLine& input, int64_t line) {
     v1::Sequence* seq = request_.add_sequences();
     seq->mutable_token_ids()->Assign(input.token_ids.begin(), input.token_ids.end());
     seq->mutable_input_embeddings()->Assign(input.input_embeddings.begin(),
@@ -159,7 +159,7 @@ int run_encode(Client& client, const EncodeFlags& flags) {
           exit_code = kExitUsage;
           break;
         }
-        cli::InputLine line;
+        jsonl::InputLine line;
         line.token_ids = std::move(*ids);
         if (!batcher.add(line, int64_t(i) + 1)) exit_code = kExitFailure;
       }
@@ -179,7 +179,7 @@ int run_encode(Client& client, const EncodeFlags& flags) {
       for (int64_t number = 1; exit_code == 0 && std::getline(*in, text); ++number) {
         if (text.find_first_not_of(" \t\r") == std::string::npos) continue;  // blank line
         std::string error;
-        auto line = cli::parse_input_line(text, hidden_size, &error);
+        auto line = jsonl::parse_input_line(text, hidden_size, &error);
         if (!line) {
           // Everything before the bad line is written, as fastformer-encode does.
           exit_code = batcher.flush() ? kExitUsage : kExitFailure;

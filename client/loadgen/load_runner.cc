@@ -12,7 +12,7 @@
 #include <unordered_map>
 #include <utility>
 
-#include "server/engine/workload.h"
+#include "common/workload.h"
 
 namespace fastformer::loadgen {
 namespace {
@@ -238,7 +238,7 @@ class Arrivals {
 
  private:
   const LoadStep& step_;
-  engine::SplitMix64 rng_;
+  SplitMix64 rng_;
   double poisson_s_ = 0;
   uint64_t count_ = 0;
 };

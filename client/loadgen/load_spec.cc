@@ -25,7 +25,7 @@ bool parse_lengths_spec(const std::string& text, LengthsSpec* out, std::string* 
   out->text = text;
   if (!text.starts_with("file:")) {
     out->from_file = false;
-    if (engine::parse_lengths(text, &out->range, error)) return true;
+    if (parse_lengths(text, &out->range, error)) return true;
     *error += " or file:PATH";
     return false;
   }

@@ -6,13 +6,13 @@
 #include <string>
 #include <vector>
 
-#include "server/engine/workload.h"
+#include "common/workload.h"
 
 namespace fastformer::loadgen {
 
 struct LengthsSpec {
   std::string text;                   ///< as given
-  engine::LengthSpec range;           ///< fixed:L / uniform:MIN:MAX
+  LengthSpec range;           ///< fixed:L / uniform:MIN:MAX
   std::vector<int64_t> file_lengths;  ///< file:PATH, one length a line (drawn uniformly)
   bool from_file = false;
 

@@ -4,26 +4,21 @@ namespace fastformer::loadgen {
 namespace {
 
 // `count` sequences of the workload stream.
-std::vector<engine::TokenSequence> make_sequences(const LengthsSpec& lengths, int64_t vocab_size,
-                                                  int32_t pad_token_id, int count, uint64_t seed) {
-  std::vector<engine::TokenSequence> sequences;
+std::vector<TokenSequence> make_sequences(const LengthsSpec& lengths, int64_t vocab_size,
+                                          int32_t pad_token_id, int count, uint64_t seed) {
+  std::vector<TokenSequence> sequences;
   if (!lengths.from_file) {
     // A token budget of 1 puts every sequence in a batch of its own: the batches are the stream.
-    for (auto& batch : engine::make_workload(lengths.range, vocab_size, pad_token_id,
-                                             /*batch_tokens=*/1, count, seed)) {
+    for (auto& batch : make_workload(lengths.range, vocab_size, pad_token_id,
+                                     /*batch_tokens=*/1, count, seed)) {
       sequences.push_back(std::move(batch.front()));
     }
     return sequences;
   }
-  engine::SplitMix64 rng(seed);
+  SplitMix64 rng(seed);
   for (int i = 0; i < count; ++i) {
     const int64_t n = lengths.file_lengths[rng.next() % lengths.file_lengths.size()];
-    engine::TokenSequence ids(static_cast<size_t>(n));
-    for (auto& id : ids) {
-      const auto r = static_cast<int32_t>(rng.next() % uint64_t(vocab_size - 1));
-      id = r < pad_token_id ? r : r + 1;  // never the pad token (workload.h's rule)
-    }
-    sequences.push_back(std::move(ids));
+    sequences.push_back(random_token_ids(rng, n, vocab_size, pad_token_id));
   }
   return sequences;
 }

@@ -1,5 +1,5 @@
 // The requests a load run cycles through, made before it starts. Token ids follow
-// fastformer-bench's workload rule (server/engine/workload.h: splitmix64 from the seed, ids
+// fastformer-bench's workload rule (common/workload.h: splitmix64 from the seed, ids
 // never the pad token): for fixed:/uniform: lengths the sequences are exactly the first ones of
 // fastformer-bench's and tools/workload.py's stream; for file: lengths each length is drawn
 // uniformly from the file with the same generator.

@@ -1,7 +1,5 @@
 #include "fastformer/client.h"
 
-#include <absl/status/status.h>
-
 #include <fstream>
 #include <iterator>
 #include <stdexcept>
@@ -205,11 +203,6 @@ const ClientOptions& Client::options() const { return state_->options; }
 std::shared_ptr<grpc::Channel> Client::channel() const { return state_->channel; }
 
 // ---- names -------------------------------------------------------------------------------
-
-std::string status_code_name(grpc::StatusCode code) {
-  // gRPC's codes are absl's (same numbers and names).
-  return absl::StatusCodeToString(static_cast<absl::StatusCode>(code));
-}
 
 const char* health_status_name(HealthStatus status) {
   switch (status) {

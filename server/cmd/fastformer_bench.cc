@@ -1,4 +1,4 @@
-// fastformer-bench: runs an engine on the synthetic workload of server/engine/workload.h,
+// fastformer-bench: runs an engine on the synthetic workload of common/workload.h,
 // with no server, and prints throughput, batch latency percentiles and peak memory.
 // tools/bench_pytorch.py runs the reference model on the same sequences.
 #include <sys/resource.h>
@@ -16,7 +16,7 @@
 
 #include "server/engine/engine.h"
 #include "server/engine/model.h"
-#include "server/engine/workload.h"
+#include "common/workload.h"
 
 namespace {
 
@@ -73,9 +73,9 @@ int main(int argc, char** argv) {
                "print the workload's batches as JSON (token ids) and exit");
   CLI11_PARSE(app, argc, argv);
 
-  engine::LengthSpec lengths;
+  LengthSpec lengths;
   std::string error;
-  if (!engine::parse_lengths(lengths_text, &lengths, &error)) {
+  if (!parse_lengths(lengths_text, &lengths, &error)) {
     std::cerr << "fastformer-bench: --" << error << "\n";
     return 2;
   }
@@ -92,7 +92,7 @@ int main(int argc, char** argv) {
       std::cerr << "fastformer-bench: the model has no word embedding; the workload is token ids\n";
       return 2;
     }
-    const auto pool = engine::make_workload(lengths, config.vocab_size, config.pad_token_id,
+    const auto pool = make_workload(lengths, config.vocab_size, config.pad_token_id,
                                             batch_tokens, pool_batches, seed);
     if (print_workload) {
       std::cout << nlohmann::json(pool).dump() << "\n";

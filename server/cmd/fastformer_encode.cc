@@ -13,7 +13,7 @@
 #include <spdlog/spdlog.h>
 #include <spdlog/sinks/stdout_color_sinks.h>
 
-#include "server/cmd/jsonl_io.h"
+#include "common/jsonl_io.h"
 #include "server/engine/engine.h"
 #include "server/engine/error.h"
 #include "server/engine/model.h"
@@ -96,7 +96,7 @@ int main(int argc, char** argv) {
     }
   }
 
-  std::vector<cli::InputLine> pending;  // lines of the batch being formed
+  std::vector<jsonl::InputLine> pending;  // lines of the batch being formed
   int64_t pending_tokens = 0;
   std::string buffer;
   auto flush = [&]() {
@@ -105,7 +105,7 @@ int main(int argc, char** argv) {
     for (const auto& line : pending) batch.add(line.view(), config);
     const auto encoded = eng->encode(batch, {&out_options, 1});
     buffer.clear();
-    for (const auto& seq : encoded) cli::append_output_line(seq, D, &buffer);
+    for (const auto& seq : encoded) jsonl::append_output_line(seq, D, &buffer);
     std::fwrite(buffer.data(), 1, buffer.size(), out);
     pending.clear();
     pending_tokens = 0;
@@ -119,7 +119,7 @@ int main(int argc, char** argv) {
       ++line_number;
       if (line.find_first_not_of(" \t\r") == std::string::npos) continue;  // blank line
       std::string error;
-      auto parsed = cli::parse_input_line(line, D, &error);
+      auto parsed = jsonl::parse_input_line(line, D, &error);
       if (parsed) {
         if (auto bad = engine::validate_sequence(config, model->has_word_embedding(), parsed->view(), 0)) {
           error = bad->field + ": " + bad->message;

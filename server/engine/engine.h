@@ -11,6 +11,7 @@
 #include <string>
 #include <vector>
 
+#include "common/sequence.h"
 #include "server/engine/model.h"
 #include "server/engine/ragged_batch.h"
 
@@ -29,19 +30,9 @@ struct EngineOptions {
   bool allow_tf32 = false;          ///< TF32 GEMMs for float32 on the CUDA engine
 };
 
-// What a caller wants back for one sequence.
-struct OutputOptions {
-  bool token_embeddings = false;  ///< the last layer's hidden state of every token
-  bool logits = false;            ///< the classifier head's output (when the model has one)
-  bool normalize = false;         ///< L2-normalise the pooled embedding
-};
-
-struct EncodedSequence {
-  std::vector<float> embedding;         ///< pooled [D] (normalised when asked)
-  std::vector<float> token_embeddings;  ///< [n, D] when asked
-  std::vector<float> logits;            ///< [num_labels] when asked and present
-  int32_t num_tokens = 0;               ///< tokens in the sequence, pads included
-};
+// The sequence and result types are common/sequence.h's.
+using fastformer::EncodedSequence;
+using fastformer::OutputOptions;
 
 class Engine {
  public:

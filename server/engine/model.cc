@@ -6,7 +6,7 @@
 #include <sstream>
 
 #include "server/engine/error.h"
-#include "server/engine/half.h"
+#include "common/half.h"
 
 namespace fastformer::engine {
 namespace {

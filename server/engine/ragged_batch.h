@@ -10,16 +10,13 @@
 #include <span>
 #include <vector>
 
+#include "common/sequence.h"
 #include "server/engine/config.h"
 #include "server/engine/error.h"
 
 namespace fastformer::engine {
 
-// One sequence as a caller hands it in: exactly one of the two spans is non-empty.
-struct SequenceInput {
-  std::span<const int32_t> token_ids;       ///< token ids, pad_token_id marks padding
-  std::span<const float> input_embeddings;  ///< [n, hidden_size] row-major, all real tokens
-};
+using fastformer::SequenceInput;  // common/sequence.h
 
 // Checks one sequence against the model's limits. `index` names it in the error.
 std::optional<InputError> validate_sequence(const ModelConfig& config, bool has_word_embedding,

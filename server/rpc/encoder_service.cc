@@ -5,6 +5,8 @@
 
 #include <spdlog/spdlog.h>
 
+#include "common/status_names.h"
+
 namespace fastformer::rpc {
 namespace {
 

@@ -4,8 +4,6 @@
 #include <chrono>
 #include <string>
 
-#include <absl/status/status.h>
-
 namespace fastformer::rpc {
 
 grpc::Status convert_request(const v1::EncodeRequest& proto, const engine::Model& model,
@@ -87,11 +85,6 @@ grpc::Status outcome_status(const batching::Request& request) {
       return {grpc::StatusCode::UNAVAILABLE, "the server is shutting down"};
   }
   return {grpc::StatusCode::INTERNAL, "unknown outcome"};
-}
-
-std::string status_code_name(grpc::StatusCode code) {
-  // gRPC's codes are absl's, by value; absl spells them as the metrics label them.
-  return absl::StatusCodeToString(static_cast<absl::StatusCode>(code));
 }
 
 }  // namespace fastformer::rpc

@@ -29,7 +29,4 @@ void fill_response(const batching::Request& request, v1::EncodeResponse* respons
 // The status a finished request answers with.
 grpc::Status outcome_status(const batching::Request& request);
 
-// "OK", "INVALID_ARGUMENT", ... for metrics labels.
-std::string status_code_name(grpc::StatusCode code);
-
 }  // namespace fastformer::rpc

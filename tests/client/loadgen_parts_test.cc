@@ -14,7 +14,7 @@
 #include "client/loadgen/load_spec.h"
 #include "client/loadgen/request_pool.h"
 #include "client/loadgen/step_report.h"
-#include "server/engine/workload.h"
+#include "common/workload.h"
 #include "tests/unit/test_models.h"
 
 namespace fastformer::loadgen {
@@ -116,8 +116,8 @@ TEST(RequestPool, HoldsFastformerBenchSequenceStream) {
   const auto pool = make_request_pool(spec, 500, 0, 3, 4, 9);
   ASSERT_EQ(pool.size(), 4u);
   // The same stream, cut into batches of up to 40 tokens by fastformer-bench's own packer.
-  std::vector<engine::TokenSequence> stream;
-  for (const auto& batch : engine::make_workload(spec.range, 500, 0, 40, 12, 9)) {
+  std::vector<TokenSequence> stream;
+  for (const auto& batch : make_workload(spec.range, 500, 0, 40, 12, 9)) {
     stream.insert(stream.end(), batch.begin(), batch.end());
   }
   ASSERT_GE(stream.size(), 12u);

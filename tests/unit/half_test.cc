@@ -1,6 +1,6 @@
 // float16 / bfloat16 conversions against hand-computed bit patterns, exhaustive round trips,
 // and independent round-to-nearest-even oracles.
-#include "server/engine/half.h"
+#include "common/half.h"
 
 #include <gtest/gtest.h>
 
@@ -10,7 +10,7 @@
 #include <limits>
 #include <random>
 
-namespace fastformer::engine {
+namespace fastformer {
 namespace {
 
 float from_bits(uint32_t bits) { return std::bit_cast<float>(bits); }
@@ -205,4 +205,4 @@ TEST(HalfTest, Bfloat16MatchesNearestEvenOracle) {
 }
 
 }  // namespace
-}  // namespace fastformer::engine
+}  // namespace fastformer

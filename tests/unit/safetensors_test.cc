@@ -8,7 +8,7 @@
 #include <cstring>
 
 #include "server/engine/error.h"
-#include "server/engine/half.h"
+#include "common/half.h"
 #include "tests/unit/test_models.h"
 
 namespace fastformer::engine {

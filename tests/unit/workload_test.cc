@@ -1,12 +1,12 @@
 // The shared benchmark workload: splitmix64, length specs and batch packing.
-#include "server/engine/workload.h"
+#include "common/workload.h"
 
 #include <gmock/gmock.h>
 #include <gtest/gtest.h>
 
 #include <set>
 
-namespace fastformer::engine {
+namespace fastformer {
 namespace {
 
 using ::testing::HasSubstr;
@@ -132,4 +132,4 @@ TEST(MakeWorkloadTest, IdsInVocabAndNeverPad) {
 }
 
 }  // namespace
-}  // namespace fastformer::engine
+}  // namespace fastformer

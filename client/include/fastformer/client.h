@@ -180,6 +180,7 @@ class EncodeStreamCall {
 };
 
 // "OK", "INVALID_ARGUMENT", ... (the names of grpc::StatusCode, as the server's metrics use).
+// Defined in the repository's common/status_names.cc, which this library carries.
 std::string status_code_name(grpc::StatusCode code);
 // "UNKNOWN", "SERVING", "NOT_SERVING", "SERVICE_UNKNOWN".
 const char* health_status_name(HealthStatus status);

@@ -6,7 +6,7 @@
 #include <vector>
 
 #include "server/engine/cuda/gemm.h"
-#include "server/engine/half.h"
+#include "common/half.h"
 
 namespace fastformer::engine::cuda::FF_OPS_NAMESPACE {
 

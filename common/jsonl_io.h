@@ -1,4 +1,4 @@
-// The JSON-lines formats of fastformer-encode (and, later, fastformer-client encode).
+// The JSON-lines formats of fastformer-encode and fastformer-client encode.
 //
 // Input, one sequence a line: {"token_ids": [1, 2, 3]} or {"input_embeddings": [[...], ...]}.
 // Output, in input order: {"embedding": [...], "num_tokens": n} plus "token_embeddings"
@@ -10,10 +10,9 @@
 #include <string>
 #include <vector>
 
-#include "server/engine/engine.h"
-#include "server/engine/ragged_batch.h"
+#include "common/sequence.h"
 
-namespace fastformer::cli {
+namespace fastformer::jsonl {
 
 // A parsed input line; owns the storage the SequenceInput view points at.
 struct InputLine {
@@ -21,7 +20,7 @@ struct InputLine {
   std::vector<float> input_embeddings;  ///< flattened rows
   int64_t rows = 0;                     ///< embedding rows
 
-  engine::SequenceInput view() const { return {token_ids, input_embeddings}; }
+  SequenceInput view() const { return {token_ids, input_embeddings}; }
 };
 
 // Parses one line. On failure returns nullopt and sets `error` (without the line number).
@@ -30,6 +29,6 @@ std::optional<InputLine> parse_input_line(const std::string& line, int64_t hidde
                                           std::string* error);
 
 // Appends one output line (with its trailing newline) to `out`.
-void append_output_line(const engine::EncodedSequence& seq, int64_t hidden_size, std::string* out);
+void append_output_line(const EncodedSequence& seq, int64_t hidden_size, std::string* out);
 
-}  // namespace fastformer::cli
+}  // namespace fastformer::jsonl

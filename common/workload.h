@@ -12,7 +12,7 @@
 #include <string>
 #include <vector>
 
-namespace fastformer::engine {
+namespace fastformer {
 
 class SplitMix64 {
  public:
@@ -41,8 +41,13 @@ bool parse_lengths(const std::string& text, LengthSpec* out, std::string* error)
 using TokenSequence = std::vector<int32_t>;
 using WorkloadBatch = std::vector<TokenSequence>;
 
+// `length` ids of the stream: each r = next() % (vocab_size-1), id = r < pad ? r : r + 1, so
+// never the pad id. The load generator draws its file: lengths' sequences with it too.
+TokenSequence random_token_ids(SplitMix64& rng, int64_t length, int64_t vocab_size,
+                               int32_t pad_token_id);
+
 std::vector<WorkloadBatch> make_workload(const LengthSpec& lengths, int64_t vocab_size,
                                          int32_t pad_token_id, int64_t batch_tokens,
                                          int pool_batches, uint64_t seed);
 
-}  // namespace fastformer::engine
+}  // namespace fastformer

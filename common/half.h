@@ -5,7 +5,7 @@
 #include <bit>
 #include <cstdint>
 
-namespace fastformer::engine {
+namespace fastformer {
 
 inline float half_to_float(uint16_t h) {
   const uint32_t sign = static_cast<uint32_t>(h & 0x8000u) << 16;
@@ -55,4 +55,4 @@ inline uint16_t float_to_bfloat16(float f) {
   return static_cast<uint16_t>((x + 0x7fffu + ((x >> 16) & 1u)) >> 16);
 }
 
-}  // namespace fastformer::engine
+}  // namespace fastformer

@@ -1,11 +1,11 @@
-#include "server/cmd/jsonl_io.h"
+#include "common/jsonl_io.h"
 
 #include <charconv>
 #include <limits>
 
 #include <nlohmann/json.hpp>
 
-namespace fastformer::cli {
+namespace fastformer::jsonl {
 namespace {
 
 using nlohmann::json;
@@ -103,7 +103,7 @@ std::optional<InputLine> parse_input_line(const std::string& line, int64_t hidde
   return in;
 }
 
-void append_output_line(const engine::EncodedSequence& seq, int64_t hidden_size, std::string* out) {
+void append_output_line(const EncodedSequence& seq, int64_t hidden_size, std::string* out) {
   out->append("{\"embedding\":");
   append_floats(seq.embedding.data(), int64_t(seq.embedding.size()), out);
   out->append(",\"num_tokens\":");
@@ -123,4 +123,4 @@ void append_output_line(const engine::EncodedSequence& seq, int64_t hidden_size,
   out->append("}\n");
 }
 
-}  // namespace fastformer::cli
+}  // namespace fastformer::jsonl

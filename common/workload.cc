@@ -1,8 +1,8 @@
-#include "server/engine/workload.h"
+#include "common/workload.h"
 
 #include <charconv>
 
-namespace fastformer::engine {
+namespace fastformer {
 namespace {
 
 bool parse_int(std::string_view s, int64_t* out) {
@@ -38,6 +38,16 @@ bool parse_lengths(const std::string& text, LengthSpec* out, std::string* error)
   return false;
 }
 
+TokenSequence random_token_ids(SplitMix64& rng, int64_t length, int64_t vocab_size,
+                               int32_t pad_token_id) {
+  TokenSequence ids(static_cast<size_t>(length));
+  for (auto& id : ids) {
+    const auto r = static_cast<int32_t>(rng.next() % uint64_t(vocab_size - 1));
+    id = r < pad_token_id ? r : r + 1;
+  }
+  return ids;
+}
+
 std::vector<WorkloadBatch> make_workload(const LengthSpec& lengths, int64_t vocab_size,
                                          int32_t pad_token_id, int64_t batch_tokens,
                                          int pool_batches, uint64_t seed) {
@@ -45,12 +55,7 @@ std::vector<WorkloadBatch> make_workload(const LengthSpec& lengths, int64_t voca
   auto next_sequence = [&] {
     int64_t n = lengths.min;
     if (lengths.uniform) n = lengths.min + int64_t(rng.next() % uint64_t(lengths.max - lengths.min + 1));
-    TokenSequence ids(static_cast<size_t>(n));
-    for (auto& id : ids) {
-      const auto r = static_cast<int32_t>(rng.next() % uint64_t(vocab_size - 1));
-      id = r < pad_token_id ? r : r + 1;  // never the pad token
-    }
-    return ids;
+    return random_token_ids(rng, n, vocab_size, pad_token_id);
   };
   std::vector<WorkloadBatch> pool;
   WorkloadBatch current;
@@ -70,4 +75,4 @@ std::vector<WorkloadBatch> make_workload(const LengthSpec& lengths, int64_t voca
   return pool;
 }
 
-}  // namespace fastformer::engine
+}  // namespace fastformer

@@ -1,0 +1,33 @@
+// The plain sequence and result types shared by the engine, the server and the clients'
+// JSON-lines I/O: what a caller hands in for one sequence, what it asks back, and what it
+// gets. No model, batch or transport knowledge here.
+#pragma once
+
+#include <cstdint>
+#include <span>
+#include <vector>
+
+namespace fastformer {
+
+// One sequence as a caller hands it in: exactly one of the two spans is non-empty.
+struct SequenceInput {
+  std::span<const int32_t> token_ids;       ///< token ids, pad_token_id marks padding
+  std::span<const float> input_embeddings;  ///< [n, hidden_size] row-major, all real tokens
+};
+
+// What a caller wants back for one sequence.
+struct OutputOptions {
+  bool token_embeddings = false;  ///< the last layer's hidden state of every token
+  bool logits = false;            ///< the classifier head's output (when the model has one)
+  bool normalize = false;         ///< L2-normalise the pooled embedding
+};
+
+// What the engine returns for one sequence.
+struct EncodedSequence {
+  std::vector<float> embedding;         ///< pooled [D] (normalised when asked)
+  std::vector<float> token_embeddings;  ///< [n, D] when asked
+  std::vector<float> logits;            ///< [num_labels] when asked and present
+  int32_t num_tokens = 0;               ///< tokens in the sequence, pads included
+};
+
+}  // namespace fastformer

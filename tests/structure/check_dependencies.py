@@ -1,0 +1,170 @@
+#!/usr/bin/env python3
+"""The dependency rule: every include points down.
+
+    client -> common
+    server/cmd -> server/rpc -> server/metrics -> server/batching -> server/engine -> kernels -> common
+
+A layer may include itself and any layer below it, never one above or beside it; nothing
+shipped includes tests/. The client programs must not link the engine, OpenBLAS, oneDNN or
+CUDA. Exit status 1 names every offending include (file:line) or binary.
+
+    check_dependencies.py --root REPO              the include rule over the source tree
+    check_dependencies.py --self-test              a client file that includes a server header
+                                                   (and other breaches) must be caught
+    check_dependencies.py --client-binaries B...   what the client programs link
+"""
+
+import argparse
+import pathlib
+import re
+import subprocess
+import sys
+import tempfile
+
+# Bottom first. A file's layer is the longest of these prefixes its path starts with.
+SERVER_LAYERS = ["common", "kernels", "server/engine", "server/batching", "server/metrics",
+                 "server/rpc", "server/cmd"]
+# Generated from proto/ (the public API and gRPC health): usable by the RPC layers and clients.
+PROTO = ["fastformer/v1/", "grpc/health/"]
+# The client library's public header directory (client/include).
+CLIENT_PUBLIC = ["fastformer/client.h"]
+
+ALLOWED = {layer: SERVER_LAYERS[: i + 1] for i, layer in enumerate(SERVER_LAYERS)}
+ALLOWED["server/rpc"] = ALLOWED["server/rpc"] + PROTO
+ALLOWED["server/cmd"] = ALLOWED["server/cmd"] + PROTO
+ALLOWED["client"] = ["client", "common"] + PROTO + CLIENT_PUBLIC
+
+SOURCE_SUFFIXES = {".h", ".hpp", ".cc", ".cpp", ".cu", ".cuh"}
+INCLUDE = re.compile(r'^\s*#\s*include\s*[<"]([^>"]+)[>"]')
+# First path components that name a directory of this repository.
+PROJECT_ROOTS = {"common", "kernels", "server", "client", "tests"}
+
+
+def is_project_header(target: str) -> bool:
+    """A header of this repository (or generated from its proto/), not a system one."""
+    return (target.split("/", 1)[0] in PROJECT_ROOTS and "/" in target) or target.startswith(
+        tuple(PROTO + CLIENT_PUBLIC + ["fastformer/"]))
+
+
+def layer_of(relpath: str) -> str | None:
+    for layer in sorted(ALLOWED, key=len, reverse=True):
+        if relpath == layer or relpath.startswith(layer + "/"):
+            return layer
+    return None
+
+
+def allowed(layer: str, target: str) -> bool:
+    for prefix in ALLOWED[layer]:
+        if prefix.endswith("/") or prefix.endswith(".h"):
+            if target.startswith(prefix) or target == prefix:
+                return True
+        elif target == prefix or target.startswith(prefix + "/"):
+            return True
+    return False
+
+
+def check_tree(root: pathlib.Path) -> list[str]:
+    problems = []
+    for path in sorted(root.rglob("*")):
+        if path.suffix not in SOURCE_SUFFIXES or not path.is_file():
+            continue
+        rel = path.relative_to(root).as_posix()
+        if rel.startswith(("build", ".git/")):
+            continue
+        layer = layer_of(rel)
+        if layer is None:  # tests/, tools/: free to include anything
+            continue
+        for number, line in enumerate(path.read_text(errors="replace").splitlines(), 1):
+            m = INCLUDE.match(line)
+            if not m:
+                continue
+            target = m.group(1)
+            if not is_project_header(target):
+                continue  # a system or third-party header
+            if not allowed(layer, target):
+                problems.append(f"{rel}:{number}: {layer}/ may not include \"{target}\" "
+                                f"(allowed: {', '.join(ALLOWED[layer])})")
+    return problems
+
+
+def self_test() -> list[str]:
+    """The rule must fail on known breaches and pass on a clean tree."""
+    cases = {
+        "client/cmd/bad.cc": ('#include "server/engine/model.h"', "client/cmd/bad.cc:2"),
+        "kernels/bad.cu": ('#include "server/engine/half.h"', "kernels/bad.cu:2"),
+        "common/bad.h": ('#include "client/loadgen/load_spec.h"', "common/bad.h:2"),
+        "server/engine/bad.cc": ('#include "server/batching/queue.h"', "server/engine/bad.cc:2"),
+        "server/batching/bad.cc": ('#include "tests/support/test_models.h"',
+                                   "server/batching/bad.cc:2"),
+    }
+    clean = {
+        "client/cmd/good.cc": '#include "common/jsonl_io.h"\n#include "fastformer/client.h"',
+        "server/cmd/good.cc": '#include "server/rpc/auth.h"\n#include "kernels/kernels.h"',
+        "kernels/good.cu": '#include "common/half.h"\n#include <cuda_runtime.h>',
+    }
+    failures = []
+    with tempfile.TemporaryDirectory() as tmp:
+        root = pathlib.Path(tmp)
+        for rel, text in clean.items():
+            (root / rel).parent.mkdir(parents=True, exist_ok=True)
+            (root / rel).write_text("// clean\n" + text + "\n")
+        if problems := check_tree(root):
+            failures.append(f"a clean tree was rejected: {problems}")
+        for rel, (text, _) in cases.items():
+            (root / rel).parent.mkdir(parents=True, exist_ok=True)
+            (root / rel).write_text("// breach\n" + text + "\n")
+        found = check_tree(root)
+        for rel, (text, where) in cases.items():
+            if not any(p.startswith(where + ":") for p in found):
+                failures.append(f"{where} ({text}) was not reported; reported: {found}")
+    return failures
+
+
+# What a client program must not carry: the engine's code and its libraries.
+FORBIDDEN_LIBS = re.compile(r"openblas|blas|dnnl|cublas|cudart|libcuda|nvrtc")
+FORBIDDEN_SYMBOLS = re.compile(r"fastformer::(engine|batching|rpc|metrics|kernels)::|cblas_|dnnl_")
+
+
+def check_binaries(binaries: list[str]) -> list[str]:
+    problems = []
+    for binary in binaries:
+        dynamic = subprocess.run(["readelf", "-d", binary], capture_output=True, text=True,
+                                 check=True).stdout
+        needed = re.findall(r"\(NEEDED\)\s+Shared library: \[([^\]]+)\]", dynamic)
+        if not needed:
+            problems.append(f"{binary}: readelf found no NEEDED entries (not a dynamic binary?)")
+        for lib in needed:
+            if FORBIDDEN_LIBS.search(lib):
+                problems.append(f"{binary}: links {lib}")
+        symbols = subprocess.run(["nm", "-C", binary], capture_output=True, text=True,
+                                 check=True).stdout
+        bad = sorted({m.group(0) for m in FORBIDDEN_SYMBOLS.finditer(symbols)})
+        if bad:
+            problems.append(f"{binary}: carries server/engine code ({', '.join(bad)})")
+    return problems
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__,
+                                     formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--root", type=pathlib.Path)
+    parser.add_argument("--self-test", action="store_true")
+    parser.add_argument("--client-binaries", nargs="+")
+    args = parser.parse_args()
+    problems = []
+    if args.root:
+        problems += check_tree(args.root)
+    if args.self_test:
+        problems += self_test()
+    if args.client_binaries:
+        problems += check_binaries(args.client_binaries)
+    for p in problems:
+        print(p)
+    if not (args.root or args.self_test or args.client_binaries):
+        parser.error("nothing to check")
+    print(f"{len(problems)} problem(s)")
+    return 1 if problems else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
