@@ -1,6 +1,7 @@
 // Every metric the server exports, registered at start-up so each exists before the
 // first request (docs/metrics.md). Recorded where the thing happens: the rpc layer counts
-// requests, the queue its depth and drops, the scheduler its batches.
+// requests, the queue its depth and drops, the scheduler its batches (the last two through
+// queue_recorders and batch_recorders below).
 #pragma once
 
 #include <cstdint>
