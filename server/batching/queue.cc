@@ -39,6 +39,7 @@ Admission BatchQueue::push(std::shared_ptr<Request> request) {
   request->tokens = tokens;
   request->remaining.store(static_cast<int32_t>(request->sequences.size()));
   request->results.resize(request->sequences.size());
+  bool report = false;
   {
     std::lock_guard lock(mu_);
     if (closed_) return Admission::kClosed;
@@ -49,9 +50,10 @@ Admission BatchQueue::push(std::shared_ptr<Request> request) {
       entries_.push_back(QueueEntry{request, static_cast<int32_t>(i), n, now});
     }
     tokens_ += tokens;
-    publish_depth();
+    report = record_depth_locked();
   }
   cv_.notify_one();
+  if (report) report_depths();
   return Admission::kAdmitted;
 }
 
@@ -73,12 +75,34 @@ int64_t BatchQueue::queued_sequences() const {
   return static_cast<int64_t>(entries_.size());
 }
 
-void BatchQueue::publish_depth() {
-  if (observer_.on_depth) observer_.on_depth(tokens_, static_cast<int64_t>(entries_.size()));
+bool BatchQueue::fits(int64_t count, int64_t batch_tokens, int64_t tokens) const {
+  return count < limits_.max_batch_sequences &&
+         (count == 0 || batch_tokens + tokens <= limits_.max_batch_tokens);
 }
 
-void BatchQueue::drop_dead_head(std::vector<std::pair<QueueEntry, Outcome>>* dropped) {
-  const auto now = Clock::now();
+bool BatchQueue::record_depth_locked() {
+  if (!observer_.on_depth) return false;
+  depths_.push_back({tokens_, static_cast<int64_t>(entries_.size())});
+  if (reporting_depth_) return false;  // that thread reports this depth too, after its own
+  reporting_depth_ = true;
+  return true;
+}
+
+void BatchQueue::report_depths() {
+  // One reporter at a time, draining the depths in the order they were recorded: a gauge
+  // set from two threads at once could otherwise end on an older depth than the last one.
+  std::unique_lock lock(mu_);
+  while (!depths_.empty()) {
+    const Depth depth = depths_.front();
+    depths_.pop_front();
+    lock.unlock();
+    observer_.on_depth(depth.tokens, depth.sequences);
+    lock.lock();
+  }
+  reporting_depth_ = false;
+}
+
+void BatchQueue::drop_dead_head(Clock::time_point now, std::vector<std::pair<QueueEntry, Outcome>>* dropped) {
   while (!entries_.empty()) {
     const Outcome reason = dead_reason(entries_.front(), now);
     if (reason == Outcome::kOk) break;
@@ -101,12 +125,18 @@ std::optional<Batch> BatchQueue::next_batch() {
   };
 
   std::unique_lock lock(mu_);
+  // After a change under the lock: releases it, then reports the depth and completes the
+  // dropped requests (observers and completions run under no lock).
+  auto unlock_and_report = [&] {
+    const bool report = record_depth_locked();
+    lock.unlock();
+    if (report) report_depths();
+    complete_dropped();
+  };
   for (;;) {
-    drop_dead_head(&dropped);
+    drop_dead_head(Clock::now(), &dropped);
     if (!dropped.empty()) {
-      publish_depth();
-      lock.unlock();
-      complete_dropped();
+      unlock_and_report();
       lock.lock();
       continue;
     }
@@ -119,7 +149,7 @@ std::optional<Batch> BatchQueue::next_batch() {
     bool full = false;
     int64_t tokens = 0, count = 0;
     for (const QueueEntry& e : entries_) {
-      if (count == limits_.max_batch_sequences || (count > 0 && tokens + e.tokens > limits_.max_batch_tokens)) {
+      if (!fits(count, tokens, e.tokens)) {
         full = true;
         break;
       }
@@ -139,28 +169,17 @@ std::optional<Batch> BatchQueue::next_batch() {
   // even alone over the budget); what does not fit stays at the head.
   Batch batch;
   const auto now = Clock::now();
-  while (!entries_.empty()) {
+  for (;;) {
+    drop_dead_head(now, &dropped);  // sequences behind the head may have died while waiting
+    if (entries_.empty()) break;
     QueueEntry& e = entries_.front();
-    const Outcome reason = dead_reason(e, now);
-    if (reason != Outcome::kOk) {
-      tokens_ -= e.tokens;
-      dropped.emplace_back(std::move(e), reason);
-      entries_.pop_front();
-      continue;
-    }
-    const auto count = static_cast<int64_t>(batch.entries.size());
-    if (count == limits_.max_batch_sequences ||
-        (count > 0 && batch.tokens + e.tokens > limits_.max_batch_tokens)) {
-      break;
-    }
+    if (!fits(static_cast<int64_t>(batch.entries.size()), batch.tokens, e.tokens)) break;
     batch.tokens += e.tokens;
     tokens_ -= e.tokens;
     batch.entries.push_back(std::move(e));
     entries_.pop_front();
   }
-  publish_depth();
-  lock.unlock();
-  complete_dropped();
+  unlock_and_report();
 
   // Stage the input while the previous batch may still be computing.
   for (const QueueEntry& e : batch.entries) {

@@ -42,7 +42,10 @@ struct Batch {
   int64_t tokens = 0;
 };
 
-// Observers for metrics, called under no lock.
+// Observers for metrics, called under no lock of the queue (an observer may take its own
+// locks, or call back into the queue). on_depth reports the depth after every change, one
+// call at a time and in the order of the changes, so the last call always holds the current
+// depth even when threads push and form batches at once.
 struct QueueObserver {
   std::function<void(int64_t tokens, int64_t sequences)> on_depth;   ///< after every change
   std::function<void(const QueueEntry&, Outcome reason)> on_dropped; ///< deadline / cancelled
@@ -71,9 +74,22 @@ class BatchQueue {
   const QueueLimits& limits() const { return limits_; }
 
  private:
-  // Drops dead entries at the head; returns them for completion outside the lock.
-  void drop_dead_head(std::vector<std::pair<QueueEntry, Outcome>>* dropped);
-  void publish_depth();
+  struct Depth {
+    int64_t tokens = 0;
+    int64_t sequences = 0;
+  };
+
+  // Whether a sequence of `tokens` may join a batch of `count` sequences and `batch_tokens`
+  // tokens: within both budgets, or first in the batch (a long sequence runs alone).
+  bool fits(int64_t count, int64_t batch_tokens, int64_t tokens) const;
+  // Drops the entries at the head that are dead at `now`; returns them for completion
+  // outside the lock.
+  void drop_dead_head(Clock::time_point now, std::vector<std::pair<QueueEntry, Outcome>>* dropped);
+  // Under mu_, after a change: records the depth for on_depth. Returns true when the caller
+  // must call report_depths once it released mu_ (no other thread is reporting).
+  [[nodiscard]] bool record_depth_locked();
+  // Without mu_: calls on_depth for every recorded depth, in order, until none is left.
+  void report_depths();
 
   const QueueLimits limits_;
   const engine::ModelConfig config_;
@@ -83,6 +99,8 @@ class BatchQueue {
   std::deque<QueueEntry> entries_;
   int64_t tokens_ = 0;
   bool closed_ = false;
+  std::deque<Depth> depths_;     // recorded, not yet reported to on_depth
+  bool reporting_depth_ = false;  // a thread is in report_depths
 };
 
 }  // namespace fastformer::batching

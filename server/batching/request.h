@@ -19,8 +19,10 @@ namespace fastformer::batching {
 
 using Clock = std::chrono::steady_clock;
 
-// How a request ended.
-enum class Outcome { kOk, kDeadlineExceeded, kCancelled, kEngineFailure, kShuttingDown };
+// How a request ended. There is no "shutting down": the drain answers every admitted request
+// (or, at the shutdown timeout, the process exits without them), and calls refused while
+// draining never reach the queue.
+enum class Outcome { kOk, kDeadlineExceeded, kCancelled, kEngineFailure };
 
 struct Request {
   std::vector<engine::SequenceInput> sequences;  ///< views into storage the caller keeps alive

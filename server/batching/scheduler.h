@@ -29,7 +29,8 @@ class Scheduler {
   Scheduler(BatchQueue& queue, engine::Engine& engine, BatchObserver observer = {});
   ~Scheduler();  // joins; call queue.close() first to drain
 
-  // Runs one batch synchronously on the calling thread (the warm-up before serving).
+  // Runs one batch synchronously on the calling thread and completes its requests: what the
+  // compute thread does with every batch (the batch-queue fuzzer calls it directly).
   void run_batch(Batch& batch);
 
   // Waits until the queue is closed and every batch has run.

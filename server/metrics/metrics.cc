@@ -189,6 +189,32 @@ void Metrics::set_device_memory(double used_bytes, double total_bytes) {
   device_memory_total_.Set(total_bytes);
 }
 
+QueueRecorders queue_recorders(Metrics& metrics) {
+  QueueRecorders r;
+  r.depth = [&metrics](int64_t tokens, int64_t sequences) {
+    metrics.queue_tokens.Set(double(tokens));
+    metrics.queue_sequences.Set(double(sequences));
+  };
+  r.dropped = [&metrics](DropReason reason) {
+    (reason == DropReason::kDeadline ? metrics.dropped_deadline : metrics.dropped_cancelled).Increment();
+  };
+  r.batched = [&metrics](double queue_seconds) { metrics.queue_duration.Observe(queue_seconds); };
+  return r;
+}
+
+BatchRecorders batch_recorders(Metrics& metrics) {
+  BatchRecorders r;
+  r.computed = [&metrics](int64_t tokens, int64_t sequences, double seconds) {
+    metrics.batch_compute_duration.Observe(seconds);
+    metrics.batch_tokens.Observe(double(tokens));
+    metrics.batch_sequences.Observe(double(sequences));
+    metrics.tokens_total.Increment(double(tokens));
+    metrics.sequences_total.Increment(double(sequences));
+  };
+  r.failed = [&metrics] { metrics.batch_failures.Increment(); };
+  return r;
+}
+
 MetricsServer::MetricsServer(const std::string& listen,
                              const std::shared_ptr<prometheus::Registry>& registry)
     : exposer_(std::make_unique<prometheus::Exposer>(listen)),

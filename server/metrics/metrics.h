@@ -1,8 +1,11 @@
 // Every metric the server exports, registered at start-up so each exists before the
 // first request (docs/metrics.md). Recorded where the thing happens: the rpc layer counts
-// requests, the queue its depth and drops, the scheduler its batches.
+// requests, the queue its depth and drops, the scheduler its batches (the last two through
+// queue_recorders and batch_recorders below).
 #pragma once
 
+#include <cstdint>
+#include <functional>
 #include <memory>
 #include <string>
 
@@ -58,6 +61,27 @@ class Metrics {
   prometheus::Gauge& device_memory_used_;
   prometheus::Gauge& device_memory_total_;
 };
+
+// Why a queued sequence was dropped before compute: fastformer_sequences_dropped_total{reason}.
+enum class DropReason { kDeadline, kCancelled };
+
+// The callbacks that record the admission queue and the batches. Over plain types, so this
+// module depends on nothing above it: the server wraps them in the batching layer's
+// observers. Each may be called from any thread (prometheus-cpp metrics are thread-safe).
+struct QueueRecorders {
+  std::function<void(int64_t tokens, int64_t sequences)> depth;  ///< fastformer_queue_tokens, _sequences
+  std::function<void(DropReason reason)> dropped;                ///< fastformer_sequences_dropped_total
+  std::function<void(double queue_seconds)> batched;             ///< fastformer_queue_duration_seconds
+};
+struct BatchRecorders {
+  // fastformer_batch_compute_duration_seconds, _batch_tokens, _batch_sequences,
+  // fastformer_tokens_total and fastformer_sequences_total.
+  std::function<void(int64_t tokens, int64_t sequences, double seconds)> computed;
+  std::function<void()> failed;  ///< fastformer_batch_failures_total
+};
+// They record into `metrics`, which must outlive them.
+QueueRecorders queue_recorders(Metrics& metrics);
+BatchRecorders batch_recorders(Metrics& metrics);
 
 // Serves `registry` (and the process metrics) on `listen` ("host:port") at /metrics.
 class MetricsServer {

@@ -81,8 +81,6 @@ grpc::Status outcome_status(const batching::Request& request) {
     case batching::Outcome::kCancelled: return {grpc::StatusCode::CANCELLED, "the call was cancelled"};
     case batching::Outcome::kEngineFailure:
       return {grpc::StatusCode::INTERNAL, "engine failure: " + request.error};
-    case batching::Outcome::kShuttingDown:
-      return {grpc::StatusCode::UNAVAILABLE, "the server is shutting down"};
   }
   return {grpc::StatusCode::INTERNAL, "unknown outcome"};
 }

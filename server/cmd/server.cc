@@ -1,0 +1,239 @@
+#include "server/cmd/server.h"
+
+#include <algorithm>
+#include <chrono>
+#include <cstdlib>
+#include <thread>
+#include <utility>
+#include <vector>
+
+#include <grpcpp/ext/proto_server_reflection_plugin.h>
+#include <spdlog/spdlog.h>
+
+#include "server/cmd/listen_check.h"
+
+#ifndef FASTFORMER_VERSION
+#define FASTFORMER_VERSION "dev"
+#endif
+
+namespace fastformer {
+namespace {
+
+using Clock = std::chrono::steady_clock;
+
+const std::string kService = "fastformer.v1.Encoder";
+
+// One short sequence through the engine, so the first request does not pay for cold
+// caches and lazy initialisation; health says SERVING only after it.
+void warm_up(engine::Engine& eng) {
+  const engine::Model& model = eng.model();
+  const auto& c = model.config();
+  const int64_t n = std::min<int64_t>(16, c.max_position_embeddings);
+  std::vector<int32_t> ids(size_t(n), (c.pad_token_id + 1) % int32_t(c.vocab_size));
+  std::vector<float> embeddings(size_t(n * c.hidden_size), 0.5f);
+  engine::RaggedBatch batch;
+  if (model.has_word_embedding()) batch.add({ids, {}}, c);
+  else batch.add({{}, embeddings}, c);
+  const engine::OutputOptions options;
+  eng.encode(batch, {&options, 1});
+}
+
+// The metrics' recorders as the batching layer's observers (the metrics module does not
+// know the batching types).
+batching::QueueObserver queue_observer(metrics::Metrics& metrics) {
+  metrics::QueueRecorders record = metrics::queue_recorders(metrics);
+  batching::QueueObserver observer;
+  observer.on_depth = std::move(record.depth);
+  observer.on_dropped = [dropped = std::move(record.dropped)](const batching::QueueEntry&,
+                                                               batching::Outcome reason) {
+    // The queue reports only these two reasons.
+    dropped(reason == batching::Outcome::kDeadlineExceeded ? metrics::DropReason::kDeadline
+                                                           : metrics::DropReason::kCancelled);
+  };
+  observer.on_batched = [batched = std::move(record.batched)](const batching::QueueEntry&, double seconds) {
+    batched(seconds);
+  };
+  return observer;
+}
+
+batching::BatchObserver batch_observer(metrics::Metrics& metrics, const std::optional<TestFaults>& test_faults) {
+  metrics::BatchRecorders record = metrics::batch_recorders(metrics);
+  batching::BatchObserver observer;
+  observer.on_batch = std::move(record.computed);
+  observer.on_failure = [failed = std::move(record.failed)](const std::string& reason, int64_t sequences) {
+    failed();
+    spdlog::warn("engine failed on a batch of {} sequences: {}", sequences, reason);
+  };
+  if (test_faults) observer.before_compute = test_fault_hook(*test_faults);
+  return observer;
+}
+
+}  // namespace
+
+Server::Server(ServerOptions options, std::optional<TestFaults> test_faults)
+    : options_(std::move(options)),
+      test_faults_(std::move(test_faults)),
+      auth_metrics_(*metrics_.registry()),
+      service_(metrics_) {}
+
+bool Server::start() {
+  // Metrics and the port come first: health answers NOT_SERVING (and Encode UNAVAILABLE)
+  // while the model loads and warms up.
+  if (!open_metrics() || !secure() || !listen() || !load_engine()) return false;
+  start_serving();
+  return true;
+}
+
+bool Server::open_metrics() {
+  try {
+    metrics_server_ = std::make_unique<metrics::MetricsServer>(options_.metrics_listen, metrics_.registry());
+  } catch (const std::exception& e) {
+    const std::string problem = listen_problem(options_.metrics_listen);
+    spdlog::error("cannot serve metrics on {}: {}", options_.metrics_listen, problem.empty() ? e.what() : problem);
+    return false;
+  }
+  spdlog::info("metrics on {} (port {})", options_.metrics_listen, metrics_server_->port());
+  return true;
+}
+
+bool Server::secure() {
+  try {
+    security_ = std::make_unique<rpc::ServerSecurity>(options_.security, auth_metrics_);
+  } catch (const std::exception& e) {
+    spdlog::error("start-up failed: {}", e.what());
+    return false;
+  }
+  spdlog::info("gRPC security: {}", security_->describe());
+  return true;
+}
+
+bool Server::listen() {
+  service_.set_max_concurrent_streams(options_.max_concurrent_streams);
+  grpc::EnableDefaultHealthCheckService(true);
+  grpc::reflection::InitProtoReflectionServerBuilderPlugin();
+  grpc::ServerBuilder builder;
+  int port = 0;
+  builder.AddListeningPort(options_.listen, security_->credentials(), &port);
+  builder.SetMaxReceiveMessageSize(int(std::min<int64_t>(options_.max_message_bytes, INT32_MAX)));
+  builder.SetMaxSendMessageSize(-1);
+  // gRPC sets SO_REUSEPORT by default: a second server on a busy port would start and take
+  // half of the connections. Refuse instead.
+  builder.AddChannelArgument(GRPC_ARG_ALLOW_REUSEPORT, 0);
+  builder.RegisterService(&service_);
+  grpc_server_ = builder.BuildAndStart();
+  if (!grpc_server_ || port == 0) {
+    const std::string problem = listen_problem(options_.listen);
+    spdlog::error("cannot listen on {}: {}", options_.listen,
+                  problem.empty() ? "gRPC could not bind it (see its message above)" : problem);
+    return false;
+  }
+  health_ = grpc_server_->GetHealthCheckService();
+  set_health(false);
+  spdlog::info("listening on {} (port {}), health NOT_SERVING until the model is loaded and warm", options_.listen,
+               port);
+  return true;
+}
+
+bool Server::load_engine() {
+  const ServerOptions& f = options_;
+  try {
+    model_ = engine::Model::load(f.model_dir);
+    const auto& c = model_->config();
+    max_request_tokens_ = f.max_request_tokens > 0 ? f.max_request_tokens
+                                                   : std::max(f.max_batch_tokens, c.max_position_embeddings);
+    spdlog::info("model {} from {}: hidden {}, {} layers, {} heads, {} positions, {} parameters stored as {}{}",
+                 c.model_name, f.model_dir, c.hidden_size, c.num_hidden_layers, c.num_attention_heads,
+                 c.max_position_embeddings, model_->parameter_count(), model_->stored_dtype(),
+                 model_->num_labels() ? ", classifier head with " + std::to_string(model_->num_labels()) + " labels"
+                                      : "");
+    if (max_request_tokens_ > f.max_queue_tokens) {
+      fail_start("--max-request-tokens " + std::to_string(max_request_tokens_) + " exceeds --max-queue-tokens " +
+                 std::to_string(f.max_queue_tokens) + ": such requests could never be admitted");
+      return false;
+    }
+    engine::EngineOptions options;
+    engine::parse_backend(f.backend, &options.backend);
+    options.threads = f.threads;
+    options.dtype = f.dtype;
+    options.device = f.device;
+    options.allow_tf32 = f.allow_tf32;
+    // The buffers hold a full batch, or the longest sequence a request may bring, which
+    // runs in a batch of its own.
+    options.max_batch_tokens =
+        std::max(f.max_batch_tokens, std::min(max_request_tokens_, c.max_position_embeddings));
+    std::string why;
+    engine_ = engine::create_engine(model_, options, &why);
+    spdlog::info("backend {} on {} ({}); engine buffers for {} tokens", engine_->backend_name(),
+                 engine_->device_name(), why, engine_->max_batch_tokens());
+    warm_up(*engine_);
+  } catch (const std::exception& e) {
+    fail_start(e.what());
+    return false;
+  }
+  return true;
+}
+
+void Server::start_serving() {
+  const ServerOptions& f = options_;
+  spdlog::info("limits: max-batch-tokens {}, max-batch-sequences {}, max-queue-delay-us {}, max-queue-tokens {}, "
+               "max-request-tokens {}, max-message-bytes {}, max-concurrent-streams {}",
+               f.max_batch_tokens, f.max_batch_sequences, f.max_queue_delay_us, f.max_queue_tokens,
+               max_request_tokens_, f.max_message_bytes, f.max_concurrent_streams);
+  metrics_.set_model_info({model_->config().model_name, f.dtype, engine_->backend_name(), engine_->device_name(),
+                           FASTFORMER_VERSION});
+  // Device buffers are sized at start-up and never grow, so one reading stays true.
+  const auto [device_used, device_total] = engine_->device_memory();
+  metrics_.set_device_memory(double(device_used), double(device_total));
+
+  batching::QueueLimits limits;
+  limits.max_batch_tokens = f.max_batch_tokens;
+  limits.max_batch_sequences = f.max_batch_sequences;
+  limits.max_queue_tokens = f.max_queue_tokens;
+  limits.max_queue_delay = std::chrono::microseconds(f.max_queue_delay_us);
+  queue_ = std::make_unique<batching::BatchQueue>(limits, model_->config(), queue_observer(metrics_));
+  scheduler_ = std::make_unique<batching::Scheduler>(*queue_, *engine_, batch_observer(metrics_, test_faults_));
+
+  rpc::ServiceConfig config;
+  config.limits.max_request_tokens = max_request_tokens_;
+  config.version = FASTFORMER_VERSION;
+  config.max_batch_tokens = f.max_batch_tokens;
+  config.dtype = f.dtype;
+  service_.start_serving(config, *engine_, *queue_);
+  set_health(true);
+  spdlog::info("SERVING fastformer.v1.Encoder, version {}", FASTFORMER_VERSION);
+}
+
+int Server::drain(const std::string& cause) {
+  spdlog::info("{} received: draining (new calls UNAVAILABLE), up to {} s; a second signal exits at once", cause,
+               options_.shutdown_timeout_s);
+  const auto give_up = Clock::now() + std::chrono::duration_cast<Clock::duration>(
+                                          std::chrono::duration<double>(options_.shutdown_timeout_s));
+  set_health(false);
+  service_.start_draining();
+  while (service_.inflight() > 0 && Clock::now() < give_up) {
+    std::this_thread::sleep_for(std::chrono::milliseconds(5));
+  }
+  if (const int64_t abandoned = service_.inflight(); abandoned > 0) {
+    spdlog::warn("shutdown timeout after {} s: {} admitted requests not answered; exiting without them",
+                 options_.shutdown_timeout_s, abandoned);
+    grpc_server_->Shutdown(std::chrono::system_clock::now());
+    std::_Exit(1);
+  }
+  queue_->close();
+  grpc_server_->Shutdown(std::chrono::system_clock::now() + std::chrono::seconds(1));
+  scheduler_->join();
+  spdlog::info("drained; exiting");
+  return 0;
+}
+
+void Server::set_health(bool serving) {
+  health_->SetServingStatus("", serving);
+  health_->SetServingStatus(kService, serving);
+}
+
+void Server::fail_start(const std::string& what) {
+  spdlog::error("start-up failed: {}", what);
+  grpc_server_->Shutdown(std::chrono::system_clock::now());
+}
+
+}  // namespace fastformer

@@ -1,0 +1,74 @@
+// fastformer-server's parts, in the order they start: /metrics, transport security, the gRPC
+// port (health NOT_SERVING), the model and engine with one warm-up batch, the queue and the
+// scheduler, then SERVING. Signals are main's: it calls reload_tokens and drain.
+#pragma once
+
+#include <memory>
+#include <optional>
+#include <string>
+
+#include <grpcpp/grpcpp.h>
+#include <grpcpp/health_check_service_interface.h>
+
+#include "server/batching/queue.h"
+#include "server/batching/scheduler.h"
+#include "server/cmd/server_options.h"
+#include "server/cmd/test_faults.h"
+#include "server/engine/engine.h"
+#include "server/engine/model.h"
+#include "server/metrics/metrics.h"
+#include "server/rpc/auth.h"
+#include "server/rpc/encoder_service.h"
+#include "server/rpc/server_credentials.h"
+
+namespace fastformer {
+
+class Server {
+ public:
+  // Registers the metrics; starts nothing.
+  Server(ServerOptions options, std::optional<TestFaults> test_faults);
+
+  // Opens /metrics and the gRPC port, loads the model, builds and warms up the engine and
+  // starts the batcher; health turns SERVING last. Returns false, having logged why, when the
+  // server cannot start (exit code 1).
+  [[nodiscard]] bool start();
+
+  // SIGHUP: re-reads --auth-token-file.
+  void reload_tokens() { security_->reload_tokens(); }
+
+  // After start: health NOT_SERVING, new calls UNAVAILABLE, and waits up to
+  // --shutdown-timeout-s until every admitted request is answered; then stops gRPC and the
+  // batcher and returns exit code 0. `cause` (the signal) is logged. If admitted work is left
+  // at the timeout, logs it, cancels the open calls and ends the process at once with exit
+  // code 1: the scheduler and gRPC would wait for that work when destroyed.
+  [[nodiscard]] int drain(const std::string& cause);
+
+ private:
+  bool open_metrics();
+  bool secure();
+  bool listen();
+  bool load_engine();
+  void start_serving();
+  void set_health(bool serving);
+  // Logs a start-up failure after the port opened and closes it.
+  void fail_start(const std::string& what);
+
+  const ServerOptions options_;
+  const std::optional<TestFaults> test_faults_;
+  // Destroyed bottom-up: the scheduler before the queue and the engine it runs on, gRPC before
+  // the service it calls, and the metrics everything records into last.
+  metrics::Metrics metrics_;
+  std::unique_ptr<metrics::MetricsServer> metrics_server_;
+  rpc::AuthMetrics auth_metrics_;
+  std::unique_ptr<rpc::ServerSecurity> security_;
+  rpc::EncoderService service_;
+  std::unique_ptr<grpc::Server> grpc_server_;
+  grpc::HealthCheckServiceInterface* health_ = nullptr;  // owned by grpc_server_
+  std::shared_ptr<const engine::Model> model_;
+  std::unique_ptr<engine::Engine> engine_;
+  int64_t max_request_tokens_ = 0;  // --max-request-tokens, or its default for the model
+  std::unique_ptr<batching::BatchQueue> queue_;
+  std::unique_ptr<batching::Scheduler> scheduler_;
+};
+
+}  // namespace fastformer
