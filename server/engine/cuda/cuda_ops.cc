@@ -35,63 +35,19 @@ StorageType storage_type<ff_half>() { return StorageType::kF16; }
 template <>
 StorageType storage_type<ff_bfloat16>() { return StorageType::kBF16; }
 
-// One device allocation carved into pieces, sized at start-up: nothing is allocated on
-// the hot path.
-class Arena {
- public:
-  explicit Arena(size_t bytes) : base_(static_cast<char*>(device_malloc(bytes))), size_(bytes) {}
-  ~Arena() { device_free(base_); }
-  void* take(size_t bytes) {
-    const size_t aligned = (bytes + 255) / 256 * 256;
-    if (used_ + aligned > size_) throw EngineError("CUDA engine workspace exhausted (batch over max_batch_tokens)");
-    void* p = base_ + used_;
-    used_ += aligned;
-    return p;
-  }
-  void reset(size_t to = 0) { used_ = to; }
-  size_t used() const { return used_; }
-  size_t size() const { return size_; }
-
- private:
-  char* base_;
-  size_t size_, used_ = 0;
-};
-
 template <class T>
 class CudaOps final : public Ops {
  public:
-  CudaOps(const ModelConfig& config, int64_t num_labels, const CudaOpsOptions& options, size_t device_total)
+  CudaOps(const ModelConfig& config, const CudaOpsOptions& options, size_t device_total)
       : config_(config),
         device_total_(device_total),
-        max_tokens_(options.max_batch_tokens),
         stream_(create_stream()),
-        gemm_(storage_type<T>(), options.allow_tf32, stream_),
-        batch_buffers_(batch_bytes(config, options.max_batch_tokens)),
-        workspace_(workspace_bytes(config, num_labels, options.max_batch_tokens)) {
-    const size_t T_max = size_t(max_tokens_);
-    token_seq_ = take<int32_t>(T_max);
-    token_ids_ = take<int32_t>(T_max);
-    embedding_index_ = take<int32_t>(T_max);
-    position_ids_ = take<int32_t>(T_max);
-    cu_seqlens_ = take<int32_t>(T_max + 1);
-    chunk_begin_ = take<int32_t>(T_max);
-    chunk_end_ = take<int32_t>(T_max);
-    seq_first_chunk_ = take<int32_t>(T_max + 1);
-    mask_ = take<uint8_t>(T_max);
-    input_embeddings_ = take<float>(T_max * size_t(config.hidden_size));
-    const size_t H = size_t(config.num_attention_heads), D = size_t(config.hidden_size);
-    partials_.m = take<float>(T_max * H);
-    partials_.l = take<float>(T_max * H);
-    partials_.v = take<float>(T_max * D);
-    scores_ = take<float>(T_max * H);
-    download_staging_ = take<float>(T_max * D);
-    host_staging_bytes_ = T_max * (D * sizeof(float) + 64);
-    host_staging_ = static_cast<char*>(pinned_malloc(host_staging_bytes_));
-  }
+        gemm_(storage_type<T>(), options.allow_tf32, stream_) {}
 
   ~CudaOps() override {
     rt::synchronize(stream_);
     for (void* p : uploads_) device_free(p);
+    device_free(memory_);
     pinned_free(host_staging_);
     destroy_stream(stream_);
   }
@@ -112,30 +68,49 @@ class CudaOps final : public Ops {
     return dst;
   }
 
-  void* scratch(size_t elements) override { return workspace_.take(elements * sizeof(T)); }
-  void reset_scratch() override { workspace_.reset(); }
+  // One device allocation, sized here once: the workspace at offset 0, then the batch
+  // metadata the kernels read and the download staging, for batches up to `largest`.
+  void reserve(const WorkspacePlan& largest) override {
+    const size_t T_max = size_t(largest.tokens), B_max = size_t(largest.sequences);
+    const size_t chunks = size_t(largest.chunks), D = size_t(config_.hidden_size);
+    const size_t staging = size_t(std::max(largest.x.rows * largest.x.cols, largest.logits.rows * largest.logits.cols));
+    // The same list places the pieces twice: first from address 0 to learn the size, then
+    // in the allocation.
+    size_t used = 0;
+    auto place = [&](char* base) {
+      used = largest.bytes;
+      auto take = [&]<class U>(U*& piece, size_t count) {
+        piece = reinterpret_cast<U*>(reinterpret_cast<uintptr_t>(base) + used);  // base may be null
+        used += (std::max<size_t>(count, 1) * sizeof(U) + kWorkspaceAlignment - 1) / kWorkspaceAlignment *
+                kWorkspaceAlignment;
+      };
+      take(token_seq_, T_max);
+      take(token_ids_, T_max);
+      take(embedding_index_, T_max);
+      take(position_ids_, T_max);
+      take(cu_seqlens_, B_max + 1);
+      take(chunk_begin_, chunks);
+      take(chunk_end_, chunks);
+      take(seq_first_chunk_, B_max + 1);
+      take(mask_, T_max);
+      take(input_embeddings_, T_max * D);
+      take(download_staging_, staging);
+    };
+    place(nullptr);
+    memory_ = static_cast<char*>(device_malloc(used));
+    memory_bytes_ = used;
+    place(memory_);
+    host_staging_bytes_ = staging * sizeof(float);
+    host_staging_ = static_cast<char*>(pinned_malloc(host_staging_bytes_));
+  }
+  void* workspace() override { return memory_; }
 
-  k::BatchArgs args() const { return args_; }
-
-  BatchRef begin_batch(const RaggedBatch& batch) override {
+  BatchRef begin_batch(const RaggedBatch& batch, const WorkspacePlan& plan, const PoolingChunks& chunks) override {
     const int32_t T_count = batch.num_tokens(), B = batch.num_sequences();
-    if (T_count > max_tokens_) {
-      throw EngineError("batch of " + std::to_string(T_count) + " tokens exceeds the CUDA engine's buffers (" +
-                        std::to_string(max_tokens_) + ")");
-    }
-    // Host-side metadata: sequence of each token and the pooling chunks.
     token_seq_host_.resize(size_t(T_count));
-    chunk_begin_host_.clear();
-    chunk_end_host_.clear();
-    seq_first_chunk_host_.assign(1, 0);
     for (int32_t b = 0; b < B; ++b) {
-      const int32_t begin = batch.cu_seqlens[size_t(b)], end = batch.cu_seqlens[size_t(b) + 1];
-      std::fill(token_seq_host_.begin() + begin, token_seq_host_.begin() + end, b);
-      for (int32_t t = begin; t < end; t += k::kChunkTokens) {
-        chunk_begin_host_.push_back(t);
-        chunk_end_host_.push_back(std::min(t + k::kChunkTokens, end));
-      }
-      seq_first_chunk_host_.push_back(int32_t(chunk_begin_host_.size()));
+      std::fill(token_seq_host_.begin() + batch.cu_seqlens[size_t(b)],
+                token_seq_host_.begin() + batch.cu_seqlens[size_t(b) + 1], b);
     }
     auto up = [&](void* dst, const void* src, size_t bytes) {
       if (bytes > 0) copy_to_device_async(dst, src, bytes, stream_);
@@ -145,17 +120,21 @@ class CudaOps final : public Ops {
     up(embedding_index_, batch.embedding_index.data(), batch.embedding_index.size() * 4);
     up(position_ids_, batch.position_ids.data(), batch.position_ids.size() * 4);
     up(cu_seqlens_, batch.cu_seqlens.data(), batch.cu_seqlens.size() * 4);
-    up(chunk_begin_, chunk_begin_host_.data(), chunk_begin_host_.size() * 4);
-    up(chunk_end_, chunk_end_host_.data(), chunk_end_host_.size() * 4);
-    up(seq_first_chunk_, seq_first_chunk_host_.data(), seq_first_chunk_host_.size() * 4);
+    up(chunk_begin_, chunks.begin.data(), chunks.begin.size() * 4);
+    up(chunk_end_, chunks.end.data(), chunks.end.size() * 4);
+    up(seq_first_chunk_, chunks.first.data(), chunks.first.size() * 4);
     up(mask_, batch.mask.data(), batch.mask.size());
     up(input_embeddings_, batch.input_embeddings.data(), batch.input_embeddings.size() * sizeof(float));
-    // The host vectors above stay untouched until the next begin_batch, which comes after
-    // this batch's synchronize(), so the asynchronous copies read stable memory.
+    // The host vectors above (ours and the chunks) stay untouched until the next
+    // begin_batch, which comes after this batch's synchronize(), so the asynchronous copies
+    // read stable memory.
     args_ = k::BatchArgs{T_count,          B,           cu_seqlens_, token_seq_,
                          token_ids_,       embedding_index_, position_ids_, mask_,
-                         input_embeddings_, int32_t(chunk_begin_host_.size()), chunk_begin_, chunk_end_,
+                         input_embeddings_, chunks.count(), chunk_begin_, chunk_end_,
                          seq_first_chunk_};
+    auto floats = [&](const WorkspacePlan::Buffer& buffer) { return reinterpret_cast<float*>(memory_ + buffer.offset); };
+    partials_ = k::Partials{floats(plan.partial_max), floats(plan.partial_sum), floats(plan.partial_values)};
+    scores_ = floats(plan.token_scores);
     return BatchRef{B, T_count, batch.max_seq_len};
   }
 
@@ -218,60 +197,41 @@ class CudaOps final : public Ops {
     if (bytes == 0) return;
     k::launch_to_float<T>(t(src.data), src.ld, int32_t(src.rows), int32_t(src.cols), download_staging_, stream_);
     check_launch("to_float");
-    if (bytes <= host_staging_bytes_) {
-      copy_to_host_async(host_staging_, download_staging_, bytes, stream_);
-      rt::synchronize(stream_);
-      std::memcpy(dst, host_staging_, bytes);
-    } else {
-      copy_to_host_async(dst, download_staging_, bytes, stream_);
-      rt::synchronize(stream_);
-    }
+    // Through pinned memory: a copy to pageable `dst` would be staged by the driver anyway.
+    copy_to_host_async(host_staging_, download_staging_, bytes, stream_);
+    rt::synchronize(stream_);
+    std::memcpy(dst, host_staging_, bytes);
   }
 
   void synchronize() override { rt::synchronize(stream_); }
 
   std::pair<size_t, size_t> device_memory() const override {
-    return {weight_bytes_ + batch_buffers_.size() + workspace_.size() + kGemmWorkspaceBytes, device_total_};
+    return {weight_bytes_ + memory_bytes_ + kGemmWorkspaceBytes, device_total_};
   }
 
  private:
-  static size_t batch_bytes(const ModelConfig& c, int64_t tokens) {
-    const size_t T_max = size_t(tokens), H = size_t(c.num_attention_heads), D = size_t(c.hidden_size);
-    return T_max * (8 * 4 + 1) + 3 * 4 + T_max * D * 4 * 3 + T_max * H * 4 * 3 + 16 * 256;
-  }
-  static size_t workspace_bytes(const ModelConfig& c, int64_t labels, int64_t tokens) {
-    const int64_t D = c.hidden_size, H = c.num_attention_heads, I = c.intermediate_size;
-    const int64_t per_token = D + (2 * D + H) + D + I + 3 * D + std::max({D, labels, int64_t{64}});
-    return size_t(tokens * per_token) * sizeof(T) + 16 * 256;
-  }
-  template <class U>
-  U* take(size_t count) {
-    return static_cast<U*>(batch_buffers_.take(std::max<size_t>(count, 1) * sizeof(U)));
-  }
   static T* t(void* p) { return static_cast<T*>(p); }
   static const T* t(const void* p) { return static_cast<const T*>(p); }
   int32_t D() const { return int32_t(config_.hidden_size); }
   int32_t H() const { return int32_t(config_.num_attention_heads); }
 
-  static constexpr size_t kGemmWorkspaceBytes = 32u << 20;  // cuBLASLt's, see gemm_cublaslt.cc
   const ModelConfig config_;
   const size_t device_total_;
   size_t weight_bytes_ = 0;
-  const int64_t max_tokens_;
   ff_stream_t stream_;
   Gemm gemm_;
-  Arena batch_buffers_;  // batch metadata, partials, scores, staging: fixed pieces
-  Arena workspace_;      // per-batch activations, reset every batch
   std::vector<void*> uploads_;
+  char* memory_ = nullptr;  // the workspace, then the pieces reserve() places after it
+  size_t memory_bytes_ = 0;
   char* host_staging_ = nullptr;
   size_t host_staging_bytes_ = 0;
   int32_t *token_seq_, *token_ids_, *embedding_index_, *position_ids_, *cu_seqlens_, *chunk_begin_, *chunk_end_,
       *seq_first_chunk_;
   uint8_t* mask_;
-  float *input_embeddings_, *scores_, *download_staging_;
+  float *input_embeddings_, *scores_ = nullptr, *download_staging_;
   k::Partials partials_;
   k::BatchArgs args_;
-  std::vector<int32_t> token_seq_host_, chunk_begin_host_, chunk_end_host_, seq_first_chunk_host_;
+  std::vector<int32_t> token_seq_host_;
 };
 
 }  // namespace
@@ -286,9 +246,9 @@ std::unique_ptr<Ops> make_cuda_ops(const Model& model, const CudaOpsOptions& opt
   set_device(options.device);
   if (device_name) *device_name = info.name;
   const ModelConfig& c = model.config();
-  if (options.dtype == "float32") return std::make_unique<CudaOps<float>>(c, model.num_labels(), options, info.total_bytes);
-  if (options.dtype == "float16") return std::make_unique<CudaOps<ff_half>>(c, model.num_labels(), options, info.total_bytes);
-  if (options.dtype == "bfloat16") return std::make_unique<CudaOps<ff_bfloat16>>(c, model.num_labels(), options, info.total_bytes);
+  if (options.dtype == "float32") return std::make_unique<CudaOps<float>>(c, options, info.total_bytes);
+  if (options.dtype == "float16") return std::make_unique<CudaOps<ff_half>>(c, options, info.total_bytes);
+  if (options.dtype == "bfloat16") return std::make_unique<CudaOps<ff_bfloat16>>(c, options, info.total_bytes);
   throw EngineError("dtype " + options.dtype + ": expected float32, float16 or bfloat16");
 }
 

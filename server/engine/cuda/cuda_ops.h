@@ -18,7 +18,6 @@ namespace fastformer::engine::cuda {
 
 struct CudaOpsOptions {
   std::string dtype = "float32";  ///< float32, float16 or bfloat16
-  int64_t max_batch_tokens = 0;   ///< buffers are sized for this many tokens
   int device = 0;
   bool allow_tf32 = false;        ///< TF32 tensor-core GEMMs for float32
 };

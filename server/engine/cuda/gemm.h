@@ -3,6 +3,7 @@
 // under the host emulation ("GEMMs served by the CPU path").
 #pragma once
 
+#include <cstddef>
 #include <cstdint>
 #include <memory>
 
@@ -12,6 +13,9 @@
 namespace fastformer::engine::cuda::FF_OPS_NAMESPACE {
 
 enum class StorageType { kF32, kF16, kBF16 };
+
+// The device workspace cuBLASLt may use per GEMM (counted in device_memory() in every build).
+inline constexpr size_t kGemmWorkspaceBytes = 32u << 20;
 
 class Gemm {
  public:
