@@ -7,14 +7,6 @@
 
 #include "kernels/runtime.h"
 
-// The CUDA build and the host emulation define the same launch functions; an inline
-// namespace per build keeps their symbols apart in a binary that links both.
-#if defined(FF_EMULATION)
-#define FF_KERNELS_ABI emulated
-#else
-#define FF_KERNELS_ABI device
-#endif
-
 namespace fastformer::kernels {
 inline namespace FF_KERNELS_ABI {
 

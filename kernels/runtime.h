@@ -30,6 +30,15 @@
 #error "FF_EMULATION is for host-compiler builds of kernel sources; nvcc builds are real CUDA"
 #endif
 
+// The CUDA build and the host emulation define the same functions (the kernels' launch
+// functions, the CUDA engine's ops); a namespace per build keeps their symbols apart in a
+// binary that links both.
+#if defined(FF_EMULATION)
+#define FF_KERNELS_ABI emulated
+#else
+#define FF_KERNELS_ABI device
+#endif
+
 #if !defined(FF_EMULATION)
 // ============================== real CUDA ========================================================
 #include <cuda_bf16.h>
@@ -76,7 +85,10 @@ inline void ff_check_launch(const char* kernel_name) { ff_check(cudaGetLastError
 
 inline void* ff_malloc(std::size_t bytes) {
   void* p = nullptr;
-  ff_check(cudaMalloc(&p, bytes), "cudaMalloc");
+  if (const cudaError_t err = cudaMalloc(&p, bytes); err != cudaSuccess) {
+    throw std::runtime_error("device allocation of " + std::to_string(bytes) +
+                             " bytes failed: cudaMalloc: " + cudaGetErrorString(err));
+  }
   return p;
 }
 inline void ff_free(void* device_pointer) noexcept { (void)cudaFree(device_pointer); }

@@ -2,19 +2,65 @@
 
 #include <algorithm>
 #include <cstring>
+#include <string>
 #include <vector>
 
+#if !defined(FF_EMULATION)
+#include <cuda_runtime.h>
+#endif
+
 #include "kernels/kernels.h"
-#include "server/engine/cuda/device.h"
 #include "server/engine/cuda/gemm.h"
 #include "server/engine/error.h"
 
 namespace fastformer::engine::cuda {
-namespace FF_OPS_NAMESPACE {
+namespace FF_KERNELS_ABI {
 namespace {
 
 namespace k = ::fastformer::kernels;
-namespace rt = ::fastformer::engine::cuda::FF_OPS_NAMESPACE;  // device memory, streams
+
+// Device memory, streams and copies are kernels/runtime.h's ff_* calls: the CUDA runtime, or
+// the emulator's exact-size, NaN-filled, range-checked host allocations. They throw
+// std::runtime_error; ForwardEngine reports it as EngineError.
+
+struct DeviceInfo {
+  bool usable = false;  ///< a device exists and a context could be made on it (now current)
+  std::string name;     ///< e.g. "NVIDIA H200" or "host emulation"
+  std::string why;      ///< why not usable (no driver, no device, ...)
+  size_t total_bytes = 0;
+};
+
+// Asks the driver about device `ordinal` without failing when there is no GPU or driver,
+// and makes it the calling thread's device.
+#if defined(FF_EMULATION)
+DeviceInfo probe_device(int) { return DeviceInfo{true, "host emulation", "", 0}; }
+#else
+DeviceInfo probe_device(int ordinal) {
+  DeviceInfo info;
+  int count = 0;
+  const cudaError_t err = cudaGetDeviceCount(&count);
+  if (err != cudaSuccess) {
+    info.why = std::string("no usable CUDA driver or device (") + cudaGetErrorString(err) + ")";
+    cudaGetLastError();  // clear the sticky error
+    return info;
+  }
+  if (ordinal >= count) {
+    info.why = "device " + std::to_string(ordinal) + " requested, " + std::to_string(count) + " present";
+    return info;
+  }
+  cudaDeviceProp prop{};
+  size_t free_bytes = 0;
+  if (cudaGetDeviceProperties(&prop, ordinal) != cudaSuccess || cudaSetDevice(ordinal) != cudaSuccess ||
+      cudaMemGetInfo(&free_bytes, &info.total_bytes) != cudaSuccess) {
+    info.why = "device " + std::to_string(ordinal) + " present but no context could be created";
+    cudaGetLastError();
+    return info;
+  }
+  info.usable = true;
+  info.name = prop.name;
+  return info;
+}
+#endif
 
 k::Act to_kernel(Activation act) {
   switch (act) {
@@ -41,30 +87,30 @@ class CudaOps final : public Ops {
   CudaOps(const ModelConfig& config, const CudaOpsOptions& options, size_t device_total)
       : config_(config),
         device_total_(device_total),
-        stream_(create_stream()),
+        stream_(ff_stream_create()),
         gemm_(storage_type<T>(), options.allow_tf32, stream_) {}
 
   ~CudaOps() override {
-    rt::synchronize(stream_);
-    for (void* p : uploads_) device_free(p);
-    device_free(memory_);
-    pinned_free(host_staging_);
-    destroy_stream(stream_);
+    ff_stream_synchronize(stream_);
+    for (void* p : uploads_) ff_free(p);
+    ff_free(memory_);
+    ff_free_host(host_staging_);
+    ff_stream_destroy(stream_);
   }
 
   size_t element_size() const override { return sizeof(T); }
 
   const void* upload(std::span<const float> host) override {
     // float32 goes up through the staging buffer and is converted on the device, once.
-    T* dst = static_cast<T*>(device_malloc(std::max<size_t>(host.size(), 1) * sizeof(T)));
+    T* dst = static_cast<T*>(ff_malloc(std::max<size_t>(host.size(), 1) * sizeof(T)));
     uploads_.push_back(dst);
     weight_bytes_ += std::max<size_t>(host.size(), 1) * sizeof(T);
-    float* staging = static_cast<float*>(device_malloc(std::max<size_t>(host.size(), 1) * sizeof(float)));
-    copy_to_device_async(staging, host.data(), host.size() * sizeof(float), stream_);
+    float* staging = static_cast<float*>(ff_malloc(std::max<size_t>(host.size(), 1) * sizeof(float)));
+    ff_memcpy_async(staging, host.data(), host.size() * sizeof(float), ff_host_to_device, stream_);
     k::launch_from_float<T>(staging, int64_t(host.size()), dst, stream_);
-    check_launch("from_float");
-    rt::synchronize(stream_);
-    device_free(staging);
+    ff_check_launch("from_float");
+    ff_stream_synchronize(stream_);
+    ff_free(staging);
     return dst;
   }
 
@@ -97,11 +143,11 @@ class CudaOps final : public Ops {
       take(download_staging_, staging);
     };
     place(nullptr);
-    memory_ = static_cast<char*>(device_malloc(used));
+    memory_ = static_cast<char*>(ff_malloc(used));
     memory_bytes_ = used;
     place(memory_);
     host_staging_bytes_ = staging * sizeof(float);
-    host_staging_ = static_cast<char*>(pinned_malloc(host_staging_bytes_));
+    host_staging_ = static_cast<char*>(ff_malloc_host(host_staging_bytes_));
   }
   void* workspace() override { return memory_; }
 
@@ -113,7 +159,7 @@ class CudaOps final : public Ops {
                 token_seq_host_.begin() + batch.cu_seqlens[size_t(b) + 1], b);
     }
     auto up = [&](void* dst, const void* src, size_t bytes) {
-      if (bytes > 0) copy_to_device_async(dst, src, bytes, stream_);
+      if (bytes > 0) ff_memcpy_async(dst, src, bytes, ff_host_to_device, stream_);
     };
     up(token_seq_, token_seq_host_.data(), token_seq_host_.size() * 4);
     up(token_ids_, batch.token_ids.data(), batch.token_ids.size() * 4);
@@ -142,7 +188,7 @@ class CudaOps final : public Ops {
              const void* ln_beta, double eps, Mat x) override {
     k::launch_embedding_layernorm<T>(args_, t(word_embedding), t(position_embeddings), t(ln_gamma), t(ln_beta),
                                      float(eps), D(), t(x.data), stream_);
-    check_launch("embedding_layernorm");
+    ff_check_launch("embedding_layernorm");
   }
 
   void linear(const Mat& a, const WeightRef& w, Mat c, Epilogue epilogue, Activation act) override {
@@ -150,14 +196,14 @@ class CudaOps final : public Ops {
     if (epilogue == Epilogue::kBias || epilogue == Epilogue::kBiasAct) {
       k::launch_bias_activation<T>(t(c.data), c.ld, t(w.bias), int32_t(c.rows), int32_t(w.out),
                                    epilogue == Epilogue::kBiasAct, to_kernel(act), stream_);
-      check_launch("bias_activation");
+      ff_check_launch("bias_activation");
     }
   }
 
   void query_pool(const BatchRef&, const Mat& scores, const Mat& q, Mat pq) override {
     k::launch_pool_partials<T, T>(args_, t(scores.data), scores.ld, H(), t(q.data), q.ld, D(), partials_, stream_);
     k::launch_pool_combine<T>(args_, partials_, H(), D(), nullptr, 0.0f, t(pq.data), stream_);
-    check_launch("query pooling");
+    ff_check_launch("query pooling");
   }
 
   void key_pool(const BatchRef&, const Mat& key, const Mat& pq, const WeightRef& key_att, Mat pk) override {
@@ -165,45 +211,45 @@ class CudaOps final : public Ops {
                             scores_, stream_);
     k::launch_pool_partials<T, float>(args_, scores_, H(), H(), t(key.data), key.ld, D(), partials_, stream_);
     k::launch_pool_combine<T>(args_, partials_, H(), D(), t(pq.data), 0.0f, t(pk.data), stream_);
-    check_launch("key pooling");
+    ff_check_launch("key pooling");
   }
 
   void mix(const BatchRef&, const Mat& q, const Mat& pk, Mat u) override {
     k::launch_mix<T>(args_, t(q.data), q.ld, t(pk.data), D(), t(u.data), u.ld, stream_);
-    check_launch("mix");
+    ff_check_launch("mix");
   }
 
   void bias_residual_layernorm(const Mat& c, const void* bias, const Mat& residual, const void* gamma,
                                const void* beta, double eps, Mat out) override {
     k::launch_bias_residual_layernorm<T>(t(c.data), c.ld, t(bias), t(residual.data), residual.ld, t(gamma), t(beta),
                                          float(eps), int32_t(c.rows), int32_t(c.cols), t(out.data), out.ld, stream_);
-    check_launch("bias_residual_layernorm");
+    ff_check_launch("bias_residual_layernorm");
   }
 
   void attention_pool(const BatchRef&, const Mat& e, const WeightRef& fc2, const Mat& x, Mat pooled) override {
     k::launch_pooler_scores<T>(args_, t(e.data), e.ld, t(fc2.weight), t(fc2.bias), D(), scores_, stream_);
     k::launch_pool_partials<T, float>(args_, scores_, 1, 1, t(x.data), x.ld, D(), partials_, stream_);
     k::launch_pool_combine<T>(args_, partials_, 1, D(), nullptr, 1e-8f, t(pooled.data), stream_);
-    check_launch("attention pooler");
+    ff_check_launch("attention pooler");
   }
 
   void l2_normalize(Mat rows) override {
     k::launch_l2_normalize<T>(t(rows.data), int32_t(rows.rows), int32_t(rows.cols), stream_);
-    check_launch("l2_normalize");
+    ff_check_launch("l2_normalize");
   }
 
   void download(const Mat& src, float* dst) override {
     const size_t bytes = size_t(src.rows * src.cols) * sizeof(float);
     if (bytes == 0) return;
     k::launch_to_float<T>(t(src.data), src.ld, int32_t(src.rows), int32_t(src.cols), download_staging_, stream_);
-    check_launch("to_float");
+    ff_check_launch("to_float");
     // Through pinned memory: a copy to pageable `dst` would be staged by the driver anyway.
-    copy_to_host_async(host_staging_, download_staging_, bytes, stream_);
-    rt::synchronize(stream_);
+    ff_memcpy_async(host_staging_, download_staging_, bytes, ff_device_to_host, stream_);
+    ff_stream_synchronize(stream_);
     std::memcpy(dst, host_staging_, bytes);
   }
 
-  void synchronize() override { rt::synchronize(stream_); }
+  void synchronize() override { ff_stream_synchronize(stream_); }
 
   std::pair<size_t, size_t> device_memory() const override {
     return {weight_bytes_ + memory_bytes_ + kGemmWorkspaceBytes, device_total_};
@@ -243,7 +289,6 @@ std::unique_ptr<Ops> make_cuda_ops(const Model& model, const CudaOpsOptions& opt
     if (why) *why = info.why;
     return nullptr;
   }
-  set_device(options.device);
   if (device_name) *device_name = info.name;
   const ModelConfig& c = model.config();
   if (options.dtype == "float32") return std::make_unique<CudaOps<float>>(c, options, info.total_bytes);
@@ -252,5 +297,5 @@ std::unique_ptr<Ops> make_cuda_ops(const Model& model, const CudaOpsOptions& opt
   throw EngineError("dtype " + options.dtype + ": expected float32, float16 or bfloat16");
 }
 
-}  // namespace FF_OPS_NAMESPACE
+}  // namespace FF_KERNELS_ABI
 }  // namespace fastformer::engine::cuda

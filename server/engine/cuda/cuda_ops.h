@@ -28,7 +28,7 @@ struct MemoryUse {
 };
 
 namespace device {
-// Null (and `why` set) when no usable device exists; throws EngineError when one exists but
+// Null (and `why` set) when no usable device exists; throws when one exists but
 // the engine cannot be built on it (out of memory, ...).
 std::unique_ptr<Ops> make_cuda_ops(const Model& model, const CudaOpsOptions& options, std::string* device_name,
                                    std::string* why);

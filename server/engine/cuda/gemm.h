@@ -8,9 +8,8 @@
 #include <memory>
 
 #include "kernels/runtime.h"
-#include "server/engine/cuda/device.h"
 
-namespace fastformer::engine::cuda::FF_OPS_NAMESPACE {
+namespace fastformer::engine::cuda::FF_KERNELS_ABI {
 
 enum class StorageType { kF32, kF16, kBF16 };
 
@@ -33,4 +32,4 @@ class Gemm {
   std::unique_ptr<Impl> impl_;
 };
 
-}  // namespace fastformer::engine::cuda::FF_OPS_NAMESPACE
+}  // namespace fastformer::engine::cuda::FF_KERNELS_ABI

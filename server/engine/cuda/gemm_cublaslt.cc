@@ -17,7 +17,7 @@
 #include "server/engine/cuda/gemm.h"
 #include "server/engine/error.h"
 
-namespace fastformer::engine::cuda::FF_OPS_NAMESPACE {
+namespace fastformer::engine::cuda::FF_KERNELS_ABI {
 namespace {
 
 void check(cublasStatus_t status, const char* what) {
@@ -146,4 +146,4 @@ void Gemm::run(const void* a, int64_t lda, const void* w, int64_t M, int64_t N, 
   lt.cublasLtMatmulDescDestroy(op);
 }
 
-}  // namespace fastformer::engine::cuda::FF_OPS_NAMESPACE
+}  // namespace fastformer::engine::cuda::FF_KERNELS_ABI
