@@ -1,6 +1,6 @@
 // Helpers shared by the kernels: warp and block reductions in float, activations, and the
-// chunk layout of the additive-attention reductions. Compiles under nvcc and against the
-// host emulation (kernels/runtime.h).
+// block and grid sizes of their launches. Compiles under nvcc and against the host emulation
+// (kernels/runtime.h).
 #pragma once
 
 #include <cstdint>
@@ -29,11 +29,6 @@ FF_DEVICE float activate(float x, Act act) {
 
 FF_DEVICE float warp_sum(float v) {
   for (int offset = 16; offset > 0; offset >>= 1) v += __shfl_xor_sync(0xffffffffu, v, offset);
-  return v;
-}
-
-FF_DEVICE float warp_max(float v) {
-  for (int offset = 16; offset > 0; offset >>= 1) v = fmaxf(v, __shfl_xor_sync(0xffffffffu, v, offset));
   return v;
 }
 

@@ -52,8 +52,6 @@
 #define FF_GLOBAL __global__
 #define FF_DEVICE __device__ __forceinline__
 #define FF_HOST_DEVICE __host__ __device__ __forceinline__
-#define FF_LAUNCH_BOUNDS(max_threads) __launch_bounds__(max_threads)
-#define FF_UNROLL _Pragma("unroll")
 #define FF_SHARED(type, name, count) __shared__ type name[count]
 #define FF_DYNAMIC_SHARED(type, name)                                       \
   extern __shared__ __align__(16) unsigned char ff_dynamic_shared_memory[]; \
@@ -186,8 +184,6 @@ FF_DEVICE void store_float4(ff_bfloat16* p, ff_float4 v) {
 #define FF_GLOBAL
 #define FF_DEVICE inline
 #define FF_HOST_DEVICE inline
-#define FF_LAUNCH_BOUNDS(max_threads)
-#define FF_UNROLL
 #define FF_SHARED(type, name, count)                                                  \
   static constexpr ::ff_emu::SharedSite ff_shared_site_##name{sizeof(type) * (count), \
                                                               alignof(type), #name};  \

@@ -1,7 +1,6 @@
 #include "server/engine/forward.h"
 
 #include <algorithm>
-#include <cmath>
 #include <map>
 
 #include "kernels/pooling_chunks.h"

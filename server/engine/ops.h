@@ -45,7 +45,8 @@ enum class Epilogue {
   kAccumulate,  ///< C = C + A W^T
 };
 
-// A batch's metadata in engine memory (offsets, ids, mask, positions, pooling chunks).
+// A batch's sizes, as begin_batch() copied it to the engine (its ids, offsets, mask,
+// positions and pooling chunks stay in the ops until the next begin_batch()).
 struct BatchRef {
   int32_t num_sequences = 0;
   int32_t num_tokens = 0;

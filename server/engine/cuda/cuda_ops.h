@@ -22,11 +22,6 @@ struct CudaOpsOptions {
   bool allow_tf32 = false;        ///< TF32 tensor-core GEMMs for float32
 };
 
-struct MemoryUse {
-  size_t used_bytes = 0;   ///< weights, buffers and workspace this engine allocated
-  size_t total_bytes = 0;  ///< the device's memory
-};
-
 namespace device {
 // Null (and `why` set) when no usable device exists; throws when one exists but
 // the engine cannot be built on it (out of memory, ...).
