@@ -1,19 +1,11 @@
 // Helpers shared by the kernels: warp and block reductions in float, activations, and the
-// chunk layout of the additive-attention reductions. Compiles under nvcc and against the
-// host emulation (kernels/runtime.h).
+// block and grid sizes of their launches. Compiles under nvcc and against the host emulation
+// (kernels/runtime.h).
 #pragma once
 
 #include <cstdint>
 
 #include "kernels/runtime.h"
-
-// The CUDA build and the host emulation define the same launch functions; an inline
-// namespace per build keeps their symbols apart in a binary that links both.
-#if defined(FF_EMULATION)
-#define FF_KERNELS_ABI emulated
-#else
-#define FF_KERNELS_ABI device
-#endif
 
 namespace fastformer::kernels {
 inline namespace FF_KERNELS_ABI {
@@ -37,11 +29,6 @@ FF_DEVICE float activate(float x, Act act) {
 
 FF_DEVICE float warp_sum(float v) {
   for (int offset = 16; offset > 0; offset >>= 1) v += __shfl_xor_sync(0xffffffffu, v, offset);
-  return v;
-}
-
-FF_DEVICE float warp_max(float v) {
-  for (int offset = 16; offset > 0; offset >>= 1) v = fmaxf(v, __shfl_xor_sync(0xffffffffu, v, offset));
   return v;
 }
 

@@ -9,6 +9,7 @@
 #include <cstdint>
 
 #include "kernels/common.cuh"
+#include "kernels/pooling_chunks.h"
 #include "kernels/runtime.h"
 
 namespace fastformer::kernels {
@@ -30,10 +31,6 @@ struct BatchArgs {
   const int32_t* chunk_end = nullptr;        ///< [chunks] one past the last token
   const int32_t* seq_first_chunk = nullptr;  ///< [B+1] chunk offsets per sequence
 };
-
-// Tokens per pooling chunk: a sequence's reductions are split into chunks computed by
-// separate blocks and combined (online-softmax partials).
-inline constexpr int32_t kChunkTokens = 256;
 
 // Online-softmax partials of every chunk: per head the max m and sum l, and per column
 // the weighted value sum v (float).

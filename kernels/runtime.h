@@ -30,6 +30,15 @@
 #error "FF_EMULATION is for host-compiler builds of kernel sources; nvcc builds are real CUDA"
 #endif
 
+// The CUDA build and the host emulation define the same functions (the kernels' launch
+// functions, the CUDA engine's ops); a namespace per build keeps their symbols apart in a
+// binary that links both.
+#if defined(FF_EMULATION)
+#define FF_KERNELS_ABI emulated
+#else
+#define FF_KERNELS_ABI device
+#endif
+
 #if !defined(FF_EMULATION)
 // ============================== real CUDA ========================================================
 #include <cuda_bf16.h>
@@ -43,8 +52,6 @@
 #define FF_GLOBAL __global__
 #define FF_DEVICE __device__ __forceinline__
 #define FF_HOST_DEVICE __host__ __device__ __forceinline__
-#define FF_LAUNCH_BOUNDS(max_threads) __launch_bounds__(max_threads)
-#define FF_UNROLL _Pragma("unroll")
 #define FF_SHARED(type, name, count) __shared__ type name[count]
 #define FF_DYNAMIC_SHARED(type, name)                                       \
   extern __shared__ __align__(16) unsigned char ff_dynamic_shared_memory[]; \
@@ -76,7 +83,10 @@ inline void ff_check_launch(const char* kernel_name) { ff_check(cudaGetLastError
 
 inline void* ff_malloc(std::size_t bytes) {
   void* p = nullptr;
-  ff_check(cudaMalloc(&p, bytes), "cudaMalloc");
+  if (const cudaError_t err = cudaMalloc(&p, bytes); err != cudaSuccess) {
+    throw std::runtime_error("device allocation of " + std::to_string(bytes) +
+                             " bytes failed: cudaMalloc: " + cudaGetErrorString(err));
+  }
   return p;
 }
 inline void ff_free(void* device_pointer) noexcept { (void)cudaFree(device_pointer); }
@@ -174,8 +184,6 @@ FF_DEVICE void store_float4(ff_bfloat16* p, ff_float4 v) {
 #define FF_GLOBAL
 #define FF_DEVICE inline
 #define FF_HOST_DEVICE inline
-#define FF_LAUNCH_BOUNDS(max_threads)
-#define FF_UNROLL
 #define FF_SHARED(type, name, count)                                                  \
   static constexpr ::ff_emu::SharedSite ff_shared_site_##name{sizeof(type) * (count), \
                                                               alignof(type), #name};  \

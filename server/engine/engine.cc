@@ -73,7 +73,6 @@ std::unique_ptr<Engine> create_engine(std::shared_ptr<const Model> model, const 
   if (options.backend != Backend::kCpu) {
     cuda::CudaOpsOptions cuda_options;
     cuda_options.dtype = options.dtype;
-    cuda_options.max_batch_tokens = options.max_batch_tokens;
     cuda_options.device = options.device;
     cuda_options.allow_tf32 = options.allow_tf32;
     std::string device;
@@ -100,8 +99,7 @@ std::unique_ptr<Engine> create_engine(std::shared_ptr<const Model> model, const 
   }
   const int threads = options.threads > 0 ? options.threads
                                           : std::max(1, int(std::thread::hardware_concurrency()));
-  auto ops = std::make_unique<CpuOps>(threads, options.max_batch_tokens, model->config(),
-                                      model->num_labels());
+  auto ops = std::make_unique<CpuOps>(threads, model->config());
   const std::string device = "cpu (" + std::to_string(threads) + " threads)";
   return std::make_unique<ForwardEngine>(std::move(model), std::move(ops), options.max_batch_tokens,
                                          "cpu", device);

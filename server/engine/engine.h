@@ -2,7 +2,9 @@
 //
 // An Engine runs the forward graph (forward.cc) over an Ops implementation: the CPU ops
 // (OpenBLAS + threads) or, in CUDA builds, the CUDA ops. It is not thread-safe: one
-// batch at a time per Engine; the server runs one Engine per worker.
+// batch at a time per Engine. The server builds one Engine per process and runs every
+// batch on the Scheduler's single compute thread (after a warm-up batch on the main
+// thread); the CPU engine spreads each batch over its own thread pool.
 #pragma once
 
 #include <cstdint>

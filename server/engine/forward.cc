@@ -1,14 +1,82 @@
 #include "server/engine/forward.h"
 
-#include <cmath>
+#include <algorithm>
 #include <map>
 
+#include "kernels/pooling_chunks.h"
 #include "server/engine/error.h"
 
 namespace fastformer::engine {
 
+WorkspacePlan plan_workspace(const ModelConfig& c, int64_t num_labels, int64_t tokens,
+                             int64_t sequences, size_t element_size) {
+  const int64_t T = tokens, B = sequences;
+  const int64_t D = c.hidden_size, H = c.num_attention_heads, I = c.intermediate_size;
+  WorkspacePlan plan;
+  plan.tokens = T;
+  plan.sequences = B;
+  // Each sequence has one chunk plus one per further kChunkTokens of its tokens.
+  plan.chunks = B + std::max<int64_t>(T - B, 0) / kernels::kChunkTokens;
+  size_t end = 0;
+  auto place = [&](int64_t rows, int64_t cols, size_t element) {
+    const WorkspacePlan::Buffer buffer{end, rows, cols};
+    const size_t bytes = size_t(rows * cols) * element;
+    end += (bytes + kWorkspaceAlignment - 1) / kWorkspaceAlignment * kWorkspaceAlignment;
+    return buffer;
+  };
+  plan.x = place(T, D, element_size);
+  plan.qks = place(T, 2 * D + H, element_size);
+  plan.y = place(T, D, element_size);
+  plan.h = place(T, I, element_size);
+  plan.pq = place(B, D, element_size);
+  plan.pk = place(B, D, element_size);
+  plan.pooled = place(B, D, element_size);
+  plan.logits = place(B, num_labels, element_size);
+  plan.partial_max = place(plan.chunks, H, sizeof(float));
+  plan.partial_sum = place(plan.chunks, H, sizeof(float));
+  plan.partial_values = place(plan.chunks, D, sizeof(float));
+  plan.token_scores = place(T, H, sizeof(float));
+  plan.bytes = end;
+  return plan;
+}
+
+void plan_chunks(const RaggedBatch& batch, PoolingChunks& chunks) {
+  chunks.begin.clear();
+  chunks.end.clear();
+  chunks.sequence.clear();
+  chunks.first.assign(1, 0);
+  for (int32_t b = 0; b < batch.num_sequences(); ++b) {
+    const int32_t end = batch.cu_seqlens[size_t(b) + 1];
+    for (int32_t t = batch.cu_seqlens[size_t(b)]; t < end; t += kernels::kChunkTokens) {
+      chunks.begin.push_back(t);
+      chunks.end.push_back(std::min(t + kernels::kChunkTokens, end));
+      chunks.sequence.push_back(b);
+    }
+    chunks.first.push_back(chunks.count());
+  }
+}
+
+namespace {
+
+// The ops report failures of the layer below them as std::runtime_error (the CUDA ops: the
+// CUDA runtime's, through ff_check in kernels/runtime.h); an Engine reports EngineError.
+// Call inside a catch block.
+[[noreturn]] void rethrow_as_engine_error() {
+  try {
+    throw;
+  } catch (const EngineError&) {
+    throw;
+  } catch (const ModelError&) {
+    throw;
+  } catch (const std::runtime_error& e) {
+    throw EngineError(e.what());
+  }
+}
+
+}  // namespace
+
 ForwardEngine::ForwardEngine(std::shared_ptr<const Model> model, std::unique_ptr<Ops> ops,
-                             int64_t max_batch_tokens, std::string backend, std::string device)
+                             int64_t max_batch_tokens, std::string backend, std::string device) try
     : model_(std::move(model)),
       prepared_(prepare_weights(*model_)),
       ops_(std::move(ops)),
@@ -46,6 +114,11 @@ ForwardEngine::ForwardEngine(std::shared_ptr<const Model> model, std::unique_ptr
   pooler_fc1_ = upload(prepared.pooler_fc1);
   pooler_fc2_ = upload(prepared.pooler_fc2);
   if (prepared.classifier.out > 0) classifier_ = upload(prepared.classifier);
+  // The largest batch: max_batch_tokens one-token sequences bound every buffer at once.
+  ops_->reserve(plan_workspace(c, model_->num_labels(), max_batch_tokens_, max_batch_tokens_,
+                               ops_->element_size()));
+} catch (...) {
+  rethrow_as_engine_error();
 }
 
 WeightRef ForwardEngine::upload(const PreparedLinear& linear) {
@@ -59,6 +132,15 @@ WeightRef ForwardEngine::upload(const PreparedLinear& linear) {
 
 std::vector<EncodedSequence> ForwardEngine::encode(const RaggedBatch& batch,
                                                    std::span<const OutputOptions> options) {
+  try {
+    return run(batch, options);
+  } catch (...) {
+    rethrow_as_engine_error();
+  }
+}
+
+std::vector<EncodedSequence> ForwardEngine::run(const RaggedBatch& batch,
+                                                std::span<const OutputOptions> options) {
   const ModelConfig& c = model_->config();
   const int64_t T = batch.num_tokens();
   const int32_t B = batch.num_sequences();
@@ -73,21 +155,19 @@ std::vector<EncodedSequence> ForwardEngine::encode(const RaggedBatch& batch,
   }
   auto option = [&](int32_t b) -> const OutputOptions& { return options[options.size() == 1 ? 0 : b]; };
 
-  const int64_t D = c.hidden_size, H = c.num_attention_heads, I = c.intermediate_size;
-  const int64_t P = 2 * D + H;  // width of the fused Q | K | s output
+  const int64_t D = c.hidden_size, H = c.num_attention_heads;
   Ops& ops = *ops_;
-  ops.reset_scratch();
-  auto mat = [&](int64_t rows, int64_t cols) {
-    return Mat{ops.scratch(size_t(rows * cols)), rows, cols, cols};
+  const size_t elem = ops.element_size();
+  const WorkspacePlan plan = plan_workspace(c, model_->num_labels(), T, B, elem);
+  char* const workspace = static_cast<char*>(ops.workspace());
+  auto mat = [&](const WorkspacePlan::Buffer& buffer) {
+    return Mat{workspace + buffer.offset, buffer.rows, buffer.cols, buffer.cols};
   };
 
-  const BatchRef ref = ops.begin_batch(batch);
-  Mat x = mat(T, D);        // hidden state, updated in place layer by layer
-  Mat qks = mat(T, P);      // [Q | K | s]; K's block is reused for U, Q's for A
-  Mat y = mat(T, D);        // GEMM outputs before their LayerNorm
-  Mat h = mat(T, I);        // feed-forward activations
-  Mat pq = mat(B, D), pk = mat(B, D);
-  const size_t elem = ops.element_size();
+  plan_chunks(batch, chunks_);
+  const BatchRef ref = ops.begin_batch(batch, plan, chunks_);
+  Mat x = mat(plan.x), qks = mat(plan.qks), y = mat(plan.y), h = mat(plan.h);
+  Mat pq = mat(plan.pq), pk = mat(plan.pk), pooled = mat(plan.pooled);
   const Mat q = columns(qks, 0, D, elem), k = columns(qks, D, D, elem);
   const Mat s = columns(qks, 2 * D, H, elem);
 
@@ -107,7 +187,6 @@ std::vector<EncodedSequence> ForwardEngine::encode(const RaggedBatch& batch,
     ops.bias_residual_layernorm(y, l.output.bias, x, l.ln2_gamma, l.ln2_beta, c.layer_norm_eps,
                                 x);                                     // X'
   }
-  Mat pooled = mat(B, D);
   ops.linear(x, pooler_fc1_, y, Epilogue::kBias);
   ops.attention_pool(ref, y, pooler_fc2_, x, pooled);
 
@@ -119,7 +198,7 @@ std::vector<EncodedSequence> ForwardEngine::encode(const RaggedBatch& batch,
   }
   std::vector<float> logits_host;
   if (any_logits) {
-    Mat logits = mat(B, classifier_.out);
+    const Mat logits = mat(plan.logits);
     ops.linear(pooled, classifier_, logits, Epilogue::kBias);
     logits_host.resize(size_t(B * classifier_.out));
     ops.download(logits, logits_host.data());

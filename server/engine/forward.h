@@ -1,4 +1,5 @@
-// The Fastformer forward graph over a ragged batch, written once over the Ops interface.
+// The Fastformer forward graph over a ragged batch, written once over the Ops interface, and
+// the plan of its per-batch buffers (workspace.h; plan_workspace is defined in forward.cc).
 #pragma once
 
 #include <memory>
@@ -8,6 +9,7 @@
 #include "server/engine/engine.h"
 #include "server/engine/ops.h"
 #include "server/engine/prepared_weights.h"
+#include "server/engine/workspace.h"
 
 namespace fastformer::engine {
 
@@ -33,11 +35,14 @@ class ForwardEngine final : public Engine {
     const void* ln2_beta;
   };
   WeightRef upload(const PreparedLinear& linear);
+  // encode() without turning the ops' failures into EngineError.
+  std::vector<EncodedSequence> run(const RaggedBatch& batch, std::span<const OutputOptions> options);
 
   std::shared_ptr<const Model> model_;
   PreparedWeights prepared_;  // host copies the ops may serve in place
   std::unique_ptr<Ops> ops_;
   int64_t max_batch_tokens_;
+  PoolingChunks chunks_;  // the current batch's; kept so asynchronous copies read stable memory
   std::string backend_, device_;
   const void* word_embedding_ = nullptr;
   const void* position_embeddings_ = nullptr;

@@ -59,7 +59,10 @@ class Model {
   int64_t num_labels() const { return weights_.classifier.weight ? weights_.classifier.out : 0; }
   const std::string& stored_dtype() const { return stored_dtype_; }  ///< "F32", "F16", "BF16" or "mixed"
   int64_t parameter_count() const { return parameter_count_; }
-  int64_t weight_bytes() const { return parameter_count_ * 4; }  ///< as served (float32)
+  // Bytes of the weights as this Model holds them: float32 host arrays whatever the file
+  // stores (F16/BF16 tensors are widened at load). An engine serving float16 or bfloat16
+  // holds half as many in device memory (Engine::device_memory()).
+  int64_t weight_bytes() const { return parameter_count_ * int64_t(sizeof(float)); }
 
  private:
   Model() = default;

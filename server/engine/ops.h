@@ -14,6 +14,7 @@
 
 #include "server/engine/config.h"
 #include "server/engine/ragged_batch.h"
+#include "server/engine/workspace.h"
 
 namespace fastformer::engine {
 
@@ -44,7 +45,8 @@ enum class Epilogue {
   kAccumulate,  ///< C = C + A W^T
 };
 
-// A batch's metadata in engine memory (offsets, ids, mask, positions, pooling chunks).
+// A batch's sizes, as begin_batch() copied it to the engine (its ids, offsets, mask,
+// positions and pooling chunks stay in the ops until the next begin_batch()).
 struct BatchRef {
   int32_t num_sequences = 0;
   int32_t num_tokens = 0;
@@ -61,13 +63,18 @@ class Ops {
   // Makes float32 host data available in engine memory in the serving dtype. The host
   // array outlives the Ops (an engine may serve it in place); the result lives as long.
   virtual const void* upload(std::span<const float> host) = 0;
-  // Engine memory for `elements` values, carved from the workspace sized at start-up.
-  virtual void* scratch(size_t elements) = 0;
-  // Releases every scratch() of the current batch.
-  virtual void reset_scratch() = 0;
+  // Allocates the workspace for `largest`, the plan of the largest batch the engine serves
+  // (workspace.h), and sizes by it whatever per-batch memory of its own the ops keep. The
+  // forward graph calls it once, before the first batch.
+  virtual void reserve(const WorkspacePlan& largest) = 0;
+  // The workspace's first byte: every buffer of a plan lies at its offset from here.
+  virtual void* workspace() = 0;
 
-  // Copies the batch's ids, input embeddings, offsets, mask and positions to the engine.
-  virtual BatchRef begin_batch(const RaggedBatch& batch) = 0;
+  // Copies the batch's ids, input embeddings, offsets, mask and positions to the engine, and
+  // takes the batch's plan (where the pooling ops find their partials and scores) and its
+  // pooling chunks; both stay unchanged until the next begin_batch.
+  virtual BatchRef begin_batch(const RaggedBatch& batch, const WorkspacePlan& plan,
+                               const PoolingChunks& chunks) = 0;
 
   // X0_t = LN_emb(W_word[id_t] + W_pos[t])  (input embedding rows instead of W_word[id]).
   virtual void embed(const BatchRef& batch, const void* word_embedding,

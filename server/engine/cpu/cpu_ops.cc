@@ -13,9 +13,6 @@
 namespace fastformer::engine {
 namespace {
 
-// Tokens per pooling chunk: a long sequence is split into chunks reduced in parallel and
-// then combined, so one 65,536-token sequence keeps every thread busy.
-constexpr int32_t kChunkTokens = 256;
 // Rows per piece of work in the row-wise passes.
 constexpr int64_t kRowGrain = 16;
 // Rows per GEMM piece: large enough for OpenBLAS to reach full speed, small enough that
@@ -86,19 +83,9 @@ float tanh_dot(const float* e, const float* w, int64_t D) {
 
 }  // namespace
 
-CpuOps::CpuOps(int threads, int64_t max_batch_tokens, const ModelConfig& config, int64_t num_labels)
-    : config_(config), pool_(threads), max_batch_tokens_(max_batch_tokens) {
+CpuOps::CpuOps(int threads, const ModelConfig& config) : config_(config), pool_(threads) {
   // Our pool splits every GEMM; OpenBLAS's own threads would only spin against it.
   openblas_set_num_threads(1);
-  const int64_t D = config.hidden_size, H = config.num_attention_heads, I = config.intermediate_size;
-  // One batch needs X, [Q|K|s], Y [T, D]-ish, the feed-forward [T, I], and [B, D] rows for
-  // pq, pk, pooled and logits (B <= T). Left uninitialised: untouched pages cost no memory.
-  const int64_t labels = num_labels;
-  const int64_t per_token = D + (2 * D + H) + D + I + 3 * D + std::max({D, labels, int64_t{64}});
-  const size_t elements = size_t(max_batch_tokens * per_token + 64 * 16);
-  arena_.reset(new float[elements]);
-  arena_size_ = elements;
-  token_scores_.reset(new float[size_t(max_batch_tokens * H)]);
 }
 
 const void* CpuOps::upload(std::span<const float> host) {
@@ -107,38 +94,20 @@ const void* CpuOps::upload(std::span<const float> host) {
   return host.data();
 }
 
-void* CpuOps::scratch(size_t elements) {
-  const size_t aligned = (elements + 15) / 16 * 16;  // 64-byte aligned pieces
-  if (arena_used_ + aligned > arena_size_) {
-    throw EngineError("CPU engine scratch exhausted: batch larger than max_batch_tokens allows");
-  }
-  void* p = arena_.get() + arena_used_;
-  arena_used_ += aligned;
-  return p;
+void CpuOps::reserve(const WorkspacePlan& largest) {
+  // Left uninitialised: untouched pages cost no memory.
+  arena_.reset(new float[(largest.bytes + sizeof(float) - 1) / sizeof(float)]);
 }
 
-void CpuOps::reset_scratch() { arena_used_ = 0; }
-
-BatchRef CpuOps::begin_batch(const RaggedBatch& batch) {
+BatchRef CpuOps::begin_batch(const RaggedBatch& batch, const WorkspacePlan& plan,
+                             const PoolingChunks& chunks) {
   batch_ = &batch;
-  chunk_seq_.clear();
-  chunk_begin_.clear();
-  chunk_end_.clear();
-  seq_first_chunk_.assign(1, 0);
-  for (int32_t b = 0; b < batch.num_sequences(); ++b) {
-    const int32_t end = batch.cu_seqlens[size_t(b) + 1];
-    for (int32_t t = batch.cu_seqlens[size_t(b)]; t < end; t += kChunkTokens) {
-      chunk_seq_.push_back(b);
-      chunk_begin_.push_back(t);
-      chunk_end_.push_back(std::min(t + kChunkTokens, end));
-    }
-    seq_first_chunk_.push_back(static_cast<int32_t>(chunk_seq_.size()));
-  }
-  const size_t chunks = chunk_seq_.size();
-  const size_t D = size_t(config_.hidden_size), H = size_t(config_.num_attention_heads);
-  partials_.m.resize(chunks * H);
-  partials_.l.resize(chunks * H);
-  partials_.v.resize(chunks * D);
+  chunks_ = &chunks;
+  auto floats = [&](const WorkspacePlan::Buffer& buffer) {
+    return reinterpret_cast<float*>(reinterpret_cast<char*>(arena_.get()) + buffer.offset);
+  };
+  partials_ = Partials{floats(plan.partial_max), floats(plan.partial_sum), floats(plan.partial_values)};
+  token_scores_ = floats(plan.token_scores);
   return BatchRef{batch.num_sequences(), batch.num_tokens(), batch.max_seq_len};
 }
 
@@ -185,13 +154,13 @@ void CpuOps::linear(const Mat& a, const WeightRef& w, Mat c, Epilogue epilogue, 
 void CpuOps::pool_chunks(int64_t heads, const float* scores, int64_t score_ld, const Mat& values) {
   const RaggedBatch& batch = *batch_;
   const int64_t D = values.cols, d = D / heads;
-  const int64_t chunks = int64_t(chunk_seq_.size());
+  const int64_t chunks = chunks_->count();
   pool_.parallel_for(chunks, 1, [&](int64_t first, int64_t last) {
     for (int64_t c = first; c < last; ++c) {
-      float* m = partials_.m.data() + c * heads;
-      float* l = partials_.l.data() + c * heads;
-      float* v = partials_.v.data() + c * D;
-      const int32_t begin = chunk_begin_[size_t(c)], end = chunk_end_[size_t(c)];
+      float* m = partials_.m + c * heads;
+      float* l = partials_.l + c * heads;
+      float* v = partials_.v + c * D;
+      const int32_t begin = chunks_->begin[size_t(c)], end = chunks_->end[size_t(c)];
       // Pass 1: the chunk's max per head over real tokens (masked tokens weigh exactly 0:
       // the reference's -10000 underflows to 0 after exp in float32).
       for (int64_t h = 0; h < heads; ++h) m[h] = -std::numeric_limits<float>::infinity();
@@ -224,7 +193,7 @@ void CpuOps::combine(int64_t heads, Mat out, const float* scale_by, float denomi
   pool_.parallel_for(out.rows, 1, [&](int64_t first, int64_t last) {
     std::vector<double> acc(static_cast<size_t>(d));  // one per piece, not per head and sequence
     for (int64_t b = first; b < last; ++b) {
-      const int32_t c0 = seq_first_chunk_[size_t(b)], c1 = seq_first_chunk_[size_t(b) + 1];
+      const int32_t c0 = chunks_->first[size_t(b)], c1 = chunks_->first[size_t(b) + 1];
       float* o = row(out, b);
       for (int64_t h = 0; h < heads; ++h) {
         double M = -std::numeric_limits<double>::infinity();
@@ -236,7 +205,7 @@ void CpuOps::combine(int64_t heads, Mat out, const float* scale_by, float denomi
           if (std::isinf(mc)) continue;  // chunk of padding only
           const double scale = std::exp(double(mc) - M);
           L += double(partials_.l[size_t(c * heads + h)]) * scale;
-          const float* v = partials_.v.data() + int64_t(c) * D + h * d;
+          const float* v = partials_.v + int64_t(c) * D + h * d;
           for (int64_t j = 0; j < d; ++j) acc[size_t(j)] += double(v[j]) * scale;
         }
         const double denom = L + double(denominator_extra) * std::exp(-M);
@@ -261,7 +230,7 @@ void CpuOps::key_pool(const BatchRef& ref, const Mat& k, const Mat& pq, const We
   const int64_t D = config_.hidden_size, H = config_.num_attention_heads;
   const float* wka = f(key_att.weight);
   const float* bka = f(key_att.bias);
-  float* r = token_scores_.get();
+  float* r = token_scores_;
   // r_t = (K_t * pq) Wka'^T + bka' for every token (padding too; it is masked below), a
   // block of rows at a time: P = K * pq in a per-piece buffer, then one small GEMM.
   pool_.parallel_for(ref.num_tokens, kGemmRows, [&](int64_t begin, int64_t end) {
@@ -311,7 +280,7 @@ void CpuOps::attention_pool(const BatchRef& ref, const Mat& e, const WeightRef& 
   const int64_t D = config_.hidden_size;
   const float* w2 = f(fc2.weight);
   const float b2 = f(fc2.bias)[0];
-  float* z = token_scores_.get();
+  float* z = token_scores_;
   pool_.parallel_for(ref.num_tokens, kRowGrain, [&](int64_t begin, int64_t end) {
     for (int64_t t = begin; t < end; ++t) z[t] = tanh_dot(row(e, t), w2, D) + b2;
   });

@@ -4,7 +4,6 @@
 #pragma once
 
 #include <memory>
-#include <vector>
 
 #include "server/engine/cpu/thread_pool.h"
 #include "server/engine/ops.h"
@@ -13,15 +12,15 @@ namespace fastformer::engine {
 
 class CpuOps final : public Ops {
  public:
-  // `threads` workers share every pass; buffers hold `max_batch_tokens` rows and the
-  // classifier's `num_labels` outputs per sequence.
-  CpuOps(int threads, int64_t max_batch_tokens, const ModelConfig& config, int64_t num_labels);
+  // `threads` workers share every pass.
+  CpuOps(int threads, const ModelConfig& config);
 
   size_t element_size() const override { return sizeof(float); }
   const void* upload(std::span<const float> host) override;
-  void* scratch(size_t elements) override;
-  void reset_scratch() override;
-  BatchRef begin_batch(const RaggedBatch& batch) override;
+  void reserve(const WorkspacePlan& largest) override;
+  void* workspace() override { return arena_.get(); }
+  BatchRef begin_batch(const RaggedBatch& batch, const WorkspacePlan& plan,
+                       const PoolingChunks& chunks) override;
   void embed(const BatchRef& batch, const void* word_embedding, const void* position_embeddings,
              const void* ln_gamma, const void* ln_beta, double eps, Mat x) override;
   void linear(const Mat& a, const WeightRef& w, Mat c, Epilogue epilogue, Activation act) override;
@@ -37,13 +36,12 @@ class CpuOps final : public Ops {
   void download(const Mat& src, float* dst) override;
   void synchronize() override {}
 
-  int threads() const { return pool_.size(); }
-
  private:
-  // Online-softmax partials of one chunk of one sequence, per head: running max m, sum l,
-  // and the weighted value vector v (head h owns columns h*d .. h*d+d-1).
+  // Online-softmax partials of every chunk, per head: running max m [chunks, H], sum l
+  // [chunks, H], and the weighted value vector v [chunks, D] (head h owns columns
+  // h*d .. h*d+d-1), at the plan's offsets in the workspace.
   struct Partials {
-    std::vector<float> m, l, v;
+    float *m = nullptr, *l = nullptr, *v = nullptr;
   };
   // Scores are per (token, head) in `scores` ([T, heads], ld heads); values [T, D].
   void pool_chunks(int64_t heads, const float* scores, int64_t score_ld, const Mat& values);
@@ -52,16 +50,13 @@ class CpuOps final : public Ops {
 
   const ModelConfig config_;
   ThreadPool pool_;
-  int64_t max_batch_tokens_;
-  std::unique_ptr<float[]> arena_;  // scratch for one batch, sized at start-up
-  size_t arena_size_ = 0, arena_used_ = 0;
+  std::unique_ptr<float[]> arena_;  // the workspace, sized at start-up
 
   // The current batch, as begin_batch received it.
   const RaggedBatch* batch_ = nullptr;
-  std::vector<int32_t> chunk_seq_, chunk_begin_, chunk_end_;  // pooling chunks
-  std::vector<int32_t> seq_first_chunk_;                        // B+1 offsets into chunks
+  const PoolingChunks* chunks_ = nullptr;
   Partials partials_;
-  std::unique_ptr<float[]> token_scores_;  // [T, H] key scores r, or [T] pooler scores z
+  float* token_scores_ = nullptr;  // [T, H] key scores r, or [T] pooler scores z
 };
 
 }  // namespace fastformer::engine

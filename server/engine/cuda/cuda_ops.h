@@ -18,18 +18,12 @@ namespace fastformer::engine::cuda {
 
 struct CudaOpsOptions {
   std::string dtype = "float32";  ///< float32, float16 or bfloat16
-  int64_t max_batch_tokens = 0;   ///< buffers are sized for this many tokens
   int device = 0;
   bool allow_tf32 = false;        ///< TF32 tensor-core GEMMs for float32
 };
 
-struct MemoryUse {
-  size_t used_bytes = 0;   ///< weights, buffers and workspace this engine allocated
-  size_t total_bytes = 0;  ///< the device's memory
-};
-
 namespace device {
-// Null (and `why` set) when no usable device exists; throws EngineError when one exists but
+// Null (and `why` set) when no usable device exists; throws when one exists but
 // the engine cannot be built on it (out of memory, ...).
 std::unique_ptr<Ops> make_cuda_ops(const Model& model, const CudaOpsOptions& options, std::string* device_name,
                                    std::string* why);

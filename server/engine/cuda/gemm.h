@@ -3,15 +3,18 @@
 // under the host emulation ("GEMMs served by the CPU path").
 #pragma once
 
+#include <cstddef>
 #include <cstdint>
 #include <memory>
 
 #include "kernels/runtime.h"
-#include "server/engine/cuda/device.h"
 
-namespace fastformer::engine::cuda::FF_OPS_NAMESPACE {
+namespace fastformer::engine::cuda::FF_KERNELS_ABI {
 
 enum class StorageType { kF32, kF16, kBF16 };
+
+// The device workspace cuBLASLt may use per GEMM (counted in device_memory() in every build).
+inline constexpr size_t kGemmWorkspaceBytes = 32u << 20;
 
 class Gemm {
  public:
@@ -29,4 +32,4 @@ class Gemm {
   std::unique_ptr<Impl> impl_;
 };
 
-}  // namespace fastformer::engine::cuda::FF_OPS_NAMESPACE
+}  // namespace fastformer::engine::cuda::FF_KERNELS_ABI

@@ -17,7 +17,7 @@
 #include "server/engine/cuda/gemm.h"
 #include "server/engine/error.h"
 
-namespace fastformer::engine::cuda::FF_OPS_NAMESPACE {
+namespace fastformer::engine::cuda::FF_KERNELS_ABI {
 namespace {
 
 void check(cublasStatus_t status, const char* what) {
@@ -25,8 +25,6 @@ void check(cublasStatus_t status, const char* what) {
     throw EngineError(std::string("cuBLASLt ") + what + " failed with status " + std::to_string(int(status)));
   }
 }
-
-constexpr size_t kWorkspaceBytes = 32u << 20;
 
 // The cuBLASLt entry points we use, resolved once from the shared library.
 struct CublasLt {
@@ -95,7 +93,7 @@ struct Gemm::Impl {
 Gemm::Gemm(StorageType type, bool allow_tf32, ff_stream_t stream) : impl_(new Impl{type, allow_tf32, stream}) {
   const CublasLt& lt = cublaslt();
   check(lt.cublasLtCreate(&impl_->handle), "create");
-  if (cudaMalloc(&impl_->workspace, kWorkspaceBytes) != cudaSuccess) {
+  if (cudaMalloc(&impl_->workspace, kGemmWorkspaceBytes) != cudaSuccess) {
     throw EngineError("cudaMalloc of the cuBLASLt workspace failed");
   }
 }
@@ -127,7 +125,7 @@ void Gemm::run(const void* a, int64_t lda, const void* w, int64_t M, int64_t N, 
   check(lt.cublasLtMatrixLayoutCreate(&a_layout, data, uint64_t(K), uint64_t(M), lda), "layout A");
   check(lt.cublasLtMatrixLayoutCreate(&c_layout, data, uint64_t(N), uint64_t(M), ldc), "layout C");
   check(lt.cublasLtMatmulPreferenceCreate(&preference), "preference");
-  const size_t workspace = kWorkspaceBytes;
+  const size_t workspace = kGemmWorkspaceBytes;
   check(lt.cublasLtMatmulPreferenceSetAttribute(preference, CUBLASLT_MATMUL_PREF_MAX_WORKSPACE_BYTES, &workspace,
                                              sizeof workspace),
         "workspace");
@@ -139,7 +137,7 @@ void Gemm::run(const void* a, int64_t lda, const void* w, int64_t M, int64_t N, 
   if (found == 0) throw EngineError("cuBLASLt found no algorithm for a GEMM");
   const float alpha = 1.0f, beta = accumulate ? 1.0f : 0.0f;
   check(lt.cublasLtMatmul(impl_->handle, op, &alpha, w, w_layout, a, a_layout, &beta, c, c_layout, c, c_layout,
-                       &heuristic.algo, impl_->workspace, kWorkspaceBytes, impl_->stream),
+                       &heuristic.algo, impl_->workspace, kGemmWorkspaceBytes, impl_->stream),
         "matmul");
   lt.cublasLtMatmulPreferenceDestroy(preference);
   lt.cublasLtMatrixLayoutDestroy(c_layout);
@@ -148,4 +146,4 @@ void Gemm::run(const void* a, int64_t lda, const void* w, int64_t M, int64_t N, 
   lt.cublasLtMatmulDescDestroy(op);
 }
 
-}  // namespace fastformer::engine::cuda::FF_OPS_NAMESPACE
+}  // namespace fastformer::engine::cuda::FF_KERNELS_ABI

@@ -8,7 +8,7 @@
 #include "server/engine/cuda/gemm.h"
 #include "common/half.h"
 
-namespace fastformer::engine::cuda::FF_OPS_NAMESPACE {
+namespace fastformer::engine::cuda::FF_KERNELS_ABI {
 
 struct Gemm::Impl {
   StorageType type;
@@ -54,4 +54,4 @@ void Gemm::run(const void* a, int64_t lda, const void* w, int64_t M, int64_t N, 
     for (int64_t n = 0; n < N; ++n) store(c, r * ldc + n, cf[size_t(r * N + n)], type);
 }
 
-}  // namespace fastformer::engine::cuda::FF_OPS_NAMESPACE
+}  // namespace fastformer::engine::cuda::FF_KERNELS_ABI

@@ -1,0 +1,73 @@
+// The memory plan of one batch of the forward graph: where each per-batch buffer lives in
+// the engine's workspace, and how the batch's sequences split into pooling chunks.
+//
+// plan_workspace() and plan_chunks() are defined in forward.cc, beside the graph that uses
+// the buffers, and are the only place their sizes are written down: the engine sizes its
+// workspace once from the plan of the largest batch (max_batch_tokens one-token sequences,
+// every buffer at its largest) and lays out every batch with the plan of that batch, so a
+// buffer added to the graph is sized everywhere at once.
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+#include <vector>
+
+#include "server/engine/config.h"
+#include "server/engine/ragged_batch.h"
+
+namespace fastformer::engine {
+
+struct WorkspacePlan {
+  // A row-major [rows, cols] buffer at byte `offset` of the workspace (dense: ld = cols).
+  struct Buffer {
+    size_t offset = 0;
+    int64_t rows = 0;
+    int64_t cols = 0;
+  };
+
+  int64_t tokens = 0;     ///< T, the batch's tokens
+  int64_t sequences = 0;  ///< B <= T (sequences are never empty)
+  int64_t chunks = 0;     ///< the most pooling chunks a batch of T tokens in B sequences has
+
+  // In the serving dtype (the engine's element_size()):
+  Buffer x;       ///< [T, D] hidden state, updated in place layer by layer
+  Buffer qks;     ///< [T, 2D+H] Q | K | s; K's block is reused for U, Q's for A
+  Buffer y;       ///< [T, D] GEMM outputs before their LayerNorm
+  Buffer h;       ///< [T, I] feed-forward activations
+  Buffer pq;      ///< [B, D] pooled query
+  Buffer pk;      ///< [B, D] pooled key
+  Buffer pooled;  ///< [B, D] the attention pooler's output
+  Buffer logits;  ///< [B, num_labels]
+  // In float32 whatever the serving dtype (the pooling ops' reductions):
+  Buffer partial_max;     ///< [chunks, H] online-softmax running max per chunk and head
+  Buffer partial_sum;     ///< [chunks, H] sum of weights
+  Buffer partial_values;  ///< [chunks, D] weighted value sums
+  Buffer token_scores;    ///< [T, H] the key scores r (the pooler's scores z use column 0)
+
+  size_t bytes = 0;  ///< the workspace the plan spans
+};
+
+// Byte alignment of every buffer: cuBLASLt's and cudaMalloc's, a multiple of a cache line.
+inline constexpr size_t kWorkspaceAlignment = 256;
+
+// The buffers of a batch of `tokens` tokens in `sequences` sequences, elements of the
+// serving dtype being `element_size` bytes. Every size grows with tokens and sequences, so
+// plan_workspace(c, labels, T_max, T_max, e) bounds every batch of at most T_max tokens.
+WorkspacePlan plan_workspace(const ModelConfig& config, int64_t num_labels, int64_t tokens,
+                             int64_t sequences, size_t element_size);
+
+// The pooling chunks of a batch: each sequence's tokens in consecutive chunks of at most
+// kernels::kChunkTokens, in sequence order.
+struct PoolingChunks {
+  std::vector<int32_t> begin;     ///< [chunks] first token of the chunk
+  std::vector<int32_t> end;       ///< [chunks] one past its last token
+  std::vector<int32_t> sequence;  ///< [chunks] the sequence that owns it
+  std::vector<int32_t> first;     ///< [B+1] sequence b owns chunks first[b] .. first[b+1]-1
+
+  int32_t count() const { return static_cast<int32_t>(begin.size()); }
+};
+
+// Fills `chunks` for `batch`, reusing its capacity.
+void plan_chunks(const RaggedBatch& batch, PoolingChunks& chunks);
+
+}  // namespace fastformer::engine
