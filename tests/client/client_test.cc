@@ -17,7 +17,7 @@
 #include <vector>
 
 #include "tests/client/server_process.h"
-#include "tests/unit/test_models.h"
+#include "tests/support/test_models.h"
 
 namespace fastformer {
 namespace {

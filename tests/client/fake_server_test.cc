@@ -18,7 +18,7 @@
 
 #include "client/src/retry.h"
 #include "fastformer/client.h"
-#include "tests/unit/test_models.h"
+#include "tests/support/test_models.h"
 
 namespace fastformer {
 namespace {

@@ -15,7 +15,7 @@
 #include "client/loadgen/request_pool.h"
 #include "client/loadgen/step_report.h"
 #include "common/workload.h"
-#include "tests/unit/test_models.h"
+#include "tests/support/test_models.h"
 
 namespace fastformer::loadgen {
 namespace {

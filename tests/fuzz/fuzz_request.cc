@@ -18,7 +18,7 @@
 #include "server/engine/model.h"
 #include "server/rpc/request_conversion.h"
 #include "tests/fuzz/fuzz_input.h"
-#include "tests/unit/test_models.h"
+#include "tests/support/test_models.h"
 
 namespace {
 

@@ -145,8 +145,8 @@ def table(header, rows):
 
 def parse_ctest(text):
     """{'passed', 'failed', 'skipped', 'total'} from ctest's summary; 'none' when no test
-    matched; None when there is no summary. ctest counts a skipped test (GTEST_SKIP) as
-    passed: here 'passed' excludes the skipped ones."""
+    matched; None when there is no summary. ctest's "N% tests passed" counts a skipped test
+    (GTEST_SKIP, listed as "(Skipped)") as not failed: here 'passed' excludes the skipped ones."""
     if re.search(r"No tests were found", text):
         return "none"
     m = re.search(r"(\d+)% tests passed, (\d+) tests? failed out of (\d+)", text)

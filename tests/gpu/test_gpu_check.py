@@ -1,6 +1,7 @@
 """Tests of the GPU check's parts that run without a GPU: report.py's parsers and
 verdicts on synthetic results, gpu-check.sh with no GPU, and the CPU paths of
-tools/bench_sdpa.py, tools/bench_pytorch.py and copy_bandwidth.py.
+tools/bench_sdpa.py, tools/bench_pytorch.py and copy_bandwidth.py. The GoogleTest GPU tests of
+this folder (gpu_engine_test.cc) run under ctest (label gpu), not here.
 
     /usr/bin/python3 -m pytest tests/gpu -q
 """
@@ -109,6 +110,19 @@ def test_parse_ctest():
         {"passed": 2, "failed": 1, "skipped": 0, "total": 3}
     assert report.parse_ctest("No tests were found!!!") == "none"
     assert report.parse_ctest("") is None
+
+
+def test_the_gpu_tests_are_in_this_folder_and_skip_as_skipped():
+    """fastformer_gpu_tests (ctest -L gpu, which gpu-check.sh runs) is built from tests/gpu, and a
+    GTEST_SKIP there (no usable GPU) is reported by ctest as Skipped, which parse_ctest counts."""
+    cmake = (HERE / "CMakeLists.txt").read_text()
+    assert "add_executable(fastformer_gpu_tests gpu_engine_test.cc" in cmake
+    assert "fastformer_gtest_discover(fastformer_gpu_tests LABELS gpu)" in cmake
+    assert "GTEST_SKIP()" in (HERE / "gpu_engine_test.cc").read_text()
+    wiring = (ROOT / "tests" / "CMakeLists.txt").read_text()
+    assert "add_subdirectory(gpu)" in wiring
+    assert 'SKIP_REGULAR_EXPRESSION "\\\\[  SKIPPED \\\\]"' in wiring
+    assert "-L gpu" in (HERE / "gpu-check.sh").read_text()
 
 
 def test_parse_sanitizer():

@@ -6,7 +6,7 @@
 #include <gtest/gtest.h>
 
 #include "server/engine/error.h"
-#include "tests/unit/test_models.h"
+#include "tests/support/test_models.h"
 
 namespace fastformer::engine {
 namespace {

@@ -1,5 +1,5 @@
 // The CUDA engine (kernels/ + server/engine/cuda/) run on the host emulation, against the
-// CPU engine on the same model and batch, in all three dtypes (tests/unit/engine_parity.h).
+// CPU engine on the same model and batch, in all three dtypes (tests/support/engine_parity.h).
 // Sequences of 300 and 700 tokens span several 256-token chunks, so the split-and-combine
 // path of the pooling kernels runs.
 #include <gmock/gmock.h>
@@ -8,8 +8,8 @@
 #include "server/engine/cuda/emulated_engine.h"
 #include "server/engine/engine.h"
 #include "server/engine/model.h"
-#include "tests/unit/engine_parity.h"
-#include "tests/unit/test_models.h"
+#include "tests/support/engine_parity.h"
+#include "tests/support/test_models.h"
 
 namespace fastformer {
 namespace {

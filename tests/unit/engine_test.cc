@@ -1,6 +1,6 @@
 // The CPU engine end to end on random tiny models: batch invariance, trailing padding,
 // normalisation, limits, per-sequence options, and a straightforward double-precision
-// reference of DESIGN.md section 1 computed here from Model::weights().
+// reference of docs/design.md section 1 computed here from Model::weights().
 #include "server/engine/engine.h"
 
 #include <gmock/gmock.h>
@@ -10,7 +10,7 @@
 #include <random>
 
 #include "server/engine/error.h"
-#include "tests/unit/test_models.h"
+#include "tests/support/test_models.h"
 
 namespace fastformer::engine {
 namespace {
@@ -160,7 +160,7 @@ std::vector<Vec> masked_softmax(const std::vector<Vec>& score, const std::vector
   return a;
 }
 
-// One sequence through the model, straight from the formulas of DESIGN.md section 1.
+// One sequence through the model, straight from the formulas of docs/design.md section 1.
 Reference reference_forward(const Model& model, const Input& in) {
   const ModelConfig& c = model.config();
   const ModelWeights& w = model.weights();

@@ -9,7 +9,7 @@
 
 #include "server/engine/error.h"
 #include "common/half.h"
-#include "tests/unit/test_models.h"
+#include "tests/support/test_models.h"
 
 namespace fastformer::engine {
 namespace {

@@ -1,19 +1,22 @@
-"""What Client and AsyncClient share: configuration, request building, result assembly."""
+"""What Client and AsyncClient share: configuration, request building, result assembly, and
+every call's argument handling (ClientBase: each call is a generator of steps that a blocking
+or an awaiting driver runs, so only the waiting differs between the two classes)."""
 
 from __future__ import annotations
 
 import math
 import os
 import threading
+import time
 from dataclasses import dataclass
-from typing import Any, Dict, List, Mapping, Optional, Tuple
+from typing import Any, Callable, Dict, Generator, List, Mapping, Optional, Tuple
 
 import grpc
 import numpy as np
 
 from . import _wire
-from ._stubs import pb
-from .errors import FastformerError, Internal, InvalidArgument
+from ._stubs import pb, pb_grpc
+from .errors import DeadlineExceeded, FastformerError, Internal, InvalidArgument, error_for, from_rpc_error
 
 __version__ = "0.1.0"
 
@@ -344,7 +347,6 @@ def stream_answer(raw: _wire.RawResponse, sent: Dict[str, List[Tuple[int, bool, 
     """An EncodeResult or the typed error of one EncodeStream answer. `sent` maps each request_id
     to the (n_sequences, tokens, logits) of the messages sent with it; with a request_id used
     more than once, the answer's own contents decide."""
-    from .errors import error_for
     shapes = sent.get(raw.request_id)
     if shapes and len(shapes) == 1:
         n, tokens, logits = shapes[0]
@@ -358,6 +360,194 @@ def stream_answer(raw: _wire.RawResponse, sent: Dict[str, List[Tuple[int, bool, 
     if raw.error is not None and raw.error[0] != 0:
         return error_for(raw.error[0], raw.error[1], raw.request_id)
     return result_from_raw(raw, n, tokens, logits)
+
+
+class EncodeStream:
+    """One encode_stream call, all but its iteration: the arguments, the requests sent (recorded
+    to shape their answers), a failure of the caller's `requests` (kept; it cancels the call and
+    is raised in the stream's place) and the answers."""
+
+    def __init__(self, cfg: ClientConfig, deadline_s, errors: str, **defaults):
+        check_stream_errors(errors)
+        self.errors = errors
+        self.defaults = stream_defaults(**defaults)
+        self.timeout = cfg.timeout(deadline_s)
+        self.sent: Dict[str, list] = {}
+        self.failure: list = []
+        self.call = None
+
+    def message(self, item, index: int):
+        req = stream_request(item, index, self.defaults)
+        self.sent.setdefault(req.request_id, []).append(
+            (len(req.sequences), req.return_token_embeddings, req.return_logits))
+        return req
+
+    def messages(self, requests):
+        """The EncodeRequests of an iterable of requests; one that fails ends them (fail)."""
+        try:
+            for i, item in enumerate(requests):
+                yield self.message(item, i)
+        except Exception as e:  # noqa: BLE001 - handed to the consumer
+            self.fail(e)
+
+    def fail(self, e: BaseException) -> None:
+        self.failure.append(e)
+        if self.call is not None:
+            self.call.cancel()
+
+    def start(self, rpc, messages, metadata):
+        """The call of rpc (EncodeStream) on messages; cancelled at once when `requests` failed
+        before it was known (Client: they are consumed on a gRPC thread)."""
+        self.call = rpc(messages, timeout=self.timeout, metadata=metadata)
+        if self.failure:
+            self.call.cancel()
+        return self.call
+
+    def answer(self, raw):
+        """The EncodeResult of an answer; its in-band error yielded (errors="yield") or raised."""
+        answer = stream_answer(raw, self.sent)
+        if isinstance(answer, FastformerError) and self.errors == "raise":
+            raise answer
+        return answer
+
+    def raise_failure(self) -> None:
+        """Raises the failure of `requests`, if any."""
+        if self.failure:
+            raise self.failure[0] from None
+
+    def rpc_failed(self, e: grpc.RpcError):
+        """The stream failed: raises the failure of `requests` that caused it, else its error."""
+        self.raise_failure()
+        raise from_rpc_error(e) from e
+
+
+# ----------------------------------------------------------------------------- the calls
+
+# What a call's steps yield: a thunk that starts one gRPC call, or a pause. The blocking driver
+# (Client) calls it and sends the result back; the awaiting one (AsyncClient) awaits it. A failed
+# gRPC call is thrown back into the steps as its grpc.RpcError.
+Steps = Generator[Callable[[], Any], Any, Any]
+
+
+def advance(steps: Steps, value=None, error: Optional[BaseException] = None):
+    """Resumes `steps` with the outcome of the thunk it yielded: (False, the next thunk), or
+    (True, the call's return value) once it has finished."""
+    try:
+        return False, (steps.send(value) if error is None else steps.throw(error))
+    except StopIteration as stop:
+        return True, stop.value
+
+
+def rpc_methods(channel) -> Dict[str, Any]:
+    """The methods the clients call, on a grpc or a grpc.aio channel."""
+    return {
+        "encode": channel.unary_unary(method_path("Encode"), request_serializer=pb.EncodeRequest.SerializeToString,
+                                      response_deserializer=_wire.decode_encode_response),
+        "encode_stream": channel.stream_stream(method_path("EncodeStream"),
+                                               request_serializer=pb.EncodeRequest.SerializeToString,
+                                               response_deserializer=_wire.decode_encode_response),
+        "model_info": pb_grpc.EncoderStub(channel).GetModelInfo,
+        "health": channel.unary_unary(_wire.HEALTH_CHECK_METHOD, request_serializer=_wire.encode_health_request,
+                                      response_deserializer=_wire.decode_health_response),
+    }
+
+
+class ClientBase:
+    """Client and AsyncClient: configuration, channel, and each call's steps (build and check the
+    request, make the gRPC call, map its failure to a FastformerError, convert the reply)."""
+
+    _channel_api: Any = grpc  # grpc (Client) or grpc.aio (AsyncClient)
+    _open_at_init = True      # AsyncClient: on first use, inside the running event loop
+    _sleep: Callable[[float], Any] = staticmethod(time.sleep)
+
+    def __init__(self, target: str = DEFAULT_TARGET, *, deadline_s: Optional[float] = 30.0, tls: bool = False,
+                 root_certificates=None, certificate_chain=None, private_key=None, token: Optional[str] = None,
+                 token_file=None, max_message_bytes: int = DEFAULT_MAX_MESSAGE_BYTES, channel_options=None):
+        self._cfg = ClientConfig(target, deadline_s=deadline_s, tls=tls, root_certificates=root_certificates,
+                                 certificate_chain=certificate_chain, private_key=private_key, token=token,
+                                 token_file=token_file, max_message_bytes=max_message_bytes,
+                                 channel_options=channel_options)
+        self._channel = None
+        self._rpcs: Dict[str, Any] = {}
+        if self._open_at_init:
+            self._open()
+
+    def _open(self):
+        opts = self._cfg.channel_options
+        if self._cfg.tls:
+            ch = self._channel_api.secure_channel(self._cfg.target, self._cfg.credentials(), options=opts)
+        else:
+            ch = self._channel_api.insecure_channel(self._cfg.target, options=opts)
+        self._rpcs = rpc_methods(ch)
+        self._channel = ch
+        return ch
+
+    @property
+    def channel(self):
+        """The gRPC channel (AsyncClient: opened on first use)."""
+        return self._channel if self._channel is not None else self._open()
+
+    def _rpc(self, name: str):
+        _ = self.channel
+        return self._rpcs[name]
+
+    @property
+    def target(self) -> str:
+        return self._cfg.target
+
+    def __repr__(self) -> str:
+        return f"{type(self).__name__}({self._cfg.target!r}{', tls' if self._cfg.tls else ''})"
+
+    def _stream(self, deadline_s, errors: str, **defaults) -> EncodeStream:
+        return EncodeStream(self._cfg, deadline_s, errors, **defaults)
+
+    # ------------------------------------------------------------------ the steps of each call
+    def _unary(self, name: str, request, timeout, request_id=None, **kwargs) -> Steps:
+        """One unary call: its reply, or the FastformerError of its status (health: NOT_FOUND
+        is the answer "SERVICE_UNKNOWN")."""
+        try:
+            return (yield lambda: self._rpc(name)(request, timeout=timeout, metadata=self._cfg.metadata(),
+                                                  **kwargs))
+        except grpc.RpcError as e:
+            if name == "health" and e.code() == grpc.StatusCode.NOT_FOUND:
+                return "SERVICE_UNKNOWN"
+            raise from_rpc_error(e, request_id) from e
+
+    def _encode_steps(self, sequences, *, return_token_embeddings, return_logits, normalize, truncation,
+                      request_id, deadline_s, return_result) -> Steps:
+        req = build_request(sequences, return_token_embeddings=return_token_embeddings,
+                            return_logits=return_logits, normalize=normalize, truncation=truncation,
+                            request_id=request_id)
+        raw = yield from self._unary("encode", req, self._cfg.timeout(deadline_s), request_id)
+        if raw.error is not None and raw.error[0] != 0:
+            raise error_for(raw.error[0], raw.error[1], request_id)
+        res = result_from_raw(raw, len(req.sequences), req.return_token_embeddings, req.return_logits)
+        if return_token_embeddings or return_logits or return_result:
+            return res
+        return res.embeddings
+
+    def _model_info_steps(self, deadline_s) -> Steps:
+        info = yield from self._unary("model_info", pb.GetModelInfoRequest(), self._cfg.timeout(deadline_s))
+        return model_info_dict(info)
+
+    def _health_steps(self, service: str, timeout, wait_for_ready: bool = False) -> Steps:
+        return (yield from self._unary("health", service, timeout, wait_for_ready=wait_for_ready))
+
+    def _wait_for_serving_steps(self, timeout_s: float, service: str) -> Steps:
+        end = time.monotonic() + timeout_s
+        last = "no answer"
+        while True:
+            left = end - time.monotonic()
+            if left <= 0:
+                raise DeadlineExceeded(f"{self._cfg.target} not SERVING after {timeout_s:g} s (last: {last})")
+            try:
+                last = yield from self._health_steps(service, min(left, 2.0), True)
+                if last == "SERVING":
+                    return
+            except FastformerError as e:
+                last = str(e)
+            pause = min(0.05, max(0.0, end - time.monotonic()))
+            yield lambda: self._sleep(pause)
 
 
 __all__ = ["EncodeResult", "FastformerError"]

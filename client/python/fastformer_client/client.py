@@ -2,21 +2,16 @@
 
 from __future__ import annotations
 
-import time
 from typing import Any, Dict, Iterable, Iterator, Optional, Union
 
 import grpc
 import numpy as np
 
-from . import _wire
-from ._common import (DEFAULT_MAX_MESSAGE_BYTES, DEFAULT_TARGET, ClientConfig, EncodeResult, build_request,
-                      check_stream_errors, method_path, model_info_dict, result_from_raw, stream_answer,
-                      stream_defaults, stream_request)
-from ._stubs import pb, pb_grpc
-from .errors import DeadlineExceeded, FastformerError, error_for, from_rpc_error
+from ._common import ClientBase, EncodeResult, Steps, advance
+from .errors import FastformerError
 
 
-class Client:
+class Client(ClientBase):
     """A blocking client of one fastformer-server; thread-safe (one channel, shared by all calls).
 
     target             "host:port" (any gRPC target string)
@@ -30,33 +25,23 @@ class Client:
     max_message_bytes  send and receive limit of the channel (default 256 MiB: token embeddings of
                        a long document exceed gRPC's default 4 MiB)
     channel_options    extra gRPC channel arguments, [(name, value), ...]
+
+    The arguments are handled, and the requests and replies built, in ClientBase (_common.py),
+    which AsyncClient shares; here each call's steps run blocking.
     """
 
-    def __init__(self, target: str = DEFAULT_TARGET, *, deadline_s: Optional[float] = 30.0, tls: bool = False,
-                 root_certificates=None, certificate_chain=None, private_key=None, token: Optional[str] = None,
-                 token_file=None, max_message_bytes: int = DEFAULT_MAX_MESSAGE_BYTES, channel_options=None):
-        self._cfg = ClientConfig(target, deadline_s=deadline_s, tls=tls, root_certificates=root_certificates,
-                                 certificate_chain=certificate_chain, private_key=private_key, token=token,
-                                 token_file=token_file, max_message_bytes=max_message_bytes,
-                                 channel_options=channel_options)
-        if self._cfg.tls:
-            self.channel = grpc.secure_channel(target, self._cfg.credentials(), options=self._cfg.channel_options)
-        else:
-            self.channel = grpc.insecure_channel(target, options=self._cfg.channel_options)
-        self._encode = self.channel.unary_unary(method_path("Encode"),
-                                                request_serializer=pb.EncodeRequest.SerializeToString,
-                                                response_deserializer=_wire.decode_encode_response)
-        self._encode_stream = self.channel.stream_stream(method_path("EncodeStream"),
-                                                         request_serializer=pb.EncodeRequest.SerializeToString,
-                                                         response_deserializer=_wire.decode_encode_response)
-        self._stub = pb_grpc.EncoderStub(self.channel)
-        self._health = self.channel.unary_unary(_wire.HEALTH_CHECK_METHOD,
-                                                request_serializer=_wire.encode_health_request,
-                                                response_deserializer=_wire.decode_health_response)
-
-    @property
-    def target(self) -> str:
-        return self._cfg.target
+    @staticmethod
+    def _run(steps: Steps):
+        """Runs a call's steps (ClientBase), each gRPC call or pause blocking."""
+        done, out = advance(steps)
+        while not done:
+            try:
+                value = out()
+            except grpc.RpcError as e:
+                done, out = advance(steps, error=e)
+            else:
+                done, out = advance(steps, value)
+        return out
 
     # ------------------------------------------------------------------ lifecycle
     def close(self) -> None:
@@ -67,9 +52,6 @@ class Client:
 
     def __exit__(self, *exc) -> None:
         self.close()
-
-    def __repr__(self) -> str:
-        return f"Client({self._cfg.target!r}{', tls' if self._cfg.tls else ''})"
 
     # ------------------------------------------------------------------ calls
     def encode(self, sequences, *, return_token_embeddings: bool = False, return_logits: bool = False,
@@ -86,19 +68,10 @@ class Client:
         max_position_embeddings tokens) or "left" (keep the last ones).
         Raises the FastformerError subclass of the status (InvalidArgument, ResourceExhausted, ...).
         """
-        req = build_request(sequences, return_token_embeddings=return_token_embeddings,
-                            return_logits=return_logits, normalize=normalize, truncation=truncation,
-                            request_id=request_id)
-        try:
-            raw = self._encode(req, timeout=self._cfg.timeout(deadline_s), metadata=self._cfg.metadata())
-        except grpc.RpcError as e:
-            raise from_rpc_error(e, request_id) from e
-        if raw.error is not None and raw.error[0] != 0:
-            raise error_for(raw.error[0], raw.error[1], request_id)
-        res = result_from_raw(raw, len(req.sequences), req.return_token_embeddings, req.return_logits)
-        if return_token_embeddings or return_logits or return_result:
-            return res
-        return res.embeddings
+        return self._run(self._encode_steps(
+            sequences, return_token_embeddings=return_token_embeddings, return_logits=return_logits,
+            normalize=normalize, truncation=truncation, request_id=request_id, deadline_s=deadline_s,
+            return_result=return_result))
 
     def encode_stream(self, requests: Iterable, *, return_token_embeddings: bool = False,
                       return_logits: bool = False, normalize: bool = False, truncation=None,
@@ -115,80 +88,28 @@ class Client:
         (errors="yield"; the stream goes on). A failure of the whole stream (its deadline, an
         oversize message) raises. `requests` is consumed lazily, on a gRPC thread.
         """
-        check_stream_errors(errors)
-        defaults = stream_defaults(return_token_embeddings, return_logits, normalize, truncation)
-        timeout = self._cfg.timeout(deadline_s)
-        sent: Dict[str, list] = {}
-        failure: list = []
-        call_box: list = []
-
-        def messages():
-            try:
-                for i, item in enumerate(requests):
-                    req = stream_request(item, i, defaults)
-                    sent.setdefault(req.request_id, []).append(
-                        (len(req.sequences), req.return_token_embeddings, req.return_logits))
-                    yield req
-            except Exception as e:  # noqa: BLE001 - handed to the consumer
-                failure.append(e)
-                if call_box:
-                    call_box[0].cancel()
-
-        call = self._encode_stream(messages(), timeout=timeout, metadata=self._cfg.metadata())
-        call_box.append(call)
-        if failure:
-            call.cancel()
+        stream = self._stream(deadline_s, errors, return_token_embeddings=return_token_embeddings,
+                              return_logits=return_logits, normalize=normalize, truncation=truncation)
+        call = stream.start(self._rpc("encode_stream"), stream.messages(requests), self._cfg.metadata())
         try:
             for raw in call:
-                answer = stream_answer(raw, sent)
-                if isinstance(answer, FastformerError) and errors == "raise":
-                    raise answer
-                yield answer
+                yield stream.answer(raw)
         except grpc.RpcError as e:
-            if failure:
-                raise failure[0] from None
-            raise from_rpc_error(e) from e
+            stream.rpc_failed(e)
         finally:
             call.cancel()  # no-op once finished; ends the stream when the caller stops early
-        if failure:
-            raise failure[0]
+        stream.raise_failure()
 
     def model_info(self, *, deadline_s: Optional[float] = None) -> Dict[str, Any]:
         """The served model and the server's limits (ModelInfo as a dict: hidden_size, num_labels, ...)."""
-        try:
-            info = self._stub.GetModelInfo(pb.GetModelInfoRequest(), timeout=self._cfg.timeout(deadline_s),
-                                           metadata=self._cfg.metadata())
-        except grpc.RpcError as e:
-            raise from_rpc_error(e) from e
-        return model_info_dict(info)
+        return self._run(self._model_info_steps(deadline_s))
 
     def health(self, service: str = "", *, deadline_s: Optional[float] = None) -> str:
         """grpc.health.v1 status of `service` ("" = the server): "SERVING", "NOT_SERVING",
         "SERVICE_UNKNOWN" or "UNKNOWN". Raises (e.g. Unavailable) when the check itself fails."""
-        return self._health_call(service, self._cfg.timeout(deadline_s), False)
-
-    def _health_call(self, service, timeout, wait_for_ready) -> str:
-        try:
-            return self._health(service, timeout=timeout, metadata=self._cfg.metadata(),
-                                wait_for_ready=wait_for_ready)
-        except grpc.RpcError as e:
-            if e.code() == grpc.StatusCode.NOT_FOUND:
-                return "SERVICE_UNKNOWN"
-            raise from_rpc_error(e) from e
+        return self._run(self._health_steps(service, self._cfg.timeout(deadline_s)))
 
     def wait_for_serving(self, timeout_s: float = 30.0, service: str = "") -> None:
         """Blocks until health(service) is SERVING (the server listens before its model is loaded and
         warmed up); raises DeadlineExceeded after timeout_s."""
-        end = time.monotonic() + timeout_s
-        last = "no answer"
-        while True:
-            left = end - time.monotonic()
-            if left <= 0:
-                raise DeadlineExceeded(f"{self._cfg.target} not SERVING after {timeout_s:g} s (last: {last})")
-            try:
-                last = self._health_call(service, min(left, 2.0), True)
-                if last == "SERVING":
-                    return
-            except FastformerError as e:
-                last = str(e)
-            time.sleep(min(0.05, max(0.0, end - time.monotonic())))
+        return self._run(self._wait_for_serving_steps(timeout_s, service))

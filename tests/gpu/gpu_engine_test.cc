@@ -7,8 +7,8 @@
 #include "server/engine/cuda/cuda_ops.h"
 #include "server/engine/engine.h"
 #include "server/engine/model.h"
-#include "tests/unit/engine_parity.h"
-#include "tests/unit/test_models.h"
+#include "tests/support/engine_parity.h"
+#include "tests/support/test_models.h"
 
 namespace fastformer {
 namespace {

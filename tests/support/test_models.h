@@ -1,5 +1,5 @@
 // Test helpers: temporary directories, safetensors writers (well-formed and arbitrary, for
-// the malformed cases) and random tiny Fastformer model directories (DESIGN.md section 2).
+// the malformed cases) and random tiny Fastformer model directories (docs/design.md section 2).
 #pragma once
 
 #include <cstdint>
@@ -80,7 +80,7 @@ struct TinyModel {
   std::map<std::string, TensorSpec> tensors;
 };
 
-// Random weights for every tensor name of DESIGN.md section 2 that `spec` calls for.
+// Random weights for every tensor name of docs/design.md section 2 that `spec` calls for.
 TinyModel make_tiny_model(const TinyModelSpec& spec);
 
 // Writes dir/config.json and dir/model.safetensors (creating dir).

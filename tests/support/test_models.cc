@@ -1,4 +1,4 @@
-#include "tests/unit/test_models.h"
+#include "tests/support/test_models.h"
 
 #include <stdlib.h>
 
