@@ -1,5 +1,5 @@
 // The masked softmax pooling at the heart of additive attention, split for long sequences
-// (DESIGN.md section 1 and "Long sequences" in section 3):
+// (docs/design.md, "The model contract" and "Long sequences"):
 //   a = softmax over t of s (masked), per head;   pooled_h = sum_t a_{t,h} V_{t,h-slice}
 // used three times per model: the query pooling (s, V = Q -> pq), the key pooling
 // (r, V = K -> pk after scaling by pq, since pk_h = pq_h * sum_t b_{t,h} K_{t,h-slice}), and

@@ -1,5 +1,5 @@
-// bias_activation_kernel computes the feed-forward's first half in place (DESIGN.md
-// section 1, "X' = LN2( act(X1 Wi^T + bi) ...)"): c = act(c + b), or c = c + b for the
+// bias_activation_kernel computes the feed-forward's first half in place (docs/design.md,
+// "The model contract", line (12)): c = act(c + b), or c = c + b for the
 // Linears without an activation (Q|K|s, the pooler's att_fc1, the classifier).
 // Element-wise over a [rows, cols] view with leading dimension ldc; a grid-stride loop.
 // When cols and ldc are multiples of 4 each thread moves 4 elements with one vector load

@@ -1,4 +1,4 @@
-// Small element-wise and per-row kernels (DESIGN.md section 1):
+// Small element-wise and per-row kernels (docs/design.md, "The model contract"):
 //  - mix_kernel:            U_t = pk * Q_t   (pk of the token's sequence; query doubles as value)
 //  - pooler_scores_kernel:  z_t = tanh(E_t) w2 + b2, E = X W1^T + b1 from the GEMM
 //  - l2_normalize_kernel:   the optional L2-normalised pooled embedding

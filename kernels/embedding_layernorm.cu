@@ -1,5 +1,5 @@
-// embedding_layernorm_kernel computes, per token t of the ragged batch (DESIGN.md section 1,
-// "embeddings"):
+// embedding_layernorm_kernel computes, per token t of the ragged batch (docs/design.md,
+// "The model contract", line (0)):
 //     X0_t = LN_emb( W_word[id_t] + W_pos[t] )   (input_embeddings row instead of W_word[id])
 // One block per token row; the row sum is staged in shared memory (D floats) so the
 // LayerNorm's two passes (mean, then variance) read it once from global memory.

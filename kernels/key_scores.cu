@@ -1,4 +1,5 @@
-// key_scores_kernel computes the key-side attention scores (DESIGN.md section 1):
+// key_scores_kernel computes the key-side attention scores (docs/design.md, "The model
+// contract", lines (5)-(6)):
 //     r_t = (P_t Wka^T + bka) / sqrt(d),  P_t = K_t * pq
 // as r_t = (K_t * pq) Wka'^T + bka' with Wka' = Wka / sqrt(d) prepared at load, so
 // P = K * pq is never written to memory. One block per token: P_t is staged in shared

@@ -1,6 +1,6 @@
-// bias_residual_layernorm_kernel computes the two post-norms of a layer (DESIGN.md
-// section 1): X1 = LN1( A Wo^T + bo + X ) and X' = LN2( H Wf^T + bf + X1 ), given the GEMM
-// output c = A Wo^T (or H Wf^T). One block per row; the row is staged in shared memory
+// bias_residual_layernorm_kernel computes the two post-norms of a layer (docs/design.md,
+// "The model contract", lines (11) and (13)): X1 = LN1( A Wo^T + bo + X ) and
+// X' = LN2( F Wf^T + bf + X1 ), given the GEMM output c = A Wo^T (or F Wf^T). One block per row; the row is staged in shared memory
 // before any output is written, so `out` may alias `residual` (the hidden state is
 // updated in place).
 #include "kernels/instantiate.cuh"

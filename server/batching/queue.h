@@ -38,7 +38,7 @@ struct QueueEntry {
 struct Batch {
   std::vector<QueueEntry> entries;   ///< in queue order
   engine::RaggedBatch ragged;        ///< the staged input, entries[i] is sequence i
-  std::vector<engine::OutputOptions> options;  ///< per sequence
+  std::vector<OutputOptions> options;  ///< per sequence
   int64_t tokens = 0;
 };
 

@@ -25,8 +25,8 @@ using Clock = std::chrono::steady_clock;
 enum class Outcome { kOk, kDeadlineExceeded, kCancelled, kEngineFailure };
 
 struct Request {
-  std::vector<engine::SequenceInput> sequences;  ///< views into storage the caller keeps alive
-  engine::OutputOptions options;                 ///< what to return for every sequence
+  std::vector<SequenceInput> sequences;  ///< views into storage the caller keeps alive
+  OutputOptions options;                 ///< what to return for every sequence
   Clock::time_point arrival{};                   ///< when the request was admitted
   Clock::time_point deadline = Clock::time_point::max();  ///< the call's deadline
   std::function<bool()> is_cancelled;            ///< true once the client gave up (may be empty)
@@ -34,7 +34,7 @@ struct Request {
   std::function<void(Request&)> on_complete;
 
   // Filled in as the request runs.
-  std::vector<engine::EncodedSequence> results;  ///< one per sequence, in order
+  std::vector<EncodedSequence> results;  ///< one per sequence, in order
   Outcome outcome = Outcome::kOk;
   std::string error;                             ///< why, for kEngineFailure
   Clock::time_point first_compute{};             ///< start of the first batch holding it

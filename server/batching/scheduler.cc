@@ -65,7 +65,7 @@ void Scheduler::run_batch(Batch& batch) {
     std::lock_guard lock(r->mu);
     if (r->first_compute == Clock::time_point{}) r->first_compute = start;
   }
-  std::vector<engine::EncodedSequence> results;
+  std::vector<EncodedSequence> results;
   try {
     if (observer_.before_compute) observer_.before_compute(batch);
     results = engine_.encode(batch.ragged, batch.options);

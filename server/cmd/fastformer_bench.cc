@@ -106,7 +106,7 @@ int main(int argc, char** argv) {
     }
     options.max_batch_tokens = std::max(batch_tokens, largest);
     auto eng = engine::create_engine(model, options);
-    const engine::OutputOptions out_options;
+    const OutputOptions out_options;
 
     for (int i = 0; i < warmup_batches; ++i) eng->encode(batches[size_t(i) % batches.size()], {&out_options, 1});
     std::vector<double> latencies_ms;

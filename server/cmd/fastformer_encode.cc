@@ -29,7 +29,7 @@ constexpr int kExitBadInput = 2;
 int main(int argc, char** argv) {
   CLI::App app{"fastformer-encode: embed JSON-lines sequences with a Fastformer model, no server"};
   std::string model_dir, backend_name = "auto", input = "-", output = "-";
-  engine::OutputOptions out_options;
+  OutputOptions out_options;
   engine::EngineOptions engine_options;
   engine_options.max_batch_tokens = 16384;
   app.add_option("--model-dir", model_dir, "model directory (config.json + model.safetensors)")

@@ -34,7 +34,7 @@ void warm_up(engine::Engine& eng) {
   engine::RaggedBatch batch;
   if (model.has_word_embedding()) batch.add({ids, {}}, c);
   else batch.add({{}, embeddings}, c);
-  const engine::OutputOptions options;
+  const OutputOptions options;
   eng.encode(batch, {&options, 1});
 }
 

@@ -13,7 +13,7 @@
 #include <string>
 #include <vector>
 
-#include "common/sequence.h"
+#include "common/sequence.h"  // SequenceInput, OutputOptions, EncodedSequence
 #include "server/engine/model.h"
 #include "server/engine/ragged_batch.h"
 
@@ -31,10 +31,6 @@ struct EngineOptions {
   int device = 0;                   ///< CUDA device ordinal
   bool allow_tf32 = false;          ///< TF32 GEMMs for float32 on the CUDA engine
 };
-
-// The sequence and result types are common/sequence.h's.
-using fastformer::EncodedSequence;
-using fastformer::OutputOptions;
 
 class Engine {
  public:

@@ -93,7 +93,6 @@ void RaggedBatch::add(const SequenceInput& s, const ModelConfig& c) {
     }
   }
   cu_seqlens.push_back(start + n);
-  max_seq_len = std::max(max_seq_len, n);
 }
 
 void RaggedBatch::clear() {
@@ -103,7 +102,6 @@ void RaggedBatch::clear() {
   input_embeddings.clear();
   mask.clear();
   position_ids.clear();
-  max_seq_len = 0;
 }
 
 }  // namespace fastformer::engine

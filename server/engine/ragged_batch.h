@@ -10,13 +10,11 @@
 #include <span>
 #include <vector>
 
-#include "common/sequence.h"
+#include "common/sequence.h"  // SequenceInput, OutputOptions, EncodedSequence
 #include "server/engine/config.h"
 #include "server/engine/error.h"
 
 namespace fastformer::engine {
-
-using fastformer::SequenceInput;  // common/sequence.h
 
 // Checks one sequence against the model's limits. `index` names it in the error.
 std::optional<InputError> validate_sequence(const ModelConfig& config, bool has_word_embedding,
@@ -35,7 +33,6 @@ struct RaggedBatch {
   std::vector<float> input_embeddings;   ///< [E, D] rows supplied by callers
   std::vector<uint8_t> mask;             ///< [T]; 1 for a real token, 0 for padding
   std::vector<int32_t> position_ids;     ///< [T]; position of the token within its sequence
-  int32_t max_seq_len = 0;               ///< longest sequence in the batch
 
   int32_t num_sequences() const { return static_cast<int32_t>(cu_seqlens.size()) - 1; }
   int32_t num_tokens() const { return cu_seqlens.back(); }

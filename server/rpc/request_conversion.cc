@@ -27,7 +27,7 @@ grpc::Status convert_request(const v1::EncodeRequest& proto, const engine::Model
   out->sequences.reserve(size_t(proto.sequences_size()));
   for (int i = 0; i < proto.sequences_size(); ++i) {
     const v1::Sequence& s = proto.sequences(i);
-    engine::SequenceInput in{{s.token_ids().data(), size_t(s.token_ids_size())},
+    SequenceInput in{{s.token_ids().data(), size_t(s.token_ids_size())},
                              {s.input_embeddings().data(), size_t(s.input_embeddings_size())}};
     // Truncation applies only to a well-formed single-kind sequence; anything else is left
     // for validate_sequence to reject with its own message.
@@ -60,7 +60,7 @@ grpc::Status convert_request(const v1::EncodeRequest& proto, const engine::Model
 }
 
 void fill_response(const batching::Request& request, v1::EncodeResponse* response) {
-  for (const engine::EncodedSequence& seq : request.results) {
+  for (const EncodedSequence& seq : request.results) {
     v1::Encoding* e = response->add_encodings();
     e->mutable_embedding()->Add(seq.embedding.begin(), seq.embedding.end());
     e->mutable_token_embeddings()->Add(seq.token_embeddings.begin(), seq.token_embeddings.end());

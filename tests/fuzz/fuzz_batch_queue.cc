@@ -47,10 +47,10 @@ engine::ModelConfig config() {
 class FakeEngine final : public engine::Engine {
  public:
   bool fail = false;
-  std::vector<engine::EncodedSequence> encode(const engine::RaggedBatch& batch,
-                                              std::span<const engine::OutputOptions>) override {
+  std::vector<EncodedSequence> encode(const engine::RaggedBatch& batch,
+                                              std::span<const OutputOptions>) override {
     if (fail) throw std::runtime_error("injected failure");
-    std::vector<engine::EncodedSequence> out(size_t(batch.num_sequences()));
+    std::vector<EncodedSequence> out(size_t(batch.num_sequences()));
     for (size_t b = 0; b < out.size(); ++b) out[b].num_tokens = batch.cu_seqlens[b + 1] - batch.cu_seqlens[b];
     return out;
   }

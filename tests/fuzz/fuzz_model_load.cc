@@ -64,7 +64,7 @@ void encode_once(std::shared_ptr<const engine::Model> model) {
   const int64_t n = std::min<int64_t>(3, c.max_position_embeddings);
   std::vector<int32_t> ids;
   std::vector<float> embeddings;
-  engine::SequenceInput input;
+  SequenceInput input;
   if (model->has_word_embedding()) {
     for (int64_t t = 0; t < n; ++t) ids.push_back(int32_t((c.pad_token_id + 1 + t) % c.vocab_size));
     if (ids[0] == c.pad_token_id) ids[0] = int32_t((c.pad_token_id + 1) % c.vocab_size);
@@ -76,7 +76,7 @@ void encode_once(std::shared_ptr<const engine::Model> model) {
   if (engine::validate_sequence(c, model->has_word_embedding(), input, 0)) return;  // vocab 1, all pad
   engine::RaggedBatch batch;
   batch.add(input, c);
-  engine::OutputOptions out;
+  OutputOptions out;
   out.token_embeddings = true;
   out.logits = model->num_labels() > 0;
   const auto results = eng->encode(batch, {&out, 1});

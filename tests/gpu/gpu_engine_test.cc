@@ -40,7 +40,7 @@ std::unique_ptr<engine::Engine> gpu_engine(std::shared_ptr<const engine::Model> 
   }
 }
 
-std::vector<engine::EncodedSequence> cpu_reference(std::shared_ptr<const engine::Model> model,
+std::vector<EncodedSequence> cpu_reference(std::shared_ptr<const engine::Model> model,
                                                    const test::ParityInputs& in, int64_t tokens) {
   engine::EngineOptions options;
   options.backend = engine::Backend::kCpu;

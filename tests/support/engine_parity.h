@@ -37,12 +37,12 @@ inline ParityInputs make_parity_inputs(const engine::ModelConfig& c, std::vector
   return in;
 }
 
-inline std::vector<engine::EncodedSequence> encode_all(engine::Engine& eng, const ParityInputs& in) {
+inline std::vector<EncodedSequence> encode_all(engine::Engine& eng, const ParityInputs& in) {
   const engine::ModelConfig& c = eng.model().config();
   engine::RaggedBatch batch;
   for (const auto& ids : in.ids) batch.add({ids, {}}, c);
   for (const auto& rows : in.embeddings) batch.add({{}, rows}, c);
-  engine::OutputOptions options;
+  OutputOptions options;
   options.token_embeddings = true;
   options.logits = eng.model().num_labels() > 0;
   return eng.encode(batch, {&options, 1});
@@ -67,8 +67,8 @@ inline double worst_relative_error(const std::vector<float>& x, const std::vecto
 }
 
 // Checks `ours` (an engine serving `dtype`) against `reference` (the CPU engine).
-inline void expect_parity(const std::vector<engine::EncodedSequence>& ours,
-                          const std::vector<engine::EncodedSequence>& reference, const std::string& dtype) {
+inline void expect_parity(const std::vector<EncodedSequence>& ours,
+                          const std::vector<EncodedSequence>& reference, const std::string& dtype) {
   ASSERT_EQ(ours.size(), reference.size());
   for (size_t s = 0; s < ours.size(); ++s) {
     const auto& a = ours[s];

@@ -239,12 +239,12 @@ class FakeEngine final : public engine::Engine {
   std::vector<int> batch_sizes;
   int fail_batch = -1;
 
-  std::vector<engine::EncodedSequence> encode(const engine::RaggedBatch& batch,
-                                              std::span<const engine::OutputOptions>) override {
+  std::vector<EncodedSequence> encode(const engine::RaggedBatch& batch,
+                                              std::span<const OutputOptions>) override {
     const int n = static_cast<int>(batch_sizes.size());
     batch_sizes.push_back(batch.num_sequences());
     if (n == fail_batch) throw std::runtime_error("injected failure");
-    std::vector<engine::EncodedSequence> out(size_t(batch.num_sequences()));
+    std::vector<EncodedSequence> out(size_t(batch.num_sequences()));
     for (int b = 0; b < batch.num_sequences(); ++b) {
       out[size_t(b)].num_tokens = batch.cu_seqlens[size_t(b) + 1] - batch.cu_seqlens[size_t(b)];
     }

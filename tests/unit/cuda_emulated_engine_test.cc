@@ -33,7 +33,7 @@ class EmulatedCudaEngineTest : public ::testing::TestWithParam<std::string> {
     cpu.threads = 2;
     cpu.max_batch_tokens = 2048;
     auto cpu_engine = engine::create_engine(*model_, cpu);
-    reference_ = new std::vector<engine::EncodedSequence>(
+    reference_ = new std::vector<EncodedSequence>(
         test::encode_all(*cpu_engine, test::make_parity_inputs((*model_)->config())));
   }
   static void TearDownTestSuite() {
@@ -43,11 +43,11 @@ class EmulatedCudaEngineTest : public ::testing::TestWithParam<std::string> {
   }
   static test::TempDir* dir_;
   static std::shared_ptr<const engine::Model>* model_;
-  static std::vector<engine::EncodedSequence>* reference_;
+  static std::vector<EncodedSequence>* reference_;
 };
 test::TempDir* EmulatedCudaEngineTest::dir_ = nullptr;
 std::shared_ptr<const engine::Model>* EmulatedCudaEngineTest::model_ = nullptr;
-std::vector<engine::EncodedSequence>* EmulatedCudaEngineTest::reference_ = nullptr;
+std::vector<EncodedSequence>* EmulatedCudaEngineTest::reference_ = nullptr;
 
 TEST_P(EmulatedCudaEngineTest, MatchesTheCpuEngine) {
   engine::EngineOptions options;
@@ -69,7 +69,7 @@ TEST(EmulatedCudaEngine, BatchOverItsBuffersIsAClearError) {
   engine::RaggedBatch batch;
   const std::vector<int32_t> ids(20, 1);
   batch.add({ids, {}}, model->config());
-  const engine::OutputOptions out;
+  const OutputOptions out;
   EXPECT_THAT(test::error_of<engine::EngineError>([&] { cuda->encode(batch, {&out, 1}); }),
               ::testing::HasSubstr("exceeds max_batch_tokens 8"));
 }

@@ -504,9 +504,8 @@ TEST_F(EngineTest, LogitsOfAModelWithoutHeadAreEmpty) {
   EXPECT_EQ(out[0].embedding.size(), 32u);
 }
 
-// A classifier head wider than the scratch arena's per-token allowance: a batch of many
-// one-token sequences needs B x num_labels logits. Disabled: see the report (cpu_ops.cc,
-// CpuOps::CpuOps sizes the arena with max(D, 64) per token for the logits).
+// A classifier head wider than the hidden size: a batch of many one-token sequences needs
+// B x num_labels logits, more than T x D (the workspace plan sizes the logits buffer from B).
 TEST_F(EngineTest, WideClassifierHeadFitsAnyBatch) {
   TinyModelSpec s;
   s.num_labels = 300;

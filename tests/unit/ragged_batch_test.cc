@@ -179,7 +179,6 @@ TEST(RaggedBatchTest, AddPacksSequences) {
 
   EXPECT_EQ(batch.num_sequences(), 4);
   EXPECT_EQ(batch.num_tokens(), 11);
-  EXPECT_EQ(batch.max_seq_len, 5);
   EXPECT_THAT(batch.cu_seqlens, ElementsAre(0, 3, 5, 10, 11));
   EXPECT_THAT(batch.position_ids, ElementsAre(0, 1, 2, 0, 1, 0, 1, 2, 3, 4, 0));
   EXPECT_THAT(batch.token_ids,
@@ -191,7 +190,6 @@ TEST(RaggedBatchTest, AddPacksSequences) {
   batch.clear();
   EXPECT_EQ(batch.num_sequences(), 0);
   EXPECT_EQ(batch.num_tokens(), 0);
-  EXPECT_EQ(batch.max_seq_len, 0);
   EXPECT_THAT(batch.cu_seqlens, ElementsAre(0));
   EXPECT_TRUE(batch.token_ids.empty());
   EXPECT_TRUE(batch.embedding_index.empty());

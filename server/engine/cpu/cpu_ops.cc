@@ -108,7 +108,7 @@ BatchRef CpuOps::begin_batch(const RaggedBatch& batch, const WorkspacePlan& plan
   };
   partials_ = Partials{floats(plan.partial_max), floats(plan.partial_sum), floats(plan.partial_values)};
   token_scores_ = floats(plan.token_scores);
-  return BatchRef{batch.num_sequences(), batch.num_tokens(), batch.max_seq_len};
+  return BatchRef{batch.num_sequences(), batch.num_tokens()};
 }
 
 void CpuOps::embed(const BatchRef& ref, const void* word_embedding, const void* position_embeddings,

@@ -181,7 +181,7 @@ class CudaOps final : public Ops {
     auto floats = [&](const WorkspacePlan::Buffer& buffer) { return reinterpret_cast<float*>(memory_ + buffer.offset); };
     partials_ = k::Partials{floats(plan.partial_max), floats(plan.partial_sum), floats(plan.partial_values)};
     scores_ = floats(plan.token_scores);
-    return BatchRef{B, T_count, batch.max_seq_len};
+    return BatchRef{B, T_count};
   }
 
   void embed(const BatchRef&, const void* word_embedding, const void* position_embeddings, const void* ln_gamma,
