@@ -3,7 +3,8 @@
 // accumulation are float in every dtype. Matrices are row-major with a leading dimension
 // (`ld`, in elements) so Q, K and the query scores can share one GEMM output.
 //
-// Which line of the model contract (docs/design.md, "The model contract") each computes is said in its file.
+// Which line of the model contract (docs/design.md, "The model contract") each computes is
+// said in its file.
 #pragma once
 
 #include <cstdint>

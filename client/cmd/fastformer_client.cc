@@ -20,8 +20,8 @@
 #include <vector>
 
 #include "client/cmd/connection_flags.h"
-#include "fastformer/client.h"
 #include "common/jsonl_io.h"
+#include "fastformer/client.h"
 
 namespace {
 

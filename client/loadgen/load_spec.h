@@ -12,7 +12,7 @@ namespace fastformer::loadgen {
 
 struct LengthsSpec {
   std::string text;                   ///< as given
-  LengthSpec range;           ///< fixed:L / uniform:MIN:MAX
+  LengthSpec range;                   ///< fixed:L / uniform:MIN:MAX
   std::vector<int64_t> file_lengths;  ///< file:PATH, one length a line (drawn uniformly)
   bool from_file = false;
 

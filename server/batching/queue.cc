@@ -82,21 +82,29 @@ bool BatchQueue::fits(int64_t count, int64_t batch_tokens, int64_t tokens) const
 
 bool BatchQueue::record_depth_locked() {
   if (!observer_.on_depth) return false;
-  depths_.push_back({tokens_, static_cast<int64_t>(entries_.size())});
-  if (reporting_depth_) return false;  // that thread reports this depth too, after its own
+  pending_depth_ = Depth{tokens_, static_cast<int64_t>(entries_.size())};
+  if (reporting_depth_) return false;  // that thread reports this depth, after its current one
   reporting_depth_ = true;
   return true;
 }
 
 void BatchQueue::report_depths() {
-  // One reporter at a time, draining the depths in the order they were recorded: a gauge
-  // set from two threads at once could otherwise end on an older depth than the last one.
+  // One reporter at a time, and it reports the newest depth last: a gauge set from two
+  // threads at once could otherwise end on an older depth than the current one. Depths
+  // recorded while it reports replace each other in one slot, so the work and the memory
+  // stay bounded however fast others change the queue.
   std::unique_lock lock(mu_);
-  while (!depths_.empty()) {
-    const Depth depth = depths_.front();
-    depths_.pop_front();
+  while (pending_depth_) {
+    const Depth depth = *pending_depth_;
+    pending_depth_.reset();
     lock.unlock();
-    observer_.on_depth(depth.tokens, depth.sequences);
+    try {
+      observer_.on_depth(depth.tokens, depth.sequences);
+    } catch (...) {
+      lock.lock();
+      reporting_depth_ = false;  // the next change reports again
+      throw;
+    }
     lock.lock();
   }
   reporting_depth_ = false;

@@ -43,11 +43,12 @@ struct Batch {
 };
 
 // Observers for metrics, called under no lock of the queue (an observer may take its own
-// locks, or call back into the queue). on_depth reports the depth after every change, one
-// call at a time and in the order of the changes, so the last call always holds the current
-// depth even when threads push and form batches at once.
+// locks, or call back into the queue). on_depth reports the depth after a change, one call
+// at a time, and the last call always holds the current depth even when threads push and
+// form batches at once; changes that happen while a call runs are reported as one, the
+// newest.
 struct QueueObserver {
-  std::function<void(int64_t tokens, int64_t sequences)> on_depth;   ///< after every change
+  std::function<void(int64_t tokens, int64_t sequences)> on_depth;   ///< after changes
   std::function<void(const QueueEntry&, Outcome reason)> on_dropped; ///< deadline / cancelled
   std::function<void(const QueueEntry&, double queue_seconds)> on_batched;
 };
@@ -88,7 +89,7 @@ class BatchQueue {
   // Under mu_, after a change: records the depth for on_depth. Returns true when the caller
   // must call report_depths once it released mu_ (no other thread is reporting).
   [[nodiscard]] bool record_depth_locked();
-  // Without mu_: calls on_depth for every recorded depth, in order, until none is left.
+  // Without mu_: calls on_depth with the newest recorded depth until none is pending.
   void report_depths();
 
   const QueueLimits limits_;
@@ -99,8 +100,8 @@ class BatchQueue {
   std::deque<QueueEntry> entries_;
   int64_t tokens_ = 0;
   bool closed_ = false;
-  std::deque<Depth> depths_;     // recorded, not yet reported to on_depth
-  bool reporting_depth_ = false;  // a thread is in report_depths
+  std::optional<Depth> pending_depth_;  // the newest depth not yet reported to on_depth
+  bool reporting_depth_ = false;        // a thread is in report_depths
 };
 
 }  // namespace fastformer::batching

@@ -25,8 +25,8 @@ using Clock = std::chrono::steady_clock;
 enum class Outcome { kOk, kDeadlineExceeded, kCancelled, kEngineFailure };
 
 struct Request {
-  std::vector<SequenceInput> sequences;  ///< views into storage the caller keeps alive
-  OutputOptions options;                 ///< what to return for every sequence
+  std::vector<SequenceInput> sequences;          ///< views into storage the caller keeps alive
+  OutputOptions options;                         ///< what to return for every sequence
   Clock::time_point arrival{};                   ///< when the request was admitted
   Clock::time_point deadline = Clock::time_point::max();  ///< the call's deadline
   std::function<bool()> is_cancelled;            ///< true once the client gave up (may be empty)

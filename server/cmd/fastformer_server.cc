@@ -134,7 +134,5 @@ int main(int argc, char** argv) {
   Server server(std::move(*options), std::move(test_faults));
   if (!server.start()) return 1;
 
-  int signal = wait_for_signal();
-  for (; signal == SIGHUP; signal = wait_for_signal()) server.reload_tokens();
-  return server.drain(strsignal(signal));
+  return server.serve(wait_for_signal);
 }

@@ -1,6 +1,8 @@
 #include "server/cmd/server.h"
 
 #include <algorithm>
+#include <csignal>
+#include <cstring>
 #include <chrono>
 #include <cstdlib>
 #include <thread>
@@ -201,6 +203,12 @@ void Server::start_serving() {
   service_.start_serving(config, *engine_, *queue_);
   set_health(true);
   spdlog::info("SERVING fastformer.v1.Encoder, version {}", FASTFORMER_VERSION);
+}
+
+int Server::serve(const std::function<int()>& next_signal) {
+  int signal = next_signal();
+  for (; signal == SIGHUP; signal = next_signal()) reload_tokens();
+  return drain(strsignal(signal));
 }
 
 int Server::drain(const std::string& cause) {

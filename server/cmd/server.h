@@ -3,6 +3,7 @@
 // scheduler, then SERVING. Signals are main's: it calls reload_tokens and drain.
 #pragma once
 
+#include <functional>
 #include <memory>
 #include <optional>
 #include <string>
@@ -32,6 +33,11 @@ class Server {
   // starts the batcher; health turns SERVING last. Returns false, having logged why, when the
   // server cannot start (exit code 1).
   [[nodiscard]] bool start();
+
+  // After start: serves until `next_signal` (which blocks until a signal arrives and returns
+  // its number) returns anything but SIGHUP; each SIGHUP re-reads --auth-token-file. Then
+  // drains and returns drain()'s exit code.
+  [[nodiscard]] int serve(const std::function<int()>& next_signal);
 
   // SIGHUP: re-reads --auth-token-file.
   void reload_tokens() { security_->reload_tokens(); }

@@ -34,7 +34,7 @@ struct ServerOptions {
 
 // The options on the command line, each falling back to its environment variable. When they
 // make no server (invalid, or --help) prints what CLI11 prints, stores the exit code it
-// chose in `exit_code` (0 for --help, 105-107 for invalid flags) and returns nullopt.
+// chose in `exit_code` (0 for --help, CLI11's 10x codes for invalid flags) and returns nullopt.
 std::optional<ServerOptions> parse_server_options(int argc, char** argv, int& exit_code);
 
 }  // namespace fastformer

@@ -115,8 +115,10 @@ ForwardEngine::ForwardEngine(std::shared_ptr<const Model> model, std::unique_ptr
   pooler_fc2_ = upload(prepared.pooler_fc2);
   if (prepared.classifier.out > 0) classifier_ = upload(prepared.classifier);
   // The largest batch: max_batch_tokens one-token sequences bound every buffer at once.
-  ops_->reserve(plan_workspace(c, model_->num_labels(), max_batch_tokens_, max_batch_tokens_,
-                               ops_->element_size()));
+  const WorkspacePlan largest = plan_workspace(c, model_->num_labels(), max_batch_tokens_,
+                                                max_batch_tokens_, ops_->element_size());
+  ops_->reserve(largest);
+  reserved_bytes_ = largest.bytes;
 } catch (...) {
   rethrow_as_engine_error();
 }
@@ -159,6 +161,12 @@ std::vector<EncodedSequence> ForwardEngine::run(const RaggedBatch& batch,
   Ops& ops = *ops_;
   const size_t elem = ops.element_size();
   const WorkspacePlan plan = plan_workspace(c, model_->num_labels(), T, B, elem);
+  // The plan bounds B <= T (a sequence has at least one token); a batch outside what was
+  // reserved is an error here, never a write past the workspace.
+  if (B > T || plan.bytes > reserved_bytes_) {
+    throw EngineError("batch of " + std::to_string(B) + " sequences and " + std::to_string(T) +
+                      " tokens does not fit the workspace (every sequence needs a token)");
+  }
   char* const workspace = static_cast<char*>(ops.workspace());
   auto mat = [&](const WorkspacePlan::Buffer& buffer) {
     return Mat{workspace + buffer.offset, buffer.rows, buffer.cols, buffer.cols};

@@ -42,6 +42,7 @@ class ForwardEngine final : public Engine {
   PreparedWeights prepared_;  // host copies the ops may serve in place
   std::unique_ptr<Ops> ops_;
   int64_t max_batch_tokens_;
+  size_t reserved_bytes_ = 0;  // the workspace reserved for the largest batch
   PoolingChunks chunks_;  // the current batch's; kept so asynchronous copies read stable memory
   std::string backend_, device_;
   const void* word_embedding_ = nullptr;

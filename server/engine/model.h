@@ -1,9 +1,9 @@
 // A loaded Fastformer: its config and its weights as float32 host arrays.
 //
-// Weight names follow the official state_dict (docs/model-format.md, "Tensor names"). F32 tensors whose
-// bytes are aligned are used in place from the memory-mapped file; F16/BF16 (and
-// unaligned F32) tensors are converted once into owned arrays and their file pages are
-// released, so peak memory stays near one copy of the weights.
+// Weight names follow the official state_dict (docs/model-format.md, "Tensor names"). F32 tensors
+// whose bytes are aligned are used in place from the memory-mapped file; F16/BF16 (and unaligned
+// F32) tensors are converted once into owned arrays and their file pages are released, so peak
+// memory stays near one copy of the weights.
 #pragma once
 
 #include <cstdint>

@@ -1,6 +1,7 @@
 // The operations the forward graph is written over (forward.cc). The CPU engine implements
 // them with OpenBLAS and a thread pool; the CUDA engine with cuBLASLt and kernels/. Each
-// operation names the line of the model contract (docs/design.md, "The model contract") it computes.
+// operation names the line of the model contract (docs/design.md, "The model contract") it
+// computes.
 //
 // Buffers are opaque pointers into the engine's own memory, holding elements of the
 // engine's serving dtype; matrices are row-major with an explicit leading dimension so a

@@ -1,7 +1,7 @@
 // The weights rearranged for serving, once at load, on the host in float32.
 //
-// These fusions use the identities of docs/design.md, "Identities the kernels use"; they change rounding, not the
-// math, and every engine (CPU and CUDA) serves the same prepared arrays:
+// These fusions use the identities of docs/design.md, "Identities the kernels use"; they change
+// rounding, not the math, and every engine (CPU and CUDA) serves the same prepared arrays:
 //  - query_key_scores = [Wq; Wk; (Wqa Wq) / sqrt(d)]: one GEMM yields Q, K and the query
 //    scores s (H extra output columns), bias [bq; bk; (Wqa bq + bqa) / sqrt(d)].
 //  - key_att is pre-scaled by 1 / sqrt(d), so r_t = (K_t * pq) Wka'^T + bka'.

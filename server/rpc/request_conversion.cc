@@ -28,7 +28,7 @@ grpc::Status convert_request(const v1::EncodeRequest& proto, const engine::Model
   for (int i = 0; i < proto.sequences_size(); ++i) {
     const v1::Sequence& s = proto.sequences(i);
     SequenceInput in{{s.token_ids().data(), size_t(s.token_ids_size())},
-                             {s.input_embeddings().data(), size_t(s.input_embeddings_size())}};
+                     {s.input_embeddings().data(), size_t(s.input_embeddings_size())}};
     // Truncation applies only to a well-formed single-kind sequence; anything else is left
     // for validate_sequence to reject with its own message.
     if (proto.truncation() != v1::TRUNCATION_UNSPECIFIED && (in.token_ids.empty() != in.input_embeddings.empty())) {

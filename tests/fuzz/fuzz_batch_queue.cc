@@ -48,7 +48,7 @@ class FakeEngine final : public engine::Engine {
  public:
   bool fail = false;
   std::vector<EncodedSequence> encode(const engine::RaggedBatch& batch,
-                                              std::span<const OutputOptions>) override {
+                                      std::span<const OutputOptions>) override {
     if (fail) throw std::runtime_error("injected failure");
     std::vector<EncodedSequence> out(size_t(batch.num_sequences()));
     for (size_t b = 0; b < out.size(); ++b) out[b].num_tokens = batch.cu_seqlens[b + 1] - batch.cu_seqlens[b];

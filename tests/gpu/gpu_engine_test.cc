@@ -4,6 +4,9 @@
 #include <gmock/gmock.h>
 #include <gtest/gtest.h>
 
+#include <string>
+#include <string_view>
+
 #include "server/engine/cuda/cuda_ops.h"
 #include "server/engine/engine.h"
 #include "server/engine/model.h"
@@ -25,7 +28,10 @@ std::shared_ptr<const engine::Model> tiny_model(test::TempDir& dir, int64_t posi
   return engine::Model::load(test::write_tiny_model(dir.path(), "m", spec));
 }
 
-// The CUDA engine on device 0, or a skip naming why there is none.
+// The CUDA engine on device 0, or a skip naming why there is none. Only "no usable device"
+// (create_engine's "backend cuda: ..." refusal: no GPU, no driver, no plugin) skips; an
+// engine that finds a GPU and then fails (the plugin's "CUDA engine: ...", an allocation or
+// a kernel) is a failure, never a skip.
 std::unique_ptr<engine::Engine> gpu_engine(std::shared_ptr<const engine::Model> model, const std::string& dtype,
                                            int64_t tokens, std::string* skip_reason) {
   engine::EngineOptions options;
@@ -35,6 +41,7 @@ std::unique_ptr<engine::Engine> gpu_engine(std::shared_ptr<const engine::Model> 
   try {
     return engine::create_engine(std::move(model), options);
   } catch (const engine::EngineError& e) {
+    if (!std::string_view(e.what()).starts_with("backend cuda: ")) throw;
     *skip_reason = e.what();
     return nullptr;
   }

@@ -1,5 +1,6 @@
 // Test helpers: temporary directories, safetensors writers (well-formed and arbitrary, for
-// the malformed cases) and random tiny Fastformer model directories (docs/design.md section 2).
+// the malformed cases) and random tiny Fastformer model directories (docs/model-format.md,
+// "Tensor names").
 #pragma once
 
 #include <cstdint>
@@ -80,7 +81,7 @@ struct TinyModel {
   std::map<std::string, TensorSpec> tensors;
 };
 
-// Random weights for every tensor name of docs/design.md section 2 that `spec` calls for.
+// Random weights for every tensor name of docs/model-format.md ("Tensor names") that `spec` calls for.
 TinyModel make_tiny_model(const TinyModelSpec& spec);
 
 // Writes dir/config.json and dir/model.safetensors (creating dir).

@@ -1,6 +1,6 @@
 // The CPU engine end to end on random tiny models: batch invariance, trailing padding,
 // normalisation, limits, per-sequence options, and a straightforward double-precision
-// reference of docs/design.md section 1 computed here from Model::weights().
+// reference of docs/design.md, "The model contract", computed here from Model::weights().
 #include "server/engine/engine.h"
 
 #include <gmock/gmock.h>
@@ -160,7 +160,7 @@ std::vector<Vec> masked_softmax(const std::vector<Vec>& score, const std::vector
   return a;
 }
 
-// One sequence through the model, straight from the formulas of docs/design.md section 1.
+// One sequence through the model, straight from the formulas of docs/design.md, "The model contract".
 Reference reference_forward(const Model& model, const Input& in) {
   const ModelConfig& c = model.config();
   const ModelWeights& w = model.weights();
@@ -446,6 +446,22 @@ TEST_F(EngineTest, BatchOverMaxBatchTokensThrows) {
               HasSubstr("17 tokens"));
 
   // The engine still works after refusing a batch.
+  EXPECT_EQ(encode(*engine, {ids_input(random_ids(10, 200, 0, 4))}).size(), 1u);
+}
+
+// Sequences with no tokens (only callers that skip validate_sequence can build them): more
+// sequences than tokens would overrun the per-sequence buffers, so the engine refuses.
+TEST_F(EngineTest, EmptySequencesAreAnErrorNotAnOverrun) {
+  const auto engine = cpu_engine(model_, 16);
+  RaggedBatch batch;
+  const Input one = ids_input(random_ids(1, 200, 0, 1));
+  batch.add(one.view(), model_->config());
+  for (int i = 0; i < 40; ++i) batch.add(SequenceInput{}, model_->config());
+  ASSERT_EQ(batch.num_sequences(), 41);
+  ASSERT_EQ(batch.num_tokens(), 1);
+  const OutputOptions o;
+  EXPECT_THAT(error_of<EngineError>([&] { engine->encode(batch, {&o, 1}); }),
+              HasSubstr("41 sequences and 1 tokens"));
   EXPECT_EQ(encode(*engine, {ids_input(random_ids(10, 200, 0, 4))}).size(), 1u);
 }
 

@@ -7,8 +7,8 @@
 
 #include <cmath>
 
-#include "server/engine/error.h"
 #include "common/half.h"
+#include "server/engine/error.h"
 #include "tests/support/test_models.h"
 
 namespace fastformer::engine {

@@ -95,8 +95,9 @@ const void* CpuOps::upload(std::span<const float> host) {
 }
 
 void CpuOps::reserve(const WorkspacePlan& largest) {
-  // Left uninitialised: untouched pages cost no memory.
-  arena_.reset(new float[(largest.bytes + sizeof(float) - 1) / sizeof(float)]);
+  // Left uninitialised: untouched pages cost no memory. Aligned as the plan's offsets are.
+  arena_.reset(static_cast<std::byte*>(
+      ::operator new(std::max<size_t>(largest.bytes, 1), std::align_val_t{kWorkspaceAlignment})));
 }
 
 BatchRef CpuOps::begin_batch(const RaggedBatch& batch, const WorkspacePlan& plan,
@@ -104,7 +105,7 @@ BatchRef CpuOps::begin_batch(const RaggedBatch& batch, const WorkspacePlan& plan
   batch_ = &batch;
   chunks_ = &chunks;
   auto floats = [&](const WorkspacePlan::Buffer& buffer) {
-    return reinterpret_cast<float*>(reinterpret_cast<char*>(arena_.get()) + buffer.offset);
+    return reinterpret_cast<float*>(arena_.get() + buffer.offset);
   };
   partials_ = Partials{floats(plan.partial_max), floats(plan.partial_sum), floats(plan.partial_values)};
   token_scores_ = floats(plan.token_scores);

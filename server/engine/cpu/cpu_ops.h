@@ -3,7 +3,9 @@
 // every CUDA kernel is tested against.
 #pragma once
 
+#include <cstddef>
 #include <memory>
+#include <new>
 
 #include "server/engine/cpu/thread_pool.h"
 #include "server/engine/ops.h"
@@ -50,7 +52,11 @@ class CpuOps final : public Ops {
 
   const ModelConfig config_;
   ThreadPool pool_;
-  std::unique_ptr<float[]> arena_;  // the workspace, sized at start-up
+  // The workspace, sized at start-up, kWorkspaceAlignment-aligned.
+  struct AlignedDelete {
+    void operator()(std::byte* p) const { ::operator delete(p, std::align_val_t{kWorkspaceAlignment}); }
+  };
+  std::unique_ptr<std::byte, AlignedDelete> arena_;
 
   // The current batch, as begin_batch received it.
   const RaggedBatch* batch_ = nullptr;

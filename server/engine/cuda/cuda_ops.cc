@@ -241,6 +241,10 @@ class CudaOps final : public Ops {
   void download(const Mat& src, float* dst) override {
     const size_t bytes = size_t(src.rows * src.cols) * sizeof(float);
     if (bytes == 0) return;
+    if (bytes > host_staging_bytes_) {  // reserve() sized it for the largest download a plan has
+      throw std::runtime_error("download of " + std::to_string(bytes) + " bytes exceeds the " +
+                               std::to_string(host_staging_bytes_) + "-byte staging buffer");
+    }
     k::launch_to_float<T>(t(src.data), src.ld, int32_t(src.rows), int32_t(src.cols), download_staging_, stream_);
     ff_check_launch("to_float");
     // Through pinned memory: a copy to pageable `dst` would be staged by the driver anyway.

@@ -9,7 +9,7 @@
 #include "server/engine/cuda/cuda_ops.h"
 #include "server/engine/cuda/plugin.h"
 
-extern "C" __attribute__((visibility("default"))) int fastformer_make_cuda_ops(
+extern "C" __attribute__((visibility("default"))) int fastformer_make_cuda_ops_v2(
     const fastformer::engine::Model* model, const fastformer::engine::cuda::CudaOpsOptions* options,
     fastformer::engine::Ops** ops, std::string* device_name, std::string* why) {
   try {

@@ -14,6 +14,9 @@ inline constexpr int kPluginError = 2;     ///< a device exists but the engine f
 using MakeCudaOpsFn = int (*)(const Model* model, const CudaOpsOptions* options, Ops** ops,
                               std::string* device_name, std::string* why);
 inline constexpr const char* kPluginLibrary = "libfastformer_cuda_engine.so";
-inline constexpr const char* kPluginSymbol = "fastformer_make_cuda_ops";
+// Versioned: bump the suffix whenever Ops, CudaOpsOptions or this signature change, so that a
+// stale plugin found on the loader path is refused ("has no ...") instead of run with another
+// layout. v2: the workspace plan (Ops::reserve/workspace/begin_batch).
+inline constexpr const char* kPluginSymbol = "fastformer_make_cuda_ops_v2";
 
 }  // namespace fastformer::engine::cuda
