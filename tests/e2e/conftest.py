@@ -185,15 +185,25 @@ def scrape(port: int, timeout=5.0) -> str:
 # ----------------------------------------------------------------------------- ports, processes
 
 
+_ports_handed_out: set = set()
+
+
 def free_ports(n: int) -> List[int]:
-    """n distinct free loopback ports (all bound at once, then released)."""
-    socks = []
+    """n distinct free loopback ports (all bound at once, then released), none handed out
+    before in this session: servers started without waiting (wait=False) bind theirs later,
+    and the kernel may offer a just-released port again, so two servers could be given the
+    same port."""
+    socks, ports = [], []
     try:
-        for _ in range(n):
+        while len(ports) < n:
             s = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
             s.bind(("127.0.0.1", 0))
-            socks.append(s)
-        return [s.getsockname()[1] for s in socks]
+            socks.append(s)  # held until all n are chosen, so they are distinct
+            port = s.getsockname()[1]
+            if port not in _ports_handed_out:
+                ports.append(port)
+        _ports_handed_out.update(ports)
+        return ports
     finally:
         for s in socks:
             s.close()
