@@ -54,6 +54,7 @@ import make_demo_model as mdm  # noqa: E402
 import reference as ref  # noqa: E402
 
 SERVER_NAME = "fastformer-server"
+ENCODER_SERVICE = "fastformer.v1.Encoder"  # its health entry turns SERVING only after warm-up
 TOL = 1e-4  # the engine's tolerance: |ours - ref| <= TOL * max(1, |ref|)
 START_TIMEOUT_S = 30.0
 STOP_GRACE_S = 10.0
@@ -314,7 +315,10 @@ class Server:
             if self.proc.poll() is not None:
                 pytest.fail(f"{SERVER_NAME} [{self.name}] exited with code {self.proc.returncode} before SERVING\n"
                             f"command: {' '.join(self.cmd)}\nlog:\n{self.log_tail()}", pytrace=False)
-            status = self.health_status(timeout=1.0)
+            # The Encoder's own health entry: gRPC's default one ("") answers SERVING from the
+            # moment the port opens until the server sets it NOT_SERVING, a short window in which
+            # a probe of "" would take a warming-up server for a ready one.
+            status = self.health_status(service=ENCODER_SERVICE, timeout=1.0)
             if status == "SERVING":
                 return self
             time.sleep(0.02)
