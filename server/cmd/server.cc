@@ -168,6 +168,11 @@ bool Server::load_engine() {
     spdlog::info("backend {} on {} ({}); engine buffers for {} tokens", engine_->backend_name(),
                  engine_->device_name(), why, engine_->max_batch_tokens());
     warm_up(*engine_);
+    // A mis-detected CPU (a BLAS or oneDNN on generic kernels) shows here, not in production.
+    if (const engine::SpeedCheck speed = engine_->speed_check(); speed.ran) {
+      if (speed.warning) spdlog::warn("{}", speed.message);
+      else spdlog::info("{}", speed.message);
+    }
   } catch (const std::exception& e) {
     fail_start(e.what());
     return false;

@@ -17,7 +17,7 @@ std::optional<ServerOptions> parse_server_options(int argc, char** argv, int& ex
   opt("--metrics-listen", f.metrics_listen, "Prometheus /metrics address host:port", "FASTFORMER_METRICS_LISTEN");
   opt("--backend", f.backend, "auto, cpu or cuda", "FASTFORMER_BACKEND")->check(CLI::IsMember({"auto", "cpu", "cuda"}));
   opt("--device", f.device, "CUDA device ordinal", "FASTFORMER_DEVICE")->check(CLI::NonNegativeNumber);
-  opt("--dtype", f.dtype, "serving dtype: float32, float16, bfloat16 (CPU: float32)", "FASTFORMER_DTYPE")
+  opt("--dtype", f.dtype, "serving dtype: float32, float16, bfloat16 (CPU: float32, or bfloat16 with AVX512_BF16/AMX)", "FASTFORMER_DTYPE")
       ->check(CLI::IsMember({"float32", "float16", "bfloat16"}));
   app.add_flag("--allow-tf32", f.allow_tf32, "TF32 tensor-core GEMMs for float32 on the CUDA engine")
       ->envname("FASTFORMER_ALLOW_TF32");

@@ -1,5 +1,6 @@
 #include "server/engine/engine.h"
 
+#include <cstdlib>
 #include <thread>
 #include <vector>
 
@@ -90,17 +91,25 @@ std::unique_ptr<Engine> create_engine(std::shared_ptr<const Model> model, const 
   if (options.backend == Backend::kCuda) {
     throw EngineError("backend cuda: " + cuda_why + "; use --backend cpu or auto");
   }
-  if (options.dtype != "float32") {
-    throw EngineError("dtype " + options.dtype + ": the CPU engine serves float32 only (the CUDA engine serves "
-                      "float16 and bfloat16)");
+  const CpuGemmInfo& gemm = cpu_gemm_info();
+  if (options.dtype == "bfloat16" && !gemm.has_bf16) {
+    throw EngineError("dtype bfloat16 on the CPU needs AVX512_BF16 or AMX, and oneDNN " + gemm.version +
+                      " finds only " + gemm.isa + " on this CPU" +
+                      (std::getenv("ONEDNN_MAX_CPU_ISA") ? " (ONEDNN_MAX_CPU_ISA is set)" : "") +
+                      "; serve float32 here, or bfloat16 on such a CPU or with --backend cuda");
+  }
+  if (options.dtype != "float32" && options.dtype != "bfloat16") {
+    throw EngineError("dtype " + options.dtype + ": the CPU engine serves float32, and bfloat16 where the CPU "
+                      "has AVX512_BF16 or AMX (the CUDA engine serves float16 and bfloat16)");
   }
   if (why != nullptr) {
     *why = options.backend == Backend::kAuto ? "auto: " + cuda_why + "; using the CPU engine" : "cpu requested";
   }
   const int threads = options.threads > 0 ? options.threads
                                           : std::max(1, int(std::thread::hardware_concurrency()));
-  auto ops = std::make_unique<CpuOps>(threads, model->config());
-  const std::string device = "cpu (" + std::to_string(threads) + " threads)";
+  auto ops = std::make_unique<CpuOps>(threads, model->config(), options.dtype == "bfloat16");
+  const std::string device = "cpu (" + std::to_string(threads) + " threads, " + options.dtype + ", oneDNN " +
+                             gemm.version + " " + gemm.isa + ")";
   return std::make_unique<ForwardEngine>(std::move(model), std::move(ops), options.max_batch_tokens,
                                          "cpu", device);
 }

@@ -1,7 +1,7 @@
 // The engine API: encode one ragged batch of validated sequences. Nothing here knows gRPC.
 //
 // An Engine runs the forward graph (forward.cc) over an Ops implementation: the CPU ops
-// (OpenBLAS + threads) or, in CUDA builds, the CUDA ops. It is not thread-safe: one
+// (oneDNN + threads) or, in CUDA builds, the CUDA ops. It is not thread-safe: one
 // batch at a time per Engine. The server builds one Engine per process and runs every
 // batch on the Scheduler's single compute thread (after a warm-up batch on the main
 // thread); the CPU engine spreads each batch over its own thread pool.
@@ -21,13 +21,20 @@ namespace fastformer::engine {
 
 enum class Backend { kAuto, kCpu, kCuda };
 
+// A start-up check of the engine's speed against what its hardware should reach.
+struct SpeedCheck {
+  bool ran = false;      ///< false where the engine has no such check
+  bool warning = false;  ///< below the floor: `message` names the likely causes
+  std::string message;   ///< one line for the log
+};
+
 bool parse_backend(const std::string& name, Backend* out);
 
 struct EngineOptions {
   Backend backend = Backend::kAuto;
   int threads = 0;                  ///< CPU threads; 0 = all cores
   int64_t max_batch_tokens = 16384; ///< buffers are sized for this many tokens at start-up
-  std::string dtype = "float32";    ///< serving dtype (the CPU engine serves float32)
+  std::string dtype = "float32";    ///< serving dtype (CPU: float32, or bfloat16 on AVX512_BF16/AMX)
   int device = 0;                   ///< CUDA device ordinal
   bool allow_tf32 = false;          ///< TF32 GEMMs for float32 on the CUDA engine
 };
@@ -48,6 +55,8 @@ class Engine {
   virtual const Model& model() const = 0;
   // Device memory held by the engine and the device's total, for metrics (0, 0 on CPU).
   virtual std::pair<size_t, size_t> device_memory() const { return {0, 0}; }
+  // Times the engine's GEMMs briefly against the floor for its hardware (server start-up).
+  virtual SpeedCheck speed_check() { return {}; }
 };
 
 // Creates the engine `options.backend` asks for. kAuto picks CUDA when this build has it

@@ -25,6 +25,7 @@ class ForwardEngine final : public Engine {
   int64_t max_batch_tokens() const override { return max_batch_tokens_; }
   const Model& model() const override { return *model_; }
   std::pair<size_t, size_t> device_memory() const override { return ops_->device_memory(); }
+  SpeedCheck speed_check() override { return ops_->speed_check(); }
 
  private:
   struct LayerRefs {

@@ -1,5 +1,5 @@
 // The operations the forward graph is written over (forward.cc). The CPU engine implements
-// them with OpenBLAS and a thread pool; the CUDA engine with cuBLASLt and kernels/. Each
+// them with oneDNN and a thread pool; the CUDA engine with cuBLASLt and kernels/. Each
 // operation names the line of the model contract (docs/design.md, "The model contract") it
 // computes.
 //
@@ -14,6 +14,7 @@
 #include <utility>
 
 #include "server/engine/config.h"
+#include "server/engine/engine.h"  // SpeedCheck
 #include "server/engine/ragged_batch.h"
 #include "server/engine/workspace.h"
 
@@ -116,6 +117,8 @@ class Ops {
 
   // Device memory this ops holds and the device's total (0, 0 for host engines).
   virtual std::pair<size_t, size_t> device_memory() const { return {0, 0}; }
+  // A short timing of the ops' GEMMs against the floor for the hardware; {} where none.
+  virtual SpeedCheck speed_check() { return {}; }
 };
 
 }  // namespace fastformer::engine

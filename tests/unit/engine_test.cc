@@ -9,13 +9,17 @@
 #include <cmath>
 #include <random>
 
+#include "server/engine/cpu/onednn_gemm.h"
 #include "server/engine/error.h"
+#include "tests/support/engine_parity.h"
 #include "tests/support/test_models.h"
 
 namespace fastformer::engine {
 namespace {
 
+using ::testing::AllOf;
 using ::testing::HasSubstr;
+using ::testing::MatchesRegex;
 using test::error_of;
 using test::TinyModelSpec;
 
@@ -288,7 +292,10 @@ TEST_F(EngineTest, CreateCpuEngine) {
   options.threads = 2;
   const auto engine = create_engine(model_, options, &why);
   EXPECT_EQ(engine->backend_name(), "cpu");
-  EXPECT_EQ(engine->device_name(), "cpu (2 threads)");
+  // The device names the dtype, oneDNN's version and the instruction set it runs.
+  EXPECT_THAT(engine->device_name(),
+              MatchesRegex(R"(cpu \(2 threads, float32, oneDNN [0-9]+\.[0-9]+\.[0-9]+ [a-z0-9_]+\))"));
+  EXPECT_THAT(engine->device_name(), HasSubstr(cpu_gemm_info().isa));
   EXPECT_EQ(engine->max_batch_tokens(), 16384);
   EXPECT_EQ(&engine->model(), model_.get());
   EXPECT_FALSE(why.empty());
@@ -308,6 +315,26 @@ TEST_F(EngineTest, CreateCpuEngine) {
   options.max_batch_tokens = 64;
   options.dtype = "float16";
   EXPECT_THAT(error_of<EngineError>([&] { create_engine(model_, options); }), HasSubstr("float16"));
+}
+
+TEST_F(EngineTest, CpuBfloat16MatchesFloat32OrIsRefused) {
+  EngineOptions options;
+  options.backend = Backend::kCpu;
+  options.threads = 2;
+  options.dtype = "bfloat16";
+  const CpuGemmInfo& gemm = cpu_gemm_info();
+  if (!gemm.has_bf16) {
+    EXPECT_THAT(error_of<EngineError>([&] { create_engine(model_, options); }),
+                AllOf(HasSubstr("AVX512_BF16 or AMX"), HasSubstr(gemm.isa)));
+    GTEST_SKIP() << "oneDNN finds " << gemm.isa << " here (no AVX512_BF16 or AMX): the refusal was checked, "
+                 << "bfloat16 parity needs such a CPU";
+  }
+  const auto bf16 = create_engine(model_, options);
+  EXPECT_THAT(bf16->device_name(), HasSubstr("bfloat16"));
+  options.dtype = "float32";
+  const auto f32 = create_engine(model_, options);
+  const test::ParityInputs inputs = test::make_parity_inputs(model_->config());
+  test::expect_parity(test::encode_all(*bf16, inputs), test::encode_all(*f32, inputs), "bfloat16");
 }
 
 TEST_F(EngineTest, BatchInvariance) {

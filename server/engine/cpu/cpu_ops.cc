@@ -1,7 +1,5 @@
 #include "server/engine/cpu/cpu_ops.h"
 
-#include <cblas.h>
-
 #include <algorithm>
 #include <cmath>
 #include <cstring>
@@ -15,8 +13,8 @@ namespace {
 
 // Rows per piece of work in the row-wise passes.
 constexpr int64_t kRowGrain = 16;
-// Rows per GEMM piece: large enough for OpenBLAS to reach full speed, small enough that
-// the epilogue finds the piece's output still in cache.
+// Rows per GEMM piece: large enough for oneDNN to reach full speed, small enough that
+// pieces balance over the pool.
 constexpr int64_t kGemmRows = 128;
 
 float* f(void* p) { return static_cast<float*>(p); }
@@ -45,31 +43,16 @@ void layernorm_row(const float* in, float* out, const float* gamma, const float*
 }
 
 FASTFORMER_VECTOR_CLONES
-void bias_act_row(float* c, const float* bias, int64_t n, Activation act) {
-  switch (act) {
-    case Activation::kGeluErf:
-      for (int64_t j = 0; j < n; ++j) c[j] = vmath::gelu_erf(c[j] + bias[j]);
-      break;
-    case Activation::kGeluTanh:
-      for (int64_t j = 0; j < n; ++j) c[j] = vmath::gelu_tanh(c[j] + bias[j]);
-      break;
-    case Activation::kRelu:
-      for (int64_t j = 0; j < n; ++j) c[j] = std::max(c[j] + bias[j], 0.0f);
-      break;
-    case Activation::kSilu:
-      for (int64_t j = 0; j < n; ++j) c[j] = vmath::silu(c[j] + bias[j]);
-      break;
-  }
-}
-
-FASTFORMER_VECTOR_CLONES
-void add_row(float* c, const float* bias, int64_t n) {
-  for (int64_t j = 0; j < n; ++j) c[j] += bias[j];
-}
-
-FASTFORMER_VECTOR_CLONES
 void multiply_rows(const float* a, const float* b, float* out, int64_t n) {
   for (int64_t j = 0; j < n; ++j) out[j] = a[j] * b[j];
+}
+
+FASTFORMER_VECTOR_CLONES
+float dot(const float* a, const float* b, int64_t n) {
+  float sum = 0.0f;
+#pragma omp simd reduction(+ : sum)
+  for (int64_t j = 0; j < n; ++j) sum += a[j] * b[j];
+  return sum;
 }
 
 // z = sum_j tanh(e_j) w_j, the pooler's score before its bias.
@@ -83,9 +66,29 @@ float tanh_dot(const float* e, const float* w, int64_t D) {
 
 }  // namespace
 
-CpuOps::CpuOps(int threads, const ModelConfig& config) : config_(config), pool_(threads) {
-  // Our pool splits every GEMM; OpenBLAS's own threads would only spin against it.
-  openblas_set_num_threads(1);
+CpuOps::CpuOps(int threads, const ModelConfig& config, bool bf16)
+    : config_(config), bf16_(bf16), pool_(threads) {}
+
+const CpuMatmul& CpuOps::matmul(const CpuMatmul::Shape& shape) {
+  auto it = matmuls_.find(shape);
+  if (it == matmuls_.end()) it = matmuls_.emplace(shape, std::make_unique<CpuMatmul>(shape)).first;
+  return *it->second;
+}
+
+const void* CpuOps::gemm_weights(const WeightRef& w) {
+  if (!bf16_) return w.weight;
+  auto it = bf16_weights_.find(w.weight);
+  if (it == bf16_weights_.end()) {
+    std::vector<uint16_t> rounded(size_t(w.out * w.in));
+    to_bfloat16(f(w.weight), rounded.data(), w.out * w.in);
+    it = bf16_weights_.emplace(w.weight, std::move(rounded)).first;
+  }
+  return it->second.data();
+}
+
+SpeedCheck CpuOps::speed_check() {
+  const GemmSelfCheck check = gemm_self_check();
+  return SpeedCheck{true, check.below_floor(), check.message()};
 }
 
 const void* CpuOps::upload(std::span<const float> host) {
@@ -130,24 +133,17 @@ void CpuOps::embed(const BatchRef& ref, const void* word_embedding, const void* 
 }
 
 void CpuOps::linear(const Mat& a, const WeightRef& w, Mat c, Epilogue epilogue, Activation act) {
-  // OpenBLAS runs single-threaded inside each piece; the pool splits the rows, and each
-  // piece applies its epilogue to the rows it just produced while they are in cache.
-  const float beta = epilogue == Epilogue::kAccumulate ? 1.0f : 0.0f;
+  // oneDNN runs single-threaded inside each piece, bias and activation fused as post-ops;
+  // the pool splits the rows.
+  const CpuMatmul& mm = matmul({w.out, w.in, a.ld, c.ld, epilogue, act, bf16_});
+  const void* weight = gemm_weights(w);
   const float* bias = f(w.bias);
-  const int64_t n = w.out;
   const int64_t pieces = std::min<int64_t>(pool_.size() * 4, (a.rows + kGemmRows - 1) / kGemmRows);
   const int64_t rows_per_piece = (a.rows + pieces - 1) / std::max<int64_t>(pieces, 1);
   pool_.parallel_for(pieces, 1, [&](int64_t first, int64_t last) {
     for (int64_t piece = first; piece < last; ++piece) {
       const int64_t r0 = piece * rows_per_piece, r1 = std::min(a.rows, r0 + rows_per_piece);
-      if (r0 >= r1) continue;
-      cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, int(r1 - r0), int(n), int(w.in), 1.0f,
-                  row(a, r0), int(a.ld), f(w.weight), int(w.in), beta, row(c, r0), int(c.ld));
-      if (epilogue == Epilogue::kBiasAct) {
-        for (int64_t r = r0; r < r1; ++r) bias_act_row(row(c, r), bias, n, act);
-      } else if (epilogue == Epilogue::kBias) {
-        for (int64_t r = r0; r < r1; ++r) add_row(row(c, r), bias, n);
-      }
+      if (r0 < r1) mm.run(r1 - r0, row(a, r0), weight, bias, row(c, r0));
     }
   });
 }
@@ -232,18 +228,17 @@ void CpuOps::key_pool(const BatchRef& ref, const Mat& k, const Mat& pq, const We
   const float* wka = f(key_att.weight);
   const float* bka = f(key_att.bias);
   float* r = token_scores_;
-  // r_t = (K_t * pq) Wka'^T + bka' for every token (padding too; it is masked below), a
-  // block of rows at a time: P = K * pq in a per-piece buffer, then one small GEMM.
-  pool_.parallel_for(ref.num_tokens, kGemmRows, [&](int64_t begin, int64_t end) {
-    std::vector<float> p(static_cast<size_t>((end - begin) * D));
+  // r_t = (K_t * pq) Wka'^T + bka' for every token (padding too; it is masked below): the
+  // product K_t * pq in a row buffer, then H dot products. H is small (a GEMM with so few
+  // output columns runs far below its peak).
+  pool_.parallel_for(ref.num_tokens, kRowGrain, [&](int64_t begin, int64_t end) {
+    std::vector<float> p(static_cast<size_t>(D));
     int32_t b = sequence_of(batch, begin);
     for (int64_t t = begin; t < end; ++t) {
       while (batch.cu_seqlens[size_t(b) + 1] <= t) ++b;
-      multiply_rows(row(k, t), row(pq, b), p.data() + (t - begin) * D, D);
+      multiply_rows(row(k, t), row(pq, b), p.data(), D);
+      for (int64_t h = 0; h < H; ++h) r[t * H + h] = dot(p.data(), wka + h * D, D) + bka[h];
     }
-    cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, int(end - begin), int(H), int(D), 1.0f,
-                p.data(), int(D), wka, int(D), 0.0f, r + begin * H, int(H));
-    for (int64_t t = begin; t < end; ++t) add_row(r + t * H, bka, H);
   });
   // pk_h = pq_h * sum_t b_{t,h} K_{t,h-slice}: P = K * pq is never stored.
   pool_chunks(H, r, H, k);

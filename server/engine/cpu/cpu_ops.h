@@ -1,12 +1,17 @@
-// The CPU implementation of Ops: float32, GEMMs through OpenBLAS, element-wise and
-// reduction passes fused per row and spread over a thread pool. It is also the oracle
-// every CUDA kernel is tested against.
+// The CPU implementation of Ops: float32 activations, GEMMs through oneDNN (float32, or
+// bfloat16 weights and inputs with float32 accumulation), element-wise and reduction passes
+// fused per row and spread over a thread pool. In float32 it is also the oracle every CUDA
+// kernel is tested against.
 #pragma once
 
 #include <cstddef>
+#include <cstdint>
+#include <map>
 #include <memory>
 #include <new>
+#include <vector>
 
+#include "server/engine/cpu/onednn_gemm.h"
 #include "server/engine/cpu/thread_pool.h"
 #include "server/engine/ops.h"
 
@@ -14,8 +19,9 @@ namespace fastformer::engine {
 
 class CpuOps final : public Ops {
  public:
-  // `threads` workers share every pass.
-  CpuOps(int threads, const ModelConfig& config);
+  // `threads` workers share every pass. With `bf16` the GEMMs take bfloat16 weights and
+  // inputs (the caller checks cpu_gemm_info().has_bf16 first); everything else is float32.
+  CpuOps(int threads, const ModelConfig& config, bool bf16 = false);
 
   size_t element_size() const override { return sizeof(float); }
   const void* upload(std::span<const float> host) override;
@@ -37,6 +43,7 @@ class CpuOps final : public Ops {
   void l2_normalize(Mat rows) override;
   void download(const Mat& src, float* dst) override;
   void synchronize() override {}
+  SpeedCheck speed_check() override;
 
  private:
   // Online-softmax partials of every chunk, per head: running max m [chunks, H], sum l
@@ -50,8 +57,17 @@ class CpuOps final : public Ops {
   // Combines chunk partials into one row per sequence: out_b = v / (L + extra * exp(-M)).
   void combine(int64_t heads, Mat out, const float* scale_by, float denominator_extra);
 
+  // The primitive for `shape`, created on first use (load and warm-up), then reused.
+  const CpuMatmul& matmul(const CpuMatmul::Shape& shape);
+  // The weights as the GEMMs take them: the float32 array itself, or its bfloat16 copy
+  // (made on first use).
+  const void* gemm_weights(const WeightRef& w);
+
   const ModelConfig config_;
+  const bool bf16_;
   ThreadPool pool_;
+  std::map<CpuMatmul::Shape, std::unique_ptr<CpuMatmul>> matmuls_;
+  std::map<const void*, std::vector<uint16_t>> bf16_weights_;
   // The workspace, sized at start-up, kWorkspaceAlignment-aligned.
   struct AlignedDelete {
     void operator()(std::byte* p) const { ::operator delete(p, std::align_val_t{kWorkspaceAlignment}); }

@@ -1,8 +1,8 @@
-// Branch-free float exp, tanh and erf-GELU that the compiler can vectorise (std::exp,
-// std::tanh and std::erf are scalar library calls, and the element-wise passes over
+// Branch-free float exp and tanh that the compiler can vectorise (std::exp
+// and std::tanh are scalar library calls, and the element-wise passes over
 // [T, D] and [T, I] would otherwise cost as much as the GEMMs).
 //
-// Accuracy (float32): exp ~2 ulp on [-87, 88]; tanh and GELU absolute error below 3e-7,
+// Accuracy (float32): exp ~2 ulp on [-87, 88]; tanh absolute error below 3e-7,
 // far inside the 1e-4 parity tolerance against the float64 reference.
 #pragma once
 
@@ -13,10 +13,12 @@
 
 #if defined(__x86_64__) && defined(__GNUC__) && !defined(__clang__) && !defined(__SANITIZE_ADDRESS__) && \
     !defined(__SANITIZE_THREAD__)
-// One AVX2+FMA clone and a baseline one; the loader picks at start-up. (Not under the
+// An AVX-512 clone (x86-64-v4), an AVX2+FMA one (x86-64-v3) and a baseline one; the loader
+// picks by the CPU's features at start-up. (Not "arch=haswell": GCC picks such a clone by CPU
+// model, so every AMD and every later Intel CPU ran the baseline SSE2 code.) (Not under the
 // sanitizers: the picking function, an ifunc resolver, is instrumented too and runs during
 // relocation, before the sanitizer's runtime is up; under TSan every binary crashed there.)
-#define FASTFORMER_VECTOR_CLONES __attribute__((target_clones("arch=haswell", "default")))
+#define FASTFORMER_VECTOR_CLONES __attribute__((target_clones("arch=x86-64-v4", "arch=x86-64-v3", "default")))
 #else
 #define FASTFORMER_VECTOR_CLONES
 #endif
@@ -48,31 +50,5 @@ inline float tanh(float x) {
   const float t = exp(-2.0f * std::fabs(x));
   return std::copysign((1.0f - t) / (1.0f + t), x);
 }
-
-// erfc(|z|) by Abramowitz & Stegun 7.1.26 (absolute error below 1.5e-7).
-inline float erfc_abs(float z) {
-  const float a = std::fabs(z);
-  const float t = 1.0f / (1.0f + 0.3275911f * a);
-  float p = 1.061405429f;
-  p = p * t - 1.453152027f;
-  p = p * t + 1.421413741f;
-  p = p * t - 0.284496736f;
-  p = p * t + 0.254829592f;
-  return p * t * exp(-a * a);
-}
-
-// gelu(x) = 0.5 x (1 + erf(x / sqrt 2)), computed from erfc so large negative x keeps
-// its relative precision.
-inline float gelu_erf(float x) {
-  const float c = erfc_abs(x * 0.70710678118654752f);
-  return 0.5f * x * (x >= 0.0f ? 2.0f - c : c);
-}
-
-// gelu_new / gelu_pytorch_tanh: 0.5 x (1 + tanh(sqrt(2/pi) (x + 0.044715 x^3))).
-inline float gelu_tanh(float x) {
-  return 0.5f * x * (1.0f + tanh(0.79788456080286536f * (x + 0.044715f * x * x * x)));
-}
-
-inline float silu(float x) { return x / (1.0f + exp(-x)); }
 
 }  // namespace fastformer::engine::vmath

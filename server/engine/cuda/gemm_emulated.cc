@@ -1,10 +1,10 @@
 // The host emulation's GEMM: the operands (device memory is host memory here) are widened
-// to float, multiplied by OpenBLAS, and the result rounded back to the storage type.
-#include <cblas.h>
-
+// to float, multiplied by oneDNN in float32 (the CPU engine's matmul), and the result
+// rounded back to the storage type.
 #include <cstring>
 #include <vector>
 
+#include "server/engine/cpu/onednn_gemm.h"
 #include "server/engine/cuda/gemm.h"
 #include "common/half.h"
 
@@ -48,8 +48,9 @@ void Gemm::run(const void* a, int64_t lda, const void* w, int64_t M, int64_t N, 
     for (int64_t r = 0; r < M; ++r)
       for (int64_t n = 0; n < N; ++n) cf[size_t(r * N + n)] = load(c, r * ldc + n, type);
   }
-  cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, int(M), int(N), int(K), 1.0f, af.data(), int(K), wf.data(),
-              int(K), accumulate ? 1.0f : 0.0f, cf.data(), int(N));
+  const CpuMatmul matmul({N, K, K, N, accumulate ? Epilogue::kAccumulate : Epilogue::kStore, Activation::kGeluErf,
+                          false});
+  matmul.run(M, af.data(), wf.data(), nullptr, cf.data());
   for (int64_t r = 0; r < M; ++r)
     for (int64_t n = 0; n < N; ++n) store(c, r * ldc + n, cf[size_t(r * N + n)], type);
 }

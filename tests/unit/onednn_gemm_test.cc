@@ -1,0 +1,195 @@
+// The CPU engine's oneDNN GEMMs (server/engine/cpu/onednn_gemm.h) against GEMMs computed here
+// in double, for every epilogue and activation, with leading dimensions wider than the
+// matrices; the bfloat16 rounding against common/half.h; the ISA report against
+// /proc/cpuinfo; and the start-up self-check's verdict.
+#include "server/engine/cpu/onednn_gemm.h"
+
+#include <gmock/gmock.h>
+#include <gtest/gtest.h>
+
+#include <cmath>
+#include <cstdlib>
+#include <fstream>
+#include <random>
+#include <sstream>
+#include <string>
+#include <vector>
+
+#include "common/half.h"
+
+namespace fastformer::engine {
+namespace {
+
+using ::testing::HasSubstr;
+using ::testing::Not;
+
+double activate(double x, Activation act) {
+  switch (act) {
+    case Activation::kGeluErf: return 0.5 * x * (1.0 + std::erf(x / std::sqrt(2.0)));
+    case Activation::kGeluTanh:
+      return 0.5 * x * (1.0 + std::tanh(std::sqrt(2.0 / M_PI) * (x + 0.044715 * x * x * x)));
+    case Activation::kRelu: return x > 0 ? x : 0.0;
+    case Activation::kSilu: return x / (1.0 + std::exp(-x));
+  }
+  return x;
+}
+
+std::vector<float> random_values(size_t n, uint32_t seed, float scale = 1.0f) {
+  std::mt19937 rng(seed);
+  std::normal_distribution<float> normal(0.0f, scale);
+  std::vector<float> v(n);
+  for (auto& x : v) x = normal(rng);
+  return v;
+}
+
+struct Case {
+  int64_t m, n, k, lda, ldc;
+  Epilogue epilogue;
+  Activation act;
+};
+
+// C as oneDNN leaves it, and C computed in double from the same inputs (rounded to bfloat16
+// first when `bf16`); compared with a tolerance for float32 accumulation.
+void check(const Case& c, bool bf16) {
+  const auto a = random_values(size_t(c.m * c.lda), 1 + uint32_t(c.m), 0.5f);
+  const auto w = random_values(size_t(c.n * c.k), 2 + uint32_t(c.n), 0.1f);
+  const auto bias = random_values(size_t(c.n), 3);
+  const auto c0 = random_values(size_t(c.m * c.ldc), 4);
+  std::vector<float> out = c0;
+
+  std::vector<uint16_t> w16(w.size());
+  for (size_t i = 0; i < w.size(); ++i) w16[i] = float_to_bfloat16(w[i]);
+  auto in = [&](float x) { return bf16 ? double(bfloat16_to_float(float_to_bfloat16(x))) : double(x); };
+
+  const CpuMatmul mm({c.n, c.k, c.lda, c.ldc, c.epilogue, c.act, bf16});
+  mm.run(c.m, a.data(), bf16 ? static_cast<const void*>(w16.data()) : w.data(), bias.data(), out.data());
+
+  double worst = 0;
+  for (int64_t i = 0; i < c.m; ++i) {
+    for (int64_t j = 0; j < c.n; ++j) {
+      double acc = 0;
+      for (int64_t p = 0; p < c.k; ++p) acc += in(a[size_t(i * c.lda + p)]) * in(w[size_t(j * c.k + p)]);
+      double want = acc;
+      if (c.epilogue == Epilogue::kBias) want = acc + bias[size_t(j)];
+      if (c.epilogue == Epilogue::kBiasAct) want = activate(acc + bias[size_t(j)], c.act);
+      if (c.epilogue == Epilogue::kAccumulate) want = c0[size_t(i * c.ldc + j)] + acc;
+      const double got = out[size_t(i * c.ldc + j)];
+      worst = std::max(worst, std::abs(got - want) / std::max(1.0, std::abs(want)));
+    }
+    // Columns beyond n (ldc > n) are not C's: left as they were.
+    for (int64_t j = c.n; j < c.ldc; ++j) ASSERT_EQ(out[size_t(i * c.ldc + j)], c0[size_t(i * c.ldc + j)]);
+  }
+  EXPECT_LE(worst, 2e-5) << "m " << c.m << " n " << c.n << " k " << c.k << " epilogue " << int(c.epilogue)
+                         << " act " << int(c.act) << (bf16 ? " bfloat16" : " float32");
+}
+
+const Case kCases[] = {
+    {1, 16, 32, 32, 16, Epilogue::kStore, Activation::kGeluErf},
+    {7, 48, 64, 80, 50, Epilogue::kBias, Activation::kGeluErf},
+    {130, 96, 64, 64, 200, Epilogue::kBiasAct, Activation::kGeluErf},
+    {33, 96, 64, 64, 96, Epilogue::kBiasAct, Activation::kGeluTanh},
+    {33, 96, 64, 64, 96, Epilogue::kBiasAct, Activation::kRelu},
+    {33, 96, 64, 64, 96, Epilogue::kBiasAct, Activation::kSilu},
+    {300, 64, 160, 160, 64, Epilogue::kAccumulate, Activation::kGeluErf},
+};
+
+TEST(OneDnnGemm, Float32MatchesDoubleForEveryEpilogue) {
+  for (const Case& c : kCases) check(c, false);
+}
+
+TEST(OneDnnGemm, Bfloat16MatchesDoubleOnRoundedInputs) {
+  if (!cpu_gemm_info().has_bf16) {
+    GTEST_SKIP() << "oneDNN finds " << cpu_gemm_info().isa << " here: no AVX512_BF16 or AMX for bfloat16 GEMMs";
+  }
+  for (const Case& c : kCases) check(c, true);
+}
+
+TEST(OneDnnGemm, OnePrimitiveServesEveryRowCount) {
+  // The same primitive (created once) for m = 1 .. 300 rows, as the engine's pieces vary.
+  const int64_t n = 40, k = 24;
+  const auto w = random_values(size_t(n * k), 9);
+  const CpuMatmul mm({n, k, k, n, Epilogue::kStore, Activation::kGeluErf, false});
+  for (int64_t m : {1, 2, 31, 300}) {
+    const auto a = random_values(size_t(m * k), uint32_t(m));
+    std::vector<float> out(size_t(m * n));
+    mm.run(m, a.data(), w.data(), nullptr, out.data());
+    for (int64_t i = 0; i < m; i += 7) {
+      for (int64_t j = 0; j < n; ++j) {
+        double want = 0;
+        for (int64_t p = 0; p < k; ++p) want += double(a[size_t(i * k + p)]) * w[size_t(j * k + p)];
+        EXPECT_NEAR(out[size_t(i * n + j)], want, 1e-4) << m << " rows";
+      }
+    }
+  }
+}
+
+TEST(OneDnnGemm, RoundsToBfloat16AsPyTorch) {
+  auto values = random_values(10000, 5, 100.0f);
+  values.insert(values.end(), {0.0f, -0.0f, 1.0f, 1.00390625f /* a tie */, 1.01171875f /* a tie */, 3.0e38f,
+                               -1.0e-40f /* subnormal */});
+  std::vector<uint16_t> out(values.size());
+  to_bfloat16(values.data(), out.data(), int64_t(values.size()));
+  for (size_t i = 0; i < values.size(); ++i) EXPECT_EQ(out[i], float_to_bfloat16(values[i])) << values[i];
+}
+
+std::string cpuinfo_flags() {
+  std::ifstream in("/proc/cpuinfo");
+  std::string line;
+  while (std::getline(in, line)) {
+    if (line.rfind("flags", 0) == 0) return line + " ";
+  }
+  return "";
+}
+
+TEST(OneDnnGemm, ReportsTheInstructionSetOfThisCpu) {
+  const CpuGemmInfo& info = cpu_gemm_info();
+  EXPECT_THAT(info.version, ::testing::MatchesRegex("[23]\\.[0-9]+\\.[0-9]+"));
+  const std::string flags = cpuinfo_flags();
+  if (flags.empty() || std::getenv("ONEDNN_MAX_CPU_ISA") != nullptr) {
+    GTEST_SKIP() << "no /proc/cpuinfo flags, or ONEDNN_MAX_CPU_ISA set: oneDNN reports " << info.isa;
+  }
+  const bool avx512 = flags.find(" avx512f ") != std::string::npos && flags.find(" avx512bw ") != std::string::npos &&
+                      flags.find(" avx512vl ") != std::string::npos && flags.find(" avx512dq ") != std::string::npos;
+  const bool bf16 = avx512 && flags.find(" avx512_bf16 ") != std::string::npos;
+  const bool amx = flags.find(" amx_bf16 ") != std::string::npos;
+  if (avx512) {
+    EXPECT_THAT(info.isa, HasSubstr("avx512_core"));
+  } else if (flags.find(" avx2 ") != std::string::npos) {
+    EXPECT_THAT(info.isa, HasSubstr("avx2"));
+  }
+  EXPECT_EQ(info.has_bf16, bf16 || amx) << "flags say avx512_bf16 " << bf16 << ", amx_bf16 " << amx;
+}
+
+TEST(OneDnnGemm, SelfCheckVerdict) {
+  EXPECT_EQ(gemm_floor_gflops("avx512_core_bf16"), 40.0);
+  EXPECT_EQ(gemm_floor_gflops("avx512_core"), 40.0);
+  EXPECT_EQ(gemm_floor_gflops("avx2"), 25.0);
+  EXPECT_EQ(gemm_floor_gflops("sse41"), 4.0);
+
+  GemmSelfCheck slow;
+  slow.gflops = 17.4;  // OpenBLAS's Prescott kernels on an AVX-512 Xeon, as measured
+  slow.isa = "avx512_core";
+  slow.floor_gflops = gemm_floor_gflops(slow.isa);
+  slow.implementation = "gemm:jit";
+  EXPECT_TRUE(slow.below_floor());
+  EXPECT_THAT(slow.message(), HasSubstr("17.4 GFLOP/s"));
+  EXPECT_THAT(slow.message(), HasSubstr("below the floor"));
+  EXPECT_THAT(slow.message(), HasSubstr("ONEDNN_MAX_CPU_ISA"));
+
+  GemmSelfCheck fine = slow;
+  fine.gflops = 95.0;
+  EXPECT_FALSE(fine.below_floor());
+  EXPECT_THAT(fine.message(), Not(HasSubstr("below the floor")));
+}
+
+TEST(OneDnnGemm, SelfCheckRunsOnThisCpu) {
+  const GemmSelfCheck check = gemm_self_check();
+  EXPECT_GT(check.gflops, 0.0);
+  EXPECT_EQ(check.isa, cpu_gemm_info().isa);
+  EXPECT_EQ(check.floor_gflops, gemm_floor_gflops(check.isa));
+  EXPECT_FALSE(check.implementation.empty());
+  EXPECT_THAT(check.message(), HasSubstr("GEMM self-check"));
+}
+
+}  // namespace
+}  // namespace fastformer::engine
