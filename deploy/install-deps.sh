@@ -21,7 +21,7 @@ esac
 
 build_pkgs=(
   build-essential cmake pkg-config git ca-certificates
-  libopenblas-dev
+  libdnnl-dev  # oneDNN: the CPU engine's GEMMs (2.x on Debian 12, 3.x on Ubuntu 24.04)
   nlohmann-json3-dev libcli11-dev libspdlog-dev libfmt-dev
   libgtest-dev libgmock-dev libbenchmark-dev
   libgrpc++-dev libprotobuf-dev protobuf-compiler protobuf-compiler-grpc
@@ -50,12 +50,12 @@ fi
 case "$os_id:$os_version" in
   debian:12)
     runtime_pkgs=(
-      libopenblas0 libspdlog1.10 libfmt9
+      libdnnl2 libspdlog1.10 libfmt9
       libgrpc++1.51 libprotobuf32 libprometheus-cpp-pull1.0 libprometheus-cpp-core1.0
     ) ;;
   ubuntu:24.04)
     runtime_pkgs=(
-      libopenblas0 libspdlog1.12 libfmt9
+      libdnnl3 libspdlog1.12 libfmt9
       libgrpc++1.51t64 libprotobuf32t64 libprometheus-cpp-pull1.0 libprometheus-cpp-core1.0
     )
     # Ubuntu 24.04 has no python3-torch package: PyTorch comes from pip there (see below).

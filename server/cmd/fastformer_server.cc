@@ -71,7 +71,7 @@ void setup_logging(const ServerOptions& options) {
 }
 
 // SIGTERM/SIGINT: the first is written to a pipe that main waits on (a handler, not
-// sigwait, because OpenBLAS starts threads before main could block the signals in them);
+// sigwait, because libraries may start threads before main could block the signals in them);
 // a second one exits at once. SIGHUP (re-read the token file) goes down the same pipe, any
 // number of times.
 int signal_pipe[2] = {-1, -1};

@@ -1,6 +1,6 @@
 // A small fork-join pool for the CPU engine's element-wise and reduction passes.
-// Workers sleep on a condition variable between jobs (no spinning), so they do not fight
-// OpenBLAS's own threads for the cores during GEMMs.
+// Workers sleep on a condition variable between jobs (no spinning); the GEMMs run inside the
+// pool's pieces, oneDNN kept to the calling thread.
 #pragma once
 
 #include <atomic>
