@@ -14,7 +14,9 @@ Tolerance: |ours - ref| <= 1e-4 * max(1, |ref|) elementwise.
 from __future__ import annotations
 
 import json
+import os
 import re
+import subprocess
 import zlib
 from dataclasses import dataclass
 from typing import Optional
@@ -156,6 +158,68 @@ def test_normalize(golden, basic_model, tmp_path):
         assert "token_embeddings" not in o and "logits" not in o
 
 
+def cpu_flags() -> set:
+    try:
+        with open("/proc/cpuinfo") as f:
+            for line in f:
+                if line.startswith("flags"):
+                    return set(line.split(":", 1)[1].split())
+    except OSError:
+        pass
+    return set()
+
+
+def test_cpu_bfloat16_against_float64_reference(golden, basic_model, tmp_path):
+    """--dtype bfloat16 on the CPU: pooled-embedding cosine >= 0.999 to the float64
+    reference and the same logits argmax (the GPU's reduced-precision rule); on a CPU
+    without AVX512_BF16 or AMX, a start-up refusal that says so."""
+    model_dir, model, cfg = basic_model
+    encode = golden.encode_binary()
+    rng = np.random.default_rng(3)
+    lengths = [1, 9, 300, 2, 511]
+    seqs = make_ids(rng, lengths, BASIC.vocab, 0)
+    run = golden.run_encode(encode, model_dir, items_for("ids", seqs), tmp_path, "--dtype", "bfloat16",
+                            "--return-logits", "--threads", "2", check=False)
+    flags = cpu_flags()
+    if run.returncode != 0:
+        err = run.stderr.decode("utf-8", "replace") if isinstance(run.stderr, bytes) else run.stderr
+        assert "needs AVX512_BF16 or AMX" in err, err
+        assert not ({"avx512_bf16", "amx_bf16"} & flags) or os.environ.get("ONEDNN_MAX_CPU_ISA"), \
+            f"refused bfloat16 on a CPU whose flags have avx512_bf16/amx_bf16: {err}"
+        pytest.skip("this CPU has no AVX512_BF16 or AMX: the refusal was checked, bfloat16 parity not run")
+    refs = ref.reference_encode(model, seqs)
+    assert len(run.outputs) == len(seqs)
+    for i, (o, r) in enumerate(zip(run.outputs, refs)):
+        assert o["num_tokens"] == lengths[i]
+        e, want = np.asarray(o["embedding"], dtype=np.float64), np.asarray(r.embedding, dtype=np.float64)
+        cosine = float(e @ want / (np.linalg.norm(e) * np.linalg.norm(want)))
+        assert cosine >= 0.999, f"seq {i} (n={lengths[i]}): cosine {cosine:.6f} to the float64 reference"
+        assert int(np.argmax(o["logits"])) == int(np.argmax(r.logits)), f"seq {i}: logits argmax differs"
+        # bfloat16 GEMM inputs: not the float32 result (the flag took effect)
+        assert np.max(np.abs(e - want)) > 1e-6, f"seq {i}: bfloat16 output equals float64 to 1e-6"
+
+
+def test_cpu_bfloat16_refused_without_the_instructions(golden, basic_model, tmp_path):
+    """ONEDNN_MAX_CPU_ISA=AVX2 stands in for a CPU without AVX512_BF16: a clear refusal,
+    exit code 1, naming what is missing and what oneDNN found."""
+    model_dir, _, _ = basic_model
+    encode = golden.encode_binary()
+    env = dict(os.environ, ONEDNN_MAX_CPU_ISA="AVX2")
+    proc = subprocess.run([str(encode), "--model-dir", str(model_dir), "--backend", "cpu", "--dtype", "bfloat16",
+                           "--input", "-", "--output", "-"], input=b'{"token_ids": [1, 2]}\n',
+                          capture_output=True, env=env, timeout=60)
+    err = proc.stderr.decode("utf-8", "replace")
+    assert proc.returncode == 1, (proc.returncode, err)
+    assert "dtype bfloat16 on the CPU needs AVX512_BF16 or AMX" in err, err
+    assert "finds only avx2" in err and "ONEDNN_MAX_CPU_ISA is set" in err, err
+    # float32 still serves under the same limit
+    proc = subprocess.run([str(encode), "--model-dir", str(model_dir), "--backend", "cpu", "--input", "-",
+                           "--output", "-"], input=b'{"token_ids": [1, 2]}\n', capture_output=True, env=env,
+                          timeout=60)
+    assert proc.returncode == 0, proc.stderr.decode("utf-8", "replace")
+    assert json.loads(proc.stdout.decode().splitlines()[0])["num_tokens"] == 2
+
+
 @pytest.mark.asan
 def test_small_max_batch_tokens_and_stdio(golden, basic_model, tmp_path):
     """Many sequences split over many small batches, via stdin/stdout; order is kept."""
@@ -262,7 +326,6 @@ def test_good_input_for_bad_models(golden, bad_models, tmp_path):
                                                             ("uniform:16:256", 8192, 1, 8)])
 def test_bench_workload_matches_python(golden, tmp_path, lengths, batch_tokens, seed, pool):
     """fastformer-bench --print-workload generates exactly tools/workload.py's pool."""
-    import subprocess
 
     import workload as wl
 
