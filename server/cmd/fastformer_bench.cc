@@ -143,6 +143,8 @@ int main(int argc, char** argv) {
         {"peak_rss_bytes", peak_rss_bytes()},
         {"weight_bytes", model->weight_bytes()},
     };
+    // After the timed run: what the GEMMs reach on one thread, and which kernel (CPU engine).
+    if (const engine::SpeedCheck speed = eng->speed_check(); speed.ran) result["gemm_self_check"] = speed.message;
     if (json_output) {
       std::cout << result.dump() << "\n";
     } else {
