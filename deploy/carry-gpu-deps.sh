@@ -4,21 +4,23 @@
 # but no package network and no Debian -dev packages. Run it HERE (Debian bookworm with
 # deploy/install-deps.sh done); the device tool then carries `.deps` with the tree.
 #
-#   deploy/carry-gpu-deps.sh           build .deps/ (OpenBLAS xz-packed: about 12 MiB)
-#   deploy/carry-gpu-deps.sh --plain   build .deps/ with nothing packed (about 43 MiB)
+#   deploy/carry-gpu-deps.sh           build .deps/ (oneDNN xz-packed: about 12.5 MiB)
+#   deploy/carry-gpu-deps.sh --plain   build .deps/ with nothing packed (about 44 MiB)
 #   deploy/carry-gpu-deps.sh --unpack  on the GPU machine: unpack what was packed (needs
 #                                      xz or python3; tests/gpu/gpu-check.sh does this)
 #   deploy/carry-gpu-deps.sh --check   load every CMake config from a moved copy of .deps
 #                                      alone, and link and run a program against them all
 #
 # The prefix:  .deps/include, .deps/lib (shared and static libraries), .deps/lib/cmake/<Pkg>
-# (relocatable CMake configs: nlohmann_json, CLI11, spdlog, fmt, GTest/GMock, OpenBLAS).
+# (relocatable CMake configs: nlohmann_json, CLI11, spdlog, fmt, GTest/GMock).
 # Use:  cmake -DCMAKE_PREFIX_PATH=$PWD/.deps ...  with  LD_LIBRARY_PATH=$PWD/.deps/lib
 # (or `source .deps/env.sh`). Debian's spdlog is a compiled library on an external fmt,
-# so libspdlog.so and libfmt.so travel; OpenBLAS is the pthread variant, with the
-# libgfortran and libquadmath it needs. libc, libm, libstdc++ and libgcc_s do not travel:
-# the GPU machine's own (newer) ones serve; .deps/MANIFEST.txt lists the glibc/GLIBCXX
-# versions the carried libraries require.
+# so libspdlog.so and libfmt.so travel. oneDNN has no CMake config here: the root
+# CMakeLists finds it by header and library (include/oneapi/dnnl/dnnl.hpp, lib/libdnnl.so
+# -> libdnnl.so.2), and libdnnl travels with the libOpenCL.so.1 (ocl-icd loader) it links.
+# libgomp does not travel: CMake takes the GPU machine's compiler's own (oneDNN runs on
+# it). Nor do libc, libm, libstdc++ and libgcc_s: the GPU machine's own (newer) ones serve;
+# .deps/MANIFEST.txt lists the glibc/GLIBCXX/GOMP versions the carried libraries require.
 set -euo pipefail
 
 cd "$(dirname "$0")/.."
@@ -31,7 +33,7 @@ case "${1:-}" in
   --plain) pack=0 ;;
   --unpack) mode=unpack ;;
   --check) mode=check ;;
-  -h|--help) sed -n '2,21p' "$0"; exit 0 ;;
+  -h|--help) sed -n '2,23p' "$0"; exit 0 ;;
   *) echo "carry-gpu-deps.sh: unknown option '$1' (expected --plain, --unpack or --check)" >&2; exit 2 ;;
 esac
 
@@ -89,16 +91,29 @@ find_package(Threads REQUIRED)
 find_package(nlohmann_json 3.10 CONFIG REQUIRED)
 find_package(CLI11 CONFIG REQUIRED)
 find_package(spdlog CONFIG REQUIRED)
-find_package(OpenBLAS CONFIG REQUIRED)
 find_package(GTest REQUIRED)
+# oneDNN as the root CMakeLists finds it: by header and library; libgomp is the compiler's.
+find_path(DNNL_INCLUDE_DIR oneapi/dnnl/dnnl.hpp REQUIRED)
+find_library(DNNL_LIBRARY dnnl REQUIRED)
+find_library(GOMP_LIBRARY NAMES gomp libgomp.so.1 REQUIRED
+             HINTS ${CMAKE_CXX_IMPLICIT_LINK_DIRECTORIES})
 set(bad "")
-foreach(p nlohmann_json CLI11 spdlog fmt OpenBLAS GTest)
+foreach(p nlohmann_json CLI11 spdlog fmt GTest)
   message(STATUS "deps-check: ${p}_DIR = ${${p}_DIR}")
   if(NOT "${${p}_DIR}" MATCHES "^${DEPS_PREFIX}/")
     list(APPEND bad ${p})
   endif()
 endforeach()
-message(STATUS "deps-check: OpenBLAS ${OpenBLAS_INCLUDE_DIRS} ${OpenBLAS_LIBRARIES}")
+foreach(v DNNL_INCLUDE_DIR DNNL_LIBRARY)
+  message(STATUS "deps-check: ${v} = ${${v}}")
+  if(NOT "${${v}}" MATCHES "^${DEPS_PREFIX}/")
+    list(APPEND bad ${v})
+  endif()
+endforeach()
+message(STATUS "deps-check: GOMP_LIBRARY = ${GOMP_LIBRARY} (the compiler's, not carried)")
+if("${GOMP_LIBRARY}" MATCHES "^${DEPS_PREFIX}/")
+  list(APPEND bad GOMP_LIBRARY)
+endif()
 foreach(t spdlog::spdlog fmt::fmt GTest::gtest GTest::gmock GTest::gtest_main)
   get_target_property(loc ${t} LOCATION)
   message(STATUS "deps-check: ${t} = ${loc}")
@@ -114,12 +129,12 @@ if(bad)
   message(FATAL_ERROR "deps-check: found outside ${DEPS_PREFIX}: ${bad}")
 endif()
 add_executable(deps_check main.cc)
-target_include_directories(deps_check SYSTEM PRIVATE ${OpenBLAS_INCLUDE_DIRS})
+target_include_directories(deps_check SYSTEM PRIVATE ${DNNL_INCLUDE_DIR})
 target_link_libraries(deps_check PRIVATE nlohmann_json::nlohmann_json CLI11::CLI11 spdlog::spdlog
-                      ${OpenBLAS_LIBRARIES} GTest::gmock GTest::gtest_main Threads::Threads)
+                      ${DNNL_LIBRARY} ${GOMP_LIBRARY} GTest::gmock GTest::gtest_main Threads::Threads)
 EOF
   cat >"$t/main.cc" <<'EOF'
-#include <cblas.h>
+#include <oneapi/dnnl/dnnl.hpp>
 #include <CLI/CLI.hpp>
 #include <gmock/gmock.h>
 #include <gtest/gtest.h>
@@ -127,9 +142,20 @@ EOF
 #include <spdlog/spdlog.h>
 
 TEST(DepsCheck, AllLibrariesWork) {
-  float a[4] = {1, 2, 3, 4}, b[4] = {1, 0, 0, 1}, c[4] = {0, 0, 0, 0};
-  cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, 2, 2, 2, 1.f, a, 2, b, 2, 0.f, c, 2);
-  EXPECT_THAT(std::vector<float>(c, c + 4), ::testing::ElementsAre(1, 2, 3, 4));
+  // A 2x2 float32 matmul primitive on oneDNN's CPU engine: c = a b.
+  float a[4] = {1, 2, 3, 4}, b[4] = {0, 1, 1, 0}, c[4] = {0, 0, 0, 0};
+  dnnl::engine eng(dnnl::engine::kind::cpu, 0);
+  dnnl::stream strm(eng);
+  const dnnl::memory::desc md({2, 2}, dnnl::memory::data_type::f32, dnnl::memory::format_tag::ab);
+#if DNNL_VERSION_MAJOR >= 3
+  dnnl::matmul::primitive_desc pd(eng, md, md, md);
+#else
+  dnnl::matmul::primitive_desc pd(dnnl::matmul::desc(md, md, md), eng);
+#endif
+  dnnl::memory ma(md, eng, a), mb(md, eng, b), mc(md, eng, c);
+  dnnl::matmul(pd).execute(strm, {{DNNL_ARG_SRC, ma}, {DNNL_ARG_WEIGHTS, mb}, {DNNL_ARG_DST, mc}});
+  strm.wait();
+  EXPECT_THAT(std::vector<float>(c, c + 4), ::testing::ElementsAre(2, 1, 4, 3));
   auto j = nlohmann::json::parse(R"({"x": 3})");
   EXPECT_EQ(j["x"].get<int>(), 3);
   CLI::App app{"deps"};
@@ -138,7 +164,9 @@ TEST(DepsCheck, AllLibrariesWork) {
   const char* argv[] = {"deps", "--n", "7"};
   app.parse(3, argv);
   EXPECT_EQ(n, 7);
-  spdlog::info("spdlog {} works, OpenBLAS {}", SPDLOG_VER_MAJOR, openblas_get_config());
+  const dnnl_version_t* v = dnnl_version();
+  spdlog::info("spdlog {} works, oneDNN {}.{}.{} ({}) matmul works", SPDLOG_VER_MAJOR, v->major, v->minor,
+               v->patch, v->hash);
 }
 EOF
   # Only the carried prefix: /usr and /usr/local are not searched for packages.
@@ -153,8 +181,11 @@ EOF
     { cat "$t/run.log"; die "the check program failed ($t)"; }
   grep -E 'spdlog|PASSED' "$t/run.log" | sed 's/^/  /'
   if command -v ldd >/dev/null 2>&1; then
-    LD_LIBRARY_PATH="$DEPS/lib${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}" ldd "$t/build/deps_check" |
-      grep -E 'openblas|gfortran|quadmath|spdlog|fmt' | sed 's/^\s*/  ldd: /'
+    local lddout
+    lddout=$(LD_LIBRARY_PATH="$DEPS/lib${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}" ldd "$t/build/deps_check")
+    grep -E 'dnnl|OpenCL|gomp|spdlog|fmt' <<<"$lddout" | sed 's/^\s*/  ldd: /'
+    grep -E '^\s*libdnnl\.so\.[0-9]+ => '"$DEPS/lib/" <<<"$lddout" >/dev/null ||
+      die "deps_check does not load libdnnl from $DEPS/lib ($t)"
   fi
   rm -rf "$t"
   say "check passed: every config loads from .deps alone and the program links and runs"
@@ -167,7 +198,7 @@ esac
 
 # ---- build .deps/ from this machine's Debian packages ---------------------------------------
 command -v dpkg-query >/dev/null || die "needs a Debian/Ubuntu machine with the build packages (deploy/install-deps.sh)"
-pkgs=(nlohmann-json3-dev libcli11-dev libspdlog-dev libfmt-dev libgtest-dev libgmock-dev libopenblas-dev)
+pkgs=(nlohmann-json3-dev libcli11-dev libspdlog-dev libfmt-dev libgtest-dev libgmock-dev libdnnl-dev)
 missing=()
 for p in "${pkgs[@]}"; do
   dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing+=("$p")
@@ -193,20 +224,14 @@ copy_headers() {
   [ -n "$list" ] || die "$pkg lists no headers under /usr/include"
   printf '%s\n' "$list" | tar -C /usr/include -chf - -T - | tar -C "$TMP/include" -xf -
 }
-for p in nlohmann-json3-dev libcli11-dev libspdlog-dev libfmt-dev libgtest-dev libgmock-dev; do
+# oneDNN's: include/oneapi/dnnl/*.h* (what find_path(oneapi/dnnl/dnnl.hpp) needs) and the
+# dnnl*.h* compatibility headers at the top.
+for p in nlohmann-json3-dev libcli11-dev libspdlog-dev libfmt-dev libgtest-dev libgmock-dev libdnnl-dev; do
   copy_headers "$p"
 done
-
-# OpenBLAS headers: where the cblas.h alternative points (openblas-pthread on bookworm).
-blas_cfg=$(readlink -f "/usr/include/$MA/openblas_config.h" 2>/dev/null || true)
-[ -f "$blas_cfg" ] || blas_cfg=$(ls /usr/include/"$MA"/openblas*/openblas_config.h /usr/include/openblas/openblas_config.h 2>/dev/null | head -1)
-[ -f "$blas_cfg" ] || die "no openblas_config.h (libopenblas-dev)"
-blas_inc=$(dirname "$blas_cfg")
-mkdir -p "$TMP/include/openblas-pthread"
-for h in cblas.h openblas_config.h f77blas.h; do
-  [ -f "$blas_inc/$h" ] && cp -L "$blas_inc/$h" "$TMP/include/openblas-pthread/"
+for h in dnnl.hpp dnnl.h dnnl_config.h dnnl_types.h dnnl_version.h; do
+  [ -f "$TMP/include/oneapi/dnnl/$h" ] || die "no oneapi/dnnl/$h (libdnnl-dev)"
 done
-[ -f "$TMP/include/openblas-pthread/cblas.h" ] || die "no cblas.h beside $blas_cfg"
 
 # A shared library: the real file, its SONAME link and (optionally) the -l link name.
 soname_of() { readelf -d "$1" 2>/dev/null | sed -n 's/.*(SONAME).*\[\(.*\)\]/\1/p'; }
@@ -226,8 +251,9 @@ carry_so() {  # carry_so PATH [LINKNAME]
   fi
   if [ -n "${2:-}" ] && [ "$2" != "$soname" ]; then ln -sf "$soname" "$TMP/lib/$2"; fi
 }
-# What a carried library needs beyond the base system (libc, libm, libstdc++, libgcc_s...).
-BASE_RE='^(linux-vdso|ld-linux|libc\.so|libm\.so|libpthread|libdl\.so|librt\.so|libstdc\+\+|libgcc_s)'
+# What a carried library needs beyond the base system (libc, libm, libstdc++, libgcc_s...)
+# and the compiler's OpenMP runtime (libgomp: the GPU machine's gcc has its own).
+BASE_RE='^(linux-vdso|ld-linux|libc\.so|libm\.so|libpthread|libdl\.so|librt\.so|libstdc\+\+|libgcc_s|libgomp)'
 carry_needs() {
   local lib=$1 dep path
   while read -r dep _ path _; do
@@ -239,13 +265,13 @@ carry_needs() {
   done < <(ldd "$lib" | awk '$2 == "=>" {print $1, $2, $3}')
 }
 
-blas_so=$(readlink -f "$SYSLIB/libopenblas.so.0")
-case "$blas_so" in
-  */openblas-pthread/*) ;;
-  *) say "warning: libopenblas.so.0 is $blas_so, not the pthread variant (update-alternatives)" ;;
-esac
-carry_so "$blas_so" libopenblas.so
-carry_needs "$blas_so"
+# oneDNN: libdnnl.so.2 (the real file libdnnl.so.2.<minor>), with libdnnl.so for
+# find_library(dnnl); carry_needs adds libOpenCL.so.1 (its GPU runtime's loader, linked
+# though we run only its CPU engine), which the GPU machine may lack.
+dnnl_so=$(readlink -f "$SYSLIB/libdnnl.so")
+carry_so "$dnnl_so" libdnnl.so
+carry_needs "$dnnl_so"
+[ -n "${carried[libOpenCL.so.1]:-}" ] || say "warning: $(basename "$dnnl_so") does not link libOpenCL.so.1 here"
 carry_so "$SYSLIB/libspdlog.so" libspdlog.so
 carry_so "$SYSLIB/libfmt.so" libfmt.so
 carry_needs "$SYSLIB/libspdlog.so"
@@ -280,28 +306,6 @@ relocate_config "$SYSLIB/cmake/spdlog" spdlog
 relocate_config /usr/share/cmake/nlohmann_json nlohmann_json
 relocate_config /usr/share/cmake/CLI11 CLI11
 
-blas_ver=$(dpkg-query -W -f='${Version}' libopenblas-dev | sed 's/[-+~].*//')
-mkdir -p "$TMP/lib/cmake/OpenBLAS"
-cat >"$TMP/lib/cmake/OpenBLAS/OpenBLASConfig.cmake" <<EOF
-# Relocatable OpenBLAS config written by deploy/carry-gpu-deps.sh (Debian's names /usr).
-get_filename_component(_openblas_prefix "\${CMAKE_CURRENT_LIST_DIR}/../../.." ABSOLUTE)
-set(OpenBLAS_VERSION "$blas_ver")
-set(OpenBLAS_INCLUDE_DIRS "\${_openblas_prefix}/include/openblas-pthread")
-set(OpenBLAS_LIBRARIES "\${_openblas_prefix}/lib/libopenblas.so")
-unset(_openblas_prefix)
-EOF
-cat >"$TMP/lib/cmake/OpenBLAS/OpenBLASConfigVersion.cmake" <<EOF
-set(PACKAGE_VERSION "$blas_ver")
-if(PACKAGE_VERSION VERSION_LESS PACKAGE_FIND_VERSION)
-  set(PACKAGE_VERSION_COMPATIBLE FALSE)
-else()
-  set(PACKAGE_VERSION_COMPATIBLE TRUE)
-  if(PACKAGE_FIND_VERSION STREQUAL PACKAGE_VERSION)
-    set(PACKAGE_VERSION_EXACT TRUE)
-  endif()
-endif()
-EOF
-
 cat >"$TMP/env.sh" <<'EOF'
 # source .deps/env.sh: use the carried prefix (CMake configs and shared libraries).
 _deps_dir=$(cd "$(dirname "${BASH_SOURCE[0]:-$0}")" && pwd)
@@ -311,14 +315,20 @@ unset _deps_dir
 EOF
 
 # What the carried shared libraries need from the GPU machine's base system.
-max_ver() { objdump -T "$TMP"/lib/*.so* 2>/dev/null | grep -o "$1"'_[0-9.]*' | sort -uV | tail -1; }
+max_ver() { objdump -T "$TMP"/lib/*.so* 2>/dev/null | grep -o "\\b$1"'_[0-9.]*' | sort -uV | tail -1; }
+# The versions a library asks of one of its DT_NEEDED libraries (objdump's Version References).
+needs_from() {  # needs_from LIB SONAME
+  objdump -p "$1" 2>/dev/null | awk -v so="$2" '/^  required from / {f = ($3 == so ":")} f && NF == 4 {print $4}' |
+    sort -uV | tr '\n' ' ' | sed 's/ $//'
+}
 {
   echo "# .deps: written by deploy/carry-gpu-deps.sh on $(date -u +%Y-%m-%dT%H:%M:%SZ)"
   echo "# from $(. /etc/os-release && echo "$PRETTY_NAME"), $(uname -m), multiarch $MA"
   echo "# use: cmake -DCMAKE_PREFIX_PATH=\$PWD/.deps ...   LD_LIBRARY_PATH=\$PWD/.deps/lib"
   echo "# the carried shared libraries need at least: $(max_ver GLIBC), $(max_ver GLIBCXX), $(max_ver CXXABI)"
+  echo "# $(basename "$dnnl_so") needs from the GPU machine's compiler: libgomp.so.1 ($(needs_from "$TMP/lib/$(basename "$dnnl_so")" libgomp.so.1)), not carried"
   echo "# packages:"
-  for p in "${pkgs[@]}" libopenblas0-pthread libspdlog1.10 libfmt9 libgfortran5 libquadmath0; do
+  for p in "${pkgs[@]}" libdnnl2 ocl-icd-libopencl1 libspdlog1.10 libfmt9; do
     v=$(dpkg-query -W -f='${Version}' "$p" 2>/dev/null || true)
     [ -n "$v" ] && echo "#   $p $v"
   done
@@ -331,9 +341,9 @@ max_ver() { objdump -T "$TMP"/lib/*.so* 2>/dev/null | grep -o "$1"'_[0-9.]*' | s
 (cd "$TMP" && find . -type l -printf '%P %l\n' | sort) >"$TMP/LINKS"
 if [ "$pack" = 1 ]; then
   command -v xz >/dev/null || die "xz is needed to pack (apt-get install xz-utils), or use --plain"
-  blas_name=$(basename "$blas_so")
-  xz -T0 -6 "$TMP/lib/$blas_name"
-  echo "lib/$blas_name" >>"$TMP/PACKED"
+  dnnl_name=$(basename "$dnnl_so")
+  xz -T0 -6 "$TMP/lib/$dnnl_name"
+  echo "lib/$dnnl_name" >>"$TMP/PACKED"
 fi
 
 rm -rf "$DEPS"

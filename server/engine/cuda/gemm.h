@@ -1,6 +1,6 @@
 // C = A W^T (+ C) for every Linear of the model, row-major, in the serving dtype with float
-// accumulation: cuBLASLt in CUDA builds (TF32 only when allowed), the CPU's OpenBLAS sgemm
-// under the host emulation ("GEMMs served by the CPU path").
+// accumulation: cuBLASLt in CUDA builds (TF32 only when allowed), the CPU engine's oneDNN
+// float32 matmul under the host emulation ("GEMMs served by the CPU path").
 #pragma once
 
 #include <cstddef>

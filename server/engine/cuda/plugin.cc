@@ -1,8 +1,9 @@
 // The CUDA engine is a plugin (libfastformer_cuda_engine.so) that create_engine() opens with
 // dlopen only when a CUDA backend is asked for. Linking the CUDA runtime into the server
 // would put its thread-local storage into every thread's stack, and civetweb (the /metrics
-// server) runs its workers on 100 KiB stacks that OpenBLAS's TLS already nearly fills; the
-// plugin also lets a CUDA build start on machines with no CUDA libraries at all.
+// server) runs its workers on 100 KiB stacks, from which every linked library's static TLS
+// is taken (cudart's overflowed them); the plugin also lets a CUDA build start on machines
+// with no CUDA libraries at all.
 #include <exception>
 #include <string>
 
