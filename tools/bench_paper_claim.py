@@ -73,7 +73,6 @@ def _rss_now() -> int:
 
 def worker_transformer(a) -> dict:
     import torch
-    import torch.nn.functional as F
 
     sys.path.insert(0, str(TOOLS))
     from bench_sdpa import HAVE_SDPA, SdpaEncoder  # noqa: E402
