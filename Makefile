@@ -3,7 +3,8 @@
 #   make serve   install deps if missing, build, create models/demo, serve it over gRPC
 #   make test    install deps if missing, build, run every suite (unit, golden, e2e, sanitizer)
 #   make build   build into build/ (binaries in build/bin/)
-#   make bench   the engine benchmarks recorded in docs/benchmarks.md
+#   make bench   the engine benchmarks recorded in docs/benchmarks.md (against PyTorch and
+#                ONNX Runtime; ONNX Runtime is pip-installed into .venv-bench on first use)
 #
 # CI (.ci/run) runs `make test`, then the longer checks: `make image-test` (the CPU container
 # image built with buildah and run), `make fuzz FUZZ_SECONDS=60`, `make test-tsan` and
@@ -22,7 +23,7 @@ CMAKE_ARGS ?=
 MODEL_DIR ?= models/demo
 DEMO_PRESET ?= official
 
-.PHONY: all deps build test test-unit test-golden test-e2e test-clients test-deploy serve demo-model bench bench-serve clean
+.PHONY: all deps build test test-unit test-golden test-e2e test-clients test-deploy serve demo-model bench bench-venv bench-serve clean
 
 all: build
 
@@ -66,6 +67,11 @@ serve: build demo-model
 
 bench: build
 	$(PYTHON) tools/run_benchmarks.py --build-dir $(BUILD_DIR) --long
+
+# .venv-bench: a venv over $(PYTHON)'s packages (torch) with onnxruntime from PyPI, for
+# tools/bench_onnxruntime.py. run_benchmarks.py and the golden test make it themselves.
+bench-venv: deps
+	$(PYTHON) tools/ort_env.py
 
 # The server under a fastformer-loadgen concurrency sweep against fastformer-bench; writes
 # the table and docs/images/loadgen-cpu.png into docs/benchmarks.md.

@@ -29,6 +29,7 @@ build_pkgs=(
 )
 test_pkgs=(
   python3 python3-numpy python3-torch python3-pytest
+  python3-venv  # .venv-bench: onnxruntime from PyPI for tools/bench_onnxruntime.py (tools/ort_env.py)
   python3-grpcio python3-grpc-tools
   prometheus python3-matplotlib python3-yaml
   openssl  # the TLS tests make their certificates with it

@@ -2,12 +2,27 @@
 """Run the engine benchmarks recorded in docs/benchmarks.md and print them as Markdown.
 
     run_benchmarks.py [--build-dir build] [--models-dir models] [--threads 2]
-                      [--seconds 20] [--long]
+                      [--seconds 20] [--long] [--no-ort]
+
+The header names the CPU (/proc/cpuinfo: model name, family, model, and the flags that
+pick GEMM kernels: avx2, avx512f, avx512_bf16, amx, ...).
 
 CPU engine (fastformer-bench) against the PyTorch reference (bench_pytorch.py) on the
-`official` preset, same sequences, same thread count; with --long also one 65,536-token
-sequence of `base-long` and its peak memory against the bound
-weights + (8 x hidden + intermediate) x 4 bytes x tokens.
+`official` preset, same sequences, same thread count.
+
+Then against ONNX Runtime (bench_onnxruntime.py: the official module exported to ONNX, the
+CPU execution provider with the same intra-op threads, inter-op 1; its workload is taken
+from fastformer-bench --print-workload): `official` on uniform:16:256 (the engine and
+PyTorch figures of the first table) and `base-long` (hidden 768, 12 layers) on fixed:512,
+each ONNX Runtime mode (padded: our batches padded to their longest; sorted: all sequences
+in 4 length buckets) with ours / ORT. base-long's batches are all 16 x 512, so it runs a
+pool of 4 batches (enough for 4 full sorted batches) and 1 warm-up batch. ONNX Runtime is
+installed from PyPI into .venv-bench by tools/ort_env.py on first use; if that fails the
+section says why and the exit status is 1 (the other tables are still printed). --no-ort
+skips the section.
+
+With --long also one 65,536-token sequence of `base-long` and its peak memory against the
+bound weights + (8 x hidden + intermediate) x 4 bytes x tokens.
 """
 
 from __future__ import annotations
@@ -15,19 +30,26 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import platform
 import subprocess
 import sys
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[1]
 PYTHON = sys.executable
+sys.path.insert(0, str(REPO / "tools"))
+import machine_info  # noqa: E402
+import ort_env  # noqa: E402
 
 
-def run_json(cmd):
+def run_json(cmd, show_stderr=False):
     print("+ " + " ".join(str(c) for c in cmd), file=sys.stderr, flush=True)
-    out = subprocess.run([str(c) for c in cmd], check=True, capture_output=True, text=True).stdout
-    return json.loads(out.strip().splitlines()[-1])
+    p = subprocess.run([str(c) for c in cmd], stdout=subprocess.PIPE, text=True,
+                       stderr=None if show_stderr else subprocess.PIPE)
+    if p.returncode != 0:
+        if p.stderr:
+            print(p.stderr, file=sys.stderr)
+        raise SystemExit(f"run_benchmarks: {Path(str(cmd[0])).name} exited with {p.returncode}")
+    return json.loads(p.stdout.strip().splitlines()[-1])
 
 
 def ensure_model(models_dir: Path, preset: str) -> Path:
@@ -39,15 +61,66 @@ def ensure_model(models_dir: Path, preset: str) -> Path:
 
 
 def machine() -> str:
-    cpu = "unknown CPU"
+    load = ", ".join(f"{x:.2f}" for x in os.getloadavg())
+    return f"{machine_info.describe()}; load average at start {load}"
+
+
+def ms(r) -> str:
+    return f"{r['batch_latency_p50_ms']:,.0f} / {r['batch_latency_p99_ms']:,.0f}"
+
+
+def mib(r) -> str:
+    return f"{r['peak_rss_bytes'] / 2**20:,.0f}"
+
+
+def ort_section(args, bench, official, ours_official, torch_official) -> bool:
+    """ONNX Runtime against the engine; False when ONNX Runtime could not be installed."""
+    print("\n### ONNX Runtime\n", flush=True)
     try:
-        for line in open("/proc/cpuinfo"):
-            if line.startswith("model name"):
-                cpu = line.split(":", 1)[1].strip()
-                break
-    except OSError:
-        pass
-    return f"{cpu}, {os.cpu_count()} cores, {platform.system()} {platform.release()}"
+        ort_python = ort_env.ensure(python=PYTHON)
+    except ort_env.OrtUnavailable as e:
+        print(f"ONNX Runtime: not run, it could not be installed: {e}")
+        return False
+    base = ensure_model(Path(args.models_dir), "base-long")
+    runs = [("official", official, "uniform:16:256", [], ours_official, torch_official)]
+    base_extra = ["--pool-batches", 4, "--warmup-batches", 1]
+    runs.append(("base-long", base, "fixed:512", base_extra, None, None))
+    rows, notes = [], []
+    for name, model_dir, lengths, extra, ours, torch_ in runs:
+        common = ["--model-dir", model_dir, "--threads", args.threads, "--batch-tokens", args.batch_tokens,
+                  "--lengths", lengths, "--seconds", args.seconds, "--seed", 1, *extra, "--json"]
+        if ours is None:
+            ours = run_json([bench, "--backend", "cpu", *common])
+        r = run_json([ort_python, REPO / "tools/bench_onnxruntime.py", "--bench-bin", bench, *common],
+                     show_stderr=True)
+        pad, srt = r["modes"]["padded"], r["modes"]["sorted"]
+        t = ours["tokens_per_second"]
+        rows.append(
+            f"| `{name}` | `{lengths}` | {t:,.0f} | {pad['tokens_per_second']:,.0f} | "
+            f"{srt['tokens_per_second']:,.0f} | **{t / pad['tokens_per_second']:.2f}x** | "
+            f"**{t / srt['tokens_per_second']:.2f}x** | "
+            + (f"{torch_['tokens_per_second']:,.0f} | " if torch_ else "not run | ")
+            + f"{pad['padded_tokens'] / pad['tokens']:.2f}x / {srt['padded_tokens'] / srt['tokens']:.2f}x | "
+            f"{ms(ours)} | {ms(pad)} | {ms(srt)} | {mib(ours)} | {mib(pad)} / {mib(srt)} |")
+        p = r["parity"]
+        top = ", ".join(f"{o['op']} {o['time_share']:.0%}" for o in (r["kernels"] or {}).get("ops", [])[:4])
+        notes.append(f"- `{name}`: parity vs PyTorch float32 (max|diff| / max|ref|, limit {p['tolerance']:g}, "
+                     f"{p['sequences']} sequences): "
+                     + ", ".join(f"{k} {v:.1e}" for k, v in p["rel_err_vs_torch_float32"].items())
+                     + f"; node time: {top or 'not profiled'}")
+        print(f"(done: {name} {lengths})", file=sys.stderr, flush=True)
+    print(f"onnxruntime {r['onnxruntime_version']}, {'/'.join(r['providers'])}, intra-op threads "
+          f"{r['threads']}, inter-op {r['inter_op_threads']}, {r['execution_mode']}, "
+          f"{r['graph_optimization_level']}, opset {r['opset']} (torch {r['torch_version']} export), "
+          f"float32; MLAS float GEMM kernel for these flags: {r['mlas_sgemm_kernel_inferred']}\n")
+    print("| model | workload | engine tokens/s | ORT padded tokens/s | ORT sorted tokens/s | "
+          "engine / ORT padded | engine / ORT sorted | PyTorch tokens/s | ORT padding (padded / sorted) | "
+          "engine p50 / p99 ms | ORT padded p50 / p99 ms | ORT sorted p50 / p99 ms | engine peak RSS MiB | "
+          "ORT peak RSS MiB (padded / sorted) |")
+    print("| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |")
+    print("\n".join(rows))
+    print("\n" + "\n".join(notes), flush=True)
+    return True
 
 
 def main() -> int:
@@ -58,6 +131,7 @@ def main() -> int:
     ap.add_argument("--seconds", type=float, default=20)
     ap.add_argument("--batch-tokens", type=int, default=8192)
     ap.add_argument("--long", action="store_true", help="also the 65,536-token base-long memory run")
+    ap.add_argument("--no-ort", action="store_true", help="skip the ONNX Runtime comparison")
     args = ap.parse_args()
 
     bench = REPO / args.build_dir / "bin" / "fastformer-bench"
@@ -66,16 +140,19 @@ def main() -> int:
     print(f"Machine: {machine()}\n")
     print("| workload | engine tokens/s | PyTorch tokens/s | speed-up | engine p50 / p99 ms | PyTorch p50 / p99 ms | engine peak RSS MiB | PyTorch peak RSS MiB |")
     print("| --- | --- | --- | --- | --- | --- | --- | --- |")
+    first = {}
     for lengths in ("uniform:16:256", "fixed:256"):
         common = ["--model-dir", official, "--threads", args.threads, "--batch-tokens", args.batch_tokens,
                   "--lengths", lengths, "--seconds", args.seconds, "--seed", 1, "--json"]
         ours = run_json([bench, "--backend", "cpu", *common])
         torch_ = run_json([PYTHON, REPO / "tools/bench_pytorch.py", *common])
+        first[lengths] = (ours, torch_)
         print(f"| `{lengths}` | {ours['tokens_per_second']:,.0f} | {torch_['tokens_per_second']:,.0f} | "
               f"{ours['tokens_per_second'] / torch_['tokens_per_second']:.2f}x | "
               f"{ours['batch_latency_p50_ms']:.0f} / {ours['batch_latency_p99_ms']:.0f} | "
               f"{torch_['batch_latency_p50_ms']:.0f} / {torch_['batch_latency_p99_ms']:.0f} | "
               f"{ours['peak_rss_bytes'] / 2**20:.0f} | {torch_['peak_rss_bytes'] / 2**20:.0f} |", flush=True)
+    ort_ok = args.no_ort or ort_section(args, bench, official, *first["uniform:16:256"])
     if args.long:
         base = ensure_model(models, "base-long")
         cfg = json.load(open(base / "config.json"))
@@ -89,7 +166,7 @@ def main() -> int:
               f"{r['seconds']:.1f} s, peak RSS {r['peak_rss_bytes'] / 2**20:,.0f} MiB; "
               f"bound weights + (8D + I) x 4 B x T = {bound / 2**20:,.0f} MiB "
               f"({'within' if r['peak_rss_bytes'] < bound else 'OVER'} the bound)")
-    return 0
+    return 0 if ort_ok else 1
 
 
 if __name__ == "__main__":
