@@ -73,7 +73,7 @@ import numpy as np
 TOOLS = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, TOOLS)
 from machine_info import cpu_info  # noqa: E402
-from workload import make_pool, parse_lengths, run_timed, summarize  # noqa: E402
+from workload import add_bench_arguments, make_pool, parse_lengths, run_timed, summarize  # noqa: E402
 
 TOLERANCE = 1e-4
 MODES = ("padded", "sorted")
@@ -438,14 +438,7 @@ def ensure_onnxruntime():
 
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--model-dir", required=True)
-    ap.add_argument("--threads", type=int, default=1)
-    ap.add_argument("--batch-tokens", type=int, default=8192)
-    ap.add_argument("--lengths", default="uniform:16:256")
-    ap.add_argument("--seconds", type=float, default=10.0)
-    ap.add_argument("--seed", type=int, default=1)
-    ap.add_argument("--pool-batches", type=int, default=8)
-    ap.add_argument("--warmup-batches", type=int, default=2)
+    add_bench_arguments(ap)
     ap.add_argument("--bench-bin", help="take the pool from this fastformer-bench --print-workload")
     ap.add_argument("--buckets", type=int, default=4, help="length buckets of the sorted mode")
     ap.add_argument("--opset", type=int, default=17)

@@ -39,7 +39,7 @@ import torch
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from reference import load_model_dir  # noqa: E402
-from workload import make_pool, parse_lengths, run_timed, summarize  # noqa: E402
+from workload import add_bench_arguments, make_pool, parse_lengths, run_timed, summarize  # noqa: E402
 
 DTYPES = {"float32": torch.float32, "float16": torch.float16, "bfloat16": torch.bfloat16}
 DEVICES = ("cpu", "cuda")
@@ -134,14 +134,7 @@ class CompileFailed(Exception):
 
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--model-dir", required=True)
-    ap.add_argument("--threads", type=int, default=1)
-    ap.add_argument("--batch-tokens", type=int, default=8192)
-    ap.add_argument("--lengths", default="uniform:16:256")
-    ap.add_argument("--seconds", type=float, default=10.0)
-    ap.add_argument("--seed", type=int, default=1)
-    ap.add_argument("--pool-batches", type=int, default=8)
-    ap.add_argument("--warmup-batches", type=int, default=2)
+    add_bench_arguments(ap)
     ap.add_argument("--dtype", choices=sorted(DTYPES), default="float32")
     ap.add_argument("--device", choices=DEVICES, default="cpu")
     ap.add_argument("--compile", action="store_true",

@@ -192,6 +192,19 @@ def describe_pool(pool) -> dict:
     }
 
 
+def add_bench_arguments(ap) -> None:
+    """The options every benchmark of the workload shares, with fastformer-bench's names and
+    defaults (tools/bench_pytorch.py, tools/bench_onnxruntime.py)."""
+    ap.add_argument("--model-dir", required=True)
+    ap.add_argument("--threads", type=int, default=1)
+    ap.add_argument("--batch-tokens", type=int, default=8192)
+    ap.add_argument("--lengths", default="uniform:16:256")
+    ap.add_argument("--seconds", type=float, default=10.0)
+    ap.add_argument("--seed", type=int, default=1)
+    ap.add_argument("--pool-batches", type=int, default=8)
+    ap.add_argument("--warmup-batches", type=int, default=2)
+
+
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description="print the benchmark pool summary (see module doc)")
     ap.add_argument("--lengths", required=True)

@@ -12,6 +12,7 @@
 #include "server/engine/cpu/onednn_gemm.h"
 #include "server/engine/error.h"
 #include "tests/support/engine_parity.h"
+#include "tests/support/reference_activation.h"
 #include "tests/support/test_models.h"
 
 namespace fastformer::engine {
@@ -135,17 +136,6 @@ Vec layer_norm(const Vec& x, const LayerNorm& ln, double eps) {
   return y;
 }
 
-double activation(double x, Activation act) {
-  switch (act) {
-    case Activation::kGeluErf: return 0.5 * x * (1.0 + std::erf(x / std::sqrt(2.0)));
-    case Activation::kGeluTanh:
-      return 0.5 * x * (1.0 + std::tanh(std::sqrt(2.0 / M_PI) * (x + 0.044715 * x * x * x)));
-    case Activation::kRelu: return x > 0 ? x : 0.0;
-    case Activation::kSilu: return x / (1.0 + std::exp(-x));
-  }
-  return 0;
-}
-
 // Softmax over t of score[t][h] + (1 - m_t) * -10000, per head, exactly as the reference
 // masks (the max subtraction does not change the result).
 std::vector<Vec> masked_softmax(const std::vector<Vec>& score, const std::vector<int>& mask, int64_t H) {
@@ -219,7 +209,7 @@ Reference reference_forward(const Model& model, const Input& in) {
       for (int64_t j = 0; j < D; ++j) o[size_t(j)] += X[t][size_t(j)];
       const Vec X1 = layer_norm(o, l.attention_layernorm, eps);
       Vec h = affine(l.intermediate, X1);
-      for (double& v : h) v = activation(v, c.hidden_act);
+      for (double& v : h) v = test::reference_activation(v, c.hidden_act);
       Vec f = affine(l.output, h);
       for (int64_t j = 0; j < D; ++j) f[size_t(j)] += X1[size_t(j)];
       X[t] = layer_norm(f, l.output_layernorm, eps);

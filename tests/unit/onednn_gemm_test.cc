@@ -16,23 +16,13 @@
 #include <vector>
 
 #include "common/half.h"
+#include "tests/support/reference_activation.h"
 
 namespace fastformer::engine {
 namespace {
 
 using ::testing::HasSubstr;
 using ::testing::Not;
-
-double activate(double x, Activation act) {
-  switch (act) {
-    case Activation::kGeluErf: return 0.5 * x * (1.0 + std::erf(x / std::sqrt(2.0)));
-    case Activation::kGeluTanh:
-      return 0.5 * x * (1.0 + std::tanh(std::sqrt(2.0 / M_PI) * (x + 0.044715 * x * x * x)));
-    case Activation::kRelu: return x > 0 ? x : 0.0;
-    case Activation::kSilu: return x / (1.0 + std::exp(-x));
-  }
-  return x;
-}
 
 std::vector<float> random_values(size_t n, uint32_t seed, float scale = 1.0f) {
   std::mt19937 rng(seed);
@@ -71,7 +61,7 @@ void check(const Case& c, bool bf16) {
       for (int64_t p = 0; p < c.k; ++p) acc += in(a[size_t(i * c.lda + p)]) * in(w[size_t(j * c.k + p)]);
       double want = acc;
       if (c.epilogue == Epilogue::kBias) want = acc + bias[size_t(j)];
-      if (c.epilogue == Epilogue::kBiasAct) want = activate(acc + bias[size_t(j)], c.act);
+      if (c.epilogue == Epilogue::kBiasAct) want = test::reference_activation(acc + bias[size_t(j)], c.act);
       if (c.epilogue == Epilogue::kAccumulate) want = c0[size_t(i * c.ldc + j)] + acc;
       const double got = out[size_t(i * c.ldc + j)];
       worst = std::max(worst, std::abs(got - want) / std::max(1.0, std::abs(want)));
