@@ -113,15 +113,6 @@ TEST(OneDnnGemm, OnePrimitiveServesEveryRowCount) {
   }
 }
 
-TEST(OneDnnGemm, RoundsToBfloat16AsPyTorch) {
-  auto values = random_values(10000, 5, 100.0f);
-  values.insert(values.end(), {0.0f, -0.0f, 1.0f, 1.00390625f /* a tie */, 1.01171875f /* a tie */, 3.0e38f,
-                               -1.0e-40f /* subnormal */});
-  std::vector<uint16_t> out(values.size());
-  to_bfloat16(values.data(), out.data(), int64_t(values.size()));
-  for (size_t i = 0; i < values.size(); ++i) EXPECT_EQ(out[i], float_to_bfloat16(values[i])) << values[i];
-}
-
 std::string cpuinfo_flags() {
   std::ifstream in("/proc/cpuinfo");
   std::string line;

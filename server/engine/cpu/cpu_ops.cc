@@ -5,6 +5,7 @@
 #include <cstring>
 #include <limits>
 
+#include "common/half.h"
 #include "server/engine/cpu/vector_math.h"
 #include "server/engine/error.h"
 
@@ -80,7 +81,7 @@ const void* CpuOps::gemm_weights(const WeightRef& w) {
   auto it = bf16_weights_.find(w.weight);
   if (it == bf16_weights_.end()) {
     std::vector<uint16_t> rounded(size_t(w.out * w.in));
-    to_bfloat16(f(w.weight), rounded.data(), w.out * w.in);
+    std::transform(f(w.weight), f(w.weight) + w.out * w.in, rounded.data(), float_to_bfloat16);
     it = bf16_weights_.emplace(w.weight, std::move(rounded)).first;
   }
   return it->second.data();

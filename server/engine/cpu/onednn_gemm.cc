@@ -5,12 +5,12 @@
 #include <algorithm>
 #include <chrono>
 #include <cstdio>
-#include <cstring>
 #include <unordered_map>
 #include <vector>
 
 #include <oneapi/dnnl/dnnl.hpp>
 
+#include "common/half.h"
 #include "server/engine/error.h"
 
 namespace fastformer::engine {
@@ -90,15 +90,6 @@ const CpuGemmInfo& cpu_gemm_info() {
   return info;
 }
 
-void to_bfloat16(const float* in, uint16_t* out, int64_t n) {
-  for (int64_t i = 0; i < n; ++i) {
-    uint32_t bits;
-    std::memcpy(&bits, in + i, 4);
-    bits += 0x7fffu + ((bits >> 16) & 1u);  // round to nearest even (inputs are finite)
-    out[i] = static_cast<uint16_t>(bits >> 16);
-  }
-}
-
 struct CpuMatmul::Impl {
   dnnl::matmul::primitive_desc pd;
   dnnl::matmul primitive;
@@ -156,7 +147,9 @@ void CpuMatmul::run(int64_t m, const float* a, const void* w, const float* bias,
   thread_local std::vector<uint16_t> rounded;
   if (shape_.bf16) {
     rounded.resize(size_t(m * K));
-    for (int64_t r = 0; r < m; ++r) to_bfloat16(a + r * shape_.lda, rounded.data() + r * K, K);
+    for (int64_t r = 0; r < m; ++r) {
+      std::transform(a + r * shape_.lda, a + r * shape_.lda + K, rounded.data() + r * K, float_to_bfloat16);
+    }
     src_data = rounded.data();
     lda = K;
   }

@@ -72,7 +72,4 @@ class CpuMatmul {
   std::unique_ptr<Impl> impl_;
 };
 
-// float32 -> bfloat16, round to nearest even (as PyTorch's .to(torch.bfloat16)).
-void to_bfloat16(const float* in, uint16_t* out, int64_t n);
-
 }  // namespace fastformer::engine
