@@ -150,9 +150,10 @@ def markdown(results):
             f"| {a['extra_bytes_per_token']:,.0f} | {a['flops_per_token'] / 1e6:,.3f} M | {a['floor_ms']:.3f} "
             f"| {a['expected_ms']:.3f} | {b['expected_ms']:.3f} |")
     sa, sb = results[name_a]["summary"], results[name_b]["summary"]
-    total_bytes = sum(r["bytes_per_token"] + r["extra_bytes_per_token"] for r in rows_a)
+    total_bytes = sum(r["bytes_per_token"] for r in rows_a)
+    total_extra = sum(r["extra_bytes_per_token"] for r in rows_a)
     total_flops = sum(r["flops_per_token"] for r in rows_a)
-    lines.append(f"| **total** | | | | {total_bytes:,.0f} (with extra) | {total_flops / 1e6:,.1f} M "
+    lines.append(f"| **total** | | | {total_bytes:,.0f} | {total_extra:,.0f} | {total_flops / 1e6:,.1f} M "
                  f"| **{sa['floor_ms']:.2f}** | **{sa['expected_ms']:.2f}** | **{sb['expected_ms']:.2f}** |")
     lines.append("")
     lines.append(f"{T:,}-token batches: floor {sa['floor_tokens_per_s'] / 1e6:.2f}M tokens/s; expected "

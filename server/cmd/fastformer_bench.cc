@@ -59,6 +59,7 @@ nlohmann::ordered_json profile_rows(const std::vector<engine::OpProfile>& ops) {
 
 void print_profile(const nlohmann::ordered_json& rows, std::ostream& out) {
   char line[160];
+  double total_ms = 0;
   std::snprintf(line, sizeof line, "%-20s %5s %6s %10s %12s %12s %9s %8s %7s\n", "op", "layer", "calls", "ms",
                 "MB", "GFLOP", "GB/s", "TFLOP/s", "share");
   out << "profile (per batch)\n" << line;
@@ -68,7 +69,10 @@ void print_profile(const nlohmann::ordered_json& rows, std::ostream& out) {
                   r["ms"].get<double>(), r["bytes"].get<double>() / 1e6, r["flops"].get<double>() / 1e9,
                   r["gbps"].get<double>(), r["tflops"].get<double>(), 100 * r["share"].get<double>());
     out << line;
+    total_ms += r["ms"].get<double>();
   }
+  std::snprintf(line, sizeof line, "%-20s %5s %6s %10.4f\n", "batch", "", "", total_ms);
+  out << line;
 }
 
 }  // namespace
