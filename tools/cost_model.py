@@ -13,10 +13,22 @@ efficiency per kernel class, plus a fixed cost per launch. Standard library only
 """
 import argparse
 import json
+from typing import NamedTuple
 
-# base-long (tools/make_demo_model.py --preset base-long), served in bfloat16.
-D, H, I, LAYERS, E = 768, 12, 3072, 12, 2
-QKS = (2 * D + H + 7) // 8 * 8  # the fused Q|K|s width, padded to a multiple of 8 elements: 1,552
+
+class Sizes(NamedTuple):
+    D: int  # hidden
+    H: int  # heads
+    I: int  # intermediate
+    layers: int
+    E: int  # bytes per element of the serving dtype
+
+    @property
+    def qks(self):  # the fused Q|K|s width, padded to a multiple of 8 elements (1,552 for base-long)
+        return (2 * self.D + self.H + 7) // 8 * 8
+
+
+BASE_LONG_BF16 = Sizes(D=768, H=12, I=3072, layers=12, E=2)  # make_demo_model.py --preset base-long
 CHUNK = 256  # kernels/pooling_chunks.h kChunkTokens
 SHAPES = [("128 x 512", 128, 65536), ("1 x 65,536", 1, 65536)]  # (name, sequences B, tokens T)
 
@@ -41,77 +53,89 @@ def chunks(B, T):
     return B * -(-(T // B) // CHUNK)  # B equal sequences of T / B tokens, 256 tokens a chunk
 
 
-# ---- the formulas of forward.cc (namespace cost): (bytes, flops) per batch -------------------
-def linear(M, N, K, bias=False, accumulate=False):
-    return E * (M * K + N * K + (2 if accumulate else 1) * M * N + (N if bias else 0)), 2 * M * N * K
+# ---- the formulas of forward.cc (namespace cost): (bytes, flops) per batch, `e` bytes an element
+def linear(e, M, N, K, bias=False, accumulate=False):
+    return e * (M * K + N * K + (2 if accumulate else 1) * M * N + (N if bias else 0)), 2 * M * N * K
 
 
-def query_pool(B, T):
-    return E * (T * H + T * D + B * D), T * (2 * D + 4 * H)
+def query_pool(e, B, T, D, H):
+    return e * (T * H + T * D + B * D), T * (2 * D + 4 * H)
 
 
-def key_pool(B, T):
+def key_pool(e, B, T, D, H):
     W = H * D
-    return E * (T * D + 2 * B * D + W + H), T * (D + 2 * W + 2 * D + 4 * H)
+    return e * (T * D + 2 * B * D + W + H), T * (D + 2 * W + 2 * D + 4 * H)
 
 
-def mix(B, T):
-    return E * (2 * T * D + B * D), T * D
+def mix(e, B, T, D):
+    return e * (2 * T * D + B * D), T * D
 
 
-def bias_residual_layernorm(T):
-    return E * (3 * T * D + 3 * D), 10 * T * D
+def bias_residual_layernorm(e, T, D):
+    return e * (3 * T * D + 3 * D), 10 * T * D
 
 
-def embed(T):
-    return T * (8 + 3 * D * E) + 2 * D * E, 8 * T * D
+def embed(e, T, D):
+    return T * (8 + 3 * D * e) + 2 * D * e, 8 * T * D
 
 
-def attention_pool(B, T):
-    return E * (2 * T * D + D + 1 + B * D), T * (5 * D + 4)
+def attention_pool(e, B, T, D):
+    return e * (2 * T * D + D + 1 + B * D), T * (5 * D + 4)
 
 
 def begin_batch(B, T):
     return T * (4 + 4 + 4 + 1) + (B + 1) * 4, 0
 
 
-def download(rows, cols):
-    return rows * cols * (E + 4), 0
+def download(e, rows, cols):
+    return rows * cols * (e + 4), 0
 
 
-def ops(B, T, gelu_pass=True):
+def ops(B, T, m=BASE_LONG_BF16, gelu_pass=True):
     """The ops of one batch as the forward graph issues them (pooled embeddings only), each as
-    (name, count per batch, class, (bytes, flops) by formula, extra bytes the kernels move beyond
-    the formula, kernel launches)."""
+    (name, layer, class, (bytes, flops) by formula, extra bytes the kernels move beyond the
+    formula, kernel launches); layer -1 outside the encoder layers."""
+    D, H, I, e = m.D, m.H, m.I, m.E
     partials = 2 * chunks(B, T) * (D + 2 * H) * 4  # float m, l, v written by the chunks, read by the combine
-    out = [
-        ("begin_batch", 1, "copy", begin_batch(B, T), 0, 0),
-        ("embed", 1, "row", embed(T), 0, 1),
-        ("qks_gemm", LAYERS, "gemm K=768", linear(T, QKS, D, bias=True), 0, 1),  # BIAS epilogue
-        ("query_pool", LAYERS, "pooling", query_pool(B, T), partials, 2),        # partials, combine
-        ("key_pool", LAYERS, "pooling", key_pool(B, T), partials, 2),            # scores fused in
-        ("mix", LAYERS, "row", mix(B, T), 0, 1),
-        ("transform_gemm", LAYERS, "gemm K=768", linear(T, D, D, accumulate=True), 0, 1),
-        ("attn_out_gemm", LAYERS, "gemm K=768", linear(T, D, D), 0, 1),
-        ("attn_ln", LAYERS, "row", bias_residual_layernorm(T), 0, 1),
-        # exact-erf GELU: the GEMM stores, a fused bias + erf pass reads and writes [T, I] again
-        ("ffn_in_gemm", LAYERS, "gemm K=768", linear(T, I, D, bias=True), 0, 1),
-        ("ffn_in_bias_gelu", LAYERS, "row", (0, 0), 2 * E * T * I if gelu_pass else 0, 1 if gelu_pass else 0),
-        ("ffn_out_gemm", LAYERS, "gemm K=3072", linear(T, D, I), 0, 1),
-        ("ffn_ln", LAYERS, "row", bias_residual_layernorm(T), 0, 1),
-        ("pooler_fc1_gemm", 1, "gemm K=768", linear(T, D, D, bias=True), 0, 1),
+    out = [("begin_batch", -1, "copy", begin_batch(B, T), 0, 0), ("embed", -1, "row", embed(e, T, D), 0, 1)]
+    for layer in range(m.layers):
+        out += [
+            ("qks_gemm", layer, "gemm K=768", linear(e, T, m.qks, D, bias=True), 0, 1),  # BIAS epilogue
+            ("query_pool", layer, "pooling", query_pool(e, B, T, D, H), partials, 2),    # partials, combine
+            ("key_pool", layer, "pooling", key_pool(e, B, T, D, H), partials, 2),        # scores fused in
+            ("mix", layer, "row", mix(e, B, T, D), 0, 1),
+            ("transform_gemm", layer, "gemm K=768", linear(e, T, D, D, accumulate=True), 0, 1),
+            ("attn_out_gemm", layer, "gemm K=768", linear(e, T, D, D), 0, 1),
+            ("attn_ln", layer, "row", bias_residual_layernorm(e, T, D), 0, 1),
+            # exact-erf GELU: the GEMM stores, a fused bias + erf pass reads and writes [T, I] again
+            ("ffn_in_gemm", layer, "gemm K=768", linear(e, T, I, D, bias=True), 0, 1),
+            ("ffn_in_bias_gelu", layer, "row", (0, 0), 2 * e * T * I if gelu_pass else 0, int(gelu_pass)),
+            ("ffn_out_gemm", layer, "gemm K=3072", linear(e, T, D, I), 0, 1),
+            ("ffn_ln", layer, "row", bias_residual_layernorm(e, T, D), 0, 1),
+        ]
+    out += [
+        ("pooler_fc1_gemm", -1, "gemm K=768", linear(e, T, D, D, bias=True), 0, 1),
         # pooler scores z_t [T] written and read as float, then partials and combine
-        ("attention_pool", 1, "pooling", attention_pool(B, T), 2 * 4 * T + 2 * chunks(B, T) * (D + 2) * 4, 3),
-        ("download_pooled", 1, "row", download(B, D), 0, 1),
+        ("attention_pool", -1, "pooling", attention_pool(e, B, T, D), 2 * 4 * T + 2 * chunks(B, T) * (D + 2) * 4, 3),
+        ("download_pooled", -1, "row", download(e, B, D), 0, 1),
     ]
     return out
 
 
 def model(B, T, gelu_pass=True, gemm_efficiency=None):
-    """Per op: the floor and the expected time. `gelu_pass` False: the erf-GELU in the GEMM's
-    epilogue; `gemm_efficiency`: one efficiency for every GEMM instead of EFFICIENCY's."""
+    """Per op summed over the layers: the floor and the expected time. `gelu_pass` False: the
+    erf-GELU in the GEMM's epilogue; `gemm_efficiency`: one efficiency for every GEMM instead of
+    EFFICIENCY's."""
+    merged = {}  # name -> [count, class, bytes, flops, extra, launches], summed over the layers
+    for name, _, kind, (bytes_, flops), extra, launches in ops(B, T, gelu_pass=gelu_pass):
+        row = merged.setdefault(name, [0, kind, 0, 0, 0, 0])
+        row[0] += 1
+        row[2] += bytes_
+        row[3] += flops
+        row[4] += extra
+        row[5] += launches
     rows = []
-    for name, count, kind, (bytes_, flops), extra, launches in ops(B, T, gelu_pass):
+    for name, (count, kind, bytes_, flops, extra, launches) in merged.items():
         floor_s = max(bytes_ / BANDWIDTH, flops / MATRIX)
         if kind.startswith("gemm"):
             eff = gemm_efficiency or EFFICIENCY[kind]
@@ -121,10 +145,9 @@ def model(B, T, gelu_pass=True, gemm_efficiency=None):
         else:
             expected_s = (bytes_ + extra) / (EFFICIENCY[kind] * BANDWIDTH)
         expected_s += launches * LAUNCH_US * 1e-6
-        rows.append({"op": name, "count": count, "class": kind, "launches": launches * count,
-                     "bytes_per_token": count * bytes_ / T, "extra_bytes_per_token": count * extra / T,
-                     "flops_per_token": count * flops / T,
-                     "floor_ms": count * floor_s * 1e3, "expected_ms": count * expected_s * 1e3})
+        rows.append({"op": name, "count": count, "class": kind, "launches": launches,
+                     "bytes_per_token": bytes_ / T, "extra_bytes_per_token": extra / T, "flops_per_token": flops / T,
+                     "floor_ms": floor_s * 1e3, "expected_ms": expected_s * 1e3})
     return rows
 
 

@@ -197,8 +197,8 @@ ForwardEngine::~ForwardEngine() = default;
 
 void ForwardEngine::set_profiling(bool on) {
   profiler_.reset();
-  // A batch issues at most 10 ops per layer and 11 others, plus the closing timestamp.
-  if (on) profiler_ = std::make_unique<Profiler>(*ops_, 10 * int(layers_.size()) + 12);
+  // A batch issues 10 ops per layer and at most 10 others (run() below), and the closing timestamp.
+  if (on) profiler_ = std::make_unique<Profiler>(*ops_, 10 * int(layers_.size()) + 11);
 }
 
 std::vector<OpProfile> ForwardEngine::profile() const {

@@ -42,7 +42,9 @@ class EmulatedCudaBaseLongTest : public ::testing::TestWithParam<std::string> {
     delete model_;
     delete dir_;
   }
-  static test::ParityInputs inputs() { return test::make_parity_inputs((*model_)->config(), {600, 9}); }
+  static test::ParityInputs inputs() {
+    return test::make_parity_inputs((*model_)->config(), {600, 9});
+  }
 
   static constexpr int64_t kBatchTokens = 1024;
   static test::TempDir* dir_;
@@ -64,7 +66,8 @@ TEST_P(EmulatedCudaBaseLongTest, MatchesTheCpuEngine) {
   test::expect_parity(ours, *reference_, GetParam());
 }
 
-INSTANTIATE_TEST_SUITE_P(Dtypes, EmulatedCudaBaseLongTest, ::testing::Values("bfloat16", "float16"));
+INSTANTIATE_TEST_SUITE_P(Dtypes, EmulatedCudaBaseLongTest,
+                         ::testing::Values("bfloat16", "float16"));
 
 }  // namespace
 }  // namespace fastformer

@@ -7,8 +7,8 @@
 #include <chrono>
 #include <functional>
 #include <map>
-#include <ostream>
 #include <memory>
+#include <ostream>
 #include <string>
 #include <vector>
 
@@ -24,7 +24,8 @@ namespace {
 // changes the by-hand counts below.
 constexpr int64_t D = 64, H = 16, I = 96, kLayers = 2, kLabels = 3;
 
-using MakeEngine = std::function<std::unique_ptr<engine::Engine>(std::shared_ptr<const engine::Model>)>;
+using MakeEngine =
+    std::function<std::unique_ptr<engine::Engine>(std::shared_ptr<const engine::Model>)>;
 
 struct Case {
   std::string name;
@@ -54,7 +55,9 @@ class EngineProfileTest : public ::testing::TestWithParam<Case> {
     }
     options_.logits = options_.normalize = options_.token_embeddings = true;  // every op runs
   }
-  std::vector<EncodedSequence> encode(engine::Engine& eng) { return eng.encode(batch_, {&options_, 1}); }
+  std::vector<EncodedSequence> encode(engine::Engine& eng) {
+    return eng.encode(batch_, {&options_, 1});
+  }
 
   test::TempDir dir_;
   std::shared_ptr<const engine::Model> model_;
@@ -62,7 +65,8 @@ class EngineProfileTest : public ::testing::TestWithParam<Case> {
   OutputOptions options_;
 };
 
-void expect_identical(const std::vector<EncodedSequence>& a, const std::vector<EncodedSequence>& b) {
+void expect_identical(const std::vector<EncodedSequence>& a,
+                      const std::vector<EncodedSequence>& b) {
   ASSERT_EQ(a.size(), b.size());
   for (size_t s = 0; s < a.size(); ++s) {
     EXPECT_EQ(a[s].embedding, b[s].embedding) << "sequence " << s;
@@ -82,7 +86,8 @@ TEST_P(EngineProfileTest, EveryOpOncePerLayerWithItsCost) {
   for (int i = 0; i < kBatches; ++i) {
     const auto t0 = std::chrono::steady_clock::now();
     const auto profiled = encode(*eng);
-    wall_ms += std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0).count();
+    wall_ms +=
+        std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0).count();
     expect_identical(profiled, plain);
   }
   const std::vector<engine::OpProfile> rows = eng->profile();
@@ -92,13 +97,14 @@ TEST_P(EngineProfileTest, EveryOpOncePerLayerWithItsCost) {
 
   std::vector<std::pair<std::string, int>> expected = {{"begin_batch", -1}, {"embed", -1}};
   for (int l = 0; l < kLayers; ++l) {
-    for (const char* name : {"qks_gemm", "query_pool", "key_pool", "mix", "transform_gemm", "attn_out_gemm",
-                             "attn_ln", "ffn_in_gemm", "ffn_out_gemm", "ffn_ln"}) {
+    for (const char* name : {"qks_gemm", "query_pool", "key_pool", "mix", "transform_gemm",
+                             "attn_out_gemm", "attn_ln", "ffn_in_gemm", "ffn_out_gemm", "ffn_ln"}) {
       expected.emplace_back(name, l);
     }
   }
-  for (const char* name : {"pooler_fc1_gemm", "attention_pool", "classifier_gemm", "download_logits",
-                           "download_pooled", "l2_normalize", "download_normalized", "download_tokens"}) {
+  for (const char* name :
+       {"pooler_fc1_gemm", "attention_pool", "classifier_gemm", "download_logits",
+        "download_pooled", "l2_normalize", "download_normalized", "download_tokens"}) {
     expected.emplace_back(name, -1);
   }
   ASSERT_EQ(rows.size(), expected.size());
@@ -106,8 +112,9 @@ TEST_P(EngineProfileTest, EveryOpOncePerLayerWithItsCost) {
   const double e = double(GetParam().element_size);
   // By hand: 2 M N K for C[M, N] = A[M, K] W[N, K]^T.
   const std::map<std::string, double> gemm_flops = {
-      {"qks_gemm", 2 * T * (2 * D + H) * D}, {"transform_gemm", 2 * T * D * D}, {"attn_out_gemm", 2 * T * D * D},
-      {"ffn_in_gemm", 2 * T * I * D},        {"ffn_out_gemm", 2 * T * D * I},   {"pooler_fc1_gemm", 2 * T * D * D},
+      {"qks_gemm", 2 * T * (2 * D + H) * D},   {"transform_gemm", 2 * T * D * D},
+      {"attn_out_gemm", 2 * T * D * D},        {"ffn_in_gemm", 2 * T * I * D},
+      {"ffn_out_gemm", 2 * T * D * I},         {"pooler_fc1_gemm", 2 * T * D * D},
       {"classifier_gemm", 2 * B * kLabels * D}};
   double total_ms = 0;
   int gemms = 0;
@@ -136,27 +143,29 @@ TEST_P(EngineProfileTest, EveryOpOncePerLayerWithItsCost) {
   EXPECT_GE(total_ms, GetParam().min_covered * batch_ms);
 }
 
-INSTANTIATE_TEST_SUITE_P(
-    Engines, EngineProfileTest,
-    ::testing::Values(
-        Case{"cpu",
-             [](std::shared_ptr<const engine::Model> model) {
-               engine::EngineOptions options;
-               options.backend = engine::Backend::kCpu;
-               options.threads = 2;
-               options.max_batch_tokens = 512;
-               return engine::create_engine(std::move(model), options);
-             },
-             sizeof(float), 0.7},
-        Case{"emulated_cuda_bfloat16",
-             [](std::shared_ptr<const engine::Model> model) {
-               engine::EngineOptions options;
-               options.dtype = "bfloat16";
-               options.max_batch_tokens = 512;
-               return engine::cuda::create_emulated_cuda_engine(std::move(model), options);
-             },
-             2, 0.9}),
-    [](const ::testing::TestParamInfo<Case>& info) { return info.param.name; });
+INSTANTIATE_TEST_SUITE_P(Engines, EngineProfileTest,
+                         ::testing::Values(Case{"cpu",
+                                                [](std::shared_ptr<const engine::Model> model) {
+                                                  engine::EngineOptions options;
+                                                  options.backend = engine::Backend::kCpu;
+                                                  options.threads = 2;
+                                                  options.max_batch_tokens = 512;
+                                                  return engine::create_engine(std::move(model),
+                                                                               options);
+                                                },
+                                                sizeof(float), 0.7},
+                                           Case{"emulated_cuda_bfloat16",
+                                                [](std::shared_ptr<const engine::Model> model) {
+                                                  engine::EngineOptions options;
+                                                  options.dtype = "bfloat16";
+                                                  options.max_batch_tokens = 512;
+                                                  return engine::cuda::create_emulated_cuda_engine(
+                                                      std::move(model), options);
+                                                },
+                                                2, 0.9}),
+                         [](const ::testing::TestParamInfo<Case>& info) {
+                           return info.param.name;
+                         });
 
 }  // namespace
 }  // namespace fastformer

@@ -112,10 +112,13 @@ class Timers {
       events_.push_back(event);
     }
   }
-  void record(int index, ff_stream_t stream) { ff_check(cudaEventRecord(events_.at(size_t(index)), stream), "cudaEventRecord"); }
+  void record(int index, ff_stream_t stream) {
+    ff_check(cudaEventRecord(events_.at(size_t(index)), stream), "cudaEventRecord");
+  }
   double elapsed_ms(int from, int to) const {
     float ms = 0;
-    ff_check(cudaEventElapsedTime(&ms, events_.at(size_t(from)), events_.at(size_t(to))), "cudaEventElapsedTime");
+    ff_check(cudaEventElapsedTime(&ms, events_.at(size_t(from)), events_.at(size_t(to))),
+             "cudaEventElapsedTime");
     return ms;
   }
 
