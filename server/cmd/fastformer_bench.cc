@@ -36,6 +36,45 @@ int64_t peak_rss_bytes() {
   return int64_t(usage.ru_maxrss) * 1024;
 }
 
+// The engine's profile as JSON rows: per batch, averaged over the batches profiled, with the
+// achieved rates and each op's share of the batch time (the ops' times add up to it).
+nlohmann::ordered_json profile_rows(const std::vector<engine::OpProfile>& ops) {
+  double total_ms = 0;
+  for (const auto& op : ops) total_ms += op.ms;
+  nlohmann::ordered_json rows = nlohmann::ordered_json::array();
+  for (const auto& op : ops) {
+    const double seconds = op.ms / 1e3;
+    rows.push_back({{"name", op.name},
+                    {"layer", op.layer},
+                    {"calls", op.calls},
+                    {"ms", op.ms},
+                    {"bytes", op.bytes},
+                    {"flops", op.flops},
+                    {"gbps", seconds > 0 ? op.bytes / seconds / 1e9 : 0.0},
+                    {"tflops", seconds > 0 ? op.flops / seconds / 1e12 : 0.0},
+                    {"share", total_ms > 0 ? op.ms / total_ms : 0.0}});
+  }
+  return rows;
+}
+
+void print_profile(const nlohmann::ordered_json& rows, std::ostream& out) {
+  char line[160];
+  double total_ms = 0;
+  std::snprintf(line, sizeof line, "%-20s %5s %6s %10s %12s %12s %9s %8s %7s\n", "op", "layer", "calls", "ms",
+                "MB", "GFLOP", "GB/s", "TFLOP/s", "share");
+  out << "profile (per batch)\n" << line;
+  for (const auto& r : rows) {
+    std::snprintf(line, sizeof line, "%-20s %5d %6.1f %10.4f %12.3f %12.3f %9.1f %8.2f %6.1f%%\n",
+                  r["name"].get<std::string>().c_str(), r["layer"].get<int>(), r["calls"].get<double>(),
+                  r["ms"].get<double>(), r["bytes"].get<double>() / 1e6, r["flops"].get<double>() / 1e9,
+                  r["gbps"].get<double>(), r["tflops"].get<double>(), 100 * r["share"].get<double>());
+    out << line;
+    total_ms += r["ms"].get<double>();
+  }
+  std::snprintf(line, sizeof line, "%-20s %5s %6s %10.4f\n", "batch", "", "", total_ms);
+  out << line;
+}
+
 }  // namespace
 
 int main(int argc, char** argv) {
@@ -46,7 +85,7 @@ int main(int argc, char** argv) {
   double seconds = 10;
   uint64_t seed = 1;
   int pool_batches = 8, warmup_batches = 2;
-  bool json_output = false, print_workload = false;
+  bool json_output = false, print_workload = false, profile = false;
   app.add_option("--model-dir", model_dir, "model directory")->required();
   app.add_option("--backend", backend_name, "cpu, cuda or auto")
       ->check(CLI::IsMember({"auto", "cpu", "cuda"}))
@@ -69,6 +108,9 @@ int main(int argc, char** argv) {
       ->capture_default_str();
   app.add_option("--warmup-batches", warmup_batches, "untimed batches first")->capture_default_str();
   app.add_flag("--json", json_output, "print one JSON object");
+  app.add_flag("--profile", profile,
+               "after the timed run, time every op of the forward over one pass of the pool (CUDA events on a "
+               "GPU, the wall clock on the CPU): a \"profile\" array in the JSON, a table on stderr");
   app.add_flag("--print-workload", print_workload,
                "print the workload's batches as JSON (token ids) and exit");
   CLI11_PARSE(app, argc, argv);
@@ -145,6 +187,14 @@ int main(int argc, char** argv) {
     };
     // After the timed run: what the GEMMs reach on one thread, and which kernel (CPU engine).
     if (const engine::SpeedCheck speed = eng->speed_check(); speed.ran) result["gemm_self_check"] = speed.message;
+    if (profile) {
+      // Apart from the timed run, so the timestamps between ops cost it nothing.
+      eng->set_profiling(true);
+      for (const auto& batch : batches) eng->encode(batch, {&out_options, 1});
+      result["profile"] = profile_rows(eng->profile());
+      print_profile(result["profile"], std::cerr);
+      eng->set_profiling(false);
+    }
     if (json_output) {
       std::cout << result.dump() << "\n";
     } else {

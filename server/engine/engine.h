@@ -28,6 +28,18 @@ struct SpeedCheck {
   std::string message;   ///< one line for the log
 };
 
+// One op of the forward graph in a profile (fastformer-bench --profile), per batch, averaged
+// over the batches profiled. `bytes` and `flops` are what the op must move and compute, by the
+// formulas beside the forward graph (forward.cc), not what a kernel happens to do.
+struct OpProfile {
+  std::string name;   ///< the op, e.g. "qks_gemm", "key_pool", "ffn_ln"
+  int layer = -1;     ///< the encoder layer, -1 outside the layers
+  double calls = 0;   ///< calls per batch
+  double ms = 0;      ///< time per batch (all its calls)
+  double bytes = 0;   ///< per batch
+  double flops = 0;   ///< per batch
+};
+
 bool parse_backend(const std::string& name, Backend* out);
 
 struct EngineOptions {
@@ -57,6 +69,11 @@ class Engine {
   virtual std::pair<size_t, size_t> device_memory() const { return {0, 0}; }
   // Times the engine's GEMMs briefly against the floor for its hardware (server start-up).
   virtual SpeedCheck speed_check() { return {}; }
+  // Profiling, off until turned on: each op of every batch timed (CUDA events on a GPU, the
+  // wall clock on the host). Turning it on starts a new profile.
+  virtual void set_profiling(bool /*on*/) {}
+  // The ops of the batches encoded since profiling was turned on, in forward order; {} if none.
+  virtual std::vector<OpProfile> profile() const { return {}; }
 };
 
 // Creates the engine `options.backend` asks for. kAuto picks CUDA when this build has it

@@ -17,6 +17,7 @@ class ForwardEngine final : public Engine {
  public:
   ForwardEngine(std::shared_ptr<const Model> model, std::unique_ptr<Ops> ops,
                 int64_t max_batch_tokens, std::string backend, std::string device);
+  ~ForwardEngine() override;  // where Profiler is complete
 
   std::vector<EncodedSequence> encode(const RaggedBatch& batch,
                                       std::span<const OutputOptions> options) override;
@@ -26,6 +27,8 @@ class ForwardEngine final : public Engine {
   const Model& model() const override { return *model_; }
   std::pair<size_t, size_t> device_memory() const override { return ops_->device_memory(); }
   SpeedCheck speed_check() override { return ops_->speed_check(); }
+  void set_profiling(bool on) override;
+  std::vector<OpProfile> profile() const override;
 
  private:
   struct LayerRefs {
@@ -38,6 +41,7 @@ class ForwardEngine final : public Engine {
   WeightRef upload(const PreparedLinear& linear);
   // encode() without turning the ops' failures into EngineError.
   std::vector<EncodedSequence> run(const RaggedBatch& batch, std::span<const OutputOptions> options);
+  class Profiler;  // forward.cc
 
   std::shared_ptr<const Model> model_;
   PreparedWeights prepared_;  // host copies the ops may serve in place
@@ -52,6 +56,7 @@ class ForwardEngine final : public Engine {
   const void* embedding_ln_beta_ = nullptr;
   std::vector<LayerRefs> layers_;
   WeightRef pooler_fc1_, pooler_fc2_, classifier_;
+  std::unique_ptr<Profiler> profiler_;  // null while profiling is off
 };
 
 }  // namespace fastformer::engine

@@ -115,6 +115,15 @@ class Ops {
   // Waits until every queued operation is done.
   virtual void synchronize() = 0;
 
+  // Timing for a profile (Engine::set_profiling). reserve_timers(n) readies n timestamps
+  // once, outside any batch; timestamp(i) takes timestamp i when the queue reaches it (after
+  // every op issued before it); after synchronize(), elapsed_ms(i, j) is the time from
+  // timestamp i to timestamp j. The CPU ops read the wall clock (their ops are synchronous),
+  // the CUDA ops record events on their stream.
+  virtual void reserve_timers(int count) = 0;
+  virtual void timestamp(int index) = 0;
+  virtual double elapsed_ms(int from, int to) = 0;
+
   // Device memory this ops holds and the device's total (0, 0 for host engines).
   virtual std::pair<size_t, size_t> device_memory() const { return {0, 0}; }
   // A short timing of the ops' GEMMs against the floor for the hardware; {} where none.

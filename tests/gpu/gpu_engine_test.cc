@@ -4,6 +4,7 @@
 #include <gmock/gmock.h>
 #include <gtest/gtest.h>
 
+#include <chrono>
 #include <string>
 #include <string_view>
 
@@ -76,6 +77,58 @@ TEST_P(GpuEngineTest, LongSequenceMatchesTheCpuEngine) {
   if (!gpu) GTEST_SKIP() << "no usable GPU: " << why;
   const auto in = test::make_parity_inputs(model->config(), {16384, 3, 1000});
   test::expect_parity(test::encode_all(*gpu, in), cpu_reference(model, in, 20000), GetParam());
+}
+
+// Two layers of base-long's shape (hidden 768, 12 heads, intermediate 3,072), with a sequence
+// over two 256-token chunks beside short ones: the launch configurations and vector widths of
+// the real model's sizes (tests/unit/cuda_emulated_base_long_test.cc runs the same emulated).
+TEST_P(GpuEngineTest, BaseLongShapeMatchesTheCpuEngine) {
+  test::TempDir dir;
+  test::TinyModelSpec spec;
+  spec.hidden = 768;
+  spec.heads = 12;
+  spec.layers = 2;
+  spec.intermediate = 3072;
+  spec.max_positions = 1024;
+  spec.vocab = 512;
+  spec.num_labels = 4;
+  auto model = engine::Model::load(test::write_tiny_model(dir.path(), "m", spec));
+  std::string why;
+  auto gpu = gpu_engine(model, GetParam(), 1024, &why);
+  if (!gpu) GTEST_SKIP() << "no usable GPU: " << why;
+  const auto in = test::make_parity_inputs(model->config(), {600, 9});
+  test::expect_parity(test::encode_all(*gpu, in), cpu_reference(model, in, 1024), GetParam());
+}
+
+// The profile's CUDA-event path (the emulation times with the host clock instead): every op of
+// the forward timed, the times adding up to no more than the batch's, outputs unchanged.
+TEST_P(GpuEngineTest, ProfileTimesEveryOpWithEvents) {
+  test::TempDir dir;
+  auto model = tiny_model(dir, 1024);
+  std::string why;
+  auto gpu = gpu_engine(model, GetParam(), 2048, &why);
+  if (!gpu) GTEST_SKIP() << "no usable GPU: " << why;
+  const auto in = test::make_parity_inputs(model->config());
+  const auto plain = test::encode_all(*gpu, in);
+  gpu->set_profiling(true);
+  const auto t0 = std::chrono::steady_clock::now();
+  const auto profiled = test::encode_all(*gpu, in);
+  const double wall_ms = std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0).count();
+  const auto rows = gpu->profile();
+  ASSERT_EQ(profiled.size(), plain.size());
+  for (size_t s = 0; s < plain.size(); ++s) EXPECT_EQ(profiled[s].embedding, plain[s].embedding) << s;
+  // begin_batch, embed, 10 a layer, the pooler's 2, the head and its download, the pooled and
+  // token downloads (encode_all asks for logits and tokens, not normalisation).
+  EXPECT_EQ(rows.size(), size_t(2 + 10 * 2 + 2 + 2 + 2));
+  double total_ms = 0;
+  for (const auto& row : rows) {
+    EXPECT_EQ(row.calls, 1.0) << row.name;
+    EXPECT_GT(row.bytes, 0.0) << row.name;
+    EXPECT_GE(row.ms, 0.0) << row.name;
+    total_ms += row.ms;
+  }
+  EXPECT_GT(total_ms, 0.0);
+  EXPECT_LE(total_ms, wall_ms);
 }
 
 INSTANTIATE_TEST_SUITE_P(Dtypes, GpuEngineTest, ::testing::Values("float32", "float16", "bfloat16"));

@@ -4,6 +4,7 @@
 // kernel is tested against.
 #pragma once
 
+#include <chrono>
 #include <cstddef>
 #include <cstdint>
 #include <map>
@@ -43,6 +44,12 @@ class CpuOps final : public Ops {
   void l2_normalize(Mat rows) override;
   void download(const Mat& src, float* dst) override;
   void synchronize() override {}
+  // The wall clock: every op has finished when its call returns.
+  void reserve_timers(int count) override { timers_.assign(size_t(count), {}); }
+  void timestamp(int index) override { timers_.at(size_t(index)) = std::chrono::steady_clock::now(); }
+  double elapsed_ms(int from, int to) override {
+    return std::chrono::duration<double, std::milli>(timers_.at(size_t(to)) - timers_.at(size_t(from))).count();
+  }
   SpeedCheck speed_check() override;
 
  private:
@@ -79,6 +86,7 @@ class CpuOps final : public Ops {
   const PoolingChunks* chunks_ = nullptr;
   Partials partials_;
   float* token_scores_ = nullptr;  // [T, H] key scores r, or [T] pooler scores z
+  std::vector<std::chrono::steady_clock::time_point> timers_;  // the profile's timestamps
 };
 
 }  // namespace fastformer::engine

@@ -1,6 +1,7 @@
 #include "server/engine/cuda/cuda_ops.h"
 
 #include <algorithm>
+#include <chrono>
 #include <cstring>
 #include <string>
 #include <vector>
@@ -80,6 +81,55 @@ template <>
 StorageType storage_type<ff_half>() { return StorageType::kF16; }
 template <>
 StorageType storage_type<ff_bfloat16>() { return StorageType::kBF16; }
+
+// The profile's timestamps (Ops::reserve_timers), made once when profiling is turned on: CUDA
+// events recorded on the stream, read after the batch's synchronize. The emulation runs each
+// launch as it is issued, so there the host clock stands in for the events.
+class Timers {
+ public:
+  Timers() = default;
+  Timers(const Timers&) = delete;
+  Timers& operator=(const Timers&) = delete;
+  ~Timers() { clear(); }
+
+#if defined(FF_EMULATION)
+  void reserve(int count) { times_.assign(size_t(count), {}); }
+  void record(int index, ff_stream_t) { times_.at(size_t(index)) = std::chrono::steady_clock::now(); }
+  double elapsed_ms(int from, int to) const {
+    return std::chrono::duration<double, std::milli>(times_.at(size_t(to)) - times_.at(size_t(from))).count();
+  }
+
+ private:
+  void clear() { times_.clear(); }
+  std::vector<std::chrono::steady_clock::time_point> times_;
+#else
+  void reserve(int count) {
+    clear();
+    events_.reserve(size_t(count));
+    for (int i = 0; i < count; ++i) {
+      cudaEvent_t event = nullptr;
+      ff_check(cudaEventCreate(&event), "cudaEventCreate");
+      events_.push_back(event);
+    }
+  }
+  void record(int index, ff_stream_t stream) {
+    ff_check(cudaEventRecord(events_.at(size_t(index)), stream), "cudaEventRecord");
+  }
+  double elapsed_ms(int from, int to) const {
+    float ms = 0;
+    ff_check(cudaEventElapsedTime(&ms, events_.at(size_t(from)), events_.at(size_t(to))),
+             "cudaEventElapsedTime");
+    return ms;
+  }
+
+ private:
+  void clear() {
+    for (cudaEvent_t event : events_) (void)cudaEventDestroy(event);
+    events_.clear();
+  }
+  std::vector<cudaEvent_t> events_;
+#endif
+};
 
 template <class T>
 class CudaOps final : public Ops {
@@ -255,6 +305,10 @@ class CudaOps final : public Ops {
 
   void synchronize() override { ff_stream_synchronize(stream_); }
 
+  void reserve_timers(int count) override { timers_.reserve(count); }
+  void timestamp(int index) override { timers_.record(index, stream_); }
+  double elapsed_ms(int from, int to) override { return timers_.elapsed_ms(from, to); }
+
   std::pair<size_t, size_t> device_memory() const override {
     return {weight_bytes_ + memory_bytes_ + kGemmWorkspaceBytes, device_total_};
   }
@@ -282,6 +336,7 @@ class CudaOps final : public Ops {
   k::Partials partials_;
   k::BatchArgs args_;
   std::vector<int32_t> token_seq_host_;
+  Timers timers_;
 };
 
 }  // namespace

@@ -1,0 +1,34 @@
+"""tools/cost_model.py counts what fastformer-bench --profile reports: on a small model, op by op
+and layer by layer, the same bytes and FLOPs (the formulas of server/engine/forward.cc), so the
+cost model of docs/kernels.md and a profile on a GPU compare like with like."""
+
+import json
+import subprocess
+
+import cost_model
+import make_demo_model as mdm
+
+
+def test_profile_rows_are_the_cost_models_formulas(tmp_path, golden):
+    bench = golden.require_binary("fastformer-bench")
+    # 2D + H = 144, a multiple of 8: the Q|K|s width is the same padded or not.
+    sizes = cost_model.Sizes(D=64, H=16, I=96, layers=2, E=4)  # the CPU engine serves float32
+    mdm.make_demo_model(tmp_path / "m", preset="tiny", seed=1, hidden=sizes.D, heads=sizes.H,
+                        layers=sizes.layers, intermediate=sizes.I, log=lambda *a: None)
+    B, L = 2, 300  # two 300-token sequences: two pooling chunks each
+    p = subprocess.run([str(bench), "--backend", "cpu", "--threads", "1", "--model-dir", str(tmp_path / "m"),
+                        "--lengths", f"fixed:{L}", "--batch-tokens", str(B * L), "--pool-batches", "1",
+                        "--warmup-batches", "0", "--seconds", "0", "--profile", "--json"],
+                       capture_output=True, text=True, timeout=120, check=True)
+    profile = json.loads(p.stdout)["profile"]
+    assert "qks_gemm" in p.stderr  # the table
+
+    expected = [(name, layer, bytes_, flops)
+                for name, layer, _, (bytes_, flops), _, _ in cost_model.ops(B, B * L, m=sizes)
+                if name != "ffn_in_bias_gelu"]  # a kernel of ffn_in_gemm's op, not an op of the graph
+    assert [(r["name"], r["layer"]) for r in profile] == [(n, l) for n, l, _, _ in expected]
+    for row, (name, layer, bytes_, flops) in zip(profile, expected):
+        assert row["calls"] == 1, name
+        assert row["bytes"] == bytes_, (name, layer)
+        assert row["flops"] == flops, (name, layer)
+    assert abs(sum(r["share"] for r in profile) - 1) < 1e-9

@@ -1,0 +1,171 @@
+// The per-op profile (Engine::set_profiling, fastformer-bench --profile) of the CPU engine
+// and of the CUDA engine on the host emulation: every op of the forward once per layer, the
+// GEMMs' FLOPs and bytes as counted by hand, the ops' times adding up to the batch's, and
+// outputs bit-identical with profiling on and off.
+#include <gtest/gtest.h>
+
+#include <chrono>
+#include <functional>
+#include <map>
+#include <memory>
+#include <ostream>
+#include <string>
+#include <vector>
+
+#include "server/engine/cuda/emulated_engine.h"
+#include "server/engine/engine.h"
+#include "server/engine/model.h"
+#include "tests/support/test_models.h"
+
+namespace fastformer {
+namespace {
+
+// D = 64, H = 16: the fused Q|K|s width 2D + H = 144 is a multiple of 16, so no padding of it
+// changes the by-hand counts below.
+constexpr int64_t D = 64, H = 16, I = 96, kLayers = 2, kLabels = 3;
+
+using MakeEngine =
+    std::function<std::unique_ptr<engine::Engine>(std::shared_ptr<const engine::Model>)>;
+
+struct Case {
+  std::string name;
+  MakeEngine make;
+  size_t element_size;
+  double min_covered;  // the least share of the encode() wall time the ops' times must cover
+};
+
+void PrintTo(const Case& c, std::ostream* out) { *out << c.name; }
+
+class EngineProfileTest : public ::testing::TestWithParam<Case> {
+ protected:
+  void SetUp() override {
+    test::TinyModelSpec spec;
+    spec.hidden = D;
+    spec.heads = H;
+    spec.layers = kLayers;
+    spec.intermediate = I;
+    spec.max_positions = 512;
+    spec.vocab = 200;
+    spec.num_labels = kLabels;
+    model_ = engine::Model::load(test::write_tiny_model(dir_.path(), "m", spec));
+    for (int n : {300, 45, 1}) {  // a sequence over one 256-token pooling chunk, and short ones
+      std::vector<int32_t> ids(static_cast<size_t>(n));
+      for (size_t i = 0; i < ids.size(); ++i) ids[i] = 1 + int32_t((i * 37 + size_t(n)) % 199);
+      batch_.add({ids, {}}, model_->config());
+    }
+    options_.logits = options_.normalize = options_.token_embeddings = true;  // every op runs
+  }
+  std::vector<EncodedSequence> encode(engine::Engine& eng) {
+    return eng.encode(batch_, {&options_, 1});
+  }
+
+  test::TempDir dir_;
+  std::shared_ptr<const engine::Model> model_;
+  engine::RaggedBatch batch_;
+  OutputOptions options_;
+};
+
+void expect_identical(const std::vector<EncodedSequence>& a,
+                      const std::vector<EncodedSequence>& b) {
+  ASSERT_EQ(a.size(), b.size());
+  for (size_t s = 0; s < a.size(); ++s) {
+    EXPECT_EQ(a[s].embedding, b[s].embedding) << "sequence " << s;
+    EXPECT_EQ(a[s].token_embeddings, b[s].token_embeddings) << "sequence " << s;
+    EXPECT_EQ(a[s].logits, b[s].logits) << "sequence " << s;
+  }
+}
+
+TEST_P(EngineProfileTest, EveryOpOncePerLayerWithItsCost) {
+  auto eng = GetParam().make(model_);
+  EXPECT_TRUE(eng->profile().empty()) << "profiling is off until turned on";
+  const auto plain = encode(*eng);
+
+  eng->set_profiling(true);
+  constexpr int kBatches = 2;
+  double wall_ms = 0;
+  for (int i = 0; i < kBatches; ++i) {
+    const auto t0 = std::chrono::steady_clock::now();
+    const auto profiled = encode(*eng);
+    wall_ms +=
+        std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0).count();
+    expect_identical(profiled, plain);
+  }
+  const std::vector<engine::OpProfile> rows = eng->profile();
+  eng->set_profiling(false);
+  expect_identical(encode(*eng), plain);
+  EXPECT_TRUE(eng->profile().empty());
+
+  std::vector<std::pair<std::string, int>> expected = {{"begin_batch", -1}, {"embed", -1}};
+  for (int l = 0; l < kLayers; ++l) {
+    for (const char* name : {"qks_gemm", "query_pool", "key_pool", "mix", "transform_gemm",
+                             "attn_out_gemm", "attn_ln", "ffn_in_gemm", "ffn_out_gemm", "ffn_ln"}) {
+      expected.emplace_back(name, l);
+    }
+  }
+  for (const char* name :
+       {"pooler_fc1_gemm", "attention_pool", "classifier_gemm", "download_logits",
+        "download_pooled", "l2_normalize", "download_normalized", "download_tokens"}) {
+    expected.emplace_back(name, -1);
+  }
+  ASSERT_EQ(rows.size(), expected.size());
+  const double T = double(batch_.num_tokens()), B = double(batch_.num_sequences());
+  const double e = double(GetParam().element_size);
+  // By hand: 2 M N K for C[M, N] = A[M, K] W[N, K]^T.
+  const std::map<std::string, double> gemm_flops = {
+      {"qks_gemm", 2 * T * (2 * D + H) * D},   {"transform_gemm", 2 * T * D * D},
+      {"attn_out_gemm", 2 * T * D * D},        {"ffn_in_gemm", 2 * T * I * D},
+      {"ffn_out_gemm", 2 * T * D * I},         {"pooler_fc1_gemm", 2 * T * D * D},
+      {"classifier_gemm", 2 * B * kLabels * D}};
+  double total_ms = 0;
+  int gemms = 0;
+  for (size_t i = 0; i < rows.size(); ++i) {
+    const engine::OpProfile& row = rows[i];
+    SCOPED_TRACE(row.name + " layer " + std::to_string(row.layer));
+    EXPECT_EQ(row.name, expected[i].first);
+    EXPECT_EQ(row.layer, expected[i].second);
+    EXPECT_EQ(row.calls, 1.0) << "calls per batch";
+    EXPECT_GE(row.ms, 0.0);
+    EXPECT_GT(row.bytes, 0.0);
+    if (auto it = gemm_flops.find(row.name); it != gemm_flops.end()) {
+      EXPECT_EQ(row.flops, it->second);
+      ++gemms;
+    }
+    total_ms += row.ms;
+  }
+  EXPECT_EQ(gemms, 5 * kLayers + 2);
+  // A += U Wt^T reads A, U and Wt and writes A: (T D + D D + 2 T D) elements.
+  EXPECT_EQ(rows[6].name, "transform_gemm");
+  EXPECT_EQ(rows[6].bytes, e * (T * D + D * D + 2 * T * D));
+  // The timestamps span the batch: the ops' times add up to (most of) encode()'s, never more.
+  const double batch_ms = wall_ms / kBatches;
+  EXPECT_GT(total_ms, 0.0);
+  EXPECT_LE(total_ms, batch_ms);
+  EXPECT_GE(total_ms, GetParam().min_covered * batch_ms);
+}
+
+INSTANTIATE_TEST_SUITE_P(Engines, EngineProfileTest,
+                         ::testing::Values(Case{"cpu",
+                                                [](std::shared_ptr<const engine::Model> model) {
+                                                  engine::EngineOptions options;
+                                                  options.backend = engine::Backend::kCpu;
+                                                  options.threads = 2;
+                                                  options.max_batch_tokens = 512;
+                                                  return engine::create_engine(std::move(model),
+                                                                               options);
+                                                },
+                                                sizeof(float), 0.7},
+                                           Case{"emulated_cuda_bfloat16",
+                                                [](std::shared_ptr<const engine::Model> model) {
+                                                  engine::EngineOptions options;
+                                                  options.dtype = "bfloat16";
+                                                  options.max_batch_tokens = 512;
+                                                  return engine::cuda::create_emulated_cuda_engine(
+                                                      std::move(model), options);
+                                                },
+                                                2, 0.9}),
+                         [](const ::testing::TestParamInfo<Case>& info) {
+                           return info.param.name;
+                         });
+
+}  // namespace
+}  // namespace fastformer
