@@ -115,7 +115,7 @@ TEST_P(EmulatedCudaActivationTest, MatchesTheCpuEngine) {
 
 INSTANTIATE_TEST_SUITE_P(Activations, EmulatedCudaActivationTest,
                          ::testing::Combine(::testing::Values("gelu", "gelu_new", "relu", "silu"),
-                                            ::testing::Values("float32", "bfloat16")),
+                                            ::testing::Values("float32", "bfloat16", "float16")),
                          [](const auto& info) {
                            return std::get<0>(info.param) + "_" + std::get<1>(info.param);
                          });
