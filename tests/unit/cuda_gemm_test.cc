@@ -227,7 +227,7 @@ TEST(QksPadding, CpuGemmColumnsAreBitIdentical) {
       bias_padded.resize(size_t(padded), 0.0f);
       auto run = [&](int64_t N, const std::vector<float>& weight, const std::vector<float>& b) {
         std::vector<uint16_t> rounded(weight.size());
-        engine::to_bfloat16(weight.data(), rounded.data(), int64_t(weight.size()));
+        for (size_t i = 0; i < weight.size(); ++i) rounded[i] = float_to_bfloat16(weight[i]);
         std::vector<float> c(size_t(M * N));
         engine::CpuMatmul({N, D, D, N, engine::Epilogue::kBias, engine::Activation::kGeluErf, bf16})
             .run(M, x.data(), bf16 ? static_cast<const void*>(rounded.data()) : weight.data(), b.data(), c.data());
