@@ -26,7 +26,9 @@ using Clock = std::chrono::steady_clock;
 const std::string kService = "fastformer.v1.Encoder";
 
 // One short sequence through the engine, so the first request does not pay for cold
-// caches and lazy initialisation; health says SERVING only after it.
+// caches and lazy initialisation; health says SERVING only after it. Every output is asked
+// for, so every op and GEMM shape runs (the CUDA engine plans its GEMMs on their first run,
+// and a shape cuBLASLt cannot run fails here, not mid-serving).
 void warm_up(engine::Engine& eng) {
   const engine::Model& model = eng.model();
   const auto& c = model.config();
@@ -36,7 +38,8 @@ void warm_up(engine::Engine& eng) {
   engine::RaggedBatch batch;
   if (model.has_word_embedding()) batch.add({ids, {}}, c);
   else batch.add({{}, embeddings}, c);
-  const OutputOptions options;
+  OutputOptions options;
+  options.token_embeddings = options.logits = options.normalize = true;
   eng.encode(batch, {&options, 1});
 }
 

@@ -29,7 +29,7 @@ WorkspacePlan plan_workspace(const ModelConfig& c, int64_t num_labels, int64_t t
     return buffer;
   };
   plan.x = place(T, D, element_size);
-  plan.qks = place(T, 2 * D + H, element_size);
+  plan.qks = place(T, qks_width(c), element_size);
   plan.y = place(T, D, element_size);
   plan.h = place(T, I, element_size);
   plan.pq = place(B, D, element_size);

@@ -19,13 +19,14 @@ PreparedLinear copy_linear(const Linear& l, bool with_bias = true) {
   return p;
 }
 
-PreparedLayer prepare_layer(const LayerWeights& w, int64_t D, int64_t H) {
+PreparedLayer prepare_layer(const LayerWeights& w, const ModelConfig& c) {
+  const int64_t D = c.hidden_size, H = c.num_attention_heads;
   const double inv_sqrt_d = 1.0 / std::sqrt(static_cast<double>(D / H));
   PreparedLayer p;
 
-  // [Wq; Wk; Wqa Wq / sqrt(d)] and [bq; bk; (Wqa bq + bqa) / sqrt(d)], folded in double.
+  // [Wq; Wk; Wqa Wq / sqrt(d); 0] and [bq; bk; (Wqa bq + bqa) / sqrt(d); 0], folded in double.
   PreparedLinear& qks = p.query_key_scores;
-  qks.out = 2 * D + H;
+  qks.out = qks_width(c);
   qks.in = D;
   qks.weight.resize(static_cast<size_t>(qks.out * D));
   qks.bias.resize(static_cast<size_t>(qks.out));
@@ -77,7 +78,7 @@ PreparedWeights prepare_weights(const Model& model) {
     auto& prepared = by_query_weight[layer.query.weight];
     if (!prepared) {
       prepared = std::make_shared<const PreparedLayer>(
-          prepare_layer(layer, c.hidden_size, c.num_attention_heads));
+          prepare_layer(layer, c));
     }
     p.layers.push_back(prepared);
   }

@@ -31,7 +31,7 @@ struct WorkspacePlan {
 
   // In the serving dtype (the engine's element_size()):
   Buffer x;       ///< [T, D] hidden state, updated in place layer by layer
-  Buffer qks;     ///< [T, 2D+H] Q | K | s; K's block is reused for U, Q's for A
+  Buffer qks;     ///< [T, qks_width] Q | K | s | padding; K's block is reused for U, Q's for A
   Buffer y;       ///< [T, D] GEMM outputs before their LayerNorm
   Buffer h;       ///< [T, I] feed-forward activations
   Buffer pq;      ///< [B, D] pooled query

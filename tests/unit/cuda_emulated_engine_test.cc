@@ -1,9 +1,15 @@
 // The CUDA engine (kernels/ + server/engine/cuda/) run on the host emulation, against the
 // CPU engine on the same model and batch, in all three dtypes (tests/support/engine_parity.h).
 // Sequences of 300 and 700 tokens span several 256-token chunks, so the split-and-combine
-// path of the pooling kernels runs.
+// path of the pooling kernels runs. Each activation takes its own GEMM path (the bias, ReLU
+// and tanh-GELU epilogues, the erf-GELU and SiLU pass); a float16 batch that overflows fails
+// with an error, not NaN.
 #include <gmock/gmock.h>
 #include <gtest/gtest.h>
+
+#include <cmath>
+#include <string>
+#include <tuple>
 
 #include "server/engine/cuda/emulated_engine.h"
 #include "server/engine/engine.h"
@@ -75,6 +81,85 @@ TEST(EmulatedCudaEngine, BatchOverItsBuffersIsAClearError) {
 }
 
 INSTANTIATE_TEST_SUITE_P(Dtypes, EmulatedCudaEngineTest, ::testing::Values("float32", "float16", "bfloat16"));
+
+// The intermediate GEMM's epilogue per activation (cuda_ops.cc, linear): gelu_new and relu are
+// fused into the GEMM (the tanh-GELU and ReLU epilogues), gelu and silu keep the bias +
+// activation pass; every model also runs the plain bias epilogue (Q|K|s, the pooler, the
+// head) and the accumulate one (the transform).
+class EmulatedCudaActivationTest : public ::testing::TestWithParam<std::tuple<std::string, std::string>> {};
+
+TEST_P(EmulatedCudaActivationTest, MatchesTheCpuEngine) {
+  const auto& [activation, dtype] = GetParam();
+  test::TempDir dir;
+  test::TinyModelSpec spec;
+  spec.hidden = 32;
+  spec.heads = 4;
+  spec.intermediate = 48;
+  spec.max_positions = 512;
+  spec.num_labels = 3;
+  spec.activation = activation;
+  auto model = engine::Model::load(test::write_tiny_model(dir.path(), "m", spec));
+  ASSERT_EQ(model->config().hidden_act_name, activation);
+  const test::ParityInputs inputs = test::make_parity_inputs(model->config(), {1, 9, 300});
+  engine::EngineOptions cpu;
+  cpu.backend = engine::Backend::kCpu;
+  cpu.threads = 1;
+  cpu.max_batch_tokens = 512;
+  const auto reference = test::encode_all(*engine::create_engine(model, cpu), inputs);
+  engine::EngineOptions options;
+  options.dtype = dtype;
+  options.max_batch_tokens = 512;
+  auto cuda = engine::cuda::create_emulated_cuda_engine(model, options);
+  test::expect_parity(test::encode_all(*cuda, inputs), reference, dtype);
+}
+
+INSTANTIATE_TEST_SUITE_P(Activations, EmulatedCudaActivationTest,
+                         ::testing::Combine(::testing::Values("gelu", "gelu_new", "relu", "silu"),
+                                            ::testing::Values("float32", "bfloat16", "float16")),
+                         [](const auto& info) {
+                           return std::get<0>(info.param) + "_" + std::get<1>(info.param);
+                         });
+
+// The feed-forward weights scaled by 1e4 put the activations past float16's 65504 (and
+// nowhere near float32's or bfloat16's range): the float16 batch fails with an EngineError
+// that says so and what to do; the same model in float32 and bfloat16 encodes.
+TEST(EmulatedCudaEngine, Float16OverflowFailsTheBatch) {
+  test::TempDir dir;
+  test::TinyModelSpec spec;
+  spec.num_labels = 3;
+  test::TinyModel tiny = test::make_tiny_model(spec);
+  int scaled = 0;
+  for (auto& [name, tensor] : tiny.tensors) {
+    const bool feed_forward = name.ends_with("intermediate.dense.weight") ||
+                              (name.ends_with("output.dense.weight") && name.find("attention") == std::string::npos);
+    if (!feed_forward) continue;
+    for (float& v : tensor.values) v *= 1e4f;
+    ++scaled;
+  }
+  ASSERT_EQ(scaled, 2 * spec.layers);
+  test::write_model(dir / "m", tiny);
+  auto model = engine::Model::load(dir / "m");
+  const test::ParityInputs inputs = test::make_parity_inputs(model->config(), {5, 20});
+  for (const std::string dtype : {"float16", "float32", "bfloat16"}) {
+    engine::EngineOptions options;
+    options.dtype = dtype;
+    options.max_batch_tokens = 128;
+    auto cuda = engine::cuda::create_emulated_cuda_engine(model, options);
+    const std::string error = test::error_of<engine::EngineError>([&] {
+      for (const EncodedSequence& e : test::encode_all(*cuda, inputs)) {
+        for (float v : e.embedding) ASSERT_TRUE(std::isfinite(v)) << dtype;
+        for (float v : e.token_embeddings) ASSERT_TRUE(std::isfinite(v)) << dtype;
+        for (float v : e.logits) ASSERT_TRUE(std::isfinite(v)) << dtype;
+      }
+    });
+    if (dtype == "float16") {
+      EXPECT_THAT(error, ::testing::HasSubstr("the model overflows float16"));
+      EXPECT_THAT(error, ::testing::HasSubstr("serve it in bfloat16 or float32"));
+    } else {
+      EXPECT_EQ(error, "<no exception>") << dtype;
+    }
+  }
+}
 
 }  // namespace
 }  // namespace fastformer

@@ -1,9 +1,11 @@
 #include "server/engine/cuda/cuda_ops.h"
 
 #include <algorithm>
+#include <bit>
 #include <chrono>
 #include <cstring>
 #include <string>
+#include <type_traits>
 #include <vector>
 
 #if !defined(FF_EMULATION)
@@ -71,6 +73,44 @@ k::Act to_kernel(Activation act) {
     case Activation::kSilu: return k::Act::kSilu;
   }
   return k::Act::kGeluErf;
+}
+
+// The epilogue computing bias + `act`, kStore where cuBLASLt has none.
+GemmEpilogue gemm_activation(Activation act) {
+  switch (act) {
+    case Activation::kRelu: return GemmEpilogue::kBiasRelu;
+    case Activation::kGeluTanh: return GemmEpilogue::kBiasGeluTanh;  // cuBLASLt's GELU is the tanh form
+    case Activation::kGeluErf:
+    case Activation::kSilu: return GemmEpilogue::kStore;
+  }
+  return GemmEpilogue::kStore;
+}
+
+// Copies `count` floats and says whether all are finite: one pass over bytes the copy reads
+// anyway, so every output is checked for the cost of the copy.
+bool copy_finite(const float* src, float* dst, size_t count) {
+  uint32_t non_finite = 0;
+  for (size_t i = 0; i < count; ++i) {
+    const uint32_t bits = std::bit_cast<uint32_t>(src[i]);
+    dst[i] = src[i];
+    non_finite |= uint32_t((bits & 0x7f800000u) == 0x7f800000u);  // exponent all ones: inf or NaN
+  }
+  return non_finite == 0;
+}
+
+// A batch whose outputs are not finite fails (its requests get this error, the server keeps
+// serving): in float16 it is an activation past 65504, which bfloat16 and float32 hold; in
+// any dtype NaN or infinity is never returned as if it were an embedding.
+template <class T>
+std::string non_finite_outputs() {
+  if constexpr (std::is_same_v<T, ff_half>) {
+    return "the batch's outputs are not finite: the model overflows float16 (an activation beyond 65504); "
+           "serve it in bfloat16 or float32 (--dtype)";
+  } else {
+    return std::string("the batch's outputs are not finite (NaN or infinity) in ") +
+           (std::is_same_v<T, float> ? "float32" : "bfloat16") +
+           ": the model's activations overflow or its weights are not finite";
+  }
 }
 
 template <class T>
@@ -198,6 +238,7 @@ class CudaOps final : public Ops {
     place(memory_);
     host_staging_bytes_ = staging * sizeof(float);
     host_staging_ = static_cast<char*>(ff_malloc_host(host_staging_bytes_));
+    gemm_.set_max_rows(largest.tokens);  // every GEMM has T or B <= T rows
   }
   void* workspace() override { return memory_; }
 
@@ -241,11 +282,19 @@ class CudaOps final : public Ops {
     ff_check_launch("embedding_layernorm");
   }
 
+  // ReLU and the tanh GELU ride on the GEMM as cuBLASLt epilogues, applied to the float32
+  // accumulator; the exact-erf GELU (parity with the reference needs erf) and SiLU have
+  // none, so the GEMM stores A W^T and one pass adds the bias and applies them.
   void linear(const Mat& a, const WeightRef& w, Mat c, Epilogue epilogue, Activation act) override {
-    gemm_.run(a.data, a.ld, w.weight, a.rows, w.out, w.in, c.data, c.ld, epilogue == Epilogue::kAccumulate);
-    if (epilogue == Epilogue::kBias || epilogue == Epilogue::kBiasAct) {
-      k::launch_bias_activation<T>(t(c.data), c.ld, t(w.bias), int32_t(c.rows), int32_t(w.out),
-                                   epilogue == Epilogue::kBiasAct, to_kernel(act), stream_);
+    const bool pass = epilogue == Epilogue::kBiasAct && gemm_activation(act) == GemmEpilogue::kStore;
+    const GemmEpilogue fused = epilogue == Epilogue::kStore        ? GemmEpilogue::kStore
+                               : epilogue == Epilogue::kAccumulate ? GemmEpilogue::kAccumulate
+                               : epilogue == Epilogue::kBias       ? GemmEpilogue::kBias
+                                                                   : gemm_activation(act);
+    gemm_.run({w.out, w.in, a.ld, c.ld, fused}, a.rows, a.data, w.weight, w.bias, c.data);
+    if (pass) {
+      k::launch_bias_activation<T>(t(c.data), c.ld, t(w.bias), int32_t(c.rows), int32_t(w.out), true,
+                                   to_kernel(act), stream_);
       ff_check_launch("bias_activation");
     }
   }
@@ -300,7 +349,9 @@ class CudaOps final : public Ops {
     // Through pinned memory: a copy to pageable `dst` would be staged by the driver anyway.
     ff_memcpy_async(host_staging_, download_staging_, bytes, ff_device_to_host, stream_);
     ff_stream_synchronize(stream_);
-    std::memcpy(dst, host_staging_, bytes);
+    if (!copy_finite(reinterpret_cast<const float*>(host_staging_), dst, bytes / sizeof(float))) {
+      throw EngineError(non_finite_outputs<T>());
+    }
   }
 
   void synchronize() override { ff_stream_synchronize(stream_); }

@@ -1,17 +1,68 @@
-// C = A W^T (+ C) for every Linear of the model, row-major, in the serving dtype with float
-// accumulation: cuBLASLt in CUDA builds (TF32 only when allowed), the CPU engine's oneDNN
-// float32 matmul under the host emulation ("GEMMs served by the CPU path").
+// C = epilogue(A W^T) for every Linear of the model, row-major, in the serving dtype with
+// float accumulation: cuBLASLt in CUDA builds (TF32 only when allowed), the CPU engine's
+// oneDNN float32 matmul under the host emulation ("GEMMs served by the CPU path"), with the
+// same epilogues, so the emulated engine runs the path the GPU runs.
+//
+// Each GEMM site is a GemmShape (everything but the row count M). The first run of a shape
+// plans it for every M up to max_rows (cuBLASLt: descriptors, layouts and one algorithm per
+// power-of-two bucket of M, gemm_cublaslt.cc); later runs only look the plan up. The
+// server's warm-up batch passes through every site, so planning, and a shape cuBLASLt has
+// no algorithm for, happen at start-up, never mid-serving.
 #pragma once
 
+#include <compare>
 #include <cstddef>
 #include <cstdint>
 #include <memory>
+#include <string>
 
 #include "kernels/runtime.h"
 
 namespace fastformer::engine::cuda::FF_KERNELS_ABI {
 
 enum class StorageType { kF32, kF16, kBF16 };
+
+// What is added and applied to A W^T, in float32, before the one rounding to the storage
+// type. ReLU and the tanh GELU are cuBLASLt epilogues; the exact-erf GELU and SiLU are not
+// (cuBLASLt's GELU is the tanh form), so their bias and activation stay a pass of their own.
+enum class GemmEpilogue {
+  kStore,         ///< C = A W^T
+  kAccumulate,    ///< C = C + A W^T
+  kBias,          ///< C = A W^T + b
+  kBiasRelu,      ///< C = relu(A W^T + b)
+  kBiasGeluTanh,  ///< C = gelu_tanh(A W^T + b)
+};
+inline const char* gemm_epilogue_name(GemmEpilogue epilogue) {
+  switch (epilogue) {
+    case GemmEpilogue::kStore: return "store";
+    case GemmEpilogue::kAccumulate: return "accumulate";
+    case GemmEpilogue::kBias: return "bias";
+    case GemmEpilogue::kBiasRelu: return "bias+relu";
+    case GemmEpilogue::kBiasGeluTanh: return "bias+gelu_tanh";
+  }
+  return "?";
+}
+
+// One GEMM site: c[M, N] (ldc) = epilogue(a[M, K] (lda) w[N, K]^T), w dense.
+struct GemmShape {
+  int64_t N = 0, K = 0;
+  int64_t lda = 0, ldc = 0;  ///< in elements
+  GemmEpilogue epilogue = GemmEpilogue::kStore;
+  auto operator<=>(const GemmShape&) const = default;
+  std::string to_string() const {  ///< for errors: "N 1552, K 768, lda 768, ldc 1552, bias"
+    return "N " + std::to_string(N) + ", K " + std::to_string(K) + ", lda " + std::to_string(lda) + ", ldc " +
+           std::to_string(ldc) + ", " + gemm_epilogue_name(epilogue);
+  }
+};
+
+// The bucket of M a plan's algorithm serves: the smallest power of two >= M. cuBLASLt's
+// heuristic depends on M; an algorithm is chosen at the bucket's largest M and checked
+// valid at its smallest.
+inline int64_t gemm_rows_bucket(int64_t M) {
+  int64_t bucket = 1;
+  while (bucket < M) bucket *= 2;
+  return bucket;
+}
 
 // The device workspace cuBLASLt may use per GEMM (counted in device_memory() in every build).
 inline constexpr size_t kGemmWorkspaceBytes = 32u << 20;
@@ -23,9 +74,14 @@ class Gemm {
   Gemm(const Gemm&) = delete;
   Gemm& operator=(const Gemm&) = delete;
 
-  // c[M, N] (ldc) = a[M, K] (lda) w[N, K]^T, plus c when `accumulate`.
-  void run(const void* a, int64_t lda, const void* w, int64_t M, int64_t N, int64_t K, void* c, int64_t ldc,
-           bool accumulate);
+  // The most rows any later run has (the engine's max_batch_tokens): plans cover M up to
+  // it. Call before the first run; a run with more rows is an EngineError.
+  void set_max_rows(int64_t max_rows);
+
+  // c = epilogue(a w^T) for `M` rows; `bias` ([N], storage type) for the kBias* epilogues.
+  // Throws EngineError naming the shape when cuBLASLt has no algorithm for it (on the
+  // shape's first run).
+  void run(const GemmShape& shape, int64_t M, const void* a, const void* w, const void* bias, void* c);
 
  private:
   struct Impl;

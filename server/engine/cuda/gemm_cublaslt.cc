@@ -1,6 +1,18 @@
 // GEMMs through cuBLASLt. Row-major C[M, N] = A[M, K] W[N, K]^T is, in cuBLAS's
 // column-major terms, C^T (N x M) = op(W^T) (N x K) * A^T (K x M): W is the "A" operand,
-// transposed, and the activations are the "B" operand, so no copy transposes anything.
+// transposed, and the activations are the "B" operand, so no copy transposes anything. The
+// bias is a vector over C^T's rows (N), as CUBLASLT_EPILOGUE_BIAS broadcasts it.
+//
+// Plans: the first run of a shape (GemmShape plus the operands' alignments) creates its
+// matmul descriptor, layouts and preference, and asks the heuristic once per power-of-two
+// bucket of M up to max_rows: at the bucket's largest M, keeping the first candidate that
+// cublasLtMatmulAlgoCheck also accepts at the bucket's smallest M (an algorithm is chosen
+// for one problem; the check is how cuBLASLt says it also runs another). A run then sets
+// the layouts' column count (M) and the bias pointer, host-side attribute writes, and
+// launches the bucket's algorithm: no heuristic on the hot path. The alignments come from
+// the real pointers and leading dimensions; a site's are the same every batch (workspace
+// buffers sit at 256-byte offsets, views at fixed column offsets), so a site plans once.
+// A shape the heuristic offers nothing for throws at its first run, the warm-up.
 //
 // libcublasLt is opened with dlopen when the first CUDA engine is built, not linked: a
 // process that merely links it cannot start the civetweb-based /metrics server (seen with
@@ -10,9 +22,13 @@
 #include <cuda_runtime.h>
 #include <dlfcn.h>
 
+#include <algorithm>
+#include <bit>
+#include <map>
 #include <mutex>
 #include <string>
 #include <type_traits>
+#include <vector>
 
 #include "server/engine/cuda/gemm.h"
 #include "server/engine/error.h"
@@ -36,10 +52,12 @@ struct CublasLt {
   FF_CUBLASLT_FUNCTION(cublasLtMatmulDescSetAttribute)
   FF_CUBLASLT_FUNCTION(cublasLtMatrixLayoutCreate)
   FF_CUBLASLT_FUNCTION(cublasLtMatrixLayoutDestroy)
+  FF_CUBLASLT_FUNCTION(cublasLtMatrixLayoutSetAttribute)
   FF_CUBLASLT_FUNCTION(cublasLtMatmulPreferenceCreate)
   FF_CUBLASLT_FUNCTION(cublasLtMatmulPreferenceDestroy)
   FF_CUBLASLT_FUNCTION(cublasLtMatmulPreferenceSetAttribute)
   FF_CUBLASLT_FUNCTION(cublasLtMatmulAlgoGetHeuristic)
+  FF_CUBLASLT_FUNCTION(cublasLtMatmulAlgoCheck)
   FF_CUBLASLT_FUNCTION(cublasLtMatmul)
 #undef FF_CUBLASLT_FUNCTION
 };
@@ -69,10 +87,12 @@ const CublasLt& cublaslt() {
     FF_RESOLVE(cublasLtMatmulDescSetAttribute)
     FF_RESOLVE(cublasLtMatrixLayoutCreate)
     FF_RESOLVE(cublasLtMatrixLayoutDestroy)
+    FF_RESOLVE(cublasLtMatrixLayoutSetAttribute)
     FF_RESOLVE(cublasLtMatmulPreferenceCreate)
     FF_RESOLVE(cublasLtMatmulPreferenceDestroy)
     FF_RESOLVE(cublasLtMatmulPreferenceSetAttribute)
     FF_RESOLVE(cublasLtMatmulAlgoGetHeuristic)
+    FF_RESOLVE(cublasLtMatmulAlgoCheck)
     FF_RESOLVE(cublasLtMatmul)
 #undef FF_RESOLVE
   });
@@ -80,70 +100,212 @@ const CublasLt& cublaslt() {
   return api;
 }
 
+// Owners of cuBLASLt objects and device memory: whatever is created is destroyed, on every
+// path (a constructor or a plan that throws half-way included).
+template <class Opaque, auto CublasLt::*destroy>
+struct Destroy {
+  void operator()(Opaque* p) const { (cublaslt().*destroy)(p); }
+};
+using Handle = std::unique_ptr<cublasLtContext, Destroy<cublasLtContext, &CublasLt::cublasLtDestroy>>;
+using MatmulDesc = std::unique_ptr<cublasLtMatmulDescOpaque_t,
+                                   Destroy<cublasLtMatmulDescOpaque_t, &CublasLt::cublasLtMatmulDescDestroy>>;
+using Layout = std::unique_ptr<cublasLtMatrixLayoutOpaque_t,
+                               Destroy<cublasLtMatrixLayoutOpaque_t, &CublasLt::cublasLtMatrixLayoutDestroy>>;
+using Preference =
+    std::unique_ptr<cublasLtMatmulPreferenceOpaque_t,
+                    Destroy<cublasLtMatmulPreferenceOpaque_t, &CublasLt::cublasLtMatmulPreferenceDestroy>>;
+struct CudaFree {
+  void operator()(void* p) const { cudaFree(p); }
+};
+
+template <class Value>
+void set(cublasLtMatmulDesc_t desc, cublasLtMatmulDescAttributes_t attribute, const Value& value,
+         const char* what) {
+  check(cublaslt().cublasLtMatmulDescSetAttribute(desc, attribute, &value, sizeof value), what);
+}
+template <class Value>
+void set(cublasLtMatmulPreference_t preference, cublasLtMatmulPreferenceAttributes_t attribute, const Value& value,
+         const char* what) {
+  check(cublaslt().cublasLtMatmulPreferenceSetAttribute(preference, attribute, &value, sizeof value), what);
+}
+void set_columns(cublasLtMatrixLayout_t layout, int64_t columns) {
+  const uint64_t value = uint64_t(columns);
+  check(cublaslt().cublasLtMatrixLayoutSetAttribute(layout, CUBLASLT_MATRIX_LAYOUT_COLS, &value, sizeof value),
+        "layout columns");
+}
+
+Layout make_layout(cudaDataType_t type, int64_t rows, int64_t columns, int64_t ld) {
+  cublasLtMatrixLayout_t layout = nullptr;
+  check(cublaslt().cublasLtMatrixLayoutCreate(&layout, type, uint64_t(rows), uint64_t(columns), ld), "layout");
+  return Layout(layout);
+}
+
+// The largest power of two (at most 256, cuBLASLt's default assumption) dividing the
+// address and the leading dimension in bytes.
+uint32_t alignment(const void* p, int64_t ld_bytes) {
+  const uint64_t bits = uint64_t(reinterpret_cast<uintptr_t>(p)) | uint64_t(ld_bytes) | 256u;
+  return uint32_t(bits & (~bits + 1));
+}
+
+cublasLtEpilogue_t lt_epilogue(GemmEpilogue epilogue) {
+  switch (epilogue) {
+    case GemmEpilogue::kStore:
+    case GemmEpilogue::kAccumulate: return CUBLASLT_EPILOGUE_DEFAULT;
+    case GemmEpilogue::kBias: return CUBLASLT_EPILOGUE_BIAS;
+    case GemmEpilogue::kBiasRelu: return CUBLASLT_EPILOGUE_RELU_BIAS;
+    case GemmEpilogue::kBiasGeluTanh: return CUBLASLT_EPILOGUE_GELU_BIAS;  // the tanh form
+  }
+  return CUBLASLT_EPILOGUE_DEFAULT;
+}
+
+bool has_bias(GemmEpilogue epilogue) {
+  return epilogue == GemmEpilogue::kBias || epilogue == GemmEpilogue::kBiasRelu ||
+         epilogue == GemmEpilogue::kBiasGeluTanh;
+}
+
+// A plan's key: the shape and the alignments its algorithms were chosen for.
+struct PlanKey {
+  GemmShape shape;
+  uint32_t align_w = 0, align_a = 0, align_c = 0, align_bias = 0;
+  auto operator<=>(const PlanKey&) const = default;
+};
+
+struct Plan {
+  MatmulDesc op;
+  Layout w_layout, a_layout, c_layout;  // a's and c's column count is set to M per run
+  std::vector<cublasLtMatmulAlgo_t> algos;  // [log2 of the bucket of M]
+};
+
 }  // namespace
 
 struct Gemm::Impl {
   StorageType type;
   bool allow_tf32;
   cudaStream_t stream;
-  cublasLtHandle_t handle = nullptr;
-  void* workspace = nullptr;
+  int64_t max_rows = 0;
+  Handle handle{};
+  std::unique_ptr<void, CudaFree> workspace{};
+  std::map<PlanKey, Plan> plans{};  // after `handle`: destroyed before it
+
+  cudaDataType_t data_type() const {
+    return type == StorageType::kF32 ? CUDA_R_32F : type == StorageType::kF16 ? CUDA_R_16F : CUDA_R_16BF;
+  }
+  const char* dtype_name() const {
+    return type == StorageType::kF32 ? "float32" : type == StorageType::kF16 ? "float16" : "bfloat16";
+  }
+  Plan make_plan(const PlanKey& key, const void* bias) const;
 };
 
-Gemm::Gemm(StorageType type, bool allow_tf32, ff_stream_t stream) : impl_(new Impl{type, allow_tf32, stream}) {
+Plan Gemm::Impl::make_plan(const PlanKey& key, const void* bias) const {
   const CublasLt& lt = cublaslt();
-  check(lt.cublasLtCreate(&impl_->handle), "create");
-  if (cudaMalloc(&impl_->workspace, kGemmWorkspaceBytes) != cudaSuccess) {
+  const GemmShape& shape = key.shape;
+  const cudaDataType_t data = data_type();
+  const cublasComputeType_t compute =
+      type == StorageType::kF32 && allow_tf32 ? CUBLAS_COMPUTE_32F_FAST_TF32 : CUBLAS_COMPUTE_32F;
+  Plan plan;
+  cublasLtMatmulDesc_t op = nullptr;
+  check(lt.cublasLtMatmulDescCreate(&op, compute, CUDA_R_32F), "desc");
+  plan.op.reset(op);
+  set(op, CUBLASLT_MATMUL_DESC_TRANSA, CUBLAS_OP_T, "transa");
+  set(op, CUBLASLT_MATMUL_DESC_TRANSB, CUBLAS_OP_N, "transb");
+  set(op, CUBLASLT_MATMUL_DESC_EPILOGUE, lt_epilogue(shape.epilogue), "epilogue");
+  if (has_bias(shape.epilogue)) {
+    set(op, CUBLASLT_MATMUL_DESC_BIAS_DATA_TYPE, int32_t(data), "bias type");
+    set(op, CUBLASLT_MATMUL_DESC_BIAS_POINTER, bias, "bias");  // the heuristic reads its alignment
+  }
+  plan.w_layout = make_layout(data, shape.K, shape.N, shape.K);
+  plan.a_layout = make_layout(data, shape.K, max_rows, shape.lda);
+  plan.c_layout = make_layout(data, shape.N, max_rows, shape.ldc);
+
+  cublasLtMatmulPreference_t raw_preference = nullptr;
+  check(lt.cublasLtMatmulPreferenceCreate(&raw_preference), "preference");
+  const Preference preference(raw_preference);
+  set(raw_preference, CUBLASLT_MATMUL_PREF_MAX_WORKSPACE_BYTES, kGemmWorkspaceBytes, "workspace");
+  set(raw_preference, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_A_BYTES, key.align_w, "alignment of W");
+  set(raw_preference, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_B_BYTES, key.align_a, "alignment of A");
+  set(raw_preference, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_C_BYTES, key.align_c, "alignment of C");
+  set(raw_preference, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_D_BYTES, key.align_c, "alignment of D");
+
+  auto runs_at = [&](const cublasLtMatmulAlgo_t& algo, int64_t M) {
+    set_columns(plan.a_layout.get(), M);
+    set_columns(plan.c_layout.get(), M);
+    cublasLtMatmulHeuristicResult_t result{};
+    return lt.cublasLtMatmulAlgoCheck(handle.get(), op, plan.w_layout.get(), plan.a_layout.get(),
+                                      plan.c_layout.get(), plan.c_layout.get(), &algo, &result) ==
+               CUBLAS_STATUS_SUCCESS &&
+           result.workspaceSize <= kGemmWorkspaceBytes;
+  };
+  constexpr int kCandidates = 8;
+  for (int64_t bucket = 1;; bucket *= 2) {
+    const int64_t largest = std::min(bucket, max_rows), smallest = bucket / 2 + 1;
+    set_columns(plan.a_layout.get(), largest);
+    set_columns(plan.c_layout.get(), largest);
+    cublasLtMatmulHeuristicResult_t candidates[kCandidates] = {};
+    int found = 0;
+    const cublasStatus_t status = lt.cublasLtMatmulAlgoGetHeuristic(
+        handle.get(), op, plan.w_layout.get(), plan.a_layout.get(), plan.c_layout.get(), plan.c_layout.get(),
+        preference.get(), kCandidates, candidates, &found);
+    const cublasLtMatmulAlgo_t* chosen = nullptr;
+    for (int i = 0; status == CUBLAS_STATUS_SUCCESS && i < found && chosen == nullptr; ++i) {
+      if (candidates[i].state == CUBLAS_STATUS_SUCCESS && runs_at(candidates[i].algo, smallest)) {
+        chosen = &candidates[i].algo;
+      }
+    }
+    if (chosen == nullptr) {
+      throw EngineError("cuBLASLt offers no algorithm for the " + std::string(dtype_name()) + " GEMM " +
+                        shape.to_string() + " at M " + std::to_string(smallest) + ".." + std::to_string(largest) +
+                        " (operand alignments W " + std::to_string(key.align_w) + ", A " +
+                        std::to_string(key.align_a) + ", C " + std::to_string(key.align_c) +
+                        " bytes; heuristic status " + std::to_string(int(status)) + ", " + std::to_string(found) +
+                        " candidates)");
+    }
+    plan.algos.push_back(*chosen);
+    if (largest >= max_rows) break;
+  }
+  return plan;
+}
+
+Gemm::Gemm(StorageType type, bool allow_tf32, ff_stream_t stream) : impl_(new Impl{type, allow_tf32, stream}) {
+  cublasLtHandle_t handle = nullptr;
+  check(cublaslt().cublasLtCreate(&handle), "create");
+  impl_->handle.reset(handle);
+  void* workspace = nullptr;
+  if (cudaMalloc(&workspace, kGemmWorkspaceBytes) != cudaSuccess) {
+    cudaGetLastError();
     throw EngineError("cudaMalloc of the cuBLASLt workspace failed");
   }
+  impl_->workspace.reset(workspace);
 }
 
-Gemm::~Gemm() {
-  const CublasLt& lt = cublaslt();
-  cudaFree(impl_->workspace);
-  lt.cublasLtDestroy(impl_->handle);
+Gemm::~Gemm() = default;
+
+void Gemm::set_max_rows(int64_t max_rows) {
+  impl_->max_rows = max_rows;
+  impl_->plans.clear();  // planned for the old bound
 }
 
-void Gemm::run(const void* a, int64_t lda, const void* w, int64_t M, int64_t N, int64_t K, void* c, int64_t ldc,
-               bool accumulate) {
+void Gemm::run(const GemmShape& shape, int64_t M, const void* a, const void* w, const void* bias, void* c) {
+  Impl& impl = *impl_;
+  if (M > impl.max_rows) {
+    throw EngineError("GEMM of " + std::to_string(M) + " rows over the " + std::to_string(impl.max_rows) +
+                      " it was planned for (" + shape.to_string() + ")");
+  }
   if (M == 0) return;
-  const CublasLt& lt = cublaslt();
-  const cudaDataType_t data = impl_->type == StorageType::kF32   ? CUDA_R_32F
-                              : impl_->type == StorageType::kF16 ? CUDA_R_16F
-                                                                 : CUDA_R_16BF;
-  const cublasComputeType_t compute = impl_->type == StorageType::kF32 && impl_->allow_tf32
-                                          ? CUBLAS_COMPUTE_32F_FAST_TF32
-                                          : CUBLAS_COMPUTE_32F;
-  cublasLtMatmulDesc_t op = nullptr;
-  cublasLtMatrixLayout_t w_layout = nullptr, a_layout = nullptr, c_layout = nullptr;
-  cublasLtMatmulPreference_t preference = nullptr;
-  check(lt.cublasLtMatmulDescCreate(&op, compute, CUDA_R_32F), "desc");
-  const cublasOperation_t transpose = CUBLAS_OP_T, keep = CUBLAS_OP_N;
-  check(lt.cublasLtMatmulDescSetAttribute(op, CUBLASLT_MATMUL_DESC_TRANSA, &transpose, sizeof transpose), "transa");
-  check(lt.cublasLtMatmulDescSetAttribute(op, CUBLASLT_MATMUL_DESC_TRANSB, &keep, sizeof keep), "transb");
-  check(lt.cublasLtMatrixLayoutCreate(&w_layout, data, uint64_t(K), uint64_t(N), K), "layout W");
-  check(lt.cublasLtMatrixLayoutCreate(&a_layout, data, uint64_t(K), uint64_t(M), lda), "layout A");
-  check(lt.cublasLtMatrixLayoutCreate(&c_layout, data, uint64_t(N), uint64_t(M), ldc), "layout C");
-  check(lt.cublasLtMatmulPreferenceCreate(&preference), "preference");
-  const size_t workspace = kGemmWorkspaceBytes;
-  check(lt.cublasLtMatmulPreferenceSetAttribute(preference, CUBLASLT_MATMUL_PREF_MAX_WORKSPACE_BYTES, &workspace,
-                                             sizeof workspace),
-        "workspace");
-  cublasLtMatmulHeuristicResult_t heuristic{};
-  int found = 0;
-  check(lt.cublasLtMatmulAlgoGetHeuristic(impl_->handle, op, w_layout, a_layout, c_layout, c_layout, preference, 1,
-                                       &heuristic, &found),
-        "heuristic");
-  if (found == 0) throw EngineError("cuBLASLt found no algorithm for a GEMM");
-  const float alpha = 1.0f, beta = accumulate ? 1.0f : 0.0f;
-  check(lt.cublasLtMatmul(impl_->handle, op, &alpha, w, w_layout, a, a_layout, &beta, c, c_layout, c, c_layout,
-                       &heuristic.algo, impl_->workspace, kGemmWorkspaceBytes, impl_->stream),
+  const int64_t element = impl.type == StorageType::kF32 ? 4 : 2;
+  const PlanKey key{shape, alignment(w, shape.K * element), alignment(a, shape.lda * element),
+                    alignment(c, shape.ldc * element), has_bias(shape.epilogue) ? alignment(bias, 0) : 0};
+  auto it = impl.plans.find(key);
+  if (it == impl.plans.end()) it = impl.plans.emplace(key, impl.make_plan(key, bias)).first;
+  Plan& plan = it->second;
+  set_columns(plan.a_layout.get(), M);
+  set_columns(plan.c_layout.get(), M);
+  if (has_bias(shape.epilogue)) set(plan.op.get(), CUBLASLT_MATMUL_DESC_BIAS_POINTER, bias, "bias");
+  const float alpha = 1.0f, beta = shape.epilogue == GemmEpilogue::kAccumulate ? 1.0f : 0.0f;
+  const cublasLtMatmulAlgo_t& algo = plan.algos[size_t(std::countr_zero(uint64_t(gemm_rows_bucket(M))))];
+  check(cublaslt().cublasLtMatmul(impl.handle.get(), plan.op.get(), &alpha, w, plan.w_layout.get(), a,
+                                  plan.a_layout.get(), &beta, c, plan.c_layout.get(), c, plan.c_layout.get(), &algo,
+                                  impl.workspace.get(), kGemmWorkspaceBytes, impl.stream),
         "matmul");
-  lt.cublasLtMatmulPreferenceDestroy(preference);
-  lt.cublasLtMatrixLayoutDestroy(c_layout);
-  lt.cublasLtMatrixLayoutDestroy(a_layout);
-  lt.cublasLtMatrixLayoutDestroy(w_layout);
-  lt.cublasLtMatmulDescDestroy(op);
 }
 
 }  // namespace fastformer::engine::cuda::FF_KERNELS_ABI

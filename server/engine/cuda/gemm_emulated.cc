@@ -1,21 +1,29 @@
 // The host emulation's GEMM: the operands (device memory is host memory here) are widened
-// to float, multiplied by oneDNN in float32 (the CPU engine's matmul), and the result
-// rounded back to the storage type.
+// to float, multiplied by oneDNN in float32 (the CPU engine's matmul) with the epilogue
+// fused as cuBLASLt fuses it (bias and activation on the float32 accumulator), and the
+// result rounded once to the storage type. One oneDNN primitive per shape, as cuBLASLt
+// keeps one plan per shape.
 #include <cstring>
+#include <map>
 #include <vector>
 
+#include "common/half.h"
 #include "server/engine/cpu/onednn_gemm.h"
 #include "server/engine/cuda/gemm.h"
-#include "common/half.h"
+#include "server/engine/error.h"
 
 namespace fastformer::engine::cuda::FF_KERNELS_ABI {
 
 struct Gemm::Impl {
   StorageType type;
+  int64_t max_rows = 0;
+  std::map<GemmShape, std::unique_ptr<CpuMatmul>> plans{};
 };
 
 Gemm::Gemm(StorageType type, bool, ff_stream_t) : impl_(new Impl{type}) {}
 Gemm::~Gemm() = default;
+
+void Gemm::set_max_rows(int64_t max_rows) { impl_->max_rows = max_rows; }
 
 namespace {
 
@@ -35,24 +43,46 @@ void store(void* base, int64_t i, float v, StorageType type) {
   std::memcpy(static_cast<char*>(base) + 2 * i, &bits, 2);
 }
 
+// The CPU matmul computing `shape` on dense float operands.
+CpuMatmul::Shape cpu_shape(const GemmShape& shape) {
+  CpuMatmul::Shape s{shape.N, shape.K, shape.K, shape.N, Epilogue::kStore, Activation::kGeluErf, false};
+  switch (shape.epilogue) {
+    case GemmEpilogue::kStore: break;
+    case GemmEpilogue::kAccumulate: s.epilogue = Epilogue::kAccumulate; break;
+    case GemmEpilogue::kBias: s.epilogue = Epilogue::kBias; break;
+    case GemmEpilogue::kBiasRelu: s.epilogue = Epilogue::kBiasAct, s.act = Activation::kRelu; break;
+    case GemmEpilogue::kBiasGeluTanh: s.epilogue = Epilogue::kBiasAct, s.act = Activation::kGeluTanh; break;
+  }
+  return s;
+}
+
 }  // namespace
 
-void Gemm::run(const void* a, int64_t lda, const void* w, int64_t M, int64_t N, int64_t K, void* c, int64_t ldc,
-               bool accumulate) {
-  const StorageType type = impl_->type;
-  std::vector<float> af(size_t(M * K)), wf(size_t(N * K)), cf(size_t(M * N), 0.0f);
-  for (int64_t r = 0; r < M; ++r)
-    for (int64_t k = 0; k < K; ++k) af[size_t(r * K + k)] = load(a, r * lda + k, type);
-  for (int64_t i = 0; i < N * K; ++i) wf[size_t(i)] = load(w, i, type);
-  if (accumulate) {
-    for (int64_t r = 0; r < M; ++r)
-      for (int64_t n = 0; n < N; ++n) cf[size_t(r * N + n)] = load(c, r * ldc + n, type);
+void Gemm::run(const GemmShape& shape, int64_t M, const void* a, const void* w, const void* bias, void* c) {
+  if (M > impl_->max_rows) {
+    throw EngineError("GEMM of " + std::to_string(M) + " rows over the " + std::to_string(impl_->max_rows) +
+                      " it was planned for (" + shape.to_string() + ")");
   }
-  const CpuMatmul matmul({N, K, K, N, accumulate ? Epilogue::kAccumulate : Epilogue::kStore, Activation::kGeluErf,
-                          false});
-  matmul.run(M, af.data(), wf.data(), nullptr, cf.data());
+  if (M == 0) return;
+  std::unique_ptr<CpuMatmul>& matmul = impl_->plans[shape];
+  if (!matmul) matmul = std::make_unique<CpuMatmul>(cpu_shape(shape));
+  const StorageType type = impl_->type;
+  const int64_t N = shape.N, K = shape.K;
+  std::vector<float> af(size_t(M * K)), wf(size_t(N * K)), cf(size_t(M * N), 0.0f), bf;
   for (int64_t r = 0; r < M; ++r)
-    for (int64_t n = 0; n < N; ++n) store(c, r * ldc + n, cf[size_t(r * N + n)], type);
+    for (int64_t k = 0; k < K; ++k) af[size_t(r * K + k)] = load(a, r * shape.lda + k, type);
+  for (int64_t i = 0; i < N * K; ++i) wf[size_t(i)] = load(w, i, type);
+  if (shape.epilogue == GemmEpilogue::kAccumulate) {
+    for (int64_t r = 0; r < M; ++r)
+      for (int64_t n = 0; n < N; ++n) cf[size_t(r * N + n)] = load(c, r * shape.ldc + n, type);
+  }
+  if (matmul->shape().epilogue == Epilogue::kBias || matmul->shape().epilogue == Epilogue::kBiasAct) {
+    bf.resize(size_t(N));
+    for (int64_t n = 0; n < N; ++n) bf[size_t(n)] = load(bias, n, type);
+  }
+  matmul->run(M, af.data(), wf.data(), bf.empty() ? nullptr : bf.data(), cf.data());
+  for (int64_t r = 0; r < M; ++r)
+    for (int64_t n = 0; n < N; ++n) store(c, r * shape.ldc + n, cf[size_t(r * N + n)], type);
 }
 
 }  // namespace fastformer::engine::cuda::FF_KERNELS_ABI
