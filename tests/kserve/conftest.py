@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import shutil
 import socket
 import subprocess
@@ -39,6 +40,8 @@ import reference as ref  # noqa: E402
 import tritonclient.grpc as grpcclient  # noqa: E402
 
 TOL = 1e-4  # the engine's tolerance to the float64 reference: |ours - ref| <= TOL * max(1, |ref|)
+# A sanitizer's report in a server log (make test-asan runs this suite against the ASan server).
+SANITIZER_REPORT = re.compile(r"^(==\d+==ERROR: \w+Sanitizer|WARNING: ThreadSanitizer|\S+:\d+:\d+: runtime error: )", re.M)
 MODEL_NAME = "kserve-head"
 # D 64, 4 heads, 2 layers, 512 positions, vocab 1000, 3 labels
 MODEL_SPEC = dict(seed=11, hidden=64, heads=4, layers=2, intermediate=128, max_positions=512, vocab=1000,
@@ -121,6 +124,7 @@ class Server:
         return total
 
     def stop(self):
+        """Stops the server; fails when its log holds a sanitizer report."""
         if self.proc.poll() is None:
             self.proc.terminate()
             try:
@@ -128,6 +132,10 @@ class Server:
             except subprocess.TimeoutExpired:
                 self.proc.kill()
                 self.proc.wait()
+        text = self.log_path.read_text(errors="replace")
+        if m := SANITIZER_REPORT.search(text):
+            pytest.fail(f"sanitizer report in {self.log_path}:\n{text[max(0, m.start() - 200):][:12000]}",
+                        pytrace=False)
 
 
 class Model:
