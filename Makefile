@@ -35,7 +35,7 @@ build: deps
 	cmake --build $(BUILD_DIR) -j$(JOBS)
 
 test: build build-asan
-	$(MAKE) --no-print-directory test-unit test-golden test-e2e test-clients test-deploy test-asan
+	$(MAKE) --no-print-directory test-unit test-golden test-e2e test-kserve test-clients test-deploy test-asan
 
 test-unit:
 	ctest --test-dir $(BUILD_DIR) --output-on-failure -j$(JOBS)

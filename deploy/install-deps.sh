@@ -33,6 +33,7 @@ test_pkgs=(
   python3-grpcio python3-grpc-tools
   prometheus python3-matplotlib python3-yaml
   openssl  # the TLS tests make their certificates with it
+  libb64-0d  # make test-kserve: Triton's perf_analyzer links it (mk/kserve.mk)
   clang libclang-rt-dev  # make fuzz: libFuzzer (-fsanitize=fuzzer) of the default clang
 )
 # make image-test: builds a local debian:bookworm base and the CPU image, no registry.

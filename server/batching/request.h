@@ -28,6 +28,7 @@ struct Request {
   std::vector<SequenceInput> sequences;          ///< views into storage the caller keeps alive
   OutputOptions options;                         ///< what to return for every sequence
   Clock::time_point arrival{};                   ///< when the request was admitted
+  uint64_t input_ns = 0;                         ///< time the API layer took to convert the call
   Clock::time_point deadline = Clock::time_point::max();  ///< the call's deadline
   std::function<bool()> is_cancelled;            ///< true once the client gave up (may be empty)
   // Called exactly once, from the engine or batcher thread, when the request ends.

@@ -24,6 +24,7 @@ namespace {
 using Clock = std::chrono::steady_clock;
 
 const std::string kService = "fastformer.v1.Encoder";
+const std::string kInferenceService = "inference.GRPCInferenceService";
 
 // One short sequence through the engine, so the first request does not pay for cold
 // caches and lazy initialisation; health says SERVING only after it. Every output is asked
@@ -61,10 +62,15 @@ batching::QueueObserver queue_observer(metrics::Metrics& metrics) {
   return observer;
 }
 
-batching::BatchObserver batch_observer(metrics::Metrics& metrics, const std::optional<TestFaults>& test_faults) {
+batching::BatchObserver batch_observer(metrics::Metrics& metrics, rpc::Intake& intake,
+                                      const std::optional<TestFaults>& test_faults) {
   metrics::BatchRecorders record = metrics::batch_recorders(metrics);
   batching::BatchObserver observer;
-  observer.on_batch = std::move(record.computed);
+  observer.on_batch = [computed = std::move(record.computed), &intake](int64_t tokens, int64_t sequences,
+                                                                       double seconds) {
+    computed(tokens, sequences, seconds);
+    intake.record_execution();  // ModelStatistics.execution_count
+  };
   observer.on_failure = [failed = std::move(record.failed)](const std::string& reason, int64_t sequences) {
     failed();
     spdlog::warn("engine failed on a batch of {} sequences: {}", sequences, reason);
@@ -79,7 +85,10 @@ Server::Server(ServerOptions options, std::optional<TestFaults> test_faults)
     : options_(std::move(options)),
       test_faults_(std::move(test_faults)),
       auth_metrics_(*metrics_.registry()),
-      service_(metrics_) {}
+      intake_(metrics_),
+      service_(intake_),
+      inference_service_(intake_),
+      unimplemented_(intake_) {}
 
 bool Server::start() {
   // Metrics and the port come first: health answers NOT_SERVING (and Encode UNAVAILABLE)
@@ -113,7 +122,7 @@ bool Server::secure() {
 }
 
 bool Server::listen() {
-  service_.set_max_concurrent_streams(options_.max_concurrent_streams);
+  intake_.set_max_concurrent_streams(options_.max_concurrent_streams);
   grpc::EnableDefaultHealthCheckService(true);
   grpc::reflection::InitProtoReflectionServerBuilderPlugin();
   grpc::ServerBuilder builder;
@@ -125,6 +134,8 @@ bool Server::listen() {
   // half of the connections. Refuse instead.
   builder.AddChannelArgument(GRPC_ARG_ALLOW_REUSEPORT, 0);
   builder.RegisterService(&service_);
+  builder.RegisterService(&inference_service_);
+  builder.RegisterCallbackGenericService(&unimplemented_);
   grpc_server_ = builder.BuildAndStart();
   if (!grpc_server_ || port == 0) {
     const std::string problem = listen_problem(options_.listen);
@@ -201,16 +212,19 @@ void Server::start_serving() {
   limits.max_queue_tokens = f.max_queue_tokens;
   limits.max_queue_delay = std::chrono::microseconds(f.max_queue_delay_us);
   queue_ = std::make_unique<batching::BatchQueue>(limits, model_->config(), queue_observer(metrics_));
-  scheduler_ = std::make_unique<batching::Scheduler>(*queue_, *engine_, batch_observer(metrics_, test_faults_));
+  scheduler_ = std::make_unique<batching::Scheduler>(*queue_, *engine_, batch_observer(metrics_, intake_, test_faults_));
 
   rpc::ServiceConfig config;
   config.limits.max_request_tokens = max_request_tokens_;
   config.version = FASTFORMER_VERSION;
   config.max_batch_tokens = f.max_batch_tokens;
+  config.max_batch_sequences = f.max_batch_sequences;
+  config.max_queue_delay_us = f.max_queue_delay_us;
   config.dtype = f.dtype;
-  service_.start_serving(config, *engine_, *queue_);
+  intake_.start_serving(config, *engine_, *queue_);
   set_health(true);
-  spdlog::info("SERVING fastformer.v1.Encoder, version {}", FASTFORMER_VERSION);
+  spdlog::info("SERVING fastformer.v1.Encoder and inference.GRPCInferenceService (model {}, version {}), version {}",
+               model_->config().model_name, rpc::kModelVersion, FASTFORMER_VERSION);
 }
 
 int Server::serve(const std::function<int()>& next_signal) {
@@ -225,11 +239,11 @@ int Server::drain(const std::string& cause) {
   const auto give_up = Clock::now() + std::chrono::duration_cast<Clock::duration>(
                                           std::chrono::duration<double>(options_.shutdown_timeout_s));
   set_health(false);
-  service_.start_draining();
-  while (service_.inflight() > 0 && Clock::now() < give_up) {
+  intake_.start_draining();
+  while (intake_.inflight() > 0 && Clock::now() < give_up) {
     std::this_thread::sleep_for(std::chrono::milliseconds(5));
   }
-  if (const int64_t abandoned = service_.inflight(); abandoned > 0) {
+  if (const int64_t abandoned = intake_.inflight(); abandoned > 0) {
     spdlog::warn("shutdown timeout after {} s: {} admitted requests not answered; exiting without them",
                  options_.shutdown_timeout_s, abandoned);
     grpc_server_->Shutdown(std::chrono::system_clock::now());
@@ -245,6 +259,7 @@ int Server::drain(const std::string& cause) {
 void Server::set_health(bool serving) {
   health_->SetServingStatus("", serving);
   health_->SetServingStatus(kService, serving);
+  health_->SetServingStatus(kInferenceService, serving);
 }
 
 void Server::fail_start(const std::string& what) {

@@ -20,6 +20,9 @@
 #include "server/metrics/metrics.h"
 #include "server/rpc/auth.h"
 #include "server/rpc/encoder_service.h"
+#include "server/rpc/inference_service.h"
+#include "server/rpc/intake.h"
+#include "server/rpc/unimplemented.h"
 #include "server/rpc/server_credentials.h"
 
 namespace fastformer {
@@ -67,7 +70,10 @@ class Server {
   std::unique_ptr<metrics::MetricsServer> metrics_server_;
   rpc::AuthMetrics auth_metrics_;
   std::unique_ptr<rpc::ServerSecurity> security_;
+  rpc::Intake intake_;  // what both services share: admission, drain, statistics
   rpc::EncoderService service_;
+  rpc::InferenceService inference_service_;
+  rpc::UnimplementedMethods unimplemented_;
   std::unique_ptr<grpc::Server> grpc_server_;
   grpc::HealthCheckServiceInterface* health_ = nullptr;  // owned by grpc_server_
   std::shared_ptr<const engine::Model> model_;

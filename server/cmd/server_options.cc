@@ -38,7 +38,7 @@ std::optional<ServerOptions> parse_server_options(int argc, char** argv, int& ex
   opt("--max-message-bytes", f.max_message_bytes, "largest request message accepted", "FASTFORMER_MAX_MESSAGE_BYTES")
       ->check(CLI::PositiveNumber);
   opt("--max-concurrent-streams", f.max_concurrent_streams,
-      "EncodeStream calls open at once, server-wide; beyond: RESOURCE_EXHAUSTED (0 = no limit)",
+      "streaming calls (EncodeStream, ModelStreamInfer) open at once, server-wide; beyond: RESOURCE_EXHAUSTED (0 = no limit)",
       "FASTFORMER_MAX_CONCURRENT_STREAMS")
       ->check(CLI::NonNegativeNumber);
   opt("--shutdown-timeout-s", f.shutdown_timeout_s, "how long SIGTERM waits for admitted work",

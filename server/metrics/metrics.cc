@@ -78,7 +78,7 @@ Metrics::Metrics()
     : registry_(std::make_shared<prometheus::Registry>()),
       requests_(BuildCounter()
                     .Name("fastformer_requests_total")
-                    .Help("RPCs (and EncodeStream messages) answered, by method and status code.")
+                    .Help("RPCs (and stream messages) answered, by method and status code.")
                     .Register(*registry_)),
       request_duration_(BuildHistogram()
                             .Name("fastformer_request_duration_seconds")
@@ -142,7 +142,7 @@ Metrics::Metrics()
                             .Add({})),
       open_streams(BuildGauge()
                        .Name("fastformer_open_streams")
-                       .Help("EncodeStream calls open (bounded by --max-concurrent-streams).")
+                       .Help("Streaming calls open, EncodeStream and ModelStreamInfer (bounded by --max-concurrent-streams).")
                        .Register(*registry_)
                        .Add({})),
       model_info_(BuildGauge()
@@ -159,8 +159,9 @@ Metrics::Metrics()
                                .Help("Device memory of the GPU (CUDA backend; 0 on CPU).")
                                .Register(*registry_)
                                .Add({})) {
-  // Every method and common code exists from start-up, at zero.
-  for (const char* method : {"Encode", "EncodeStream", "GetModelInfo"}) {
+  // Every inference method and common code exists from start-up, at zero (the protocol's
+  // metadata RPCs appear when first called).
+  for (const char* method : {"Encode", "EncodeStream", "GetModelInfo", "ModelInfer", "ModelStreamInfer"}) {
     request_duration_.Add({{"method", method}}, kSecondsBuckets);
     for (const char* code : {"OK", "INVALID_ARGUMENT", "RESOURCE_EXHAUSTED", "DEADLINE_EXCEEDED",
                              "CANCELLED", "UNAVAILABLE", "INTERNAL"}) {

@@ -3,32 +3,17 @@
 // answers them through each request's completion.
 #pragma once
 
-#include <atomic>
-#include <string>
+#include <memory>
 
 #include "fastformer/v1/encoder.grpc.pb.h"
-#include "server/batching/queue.h"
-#include "server/engine/engine.h"
-#include "server/metrics/metrics.h"
-#include "server/rpc/request_conversion.h"
+#include "server/rpc/intake.h"
 
 namespace fastformer::rpc {
 
-struct ServiceConfig {
-  RequestLimits limits;
-  std::string version;            ///< server_version in ModelInfo
-  int64_t max_batch_tokens = 0;   ///< reported in ModelInfo
-  std::string dtype = "float32";
-};
-
 class EncoderService final : public v1::Encoder::CallbackService {
  public:
-  // The service answers UNAVAILABLE from the moment the port opens until start_serving.
-  explicit EncoderService(metrics::Metrics& metrics);
-
-  // Attaches the engine and queue (after the model loaded and warmed up) and starts
-  // admitting requests.
-  void start_serving(ServiceConfig config, const engine::Engine& engine, batching::BatchQueue& queue);
+  // The service answers UNAVAILABLE from the moment the port opens until the intake serves.
+  explicit EncoderService(Intake& intake) : intake_(intake), stream_protocol_{this} {}
 
   grpc::ServerUnaryReactor* Encode(grpc::CallbackServerContext* context,
                                    const v1::EncodeRequest* request,
@@ -39,45 +24,27 @@ class EncoderService final : public v1::Encoder::CallbackService {
                                          const v1::GetModelInfoRequest* request,
                                          v1::ModelInfo* response) override;
 
-  // Once draining, new calls and stream messages are answered UNAVAILABLE.
-  void start_draining() { draining_.store(true); }
-  // Admitted requests (unary calls and stream messages) not yet answered.
-  int64_t inflight() const { return inflight_.load(); }
-
-  // At most `max` EncodeStream calls open at once, server-wide (0 = no limit); one more is
-  // answered RESOURCE_EXHAUSTED at once. Set before the server starts.
-  void set_max_concurrent_streams(int64_t max) { max_concurrent_streams_ = max; }
-
  private:
-  class StreamReactor;
-  class RejectedStreamReactor;
+  // EncodeStream's messages for the shared StreamReactor (stream_reactor.h).
+  struct StreamProtocol {
+    using Request = v1::EncodeRequest;
+    using Response = v1::EncodeResponse;
+    struct Message {
+      v1::EncodeRequest proto;
+    };
+    static constexpr const char* kMethod = "EncodeStream";
+    grpc::Status admit(Message& message, grpc::CallbackServerContext* context,
+                       const std::shared_ptr<batching::Request>& request);
+    v1::EncodeResponse answer(Message& message, const batching::Request* done, const grpc::Status& status);
+    EncoderService* service;
+  };
 
-  // Validates and admits one request. On success returns OK and the request is queued;
-  // else the status to answer with (nothing queued).
+  // Validates and admits one request (Intake::admit with the Encode conversion).
   grpc::Status admit(const v1::EncodeRequest& proto, grpc::CallbackServerContext* context,
-                     std::shared_ptr<batching::Request> request);
-  void record(const char* method, const grpc::Status& status, batching::Clock::time_point start);
-  // One request more / less in flight: inflight_ (what the drain waits for) and its gauge.
-  void count_inflight() {
-    inflight_.fetch_add(1);
-    metrics_.inflight_requests.Increment();
-  }
-  void uncount_inflight() {
-    inflight_.fetch_sub(1);
-    metrics_.inflight_requests.Decrement();
-  }
-  grpc::Status availability() const;  // OK, or UNAVAILABLE while starting or draining
+                     const std::shared_ptr<batching::Request>& request);
 
-  // Set once by start_serving, before serving_ turns true (release/acquire).
-  ServiceConfig config_;
-  const engine::Engine* engine_ = nullptr;
-  batching::BatchQueue* queue_ = nullptr;
-  metrics::Metrics& metrics_;
-  std::atomic<bool> serving_{false};
-  std::atomic<bool> draining_{false};
-  std::atomic<int64_t> inflight_{0};
-  int64_t max_concurrent_streams_ = 0;
-  std::atomic<int64_t> open_streams_{0};
+  Intake& intake_;
+  StreamProtocol stream_protocol_;
 };
 
 }  // namespace fastformer::rpc

@@ -18,6 +18,7 @@ import pytest
 from google.protobuf import descriptor_pb2
 
 SERVICE = "fastformer.v1.Encoder"
+INFERENCE_SERVICE = "inference.GRPCInferenceService"
 
 
 def test_health_transitions_at_startup(e2e, models, servers):
@@ -80,12 +81,22 @@ def test_reflection(e2e, servers):
              for b in resp.file_descriptor_response.file_descriptor_proto]
     services = {f"{f.package}.{s.name}": [m.name for m in s.method] for f in files for s in f.service}
     assert sorted(services.get(SERVICE, [])) == ["Encode", "EncodeStream", "GetModelInfo"], services
+    # The Open Inference Protocol's service, described from its own file (tests/kserve drives it).
+    assert INFERENCE_SERVICE in names, f"reflection lists {names}"
+    resp = _reflect(e2e, srv, file_containing_symbol=INFERENCE_SERVICE)
+    files = [descriptor_pb2.FileDescriptorProto.FromString(b)
+             for b in resp.file_descriptor_response.file_descriptor_proto]
+    services = {f"{f.package}.{s.name}": [m.name for m in s.method] for f in files for s in f.service}
+    assert sorted(services.get(INFERENCE_SERVICE, [])) == sorted(
+        ["ServerLive", "ServerReady", "ModelReady", "ServerMetadata", "ModelMetadata", "ModelInfer",
+         "ModelStreamInfer", "ModelConfig", "ModelStatistics"]), services
 
 
 def test_health_of_each_service(e2e, servers):
     srv = servers.shared("head")
     assert srv.health_status("") == "SERVING"
     assert srv.health_status(SERVICE) == "SERVING"
+    assert srv.health_status(INFERENCE_SERVICE) == "SERVING"
 
 
 def test_sigterm_under_load(e2e, models, servers):

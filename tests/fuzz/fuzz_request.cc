@@ -5,108 +5,21 @@
 //
 // Input: byte 0 picks the model (bits 0-1) and max_request_tokens (bits 2-3); the rest is
 // the serialized EncodeRequest.
-#include <algorithm>
 #include <array>
-#include <cmath>
 #include <cstdint>
 #include <memory>
-#include <string>
-#include <vector>
+#include <string_view>
 
-#include "server/batching/queue.h"
-#include "server/engine/engine.h"
-#include "server/engine/model.h"
 #include "server/rpc/request_conversion.h"
 #include "tests/fuzz/fuzz_input.h"
-#include "tests/support/test_models.h"
-
-namespace {
+#include "tests/fuzz/fuzz_models.h"
 
 using namespace fastformer;
-
-constexpr int64_t kMaxPositions = 16;
-constexpr int64_t kMaxBatchTokens = 24;  // under the largest request: requests span batches
-
-struct Served {
-  std::shared_ptr<const engine::Model> model;
-  std::unique_ptr<engine::Engine> engine;
-};
-
-// Four small models that differ in what validation depends on.
-std::vector<Served>& models() {
-  static std::vector<Served> served = [] {
-    static test::TempDir dir;
-    std::vector<test::TinyModelSpec> specs(4);
-    for (auto& s : specs) {
-      s.hidden = 8;
-      s.heads = 2;
-      s.layers = 1;
-      s.intermediate = 8;
-      s.max_positions = kMaxPositions;
-      s.vocab = 12;
-    }
-    specs[0].num_labels = 3;           // token ids, classifier head
-    specs[1].word_embedding = false;   // input embeddings only
-    specs[2].pad_token_id = 5;         // a pad id that is not 0, bare names, F16
-    specs[2].bare = true;
-    specs[2].dtype = engine::DType::kF16;
-    specs[3].shared_layers = true;     // shared layers, BF16, relu
-    specs[3].layers = 2;
-    specs[3].dtype = engine::DType::kBF16;
-    specs[3].activation = "relu";
-    const char* const kNames[] = {"ids_head", "embeddings_only", "pad5_f16", "shared_bf16"};
-    std::vector<Served> out;
-    for (size_t i = 0; i < specs.size(); ++i) {
-      Served s;
-      s.model = engine::Model::load(test::write_tiny_model(dir.path(), kNames[i], specs[i]));
-      engine::EngineOptions options;
-      options.backend = engine::Backend::kCpu;
-      options.threads = 1;
-      options.max_batch_tokens = 4 * kMaxPositions;
-      s.engine = engine::create_engine(s.model, options);
-      out.push_back(std::move(s));
-    }
-    return out;
-  }();
-  return served;
-}
-
-void check_batch(const batching::Batch& batch, const engine::ModelConfig& c, bool has_word_embedding) {
-  const engine::RaggedBatch& r = batch.ragged;
-  const int32_t B = r.num_sequences(), T = r.num_tokens();
-  FUZZ_CHECK(B == int32_t(batch.entries.size()) && B > 0);
-  FUZZ_CHECK(T == batch.tokens);
-  FUZZ_CHECK(T <= kMaxBatchTokens || B == 1);  // over the budget only alone
-  FUZZ_CHECK(r.token_ids.size() == size_t(T) && r.mask.size() == size_t(T));
-  FUZZ_CHECK(r.position_ids.size() == size_t(T) && r.embedding_index.size() == size_t(T));
-  FUZZ_CHECK(r.input_embeddings.size() % size_t(c.hidden_size) == 0);
-  const auto rows = int32_t(r.input_embeddings.size() / size_t(c.hidden_size));
-  for (int32_t b = 0; b < B; ++b) {
-    const int32_t begin = r.cu_seqlens[size_t(b)], end = r.cu_seqlens[size_t(b) + 1];
-    FUZZ_CHECK(begin < end && end - begin <= c.max_position_embeddings);
-    bool any_real = false;
-    for (int32_t t = begin; t < end; ++t) {
-      FUZZ_CHECK(r.position_ids[size_t(t)] == t - begin);
-      const int32_t id = r.token_ids[size_t(t)];
-      if (id == engine::kEmbeddingRow) {
-        const int32_t row = r.embedding_index[size_t(t)];
-        FUZZ_CHECK(row >= 0 && row < rows && r.mask[size_t(t)] == 1);
-      } else {
-        FUZZ_CHECK(has_word_embedding && id >= 0 && id < c.vocab_size);
-        FUZZ_CHECK(r.mask[size_t(t)] == (id != c.pad_token_id));
-      }
-      any_real |= r.mask[size_t(t)] != 0;
-    }
-    FUZZ_CHECK(any_real);
-  }
-}
-
-}  // namespace
 
 extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
   fuzz::FuzzInput in(data, size);
   const uint8_t choice = in.byte();
-  Served& served = models()[choice & 3];
+  fuzz::Served& served = fuzz::served_models()[choice & 3];
   const engine::Model& model = *served.model;
   const engine::ModelConfig& c = model.config();
   rpc::RequestLimits limits;
@@ -135,39 +48,7 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
   FUZZ_CHECK(!request->options.logits || model.num_labels() > 0);
 
   // Through the queue, as the server batches it, and the engine.
-  int completions = 0;
-  request->on_complete = [&](batching::Request&) { ++completions; };
-  batching::QueueLimits q;
-  q.max_batch_tokens = kMaxBatchTokens;
-  q.max_batch_sequences = 3;
-  q.max_queue_tokens = 1 << 20;
-  batching::BatchQueue queue(q, c);
-  FUZZ_CHECK(queue.push(request) == batching::Admission::kAdmitted);
-  queue.close();
-  int64_t batched = 0;
-  while (auto batch = queue.next_batch()) {
-    check_batch(*batch, c, model.has_word_embedding());
-    const auto results = served.engine->encode(batch->ragged, batch->options);
-    FUZZ_CHECK(results.size() == batch->entries.size());
-    for (size_t b = 0; b < results.size(); ++b) {
-      const EncodedSequence& e = results[b];
-      const SequenceInput& s = request->sequences[size_t(batch->entries[b].index)];
-      FUZZ_CHECK(e.num_tokens == engine::sequence_length(s, c.hidden_size));
-      FUZZ_CHECK(int64_t(e.embedding.size()) == c.hidden_size);
-      FUZZ_CHECK(int64_t(e.logits.size()) == (request->options.logits ? model.num_labels() : 0));
-      FUZZ_CHECK(int64_t(e.token_embeddings.size()) ==
-                 (request->options.token_embeddings ? e.num_tokens * c.hidden_size : 0));
-      // Token ids look up bounded weights: their embeddings are finite. (Caller-supplied
-      // embeddings may be as large as a float goes; those are theirs to keep finite.)
-      if (!s.token_ids.empty()) {
-        for (float v : e.embedding) FUZZ_CHECK(std::isfinite(v));
-      }
-      request->results[size_t(batch->entries[b].index)] = e;
-    }
-    batched += int64_t(batch->entries.size());
-  }
-  FUZZ_CHECK(batched == int64_t(request->sequences.size()));
-  FUZZ_CHECK(queue.queued_tokens() == 0 && completions == 0);
+  fuzz::run_request(served, request);
 
   v1::EncodeResponse response;
   rpc::fill_response(*request, &response);

@@ -7,6 +7,8 @@ Deterministic: the same files every run (the models come from tools/make_demo_mo
 with fixed seeds). Input formats are those of the targets:
   fuzz_model_load   config.json, "\\n--model.safetensors--\\n", model.safetensors
   fuzz_request      one byte (bits 0-1 model, bits 2-3 max_request_tokens), EncodeRequest
+  fuzz_infer_request  one byte (bits 0-1 model, 2-3 max_request_tokens, 4-5 max_batch_size),
+                    then an inference.ModelInferRequest
   fuzz_batch_queue  three limit bytes, then operations (see fuzz_batch_queue.cc)
 """
 
@@ -164,6 +166,96 @@ def request_seeds():
     }
 
 
+# ---- fuzz_infer_request: inference.ModelInferRequest, by hand too ------------------------------
+
+MODEL_NAMES = ["ids_head", "embeddings_only", "pad5_f16", "shared_bf16"]
+
+
+def tensor(name, datatype, shape, int64s=None, int32s=None, floats=None):
+    """An InferInputTensor; typed contents when given (else the values go raw)."""
+    out = field(1, 2, name.encode()) + field(2, 2, datatype.encode())
+    out += field(3, 2, b"".join(varint(d) for d in shape))
+    contents = b""
+    if int32s is not None:
+        contents += field(2, 2, b"".join(varint(v) for v in int32s))
+    if int64s is not None:
+        contents += field(3, 2, b"".join(varint(v) for v in int64s))
+    if floats is not None:
+        contents += field(6, 2, struct.pack(f"<{len(floats)}f", *floats))
+    if contents:
+        out += field(5, 2, contents)
+    return out
+
+
+def parameter(key, value):
+    if isinstance(value, bool):
+        v = field(1, 0, int(value))
+    elif isinstance(value, int):
+        v = field(2, 0, value)
+    else:
+        v = field(3, 2, value.encode())
+    return field(4, 2, field(1, 2, key.encode()) + field(2, 2, v))
+
+
+def infer(model, inputs, raw=(), outputs=(), params=(), version="", request_id="i"):
+    out = field(1, 2, MODEL_NAMES[model].encode()) + field(3, 2, request_id.encode())
+    if version:
+        out += field(2, 2, version.encode())
+    for k, v in params:
+        out += parameter(k, v)
+    for t in inputs:
+        out += field(5, 2, t)
+    for name in outputs:
+        out += field(6, 2, field(1, 2, name.encode()))
+    for r in raw:
+        out += field(7, 2, r)
+    return out
+
+
+def infer_choice(model, limit, batch):
+    """model and limit as choice(); batch: max_batch_size 0 (none), 1, 3, 8 (index 0-3)."""
+    return bytes([model | limit << 2 | batch << 4])
+
+
+def infer_seeds():
+    i64 = lambda *v: struct.pack(f"<{len(v)}q", *v)  # noqa: E731
+    i32 = lambda *v: struct.pack(f"<{len(v)}i", *v)  # noqa: E731
+    row = [0.5, -1.0, 2.0, 0.0, 1.5, -0.25, 3.0, 1.0]
+    ids = tensor("input_ids", "INT64", [2, 4])
+    mask = tensor("attention_mask", "INT64", [2, 4])
+    return {
+        "raw_batch_with_mask": infer_choice(0, 3, 3) + infer(0, [ids, mask], raw=[
+            i64(1, 2, 3, 4, 5, 6, 0, 0), i64(1, 1, 1, 1, 1, 1, 0, 0)], outputs=["embedding", "logits"]),
+        "typed_int64": infer_choice(0, 3, 0) + infer(0, [tensor("input_ids", "INT64", [1, 3], int64s=[3, 4, 5])]),
+        "typed_int32_interior_mask": infer_choice(3, 3, 2) + infer(3, [
+            tensor("input_ids", "INT32", [1, 5], int32s=[1, 2, 3, 4, 5]),
+            tensor("attention_mask", "INT32", [1, 5], int32s=[1, 0, 1, 1, 0])]),
+        "embeddings_trailing_mask": infer_choice(1, 3, 3) + infer(1, [
+            tensor("input_embeddings", "FP32", [2, 2, 8]), tensor("attention_mask", "INT64", [2, 2])],
+            raw=[struct.pack("<32f", *(row * 4)), i64(1, 1, 1, 0)], outputs=["token_embeddings"]),
+        "embeddings_interior_mask": infer_choice(1, 3, 3) + infer(1, [
+            tensor("input_embeddings", "FP32", [1, 2, 8]), tensor("attention_mask", "INT64", [1, 2])],
+            raw=[struct.pack("<16f", *(row * 2)), i64(0, 1)]),
+        "truncate_left": infer_choice(2, 3, 0) + infer(2, [tensor("input_ids", "INT64", [1, 20])],
+                                                       raw=[i64(*([1] * 10 + [7] * 10))],
+                                                       params=[("truncation", "left"), ("normalize", True)]),
+        "too_long": infer_choice(0, 3, 0) + infer(0, [tensor("input_ids", "INT64", [1, 17])], raw=[i64(*[1] * 17)]),
+        "raw_size_wrong": infer_choice(0, 3, 0) + infer(0, [ids], raw=[i64(1, 2, 3)]),
+        "raw_count_wrong": infer_choice(0, 3, 0) + infer(0, [ids, mask], raw=[i64(*[1] * 8)]),
+        "int32_raw": infer_choice(0, 2, 1) + infer(0, [tensor("input_ids", "INT32", [1, 4])], raw=[i32(1, 2, 3, 11)]),
+        "out_of_vocab": infer_choice(0, 3, 0) + infer(0, [tensor("input_ids", "INT64", [1, 2])], raw=[i64(1, 12)]),
+        "wrong_model": infer_choice(1, 3, 0) + infer(0, [tensor("input_ids", "INT64", [1, 1])], raw=[i64(1)]),
+        "wrong_version": infer_choice(0, 3, 0) + infer(0, [tensor("input_ids", "INT64", [1, 1])], raw=[i64(1)],
+                                                       version="2"),
+        "batch_over": infer_choice(0, 3, 1) + infer(0, [ids], raw=[i64(*[1] * 8)]),
+        "unknown_output": infer_choice(0, 3, 0) + infer(0, [tensor("input_ids", "INT64", [1, 1])], raw=[i64(1)],
+                                                        outputs=["pooled"]),
+        "bad_parameter": infer_choice(0, 3, 0) + infer(0, [tensor("input_ids", "INT64", [1, 1])], raw=[i64(1)],
+                                                       params=[("truncation", 3)]),
+        "not_a_proto": infer_choice(0, 3, 0) + b"\xff\xff\xff\xff",
+    }
+
+
 # ---- fuzz_batch_queue ----------------------------------------------------------------------
 
 ARRIVE, DEADLINE, CANCEL, TAKE, COMPLETE, CLOSE = 0, 2, 3, 4, 6, 7
@@ -205,8 +297,8 @@ def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--out", default=os.path.join(HERE, "corpus"))
     args = ap.parse_args(argv)
-    for target, seeds in (("fuzz_request", request_seeds()), ("fuzz_batch_queue", queue_seeds()),
-                          ("fuzz_model_load", model_seeds())):
+    for target, seeds in (("fuzz_request", request_seeds()), ("fuzz_infer_request", infer_seeds()),
+                          ("fuzz_batch_queue", queue_seeds()), ("fuzz_model_load", model_seeds())):
         d = os.path.join(args.out, target)
         shutil.rmtree(d, ignore_errors=True)
         os.makedirs(d)

@@ -1,0 +1,368 @@
+#include "server/rpc/infer_conversion.h"
+
+#include <algorithm>
+#include <cstring>
+#include <optional>
+
+namespace fastformer::rpc {
+namespace {
+
+using InputTensorProto = inference::ModelInferRequest::InferInputTensor;
+
+grpc::Status invalid(std::string message) { return {grpc::StatusCode::INVALID_ARGUMENT, std::move(message)}; }
+
+std::string shape_string(const google::protobuf::RepeatedField<int64_t>& shape) {
+  std::string s = "[";
+  for (int i = 0; i < shape.size(); ++i) s += (i > 0 ? ", " : "") + std::to_string(shape[i]);
+  return s + "]";
+}
+
+// One input of the request: its description and its raw bytes (null when sent typed).
+struct Input {
+  const InputTensorProto* tensor = nullptr;
+  const std::string* raw = nullptr;
+};
+
+// The number of elements of `input`'s shape, which must have `dims` dimensions, all positive.
+grpc::Status element_count(const Input& input, int dims, int64_t* count) {
+  const InputTensorProto& t = *input.tensor;
+  if (t.shape_size() != dims) {
+    return invalid(t.name() + ": shape " + shape_string(t.shape()) + " has " + std::to_string(t.shape_size()) +
+                   " dimensions; expected " + std::to_string(dims) +
+                   (dims == 2 ? " ([batch, length])" : " ([batch, length, hidden])"));
+  }
+  int64_t n = 1;
+  for (const int64_t d : t.shape()) {
+    if (d <= 0) return invalid(t.name() + ": shape " + shape_string(t.shape()) + " has a dimension below 1");
+    if (__builtin_mul_overflow(n, d, &n) || n > (int64_t(1) << 40)) {
+      return invalid(t.name() + ": shape " + shape_string(t.shape()) + " is too large");
+    }
+  }
+  *count = n;
+  return grpc::Status::OK;
+}
+
+// The size check every raw input passes: bytes = elements x element size.
+grpc::Status check_raw_size(const Input& input, int64_t count, size_t element_bytes) {
+  const InputTensorProto& t = *input.tensor;
+  const uint64_t want = uint64_t(count) * element_bytes;
+  if (input.raw->size() != want) {
+    return invalid(t.name() + ": raw contents are " + std::to_string(input.raw->size()) + " bytes; shape " +
+                   shape_string(t.shape()) + " of " + t.datatype() + " needs " + std::to_string(want));
+  }
+  return grpc::Status::OK;
+}
+
+grpc::Status typed_count_mismatch(const InputTensorProto& t, const char* field, int64_t got, int64_t count) {
+  return invalid(t.name() + ": contents." + field + " holds " + std::to_string(got) + " values; shape " +
+                 shape_string(t.shape()) + " needs " + std::to_string(count));
+}
+
+// The values of an INT64 or INT32 input.
+grpc::Status read_integers(const Input& input, int64_t count, std::vector<int64_t>* out) {
+  const InputTensorProto& t = *input.tensor;
+  const bool wide = t.datatype() == "INT64";
+  if (!wide && t.datatype() != "INT32") {
+    return invalid(t.name() + ": datatype " + t.datatype() + "; expected INT64 or INT32");
+  }
+  out->resize(size_t(count));
+  if (input.raw != nullptr) {
+    if (grpc::Status s = check_raw_size(input, count, wide ? 8 : 4); !s.ok()) return s;
+    if (wide) {
+      std::memcpy(out->data(), input.raw->data(), input.raw->size());
+    } else {
+      for (int64_t i = 0; i < count; ++i) {
+        int32_t v;
+        std::memcpy(&v, input.raw->data() + i * 4, 4);
+        (*out)[size_t(i)] = v;
+      }
+    }
+    return grpc::Status::OK;
+  }
+  const inference::InferTensorContents& c = t.contents();
+  if (wide) {
+    if (c.int64_contents_size() != count) return typed_count_mismatch(t, "int64_contents", c.int64_contents_size(), count);
+    std::copy(c.int64_contents().begin(), c.int64_contents().end(), out->begin());
+  } else {
+    if (c.int_contents_size() != count) return typed_count_mismatch(t, "int_contents", c.int_contents_size(), count);
+    std::copy(c.int_contents().begin(), c.int_contents().end(), out->begin());
+  }
+  return grpc::Status::OK;
+}
+
+// The values of an FP32 input.
+grpc::Status read_floats(const Input& input, int64_t count, std::vector<float>* out) {
+  const InputTensorProto& t = *input.tensor;
+  if (t.datatype() != "FP32") return invalid(t.name() + ": datatype " + t.datatype() + "; expected FP32");
+  out->resize(size_t(count));
+  if (input.raw != nullptr) {
+    if (grpc::Status s = check_raw_size(input, count, 4); !s.ok()) return s;
+    std::memcpy(out->data(), input.raw->data(), input.raw->size());
+    return grpc::Status::OK;
+  }
+  const inference::InferTensorContents& c = t.contents();
+  if (c.fp32_contents_size() != count) return typed_count_mismatch(t, "fp32_contents", c.fp32_contents_size(), count);
+  std::copy(c.fp32_contents().begin(), c.fp32_contents().end(), out->begin());
+  return grpc::Status::OK;
+}
+
+enum class Truncate { kNone, kRight, kLeft };
+
+grpc::Status read_parameters(const inference::ModelInferRequest& proto, OutputOptions* options, Truncate* truncate) {
+  // Parameters we do not know are ignored, as the protocol asks (clients add their own).
+  for (const auto& [key, value] : proto.parameters()) {
+    if (key == "normalize") {
+      if (value.parameter_choice_case() != inference::InferParameter::kBoolParam) {
+        return invalid("parameters: normalize must be a bool parameter");
+      }
+      options->normalize = value.bool_param();
+    } else if (key == "truncation") {
+      const std::string& v = value.string_param();
+      if (value.parameter_choice_case() != inference::InferParameter::kStringParam ||
+          (v != "none" && v != "right" && v != "left")) {
+        return invalid("parameters: truncation must be the string \"none\", \"right\" or \"left\"");
+      }
+      *truncate = v == "right" ? Truncate::kRight : v == "left" ? Truncate::kLeft : Truncate::kNone;
+    }
+  }
+  return grpc::Status::OK;
+}
+
+grpc::Status read_outputs(const inference::ModelInferRequest& proto, const engine::Model& model, InferCall* call) {
+  const std::vector<TensorSpec> outputs = model_outputs(model);
+  std::string names;
+  for (const TensorSpec& o : outputs) names += (names.empty() ? "" : ", ") + o.name;
+  auto want = [&](const std::string& name) {
+    if (name == "embedding") call->embedding = true;
+    if (name == "token_embeddings") call->token_embeddings = true;
+    if (name == "logits") call->logits = true;
+    call->output_order.push_back(name);
+  };
+  if (proto.outputs_size() == 0) {
+    for (const TensorSpec& o : outputs) want(o.name);
+    return grpc::Status::OK;
+  }
+  for (int i = 0; i < proto.outputs_size(); ++i) {
+    const std::string& name = proto.outputs(i).name();
+    const bool known = std::any_of(outputs.begin(), outputs.end(), [&](const TensorSpec& o) { return o.name == name; });
+    if (!known) {
+      return invalid("outputs[" + std::to_string(i) + "]: unknown output '" + name + "' (this model has " + names + ")");
+    }
+    if (std::find(call->output_order.begin(), call->output_order.end(), name) != call->output_order.end()) {
+      return invalid("outputs[" + std::to_string(i) + "]: output '" + name + "' is asked for twice");
+    }
+    want(name);
+  }
+  return grpc::Status::OK;
+}
+
+// Row r's real length from the attention mask (1 + the last 1), checking its values.
+grpc::Status mask_length(const std::vector<int64_t>& mask, int64_t r, int64_t L, bool trailing_only, int64_t* n) {
+  int64_t last = -1;
+  for (int64_t t = 0; t < L; ++t) {
+    const int64_t m = mask[size_t(r * L + t)];
+    if (m != 0 && m != 1) {
+      return invalid("attention_mask: row " + std::to_string(r) + ", token " + std::to_string(t) + " is " +
+                     std::to_string(m) + "; expected 0 or 1");
+    }
+    if (m == 1) {
+      if (trailing_only && last != t - 1) {
+        return invalid("attention_mask: row " + std::to_string(r) + " has a 0 before token " + std::to_string(t) +
+                       ", which is 1: with input_embeddings only trailing padding is allowed");
+      }
+      last = t;
+    }
+  }
+  if (last < 0) return invalid("attention_mask: row " + std::to_string(r) + " has no real token (every value is 0)");
+  *n = last + 1;
+  return grpc::Status::OK;
+}
+
+}  // namespace
+
+std::vector<TensorSpec> model_inputs(const engine::Model& model) {
+  const int64_t D = model.config().hidden_size;
+  std::vector<TensorSpec> inputs;
+  if (model.has_word_embedding()) inputs.push_back({"input_ids", "INT64", inference::TYPE_INT64, {-1, -1}, false});
+  inputs.push_back({"attention_mask", "INT64", inference::TYPE_INT64, {-1, -1}, true});
+  inputs.push_back({"input_embeddings", "FP32", inference::TYPE_FP32, {-1, -1, D}, model.has_word_embedding()});
+  return inputs;
+}
+
+std::vector<TensorSpec> model_outputs(const engine::Model& model) {
+  const int64_t D = model.config().hidden_size;
+  std::vector<TensorSpec> outputs{{"embedding", "FP32", inference::TYPE_FP32, {-1, D}, false},
+                                  {"token_embeddings", "FP32", inference::TYPE_FP32, {-1, -1, D}, false}};
+  if (model.num_labels() > 0) {
+    outputs.push_back({"logits", "FP32", inference::TYPE_FP32, {-1, int64_t(model.num_labels())}, false});
+  }
+  return outputs;
+}
+
+grpc::Status check_model(const engine::Model& model, const std::string& name, const std::string& version) {
+  const std::string& served = model.config().model_name;
+  if (name != served) {
+    return {grpc::StatusCode::NOT_FOUND, "model '" + name + "' is not served here (this server serves '" + served + "')"};
+  }
+  if (!version.empty() && version != kModelVersion) {
+    return {grpc::StatusCode::NOT_FOUND, "model '" + name + "' has no version '" + version + "' (it has version " +
+                                             kModelVersion + ")"};
+  }
+  return grpc::Status::OK;
+}
+
+grpc::Status convert_infer_request(const inference::ModelInferRequest& proto, const engine::Model& model,
+                                   const RequestLimits& limits, int64_t max_batch_size, InferCall* call,
+                                   batching::Request* out) {
+  if (grpc::Status s = check_model(model, proto.model_name(), proto.model_version()); !s.ok()) return s;
+  const engine::ModelConfig& c = model.config();
+  const int64_t D = c.hidden_size, max_len = c.max_position_embeddings;
+
+  // The inputs by name.
+  if (proto.raw_input_contents_size() > 0 && proto.raw_input_contents_size() != proto.inputs_size()) {
+    return invalid("raw_input_contents: " + std::to_string(proto.raw_input_contents_size()) + " entries for " +
+                   std::to_string(proto.inputs_size()) + " inputs; send one per input, or typed contents");
+  }
+  std::optional<Input> ids_in, mask_in, embeddings_in;
+  for (int i = 0; i < proto.inputs_size(); ++i) {
+    const InputTensorProto& t = proto.inputs(i);
+    std::optional<Input>* slot = t.name() == "input_ids"          ? &ids_in
+                                 : t.name() == "attention_mask"   ? &mask_in
+                                 : t.name() == "input_embeddings" ? &embeddings_in
+                                                                  : nullptr;
+    if (slot == nullptr) {
+      return invalid("inputs[" + std::to_string(i) + "]: unknown input '" + t.name() +
+                     "' (expected input_ids, attention_mask or input_embeddings)");
+    }
+    if (slot->has_value()) return invalid("inputs[" + std::to_string(i) + "]: input '" + t.name() + "' is sent twice");
+    *slot = Input{&t, proto.raw_input_contents_size() > 0 ? &proto.raw_input_contents(i) : nullptr};
+  }
+  if (ids_in.has_value() == embeddings_in.has_value()) {
+    return invalid("inputs: send exactly one of input_ids and input_embeddings");
+  }
+  if (ids_in && !model.has_word_embedding()) {
+    return invalid("input_ids: this model has no word embedding table; send input_embeddings instead");
+  }
+
+  OutputOptions options;
+  Truncate truncate = Truncate::kNone;
+  if (grpc::Status s = read_parameters(proto, &options, &truncate); !s.ok()) return s;
+  if (grpc::Status s = read_outputs(proto, model, call); !s.ok()) return s;
+  options.token_embeddings = call->token_embeddings;
+  options.logits = call->logits;
+
+  // The main input's values and its [batch, length].
+  const Input& main = ids_in ? *ids_in : *embeddings_in;
+  int64_t count = 0;
+  if (grpc::Status s = element_count(main, ids_in ? 2 : 3, &count); !s.ok()) return s;
+  const int64_t B = main.tensor->shape(0), L = main.tensor->shape(1);
+  if (embeddings_in && main.tensor->shape(2) != D) {
+    return invalid("input_embeddings: shape " + shape_string(main.tensor->shape()) +
+                   ": the last dimension must be hidden_size " + std::to_string(D));
+  }
+  if (max_batch_size > 0 && B > max_batch_size) {
+    return invalid(main.tensor->name() + ": batch size " + std::to_string(B) + " exceeds max_batch_size " +
+                   std::to_string(max_batch_size));
+  }
+  std::vector<int64_t> ids, mask;
+  std::vector<float> embeddings;
+  if (ids_in) {
+    if (grpc::Status s = read_integers(*ids_in, count, &ids); !s.ok()) return s;
+  } else {
+    if (grpc::Status s = read_floats(*embeddings_in, count, &embeddings); !s.ok()) return s;
+  }
+  if (mask_in) {
+    const auto& ms = mask_in->tensor->shape();
+    if (ms.size() != 2 || ms[0] != B || ms[1] != L) {
+      return invalid("attention_mask: shape " + shape_string(ms) + " must equal the rows of " +
+                     main.tensor->name() + ": [" + std::to_string(B) + ", " + std::to_string(L) + "]");
+    }
+    if (grpc::Status s = read_integers(*mask_in, B * L, &mask); !s.ok()) return s;
+  }
+
+  // The rows: trimmed by the mask, truncated, validated.
+  call->rows = B;
+  call->length = truncate == Truncate::kNone ? L : std::min(L, max_len);
+  if (ids_in) call->ids.resize(size_t(B));
+  else call->embeddings.resize(size_t(B));
+  out->sequences.clear();
+  out->sequences.reserve(size_t(B));
+  int64_t total = 0;
+  for (int64_t r = 0; r < B; ++r) {
+    int64_t n = L;
+    if (mask_in) {
+      if (grpc::Status s = mask_length(mask, r, L, embeddings_in.has_value(), &n); !s.ok()) return s;
+    }
+    int64_t first = 0;  // the first token kept
+    if (n > max_len && truncate != Truncate::kNone) {
+      if (truncate == Truncate::kLeft) first = n - max_len;
+      n = max_len;
+    }
+    SequenceInput in;
+    if (ids_in) {
+      std::vector<int32_t>& row = call->ids[size_t(r)];
+      row.resize(size_t(n));
+      for (int64_t t = 0; t < n; ++t) {
+        const size_t at = size_t(r * L + first + t);
+        if (mask_in && mask[at] == 0) {
+          row[size_t(t)] = int32_t(c.pad_token_id);  // masked: the engine skips pad tokens
+          continue;
+        }
+        if (ids[at] < 0 || ids[at] >= c.vocab_size) {
+          return invalid("input_ids: row " + std::to_string(r) + ", token " + std::to_string(first + t) +
+                         " has id " + std::to_string(ids[at]) + ", outside [0, vocab_size " +
+                         std::to_string(c.vocab_size) + ")");
+        }
+        row[size_t(t)] = int32_t(ids[at]);
+      }
+      in.token_ids = row;
+    } else {
+      std::vector<float>& row = call->embeddings[size_t(r)];
+      const float* from = embeddings.data() + (r * L + first) * D;
+      row.assign(from, from + n * D);
+      in.input_embeddings = row;
+    }
+    if (auto error = engine::validate_sequence(c, model.has_word_embedding(), in, size_t(r))) {
+      const std::string tensor = ids_in ? "input_ids" : "input_embeddings";
+      return invalid(tensor + ": row " + std::to_string(r) + ": " + error->message);
+    }
+    total += n;
+    out->sequences.push_back(in);
+  }
+  if (total > limits.max_request_tokens) {
+    return invalid(main.tensor->name() + ": the request has " + std::to_string(total) +
+                   " tokens, over max_request_tokens " + std::to_string(limits.max_request_tokens));
+  }
+  out->options = options;
+  return grpc::Status::OK;
+}
+
+void fill_infer_response(const InferCall& call, const batching::Request& request, const engine::Model& model,
+                         inference::ModelInferResponse* response) {
+  const int64_t B = call.rows, D = model.config().hidden_size, labels = model.num_labels();
+  for (const std::string& name : call.output_order) {
+    inference::ModelInferResponse::InferOutputTensor* tensor = response->add_outputs();
+    tensor->set_name(name);
+    tensor->set_datatype("FP32");
+    std::string* raw = response->add_raw_output_contents();
+    auto put = [&](int64_t row, const std::vector<float>& values, int64_t row_floats) {
+      std::memcpy(raw->data() + size_t(row * row_floats) * 4, values.data(),
+                  std::min<size_t>(values.size(), size_t(row_floats)) * 4);
+    };
+    if (name == "embedding") {
+      tensor->add_shape(B), tensor->add_shape(D);
+      raw->assign(size_t(B * D) * 4, '\0');
+      for (int64_t r = 0; r < B; ++r) put(r, request.results[size_t(r)].embedding, D);
+    } else if (name == "token_embeddings") {
+      tensor->add_shape(B), tensor->add_shape(call.length), tensor->add_shape(D);
+      raw->assign(size_t(B * call.length * D) * 4, '\0');  // zero past each row's tokens
+      for (int64_t r = 0; r < B; ++r) put(r, request.results[size_t(r)].token_embeddings, call.length * D);
+    } else if (name == "logits") {
+      tensor->add_shape(B), tensor->add_shape(labels);
+      raw->assign(size_t(B * labels) * 4, '\0');
+      for (int64_t r = 0; r < B; ++r) put(r, request.results[size_t(r)].logits, labels);
+    }
+  }
+}
+
+}  // namespace fastformer::rpc

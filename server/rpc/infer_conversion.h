@@ -1,0 +1,64 @@
+// The model as Open Inference Protocol (KServe v2) tensors, and ModelInferRequest <->
+// batching::Request. Every row of a request's batch is one sequence in the batch queue.
+//
+// Inputs  input_ids       INT64 or INT32 [batch, length]
+//         attention_mask  INT64 or INT32 [batch, length], optional: 1 real, 0 padding
+//         input_embeddings FP32 [batch, length, hidden], instead of input_ids
+// Outputs embedding        FP32 [batch, hidden]
+//         token_embeddings FP32 [batch, length, hidden], zero past each row's tokens
+//         logits           FP32 [batch, num_labels], when the model has a classifier head
+// Parameters (request): normalize (bool), truncation ("none", "right" or "left").
+#pragma once
+
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include <grpcpp/support/status.h>
+
+#include "inference/grpc_service.pb.h"
+#include "server/batching/request.h"
+#include "server/engine/model.h"
+#include "server/rpc/request_conversion.h"
+
+namespace fastformer::rpc {
+
+inline constexpr const char* kModelVersion = "1";
+
+struct TensorSpec {
+  std::string name;
+  std::string datatype;        ///< the protocol's name: "INT64", "FP32"
+  inference::DataType type;    ///< the same, as ModelConfig's enum
+  std::vector<int64_t> shape;  ///< with the batch dimension; -1 for any size
+  bool optional = false;
+};
+
+// The model's inputs and outputs, in the order ModelMetadata and ModelConfig list them.
+std::vector<TensorSpec> model_inputs(const engine::Model& model);
+std::vector<TensorSpec> model_outputs(const engine::Model& model);
+
+// One ModelInferRequest's rows, converted: what the batching::Request's sequences point into,
+// and what to answer with.
+struct InferCall {
+  std::vector<std::vector<int32_t>> ids;      ///< per row (token ids input)
+  std::vector<std::vector<float>> embeddings;  ///< per row (embeddings input)
+  int64_t rows = 0;
+  int64_t length = 0;  ///< the token_embeddings output's length dimension
+  bool embedding = false, token_embeddings = false, logits = false;  ///< outputs asked for
+  std::vector<std::string> output_order;  ///< the outputs in the order they are answered
+};
+
+// NOT_FOUND for another model or version; INVALID_ARGUMENT naming the tensor, the row and the
+// limit for anything else wrong. On OK, `out` holds one sequence per row (views into `call`).
+grpc::Status convert_infer_request(const inference::ModelInferRequest& proto, const engine::Model& model,
+                                   const RequestLimits& limits, int64_t max_batch_size, InferCall* call,
+                                   batching::Request* out);
+
+// NOT_FOUND unless `name` is the model's and `version` is empty or kModelVersion.
+grpc::Status check_model(const engine::Model& model, const std::string& name, const std::string& version);
+
+// The outputs of a finished request, raw little-endian FP32, in call.output_order.
+void fill_infer_response(const InferCall& call, const batching::Request& request, const engine::Model& model,
+                         inference::ModelInferResponse* response);
+
+}  // namespace fastformer::rpc

@@ -1,0 +1,411 @@
+"""The Open Inference Protocol (KServe v2) service, driven by Triton's Python client
+(tritonclient.grpc): health, metadata, config, statistics, ModelInfer sync / async / streaming,
+every bad input, and results equal to the Encoder API's and to the float64 reference."""
+
+from __future__ import annotations
+
+import queue
+import threading
+
+import grpc
+import numpy as np
+import pytest
+import tritonclient.grpc as grpcclient
+from tritonclient.grpc import service_pb2, service_pb2_grpc
+from tritonclient.utils import InferenceServerException
+
+from conftest import TOL, close  # noqa: F401  (tests/kserve/conftest.py: this directory only)
+
+rng = np.random.default_rng(5)
+
+
+def ids_batch(model, lengths, pad=0):
+    """[B, max(lengths)] int64 ids (no pad token inside) and the mask marking each row's length."""
+    L = max(lengths)
+    ids = np.full((len(lengths), L), pad, dtype=np.int64)
+    mask = np.zeros((len(lengths), L), dtype=np.int64)
+    for r, n in enumerate(lengths):
+        ids[r, :n] = rng.integers(1, model.vocab, n)
+        mask[r, :n] = 1
+    return ids, mask
+
+
+def infer_input(name, array, datatype=None):
+    t = grpcclient.InferInput(name, list(array.shape), datatype or
+                              {np.int64: "INT64", np.int32: "INT32", np.float32: "FP32"}[array.dtype.type])
+    t.set_data_from_numpy(array)
+    return t
+
+
+def outputs(*names):
+    return [grpcclient.InferRequestedOutput(n) for n in names]
+
+
+def check_against_reference(model, result, seqs, kind="ids"):
+    want = model.reference(seqs, kind=kind)
+    emb = result.as_numpy("embedding")
+    assert emb.shape == (len(seqs), model.hidden)
+    for r, w in enumerate(want):
+        ok, worst = close(emb[r], w.embedding)
+        assert ok, f"row {r}: embedding differs from the float64 reference by {worst:.2e} (tolerance {TOL})"
+    tok = result.as_numpy("token_embeddings")
+    if tok is not None:
+        for r, (s, w) in enumerate(zip(seqs, want)):
+            n = len(s)
+            ok, worst = close(tok[r, :n], w.token_embeddings)
+            assert ok, f"row {r}: token_embeddings differ by {worst:.2e}"
+            assert not tok[r, n:].any(), f"row {r}: token_embeddings past its {n} tokens are not zero"
+    logits = result.as_numpy("logits")
+    if logits is not None:
+        for r, w in enumerate(want):
+            ok, worst = close(logits[r], w.logits)
+            assert ok, f"row {r}: logits differ by {worst:.2e}"
+
+
+# ----------------------------------------------------------------------------- health and metadata
+
+
+def test_live_ready_and_server_metadata(client, server):
+    assert client.is_server_live()
+    assert client.is_server_ready()
+    assert client.is_model_ready("kserve-head")
+    assert client.is_model_ready("kserve-head", "1")
+    assert not client.is_model_ready("kserve-head", "2")
+    assert not client.is_model_ready("no-such-model")
+    meta = client.get_server_metadata(as_json=True)
+    assert meta["name"] == "fastformer-server"
+    assert meta["version"], "ServerMetadata.version must not be empty"
+    assert "statistics" in meta["extensions"]
+
+
+def test_model_metadata_and_config(client, model):
+    meta = client.get_model_metadata(model.name, as_json=True)
+    assert meta["name"] == model.name and meta["versions"] == ["1"]
+    inputs = {t["name"]: (t["datatype"], [int(d) for d in t["shape"]]) for t in meta["inputs"]}
+    assert inputs == {"input_ids": ("INT64", [-1, -1]), "attention_mask": ("INT64", [-1, -1]),
+                      "input_embeddings": ("FP32", [-1, -1, model.hidden])}
+    out = {t["name"]: (t["datatype"], [int(d) for d in t["shape"]]) for t in meta["outputs"]}
+    assert out == {"embedding": ("FP32", [-1, model.hidden]), "token_embeddings": ("FP32", [-1, -1, model.hidden]),
+                   "logits": ("FP32", [-1, model.num_labels])}
+
+    config = client.get_model_config(model.name, as_json=True)["config"]
+    assert config["name"] == model.name
+    assert int(config["max_batch_size"]) > 0
+    assert "dynamic_batching" in config
+    dims = {t["name"]: [int(d) for d in t["dims"]] for t in config["input"]}
+    assert dims == {"input_ids": [-1], "attention_mask": [-1], "input_embeddings": [-1, model.hidden]}
+    assert {t["name"]: t["data_type"] for t in config["input"]}["input_ids"] == "TYPE_INT64"
+    assert {t["name"]: [int(d) for d in t["dims"]] for t in config["output"]}["embedding"] == [model.hidden]
+
+
+def test_unknown_model_is_not_found(client):
+    for call in (lambda: client.get_model_metadata("nope"), lambda: client.get_model_config("nope"),
+                 lambda: client.get_model_metadata("kserve-head", "7")):
+        with pytest.raises(InferenceServerException) as e:
+            call()
+        assert e.value.status() == "StatusCode.NOT_FOUND", e.value
+        assert "not served here" in e.value.message() or "no version '7'" in e.value.message()
+
+
+def test_other_rpcs_unimplemented_with_a_message(client):
+    with pytest.raises(InferenceServerException) as e:
+        client.get_model_repository_index()
+    assert e.value.status() == "StatusCode.UNIMPLEMENTED"
+    assert "RepositoryIndex" in e.value.message() and "not implemented by fastformer-server" in e.value.message()
+
+
+# ----------------------------------------------------------------------------- inference
+
+
+def test_infer_one_sequence_matches_reference_and_encode(client, model, encode):
+    ids, _ = ids_batch(model, [37])
+    result = client.infer(model.name, [infer_input("input_ids", ids)])
+    assert result.get_response().id == ""
+    check_against_reference(model, result, [ids[0].tolist()])
+    via_encode = encode([ids[0].tolist()])[0]
+    np.testing.assert_allclose(result.as_numpy("embedding")[0], via_encode["embedding"], rtol=0, atol=1e-5)
+    np.testing.assert_allclose(result.as_numpy("logits")[0], via_encode["logits"], rtol=0, atol=1e-5)
+
+
+def test_padded_batch_with_mask_int32_and_request_id(client, model, encode):
+    lengths = [5, 64, 1, 30]
+    ids, mask = ids_batch(model, lengths)
+    result = client.infer(model.name, [infer_input("input_ids", ids.astype(np.int32)),
+                                       infer_input("attention_mask", mask.astype(np.int32))],
+                          request_id="batch-7")
+    assert result.get_response().id == "batch-7"
+    seqs = [ids[r, :n].tolist() for r, n in enumerate(lengths)]
+    assert result.as_numpy("token_embeddings").shape == (4, 64, model.hidden)
+    check_against_reference(model, result, seqs)
+    via_encode = encode(seqs)
+    for r in range(len(seqs)):
+        np.testing.assert_allclose(result.as_numpy("embedding")[r], via_encode[r]["embedding"], rtol=0, atol=1e-5)
+
+
+def test_interior_mask_zero_is_padding(client, model):
+    ids, mask = ids_batch(model, [20])
+    mask[0, 7] = 0
+    result = client.infer(model.name, [infer_input("input_ids", ids), infer_input("attention_mask", mask)],
+                          outputs=outputs("embedding"))
+    seq = ids[0].tolist()
+    seq[7] = 0  # pad_token_id: the reference masks it the same way
+    want = model.reference([seq])[0]
+    ok, worst = close(result.as_numpy("embedding")[0], want.embedding)
+    assert ok, worst
+
+
+def test_embeddings_input(client, model):
+    emb = rng.standard_normal((2, 9, model.hidden)).astype(np.float32)
+    mask = np.ones((2, 9), dtype=np.int64)
+    mask[1, 6:] = 0
+    result = client.infer(model.name, [infer_input("input_embeddings", emb), infer_input("attention_mask", mask)])
+    check_against_reference(model, result, [emb[0], emb[1, :6]], kind="embeddings")
+
+
+def test_only_requested_outputs_and_normalize(client, model):
+    ids, _ = ids_batch(model, [12])
+    params = {"normalize": True, "client_tag": "abc"}  # parameters we do not know are ignored
+    result = client.infer(model.name, [infer_input("input_ids", ids)], outputs=outputs("embedding"),
+                          parameters=params)
+    names = [o.name for o in result.get_response().outputs]
+    assert names == ["embedding"]
+    emb = result.as_numpy("embedding")[0]
+    want = model.reference([ids[0].tolist()])[0].embedding
+    np.testing.assert_allclose(emb, want / np.linalg.norm(want), rtol=0, atol=TOL)
+
+
+def test_truncation_parameter(client, model):
+    ids, _ = ids_batch(model, [model.max_positions + 10])
+    with pytest.raises(InferenceServerException) as e:
+        client.infer(model.name, [infer_input("input_ids", ids)])
+    assert "max_position_embeddings" in e.value.message()
+    for side, keep in (("right", ids[0, :model.max_positions]), ("left", ids[0, -model.max_positions:])):
+        result = client.infer(model.name, [infer_input("input_ids", ids)], outputs=outputs("embedding"),
+                              parameters={"truncation": side})
+        ok, worst = close(result.as_numpy("embedding")[0], model.reference([keep.tolist()])[0].embedding)
+        assert ok, f"{side}: {worst}"
+
+
+def test_async_infer(client, model):
+    ids, mask = ids_batch(model, [3, 17])
+    done = queue.Queue()
+    client.async_infer(model.name, [infer_input("input_ids", ids), infer_input("attention_mask", mask)],
+                       callback=lambda result, error: done.put((result, error)), request_id="a1")
+    result, error = done.get(timeout=30)
+    assert error is None, error
+    assert result.get_response().id == "a1"
+    check_against_reference(model, result, [ids[0, :3].tolist(), ids[1].tolist()])
+
+
+def test_stream_answers_each_request_and_errors_in_band(client, model):
+    answers = queue.Queue()
+    client.start_stream(callback=lambda result, error: answers.put((result, error)))
+    try:
+        sent = {}
+        for i, n in enumerate([4, 50, 9]):
+            ids, _ = ids_batch(model, [n])
+            sent[f"s{i}"] = ids[0].tolist()
+            client.async_stream_infer(model.name, [infer_input("input_ids", ids)], request_id=f"s{i}")
+        bad = np.array([[model.vocab + 5]], dtype=np.int64)
+        client.async_stream_infer(model.name, [infer_input("input_ids", bad)], request_id="bad")
+        ids, _ = ids_batch(model, [6])
+        sent["after"] = ids[0].tolist()
+        client.async_stream_infer(model.name, [infer_input("input_ids", ids)], request_id="after")
+        got, errors = {}, []
+        for _ in range(5):
+            result, error = answers.get(timeout=30)
+            if error is not None:
+                errors.append(error)
+            else:
+                got[result.get_response().id] = result
+    finally:
+        client.stop_stream()
+    assert len(errors) == 1 and "outside [0, vocab_size" in str(errors[0]), errors
+    assert "INVALID_ARGUMENT" in str(errors[0])
+    assert set(got) == set(sent), "every good request is answered, also the one after the error"
+    for rid, seq in sent.items():
+        check_against_reference(model, got[rid], [seq])
+
+
+# ----------------------------------------------------------------------------- bad input
+
+
+def raw_request(model, ids: np.ndarray, **overrides):
+    """A ModelInferRequest built by hand (to send what tritonclient would refuse to)."""
+    req = service_pb2.ModelInferRequest(model_name=model.name)
+    t = req.inputs.add(name="input_ids", datatype="INT64", shape=list(ids.shape))
+    req.raw_input_contents.append(ids.astype(np.int64).tobytes())
+    for k, v in overrides.items():
+        setattr(t, k, v) if k != "shape" else (t.ClearField("shape"), t.shape.extend(v))
+    return req
+
+
+def call_raw(server, req):
+    with grpc.insecure_channel(server.url) as ch:
+        stub = service_pb2_grpc.GRPCInferenceServiceStub(ch)
+        try:
+            stub.ModelInfer(req, timeout=30)
+        except grpc.RpcError as e:
+            return e.code(), e.details()
+    return grpc.StatusCode.OK, ""
+
+
+BAD = [  # (case, status, text the message must hold)
+    ("wrong model", "NOT_FOUND", "not served here"),
+    ("wrong version", "NOT_FOUND", "no version '3'"),
+    ("unknown input", "INVALID_ARGUMENT", "unknown input 'tokens'"),
+    ("wrong datatype", "INVALID_ARGUMENT", "datatype FP16; expected INT64 or INT32"),
+    ("wrong shape", "INVALID_ARGUMENT", "expected 2 ([batch, length])"),
+    ("raw size", "INVALID_ARGUMENT", "raw contents are 16 bytes; shape [1, 3] of INT64 needs 24"),
+    ("out of vocabulary", "INVALID_ARGUMENT", "row 0, token 1 has id 1000, outside [0, vocab_size 1000)"),
+    ("negative id", "INVALID_ARGUMENT", "has id -1"),
+    ("no real token", "INVALID_ARGUMENT", "attention_mask: row 1 has no real token"),
+    ("mask shape", "INVALID_ARGUMENT", "attention_mask: shape [2, 2] must equal"),
+    ("both inputs", "INVALID_ARGUMENT", "exactly one of input_ids and input_embeddings"),
+    ("unknown output", "INVALID_ARGUMENT", "unknown output 'pooled'"),
+    ("bad parameter", "INVALID_ARGUMENT", "truncation must be the string"),
+    ("embedding width", "INVALID_ARGUMENT", "the last dimension must be hidden_size 64"),
+]
+
+
+def build_bad(name, model):
+    ids = np.array([[5, 6, 7]], dtype=np.int64)
+    if name == "wrong model":
+        req = raw_request(model, ids)
+        req.model_name = "other"
+    elif name == "wrong version":
+        req = raw_request(model, ids)
+        req.model_version = "3"
+    elif name == "unknown input":
+        req = raw_request(model, ids, name="tokens")
+    elif name == "wrong datatype":
+        req = raw_request(model, ids, datatype="FP16")
+    elif name == "wrong shape":
+        req = raw_request(model, ids, shape=[3])
+    elif name == "raw size":
+        req = raw_request(model, ids)
+        req.raw_input_contents[0] = ids.tobytes()[:16]
+    elif name == "out of vocabulary":
+        req = raw_request(model, np.array([[5, model.vocab, 7]]))
+    elif name == "negative id":
+        req = raw_request(model, np.array([[-1, 5]]))
+    elif name == "no real token":
+        req = raw_request(model, np.array([[5, 6], [7, 8]]))
+        req.inputs.add(name="attention_mask", datatype="INT64", shape=[2, 2])
+        req.raw_input_contents.append(np.array([[1, 1], [0, 0]], dtype=np.int64).tobytes())
+    elif name == "mask shape":
+        req = raw_request(model, ids)
+        req.inputs.add(name="attention_mask", datatype="INT64", shape=[2, 2])
+        req.raw_input_contents.append(np.ones((2, 2), dtype=np.int64).tobytes())
+    elif name == "both inputs":
+        req = raw_request(model, ids)
+        req.inputs.add(name="input_embeddings", datatype="FP32", shape=[1, 3, model.hidden])
+        req.raw_input_contents.append(np.zeros((1, 3, model.hidden), dtype=np.float32).tobytes())
+    elif name == "unknown output":
+        req = raw_request(model, ids)
+        req.outputs.add(name="pooled")
+    elif name == "bad parameter":
+        req = raw_request(model, ids)
+        req.parameters["truncation"].string_param = "middle"
+    elif name == "embedding width":
+        req = service_pb2.ModelInferRequest(model_name=model.name)
+        req.inputs.add(name="input_embeddings", datatype="FP32", shape=[1, 2, 8])
+        req.raw_input_contents.append(np.zeros((1, 2, 8), dtype=np.float32).tobytes())
+    return req
+
+
+@pytest.mark.parametrize("name,code,text", BAD, ids=[b[0] for b in BAD])
+def test_bad_input_gets_a_clear_status(server, model, name, code, text):
+    got, details = call_raw(server, build_bad(name, model))
+    assert got.name == code, f"{name}: {got.name} {details}"
+    assert text in details, f"{name}: message {details!r} lacks {text!r}"
+
+
+def test_typed_contents_accepted(server, model):
+    ids = np.array([[5, 6, 7, 8]], dtype=np.int64)
+    req = service_pb2.ModelInferRequest(model_name=model.name, id="typed")
+    t = req.inputs.add(name="input_ids", datatype="INT64", shape=[1, 4])
+    t.contents.int64_contents.extend(ids[0].tolist())
+    with grpc.insecure_channel(server.url) as ch:
+        resp = service_pb2_grpc.GRPCInferenceServiceStub(ch).ModelInfer(req, timeout=30)
+    assert resp.id == "typed"
+    emb = np.frombuffer(resp.raw_output_contents[[o.name for o in resp.outputs].index("embedding")], dtype="<f4")
+    ok, worst = close(emb, model.reference([ids[0].tolist()])[0].embedding)
+    assert ok, worst
+
+
+def test_bad_request_costs_no_other_request_its_answer(client, model):
+    """Good and bad requests at once, from several threads: every good one is answered right."""
+    errors, results = [], {}
+
+    def good(i):
+        ids, _ = ids_batch(model, [8 + i])
+        results[i] = (ids[0].tolist(), client.infer(model.name, [infer_input("input_ids", ids)],
+                                                    outputs=outputs("embedding")))
+
+    def bad(i):
+        try:
+            client.infer(model.name, [infer_input("input_ids", np.array([[model.vocab + i]], dtype=np.int64))])
+        except InferenceServerException as e:
+            errors.append(e.status())
+
+    threads = [threading.Thread(target=good if i % 2 else bad, args=(i,)) for i in range(16)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert errors == ["StatusCode.INVALID_ARGUMENT"] * 8
+    assert len(results) == 8
+    for i, (seq, result) in results.items():
+        ok, worst = close(result.as_numpy("embedding")[0], model.reference([seq])[0].embedding)
+        assert ok, f"request {i}: {worst}"
+
+
+# ----------------------------------------------------------------------------- statistics and metrics
+
+
+def test_statistics_and_metrics_count_what_was_served(start, model):
+    srv = start()
+    c = grpcclient.InferenceServerClient(srv.url)
+    try:
+        rows = 0
+        for n in range(1, 6):
+            ids, mask = ids_batch(model, [n, 3])
+            c.infer(model.name, [infer_input("input_ids", ids), infer_input("attention_mask", mask)],
+                    outputs=outputs("embedding"))
+            rows += 2
+        with pytest.raises(InferenceServerException):
+            c.infer(model.name, [infer_input("input_ids", np.array([[model.vocab]], dtype=np.int64))])
+        stats = c.get_inference_statistics(model.name, as_json=True)["model_stats"]
+    finally:
+        c.close()
+    assert len(stats) == 1 and stats[0]["name"] == model.name and stats[0]["version"] == "1"
+    s, inf = stats[0], stats[0]["inference_stats"]
+    assert int(inf["success"]["count"]) == 5
+    assert int(s["inference_count"]) == rows
+    assert 1 <= int(s["execution_count"]) <= 5
+    for key in ("success", "queue", "compute_input", "compute_infer", "compute_output"):
+        assert int(inf[key]["count"]) == 5, key
+    assert int(inf["compute_infer"]["ns"]) > 0 and int(inf["success"]["ns"]) >= int(inf["compute_infer"]["ns"])
+    assert int(s["last_inference"]) > 0
+    # The same counts on /metrics; the bad request is refused before the queue (not a failure
+    # of the model, as in Triton) and counted by its status.
+    assert srv.metric("fastformer_requests_total", method="ModelInfer", code="OK") == 5
+    assert srv.metric("fastformer_requests_total", method="ModelInfer", code="INVALID_ARGUMENT") == 1
+    assert srv.metric("fastformer_requests_total", method="ModelStatistics", code="OK") == 1
+
+
+def test_token_auth_applies(start, model, tmp_path):
+    token_file = tmp_path / "tokens"
+    token_file.write_text("s3cret\n")
+    srv = start(auth_token_file=token_file, headers={"authorization": "Bearer s3cret"})
+    c = grpcclient.InferenceServerClient(srv.url)
+    try:
+        ids, _ = ids_batch(model, [4])
+        with pytest.raises(InferenceServerException) as e:
+            c.infer(model.name, [infer_input("input_ids", ids)])
+        assert e.value.status() == "StatusCode.UNAUTHENTICATED"
+        r = c.infer(model.name, [infer_input("input_ids", ids)], headers={"authorization": "Bearer s3cret"})
+        assert r.as_numpy("embedding").shape == (1, model.hidden)
+    finally:
+        c.close()
