@@ -138,16 +138,22 @@ class Server:
                         pytrace=False)
 
 
+# heavier (about 1.6 MFLOP per token): a queue of a few thousand tokens takes visible time
+LOAD_SPEC = dict(seed=3, hidden=128, heads=4, layers=4, intermediate=512, max_positions=2048, vocab=1000,
+                 num_labels=0, act="gelu", model_name="kserve-load")
+
+
 class Model:
-    def __init__(self, root: Path):
-        self.dir = root / MODEL_NAME
-        mdm.make_demo_model(self.dir, preset="tiny", log=lambda *a: None, **MODEL_SPEC)
+    def __init__(self, root: Path, spec=None):
+        spec = spec or MODEL_SPEC
+        self.dir = root / spec["model_name"]
+        mdm.make_demo_model(self.dir, preset="tiny", log=lambda *a: None, **spec)
         self.ref_model, self.config = ref.load_model_dir(self.dir)
-        self.name = MODEL_NAME
+        self.name = spec["model_name"]
         self.hidden = self.config.hidden_size
         self.vocab = self.config.vocab_size
         self.max_positions = self.config.max_position_embeddings
-        self.num_labels = MODEL_SPEC["num_labels"]
+        self.num_labels = spec["num_labels"]
 
     def reference(self, seqs, kind="ids"):
         """float64 reference results (embedding, token_embeddings, logits) per sequence."""
@@ -157,6 +163,11 @@ class Model:
 @pytest.fixture(scope="session")
 def model(tmp_path_factory):
     return Model(tmp_path_factory.mktemp("models"))
+
+
+@pytest.fixture(scope="session")
+def load_model(tmp_path_factory):
+    return Model(tmp_path_factory.mktemp("models"), LOAD_SPEC)
 
 
 @pytest.fixture(scope="session")
@@ -175,9 +186,9 @@ def server(model, logs):
 def start(model, logs, request):
     started = []
 
-    def _start(wait=True, headers=None, **flags):
-        """headers: what the readiness probe sends (a bearer token)."""
-        srv = Server(model.dir, logs, f"{request.node.name}-{len(started)}", **flags)
+    def _start(wait=True, headers=None, model_dir=None, **flags):
+        """headers: what the readiness probe sends (a bearer token); model_dir: another model."""
+        srv = Server(model_dir or model.dir, logs, f"{request.node.name}-{len(started)}", **flags)
         started.append(srv)
         return srv.wait_ready(headers=headers) if wait else srv
 

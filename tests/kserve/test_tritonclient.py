@@ -5,7 +5,9 @@ every bad input, and results equal to the Encoder API's and to the float64 refer
 from __future__ import annotations
 
 import queue
+import signal
 import threading
+import time
 
 import grpc
 import numpy as np
@@ -409,3 +411,39 @@ def test_token_auth_applies(start, model, tmp_path):
         assert r.as_numpy("embedding").shape == (1, model.hidden)
     finally:
         c.close()
+
+
+# ----------------------------------------------------------------------------- one batcher: drain
+
+
+def test_sigterm_drains_admitted_requests_then_refuses(start, load_model):
+    """v2 requests admitted before SIGTERM are all answered (the drain waits for them, as for
+    Encode); the server then exits 0."""
+    srv = start(model_dir=load_model.dir, max_batch_tokens=2048, max_queue_tokens=1_000_000,
+                max_request_tokens=4096, shutdown_timeout_s=30)
+    c = grpcclient.InferenceServerClient(srv.url)
+    answers = queue.Queue()
+    n = 16
+    seqs = [ids_batch(load_model, [1500 + i])[0] for i in range(n)]
+    try:
+        for i, ids in enumerate(seqs):
+            c.async_infer(load_model.name, [infer_input("input_ids", ids)], outputs=outputs("embedding"),
+                          callback=lambda result, error: answers.put((result, error)), request_id=f"d{i}")
+        # Every request admitted (in flight, or already answered) before the signal.
+        deadline = time.monotonic() + 20
+        while srv.metric("fastformer_inflight_requests") + answers.qsize() < n and time.monotonic() < deadline:
+            time.sleep(0.005)
+        unanswered = n - answers.qsize()
+        srv.proc.send_signal(signal.SIGTERM)
+        got = [answers.get(timeout=60) for _ in range(n)]
+    finally:
+        c.close()
+    errors = [e for _, e in got if e is not None]
+    assert not errors, f"{len(errors)} admitted requests failed in the drain: {errors[:3]}"
+    by_id = {r.get_response().id: r for r, _ in got}
+    for i in (0, n - 1):
+        ok, worst = close(by_id[f"d{i}"].as_numpy("embedding")[0],
+                          load_model.reference([seqs[i][0].tolist()])[0].embedding)
+        assert ok, f"d{i}: {worst}"
+    assert srv.proc.wait(timeout=60) == 0, srv.log()
+    print(f"{unanswered} of {n} requests were unanswered at SIGTERM")
