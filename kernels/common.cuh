@@ -77,7 +77,9 @@ FF_DEVICE void load_vec(const float* p, float* v) {
   const float4 q = *reinterpret_cast<const float4*>(p);
   v[0] = q.x, v[1] = q.y, v[2] = q.z, v[3] = q.w;
 }
-FF_DEVICE void store_vec(float* p, const float* v) { *reinterpret_cast<float4*>(p) = make_float4(v[0], v[1], v[2], v[3]); }
+FF_DEVICE void store_vec(float* p, const float* v) {
+  *reinterpret_cast<float4*>(p) = make_float4(v[0], v[1], v[2], v[3]);
+}
 // Half and bfloat16: one 16-byte access, its bits viewed as four pairs (memcpy of registers
 // compiles to nothing).
 template <class T, class Pair, class Widen>
@@ -161,7 +163,9 @@ struct RowThread {
   int32_t index;
 };
 FF_DEVICE RowThread row_thread(int32_t row_threads) {
-  if (row_threads == 32) return RowThread{int32_t(blockIdx.x * (blockDim.x / 32) + threadIdx.x / 32), int32_t(threadIdx.x % 32)};
+  if (row_threads == 32) {
+    return RowThread{int32_t(blockIdx.x * (blockDim.x / 32) + threadIdx.x / 32), int32_t(threadIdx.x % 32)};
+  }
   return RowThread{int32_t(blockIdx.x), int32_t(threadIdx.x)};
 }
 
@@ -180,7 +184,8 @@ inline bool is_aligned16(const void* p) { return reinterpret_cast<uintptr_t>(p) 
 // be moved in 16-byte vectors: the width and every leading dimension a multiple of the vector,
 // every pointer (null ones aside) 16-byte aligned.
 template <class T>
-bool vector_path(int32_t width, std::initializer_list<int64_t> leading_dims, std::initializer_list<const void*> pointers) {
+bool vector_path(int32_t width, std::initializer_list<int64_t> leading_dims,
+                 std::initializer_list<const void*> pointers) {
   if (width % kVecSize<T> != 0) return false;
   for (const int64_t ld : leading_dims) {
     if (ld % kVecSize<T> != 0) return false;

@@ -81,7 +81,9 @@ struct DeviceRows {
   DeviceRows(Shape s, int32_t r, float lo, float hi, uint32_t seed)
       : shape(s), rows(r), host(size_t(s.offset + r * s.ld()), lo, hi, seed), buffer(host.stored.size()) {
     for (int32_t i = 0; i < r; ++i) {
-      for (int64_t j = s.width; j < s.ld(); ++j) host.stored[size_t(s.offset + i * s.ld() + j)] = from_float<T>(kPadding);
+      for (int64_t j = s.width; j < s.ld(); ++j) {
+        host.stored[size_t(s.offset + i * s.ld() + j)] = from_float<T>(kPadding);
+      }
     }
     buffer.upload(host.stored);
   }
@@ -214,7 +216,9 @@ TYPED_TEST(RowKernels, BiasResidualLayerNormMatchesTheReference) {
         const auto got = out.download();
         for (int32_t r = 0; r < rows; ++r) {
           std::vector<double> sum(static_cast<size_t>(D));
-          for (int32_t j = 0; j < D; ++j) sum[size_t(j)] = c.at(r, j) + (with_bias ? bias.at(0, j) : 0.0) + residual.at(r, j);
+          for (int32_t j = 0; j < D; ++j) {
+            sum[size_t(j)] = c.at(r, j) + (with_bias ? bias.at(0, j) : 0.0) + residual.at(r, j);
+          }
           const std::vector<double> want = layernorm(sum, g, b, eps);
           for (int32_t j = 0; j < D; ++j) {
             ASSERT_NEAR(got[size_t(r)][size_t(j)], want[size_t(j)], tolerance<T>(want[size_t(j)]))
@@ -266,7 +270,8 @@ TYPED_TEST(RowKernels, BiasActivationMatchesTheReferenceForEveryActivation) {
           // The kernel rounds c + b to float, not to T, before the activation.
           const double v = c.at(r, j) + (mode.bias ? bias.at(0, j) : 0.0);
           const double want = mode.apply ? activate(v, mode.act) : v;
-          ASSERT_NEAR(got[size_t(r)][size_t(j)], want, tolerance<T>(want)) << context << ", row " << r << ", column " << j;
+          ASSERT_NEAR(got[size_t(r)][size_t(j)], want, tolerance<T>(want))
+              << context << ", row " << r << ", column " << j;
         }
       }
     }
