@@ -45,10 +45,12 @@ template <class T>
 void launch_embedding_layernorm(const BatchArgs& batch, const T* word_embedding, const T* position_embeddings,
                                 const T* gamma, const T* beta, float eps, int32_t D, T* x, ff_stream_t stream);
 
+// c[r, j] = act(c[r, j] + bias[j]) in place (act only when `activate`; bias null: none).
 template <class T>
 void launch_bias_activation(T* c, int64_t ldc, const T* bias, int32_t rows, int32_t cols, bool activate, Act act,
                             ff_stream_t stream);
 
+// out[r] = LN(c[r] + bias + residual[r]) * gamma + beta (bias null: none); out may be residual.
 template <class T>
 void launch_bias_residual_layernorm(const T* c, int64_t ldc, const T* bias, const T* residual, int64_t ld_residual,
                                     const T* gamma, const T* beta, float eps, int32_t rows, int32_t D, T* out,
