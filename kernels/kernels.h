@@ -31,6 +31,7 @@ struct BatchArgs {
   const int32_t* chunk_begin = nullptr;      ///< [chunks] first token
   const int32_t* chunk_end = nullptr;        ///< [chunks] one past the last token
   const int32_t* seq_first_chunk = nullptr;  ///< [B+1] chunk offsets per sequence
+  int32_t max_sequence_chunks = 0;           ///< the most chunks one sequence has (0: unknown)
 };
 
 // Online-softmax partials of every chunk: per head the max m and sum l, and per column

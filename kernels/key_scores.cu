@@ -1,33 +1,97 @@
 // key_scores_kernel computes the key-side attention scores (docs/design.md, "The model
 // contract", lines (5)-(6)):
 //     r_t = (P_t Wka^T + bka) / sqrt(d),  P_t = K_t * pq
-// as r_t = (K_t * pq) Wka'^T + bka' with Wka' = Wka / sqrt(d) prepared at load, so
-// P = K * pq is never written to memory. One block per token: P_t is staged in shared
-// memory, then each warp takes heads in turn and reduces its dot product with shuffles.
+// as r_t = K_t . G_b[h] + bka'[h] with G_b[h] = Wka'[h] * pq_b and Wka' = Wka / sqrt(d)
+// prepared at load, so P = K * pq is never written to memory.
+//
+// One block per kKeyScoreTokens tokens of one pooling chunk (so of one sequence b): it builds
+// G_b for up to kHeadTile heads once in shared memory (float), and serves all its tokens from
+// it, instead of reading the heads x D weights again for every token. A warp takes a token:
+// each lane reads its columns of K_t in 16-byte vectors where the layout allows, accumulates
+// the kHeadTile dot products in registers, and the warp reduces them together, halving the
+// values each lane keeps at every shuffle step (16 shuffles for 16 heads, not 16 x 5).
+#include <algorithm>
+#include <stdexcept>
+#include <string>
+
 #include "kernels/instantiate.cuh"
 #include "kernels/kernels.h"
+#include "kernels/pooling.cuh"
 
 namespace fastformer::kernels {
 inline namespace FF_KERNELS_ABI {
 namespace {
 
-template <class T>
+constexpr int32_t kKeyScoreThreads = 256;
+constexpr int32_t kKeyScoreWarps = kKeyScoreThreads / 32;
+// Tokens per block: G_b, staged once, serves 64 tokens; 4 blocks per full chunk.
+constexpr int32_t kKeyScoreTokens = 64;
+constexpr int32_t kHeadTile = 16;  // heads per pass, in registers (one per pair of lanes at the end)
+constexpr size_t kMaxSharedBytes = 227 * 1024;  // sm_90's opt-in limit per block
+
+// a[0..2N) summed pairwise with lane ^ 2N into a[0..N): the lane with that bit set keeps the
+// upper half, its partner the lower one, and each sends the half it gives up.
+template <int N>
+FF_DEVICE void fold_across_lanes(float* a, int32_t lane) {
+  const bool upper = (lane & (2 * N)) != 0;
+FF_POOL_UNROLL
+  for (int32_t i = 0; i < N; ++i) {
+    const float keep = upper ? a[i + N] : a[i];
+    const float give = upper ? a[i] : a[i + N];
+    a[i] = keep + __shfl_xor_sync(0xffffffffu, give, 2 * N);
+  }
+}
+
+// The warp's sums of a[0..16): lanes 2i and 2i + 1 get the sum of a[i].
+FF_DEVICE float warp_sum_16(float (&a)[kHeadTile], int32_t lane) {
+  static_assert(kHeadTile == 16);
+  fold_across_lanes<8>(a, lane);
+  fold_across_lanes<4>(a, lane);
+  fold_across_lanes<2>(a, lane);
+  fold_across_lanes<1>(a, lane);
+  return a[0] + __shfl_xor_sync(0xffffffffu, a[0], 1);
+}
+
+template <class T, int VEC>
 FF_GLOBAL void key_scores_kernel(BatchArgs batch, const T* k, int64_t ld_k, const T* pq, const T* wka, const T* bka,
                                  int32_t heads, int32_t D, float* r) {
-  FF_DYNAMIC_SHARED(float, p);  // [D]: K_t * pq
-  const int32_t t = blockIdx.x;
-  const int32_t b = batch.token_seq[t];
-  for (int32_t j = threadIdx.x; j < D; j += blockDim.x) {
-    p[j] = to_float(k[int64_t(t) * ld_k + j]) * to_float(pq[int64_t(b) * D + j]);
-  }
-  __syncthreads();
-  const int32_t lane_id = threadIdx.x % 32, warp_id = threadIdx.x / 32, warps = blockDim.x / 32;
-  for (int32_t h = warp_id; h < heads; h += warps) {
-    const T* w = wka + int64_t(h) * D;
-    float dot = 0.0f;
-    for (int32_t j = lane_id; j < D; j += 32) dot += p[j] * to_float(w[j]);
-    dot = warp_sum(dot);
-    if (lane_id == 0) r[int64_t(t) * heads + h] = dot + to_float(bka[h]);
+  FF_DYNAMIC_SHARED(float, g);  // [min(heads, kHeadTile)][D]: Wka'[h] * pq_b
+  const int32_t c = blockIdx.x;
+  const int32_t t0 = batch.chunk_begin[c] + int32_t(blockIdx.y) * kKeyScoreTokens;
+  const int32_t t1 = min_int(batch.chunk_end[c], t0 + kKeyScoreTokens);
+  if (t0 >= t1) return;  // the chunk is shorter than this block's share (the whole block)
+  const T* pq_b = pq + int64_t(batch.token_seq[t0]) * D;
+  const int32_t lane = threadIdx.x % 32, warp = threadIdx.x / 32;
+  const int32_t vectors = D / VEC;
+
+  for (int32_t h0 = 0; h0 < heads; h0 += kHeadTile) {
+    const int32_t nh = min_int(heads - h0, kHeadTile);
+    if (h0 > 0) __syncthreads();  // every warp is done with the previous heads' G
+    for (int32_t hh = 0; hh < nh; ++hh) {
+      for (int32_t j = threadIdx.x; j < D; j += kKeyScoreThreads) {
+        g[hh * D + j] = to_float(wka[int64_t(h0 + hh) * D + j]) * to_float(pq_b[j]);
+      }
+    }
+    __syncthreads();
+    for (int32_t t = t0 + warp; t < t1; t += kKeyScoreWarps) {
+      const T* row = k + int64_t(t) * ld_k;
+      float acc[kHeadTile] = {};
+      for (int32_t v = lane; v < vectors; v += 32) {
+        float x[VEC];
+        load_vector<VEC>(row + v * VEC, x);
+FF_POOL_UNROLL
+        for (int32_t hh = 0; hh < kHeadTile; ++hh) {
+          if (hh < nh) {
+            const float* gh = g + hh * D + v * VEC;
+FF_POOL_UNROLL
+            for (int32_t e = 0; e < VEC; ++e) acc[hh] += x[e] * gh[e];
+          }
+        }
+      }
+      const float sum = warp_sum_16(acc, lane);
+      const int32_t hh = lane / 2;
+      if (lane % 2 == 0 && hh < nh) r[int64_t(t) * heads + h0 + hh] = sum + to_float(bka[h0 + hh]);
+    }
   }
 }
 
@@ -36,10 +100,21 @@ FF_GLOBAL void key_scores_kernel(BatchArgs batch, const T* k, int64_t ld_k, cons
 template <class T>
 void launch_key_scores(const BatchArgs& batch, const T* k, int64_t ld_k, const T* pq, const T* wka, const T* bka,
                        int32_t heads, int32_t D, float* r, ff_stream_t stream) {
-  if (batch.num_tokens == 0) return;
-  FF_LAUNCH(key_scores_kernel<T>, dim3(unsigned(batch.num_tokens)), dim3(128), size_t(D) * sizeof(float), stream,
-            batch, k, ld_k, pq, wka, bka, heads, D, r);
+  if (batch.num_chunks == 0) return;
+  const size_t shared = size_t(std::min(heads, kHeadTile)) * size_t(D) * sizeof(float);
+  if (shared > kMaxSharedBytes) {
+    throw std::runtime_error("key_scores: hidden size " + std::to_string(D) + " needs " + std::to_string(shared) +
+                             " bytes of shared memory, more than a block has");
+  }
+  const dim3 grid(unsigned(batch.num_chunks), unsigned(kChunkTokens / kKeyScoreTokens));
+  with_vector_width<T>(vector_width(k, ld_k, D), [&](auto width) {
+    constexpr int VEC = decltype(width)::value;
+    if (shared > 48 * 1024) ff_set_max_dynamic_shared_memory(key_scores_kernel<T, VEC>, shared);
+    FF_LAUNCH((key_scores_kernel<T, VEC>), grid, dim3(kKeyScoreThreads), shared, stream, batch, k, ld_k, pq, wka, bka,
+              heads, D, r);
+  });
 }
+static_assert(kChunkTokens % kKeyScoreTokens == 0);
 
 #define FF_KEY_SCORES(T)                                                                                   \
   template void launch_key_scores<T>(const BatchArgs&, const T*, int64_t, const T*, const T*, const T*,     \

@@ -265,10 +265,14 @@ class CudaOps final : public Ops {
     // The host vectors above (ours and the chunks) stay untouched until the next
     // begin_batch, which comes after this batch's synchronize(), so the asynchronous copies
     // read stable memory.
+    int32_t max_sequence_chunks = 0;  // sizes the combine's split of a sequence's chunks
+    for (int32_t b = 0; b < B; ++b) {
+      max_sequence_chunks = std::max(max_sequence_chunks, chunks.first[size_t(b) + 1] - chunks.first[size_t(b)]);
+    }
     args_ = k::BatchArgs{T_count,          B,           cu_seqlens_, token_seq_,
                          token_ids_,       embedding_index_, position_ids_, mask_,
                          input_embeddings_, chunks.count(), chunk_begin_, chunk_end_,
-                         seq_first_chunk_};
+                         seq_first_chunk_, max_sequence_chunks};
     auto floats = [&](const WorkspacePlan::Buffer& buffer) { return reinterpret_cast<float*>(memory_ + buffer.offset); };
     partials_ = k::Partials{floats(plan.partial_max), floats(plan.partial_sum), floats(plan.partial_values)};
     scores_ = floats(plan.token_scores);
