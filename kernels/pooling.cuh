@@ -9,15 +9,18 @@
 
 #include "kernels/runtime.h"
 
-// `#pragma unroll` for nvcc; the host compiler of the emulation does not know it (and the
-// emulation's speed does not matter). Named for this header, apart from any shared macro.
+// `#pragma unroll` and `__launch_bounds__` for nvcc; the host compiler of the emulation knows
+// neither (and the emulation's speed does not matter). Named for this header, apart from any
+// shared macro.
 #define FF_POOL_PRAGMA(x) _Pragma(#x)
 #if defined(FF_EMULATION)
 #define FF_POOL_UNROLL
 #define FF_POOL_UNROLL_BY(n)
+#define FF_POOL_LAUNCH_BOUNDS(threads, blocks)
 #else
 #define FF_POOL_UNROLL FF_POOL_PRAGMA(unroll)
 #define FF_POOL_UNROLL_BY(n) FF_POOL_PRAGMA(unroll n)
+#define FF_POOL_LAUNCH_BOUNDS(threads, blocks) __launch_bounds__(threads, blocks)
 #endif
 
 namespace fastformer::kernels {

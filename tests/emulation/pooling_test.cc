@@ -3,8 +3,8 @@
 // pooling, the key scores and key pooling, and the attention pooler, on ragged batches with
 // masked tokens (rows of padding hold NaN, so a masked token that weighed anything would
 // show), a one-token sequence, chunks of padding only, a 2,000-token sequence of 8 chunks,
-// scores far from 0 (the max subtraction), base-long's heads (12 x 64) and an odd shape
-// (hidden 40, 5 heads) whose vector paths have tails, and Q|K|s rows both at their natural
+// scores far from 0 (the max subtraction), base-long's heads (12 x 64), odd shapes (hidden
+// 40 in 5 or 20 heads) whose vector paths have tails, and Q|K|s rows both at their natural
 // width (2D + H, narrower vectors) and padded to a multiple of 8 elements (16-byte vectors).
 #include <gtest/gtest.h>
 
@@ -195,7 +195,9 @@ class PoolingTest : public ::testing::Test {};
 using Dtypes = ::testing::Types<float, ff_half, ff_bfloat16>;
 TYPED_TEST_SUITE(PoolingTest, Dtypes);
 
-const Shape kShapes[] = {{768, 12, false}, {768, 12, true}, {40, 5, false}, {40, 5, true}};
+// 20 heads of 2 columns: more heads than a block has warps, and than the key scores keep in
+// registers at once (two passes of G).
+const Shape kShapes[] = {{768, 12, false}, {768, 12, true}, {40, 5, false}, {40, 5, true}, {40, 20, true}};
 std::string name(const Shape& s) {
   return "D " + std::to_string(s.D) + ", " + std::to_string(s.H) + " heads, ld " + std::to_string(s.ld());
 }
@@ -340,7 +342,7 @@ std::vector<std::uint8_t> bytes_of(const std::vector<float>& a, const std::vecto
 // Every pooling kernel under the race check: threads and blocks in reverse order give the
 // same bytes (key scores, partials and the pooled rows).
 TEST(PoolingRaceCheck, KeyPoolingAndQueryPoolingDoNotDependOnTheSchedule) {
-  for (const Shape& shape : {Shape{768, 12, true}, Shape{40, 5, false}}) {
+  for (const Shape& shape : {Shape{768, 12, true}, Shape{40, 5, false}, Shape{40, 20, true}}) {
     using T = ff_bfloat16;
     QksBatch<T> in(shape);
     const int32_t D = shape.D, H = shape.H, B = in.batch.sequences();
