@@ -180,7 +180,9 @@ void launch_pool_partials(const BatchArgs& batch, const S* scores, int64_t ld_sc
                           int64_t ld_values, int32_t D, Partials partials, ff_stream_t stream) {
   if (batch.num_chunks == 0) return;
   const int32_t d = D / heads;
-  const int32_t block_columns = std::min(D, kPoolColumns);  // a multiple of any vector width dividing d
+  // At most 33 heads a block (their weights in shared memory); a multiple of any vector
+  // width dividing d.
+  const int32_t block_columns = std::min({D, kPoolColumns, 32 * d});
   const int32_t groups = (D + block_columns - 1) / block_columns;
   const int32_t heads_max = std::min(heads, (block_columns - 1) / d + 2);
   with_vector_width<T>(vector_width(values, ld_values, d), [&](auto width) {

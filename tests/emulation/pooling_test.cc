@@ -196,8 +196,10 @@ using Dtypes = ::testing::Types<float, ff_half, ff_bfloat16>;
 TYPED_TEST_SUITE(PoolingTest, Dtypes);
 
 // 20 heads of 2 columns: more heads than a block has warps, and than the key scores keep in
-// registers at once (two passes of G).
-const Shape kShapes[] = {{768, 12, false}, {768, 12, true}, {40, 5, false}, {40, 5, true}, {40, 20, true}};
+// registers at once (two passes of G); 40 heads of 1 column: the partials split D = 40 in
+// column groups of 32 (a block keeps the weights of at most 33 heads).
+const Shape kShapes[] = {{768, 12, false}, {768, 12, true}, {40, 5, false},
+                         {40, 5, true},    {40, 20, true},  {40, 40, false}};
 std::string name(const Shape& s) {
   return "D " + std::to_string(s.D) + ", " + std::to_string(s.H) + " heads, ld " + std::to_string(s.ld());
 }
