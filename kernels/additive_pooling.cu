@@ -188,7 +188,8 @@ void launch_pool_partials(const BatchArgs& batch, const S* scores, int64_t ld_sc
   with_vector_width<T>(vector_width(values, ld_values, d), [&](auto width) {
     constexpr int VEC = decltype(width)::value;
     const int32_t slots = kPoolThreads / ((block_columns + VEC - 1) / VEC);
-    const size_t shared = (size_t(heads_max) * (kChunkTokens + 1) + size_t(slots) * size_t(block_columns)) * sizeof(float);
+    const size_t shared =
+        (size_t(heads_max) * (kChunkTokens + 1) + size_t(slots) * size_t(block_columns)) * sizeof(float);
     FF_LAUNCH((pool_partials_kernel<T, S, VEC>), dim3(unsigned(batch.num_chunks), unsigned(groups)),
               dim3(kPoolThreads), shared, stream, batch, scores, ld_scores, heads, values, ld_values, D,
               block_columns, heads_max, partials);

@@ -73,8 +73,9 @@ FF_HOST_DEVICE int32_t g_row(int32_t D, int32_t vec) { return (D + 32 * vec - 1)
 // Two blocks per SM at least: registers capped at 128 a thread (kTokenStep x kHeadTile
 // accumulators need most of them).
 template <class T, int VEC>
-FF_GLOBAL void FF_POOL_LAUNCH_BOUNDS(kKeyScoreThreads, 2) key_scores_kernel(BatchArgs batch, const T* k, int64_t ld_k, const T* pq, const T* wka, const T* bka,
-                                 int32_t heads, int32_t D, float* r) {
+FF_GLOBAL void FF_POOL_LAUNCH_BOUNDS(kKeyScoreThreads, 2)
+    key_scores_kernel(BatchArgs batch, const T* k, int64_t ld_k, const T* pq, const T* wka, const T* bka,
+                      int32_t heads, int32_t D, float* r) {
   FF_DYNAMIC_SHARED(float, g);  // [min(heads, kHeadTile)][g_row]: Wka'[h] * pq_b
   const int32_t c = blockIdx.x;
   const int32_t t0 = batch.chunk_begin[c] + int32_t(blockIdx.y) * kKeyScoreTokens;

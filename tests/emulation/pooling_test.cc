@@ -278,8 +278,9 @@ TYPED_TEST(PoolingTest, KeyScoresAndKeyPoolingMatchTheReference) {
     }
     EXPECT_EQ(bad, 0);
     expect_rows_near<T>(d_pk.download(), in.batch, D, [&](int32_t b) {
-      std::vector<double> pk = reference_pool(in.batch, b, H, D, [&](int32_t t, int32_t h) { return r_ref(t, h, nullptr); },
-                                              [&](int32_t t, int32_t j) { return in.at(t, D + j); }, 0.0);
+      std::vector<double> pk =
+          reference_pool(in.batch, b, H, D, [&](int32_t t, int32_t h) { return r_ref(t, h, nullptr); },
+                         [&](int32_t t, int32_t j) { return in.at(t, D + j); }, 0.0);
       for (int32_t j = 0; j < D; ++j) pk[size_t(j)] *= value(pq[size_t(b) * size_t(D) + size_t(j)]);
       return pk;
     }, "key pooling, " + name(shape));
