@@ -380,5 +380,36 @@ TEST(PoolingRaceCheck, KeyPoolingAndQueryPoolingDoNotDependOnTheSchedule) {
   }
 }
 
+// The pooler's shape under the race check: one head split over 3 column groups, of which only
+// the first writes the head's m and l.
+TEST(PoolingRaceCheck, AttentionPoolerDoesNotDependOnTheSchedule) {
+  using T = ff_half;
+  const int32_t D = 768;
+  std::mt19937 rng(7);
+  const Batch batch = make_batch(rng);
+  DeviceBatch dev(batch);
+  DeviceBuffer<T> d_x(random_values<T>(size_t(batch.tokens()) * size_t(D), -1.0f, 1.0f, rng));
+  DeviceBuffer<T> d_pooled(size_t(batch.sequences()) * size_t(D));
+  DeviceBuffer<float> d_z(random_values<float>(size_t(batch.tokens()), -2.0f, 2.0f, rng));
+  DevicePartials partials(batch, 1, D);
+  const ff_emu::RaceCheckResult result = ff_emu::racecheck(
+      [&] {
+        partials.m.fill_zero();
+        partials.l.fill_zero();
+        k::launch_pool_partials<T, float>(dev.args, d_z.get(), 1, 1, d_x.get(), D, D, partials.get(), nullptr);
+        k::launch_pool_combine<T>(dev.args, partials.get(), 1, D, nullptr, 1e-8f, d_pooled.get(), nullptr);
+      },
+      [&] {
+        std::vector<float> floats = partials.m.download();
+        for (const float x : partials.l.download()) floats.push_back(x);
+        for (const float x : partials.v.download()) floats.push_back(x);
+        std::vector<ff_bfloat16> pooled(d_pooled.size());
+        const std::vector<T> out = d_pooled.download();
+        std::memcpy(pooled.data(), out.data(), out.size() * sizeof(T));
+        return bytes_of(floats, pooled);
+      });
+  EXPECT_FALSE(result.order_dependent) << result.message;
+}
+
 }  // namespace
 }  // namespace fastformer::emulation_test
