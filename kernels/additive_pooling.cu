@@ -115,10 +115,10 @@ FF_POOL_UNROLL_BY(4)
       float x[VEC];
       load_vector<VEC>(v + int64_t(real_tokens[k]) * ld_values, x);
       const float weight = w[k];
-FF_POOL_UNROLL
+FF_UNROLL
       for (int32_t e = 0; e < VEC; ++e) acc[e] += weight * x[e];
     }
-FF_POOL_UNROLL
+FF_UNROLL
     for (int32_t e = 0; e < VEC; ++e) column_sums[token_slot * block_columns + vector * VEC + e] = acc[e];
   }
   __syncthreads();

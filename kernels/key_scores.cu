@@ -37,7 +37,7 @@ constexpr size_t kMaxSharedBytes = 227 * 1024;  // sm_90's opt-in limit per bloc
 template <int N>
 FF_DEVICE void fold_across_lanes(float* a, int32_t lane) {
   const bool upper = (lane & (2 * N)) != 0;
-FF_POOL_UNROLL
+FF_UNROLL
   for (int32_t i = 0; i < N; ++i) {
     const float keep = upper ? a[i + N] : a[i];
     const float give = upper ? a[i] : a[i + N];
@@ -98,7 +98,7 @@ FF_GLOBAL void FF_POOL_LAUNCH_BOUNDS(kKeyScoreThreads, 2)
     // serves kTokenStep rows (shared-memory bandwidth, not HBM, bounds a token at a time).
     for (int32_t t = t0 + warp; t < t1; t += kTokenStep * kKeyScoreWarps) {
       const T* rows[kTokenStep];
-FF_POOL_UNROLL
+FF_UNROLL
       for (int32_t i = 0; i < kTokenStep; ++i) {
         const int32_t u = t + i * kKeyScoreWarps;
         rows[i] = k + int64_t(u < t1 ? u : t) * ld_k;  // past the block's tokens: t again, not written
@@ -106,23 +106,23 @@ FF_POOL_UNROLL
       float acc[kTokenStep][kHeadTile] = {};
       for (int32_t v = lane; v < vectors; v += 32) {
         float x[kTokenStep][VEC];
-FF_POOL_UNROLL
+FF_UNROLL
         for (int32_t i = 0; i < kTokenStep; ++i) load_vector<VEC>(rows[i] + v * VEC, x[i]);
-FF_POOL_UNROLL
+FF_UNROLL
         for (int32_t hh = 0; hh < kHeadTile; ++hh) {
           if (hh < nh) {
             const float* gh = g + hh * row;
-FF_POOL_UNROLL
+FF_UNROLL
             for (int32_t e = 0; e < VEC; ++e) {
               const float ge = gh[g_index<VEC>(v, e)];
-FF_POOL_UNROLL
+FF_UNROLL
               for (int32_t i = 0; i < kTokenStep; ++i) acc[i][hh] += x[i][e] * ge;
             }
           }
         }
       }
       const int32_t hh = lane / 2;
-FF_POOL_UNROLL
+FF_UNROLL
       for (int32_t i = 0; i < kTokenStep; ++i) {
         const int32_t u = t + i * kKeyScoreWarps;
         const float sum = warp_sum_16(acc[i], lane);

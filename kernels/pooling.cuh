@@ -7,20 +7,18 @@
 #include <cstring>
 #include <type_traits>
 
+#include "kernels/common.cuh"
 #include "kernels/runtime.h"
 
-// `#pragma unroll` and `__launch_bounds__` for nvcc; the host compiler of the emulation knows
-// neither (and the emulation's speed does not matter). Named for this header, apart from any
-// shared macro.
+// `#pragma unroll n` and `__launch_bounds__` for nvcc (FF_UNROLL, common.cuh, is the plain
+// unroll); the host compiler of the emulation knows neither.
 #define FF_POOL_PRAGMA(x) _Pragma(#x)
-#if defined(FF_EMULATION)
-#define FF_POOL_UNROLL
-#define FF_POOL_UNROLL_BY(n)
-#define FF_POOL_LAUNCH_BOUNDS(threads, blocks)
-#else
-#define FF_POOL_UNROLL FF_POOL_PRAGMA(unroll)
+#if defined(__CUDACC__)
 #define FF_POOL_UNROLL_BY(n) FF_POOL_PRAGMA(unroll n)
 #define FF_POOL_LAUNCH_BOUNDS(threads, blocks) __launch_bounds__(threads, blocks)
+#else
+#define FF_POOL_UNROLL_BY(n)
+#define FF_POOL_LAUNCH_BOUNDS(threads, blocks)
 #endif
 
 namespace fastformer::kernels {
@@ -67,7 +65,7 @@ FF_DEVICE void load_vector(const T* p, float (&out)[VEC]) {
   const Raw raw = *reinterpret_cast<const Raw*>(p);
   T elements[VEC];
   memcpy(elements, &raw, sizeof(raw));
-FF_POOL_UNROLL
+FF_UNROLL
   for (int i = 0; i < VEC; ++i) out[i] = to_float(elements[i]);
 #endif
 }
