@@ -102,7 +102,9 @@ def ops(B, T, m=BASE_LONG_BF16, gelu_pass=True):
         out += [
             ("qks_gemm", layer, "gemm K=768", linear(e, T, m.qks, D, bias=True), 0, 1),  # BIAS epilogue
             ("query_pool", layer, "pooling", query_pool(e, B, T, D, H), partials, 2),    # partials, combine
-            ("key_pool", layer, "pooling", key_pool(e, B, T, D, H), partials, 2),        # scores fused in
+            # key_scores (a kernel of its own: K read a second time, the float scores r [T, H]
+            # written and read again), then partials and combine
+            ("key_pool", layer, "pooling", key_pool(e, B, T, D, H), partials + e * T * D + 2 * 4 * T * H, 3),
             ("mix", layer, "row", mix(e, B, T, D), 0, 1),
             ("transform_gemm", layer, "gemm K=768", linear(e, T, D, D, accumulate=True), 0, 1),
             ("attn_out_gemm", layer, "gemm K=768", linear(e, T, D, D), 0, 1),
