@@ -164,8 +164,10 @@ for c in "${CUDACXX:-}" "$(command -v nvcc 2>/dev/null)" /usr/local/cuda/bin/nvc
   if [ -n "$c" ] && [ -x "$c" ]; then NVCC=$c; break; fi
 done
 CUDA_BIN=""
+NVCC_MAJOR=""
 if [ -n "$NVCC" ]; then
   CUDA_BIN=$(dirname "$NVCC")
+  NVCC_MAJOR=$("$NVCC" --version 2>/dev/null | sed -n 's/.*release \([0-9][0-9]*\)\..*/\1/p' | head -1)
   case ":$PATH:" in *":$CUDA_BIN:"*) ;; *) PATH=$PATH:$CUDA_BIN ;; esac
   export PATH
 fi
@@ -222,8 +224,12 @@ print("\n".join(d for d in dirs if d))' 2>/dev/null)
     incs+=("$r/include" "$r/targets/x86_64-linux/include" "$r/targets/sbsa-linux/include")
     libs+=("$r/lib64" "$r/lib" "$r/targets/x86_64-linux/lib" "$r/targets/sbsa-linux/lib" "$r/lib/x86_64-linux-gnu")
   done
+  # The wheels of nvcc's CUDA major first: a cuBLAS header of another major does not build
+  # against the toolkit's runtime headers.
+  local subs=(nvidia/cu13 nvidia/cublas nvidia/cu12)
+  [ "$NVCC_MAJOR" != 12 ] || subs=(nvidia/cublas nvidia/cu12 nvidia/cu13)
   for s in "${sites[@]}"; do
-    for sub in nvidia/cu13 nvidia/cublas nvidia/cu12; do
+    for sub in "${subs[@]}"; do
       incs+=("$s/$sub/include")
       libs+=("$s/$sub/lib")
     done
@@ -304,10 +310,14 @@ elif [ -n "$CUBLASLT_LIB_VERSION" ] && [ "${CUBLASLT_LIB_VERSION#cannot load}" !
 else
   CUBLASLT_WHY=""
 fi
+CUBLASLT_NOTE=""
+if [ -n "$NVCC_MAJOR" ] && [ -n "$CUBLASLT_INC_VERSION" ] && [ "${CUBLASLT_INC_VERSION%%.*}" != "$NVCC_MAJOR" ]; then
+  CUBLASLT_NOTE="; cuBLAS ${CUBLASLT_INC_VERSION%%.*} but nvcc is CUDA $NVCC_MAJOR: the build may fail on mixed headers"
+fi
 if [ -z "$CUBLASLT_WHY" ]; then
-  record cublaslt "$CUBLASLT_TITLE" ok 0 0 "header $CUBLASLT_INC ($CUBLASLT_INC_VERSION); library $CUBLASLT_LIB_REAL (${CUBLASLT_LIB_VERSION:-version not read})"
+  record cublaslt "$CUBLASLT_TITLE" ok 0 0 "header $CUBLASLT_INC ($CUBLASLT_INC_VERSION); library $CUBLASLT_LIB_REAL (${CUBLASLT_LIB_VERSION:-version not read})$CUBLASLT_NOTE"
 else
-  record cublaslt "$CUBLASLT_TITLE" failed "" 0 "$CUBLASLT_WHY; $CUBLASLT_LOOKED"
+  record cublaslt "$CUBLASLT_TITLE" failed "" 0 "$CUBLASLT_WHY; $CUBLASLT_LOOKED$CUBLASLT_NOTE"
 fi
 
 DEPS=$ROOT/.deps
