@@ -2,7 +2,7 @@
 """Writes the markdown report of tests/gpu/gpu-check.sh from its run directory.
 
     report.py --run DIR --out REPORT.md [--summary SUMMARY.txt]
-    report.py --verdict ctest|gtest OUTPUT_FILE --gpu 0|1
+    report.py --verdict ctest|gtest|sanitizer|ncu OUTPUT_FILE... --gpu 0|1
 
 DIR holds what gpu-check.sh left: meta.env (key=value), stages.tsv (id, title,
 status, rc, seconds, note; a later record of an ID replaces the earlier one),
@@ -10,9 +10,10 @@ benches.tsv (id|engine|model|dtype|lengths|batch_tokens|role), cublaslt.env and 
 dirs searched for it, env.txt, gpu-query.csv, ncu.csv, and per stage ID.out (stdout; the
 benchmarks print one JSON object) and ID.err.
 
---verdict reads the output of `ctest -V` or of a GoogleTest binary and prints `ok`, or
-`failed<TAB>why`: with a GPU present (--gpu 1) a skipped test is a failure, since ctest
-and GoogleTest both count it as passed. Standard library only: it runs under any python3.
+--verdict reads a stage's output and prints `keep` (its exit status says it all), or
+`failed<TAB>why` or `skipped<TAB>why`: with a GPU present (--gpu 1) a skipped GPU test is
+a failure, since ctest and GoogleTest both count it as passed; compute-sanitizer or ncu
+refused by the machine's runtime is a skip. Standard library only: it runs under any python3.
 """
 
 from __future__ import annotations
@@ -204,9 +205,34 @@ def skip_reasons(text):
     return reasons
 
 
+# How compute-sanitizer and ncu say that this machine will not let them run (no access to
+# the performance counters, no debugger interface in the container, an unsupported device).
+REFUSED_RE = re.compile(r"ERR_NVGPUCTRPERM|not supported|permission|privilege|"
+                        r"unable to (find|load|launch|initialize|open|create)|"
+                        r"failed to (initialize|create|attach|load|launch)|"
+                        r"terminated before first instrumented|not allowed", re.I)
+
+
+def refusal(text):
+    """The first line where a tool says it cannot run here, or None."""
+    for line in text.splitlines():
+        if REFUSED_RE.search(line):
+            return line.strip()[:200]
+    return None
+
+
 def stage_verdict(kind, text, gpu):
-    """('ok', '') or ('failed', why) for the output of `ctest -V` or a GoogleTest binary.
-    With a GPU present a skipped test fails the stage: it ran nothing on the GPU."""
+    """What the output of a stage says beyond its exit status: (None, '') to keep the status,
+    ('failed', why) or ('skipped', why).
+    ctest (`ctest -V`) and gtest (a GoogleTest binary): with a GPU present a skipped test
+    fails the stage, as it ran nothing on the GPU; so do failed tests and a missing summary.
+    sanitizer and ncu: a tool that checked or profiled nothing and says that this machine
+    refuses it is skipped, with its words as the reason."""
+    if kind in ("sanitizer", "ncu"):
+        ran = ("SUMMARY:" in text if kind == "sanitizer"
+               else "==PROF== Profiling" in text or '"Kernel Name"' in text)
+        why = None if ran else refusal(text)
+        return ("skipped", "refused by this machine's runtime: " + why) if why else (None, "")
     if kind == "ctest":
         r = parse_ctest(text)
         if r == "none":
@@ -226,7 +252,7 @@ def stage_verdict(kind, text, gpu):
                           + ("; ".join(reasons) if reasons else "no reason printed"))
     if r["failed"]:
         return "failed", f"{r['failed']} of {r['total']} {what} failed"
-    return "ok", ""
+    return None, ""
 
 
 def parse_sanitizer(text):
@@ -425,12 +451,14 @@ def main(argv=None) -> int:
     ap.add_argument("--run")
     ap.add_argument("--out")
     ap.add_argument("--summary")
-    ap.add_argument("--verdict", nargs=2, metavar=("ctest|gtest", "OUTPUT_FILE"))
+    ap.add_argument("--verdict", nargs="+", metavar="KIND FILE",
+                    help="ctest, gtest, sanitizer or ncu, then the stage's output files")
     ap.add_argument("--gpu", type=int, default=1, help="with --verdict: 1 when a GPU is present")
     a = ap.parse_args(argv)
     if a.verdict:
-        status, why = stage_verdict(a.verdict[0], read_text(a.verdict[1]), bool(a.gpu))
-        print(status + ("\t" + why if why else ""))
+        text = "\n".join(read_text(f) for f in a.verdict[1:])
+        status, why = stage_verdict(a.verdict[0], text, bool(a.gpu))
+        print(f"{status}\t{why}" if status else "keep")
         return 0
     if not (a.run and a.out):
         ap.error("--run and --out are required")
@@ -584,7 +612,7 @@ def main(argv=None) -> int:
                  f"({meta.get('elapsed_s', '?')} s of a {meta.get('budget_s', '?')} s budget)")
     lines.append(f"- mode: **{mode}**" + (f" ({meta['gpu_why']})" if meta.get("gpu_why") else "")
                  + (f", GPU: {gpu_name}" if gpu_name else ""))
-    lines.append(f"- stages: " + ", ".join(f"{n} {k}" for k, n in sorted(counts.items())))
+    lines.append("- stages: " + ", ".join(f"{n} {k}" for k, n in sorted(counts.items())))
     lines.append(f"- benchmarks: --seconds {meta.get('bench_seconds', '?')} each, seed 1, "
                  f"CMAKE_CUDA_ARCHITECTURES={meta.get('cuda_arch', '?')}")
     lines.append("- cuBLASLt: " + cublaslt_line(cublaslt))
@@ -670,13 +698,13 @@ def main(argv=None) -> int:
     lines.append("")
     for role, (shape, b, ops) in profiles.items():
         if not ops:
-            lines.append(f"base-long bf16, {shape}: no profile ("
+            lines.append(f"{shape}: no profile ("
                          + (why_missing(role) if not (b and b["result"]) else "the JSON has no profile array") + ").")
             lines.append("")
             continue
         r = b["result"]
-        lines.append(f"base-long bf16, {shape} ({b['lengths']} @{b['batch_tokens']}; per batch, ops summed over "
-                     f"layers; 'counts' marks the ops the 70% target is judged on):")
+        lines.append(f"{b['model']} {b['dtype']}, {shape} ({b['lengths']} @{b['batch_tokens']}; per batch, ops "
+                     f"summed over layers; 'counts' marks the ops the 70% target is judged on):")
         lines.append("")
         rows = []
         for o in ops:

@@ -165,8 +165,8 @@ def test_a_skipped_test_with_a_gpu_present_fails_the_stage_with_its_reason():
     status, why = report.stage_verdict("gtest", GTEST_SKIPPED, gpu=True)
     assert status == "failed" and why.startswith("1 of 2 tests skipped with a GPU present: no usable GPU")
     # Without a GPU a skip is what the tests should do.
-    assert report.stage_verdict("ctest", CTEST_V_SKIPPED, gpu=False) == ("ok", "")
-    assert report.stage_verdict("ctest", "100% tests passed, 0 tests failed out of 6", gpu=True) == ("ok", "")
+    assert report.stage_verdict("ctest", CTEST_V_SKIPPED, gpu=False) == (None, "")
+    assert report.stage_verdict("ctest", "100% tests passed, 0 tests failed out of 6", gpu=True) == (None, "")
     assert report.stage_verdict("ctest", "67% tests passed, 1 tests failed out of 3", gpu=True) == \
         ("failed", "1 of 3 gpu tests failed")
     assert report.stage_verdict("ctest", "No tests were found!!!", gpu=True) == \
@@ -176,17 +176,35 @@ def test_a_skipped_test_with_a_gpu_present_fails_the_stage_with_its_reason():
     assert report.stage_verdict("gtest", "Segmentation fault (core dumped)", gpu=True)[0] == "failed"
 
 
+def test_a_tool_the_runtime_refuses_is_skipped_with_its_words():
+    ncu_refused = ("==PROF== Connected to process 4242 (/repo/build-gpu/bin/fastformer-bench)\n"
+                   "==ERROR== ERR_NVGPUCTRPERM - The user does not have permission to access NVIDIA GPU "
+                   "Performance Counters on the target device 0.\n")
+    status, why = report.stage_verdict("ncu", ncu_refused, gpu=True)
+    assert status == "skipped" and why.startswith("refused by this machine's runtime: ==ERROR== ERR_NVGPUCTRPERM")
+    # ncu that profiled kernels ran, whatever else it printed.
+    assert report.stage_verdict("ncu", ncu_refused + NCU_LONG, gpu=True) == (None, "")
+    sanitizer_refused = "========= Error: Target application terminated before first instrumented API call\n"
+    assert report.stage_verdict("sanitizer", sanitizer_refused, gpu=True)[0] == "skipped"
+    assert report.stage_verdict("sanitizer", "========= COMPUTE-SANITIZER\n========= Error: Device not supported\n",
+                                gpu=True)[0] == "skipped"
+    # A sanitizer that ran and found errors failed: its exit status stands.
+    found = "========= Invalid __global__ read of size 4 bytes\n========= ERROR SUMMARY: 1 error\n"
+    assert report.stage_verdict("sanitizer", found + "permission", gpu=True) == (None, "")
+    assert report.stage_verdict("sanitizer", "Segmentation fault", gpu=True) == (None, "")
+
+
 def test_verdict_command_line(tmp_path):
     f = tmp_path / "ctest-gpu.out"
     f.write_text(CTEST_V_SKIPPED)
-    p = subprocess.run([PYTHON, str(HERE / "report.py"), "--verdict", "ctest", str(f), "--gpu", "1"],
-                       capture_output=True, text=True, timeout=60)
+    p = subprocess.run([PYTHON, str(HERE / "report.py"), "--verdict", "ctest", str(f), str(tmp_path / "none.err"),
+                        "--gpu", "1"], capture_output=True, text=True, timeout=60)
     assert p.returncode == 0, p.stderr
     status, why = p.stdout.rstrip("\n").split("\t")
     assert status == "failed" and "skipped with a GPU present" in why
     p = subprocess.run([PYTHON, str(HERE / "report.py"), "--verdict", "ctest", str(f), "--gpu", "0"],
                        capture_output=True, text=True, timeout=60)
-    assert p.stdout == "ok\n"
+    assert p.stdout == "keep\n"
 
 
 def test_a_later_stage_record_replaces_the_earlier(tmp_path):
