@@ -539,8 +539,12 @@ if [ "$MODE" = cpu-smoke ] && [ ! -x "$BENCH_BIN" ] && [ -x build/bin/fastformer
   BENCH_BIN=build/bin/fastformer-bench  # the CPU engine of a plain `make build`
 fi
 PROFILE_WHY=""
-if [ -x "$BENCH_BIN" ] && ! "$BENCH_BIN" --help 2>&1 | grep -q -- '--profile'; then
-  PROFILE_WHY="this fastformer-bench has no --profile (its --help does not list it)"
+if [ -x "$BENCH_BIN" ]; then  # --profile is newer than some trees this script may run in
+  if ! bench_help=$("${WD[@]}" "$BENCH_BIN" --help 2>&1); then
+    PROFILE_WHY="fastformer-bench --help failed: $(head -n 1 <<<"$bench_help")"
+  elif ! grep -q -- '--profile' <<<"$bench_help"; then
+    PROFILE_WHY="this fastformer-bench has no --profile (its --help does not list it)"
+  fi
 fi
 printf '%s\n' "$MATRIX" >"$RUN/benches.tsv"
 
