@@ -481,7 +481,7 @@ verdict() {  # verdict ID KIND [FILE...]: amends stage ID (just run, not timed o
   esac
 }
 GPU_TESTS=$BUILD_DIR/bin/fastformer_gpu_tests
-BASE_LONG_TITLE="base-long parity: fastformer_gpu_tests --gtest_filter=*BaseLong* (bf16, fp16 vs the CPU engine)"
+BASE_LONG_TITLE="base-long parity: fastformer_gpu_tests --gtest_filter=*BaseLong* (each dtype vs the CPU engine)"
 if [ "$GPU_OK" = 0 ]; then
   skip ctest-gpu "ctest -L gpu" "$GPU_WHY"
   skip parity-base-long "$BASE_LONG_TITLE" "$GPU_WHY"

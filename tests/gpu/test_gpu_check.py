@@ -115,16 +115,16 @@ def test_parse_ctest():
 
 
 GTEST_SKIPPED = """[==========] Running 2 tests from 1 test suite.
-[ RUN      ] Dtypes/GpuBaseLongTest.TwoLayersMatchTheCpuEngine/0
+[ RUN      ] Dtypes/GpuEngineTest.BaseLongShapeMatchesTheCpuEngine/0
 tests/gpu/gpu_engine_test.cc:105: Skipped
 no usable GPU: backend cuda: no usable CUDA driver or device (CUDA driver version is insufficient)
-[  SKIPPED ] Dtypes/GpuBaseLongTest.TwoLayersMatchTheCpuEngine/0 (805 ms)
-[ RUN      ] Dtypes/GpuBaseLongTest.TwoLayersMatchTheCpuEngine/1
-[       OK ] Dtypes/GpuBaseLongTest.TwoLayersMatchTheCpuEngine/1 (738 ms)
+[  SKIPPED ] Dtypes/GpuEngineTest.BaseLongShapeMatchesTheCpuEngine/0 (805 ms)
+[ RUN      ] Dtypes/GpuEngineTest.BaseLongShapeMatchesTheCpuEngine/1
+[       OK ] Dtypes/GpuEngineTest.BaseLongShapeMatchesTheCpuEngine/1 (738 ms)
 [==========] 2 tests from 1 test suite ran. (1543 ms total)
 [  PASSED  ] 1 test.
 [  SKIPPED ] 1 test, listed below:
-[  SKIPPED ] Dtypes/GpuBaseLongTest.TwoLayersMatchTheCpuEngine/0
+[  SKIPPED ] Dtypes/GpuEngineTest.BaseLongShapeMatchesTheCpuEngine/0
 """
 
 CTEST_V_SKIPPED = """129: [ RUN      ] Dtypes/GpuEngineTest.SmallBatchMatchesTheCpuEngine/0
@@ -222,7 +222,7 @@ def test_the_gpu_tests_are_in_this_folder_and_skip_as_skipped():
     assert "add_executable(fastformer_gpu_tests gpu_engine_test.cc" in cmake
     assert "fastformer_gtest_discover(fastformer_gpu_tests LABELS gpu)" in cmake
     source = (HERE / "gpu_engine_test.cc").read_text()
-    assert "GTEST_SKIP()" in source and "class GpuBaseLongTest" in source
+    assert "GTEST_SKIP()" in source and "TEST_P(GpuEngineTest, BaseLongShapeMatchesTheCpuEngine)" in source
     wiring = (ROOT / "tests" / "CMakeLists.txt").read_text()
     assert "add_subdirectory(gpu)" in wiring
     assert 'SKIP_REGULAR_EXPRESSION "\\\\[  SKIPPED \\\\]"' in wiring
