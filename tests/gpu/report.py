@@ -410,6 +410,26 @@ def cublaslt_section(c, run):
     return out
 
 
+def cost_model_estimate(bench):
+    """tools/cost_model.py's expected ms per op and tokens/s for a benchmark of base-long
+    bf16 in one of its two shapes (65,536-token batches of 512-token sequences, or one
+    65,536-token sequence): ({op: ms}, tokens/s), else ({}, None)."""
+    shapes = {("fixed:512", "65536"): 0, ("fixed:65536", "65536"): 1}
+    if not bench or (bench["model"], bench["dtype"]) != ("base-long", "bfloat16") \
+            or (bench["lengths"], bench["batch_tokens"]) not in shapes:
+        return {}, None
+    try:
+        sys.path.insert(0, os.path.join(os.path.dirname(os.path.dirname(os.path.dirname(
+            os.path.abspath(__file__)))), "tools"))
+        import cost_model
+        _, sequences, tokens = cost_model.SHAPES[shapes[(bench["lengths"], bench["batch_tokens"])]]
+        rows = cost_model.model(sequences, tokens)
+        return ({r["op"]: r["expected_ms"] for r in rows},
+                cost_model.summary(rows, tokens)["expected_tokens_per_s"])
+    except Exception:  # an older tree, or a changed model: the report goes on without it
+        return {}, None
+
+
 def profile_ops(rows, copy_bw):
     """fastformer-bench --profile rows (one per op and layer: name, layer, calls, ms, bytes,
     flops, ...) summed per op name, slowest first, each with its achieved bandwidth, that
@@ -513,15 +533,18 @@ def main(argv=None) -> int:
             return f"not a GPU figure ({mode})"
         return "PASS" if ok else "FAIL"
 
+    def with_model(v, role):  # the measured rate, and the cost model's beside it
+        _, expected = cost_model_estimate(by_role.get(role))
+        return (fmt_rate(v) + " tokens/s" if v else "—") + (
+            f" (cost model {fmt_rate(expected)})" if expected else "")
+
     t_rows = []
     v = tps("short")
     t_rows.append(["base-long bf16, 512-token sequences, 65,536-token batches", "≥ 2.5 M tokens/s",
-                   fmt_rate(v) + " tokens/s" if v else "—",
-                   verdict(v, num(v) and v >= TARGET_TOKENS_PER_S, why_missing("short"))])
+                   with_model(v, "short"), verdict(v, num(v) and v >= TARGET_TOKENS_PER_S, why_missing("short"))])
     v = tps("long")
     t_rows.append(["base-long bf16, one 65,536-token sequence", "≥ 2.5 M tokens/s",
-                   fmt_rate(v) + " tokens/s" if v else "—",
-                   verdict(v, num(v) and v >= TARGET_TOKENS_PER_S, why_missing("long"))])
+                   with_model(v, "long"), verdict(v, num(v) and v >= TARGET_TOKENS_PER_S, why_missing("long"))])
     v = ratio(tps("long"), tps("short"))
     t_rows.append(["per-token speed, one 65,536-token sequence ÷ 512-token sequences", "≥ 0.80",
                    f"{v:.2f}" if v else "—",
@@ -706,17 +729,24 @@ def main(argv=None) -> int:
         lines.append(f"{b['model']} {b['dtype']}, {shape} ({b['lengths']} @{b['batch_tokens']}; per batch, ops "
                      f"summed over layers; 'counts' marks the ops the 70% target is judged on):")
         lines.append("")
+        expected, expected_tps = cost_model_estimate(b)
         rows = []
         for o in ops:
-            rows.append([o["name"], o["rows"], f"{o['ms']:.3f}", f"{100 * o['share']:.1f}%", fmt_bytes(o["bytes"]),
+            rows.append([o["name"], o["rows"], f"{o['ms']:.3f}",
+                         f"{expected[o['name']]:.3f}" if o["name"] in expected else "—",
+                         f"{100 * o['share']:.1f}%", fmt_bytes(o["bytes"]),
                          fmt_bw(o["bw"]), f"{o['tflops']:.1f}" if o["tflops"] and o["flops"] else "—",
                          f"{100 * o['fraction']:.0f}%" if o["fraction"] is not None else "—", o["kind"]])
-        lines += table(["op", "rows", "ms", "share", "bytes", "bandwidth", "TFLOP/s", "of copy", "kind"], rows)
+        lines += table(["op", "rows", "ms", "cost model ms", "share", "bytes", "bandwidth", "TFLOP/s", "of copy",
+                        "kind"], rows)
         total = sum(o["ms"] for o in ops)
         if total > 0 and num(r.get("tokens_per_second")):
             lines.append("")
             lines.append(f"The ops add up to {total:.2f} ms per batch; the timed run's throughput was "
-                         f"{fmt_rate(r['tokens_per_second'])} tokens/s.")
+                         f"{fmt_rate(r['tokens_per_second'])} tokens/s"
+                         + (f"; the cost model (tools/cost_model.py, docs/kernels.md) expects "
+                            f"{sum(expected.values()):.2f} ms and {fmt_rate(expected_tps)} tokens/s." if expected_tps
+                            else "."))
         lines.append("")
 
     # ---- cuBLASLt

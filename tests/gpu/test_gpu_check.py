@@ -334,6 +334,14 @@ def test_report_targets_ratios_and_failures(tmp_path):
              if line.startswith("| ") and "---" not in line and "| op |" not in line}
     assert kinds["qks_gemm"] == "GEMM" and kinds["download_pooled"] == "transfer"
     assert kinds["key_pool_combine"] == "small" and kinds["attn_ln"] == "counts"
+    # The cost model of docs/kernels.md beside the measured figures, per op and in total.
+    sys.path.insert(0, str(ROOT / "tools"))
+    import cost_model
+    expected = {r["op"]: r["expected_ms"] for r in cost_model.model(128, 65536)}
+    qks_row = [line for line in profile.splitlines() if line.startswith("| qks_gemm |")][0]
+    assert f"| {expected['qks_gemm']:.3f} |" in qks_row
+    expected_tps = cost_model.summary(cost_model.model(1, 65536), 65536)["expected_tokens_per_s"]
+    assert f"(cost model {report.fmt_rate(expected_tps)})" in rows["base-long bf16, one 65,536-token sequence"]
     assert "6/6 passed" in targets
     assert "2/2 passed" in [line for line in targets.splitlines() if "base-long-shaped parity" in line][0]
     assert "cuBLASLt: header /usr/lib/python3/dist-packages/nvidia/cu13/include (13.4.1, Python wheel)" in md
