@@ -885,8 +885,11 @@ def main(argv=None) -> int:
               "  cuBLASLt: " + cublaslt_line(cublaslt).replace("**", "")]
         for t in t_rows:
             sm.append(f"  [{t[3][:100]}] {t[0][:90]}: {t[2]} (target {t[1]})")
-        for s in failed:
-            sm.append(f"  stage {s['id']}: {s['status']} ({s['note']})")
+        for s in failed:  # with the stage's last words: the output tail may be all one reads
+            last = [ln.strip() for ln in tail(os.path.join(run, s["id"] + ".err"), 5)
+                    + tail(os.path.join(run, s["id"] + ".out"), 3) if ln.strip()]
+            sm.append(f"  stage {s['id']}: {s['status']} ({s['note']})"
+                      + (f" — {last[-1][:160]}" if last and s["note"].startswith(("exit", "stopped")) else ""))
         with open(a.summary, "w", encoding="utf-8") as f:
             f.write("\n".join(sm) + "\n")
     return 0
