@@ -1,6 +1,8 @@
 // Real-GPU tests of the CUDA engine (ctest label `gpu`): parity with the CPU engine in all
-// three dtypes, a long sequence, and a small batch for compute-sanitizer. Where no usable
-// GPU exists every test reports itself skipped, with the reason; none passes silently.
+// three dtypes, a long sequence, a small batch for compute-sanitizer (*Small*), parity on
+// base-long's layer shape (*BaseLong*: gpu-check.sh runs these apart, right after ctest),
+// and the profile's CUDA events. Where no usable GPU exists every test reports itself
+// skipped, with the reason; none passes silently.
 #include <gmock/gmock.h>
 #include <gtest/gtest.h>
 

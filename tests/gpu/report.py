@@ -2,11 +2,18 @@
 """Writes the markdown report of tests/gpu/gpu-check.sh from its run directory.
 
     report.py --run DIR --out REPORT.md [--summary SUMMARY.txt]
+    report.py --verdict ctest|gtest|sanitizer|ncu OUTPUT_FILE... --gpu 0|1
 
 DIR holds what gpu-check.sh left: meta.env (key=value), stages.tsv (id, title,
-status, rc, seconds, note), benches.tsv (id|engine|model|dtype|lengths|batch_tokens|role),
-env.txt, gpu-query.csv, ncu.csv, and per stage ID.out (stdout; the benchmarks print
-one JSON object) and ID.err. Standard library only: it runs under any python3.
+status, rc, seconds, note; a later record of an ID replaces the earlier one),
+benches.tsv (id|engine|model|dtype|lengths|batch_tokens|role), cublaslt.env and the
+dirs searched for it, env.txt, gpu-query.csv, ncu.csv, and per stage ID.out (stdout; the
+benchmarks print one JSON object) and ID.err.
+
+--verdict reads a stage's output and prints `keep` (its exit status says it all), or
+`failed<TAB>why` or `skipped<TAB>why`: with a GPU present (--gpu 1) a skipped GPU test is
+a failure, since ctest and GoogleTest both count it as passed; compute-sanitizer or ncu
+refused by the machine's runtime is a skip. Standard library only: it runs under any python3.
 """
 
 from __future__ import annotations
@@ -19,7 +26,7 @@ import os
 import re
 import sys
 
-# Issue 4's targets.
+# The targets of issues 4 and 13.
 TARGET_TOKENS_PER_S = 2.5e6
 TARGET_VS_PYTORCH = 3.0
 TARGET_VS_SDPA_8192 = 2.0
@@ -29,6 +36,8 @@ TARGET_COPY_FRACTION = 0.70
 # (smaller ones are latency-bound: per-sequence partial combines and the like).
 SIGNIFICANT_BYTES_PER_LAUNCH = 32e6
 GEMM_RE = re.compile(r"gemm|xmma|nvjet|cutlass|cublas|splitk|wgmma|sm\d\d_|ampere_|hopper_", re.I)
+# --profile ops that are host transfers or batch set-up, not kernels: PCIe, not DRAM, bounds them.
+TRANSFER_RE = re.compile(r"download|upload|begin_batch|memcpy|h2d|d2h", re.I)
 
 
 def read_text(path, default=""):
@@ -68,15 +77,28 @@ def load_meta(run):
 
 
 def load_stages(run):
-    stages = []
+    """The stages in the order they first appear; a later record of an ID (the verdict
+    gpu-check.sh read from the stage's output) replaces the earlier one."""
+    stages = {}
     for line in read_text(os.path.join(run, "stages.tsv")).splitlines():
+        if not line.strip():
+            continue
         parts = line.split("\t")
         if len(parts) < 6:
             parts += [""] * (6 - len(parts))
         sid, title, status, rc, seconds, note = parts[:6]
-        stages.append({"id": sid, "title": title, "status": status, "rc": rc,
-                       "seconds": seconds, "note": note})
-    return stages
+        stages[sid] = {"id": sid, "title": title, "status": status, "rc": rc,
+                       "seconds": seconds, "note": note}
+    return list(stages.values())
+
+
+def load_env(path):
+    env = {}
+    for line in read_text(path).splitlines():
+        k, sep, v = line.partition("=")
+        if sep:
+            env[k.strip()] = v.strip()
+    return env
 
 
 def load_benches(run):
@@ -155,6 +177,82 @@ def parse_ctest(text):
     failed, total = int(m.group(2)), int(m.group(3))
     skipped = len(re.findall(r"^\s*\d+ - .*\(Skipped\)\s*$", text, re.M))
     return {"passed": total - failed - skipped, "failed": failed, "skipped": skipped, "total": total}
+
+
+def parse_gtest(text):
+    """{'total', 'passed', 'failed', 'skipped'} from a GoogleTest binary's summary, or None."""
+    m = re.search(r"^\[==========\]\s+(\d+)\s+tests? from .* ran", text, re.M)
+    if not m:
+        return None
+    out = {"total": int(m.group(1)), "passed": 0, "failed": 0, "skipped": 0}
+    for key, label in (("passed", "PASSED"), ("failed", "FAILED"), ("skipped", "SKIPPED")):
+        m = re.search(r"^\[\s*" + label + r"\s*\]\s+(\d+)\s+tests?[,.]", text, re.M)
+        if m:
+            out[key] = int(m.group(1))
+    return out
+
+
+def skip_reasons(text):
+    """The messages of GoogleTest's skips ("FILE:LINE: Skipped" then the message), in order,
+    each once; also in `ctest -V` output, whose lines carry a "N: " prefix."""
+    reasons = []
+    lines = [re.sub(r"^\d+: ", "", ln) for ln in text.splitlines()]
+    for i, ln in enumerate(lines):
+        if re.search(r":\d+: Skipped\s*$", ln) and i + 1 < len(lines):
+            msg = lines[i + 1].strip()
+            if msg and not msg.startswith("[") and msg not in reasons:
+                reasons.append(msg)
+    return reasons
+
+
+# How compute-sanitizer and ncu say that this machine will not let them run (no access to
+# the performance counters, no debugger interface in the container, an unsupported device).
+REFUSED_RE = re.compile(r"ERR_NVGPUCTRPERM|not supported|permission|privilege|"
+                        r"unable to (find|load|launch|initialize|open|create)|"
+                        r"failed to (initialize|create|attach|load|launch)|"
+                        r"terminated before first instrumented|not allowed", re.I)
+
+
+def refusal(text):
+    """The first line where a tool says it cannot run here, or None."""
+    for line in text.splitlines():
+        if REFUSED_RE.search(line):
+            return line.strip()[:200]
+    return None
+
+
+def stage_verdict(kind, text, gpu):
+    """What the output of a stage says beyond its exit status: (None, '') to keep the status,
+    ('failed', why) or ('skipped', why).
+    ctest (`ctest -V`) and gtest (a GoogleTest binary): with a GPU present a skipped test
+    fails the stage, as it ran nothing on the GPU; so do failed tests and a missing summary.
+    sanitizer and ncu: a tool that checked or profiled nothing and says that this machine
+    refuses it is skipped, with its words as the reason."""
+    if kind in ("sanitizer", "ncu"):
+        ran = ("SUMMARY:" in text if kind == "sanitizer"
+               else "==PROF== Profiling" in text or '"Kernel Name"' in text)
+        why = None if ran else refusal(text)
+        return ("skipped", "refused by this machine's runtime: " + why) if why else (None, "")
+    if kind == "ctest":
+        r = parse_ctest(text)
+        if r == "none":
+            return "failed", "no test carries the label gpu"
+        what = "gpu tests"
+    else:
+        r = parse_gtest(text)
+        if r is not None and r["total"] == 0:
+            return "failed", "no test matched the filter"
+        what = "tests"
+    if r is None:
+        return "failed", "no test summary in the output (crashed?)"
+    reasons = skip_reasons(text)
+    if r["skipped"] and gpu:
+        every = " (every one)" if r["skipped"] == r["total"] else ""
+        return "failed", (f"{r['skipped']} of {r['total']} {what} skipped with a GPU present{every}: "
+                          + ("; ".join(reasons) if reasons else "no reason printed"))
+    if r["failed"]:
+        return "failed", f"{r['failed']} of {r['total']} {what} failed"
+    return None, ""
 
 
 def parse_sanitizer(text):
@@ -277,15 +375,113 @@ def kernel_table(launches, copy_bw):
     return rows
 
 
+def cublaslt_line(c):
+    """One line: which cuBLASLt the check used, or that it found none."""
+    if not c:
+        return "not looked for"
+    head = (f"header {c['include_dir']} ({c.get('include_version') or 'version unknown'}, {c.get('include_from')})"
+            if c.get("include_dir") else "header **not found**")
+    lib = (f"library {c.get('library_file') or c['library']} ({c.get('library_version') or 'version not read'}, "
+           f"{c.get('library_from')})" if c.get("library") else "library **not found**")
+    return head + "; " + lib
+
+
+def cublaslt_section(c, run):
+    out = []
+    if not c:
+        return ["Not looked for (no cublaslt.env in the run directory)."]
+    if c.get("include_dir"):
+        out.append(f"- header: `{c['include_dir']}/cublasLt.h`, cuBLAS {c.get('include_version') or '(version unknown)'}"
+                   f", from the {c.get('include_from')}: the build's FASTFORMER_CUBLASLT_INCLUDE_DIR")
+    else:
+        out.append("- header: cublasLt.h **not found**: the CUDA engine could not be built")
+    if c.get("library"):
+        out.append(f"- library: `{c['library']}`" + (f" (the file `{c['library_file']}`)"
+                                                    if c.get("library_file") not in ("", c["library"]) else "")
+                   + f", version {c.get('library_version') or '(not read)'}, from the {c.get('library_from')}: "
+                   "given to our binaries as FASTFORMER_CUBLASLT_LIBRARY, which the engine opens alone")
+    else:
+        out.append("- library: libcublasLt **not found**: the engine falls back to the loader's search "
+                   "(libcublasLt.so.<major>, LD_LIBRARY_PATH and the ldconfig cache)")
+    if not (c.get("include_dir") and c.get("library")):
+        for what, name in (("cublasLt.h", "cublaslt-include-dirs.txt"), ("libcublasLt", "cublaslt-library-dirs.txt")):
+            dirs = [d for d in read_text(os.path.join(run, name)).splitlines() if d.strip()]
+            out.append(f"- looked for {what} in: " + (", ".join(f"`{d}`" for d in dirs) if dirs else "(no directory)"))
+    return out
+
+
+def cost_model_estimate(bench):
+    """tools/cost_model.py's expected ms per op and tokens/s for a benchmark of base-long
+    bf16 in one of its two shapes (65,536-token batches of 512-token sequences, or one
+    65,536-token sequence): ({op: ms}, tokens/s), else ({}, None)."""
+    shapes = {("fixed:512", "65536"): 0, ("fixed:65536", "65536"): 1}
+    if not bench or (bench["model"], bench["dtype"]) != ("base-long", "bfloat16") \
+            or (bench["lengths"], bench["batch_tokens"]) not in shapes:
+        return {}, None
+    try:
+        sys.path.insert(0, os.path.join(os.path.dirname(os.path.dirname(os.path.dirname(
+            os.path.abspath(__file__)))), "tools"))
+        import cost_model
+        _, sequences, tokens = cost_model.SHAPES[shapes[(bench["lengths"], bench["batch_tokens"])]]
+        rows = cost_model.model(sequences, tokens)
+        return ({r["op"]: r["expected_ms"] for r in rows},
+                cost_model.summary(rows, tokens)["expected_tokens_per_s"])
+    except Exception:  # an older tree, or a changed model: the report goes on without it
+        return {}, None
+
+
+def profile_ops(rows, copy_bw):
+    """fastformer-bench --profile rows (one per op and layer: name, layer, calls, ms, bytes,
+    flops, ...) summed per op name, slowest first, each with its achieved bandwidth, that
+    bandwidth's fraction of copy bandwidth, and its kind: GEMM, transfer (host copies and
+    batch set-up), or a kernel that 'counts' for the 70% target (moving at least
+    SIGNIFICANT_BYTES_PER_LAUNCH per launch) or is too 'small' to (latency-bound)."""
+    agg = {}
+    for r in rows or []:
+        if not isinstance(r, dict) or not num(r.get("ms")):
+            continue
+        name = str(r.get("name", "?"))
+        a = agg.setdefault(name, {"name": name, "rows": 0, "calls": 0.0, "ms": 0.0, "bytes": 0.0,
+                                  "flops": 0.0, "share": 0.0})
+        a["rows"] += 1
+        a["calls"] += r["calls"] if num(r.get("calls")) and r["calls"] > 0 else 1
+        a["ms"] += r["ms"]
+        for k in ("bytes", "flops", "share"):
+            a[k] += r[k] if num(r.get(k)) else 0.0
+    ops = sorted(agg.values(), key=lambda a: -a["ms"])
+    for a in ops:
+        seconds = a["ms"] / 1e3
+        a["bw"] = a["bytes"] / seconds if seconds > 0 else None
+        a["tflops"] = a["flops"] / seconds / 1e12 if seconds > 0 else None
+        a["fraction"] = ratio(a["bw"], copy_bw)
+        if GEMM_RE.search(a["name"]):
+            a["kind"] = "GEMM"
+        elif TRANSFER_RE.search(a["name"]):
+            a["kind"] = "transfer"
+        else:
+            a["kind"] = "counts" if a["bytes"] / a["calls"] >= SIGNIFICANT_BYTES_PER_LAUNCH else "small"
+    return ops
+
+
 # ----------------------------------------------------------------------------- report
 
 
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--run", required=True)
-    ap.add_argument("--out", required=True)
+    ap.add_argument("--run")
+    ap.add_argument("--out")
     ap.add_argument("--summary")
+    ap.add_argument("--verdict", nargs="+", metavar="KIND FILE",
+                    help="ctest, gtest, sanitizer or ncu, then the stage's output files")
+    ap.add_argument("--gpu", type=int, default=1, help="with --verdict: 1 when a GPU is present")
     a = ap.parse_args(argv)
+    if a.verdict:
+        text = "\n".join(read_text(f) for f in a.verdict[1:])
+        status, why = stage_verdict(a.verdict[0], text, bool(a.gpu))
+        print(f"{status}\t{why}" if status else "keep")
+        return 0
+    if not (a.run and a.out):
+        ap.error("--run and --out are required")
     run = a.run
     meta = load_meta(run)
     stages = load_stages(run)
@@ -337,15 +533,18 @@ def main(argv=None) -> int:
             return f"not a GPU figure ({mode})"
         return "PASS" if ok else "FAIL"
 
+    def with_model(v, role):  # the measured rate, and the cost model's beside it
+        _, expected = cost_model_estimate(by_role.get(role))
+        return (fmt_rate(v) + " tokens/s" if v else "—") + (
+            f" (cost model {fmt_rate(expected)})" if expected else "")
+
     t_rows = []
     v = tps("short")
     t_rows.append(["base-long bf16, 512-token sequences, 65,536-token batches", "≥ 2.5 M tokens/s",
-                   fmt_rate(v) + " tokens/s" if v else "—",
-                   verdict(v, num(v) and v >= TARGET_TOKENS_PER_S, why_missing("short"))])
+                   with_model(v, "short"), verdict(v, num(v) and v >= TARGET_TOKENS_PER_S, why_missing("short"))])
     v = tps("long")
     t_rows.append(["base-long bf16, one 65,536-token sequence", "≥ 2.5 M tokens/s",
-                   fmt_rate(v) + " tokens/s" if v else "—",
-                   verdict(v, num(v) and v >= TARGET_TOKENS_PER_S, why_missing("long"))])
+                   with_model(v, "long"), verdict(v, num(v) and v >= TARGET_TOKENS_PER_S, why_missing("long"))])
     v = ratio(tps("long"), tps("short"))
     t_rows.append(["per-token speed, one 65,536-token sequence ÷ 512-token sequences", "≥ 0.80",
                    f"{v:.2f}" if v else "—",
@@ -361,19 +560,38 @@ def main(argv=None) -> int:
                    f"{v:.2f}x" if v else "—",
                    verdict(v, v is not None and v >= TARGET_VS_SDPA_8192,
                            why_missing("sdpa8192") if tps("sdpa8192") is None else why_missing("seq8192"))])
+    profiles = {}
+    for role, shape in (("profile-short", "512-token sequences"), ("profile-long", "one 65,536-token sequence")):
+        b = by_role.get(role)
+        r = b and b["result"]
+        rows = r.get("profile") if r else None
+        profiles[role] = (shape, b, profile_ops(rows, copy_bw) if isinstance(rows, list) else None)
+        counted = [o for o in profiles[role][2] or [] if o["kind"] == "counts" and o["fraction"] is not None]
+        label = f"non-GEMM kernels vs copy bandwidth, --profile, base-long bf16 {shape}"
+        if counted:
+            w = min(counted, key=lambda o: o["fraction"])
+            t_rows.append([f"{label} (worst op moving ≥ {SIGNIFICANT_BYTES_PER_LAUNCH / 1e6:.0f} MB per launch: "
+                           f"{w['name']})", "≥ 70%", f"{100 * w['fraction']:.0f}%",
+                           verdict(w["fraction"], w["fraction"] >= TARGET_COPY_FRACTION, "")])
+        else:
+            why = (why_missing(role) if not r else
+                   "the JSON has no profile array" if not isinstance(rows, list) else
+                   "no copy bandwidth (stage copy-bandwidth)" if copy_bw is None else
+                   f"no non-GEMM op moved ≥ {SIGNIFICANT_BYTES_PER_LAUNCH / 1e6:.0f} MB per launch")
+            t_rows.append([label, "≥ 70%", "—", "not measured: " + why])
     if worst:
         v = worst["fraction"]
-        t_rows.append(["non-GEMM kernels vs device-to-device copy bandwidth (worst kernel moving "
+        t_rows.append(["non-GEMM kernels vs device-to-device copy bandwidth, ncu (worst kernel moving "
                        f"≥ {SIGNIFICANT_BYTES_PER_LAUNCH / 1e6:.0f} MB per launch: {worst['name'][:60]})",
                        "≥ 70%", f"{100 * v:.0f}%", verdict(v, v >= TARGET_COPY_FRACTION, "")])
     else:
         reason = ("no ncu figures (" + (by_id.get("ncu", {}).get("note") or by_id.get("ncu", {}).get("status", "not run")) + ")"
                   if not kernels else "no copy bandwidth" if copy_bw is None
                   else "no non-GEMM kernel moved enough bytes")
-        t_rows.append(["non-GEMM kernels vs device-to-device copy bandwidth", "≥ 70%", "—",
+        t_rows.append(["non-GEMM kernels vs device-to-device copy bandwidth, ncu", "≥ 70%", "—",
                        "not measured: " + reason])
     s = by_id.get("ctest-gpu")
-    parity = "parity with the CPU engine / reference, all dtypes (ctest -L gpu)"
+    parity = "parity with the CPU engine, all dtypes (ctest -L gpu, base-long apart)"
     if isinstance(ctest, dict):
         got = f"{ctest['passed']}/{ctest['total']} passed" + (
             f", {ctest['skipped']} skipped" if ctest["skipped"] else "") + (
@@ -387,6 +605,21 @@ def main(argv=None) -> int:
             f"{s['status']}: {s['note']}" if s else "not run")
         t_rows.append([parity, "all gpu tests pass", "—",
                        ("FAIL: " if measured and s and s["status"] != "skipped" else "not measured: ") + note])
+    s = by_id.get("parity-base-long")
+    g = parse_gtest(read_text(os.path.join(run, "parity-base-long.out")))
+    parity = "base-long-shaped parity (768 hidden, 12 heads, 3,072, two layers; each dtype vs the CPU engine)"
+    need = "fp32 1e-4; bf16/fp16 cosine ≥ 0.999, same argmax"
+    if g and s and s["status"] != "skipped":
+        got = f"{g['passed']}/{g['total']} passed" + (f", {g['skipped']} skipped" if g["skipped"] else "") + (
+            f", {g['failed']} failed" if g["failed"] else "")
+        ok = s["status"] == "ok" and g["total"] > 0 and g["passed"] == g["total"]
+        t_rows.append([parity, need, got, ("PASS" if ok else "FAIL" + (f": {s['note']}" if s["note"] else ""))
+                       if measured else f"not a GPU figure ({mode})"])
+    else:
+        note = f"{s['status']}: {s['note']}" if s else "not run"
+        t_rows.append([parity, need, "—",
+                       ("FAIL: " if measured and s and s["status"] != "skipped" else "not measured: ") + note])
+    cublaslt = load_env(os.path.join(run, "cublaslt.env"))
 
     lines = []
     gpu_name = ""
@@ -396,15 +629,16 @@ def main(argv=None) -> int:
     counts = {}
     for st in stages:
         counts[st["status"]] = counts.get(st["status"], 0) + 1
-    lines.append("# GPU check report (issue 4: CUDA engine)")
+    lines.append("# GPU check report (CUDA engine: issues 4 and 13)")
     lines.append("")
     lines.append(f"- when: {meta.get('started', '?')} to {meta.get('finished', '?')} "
                  f"({meta.get('elapsed_s', '?')} s of a {meta.get('budget_s', '?')} s budget)")
     lines.append(f"- mode: **{mode}**" + (f" ({meta['gpu_why']})" if meta.get("gpu_why") else "")
                  + (f", GPU: {gpu_name}" if gpu_name else ""))
-    lines.append(f"- stages: " + ", ".join(f"{n} {k}" for k, n in sorted(counts.items())))
+    lines.append("- stages: " + ", ".join(f"{n} {k}" for k, n in sorted(counts.items())))
     lines.append(f"- benchmarks: --seconds {meta.get('bench_seconds', '?')} each, seed 1, "
                  f"CMAKE_CUDA_ARCHITECTURES={meta.get('cuda_arch', '?')}")
+    lines.append("- cuBLASLt: " + cublaslt_line(cublaslt))
     if mode == "cpu-smoke":
         lines.append("")
         lines.append("> **CPU smoke run, no GPU.** The figures below come from the CPU engine, PyTorch on "
@@ -414,7 +648,7 @@ def main(argv=None) -> int:
         lines.append("")
         lines.append("> **No GPU on this machine**: every GPU stage was skipped (reasons below).")
     lines.append("")
-    lines.append("## Targets (issue 4)")
+    lines.append("## Targets")
     lines.append("")
     lines += table(["target", "required", "measured", "result"], t_rows)
     lines.append("")
@@ -424,10 +658,11 @@ def main(argv=None) -> int:
     lines.append("")
     rows = []
     for b in benches:
-        if b["engine"] != "ours":
+        if not b["engine"].startswith("ours"):
             continue
         r = b["result"] or {}
-        rows.append([b["model"], b["dtype"], b["lengths"], b["batch_tokens"],
+        lengths = b["lengths"] + (" --profile" if b["engine"] == "ours-profile" else "")
+        rows.append([b["model"], b["dtype"], lengths, b["batch_tokens"],
                      fmt_rate(r.get("tokens_per_second")), fmt_rate(r.get("sequences_per_second")),
                      fmt_ms(r.get("batch_latency_p50_ms")), fmt_ms(r.get("batch_latency_p99_ms")),
                      r.get("batches", "—"), r.get("backend", "—"), bench_status(b)])
@@ -440,7 +675,7 @@ def main(argv=None) -> int:
     lines.append("")
     rows = []
     for b in benches:
-        if b["engine"] == "ours":
+        if b["engine"].startswith("ours"):
             continue
         r = b["result"] or {}
         extra = []
@@ -473,13 +708,51 @@ def main(argv=None) -> int:
             ("ours ÷ PyTorch eager (base-long bf16 uniform:64:4096)", "mix-ref", "ref", "≥ 3"),
             ("ours ÷ PyTorch torch.compile (same workload)", "mix-ref", "ref-compile", ""),
             ("ours fixed:512 ÷ SDPA at 512", "short", "sdpa512", ""),
-            ("ours fixed:4096 ÷ SDPA at 4096", "seq4096", "sdpa4096", ""),
             ("ours fixed:8192 ÷ SDPA at 8192", "seq8192", "sdpa8192", "≥ 2"),
             ("one 65,536-token sequence ÷ 512-token sequences (per token)", "long", "short", "≥ 0.8")):
         v = ratio(tps(num_role), tps(den_role))
         r_rows.append([label, f"{v:.2f}" if v else "—", target,
                        "" if v else "missing: " + (why_missing(den_role) if tps(den_role) is None else why_missing(num_role))])
     lines += table(["ratio", "value", "target", "note"], r_rows)
+    lines.append("")
+
+    # ---- profile
+    lines.append("## Where the time goes (fastformer-bench --profile)")
+    lines.append("")
+    for role, (shape, b, ops) in profiles.items():
+        if not ops:
+            lines.append(f"{shape}: no profile ("
+                         + (why_missing(role) if not (b and b["result"]) else "the JSON has no profile array") + ").")
+            lines.append("")
+            continue
+        r = b["result"]
+        lines.append(f"{b['model']} {b['dtype']}, {shape} ({b['lengths']} @{b['batch_tokens']}; per batch, ops "
+                     f"summed over layers; 'counts' marks the ops the 70% target is judged on):")
+        lines.append("")
+        expected, expected_tps = cost_model_estimate(b)
+        rows = []
+        for o in ops:
+            rows.append([o["name"], o["rows"], f"{o['ms']:.3f}",
+                         f"{expected[o['name']]:.3f}" if o["name"] in expected else "—",
+                         f"{100 * o['share']:.1f}%", fmt_bytes(o["bytes"]),
+                         fmt_bw(o["bw"]), f"{o['tflops']:.1f}" if o["tflops"] and o["flops"] else "—",
+                         f"{100 * o['fraction']:.0f}%" if o["fraction"] is not None else "—", o["kind"]])
+        lines += table(["op", "rows", "ms", "cost model ms", "share", "bytes", "bandwidth", "TFLOP/s", "of copy",
+                        "kind"], rows)
+        total = sum(o["ms"] for o in ops)
+        if total > 0 and num(r.get("tokens_per_second")):
+            lines.append("")
+            lines.append(f"The ops add up to {total:.2f} ms per batch; the timed run's throughput was "
+                         f"{fmt_rate(r['tokens_per_second'])} tokens/s"
+                         + (f"; the cost model (tools/cost_model.py, docs/kernels.md) expects "
+                            f"{sum(expected.values()):.2f} ms and {fmt_rate(expected_tps)} tokens/s." if expected_tps
+                            else "."))
+        lines.append("")
+
+    # ---- cuBLASLt
+    lines.append("## cuBLASLt")
+    lines.append("")
+    lines += cublaslt_section(cublaslt, run)
     lines.append("")
 
     # ---- bandwidth
@@ -527,6 +800,10 @@ def main(argv=None) -> int:
     else:
         c_rows.append(["ctest -L gpu", "no test carries the label gpu" if ctest == "none" else "—",
                        f"{s.get('status', 'not run')}: {s.get('note', '')}"])
+    s = by_id.get("parity-base-long", {})
+    c_rows.append(["base-long parity (fastformer_gpu_tests --gtest_filter=*BaseLong*)",
+                   f"{g['passed']} passed, {g['skipped']} skipped, {g['failed']} failed of {g['total']}" if g else "—",
+                   f"{s.get('status', 'not run')}" + (f": {s['note']}" if s.get("note") else "")])
     for sid, label in (("memcheck", "compute-sanitizer memcheck (*Small*)"),
                        ("racecheck", "compute-sanitizer racecheck (*Small*)")):
         s = by_id.get(sid, {})
@@ -604,11 +881,15 @@ def main(argv=None) -> int:
 
     if a.summary:
         sm = [f"gpu-check summary ({mode}{', ' + gpu_name if gpu_name else ''}): "
-              + ", ".join(f"{n} {k}" for k, n in sorted(counts.items()))]
+              + ", ".join(f"{n} {k}" for k, n in sorted(counts.items())),
+              "  cuBLASLt: " + cublaslt_line(cublaslt).replace("**", "")]
         for t in t_rows:
             sm.append(f"  [{t[3][:100]}] {t[0][:90]}: {t[2]} (target {t[1]})")
-        for s in failed:
-            sm.append(f"  stage {s['id']}: {s['status']} ({s['note']})")
+        for s in failed:  # with the stage's last words: the output tail may be all one reads
+            last = [ln.strip() for ln in tail(os.path.join(run, s["id"] + ".err"), 5)
+                    + tail(os.path.join(run, s["id"] + ".out"), 3) if ln.strip()]
+            sm.append(f"  stage {s['id']}: {s['status']} ({s['note']})"
+                      + (f" — {last[-1][:160]}" if last and s["note"].startswith(("exit", "stopped")) else ""))
         with open(a.summary, "w", encoding="utf-8") as f:
             f.write("\n".join(sm) + "\n")
     return 0

@@ -1,7 +1,8 @@
 """Tests of the GPU check's parts that run without a GPU: report.py's parsers and
-verdicts on synthetic results, gpu-check.sh with no GPU, and the CPU paths of
-tools/bench_sdpa.py, tools/bench_pytorch.py and copy_bandwidth.py. The GoogleTest GPU tests of
-this folder (gpu_engine_test.cc) run under ctest (label gpu), not here.
+verdicts on synthetic results, gpu-check.sh with no GPU and with a fake one (a fake
+nvidia-smi, no cuBLASLt, a small budget), and the CPU paths of tools/bench_sdpa.py,
+tools/bench_pytorch.py and copy_bandwidth.py. The GoogleTest GPU tests of this folder
+(gpu_engine_test.cc) run under ctest (label gpu), not here.
 
     /usr/bin/python3 -m pytest tests/gpu -q
 """
@@ -13,6 +14,7 @@ import os
 import shutil
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import pytest
@@ -112,17 +114,120 @@ def test_parse_ctest():
     assert report.parse_ctest("") is None
 
 
+GTEST_SKIPPED = """[==========] Running 2 tests from 1 test suite.
+[ RUN      ] Dtypes/GpuEngineTest.BaseLongShapeMatchesTheCpuEngine/0
+tests/gpu/gpu_engine_test.cc:105: Skipped
+no usable GPU: backend cuda: no usable CUDA driver or device (CUDA driver version is insufficient)
+[  SKIPPED ] Dtypes/GpuEngineTest.BaseLongShapeMatchesTheCpuEngine/0 (805 ms)
+[ RUN      ] Dtypes/GpuEngineTest.BaseLongShapeMatchesTheCpuEngine/1
+[       OK ] Dtypes/GpuEngineTest.BaseLongShapeMatchesTheCpuEngine/1 (738 ms)
+[==========] 2 tests from 1 test suite ran. (1543 ms total)
+[  PASSED  ] 1 test.
+[  SKIPPED ] 1 test, listed below:
+[  SKIPPED ] Dtypes/GpuEngineTest.BaseLongShapeMatchesTheCpuEngine/0
+"""
+
+CTEST_V_SKIPPED = """129: [ RUN      ] Dtypes/GpuEngineTest.SmallBatchMatchesTheCpuEngine/0
+129: tests/gpu/gpu_engine_test.cc:63: Skipped
+129: no usable GPU: backend cuda: cannot load the CUDA engine plugin (libcudart.so.13: not found)
+129: [  SKIPPED ] Dtypes/GpuEngineTest.SmallBatchMatchesTheCpuEngine/0 (1 ms)
+1/2 Test #129: Dtypes/GpuEngineTest.SmallBatchMatchesTheCpuEngine/"float32" .....***Skipped   0.78 sec
+130: tests/gpu/gpu_engine_test.cc:63: Skipped
+130: no usable GPU: backend cuda: cannot load the CUDA engine plugin (libcudart.so.13: not found)
+2/2 Test #130: Dtypes/GpuEngineTest.SmallBatchMatchesTheCpuEngine/"float16" .....***Skipped   0.70 sec
+100% tests passed, 0 tests failed out of 2
+
+The following tests did not run:
+\t129 - Dtypes/GpuEngineTest.SmallBatchMatchesTheCpuEngine/"float32" (Skipped)
+\t130 - Dtypes/GpuEngineTest.SmallBatchMatchesTheCpuEngine/"float16" (Skipped)
+"""
+
+
+def test_parse_gtest_and_skip_reasons():
+    assert report.parse_gtest(GTEST_SKIPPED) == {"total": 2, "passed": 1, "failed": 0, "skipped": 1}
+    assert report.parse_gtest("[==========] 3 tests from 1 test suite ran. (1 ms total)\n[  PASSED  ] 1 test.\n"
+                              "[  FAILED  ] 2 tests, listed below:\n") == \
+        {"total": 3, "passed": 1, "failed": 2, "skipped": 0}
+    assert report.parse_gtest("Segmentation fault") is None
+    assert report.skip_reasons(GTEST_SKIPPED) == [
+        "no usable GPU: backend cuda: no usable CUDA driver or device (CUDA driver version is insufficient)"]
+    # ctest -V prefixes each line with the test's number; the same reason is listed once.
+    assert report.skip_reasons(CTEST_V_SKIPPED) == [
+        "no usable GPU: backend cuda: cannot load the CUDA engine plugin (libcudart.so.13: not found)"]
+
+
+def test_a_skipped_test_with_a_gpu_present_fails_the_stage_with_its_reason():
+    """ctest and GoogleTest count a skipped test as passed; with a GPU present it ran nothing."""
+    status, why = report.stage_verdict("ctest", CTEST_V_SKIPPED, gpu=True)
+    assert status == "failed"
+    assert why.startswith("2 of 2 gpu tests skipped with a GPU present (every one): no usable GPU: ")
+    assert "libcudart.so.13: not found" in why
+    status, why = report.stage_verdict("gtest", GTEST_SKIPPED, gpu=True)
+    assert status == "failed" and why.startswith("1 of 2 tests skipped with a GPU present: no usable GPU")
+    # Without a GPU a skip is what the tests should do.
+    assert report.stage_verdict("ctest", CTEST_V_SKIPPED, gpu=False) == (None, "")
+    assert report.stage_verdict("ctest", "100% tests passed, 0 tests failed out of 6", gpu=True) == (None, "")
+    assert report.stage_verdict("ctest", "67% tests passed, 1 tests failed out of 3", gpu=True) == \
+        ("failed", "1 of 3 gpu tests failed")
+    assert report.stage_verdict("ctest", "No tests were found!!!", gpu=True) == \
+        ("failed", "no test carries the label gpu")
+    assert report.stage_verdict("gtest", "[==========] 0 tests from 0 test suites ran. (0 ms total)\n"
+                                "[  PASSED  ] 0 tests.\n", gpu=True) == ("failed", "no test matched the filter")
+    assert report.stage_verdict("gtest", "Segmentation fault (core dumped)", gpu=True)[0] == "failed"
+
+
+def test_a_tool_the_runtime_refuses_is_skipped_with_its_words():
+    ncu_refused = ("==PROF== Connected to process 4242 (/repo/build-gpu/bin/fastformer-bench)\n"
+                   "==ERROR== ERR_NVGPUCTRPERM - The user does not have permission to access NVIDIA GPU "
+                   "Performance Counters on the target device 0.\n")
+    status, why = report.stage_verdict("ncu", ncu_refused, gpu=True)
+    assert status == "skipped" and why.startswith("refused by this machine's runtime: ==ERROR== ERR_NVGPUCTRPERM")
+    # ncu that profiled kernels ran, whatever else it printed.
+    assert report.stage_verdict("ncu", ncu_refused + NCU_LONG, gpu=True) == (None, "")
+    sanitizer_refused = "========= Error: Target application terminated before first instrumented API call\n"
+    assert report.stage_verdict("sanitizer", sanitizer_refused, gpu=True)[0] == "skipped"
+    assert report.stage_verdict("sanitizer", "========= COMPUTE-SANITIZER\n========= Error: Device not supported\n",
+                                gpu=True)[0] == "skipped"
+    # A sanitizer that ran and found errors failed: its exit status stands.
+    found = "========= Invalid __global__ read of size 4 bytes\n========= ERROR SUMMARY: 1 error\n"
+    assert report.stage_verdict("sanitizer", found + "permission", gpu=True) == (None, "")
+    assert report.stage_verdict("sanitizer", "Segmentation fault", gpu=True) == (None, "")
+
+
+def test_verdict_command_line(tmp_path):
+    f = tmp_path / "ctest-gpu.out"
+    f.write_text(CTEST_V_SKIPPED)
+    p = subprocess.run([PYTHON, str(HERE / "report.py"), "--verdict", "ctest", str(f), str(tmp_path / "none.err"),
+                        "--gpu", "1"], capture_output=True, text=True, timeout=60)
+    assert p.returncode == 0, p.stderr
+    status, why = p.stdout.rstrip("\n").split("\t")
+    assert status == "failed" and "skipped with a GPU present" in why
+    p = subprocess.run([PYTHON, str(HERE / "report.py"), "--verdict", "ctest", str(f), "--gpu", "0"],
+                       capture_output=True, text=True, timeout=60)
+    assert p.stdout == "keep\n"
+
+
+def test_a_later_stage_record_replaces_the_earlier(tmp_path):
+    (tmp_path / "stages.tsv").write_text("a\tA\tok\t0\t3\t\nb\tB\tok\t0\t1\t\n"
+                                         "a\tA\tfailed\t0\t3\t2 of 6 gpu tests skipped\n")
+    stages = report.load_stages(str(tmp_path))
+    assert [(s["id"], s["status"], s["note"]) for s in stages] == \
+        [("a", "failed", "2 of 6 gpu tests skipped"), ("b", "ok", "")]
+
+
 def test_the_gpu_tests_are_in_this_folder_and_skip_as_skipped():
     """fastformer_gpu_tests (ctest -L gpu, which gpu-check.sh runs) is built from tests/gpu, and a
     GTEST_SKIP there (no usable GPU) is reported by ctest as Skipped, which parse_ctest counts."""
     cmake = (HERE / "CMakeLists.txt").read_text()
     assert "add_executable(fastformer_gpu_tests gpu_engine_test.cc" in cmake
     assert "fastformer_gtest_discover(fastformer_gpu_tests LABELS gpu)" in cmake
-    assert "GTEST_SKIP()" in (HERE / "gpu_engine_test.cc").read_text()
+    source = (HERE / "gpu_engine_test.cc").read_text()
+    assert "GTEST_SKIP()" in source and "TEST_P(GpuEngineTest, BaseLongShapeMatchesTheCpuEngine)" in source
     wiring = (ROOT / "tests" / "CMakeLists.txt").read_text()
     assert "add_subdirectory(gpu)" in wiring
     assert 'SKIP_REGULAR_EXPRESSION "\\\\[  SKIPPED \\\\]"' in wiring
-    assert "-L gpu" in (HERE / "gpu-check.sh").read_text()
+    script = (HERE / "gpu-check.sh").read_text()
+    assert "-L gpu -E BaseLong" in script and "--gtest_filter=*BaseLong*" in script
 
 
 def test_parse_sanitizer():
@@ -144,6 +249,19 @@ def bench(tps, **kw):
     return json.dumps(d)
 
 
+def op(name, layer, ms, nbytes, flops=0.0, calls=1):
+    return {"name": name, "layer": layer, "calls": calls, "ms": ms, "bytes": nbytes, "flops": flops}
+
+
+# Against 4.0 TB/s of copy: query_pool 300 MB in 0.1 ms (two layers) = 75%, attn_ln 240 MB in
+# 0.1 ms = 60% (the worst that counts); key_pool_combine is too small to count, the GEMM and
+# the download are not kernels the target is about.
+PROFILE_SHORT = [op("qks_gemm", 0, 0.5, 1e8, 1e11), op("query_pool", 0, 0.05, 1.5e8), op("query_pool", 1, 0.05, 1.5e8),
+                 op("attn_ln", 0, 0.1, 2.4e8), op("key_pool_combine", 0, 0.01, 1e6),
+                 op("download_pooled", -1, 1.0, 1e6)]
+PROFILE_LONG = [op("qks_gemm", 0, 0.5, 1e8, 1e11), op("query_pool", 0, 0.1, 3.2e8)]
+
+
 def make_run(tmp_path, mode="gpu"):
     run = tmp_path / "run"
     run.mkdir()
@@ -160,6 +278,10 @@ def make_run(tmp_path, mode="gpu"):
          bench(1.0e6, tokens_per_sequence=8192, tflops=400.0)),
         ("torch-compile", "pytorch-compile", "base-long", "bfloat16", "uniform:64:4096", "65536",
          "ref-compile", json.dumps({"tokens_per_second": None, "compile_error": "BackendCompilerFailed: boom"})),
+        ("prof-short", "ours-profile", "base-long", "bfloat16", "fixed:512", "65536", "profile-short",
+         bench(2.9e6, profile=PROFILE_SHORT)),
+        ("prof-long", "ours-profile", "base-long", "bfloat16", "fixed:65536", "65536", "profile-long",
+         bench(2.0e6, profile=PROFILE_LONG)),
     ]
     stages = []
     for sid, engine, model, dtype, lengths, bt, role, out in matrix:
@@ -169,6 +291,14 @@ def make_run(tmp_path, mode="gpu"):
     (run / "failing.err").write_text("error: the build broke here\n")
     stages.append("failing\tbuild\tfailed\t2\t30\texit 2")
     stages.append("ctest-gpu\tctest -L gpu\tok\t0\t10\t")
+    stages.append("parity-base-long\tbase-long parity\tok\t0\t12\t")
+    (run / "parity-base-long.out").write_text("[==========] 2 tests from 1 test suite ran. (9000 ms total)\n"
+                                              "[  PASSED  ] 2 tests.\n")
+    (run / "cublaslt.env").write_text(
+        "include_dir=/usr/lib/python3/dist-packages/nvidia/cu13/include\ninclude_version=13.4.1\n"
+        "include_from=Python wheel\nlibrary=/usr/lib/python3/dist-packages/nvidia/cu13/lib/libcublasLt.so.13\n"
+        "library_file=/usr/lib/python3/dist-packages/nvidia/cu13/lib/libcublasLt.so.13\n"
+        "library_version=13.4.1\nlibrary_from=Python wheel\n")
     stages.append("ncu\tncu\tok\t0\t30\t")
     (run / "stages.tsv").write_text("\n".join(stages) + "\n")
     (run / "ctest-gpu.out").write_text("100% tests passed, 0 tests failed out of 6\n")
@@ -185,16 +315,36 @@ def test_report_targets_ratios_and_failures(tmp_path):
     out, summary = tmp_path / "r.md", tmp_path / "s.txt"
     assert report.main(["--run", str(run), "--out", str(out), "--summary", str(summary)]) == 0
     md = out.read_text()
-    targets = md.split("## Targets (issue 4)")[1].split("##")[0]
+    targets = md.split("## Targets")[1].split("##")[0]
     rows = {line.split("|")[1].strip(): line for line in targets.splitlines() if line.startswith("| ")}
     assert "PASS" in rows["base-long bf16, 512-token sequences, 65,536-token batches"]
     assert "FAIL" in rows["base-long bf16, one 65,536-token sequence"]
     assert "0.67" in rows["per-token speed, one 65,536-token sequence ÷ 512-token sequences"]
     assert "5.80x" in targets and "2.80x" in targets
     # residual_layernorm: 302 MB in 100 us = 3.02 TB/s = 75% of 4.0; bias_gelu 1.21 GB in 0.5 ms = 60%.
-    kernel_row = [line for line in targets.splitlines() if "non-GEMM" in line][0]
+    kernel_row = [line for line in targets.splitlines() if "non-GEMM" in line and "ncu" in line][0]
     assert "60%" in kernel_row and "FAIL" in kernel_row and "bias_gelu_kernel" in kernel_row
+    # The same target from --profile, per shape: the worst op that moves enough bytes.
+    short = [line for line in targets.splitlines() if "--profile" in line and "512-token" in line][0]
+    assert "attn_ln" in short and "| 60% | FAIL |" in short
+    long = [line for line in targets.splitlines() if "--profile" in line and "65,536-token" in line][0]
+    assert "query_pool" in long and "| 80% | PASS |" in long
+    profile = md.split("## Where the time goes")[1].split("\n## ")[0]
+    kinds = {line.split("|")[1].strip(): line.split("|")[-2].strip() for line in profile.splitlines()
+             if line.startswith("| ") and "---" not in line and "| op |" not in line}
+    assert kinds["qks_gemm"] == "GEMM" and kinds["download_pooled"] == "transfer"
+    assert kinds["key_pool_combine"] == "small" and kinds["attn_ln"] == "counts"
+    # The cost model of docs/kernels.md beside the measured figures, per op and in total.
+    sys.path.insert(0, str(ROOT / "tools"))
+    import cost_model
+    expected = {r["op"]: r["expected_ms"] for r in cost_model.model(128, 65536)}
+    qks_row = [line for line in profile.splitlines() if line.startswith("| qks_gemm |")][0]
+    assert f"| {expected['qks_gemm']:.3f} |" in qks_row
+    expected_tps = cost_model.summary(cost_model.model(1, 65536), 65536)["expected_tokens_per_s"]
+    assert f"(cost model {report.fmt_rate(expected_tps)})" in rows["base-long bf16, one 65,536-token sequence"]
     assert "6/6 passed" in targets
+    assert "2/2 passed" in [line for line in targets.splitlines() if "base-long-shaped parity" in line][0]
+    assert "cuBLASLt: header /usr/lib/python3/dist-packages/nvidia/cu13/include (13.4.1, Python wheel)" in md
     assert "torch.compile failed: BackendCompilerFailed: boom" in md
     assert "### failing: failed (exit 2)" in md and "the build broke here" in md
     assert "NVIDIA H200" in summary.read_text()
@@ -204,7 +354,7 @@ def test_report_smoke_mode_gives_no_verdicts(tmp_path):
     run = make_run(tmp_path, mode="cpu-smoke")
     out = tmp_path / "r.md"
     assert report.main(["--run", str(run), "--out", str(out)]) == 0
-    targets = out.read_text().split("## Targets (issue 4)")[1].split("##")[0]
+    targets = out.read_text().split("## Targets")[1].split("##")[0]
     assert "PASS" not in targets and "FAIL" not in targets
     assert "not a GPU figure (cpu-smoke)" in targets
 
@@ -235,6 +385,102 @@ def test_gpu_check_without_a_gpu_is_quick_and_writes_a_report(tmp_path):
                 "ours-bl-bf16-fixed512", "torch-eager", "sdpa-8192", "torch-compile", "ncu"):
         line = [ln for ln in stages.splitlines() if ln.startswith(f"| {sid} |")]
         assert line and "| skipped |" in line[0] and "no GPU" in line[0], sid
+
+
+def fake_gpu_machine(tmp_path, smi_sleeps=False):
+    """A PATH whose nvidia-smi claims an H200 (and with smi_sleeps, hangs when asked for its
+    table), a fake nvcc (CUDACXX) so that the build stages get as far as cuBLASLt, and the
+    environment of a run that finds no cuBLASLt and no PyTorch, with its work under tmp_path."""
+    bin_dir = tmp_path / "bin"
+    bin_dir.mkdir()
+    smi = bin_dir / "nvidia-smi"
+    smi.write_text("#!/bin/sh\n"
+                   'case "$1" in\n'
+                   '  -L) echo "GPU 0: NVIDIA H200 (UUID: GPU-00000000-fake)" ;;\n'
+                   '  --query-gpu*) echo "name, driver_version"; echo "NVIDIA H200, 580.00" ;;\n'
+                   + ('  *) exec sleep 600 ;;\n' if smi_sleeps else '  *) echo "fake nvidia-smi: NVIDIA H200" ;;\n')
+                   + "esac\n")
+    nvcc = bin_dir / "nvcc"
+    nvcc.write_text('#!/bin/sh\necho "Cuda compilation tools, release 13.0, V13.0.88"\n')
+    for f in (smi, nvcc):
+        f.chmod(0o755)
+    empty = tmp_path / "nothing-here"
+    empty.mkdir()
+    env = dict(os.environ, PATH=f"{bin_dir}:{os.environ.get('PATH', '/usr/bin:/bin')}", CUDACXX=str(nvcc),
+               GPU_CHECK_WORK=str(tmp_path / "work"), GPU_CHECK_BUILD_DIR=str(tmp_path / "build"),
+               GPU_CHECK_CUDA_ROOTS=str(empty), GPU_CHECK_SITE_PACKAGES=str(empty), GPU_CHECK_PYTHON="none")
+    for k in ("OUT", "FASTFORMER_CUBLASLT_INCLUDE_DIR", "FASTFORMER_CUBLASLT_LIBRARY"):
+        env.pop(k, None)
+    return env, empty
+
+
+def stage_rows(md):
+    stages = md.split("## Stages")[1].split("\n## ")[0]
+    return {ln.split("|")[1].strip(): ln for ln in stages.splitlines() if ln.startswith("| ") and "---" not in ln}
+
+
+def run_check(env, report_path, budget):
+    env = dict(env, GPU_CHECK_BUDGET_S=str(budget))
+    t = time.monotonic()
+    p = subprocess.run(["bash", str(HERE / "gpu-check.sh"), str(report_path)], cwd=ROOT, env=env,
+                       capture_output=True, text=True, timeout=budget + 60)
+    return p, time.monotonic() - t
+
+
+def test_gpu_check_with_a_gpu_and_no_cublaslt_says_where_it_looked(tmp_path):
+    env, empty = fake_gpu_machine(tmp_path)
+    rep = tmp_path / "report.md"
+    p, seconds = run_check(env, rep, budget=60)
+    assert p.returncode == 0, p.stdout + p.stderr
+    assert seconds < 60
+    md = rep.read_text()
+    assert "mode: **gpu**" in md and "GPU: NVIDIA H200" in md
+    assert "cuBLASLt: header **not found**; library **not found**" in md
+    section = md.split("## cuBLASLt")[1].split("\n## ")[0]
+    assert "cublasLt.h **not found**" in section and "libcublasLt **not found**" in section
+    # Where it looked: the toolkit root's include and lib dirs, the wheels' nvidia/cu13 and nvidia/cublas.
+    for d in ("include", "targets/x86_64-linux/include", "nvidia/cu13/include", "nvidia/cublas/include"):
+        assert f"`{empty}/{d}`" in section, d
+    for d in ("lib64", "lib", "nvidia/cu13/lib", "nvidia/cublas/lib"):
+        assert f"`{empty}/{d}`" in section, d
+    rows = stage_rows(md)
+    assert "| failed |" in rows["cublaslt"] and "cuBLASLt not found" in rows["cublaslt"]
+    for sid in ("configure", "build", "ctest-gpu", "parity-base-long", "memcheck", "racecheck"):
+        assert "| skipped |" in rows[sid] and "no cublasLt.h found" in rows[sid], sid
+    for sid in ("ours-bl-bf16-fixed512", "prof-bl-bf16-fixed65536", "torch-eager", "sdpa-8192", "torch-compile"):
+        assert "| skipped |" in rows[sid] and "GPU_CHECK_PYTHON=none" in rows[sid], sid
+    assert "| ok |" in rows["nvidia-smi"]
+    meta = report.load_meta(str(next((tmp_path / "work").glob("run-*"))))
+    assert meta["mode"] == "gpu" and int(meta["elapsed_s"]) <= 60
+    assert "cuBLASLt: header not found; library not found" in p.stdout  # the summary, in the output tail
+
+
+def test_gpu_check_ends_with_a_report_within_its_budget(tmp_path):
+    """A stage that hangs is stopped where the budget ends (less the report's reserve), every
+    later stage is skipped as out of time, and the report is still written in time. The
+    cuBLASLt given by the environment is taken as it is, and one that cannot load says so."""
+    env, _ = fake_gpu_machine(tmp_path, smi_sleeps=True)
+    inc = tmp_path / "cublas" / "include"
+    inc.mkdir(parents=True)
+    (inc / "cublasLt.h").write_text("/* fake */\n")
+    (inc / "cublas_api.h").write_text("#define CUBLAS_VER_MAJOR 13\n#define CUBLAS_VER_MINOR 9\n"
+                                      "#define CUBLAS_VER_PATCH 7\n")
+    lib = tmp_path / "cublas" / "libcublasLt.so.13"
+    lib.write_text("not a library\n")
+    env.update(FASTFORMER_CUBLASLT_INCLUDE_DIR=str(inc), FASTFORMER_CUBLASLT_LIBRARY=str(lib))
+    rep = tmp_path / "report.md"
+    budget = 20
+    p, seconds = run_check(env, rep, budget)
+    assert p.returncode == 0, p.stdout + p.stderr
+    assert seconds <= budget, p.stdout
+    md = rep.read_text()
+    rows = stage_rows(md)
+    assert "| timeout |" in rows["nvidia-smi"], rows["nvidia-smi"]
+    if shutil.which("cmake"):
+        assert "| skipped |" in rows["configure"] and "time budget spent (GPU_CHECK_BUDGET_S=20)" in rows["configure"]
+        assert "configure did not succeed" in rows["build"]
+    assert f"header {inc} (13.9.7" in md
+    assert "| failed |" in rows["cublaslt"] and "cannot load" in rows["cublaslt"]
 
 
 # ----------------------------------------------------------------------------- the tools on the CPU

@@ -24,6 +24,7 @@
 
 #include <algorithm>
 #include <bit>
+#include <cstdlib>
 #include <map>
 #include <mutex>
 #include <string>
@@ -62,17 +63,29 @@ struct CublasLt {
 #undef FF_CUBLASLT_FUNCTION
 };
 
+// Where libcublasLt is looked for: FASTFORMER_CUBLASLT_LIBRARY, a path, alone when set (so
+// that a run says which library it used: tests/gpu/gpu-check.sh sets it where cuBLASLt is
+// not on the loader's path, e.g. the nvidia-cublas wheel beside PyTorch); else the names the
+// loader resolves (LD_LIBRARY_PATH, the ldconfig cache), of the header's major version.
+std::vector<std::string> cublaslt_library_candidates() {
+  const char* path = std::getenv("FASTFORMER_CUBLASLT_LIBRARY");
+  if (path != nullptr && *path != '\0') return {path};
+  return {"libcublasLt.so." + std::to_string(CUBLAS_VER_MAJOR), "libcublasLt.so"};
+}
+
 const CublasLt& cublaslt() {
   static CublasLt api;
   static std::once_flag once;
   static std::string error;
   std::call_once(once, [] {
     void* lib = nullptr;
-    for (const char* name : {"libcublasLt.so.13", "libcublasLt.so"}) {
-      if ((lib = dlopen(name, RTLD_NOW | RTLD_LOCAL)) != nullptr) break;
+    std::string errors;
+    for (const std::string& name : cublaslt_library_candidates()) {
+      if ((lib = dlopen(name.c_str(), RTLD_NOW | RTLD_LOCAL)) != nullptr) break;
+      errors += (errors.empty() ? "" : "; ") + std::string(dlerror());
     }
     if (lib == nullptr) {
-      error = std::string("cannot load libcublasLt (") + dlerror() + ")";
+      error = "cannot load libcublasLt (" + errors + ")";
       return;
     }
     auto resolve = [&](auto& fn, const char* symbol) {
