@@ -10,8 +10,9 @@ Starts fastformer-server (CPU backend) on loopback ports, draws `--count` length
 from `--lengths` with random real token ids, and runs at each concurrency, one sequence per
 request: perf_analyzer -i grpc (unary ModelInfer, --input-data with these sequences) and
 fastformer-loadgen (unary Encode, --lengths file: with these lengths). perf_analyzer asks for
-every output the model lists (it has no option to name them), so the v2 answers also carry
-token_embeddings and logits; loadgen's carry the embedding only. Prints a Markdown table
+every output the model lists (it has no option to name them), so the v2 answers carry the
+embedding, token_embeddings and logits; loadgen is asked for the same
+(--return-token-embeddings, --return-logits), so both APIs send the same answers. Prints a Markdown table
 (requests/s, p50 and p99 latency) and, with --json, the figures. perf_analyzer comes from
 `make kserve-venv` (mk/kserve.mk): run this with .venv-triton's Python.
 """
@@ -70,9 +71,11 @@ def perf_analyzer(target, model, data_file, concurrency, seconds, stability, wor
     return {"requests_per_s": throughput, "p50_ms": p50, "p99_ms": p99}
 
 
-def loadgen(loadgen_bin, target, lengths_file, concurrency, seconds):
+def loadgen(loadgen_bin, target, lengths_file, concurrency, seconds, logits):
+    # Every output, as perf_analyzer asks for them: the same answers go back through both APIs.
     cmd = [str(loadgen_bin), "--target", target, "--concurrency", str(concurrency), "--duration", str(seconds),
-           "--warmup", "2", "--lengths", f"file:{lengths_file}", "--sequences-per-request", "1", "--json"]
+           "--warmup", "2", "--lengths", f"file:{lengths_file}", "--sequences-per-request", "1",
+           "--return-token-embeddings", "--json"] + (["--return-logits"] if logits else [])
     out = subprocess.run(cmd, capture_output=True, text=True)
     if out.returncode != 0:
         sys.exit(f"fastformer-loadgen failed ({out.returncode}):\n{out.stderr[-2000:]}")
@@ -118,7 +121,8 @@ def main() -> int:
         wait_serving(bin_dir / "fastformer-client", target, server)
         for c in (int(x) for x in args.concurrency.split(",")):
             v2 = perf_analyzer(target, config["model_name"], work / "input.json", c, args.seconds, args.stability, work)
-            enc = loadgen(bin_dir / "fastformer-loadgen", target, work / "lengths.txt", c, args.seconds)
+            enc = loadgen(bin_dir / "fastformer-loadgen", target, work / "lengths.txt", c, args.seconds,
+                          int(config.get("num_labels", 0)) > 0)
             rows.append({"concurrency": c, "perf_analyzer": v2, "loadgen": enc})
             print(f"concurrency {c}: perf_analyzer {v2}, loadgen {enc}", file=sys.stderr)
     finally:

@@ -43,6 +43,8 @@ struct Flags {
   int sequences_per_request = 1;
   int pool_requests = 256;
   bool stream = false;
+  bool token_embeddings = false;  // ask for more than the pooled embedding, as a caller may
+  bool logits = false;
   std::string sweep_concurrency;
   std::string sweep_rate;
   uint64_t seed = 1;
@@ -159,6 +161,9 @@ int main(int argc, char** argv) {
       ->check(CLI::PositiveNumber)
       ->capture_default_str();
   app.add_flag("--stream", f.stream, "send on EncodeStream calls instead of unary Encode");
+  app.add_flag("--return-token-embeddings", f.token_embeddings,
+               "ask for every token's final hidden state too (larger answers)");
+  app.add_flag("--return-logits", f.logits, "ask for the classifier head's logits too");
   auto* sweep_concurrency = app.add_option("--sweep-concurrency", f.sweep_concurrency,
                                            "closed-loop steps A:B:xF or A:B:+S, e.g. 1:64:x2")
                                 ->excludes(rate)
@@ -201,8 +206,16 @@ int main(int argc, char** argv) {
     return kExitFailure;
   }
   if (!check_workload(f, lengths, info)) return kExitUsage;
-  const auto pool = loadgen::make_request_pool(lengths, info.vocab_size(), f.pad_token_id,
-                                               f.sequences_per_request, f.pool_requests, f.seed);
+  if (f.logits && info.num_labels() == 0) {
+    cli::print_error(kProgram, "--return-logits: the model " + info.model_name() + " has no classifier head");
+    return kExitUsage;
+  }
+  auto pool = loadgen::make_request_pool(lengths, info.vocab_size(), f.pad_token_id, f.sequences_per_request,
+                                         f.pool_requests, f.seed);
+  for (auto& pooled : pool) {
+    pooled.request.set_return_token_embeddings(f.token_embeddings);
+    pooled.request.set_return_logits(f.logits);
+  }
   const loadgen::RunInfo run{f.lengths, f.sequences_per_request};
   if (!f.json) {
     std::cout << kProgram << ": " << connection.target << ", model " << info.model_name() << " ("

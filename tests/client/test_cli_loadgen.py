@@ -271,6 +271,15 @@ def test_closed_loop_on_streams(e2e, servers):
     assert wait_increase(srv, before, step["requests"], method="EncodeStream") == step["requests"]
 
 
+def test_asks_for_every_output(e2e, servers):
+    """--return-token-embeddings / --return-logits: the run succeeds with the larger answers."""
+    srv = servers.shared("head")
+    (step,) = loadgen_json(e2e, "--target", srv.target, "--concurrency", 2, "--duration", 0.5, "--warmup", 0,
+                           "--lengths", "uniform:8:64", "--return-token-embeddings", "--return-logits")
+    assert step["errors"] == {} and step["succeeded"] > 0, step
+    check_step(step)
+
+
 def test_open_loop_at_low_rate(e2e, servers):
     srv = servers.shared("head")
     for method, extra in (("Encode", []), ("EncodeStream", ["--stream", "--concurrency", 2])):
