@@ -5,7 +5,9 @@ every bad input, and results equal to the Encoder API's and to the float64 refer
 from __future__ import annotations
 
 import queue
+import shutil
 import signal
+import subprocess
 import threading
 import time
 
@@ -447,3 +449,35 @@ def test_sigterm_drains_admitted_requests_then_refuses(start, load_model):
         assert ok, f"d{i}: {worst}"
     assert srv.proc.wait(timeout=60) == 0, srv.log()
     print(f"{unanswered} of {n} requests were unanswered at SIGTERM")
+
+
+def test_tls_applies(start, model, tmp_path):
+    """The protocol's service is behind the listener's TLS: tritonclient with ssl=True and the
+    server's certificate as its root works; a plaintext client is refused."""
+    if shutil.which("openssl") is None:
+        pytest.fail("openssl not found: it makes the test certificate (apt-get install openssl)", pytrace=False)
+    subprocess.run(["openssl", "req", "-x509", "-newkey", "ec", "-pkeyopt", "ec_paramgen_curve:prime256v1", "-nodes",
+                    "-keyout", "server.key", "-out", "server.pem", "-days", "2", "-subj", "/CN=fastformer kserve test",
+                    "-addext", "subjectAltName=IP:127.0.0.1"], cwd=tmp_path, check=True, capture_output=True)
+    srv = start(wait=False, tls_cert=tmp_path / "server.pem", tls_key=tmp_path / "server.key")
+    secure = grpcclient.InferenceServerClient(srv.url, ssl=True, root_certificates=str(tmp_path / "server.pem"))
+    plain = grpcclient.InferenceServerClient(srv.url)
+    try:
+        deadline = time.monotonic() + 30
+        while time.monotonic() < deadline:
+            try:
+                if secure.is_server_ready():
+                    break
+            except InferenceServerException:
+                pass
+            time.sleep(0.05)
+        ids, _ = ids_batch(model, [6])
+        r = secure.infer(model.name, [infer_input("input_ids", ids)], outputs=outputs("embedding"))
+        ok, worst = close(r.as_numpy("embedding")[0], model.reference([ids[0].tolist()])[0].embedding)
+        assert ok, worst
+        with pytest.raises(InferenceServerException) as e:
+            plain.infer(model.name, [infer_input("input_ids", ids)], client_timeout=5)
+        assert e.value.status() in ("StatusCode.UNAVAILABLE", "StatusCode.DEADLINE_EXCEEDED"), e.value
+    finally:
+        secure.close()
+        plain.close()

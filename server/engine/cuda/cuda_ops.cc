@@ -176,6 +176,7 @@ class CudaOps final : public Ops {
  public:
   CudaOps(const ModelConfig& config, const CudaOpsOptions& options, size_t device_total)
       : config_(config),
+        device_(options.device),
         device_total_(device_total),
         stream_(ff_stream_create()),
         gemm_(storage_type<T>(), options.allow_tf32, stream_) {}
@@ -243,6 +244,7 @@ class CudaOps final : public Ops {
   void* workspace() override { return memory_; }
 
   BatchRef begin_batch(const RaggedBatch& batch, const WorkspacePlan& plan, const PoolingChunks& chunks) override {
+    use_device();
     const int32_t T_count = batch.num_tokens(), B = batch.num_sequences();
     token_seq_host_.resize(size_t(T_count));
     for (int32_t b = 0; b < B; ++b) {
@@ -374,7 +376,16 @@ class CudaOps final : public Ops {
   int32_t D() const { return int32_t(config_.hidden_size); }
   int32_t H() const { return int32_t(config_.num_attention_heads); }
 
+  // Makes this engine's device current on the calling thread: batches run on the scheduler's
+  // compute thread, not on the thread that probed the device (--device N on a multi-GPU node).
+  void use_device() const {
+#if !defined(FF_EMULATION)
+    ff_check(cudaSetDevice(device_), "cudaSetDevice");
+#endif
+  }
+
   const ModelConfig config_;
+  const int device_;
   const size_t device_total_;
   size_t weight_bytes_ = 0;
   ff_stream_t stream_;
