@@ -86,15 +86,7 @@ TEST_P(GpuEngineTest, LongSequenceMatchesTheCpuEngine) {
 // the real model's sizes (tests/unit/cuda_emulated_base_long_test.cc runs the same emulated).
 TEST_P(GpuEngineTest, BaseLongShapeMatchesTheCpuEngine) {
   test::TempDir dir;
-  test::TinyModelSpec spec;
-  spec.hidden = 768;
-  spec.heads = 12;
-  spec.layers = 2;
-  spec.intermediate = 3072;
-  spec.max_positions = 1024;
-  spec.vocab = 512;
-  spec.num_labels = 4;
-  auto model = engine::Model::load(test::write_tiny_model(dir.path(), "m", spec));
+  auto model = engine::Model::load(test::write_tiny_model(dir.path(), "m", test::base_long_two_layers()));
   std::string why;
   auto gpu = gpu_engine(model, GetParam(), 1024, &why);
   if (!gpu) GTEST_SKIP() << "no usable GPU: " << why;

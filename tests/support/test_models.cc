@@ -189,6 +189,18 @@ void write_model(const std::filesystem::path& dir, const TinyModel& model) {
   write_safetensors(dir / "model.safetensors", model.tensors);
 }
 
+TinyModelSpec base_long_two_layers() {
+  TinyModelSpec spec;
+  spec.hidden = 768;
+  spec.heads = 12;
+  spec.layers = 2;
+  spec.intermediate = 3072;
+  spec.max_positions = 1024;
+  spec.vocab = 512;
+  spec.num_labels = 4;
+  return spec;
+}
+
 std::filesystem::path write_tiny_model(const std::filesystem::path& root, const std::string& name,
                                        const TinyModelSpec& spec) {
   const std::filesystem::path dir = root / name;

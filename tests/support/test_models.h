@@ -74,6 +74,11 @@ struct TinyModelSpec {
   uint64_t seed = 1;
 };
 
+// Two layers of base-long's shape (hidden 768, 12 heads, intermediate 3,072), 1,024 positions,
+// 512 ids and a 4-label head: the real model's launch configurations and vector widths at a
+// test's cost (the emulated and the GPU base-long parity tests).
+TinyModelSpec base_long_two_layers();
+
 // A model's config.json and its tensors. Values are already rounded to the storage dtype,
 // so the loaded float32 weights equal them exactly.
 struct TinyModel {

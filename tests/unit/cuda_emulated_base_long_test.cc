@@ -20,16 +20,8 @@ class EmulatedCudaBaseLongTest : public ::testing::TestWithParam<std::string> {
  protected:
   static void SetUpTestSuite() {
     dir_ = new test::TempDir();
-    test::TinyModelSpec spec;
-    spec.hidden = 768;
-    spec.heads = 12;
-    spec.layers = 2;
-    spec.intermediate = 3072;
-    spec.max_positions = 1024;
-    spec.vocab = 512;
-    spec.num_labels = 4;
     model_ = new std::shared_ptr<const engine::Model>(
-        engine::Model::load(test::write_tiny_model(dir_->path(), "base_long_2l", spec)));
+        engine::Model::load(test::write_tiny_model(dir_->path(), "base_long_2l", test::base_long_two_layers())));
     engine::EngineOptions cpu;
     cpu.backend = engine::Backend::kCpu;
     cpu.threads = 2;
