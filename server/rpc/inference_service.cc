@@ -43,15 +43,16 @@ grpc::ServerUnaryReactor* InferenceService::ServerLive(grpc::CallbackServerConte
 grpc::ServerUnaryReactor* InferenceService::ServerReady(grpc::CallbackServerContext* context,
                                                         const inference::ServerReadyRequest*,
                                                         inference::ServerReadyResponse* response) {
-  response->set_ready(intake_.serving());
+  response->set_ready(intake_.availability().ok());
   return finish(context, "ServerReady", Clock::now(), grpc::Status::OK);
 }
 
 grpc::ServerUnaryReactor* InferenceService::ModelReady(grpc::CallbackServerContext* context,
                                                        const inference::ModelReadyRequest* request,
                                                        inference::ModelReadyResponse* response) {
-  // Not ready (rather than an error) for a model this server does not serve, as Triton answers.
-  response->set_ready(intake_.serving() && model_status(request->name(), request->version()).ok());
+  // Not ready (rather than an error) while starting or draining, or for a model this server does
+  // not serve, as Triton answers: model_status covers all three.
+  response->set_ready(model_status(request->name(), request->version()).ok());
   return finish(context, "ModelReady", Clock::now(), grpc::Status::OK);
 }
 

@@ -54,7 +54,6 @@ class Intake {
   void start_serving(ServiceConfig config, const engine::Engine& engine, batching::BatchQueue& queue);
   // Once draining, new calls and stream messages are answered UNAVAILABLE.
   void start_draining() { draining_.store(true); }
-  bool serving() const { return serving_.load(std::memory_order_acquire) && !draining_.load(); }
   // Admitted requests (unary calls and stream messages) not yet answered.
   int64_t inflight() const { return inflight_.load(); }
 
