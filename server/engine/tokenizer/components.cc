@@ -1,6 +1,7 @@
 #include "server/engine/tokenizer/components.h"
 
 #include <unicode/normalizer2.h>
+#include <unicode/uniset.h>
 #include <unicode/unistr.h>
 
 #include <algorithm>
@@ -49,6 +50,15 @@ UnicodeNormalizer::UnicodeNormalizer(NormalForm form) : form_(form) {
     case NormalForm::kNFKD: normalizer_ = icu::Normalizer2::getNFKDInstance(status); break;
   }
   if (U_FAILURE(status)) throw TokenizerError(std::string("ICU normalizer unavailable: ") + u_errorName(status));
+  // The crate's normalization tables are Unicode 11.0: later characters are left as they are.
+  static const icu::UnicodeSet* const unicode_11 = [] {
+    UErrorCode s = U_ZERO_ERROR;
+    auto* set = new icu::UnicodeSet(icu::UnicodeString(u"[:age=11.0:]"), s);
+    set->freeze();
+    return set;
+  }();
+  filtered_ = std::make_unique<icu::FilteredNormalizer2>(*normalizer_, *unicode_11);
+  normalizer_ = filtered_.get();
 }
 
 void UnicodeNormalizer::normalize(std::u32string& text) const {

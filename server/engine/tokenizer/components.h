@@ -40,6 +40,7 @@ class UnicodeNormalizer : public Normalizer {  // ICU Normalizer2
  private:
   NormalForm form_;
   const icu::Normalizer2* normalizer_;
+  std::unique_ptr<icu::FilteredNormalizer2> filtered_;
 };
 
 class StripAccentsNormalizer : public Normalizer {  // drops every combining mark (M*); no NFD

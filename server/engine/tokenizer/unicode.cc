@@ -8,6 +8,14 @@
 
 namespace fastformer::tokenizer {
 
+// The crate's character tables are older than ICU 72's Unicode 15: a character assigned later
+// has no category there (so it is no mark, punctuation or control) and no decomposition.
+bool assigned_by(char32_t c, uint8_t major, uint8_t minor) {
+  UVersionInfo age;
+  u_charAge(static_cast<UChar32>(c), age);
+  return age[0] < major || (age[0] == major && age[1] <= minor);
+}
+
 std::u32string decode_utf8(std::string_view s) {
   std::u32string out;
   out.reserve(s.size());
@@ -82,17 +90,27 @@ bool is_bert_whitespace(char32_t c) { return is_whitespace(c); }  // \t \n \r ar
 
 bool is_bert_control(char32_t c) {
   if (c == '\t' || c == '\n' || c == '\r') return false;
-  return (U_GET_GC_MASK(static_cast<UChar32>(c)) & U_GC_C_MASK) != 0;
+  if (c < 0x80) return c < 0x20 || c == 0x7F;
+  // Unassigned code points (Cn) are not "other" in the crate either (unicode_categories has
+  // no Cn table); its tables are Unicode 8.0.
+  const auto mask = U_GET_GC_MASK(static_cast<UChar32>(c));
+  return (mask & (U_GC_CC_MASK | U_GC_CF_MASK | U_GC_CO_MASK | U_GC_CS_MASK)) != 0 && assigned_by(c, 8, 0);
 }
 
 bool is_mark(char32_t c) {
   if (c < 0x300) return false;
-  return (U_GET_GC_MASK(static_cast<UChar32>(c)) & U_GC_M_MASK) != 0;
+  // Characters whose category changed after Unicode 9.0: marks there, not now, and back.
+  if (c == 0x1CF2 || c == 0x1CF3) return true;
+  if (c == 0x111C9) return false;
+  return (U_GET_GC_MASK(static_cast<UChar32>(c)) & U_GC_M_MASK) != 0 && assigned_by(c, 9, 0);
 }
 
 bool is_nonspacing_mark(char32_t c) {
   if (c < 0x300) return false;
-  return u_charType(static_cast<UChar32>(c)) == U_NON_SPACING_MARK;
+  // Categories changed after Unicode 8.0: Mn there and Mc now, or the other way round.
+  if (c == 0x1734) return true;
+  if (c == 0x1885 || c == 0x1886 || c == 0xA9BD || c == 0x111C9) return false;
+  return u_charType(static_cast<UChar32>(c)) == U_NON_SPACING_MARK && assigned_by(c, 8, 0);
 }
 
 bool is_punctuation(char32_t c) {
@@ -100,7 +118,8 @@ bool is_punctuation(char32_t c) {
     return (c >= 0x21 && c <= 0x2F) || (c >= 0x3A && c <= 0x40) || (c >= 0x5B && c <= 0x60) ||
            (c >= 0x7B && c <= 0x7E);
   }
-  return (U_GET_GC_MASK(static_cast<UChar32>(c)) & U_GC_P_MASK) != 0;
+  if (c == 0x166D || c == 0x111C9) return true;  // Po in Unicode 8.0, So and Mn now
+  return (U_GET_GC_MASK(static_cast<UChar32>(c)) & U_GC_P_MASK) != 0 && assigned_by(c, 8, 0);
 }
 
 bool is_chinese_char(char32_t c) {
