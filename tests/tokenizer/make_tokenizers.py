@@ -96,11 +96,12 @@ BUILDERS = {
 # ---- the code-point sweep: every assigned code point through each component ---------------
 def sweep_texts() -> list[str]:
     """Every code point Python's unicodedata knows (no surrogates, no private use), each as
-    'x<c>y' so that a split on either side shows, 64 to a text."""
+    'x<c>y -<c>-' so that a split on either side shows, between word characters and between
+    punctuation, 64 to a text."""
     import unicodedata
     chars = [chr(c) for c in range(0x110000)
              if unicodedata.category(chr(c)) not in ("Cn", "Cs", "Co")]
-    return [" ".join(f"x{c}y" for c in chars[i:i + 64]) for i in range(0, len(chars), 64)]
+    return [" ".join(f"x{c}y -{c}-" for c in chars[i:i + 64]) for i in range(0, len(chars), 64)]
 
 
 def _char_vocab(texts, extra_normalizers=()) -> dict:

@@ -108,6 +108,8 @@ TEST(TokenizerPreTokenizers, SplitRegexUsesOnigurumaClasses) {
   // The notebook's wordpunct: matches kept (removed + invert). Oniguruma's \w has ² but not ⁰.
   const RegexSplitPreTokenizer wordpunct("\\w+|[^\\w\\s]+", true, SplitBehavior::kRemoved, true);
   EXPECT_EQ(pre_tokenize(wordpunct, "(2\u00B9\u2070) Don't!"), (Words{"(", "2\u00B9", "\u2070)", "Don", "'", "t", "!"}));
+  // Inside a bracket class Oniguruma's \w lacks ¹ ² ³ ¼ ½ ¾: [^\w\s]+ takes "-¹" whole.
+  EXPECT_EQ(pre_tokenize(wordpunct, "x\u00B9 x-\u00B9b"), (Words{"x\u00B9", "x", "-\u00B9", "b"}));
   const RegexSplitPreTokenizer isolated("\\w+|[^\\w\\s]+", true, SplitBehavior::kIsolated, false);
   EXPECT_EQ(pre_tokenize(isolated, "a b\u000Bc"), (Words{"a", " ", "b", "\u000B", "c"}));
 }

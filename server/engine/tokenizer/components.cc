@@ -240,22 +240,29 @@ namespace {
 // Rewrites the Perl classes \w \W \s \S \d \D of a pattern into explicit Unicode property sets,
 // so that ICU matches what Oniguruma (tokenizers' Split) or Rust's regex (its Whitespace
 // pre-tokenizer) match: ICU's own \s is [\t\n\f\r\p{Z}], missing \v and U+0085.
+// Oniguruma's \w is Alphabetic, Mark, Nd and Pc (not Join_Control), and outside a bracket
+// class also the Latin-1 digits and fractions ¹ ² ³ ¼ ½ ¾ (its Latin-1 ctype table), so that
+// [^\w\s] matches ¹ while \w matches it too. Rust's \w is UTS#18's.
 std::string translate_classes(const std::string& pattern, RegexSplitPreTokenizer::Flavor flavor) {
   const bool onig = flavor == RegexSplitPreTokenizer::Flavor::kOniguruma;
-  // Oniguruma's word: Alphabetic, Mark, Nd, Pc, and the Latin-1 digits and fractions
-  // ¹ ² ³ ¼ ½ ¾ (its Latin-1 ctype table); not Join_Control. Rust's: UTS#18 \w.
-  const std::string word = onig ? "\\p{Alphabetic}\\p{M}\\p{Nd}\\p{Pc}\\u00B2\\u00B3\\u00B9\\u00BC-\\u00BE"
+  const std::string word = onig ? "\\p{Alphabetic}\\p{M}\\p{Nd}\\p{Pc}"
                                 : "\\p{Alphabetic}\\p{M}\\p{Nd}\\p{Pc}\\p{Join_Control}";
+  const std::string latin1_word = onig ? "\\u00B2\\u00B3\\u00B9\\u00BC-\\u00BE" : "";
   std::string out;
+  int class_depth = 0;  // inside [...]
   for (size_t i = 0; i < pattern.size(); ++i) {
-    if (pattern[i] != '\\' || i + 1 == pattern.size()) {
-      out += pattern[i];
+    const char c = pattern[i];
+    if (c != '\\' || i + 1 == pattern.size()) {
+      if (c == '[') ++class_depth;
+      if (c == ']' && class_depth > 0) --class_depth;
+      out += c;
       continue;
     }
     const char next = pattern[++i];
+    const std::string w = class_depth > 0 ? word : word + latin1_word;
     switch (next) {
-      case 'w': out += "[" + word + "]"; break;
-      case 'W': out += "[^" + word + "]"; break;
+      case 'w': out += "[" + w + "]"; break;
+      case 'W': out += "[^" + w + "]"; break;
       case 's': out += "\\p{White_Space}"; break;
       case 'S': out += "\\P{White_Space}"; break;
       case 'd': out += "\\p{Nd}"; break;
@@ -265,6 +272,7 @@ std::string translate_classes(const std::string& pattern, RegexSplitPreTokenizer
   }
   return out;
 }
+
 }  // namespace
 
 RegexSplitPreTokenizer::RegexSplitPreTokenizer(const std::string& pattern, bool is_regex, SplitBehavior behavior,
