@@ -22,6 +22,18 @@ import corpus  # noqa: E402
 import make_tokenizers  # noqa: E402
 
 
+CHUNK = 50_000
+
+
+def show_mismatch(tok, i, text, e, got):
+    g = got.get("ids") or []
+    k = next((k for k in range(min(len(g), len(e))) if g[k] != e[k]), min(len(g), len(e)))
+    lo = max(0, k - 3)
+    print(f"  text {i} ({len(text)} chars): {text[:300]!r}\n    first difference at token {k}: "
+          f"hf {e[lo:k + 5]} {tok.encode(text).tokens[lo:k + 5]}\n"
+          f"    ours {got if 'error' in got else g[lo:k + 5]} {[tok.id_to_token(x) for x in g[lo:k + 5]]}")
+
+
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--bin", required=True, help="fastformer-tokenize")
@@ -60,25 +72,27 @@ def main() -> int:
         tok = build()
         tok_path = out / f"{name}.json"
         tok.save(str(tok_path))
-        t0 = time.perf_counter()
-        expected = [e.ids for e in tok.encode_batch(texts)]
-        hf_s = time.perf_counter() - t0
+        # Chunk by chunk against the CLI's streamed output, so that 1.7M texts fit in memory.
+        bad, shown, n_tokens, hf_s = 0, 0, 0, 0.0
         with open(texts_path, "rb") as stdin:
-            proc = subprocess.run([args.bin, "--tokenizer", str(tok_path)], stdin=stdin, capture_output=True, check=True)
-        got = [json.loads(line) for line in proc.stdout.decode().splitlines()]
-        assert len(got) == len(texts), (len(got), len(texts))
-        bad = [i for i, (g, e) in enumerate(zip(got, expected)) if g.get("ids") != e]
-        n_tokens = sum(map(len, expected))
+            proc = subprocess.Popen([args.bin, "--tokenizer", str(tok_path)], stdin=stdin, stdout=subprocess.PIPE)
+            for start in range(0, len(texts), CHUNK):
+                chunk = texts[start:start + CHUNK]
+                t0 = time.perf_counter()
+                expected = [e.ids for e in tok.encode_batch(chunk)]
+                hf_s += time.perf_counter() - t0
+                for k, e in enumerate(expected):
+                    got = json.loads(proc.stdout.readline())
+                    n_tokens += len(e)
+                    if got.get("ids") == e:
+                        continue
+                    bad += 1
+                    if shown < 5:
+                        shown += 1
+                        show_mismatch(tok, start + k, chunk[k], e, got)
+            assert proc.stdout.readline() == b"" and proc.wait() == 0, "fastformer-tokenize: extra output or failure"
         print(f"{name}: {len(texts)} texts, {n_tokens} tokens, vocab {tok.get_vocab_size()}, "
-              f"mismatches {len(bad)} (HF encode_batch {len(texts) / hf_s:.0f} texts/s, all cores)")
-        for i in bad[:5]:
-            g = got[i].get("ids") or []
-            e = expected[i]
-            k = next((k for k in range(min(len(g), len(e))) if g[k] != e[k]), min(len(g), len(e)))
-            print(f"  text {i} ({len(texts[i])} chars): {texts[i][:300]!r}\n    first difference at token {k}: "
-                  f"hf {e[max(0, k - 3):k + 5]} {tok.encode(texts[i]).tokens[max(0, k - 3):k + 5]}\n"
-                  f"    ours {got[i] if 'error' in got[i] else g[max(0, k - 3):k + 5]} "
-                  f"{[tok.id_to_token(x) for x in g[max(0, k - 3):k + 5]]}")
+              f"mismatches {bad} (HF encode_batch {len(texts) / hf_s:.0f} texts/s, all cores)")
         failed = failed or bool(bad)
         with open(texts_path, "rb") as stdin:
             bench = subprocess.run([args.bin, "--tokenizer", str(tok_path), "--bench", "--repeat", str(args.bench_repeat)],
