@@ -150,6 +150,15 @@ TEST(TokenizerModels, WordPieceGreedyLongestMatch) {
   EXPECT_EQ(ids("unx"), (std::vector<int32_t>{0}));  // one piece fails: the whole word is unknown
 }
 
+void expect_load_error(const std::string& json, const std::string& message) {
+  try {
+    Tokenizer::from_json(json);
+    FAIL() << "loaded: " << json;
+  } catch (const TokenizerError& e) {
+    EXPECT_NE(std::string(e.what()).find(message), std::string::npos) << e.what();
+  }
+}
+
 const char* kBertJson = R"({
   "version": "1.0", "truncation": null, "padding": null,
   "added_tokens": [
@@ -173,6 +182,10 @@ TEST(TokenizerPipeline, BertEndToEnd) {
   EXPECT_EQ(t.encode("").ids, (std::vector<int32_t>{2, 3}));
   EXPECT_EQ(t.num_special_tokens_added(), 2u);
   EXPECT_EQ(t.max_token_id(), 9);
+  // The post-processor's ids count: they may lie outside the vocabulary.
+  EXPECT_EQ(Tokenizer::from_json(R"({"post_processor": {"type": "BertProcessing", "sep": ["[SEP]", 7], "cls": ["[CLS]", 2]},
+      "model": {"type": "WordLevel", "vocab": {"a": 0}, "unk_token": "a"}})").max_token_id(), 7);
+  expect_load_error(R"({"post_processor": {"type": "BertProcessing", "sep": ["[SEP]", -1], "cls": ["[CLS]", 2]}, "model": {"type": "WordLevel", "vocab": {"a": 0}, "unk_token": "a"}})", "post_processor.sep[1] is not a token id");
   EXPECT_EQ(t.description(), "WordPiece (BertNormalizer, BertPreTokenizer, BertProcessing)");
   EXPECT_THROW(t.encode("bad \xFF"), TokenizerError);
 }
@@ -200,15 +213,6 @@ TEST(TokenizerPipeline, TemplateProcessingAndWordLevel) {
   })");
   EXPECT_EQ(t.encode("The ＣＡＴ's hat").ids, (std::vector<int32_t>{7, 2, 3, 4, 8}));
   EXPECT_EQ(t.encode("cat").ids, (std::vector<int32_t>{7, 3, 8}));
-}
-
-void expect_load_error(const std::string& json, const std::string& message) {
-  try {
-    Tokenizer::from_json(json);
-    FAIL() << "loaded: " << json;
-  } catch (const TokenizerError& e) {
-    EXPECT_NE(std::string(e.what()).find(message), std::string::npos) << e.what();
-  }
 }
 
 TEST(TokenizerLoading, UnsupportedComponentsNameThePathAndType) {

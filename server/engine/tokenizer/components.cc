@@ -404,6 +404,16 @@ void PostProcessor::process(Encoding& enc) const {
   enc = std::move(result);
 }
 
+int32_t PostProcessor::max_id() const {
+  int32_t m = -1;
+  for (const auto* list : {&before_, &after_}) {
+    for (const auto& p : *list) {
+      for (int32_t id : p.ids) m = std::max(m, id);
+    }
+  }
+  return m;
+}
+
 size_t PostProcessor::added_tokens() const {
   size_t n = 0;
   for (const auto& p : before_) n += p.ids.size();

@@ -188,6 +188,7 @@ class PostProcessor {
         sequence_type_id_(sequence_type_id) {}
   void process(Encoding& enc) const;
   size_t added_tokens() const;
+  int32_t max_id() const;  // the largest id it adds (-1: none)
   const std::string& name() const { return name_; }
 
  private:

@@ -46,6 +46,12 @@ class Parser {
     if (!v.is_number_integer()) fail(path, "must be an integer");
     return v.get<int64_t>();
   }
+  // A token id: an integer in [0, 2^31).
+  int32_t id(const json& v, const std::string& path) const {
+    const int64_t i = integer(v, path);
+    if (i < 0 || i > INT32_MAX) fail(path, "is not a token id in [0, 2^31)");
+    return static_cast<int32_t>(i);
+  }
   std::string type(const json& obj, const std::string& path, std::initializer_list<const char*> supported) const {
     const std::string t = str(obj, path, "type");
     for (const char* s : supported) {
@@ -138,9 +144,7 @@ class Parser {
     Vocab vocab;
     vocab.reserve(vocab_json.size());
     for (const auto& [token, id] : vocab_json.items()) {
-      const int64_t v = integer(id, path + ".vocab[\"" + token + "\"]");
-      if (v < 0 || v > INT32_MAX) fail(path + ".vocab[\"" + token + "\"]", "is out of range");
-      vocab.emplace(token, static_cast<int32_t>(v));
+      vocab.emplace(token, this->id(id, path + ".vocab[\"" + token + "\"]"));
     }
     const std::string unk = str(j, path, "unk_token");
     if (t == "WordLevel") return std::make_unique<WordLevelModel>(std::move(vocab), unk);
@@ -159,7 +163,7 @@ class Parser {
     const json& v = field(j, path, key);
     const std::string p = path + "." + key;
     if (!v.is_array() || v.size() != 2 || !v[0].is_string()) fail(p, "must be [token, id]");
-    return SpecialPiece{{static_cast<int32_t>(integer(v[1], p + "[1]"))}, {v[0].get<std::string>()}, 0};
+    return SpecialPiece{{id(v[1], p + "[1]")}, {v[0].get<std::string>()}, 0};
   }
 
   std::unique_ptr<PostProcessor> post_processor(const json& j, const std::string& path) const {
@@ -196,7 +200,7 @@ class Parser {
           fail(sp, "must have arrays ids and tokens of the same length");
         }
         for (size_t k = 0; k < ids.size(); ++k) {
-          sp_piece.ids.push_back(static_cast<int32_t>(integer(ids[k], sp + ".ids[" + std::to_string(k) + "]")));
+          sp_piece.ids.push_back(this->id(ids[k], sp + ".ids[" + std::to_string(k) + "]"));
           sp_piece.tokens.push_back(tokens[k].is_string() ? tokens[k].get<std::string>() : std::string());
         }
         sp_piece.type_id = static_cast<int32_t>(integer(field(s, p + ".SpecialToken", "type_id"),
@@ -235,7 +239,7 @@ class Parser {
       const std::string p = path + "[" + std::to_string(i) + "]";
       const json& t = j[i];
       AddedToken a;
-      a.id = static_cast<int32_t>(integer(field(t, p, "id"), p + ".id"));
+      a.id = id(field(t, p, "id"), p + ".id");
       a.content = str(t, p, "content");
       a.special = boolean(t, p, "special", false);
       if (a.content.empty()) fail(p + ".content", "must not be empty");
@@ -379,6 +383,7 @@ int32_t Tokenizer::max_token_id() const {
   int32_t m = -1;
   for (const auto& [token, id] : model_->vocab()) m = std::max(m, id);
   for (const auto& a : added_tokens_) m = std::max(m, a.id);
+  if (post_processor_) m = std::max(m, post_processor_->max_id());
   return m;
 }
 
