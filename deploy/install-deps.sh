@@ -22,6 +22,7 @@ esac
 build_pkgs=(
   build-essential cmake pkg-config git ca-certificates
   libdnnl-dev  # oneDNN: the CPU engine's GEMMs (2.x on Debian 12, 3.x on Ubuntu 24.04)
+  libicu-dev  # ICU: the tokenizer's Unicode normalization, character classes and regex
   nlohmann-json3-dev libcli11-dev libspdlog-dev libfmt-dev
   libgtest-dev libgmock-dev libbenchmark-dev
   libgrpc++-dev libprotobuf-dev protobuf-compiler protobuf-compiler-grpc
@@ -52,12 +53,12 @@ fi
 case "$os_id:$os_version" in
   debian:12)
     runtime_pkgs=(
-      libdnnl2 libspdlog1.10 libfmt9
+      libdnnl2 libspdlog1.10 libfmt9 libicu72
       libgrpc++1.51 libprotobuf32 libprometheus-cpp-pull1.0 libprometheus-cpp-core1.0
     ) ;;
   ubuntu:24.04)
     runtime_pkgs=(
-      libdnnl3 libspdlog1.12 libfmt9
+      libdnnl3 libspdlog1.12 libfmt9 libicu74
       libgrpc++1.51t64 libprotobuf32t64 libprometheus-cpp-pull1.0 libprometheus-cpp-core1.0
     )
     # Ubuntu 24.04 has no python3-torch package: PyTorch comes from pip there (see below).

@@ -1,0 +1,200 @@
+// The components of a tokenizer.json pipeline that we support, each a small class that
+// reproduces the `tokenizers` crate (v0.2x) rule named in its comment. Built by tokenizer.cc
+// from the JSON, and directly by the unit tests.
+#pragma once
+
+#include <unicode/normalizer2.h>
+#include <unicode/regex.h>
+
+#include <cstdint>
+#include <memory>
+#include <string>
+#include <unordered_map>
+#include <vector>
+
+#include "server/engine/tokenizer/tokenizer.h"
+
+namespace fastformer::tokenizer {
+
+// ---- normalizers: text (code points) -> text ----------------------------------------------
+class Normalizer {
+ public:
+  virtual ~Normalizer() = default;
+  virtual void normalize(std::u32string& text) const = 0;
+  virtual std::string name() const = 0;
+};
+
+class LowercaseNormalizer : public Normalizer {  // char::to_lowercase of each char
+ public:
+  void normalize(std::u32string& text) const override;
+  std::string name() const override { return "Lowercase"; }
+};
+
+enum class NormalForm { kNFC, kNFD, kNFKC, kNFKD };
+class UnicodeNormalizer : public Normalizer {  // ICU Normalizer2
+ public:
+  explicit UnicodeNormalizer(NormalForm form);
+  void normalize(std::u32string& text) const override;
+  std::string name() const override;
+
+ private:
+  NormalForm form_;
+  const icu::Normalizer2* normalizer_;
+  std::unique_ptr<icu::FilteredNormalizer2> filtered_;
+};
+
+class StripAccentsNormalizer : public Normalizer {  // drops every combining mark (M*); no NFD
+ public:
+  void normalize(std::u32string& text) const override;
+  std::string name() const override { return "StripAccents"; }
+};
+
+class BertNormalizer : public Normalizer {
+ public:
+  // strip_accents: tokenizer.json's null means "same as lowercase".
+  BertNormalizer(bool clean_text, bool handle_chinese_chars, bool strip_accents, bool lowercase);
+  void normalize(std::u32string& text) const override;
+  std::string name() const override { return "BertNormalizer"; }
+
+ private:
+  bool clean_text_, handle_chinese_chars_, strip_accents_, lowercase_;
+};
+
+class SequenceNormalizer : public Normalizer {
+ public:
+  explicit SequenceNormalizer(std::vector<std::unique_ptr<Normalizer>> parts) : parts_(std::move(parts)) {}
+  void normalize(std::u32string& text) const override;
+  std::string name() const override;
+
+ private:
+  std::vector<std::unique_ptr<Normalizer>> parts_;
+};
+
+// ---- pre-tokenizers: text -> words --------------------------------------------------------
+// How a split treats the delimiters it finds (tokenizers' SplitDelimiterBehavior).
+enum class SplitBehavior { kRemoved, kIsolated, kMergedWithPrevious, kMergedWithNext, kContiguous };
+
+// A stretch of a word [begin, end) in its code points, and whether it is a delimiter match.
+struct Span {
+  size_t begin, end;
+  bool is_match;
+};
+// Applies a behavior to the spans covering a word (tokenizers' NormalizedString::split) and
+// appends the non-empty pieces to `out`.
+void split_spans(const std::u32string& word, const std::vector<Span>& spans, SplitBehavior behavior,
+                 std::vector<std::u32string>& out);
+
+class PreTokenizer {
+ public:
+  virtual ~PreTokenizer() = default;
+  // Splits each word of `words` further (the words of the previous pre-tokenizer).
+  virtual void pre_tokenize(std::vector<std::u32string>& words) const = 0;
+  virtual std::string name() const = 0;
+};
+
+// Splits where a char predicate holds, each matching char its own delimiter.
+class CharSplitPreTokenizer : public PreTokenizer {
+ public:
+  enum class Kind { kWhitespaceSplit, kPunctuation, kBert };
+  CharSplitPreTokenizer(Kind kind, SplitBehavior punctuation_behavior = SplitBehavior::kIsolated);
+  void pre_tokenize(std::vector<std::u32string>& words) const override;
+  std::string name() const override;
+
+ private:
+  Kind kind_;
+  SplitBehavior behavior_;
+};
+
+// A regular expression split (ICU regex). `pattern` is tokenizers' Split pattern: a regex in
+// Oniguruma's syntax (is_regex) or a literal string.
+class RegexSplitPreTokenizer : public PreTokenizer {
+ public:
+  enum class Flavor { kOniguruma, kRustRegex };  // \w \s \d as Split (onig) or Whitespace (regex)
+  RegexSplitPreTokenizer(const std::string& pattern, bool is_regex, SplitBehavior behavior, bool invert,
+                         Flavor flavor = Flavor::kOniguruma, std::string name = "Split");
+  void pre_tokenize(std::vector<std::u32string>& words) const override;
+  std::string name() const override { return name_; }
+
+ private:
+  std::unique_ptr<icu::RegexPattern> regex_;
+  SplitBehavior behavior_;
+  bool invert_;
+  std::string name_;
+};
+// The Whitespace pre-tokenizer: the words matched by \w+|[^\w\s]+ (Rust regex classes).
+std::unique_ptr<PreTokenizer> make_whitespace_pre_tokenizer();
+
+class SequencePreTokenizer : public PreTokenizer {
+ public:
+  explicit SequencePreTokenizer(std::vector<std::unique_ptr<PreTokenizer>> parts) : parts_(std::move(parts)) {}
+  void pre_tokenize(std::vector<std::u32string>& words) const override;
+  std::string name() const override;
+
+ private:
+  std::vector<std::unique_ptr<PreTokenizer>> parts_;
+};
+
+// ---- models: word -> ids ------------------------------------------------------------------
+using Vocab = std::unordered_map<std::string, int32_t>;
+
+class Model {
+ public:
+  virtual ~Model() = default;
+  virtual void tokenize(const std::string& word, Encoding& out) const = 0;
+  virtual const Vocab& vocab() const = 0;
+  virtual std::string name() const = 0;
+};
+
+class WordLevelModel : public Model {  // the whole word, or unk_token
+ public:
+  WordLevelModel(Vocab vocab, std::string unk_token);
+  void tokenize(const std::string& word, Encoding& out) const override;
+  const Vocab& vocab() const override { return vocab_; }
+  std::string name() const override { return "WordLevel"; }
+
+ private:
+  Vocab vocab_;
+  std::string unk_token_;
+};
+
+class WordPieceModel : public Model {  // greedy longest match from the left
+ public:
+  WordPieceModel(Vocab vocab, std::string unk_token, std::string continuing_subword_prefix,
+                 size_t max_input_chars_per_word);
+  void tokenize(const std::string& word, Encoding& out) const override;
+  const Vocab& vocab() const override { return vocab_; }
+  std::string name() const override { return "WordPiece"; }
+
+ private:
+  void push_unk(Encoding& out) const;
+  Vocab vocab_;
+  std::string unk_token_, prefix_;
+  size_t max_chars_;
+};
+
+// ---- post-processors: the single sequence's ids -> with special tokens --------------------
+struct SpecialPiece {  // a special token's ids (TemplateProcessing's may have several) and tokens
+  std::vector<int32_t> ids;
+  std::vector<std::string> tokens;
+  int32_t type_id = 0;
+};
+
+class PostProcessor {
+ public:
+  // `before` go in front of the sequence, `after` behind it; the sequence's type id.
+  PostProcessor(std::string name, std::vector<SpecialPiece> before, std::vector<SpecialPiece> after,
+                int32_t sequence_type_id)
+      : name_(std::move(name)), before_(std::move(before)), after_(std::move(after)),
+        sequence_type_id_(sequence_type_id) {}
+  void process(Encoding& enc) const;
+  size_t added_tokens() const;
+  int32_t max_id() const;  // the largest id it adds (-1: none)
+  const std::string& name() const { return name_; }
+
+ private:
+  std::string name_;
+  std::vector<SpecialPiece> before_, after_;
+  int32_t sequence_type_id_;
+};
+
+}  // namespace fastformer::tokenizer
