@@ -23,7 +23,7 @@ CMAKE_ARGS ?=
 MODEL_DIR ?= models/demo
 DEMO_PRESET ?= official
 
-.PHONY: all deps build test test-unit test-golden test-e2e test-clients test-deploy serve demo-model bench bench-venv bench-serve clean
+.PHONY: all deps build test test-unit test-golden test-e2e test-clients test-deploy serve demo-model demo-trained bench bench-venv bench-serve clean
 
 all: build
 
@@ -60,6 +60,15 @@ $(MODEL_DIR)/model.safetensors:
 	$(PYTHON) tools/make_demo_model.py --preset $(DEMO_PRESET) --seed 1 --out $(MODEL_DIR)
 
 demo-model: deps $(MODEL_DIR)/model.safetensors
+
+# A trained demo model (issue 15, groundwork): the official notebook's model trained on
+# Debian's manpages + manpages-dev (4 classes by manual section), ~4 minutes on 2 cores,
+# exported to models/manpages and checked against fastformer-encode (logits within 1e-4).
+TRAINED_MODEL_DIR ?= models/manpages
+demo-trained: deps
+	cmake -S . -B $(BUILD_DIR) -DCMAKE_BUILD_TYPE=Release -DFASTFORMER_SERVER=$(SERVER) -DFASTFORMER_WERROR=$(WERROR) $(CMAKE_ARGS)
+	cmake --build $(BUILD_DIR) -j$(JOBS) --target fastformer-encode
+	$(PYTHON) tools/train_demo_model.py --out $(TRAINED_MODEL_DIR) --verify-with $(BUILD_DIR)/bin/fastformer-encode
 
 # The gRPC server on models/demo: gRPC on :50051, Prometheus metrics on :8002/metrics.
 serve: build demo-model

@@ -36,6 +36,8 @@ test_pkgs=(
   openssl  # the TLS tests make their certificates with it
   libb64-0d  # make test-kserve: Triton's perf_analyzer links it (mk/kserve.mk)
   clang libclang-rt-dev  # make fuzz: libFuzzer (-fsanitize=fuzzer) of the default clang
+  manpages manpages-dev  # make demo-trained: the corpus of tools/train_demo_model.py
+  python3-nltk  # tests/golden/test_train_demo_model.py: NLTK's wordpunct_tokenize, the reference
 )
 # make image-test: builds a local debian:bookworm base and the CPU image, no registry.
 image_test_pkgs=(buildah debootstrap)
