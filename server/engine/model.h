@@ -14,6 +14,7 @@
 
 #include "server/engine/config.h"
 #include "server/engine/safetensors.h"
+#include "server/engine/tokenizer/tokenizer.h"
 
 namespace fastformer::engine {
 
@@ -50,7 +51,8 @@ struct ModelWeights {
 
 class Model {
  public:
-  // Loads `dir`/config.json and `dir`/model.safetensors. Throws ModelError.
+  // Loads `dir`/config.json and `dir`/model.safetensors, and `dir`/tokenizer.json when present
+  // (its ids must fit the word embedding). Throws ModelError.
   static std::shared_ptr<const Model> load(const std::filesystem::path& dir);
 
   const ModelConfig& config() const { return config_; }
@@ -63,6 +65,8 @@ class Model {
   // stores (F16/BF16 tensors are widened at load). An engine serving float16 or bfloat16
   // holds half as many in device memory (Engine::device_memory()).
   int64_t weight_bytes() const { return parameter_count_ * int64_t(sizeof(float)); }
+  // The model directory's tokenizer.json; null when it has none (the model takes no text).
+  const tokenizer::Tokenizer* tokenizer() const { return tokenizer_.get(); }
 
  private:
   Model() = default;
@@ -72,6 +76,7 @@ class Model {
   int64_t parameter_count_ = 0;
   std::unique_ptr<SafetensorsFile> file_;
   std::vector<std::unique_ptr<float[]>> owned_;  // converted tensors
+  std::unique_ptr<tokenizer::Tokenizer> tokenizer_;
 };
 
 }  // namespace fastformer::engine

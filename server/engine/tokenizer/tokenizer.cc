@@ -300,6 +300,10 @@ Tokenizer Tokenizer::from_file(const std::string& path) {
 void Tokenizer::set_truncation(Truncation t) { truncation_ = std::make_unique<Truncation>(t); }
 
 Encoding Tokenizer::encode(std::string_view utf8_text, bool add_special_tokens) const {
+  return encode(utf8_text, truncation_.get(), add_special_tokens);
+}
+
+Encoding Tokenizer::encode(std::string_view utf8_text, const Truncation* truncation, bool add_special_tokens) const {
   const std::u32string text = decode_utf8(utf8_text);
   Encoding enc;
   std::vector<std::u32string> words;
@@ -347,14 +351,14 @@ Encoding Tokenizer::encode(std::string_view utf8_text, bool add_special_tokens) 
   // Truncate, leaving room for the special tokens the post-processor adds (tokenizers'
   // Tokenizer::post_process), then add them.
   const size_t n_special = add_special_tokens ? num_special_tokens_added() : 0;
-  if (truncation_) {
-    if (truncation_->max_length < n_special) {
-      throw TokenizerError("truncation max_length " + std::to_string(truncation_->max_length) + " is less than the " +
+  if (truncation) {
+    if (truncation->max_length < n_special) {
+      throw TokenizerError("truncation max_length " + std::to_string(truncation->max_length) + " is less than the " +
                            std::to_string(n_special) + " special tokens the post-processor adds");
     }
-    const size_t keep = truncation_->max_length - n_special;
+    const size_t keep = truncation->max_length - n_special;
     if (enc.ids.size() > keep) {
-      if (truncation_->direction == TruncationDirection::kRight) {
+      if (truncation->direction == TruncationDirection::kRight) {
         enc.ids.resize(keep);
         enc.tokens.resize(keep);
       } else {

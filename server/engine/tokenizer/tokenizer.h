@@ -59,8 +59,10 @@ class Tokenizer {
   Tokenizer& operator=(Tokenizer&&) noexcept;
   ~Tokenizer();
 
-  // Throws TokenizerError on invalid UTF-8.
+  // Throws TokenizerError on invalid UTF-8. Truncates by truncation() (tokenizer.json's).
   Encoding encode(std::string_view utf8_text, bool add_special_tokens = true) const;
+  // The same with another truncation rule for this call (null: none), e.g. a request's.
+  Encoding encode(std::string_view utf8_text, const Truncation* truncation, bool add_special_tokens = true) const;
 
   // tokenizer.json's "truncation" (nullptr when absent); set_truncation replaces it (e.g. with
   // the model's number of positions), clear_truncation removes it.
