@@ -35,6 +35,8 @@ def _load(name, path):
 _e2e = _load("fastformer_e2e_conftest", REPO / "tests" / "e2e" / "conftest.py")
 # The bad-input tables (cases, expected codes, message needles) of the server's suite.
 bad_input = _load("fastformer_e2e_bad_input", REPO / "tests" / "e2e" / "test_server_bad_input.py")
+# The "text" model: "head" plus a hand-written WordLevel tokenizer.json (tests/client/text_model.py).
+text_model = _load("fastformer_client_text_model", REPO / "tests" / "client" / "text_model.py")
 
 # Re-exported fixtures and the hook that attaches server logs to failed tests.
 stubs = _e2e.stubs
@@ -86,6 +88,19 @@ def head(servers):
 def noemb(servers):
     """The shared server of the "noemb" model (input embeddings only, no classifier head)."""
     return servers.shared("noemb")
+
+
+@pytest.fixture
+def text(servers, models):
+    """The shared server of the "text" model ("head" with a tokenizer.json; same flags as head)."""
+    text_model.register(models)
+    return servers.shared("text", **HEAD_FLAGS)
+
+
+@pytest.fixture(scope="session")
+def tok():
+    """The text model's tokenizer, by hand (tests/client/text_model.py: VOCAB, expected_ids, ...)."""
+    return text_model
 
 
 @pytest.fixture

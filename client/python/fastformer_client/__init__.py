@@ -3,6 +3,7 @@
     from fastformer_client import Client
     with Client("127.0.0.1:50051") as client:
         emb = client.encode([[101, 2023, 2003, 102], [101, 7592, 102]])   # float32 [2, hidden]
+        emb = client.encode(["some text", "more text"])   # when model_info()["accepts_text"]
 
 Client (blocking) and AsyncClient (asyncio, grpc.aio) have the same methods: encode,
 encode_stream, model_info, health, wait_for_serving. Failed calls raise a FastformerError

@@ -85,20 +85,40 @@ def _describe(arr: np.ndarray) -> str:
     return f"dtype {arr.dtype} shape {arr.shape}"
 
 
+_KINDS = "text (a str), token ids (a list of ints or a 1-D integer array) or input embeddings (a 2-D float array)"
+
+
+def _set_text(q, i: int, value) -> None:
+    if not isinstance(value, str):
+        hint = " (decode bytes to str first)" if isinstance(value, (bytes, bytearray)) else ""
+        raise TypeError(f"sequence {i}: text: expected a str, got {type(value).__name__}{hint}")
+    try:
+        q.text = value
+    except UnicodeEncodeError as e:  # lone surrogates: the wire carries UTF-8
+        raise InvalidArgument(f"sequence {i}: text: not valid UTF-8 ({e.reason} at character {e.start})") from None
+
+
 def _add_sequence(req, i: int, s) -> None:
     q = req.sequences.add()
+    if isinstance(s, str):
+        _set_text(q, i, s)
+        return
     if isinstance(s, Mapping):
-        unknown = set(s) - {"token_ids", "input_embeddings"}
+        unknown = set(s) - {"token_ids", "input_embeddings", "text"}
         if unknown:
-            raise TypeError(f"sequence {i}: unknown keys {sorted(unknown)} (token_ids, input_embeddings)")
+            raise TypeError(f"sequence {i}: unknown keys {sorted(unknown)} (token_ids, input_embeddings, text)")
         if s.get("token_ids") is not None:
             q.token_ids.extend(_ids(i, s["token_ids"]))
         if s.get("input_embeddings") is not None:
             q.MergeFromString(_wire.packed_floats_field(2, _embeddings(i, s["input_embeddings"], True)))
+        if s.get("text") is not None:
+            _set_text(q, i, s["text"])
         return
-    if isinstance(s, (str, bytes)) or np.isscalar(s):
-        raise TypeError(f"sequence {i}: expected a list of token ids or a 2-D array of input embeddings, got "
-                        f"{type(s).__name__} (pass a list of sequences: encode([[1, 2, 3]]))")
+    if isinstance(s, (bytes, bytearray)):
+        raise TypeError(f"sequence {i}: expected {_KINDS}, got {type(s).__name__} (decode text to str first)")
+    if np.isscalar(s) or s is None:
+        raise TypeError(f"sequence {i}: expected {_KINDS}, got {type(s).__name__} (pass a list of sequences: "
+                        f"encode([[1, 2, 3]]) or encode([\"some text\"]))")
     arr = s if isinstance(s, np.ndarray) else None
     if arr is None:
         try:
@@ -106,8 +126,9 @@ def _add_sequence(req, i: int, s) -> None:
         except ValueError as e:  # ragged nested lists
             raise TypeError(f"sequence {i}: not a rectangular array ({e})") from None
     if arr.dtype == object:
-        raise TypeError(f"sequence {i}: expected a list of token ids or a 2-D array of input embeddings, got "
-                        f"elements of mixed or non-numeric types")
+        raise TypeError(f"sequence {i}: expected {_KINDS}, got elements of mixed or non-numeric types")
+    if arr.dtype.kind in "US":
+        raise TypeError(f"sequence {i}: a list of strings; a text is one str (encode([\"some text\", ...]))")
     if arr.ndim == 2 and arr.dtype.kind == "f":
         q.MergeFromString(_wire.packed_floats_field(2, arr))
     elif arr.ndim == 1 and (arr.dtype.kind in "iu" or arr.size == 0):
@@ -118,11 +139,13 @@ def _add_sequence(req, i: int, s) -> None:
 
 def build_request(sequences, *, return_token_embeddings=False, return_logits=False, normalize=False,
                   truncation=None, request_id=None):
-    """An EncodeRequest. sequences: a list of token-id sequences (lists or 1-D integer arrays),
-    input embeddings (2-D float arrays [n, hidden]), or dicts {"token_ids": ..., "input_embeddings":
-    ...} (input_embeddings may be flat there), mixed as needed."""
+    """An EncodeRequest. sequences: a list whose items are each one kind: a text (str, tokenized
+    by the server), token ids (a list or 1-D integer array), input embeddings (a 2-D float array
+    [n, hidden]), or a dict {"text": ...} / {"token_ids": ...} / {"input_embeddings": ...}
+    (input_embeddings may be flat there); the kinds may be mixed within a request."""
     if isinstance(sequences, (str, bytes, Mapping)) or np.isscalar(sequences):
-        raise TypeError(f"sequences: expected a list of sequences, got {type(sequences).__name__}")
+        hint = " (pass a list of texts: encode([\"some text\"]))" if isinstance(sequences, str) else ""
+        raise TypeError(f"sequences: expected a list of sequences, got {type(sequences).__name__}{hint}")
     req = pb.EncodeRequest(request_id="" if request_id is None else str(request_id),
                            return_token_embeddings=bool(return_token_embeddings),
                            return_logits=bool(return_logits), normalize=bool(normalize),
@@ -181,7 +204,8 @@ class EncodeResult:
     embeddings        float32 [n_sequences, hidden] (L2-normalised when asked)
     token_embeddings  list of float32 [num_tokens_i, hidden], or None when not asked
     logits            float32 [n_sequences, num_labels], or None when not asked
-    num_tokens        tokens of each sequence after truncation, pad tokens included
+    num_tokens        tokens of each sequence after truncation, pad tokens included (a text:
+                      the tokens the server's tokenizer made of it, special tokens included)
     queue_time_us, compute_time_us   the server's timings (docs/api.md)
     request_id        the request's id (EncodeStream: the message's, maybe assigned)
     """

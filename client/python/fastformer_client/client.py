@@ -60,12 +60,15 @@ class Client(ClientBase):
                return_result: bool = False) -> Union[np.ndarray, EncodeResult]:
         """Encodes the sequences of one request.
 
-        sequences: a list whose items are token ids (a list of ints or a 1-D integer array),
-        input embeddings (a 2-D float array [n, hidden]), or a dict {"token_ids": ...} /
-        {"input_embeddings": ...}. Returns the float32 embeddings [n_sequences, hidden]; an
-        EncodeResult instead when token embeddings or logits are asked for, or return_result.
+        sequences: a list whose items are each a text (a str, tokenized by the server with the
+        model's tokenizer.json: model_info()["accepts_text"]), token ids (a list of ints or a 1-D
+        integer array), input embeddings (a 2-D float array [n, hidden]), or a dict {"text": ...}
+        / {"token_ids": ...} / {"input_embeddings": ...}; kinds may be mixed within one call.
+        Returns the float32 embeddings [n_sequences, hidden]; an EncodeResult instead when token
+        embeddings or logits are asked for, or return_result.
         truncation: None (an over-long sequence is an error), "right" (keep the first
-        max_position_embeddings tokens) or "left" (keep the last ones).
+        max_position_embeddings tokens) or "left" (keep the last ones); a text's special tokens
+        ([CLS], [SEP], ...) are kept either way.
         Raises the FastformerError subclass of the status (InvalidArgument, ResourceExhausted, ...).
         """
         return self._run(self._encode_steps(
@@ -101,7 +104,8 @@ class Client(ClientBase):
         stream.raise_failure()
 
     def model_info(self, *, deadline_s: Optional[float] = None) -> Dict[str, Any]:
-        """The served model and the server's limits (ModelInfo as a dict: hidden_size, num_labels, ...)."""
+        """The served model and the server's limits (ModelInfo as a dict: hidden_size, num_labels,
+        accepts_text (the model has a tokenizer.json), tokenizer (its description), ...)."""
         return self._run(self._model_info_steps(deadline_s))
 
     def health(self, service: str = "", *, deadline_s: Optional[float] = None) -> str:
