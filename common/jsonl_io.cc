@@ -37,21 +37,35 @@ std::optional<InputLine> parse_input_line(const std::string& line, int64_t hidde
     return std::nullopt;
   }
   if (!j.is_object()) {
-    *error = "expected a JSON object with \"token_ids\" or \"input_embeddings\"";
+    *error = "expected a JSON object with \"token_ids\", \"input_embeddings\" or \"text\"";
     return std::nullopt;
   }
-  const bool has_ids = j.contains("token_ids"), has_embeddings = j.contains("input_embeddings");
-  if (has_ids == has_embeddings) {
-    *error = "expected exactly one of \"token_ids\" or \"input_embeddings\"";
+  const bool has_ids = j.contains("token_ids"), has_embeddings = j.contains("input_embeddings"),
+             has_text = j.contains("text");
+  if (int(has_ids) + int(has_embeddings) + int(has_text) != 1) {
+    *error = "expected exactly one of \"token_ids\", \"input_embeddings\" or \"text\"";
     return std::nullopt;
   }
   for (const auto& [key, value] : j.items()) {
-    if (key != "token_ids" && key != "input_embeddings" && key != "id") {
-      *error = "unknown field \"" + key + "\" (expected token_ids or input_embeddings)";
+    if (key != "token_ids" && key != "input_embeddings" && key != "text" && key != "id") {
+      *error = "unknown field \"" + key + "\" (expected token_ids, input_embeddings or text)";
       return std::nullopt;
     }
   }
   InputLine in;
+  if (has_text) {
+    const json& text = j["text"];
+    if (!text.is_string()) {
+      *error = "text: expected a string, got " + text.dump();
+      return std::nullopt;
+    }
+    in.text = text.get<std::string>();
+    if (in.text->empty()) {
+      *error = "text: empty string: send some text";
+      return std::nullopt;
+    }
+    return in;
+  }
   if (has_ids) {
     const json& ids = j["token_ids"];
     if (!ids.is_array()) {

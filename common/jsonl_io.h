@@ -1,6 +1,7 @@
 // The JSON-lines formats of fastformer-encode and fastformer-client encode.
 //
-// Input, one sequence a line: {"token_ids": [1, 2, 3]} or {"input_embeddings": [[...], ...]}.
+// Input, one sequence a line: {"token_ids": [1, 2, 3]}, {"input_embeddings": [[...], ...]} or
+// {"text": "..."} (tokenized by whoever encodes it: fastformer-encode, or the server).
 // Output, in input order: {"embedding": [...], "num_tokens": n} plus "token_embeddings"
 // ([[...], ...]) and "logits" ([...]) when asked.
 #pragma once
@@ -19,6 +20,7 @@ struct InputLine {
   std::vector<int32_t> token_ids;
   std::vector<float> input_embeddings;  ///< flattened rows
   int64_t rows = 0;                     ///< embedding rows
+  std::optional<std::string> text;      ///< a text line (UTF-8, not empty); ids come from tokenizing it
 
   SequenceInput view() const { return {token_ids, input_embeddings}; }
 };

@@ -1,8 +1,9 @@
 // fastformer-client: the command-line client of fastformer-server.
 //
-//   fastformer-client encode [--ids 1,2,3]... | [--input FILE|-]   JSON lines out, as
-//   fastformer-encode fastformer-client info                                         ModelInfo as
-//   JSON fastformer-client health [--service NAME]                       exit 0 only when SERVING
+//   fastformer-client encode [--ids 1,2,3]... | [--text "..."]... | [--input FILE|-]
+//                                                  JSON lines out, as fastformer-encode writes
+//   fastformer-client info                         ModelInfo as JSON (accepts_text, tokenizer, ...)
+//   fastformer-client health [--service NAME]      exit 0 only when SERVING
 //
 // Exit codes: 0 success; 1 the server could not be reached, a call failed (the status name and
 // message go to stderr) or health is not SERVING; 2 bad flags or an unparsable input line.
@@ -33,7 +34,8 @@ constexpr const char* kProgram = "fastformer-client";
 constexpr int64_t kHealthDeadlineMs = 5000;  ///< health's default --deadline-ms
 
 struct EncodeFlags {
-  std::vector<std::string> ids;  ///< one sequence per --ids
+  std::vector<std::string> ids;    ///< one sequence per --ids
+  std::vector<std::string> texts;  ///< one sequence per --text
   std::string input;             ///< JSON lines; "-" = stdin (the default without --ids)
   std::string output = "-";
   bool token_embeddings = false;
@@ -98,6 +100,7 @@ class EncodeBatcher {
     seq->mutable_token_ids()->Assign(input.token_ids.begin(), input.token_ids.end());
     seq->mutable_input_embeddings()->Assign(input.input_embeddings.begin(),
                                             input.input_embeddings.end());
+    if (input.text) seq->set_text(*input.text);
     if (request_.sequences_size() == 1) first_line_ = line;
     last_line_ = line;
     return request_.sequences_size() < batch_ || flush();
@@ -161,6 +164,12 @@ int run_encode(Client& client, const EncodeFlags& flags) {
         }
         jsonl::InputLine line;
         line.token_ids = std::move(*ids);
+        if (!batcher.add(line, int64_t(i) + 1)) exit_code = kExitFailure;
+      }
+    } else if (!flags.texts.empty()) {
+      for (size_t i = 0; i < flags.texts.size() && exit_code == 0; ++i) {
+        jsonl::InputLine line;
+        line.text = flags.texts[i];
         if (!batcher.add(line, int64_t(i) + 1)) exit_code = kExitFailure;
       }
     } else {
@@ -244,11 +253,17 @@ int main(int argc, char** argv) {
   cli::add_connection_flags(*encode, connection);
   auto* ids = encode->add_option("--ids", encode_flags.ids,
                                  "token ids of one sequence, comma-separated (repeat for more)");
+  auto* texts = encode
+                    ->add_option("--text", encode_flags.texts,
+                                 "one sequence as text, tokenized by the server (repeat for more; "
+                                 "the model needs a tokenizer.json: see info's accepts_text)")
+                    ->excludes(ids);
   encode
       ->add_option("--input", encode_flags.input,
-                   "JSON lines ({\"token_ids\": [...]} or {\"input_embeddings\": [[...], ...]}), "
-                   "- for stdin (the default without --ids)")
-      ->excludes(ids);
+                   "JSON lines ({\"token_ids\": [...]}, {\"input_embeddings\": [[...], ...]} or "
+                   "{\"text\": \"...\"}), - for stdin (the default without --ids or --text)")
+      ->excludes(ids)
+      ->excludes(texts);
   encode->add_option("--output", encode_flags.output, "output JSON lines, - for stdout")
       ->capture_default_str();
   encode->add_flag("--return-token-embeddings", encode_flags.token_embeddings,
@@ -259,7 +274,7 @@ int main(int argc, char** argv) {
   encode
       ->add_option("--truncation", encode_flags.truncation,
                    "over-long sequences: none (an error), right (keep the first tokens), left "
-                   "(keep the last)")
+                   "(keep the last; a text keeps its special tokens)")
       ->check(CLI::IsMember({"none", "right", "left"}))
       ->capture_default_str();
   encode->add_option("--batch", encode_flags.batch, "sequences per request")

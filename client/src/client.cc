@@ -129,6 +129,12 @@ grpc::Status Client::Encode(const std::vector<std::vector<int32_t>>& token_ids,
   return Encode(MakeRequest(token_ids, options), response, deadline);
 }
 
+grpc::Status Client::EncodeTexts(const std::vector<std::string>& texts,
+                                 v1::EncodeResponse* response, const EncodeOptions& options,
+                                 std::optional<Milliseconds> deadline) {
+  return Encode(MakeTextRequest(texts, options), response, deadline);
+}
+
 void Client::EncodeAsync(v1::EncodeRequest request, EncodeCallback done,
                          std::optional<Milliseconds> deadline) {
   internal::AsyncEncodeCall::start(std::make_shared<internal::AsyncEncodeCall>(
@@ -184,17 +190,34 @@ HealthStatus Client::Health(const std::string& service, grpc::Status* status,
   }
 }
 
-v1::EncodeRequest Client::MakeRequest(const std::vector<std::vector<int32_t>>& token_ids,
-                                      const EncodeOptions& options) {
+namespace {
+
+// An EncodeRequest with `options` and no sequences.
+v1::EncodeRequest request_with(const EncodeOptions& options) {
   v1::EncodeRequest request;
   request.set_request_id(options.request_id);
   request.set_return_token_embeddings(options.return_token_embeddings);
   request.set_return_logits(options.return_logits);
   request.set_normalize(options.normalize);
   request.set_truncation(options.truncation);
+  return request;
+}
+
+}  // namespace
+
+v1::EncodeRequest Client::MakeRequest(const std::vector<std::vector<int32_t>>& token_ids,
+                                      const EncodeOptions& options) {
+  v1::EncodeRequest request = request_with(options);
   for (const auto& ids : token_ids) {
     request.add_sequences()->mutable_token_ids()->Assign(ids.begin(), ids.end());
   }
+  return request;
+}
+
+v1::EncodeRequest Client::MakeTextRequest(const std::vector<std::string>& texts,
+                                          const EncodeOptions& options) {
+  v1::EncodeRequest request = request_with(options);
+  for (const auto& text : texts) request.add_sequences()->set_text(text);
   return request;
 }
 

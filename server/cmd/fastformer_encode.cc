@@ -1,11 +1,14 @@
-// fastformer-encode: the offline encoder. Reads JSON lines (one sequence each), encodes
+// fastformer-encode: the offline encoder. Reads JSON lines (one sequence each: token ids, input
+// embeddings, or a text that the model directory's tokenizer.json turns into ids), encodes
 // them in ragged batches of at most --max-batch-tokens tokens, writes one JSON line per
 // input line, in input order. A bad line stops the run with exit code 2 and a message
 // naming its line number; every line before it has been written.
+#include <algorithm>
 #include <cstdio>
 #include <fstream>
 #include <iostream>
 #include <memory>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -17,6 +20,7 @@
 #include "server/engine/engine.h"
 #include "server/engine/error.h"
 #include "server/engine/model.h"
+#include "server/engine/tokenizer/tokenizer.h"
 
 namespace {
 
@@ -24,11 +28,52 @@ using namespace fastformer;
 
 constexpr int kExitBadInput = 2;
 
+// Turns a text line into token ids with the model's tokenizer, and shortens any line longer
+// than max_position_embeddings by `truncation` ("none", "right", "left"), as the server does
+// for a request's truncation. Returns the line's error (without its number), if any.
+std::optional<std::string> prepare_line(const engine::Model& model, const std::string& truncation,
+                                        jsonl::InputLine* line) {
+  const int64_t max_len = model.config().max_position_embeddings, D = model.config().hidden_size;
+  const bool keep_last = truncation == "left";
+  if (line->text) {
+    const tokenizer::Tokenizer* tok = model.tokenizer();
+    if (tok == nullptr) {
+      return "text: the model directory has no tokenizer.json, so the model takes no text (send "
+             "token_ids)";
+    }
+    // The tokenizer truncates, so that its special tokens ([CLS], [SEP]) stay.
+    const tokenizer::Truncation rule{
+        size_t(max_len), keep_last ? tokenizer::TruncationDirection::kLeft : tokenizer::TruncationDirection::kRight};
+    try {
+      line->token_ids = tok->encode(*line->text, truncation == "none" ? nullptr : &rule).ids;
+    } catch (const tokenizer::TokenizerError& e) {
+      return std::string("text: ") + e.what();
+    }
+    const int64_t n = int64_t(line->token_ids.size());
+    if (n == 0) return "text: the tokenizer made no tokens of it";
+    if (n > max_len) {
+      return "text: " + std::to_string(n) + " tokens after tokenization exceed max_position_embeddings " +
+             std::to_string(max_len) + " (--truncation right|left shortens it)";
+    }
+    return std::nullopt;
+  }
+  if (truncation == "none") return std::nullopt;  // validate_sequence rejects what is too long
+  auto keep = [keep_last](auto& values, int64_t n) {
+    if (int64_t(values.size()) <= n) return;
+    if (keep_last) values.erase(values.begin(), values.end() - n);
+    else values.resize(size_t(n));
+  };
+  keep(line->token_ids, max_len);
+  keep(line->input_embeddings, max_len * D);
+  line->rows = std::min<int64_t>(line->rows, max_len);
+  return std::nullopt;
+}
+
 }  // namespace
 
 int main(int argc, char** argv) {
   CLI::App app{"fastformer-encode: embed JSON-lines sequences with a Fastformer model, no server"};
-  std::string model_dir, backend_name = "auto", input = "-", output = "-";
+  std::string model_dir, backend_name = "auto", input = "-", output = "-", truncation = "none";
   OutputOptions out_options;
   engine::EngineOptions engine_options;
   engine_options.max_batch_tokens = 16384;
@@ -48,6 +93,11 @@ int main(int argc, char** argv) {
                "also write each token's final hidden state");
   app.add_flag("--return-logits", out_options.logits, "also write the classifier head's logits");
   app.add_flag("--normalize", out_options.normalize, "L2-normalise the pooled embedding");
+  app.add_option("--truncation", truncation,
+                 "sequences over max_position_embeddings: none (an error), right (keep the first "
+                 "tokens), left (keep the last); a text keeps its special tokens")
+      ->check(CLI::IsMember({"none", "right", "left"}))
+      ->capture_default_str();
   app.add_option("--max-batch-tokens", engine_options.max_batch_tokens,
                  "tokens per ragged batch (and the engine's buffer size)")
       ->check(CLI::PositiveNumber)
@@ -70,6 +120,7 @@ int main(int argc, char** argv) {
     spdlog::info("model {}: {} parameters ({}), backend {} ({}), max batch tokens {}",
                  model->config().model_name, model->parameter_count(), model->stored_dtype(),
                  eng->device_name(), why, eng->max_batch_tokens());
+    if (model->tokenizer() != nullptr) spdlog::info("tokenizer: {}", model->tokenizer()->description());
   } catch (const std::exception& e) {
     spdlog::error("{}", e.what());
     return 1;
@@ -124,6 +175,12 @@ int main(int argc, char** argv) {
       if (line.find_first_not_of(" \t\r") == std::string::npos) continue;  // blank line
       std::string error;
       auto parsed = jsonl::parse_input_line(line, D, &error);
+      if (parsed) {
+        if (auto bad = prepare_line(*model, truncation, &*parsed)) {
+          error = *bad;
+          parsed.reset();
+        }
+      }
       if (parsed) {
         if (auto bad = engine::validate_sequence(config, model->has_word_embedding(), parsed->view(), 0)) {
           error = bad->field + ": " + bad->message;

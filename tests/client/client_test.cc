@@ -9,6 +9,7 @@
 #include <chrono>
 #include <cmath>
 #include <condition_variable>
+#include <fstream>
 #include <iostream>
 #include <map>
 #include <memory>
@@ -69,12 +70,32 @@ class Countdown {
   int left_;
 };
 
+// A WordLevel tokenizer.json, the ids of a text worked out by hand: lower-case, split on
+// \w+|[^\w\s]+, map through the vocabulary (unknown: [UNK] 1), wrap in [CLS] 2 ... [SEP] 3.
+constexpr const char* kTokenizerJson = R"({
+  "added_tokens": [
+    {"id": 1, "content": "[UNK]", "single_word": false, "lstrip": false, "rstrip": false, "normalized": false, "special": true},
+    {"id": 2, "content": "[CLS]", "single_word": false, "lstrip": false, "rstrip": false, "normalized": false, "special": true},
+    {"id": 3, "content": "[SEP]", "single_word": false, "lstrip": false, "rstrip": false, "normalized": false, "special": true}],
+  "normalizer": {"type": "Lowercase"},
+  "pre_tokenizer": {"type": "Whitespace"},
+  "post_processor": {"type": "TemplateProcessing",
+    "single": [{"SpecialToken": {"id": "[CLS]", "type_id": 0}}, {"Sequence": {"id": "A", "type_id": 0}},
+               {"SpecialToken": {"id": "[SEP]", "type_id": 0}}],
+    "pair": [], "special_tokens": {"[CLS]": {"id": "[CLS]", "ids": [2], "tokens": ["[CLS]"]},
+                                   "[SEP]": {"id": "[SEP]", "ids": [3], "tokens": ["[SEP]"]}}},
+  "model": {"type": "WordLevel", "unk_token": "[UNK]", "vocab": {"[PAD]": 0, "[UNK]": 1, "[CLS]": 2, "[SEP]": 3,
+    "the": 4, "quick": 5, "brown": 6, "fox": 7, "jumps": 8, "over": 9, "lazy": 10, "dog": 11, ".": 12}}
+})";
+
 // One server (and its model) per test suite.
 class ServerSuite : public ::testing::Test {
  protected:
-  static void start(const std::vector<std::string>& flags) {
+  // `tokenizer_json`, if given, is written to the model directory: the model takes text.
+  static void start(const std::vector<std::string>& flags, const std::string& tokenizer_json = "") {
     dir_ = new test::TempDir();
     const auto model = test::write_tiny_model(dir_->path(), "model", model_spec());
+    if (!tokenizer_json.empty()) std::ofstream(model / "tokenizer.json") << tokenizer_json;
     server_ = new ServerProcess(model, flags, dir_->path() / "server.log");
   }
   static void TearDownTestSuite() {
@@ -155,6 +176,19 @@ TEST_F(ClientTest, GetModelInfoDescribesTheModel) {
   EXPECT_EQ(info.num_labels(), 3u);
   EXPECT_EQ(info.max_request_tokens(), 8192u);
   EXPECT_EQ(info.backend(), "cpu");
+}
+
+TEST_F(ClientTest, TextNeedsAModelWithATokenizer) {
+  Client client(options());
+  v1::EncodeResponse response;
+  const grpc::Status status = client.EncodeTexts({"the quick fox"}, &response);
+  EXPECT_EQ(status.error_code(), grpc::StatusCode::INVALID_ARGUMENT);
+  EXPECT_NE(status.error_message().find("sequences[0].text"), std::string::npos) << status.error_message();
+  EXPECT_NE(status.error_message().find("tokenizer.json"), std::string::npos) << status.error_message();
+  v1::ModelInfo info;
+  ASSERT_TRUE(client.GetModelInfo(&info).ok());
+  EXPECT_FALSE(info.accepts_text());
+  EXPECT_EQ(info.tokenizer(), "");
 }
 
 TEST_F(ClientTest, HealthIsServing) {
@@ -361,6 +395,81 @@ TEST_F(ClientRetryTest, AsyncRetrySucceedsOnceCapacityFrees) {
   EXPECT_EQ(response.encodings_size(), 32);
   EXPECT_GE(retries.load(), 1) << "the request was admitted at once: no retry observed";
   expect_filler_ok();
+}
+
+TEST(ClientRequests, MakeTextRequestHasOneTextSequencePerTextAndTheOptions) {
+  EncodeOptions opts;
+  opts.request_id = "t";
+  opts.normalize = true;
+  opts.truncation = v1::TRUNCATION_LEFT;
+  const v1::EncodeRequest request = Client::MakeTextRequest({"h\xC3\xA9llo", "two words"}, opts);
+  EXPECT_EQ(request.request_id(), "t");
+  EXPECT_TRUE(request.normalize());
+  EXPECT_EQ(request.truncation(), v1::TRUNCATION_LEFT);
+  ASSERT_EQ(request.sequences_size(), 2);
+  EXPECT_EQ(request.sequences(0).text(), "h\xC3\xA9llo");
+  EXPECT_EQ(request.sequences(1).text(), "two words");
+  EXPECT_EQ(request.sequences(1).token_ids_size(), 0);
+}
+
+class ClientTextTest : public ServerSuite {
+ protected:
+  static void SetUpTestSuite() { start({"--max-batch-tokens", "2048"}, kTokenizerJson); }
+};
+
+TEST_F(ClientTextTest, TextsGiveWhatTheirIdsGive) {
+  Client client(options());
+  EncodeOptions opts;
+  opts.return_token_embeddings = true;
+  opts.return_logits = true;
+  v1::EncodeResponse by_text, by_ids;
+  const grpc::Status status = client.EncodeTexts({"The quick brown fox.", "Lazy dogs jump"}, &by_text, opts);
+  ASSERT_TRUE(status.ok()) << status.error_message();
+  ASSERT_TRUE(client.Encode({{2, 4, 5, 6, 7, 12, 3}, {2, 10, 1, 1, 3}}, &by_ids, opts).ok());
+  ASSERT_EQ(by_text.encodings_size(), 2);
+  for (int i = 0; i < 2; ++i) {
+    const v1::Encoding &t = by_text.encodings(i), &d = by_ids.encodings(i);
+    EXPECT_EQ(t.num_tokens(), d.num_tokens());
+    ASSERT_EQ(t.embedding_size(), d.embedding_size());
+    ASSERT_EQ(t.token_embeddings_size(), d.token_embeddings_size());
+    ASSERT_EQ(t.logits_size(), 3);
+    for (int k = 0; k < t.embedding_size(); ++k) EXPECT_NEAR(t.embedding(k), d.embedding(k), 1e-6);
+    for (int k = 0; k < t.token_embeddings_size(); ++k)
+      EXPECT_NEAR(t.token_embeddings(k), d.token_embeddings(k), 1e-6);
+    for (int k = 0; k < 3; ++k) EXPECT_NEAR(t.logits(k), d.logits(k), 1e-6);
+  }
+  EXPECT_EQ(by_text.encodings(0).num_tokens(), 7u);
+  EXPECT_EQ(by_text.encodings(1).num_tokens(), 5u);
+}
+
+TEST_F(ClientTextTest, TruncationKeepsTheSpecialTokens) {
+  Client client(options());
+  std::string text;
+  std::vector<int32_t> words;
+  for (int i = 0; i < 1100; ++i) {  // max_positions is 1024
+    text += i % 2 ? " fox" : " dog";
+    words.push_back(i % 2 ? 7 : 11);
+  }
+  EncodeOptions opts;
+  opts.truncation = v1::TRUNCATION_LEFT;
+  v1::EncodeResponse by_text, by_ids;
+  ASSERT_TRUE(client.EncodeTexts({text}, &by_text, opts).ok());
+  std::vector<int32_t> kept{2};
+  kept.insert(kept.end(), words.end() - 1022, words.end());
+  kept.push_back(3);
+  ASSERT_TRUE(client.Encode({kept}, &by_ids).ok());
+  EXPECT_EQ(by_text.encodings(0).num_tokens(), 1024u);
+  for (int k = 0; k < by_ids.encodings(0).embedding_size(); ++k)
+    EXPECT_NEAR(by_text.encodings(0).embedding(k), by_ids.encodings(0).embedding(k), 1e-6);
+  EXPECT_EQ(client.EncodeTexts({text}, &by_text).error_code(), grpc::StatusCode::INVALID_ARGUMENT);
+}
+
+TEST_F(ClientTextTest, ModelInfoSaysTextIsAccepted) {
+  Client client(options());
+  v1::ModelInfo info;
+  ASSERT_TRUE(client.GetModelInfo(&info).ok());
+  EXPECT_TRUE(info.accepts_text());
+  EXPECT_EQ(info.tokenizer(), "WordLevel (Lowercase, Whitespace, TemplateProcessing)");
 }
 
 TEST(ClientUnreachable, CallsFailWithUnavailable) {

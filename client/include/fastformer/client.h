@@ -5,6 +5,7 @@
 //   fastformer::Client client(options);
 //   fastformer::v1::EncodeResponse response;
 //   grpc::Status status = client.Encode({{101, 2023, 102}}, &response);
+//   status = client.EncodeTexts({"some text"}, &response);  // ModelInfo.accepts_text models
 //
 // One Client holds one channel and is thread-safe: share it between threads. Blocking calls
 // (Encode, GetModelInfo, Health, EncodeStream) return a grpc::Status; EncodeAsync and
@@ -112,6 +113,13 @@ class Client {
   grpc::Status Encode(const std::vector<std::vector<int32_t>>& token_ids,
                       v1::EncodeResponse* response, const EncodeOptions& options = {},
                       std::optional<Milliseconds> deadline = std::nullopt);
+  // One Sequence per text (UTF-8), tokenized by the server with the model's tokenizer.json
+  // (ModelInfo.accepts_text); num_tokens counts the tokens it became. A name of its own, not an
+  // Encode overload: braced lists such as {{1, 2, 3}} would convert to either. To mix kinds
+  // in one request, fill the v1::Sequence fields of an EncodeRequest (set_text, ...).
+  grpc::Status EncodeTexts(const std::vector<std::string>& texts, v1::EncodeResponse* response,
+                           const EncodeOptions& options = {},
+                           std::optional<Milliseconds> deadline = std::nullopt);
 
   // Returns at once; `done` runs exactly once, on a gRPC thread, with the final status and the
   // response (empty unless OK).
@@ -144,6 +152,9 @@ class Client {
   // An EncodeRequest with one Sequence per token-id vector.
   static v1::EncodeRequest MakeRequest(const std::vector<std::vector<int32_t>>& token_ids,
                                        const EncodeOptions& options = {});
+  // An EncodeRequest with one Sequence per text.
+  static v1::EncodeRequest MakeTextRequest(const std::vector<std::string>& texts,
+                                           const EncodeOptions& options = {});
 
   const ClientOptions& options() const;
   std::shared_ptr<grpc::Channel> channel() const;
