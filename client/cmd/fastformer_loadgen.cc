@@ -6,7 +6,8 @@
 //   sweeps       --sweep-concurrency 1:64:x2, --sweep-rate 100:1000:+100 (one step each value)
 //
 // Requests hold --sequences-per-request sequences of --lengths tokens, ids drawn as
-// fastformer-bench draws them (vocab_size from GetModelInfo). Each step: --warmup seconds
+// fastformer-bench draws them (vocab_size from GetModelInfo), or the texts of a file (--texts,
+// one a line, tokenized by the server; tokens counted from the answers). Each step: --warmup seconds
 // unmeasured, then --duration seconds measured; see client/loadgen/load_runner.h for exactly
 // what is counted. Output: a line of text per step, or --json (an object per line), and --csv.
 //
@@ -40,6 +41,8 @@ struct Flags {
   double duration_s = 10;
   double warmup_s = 2;
   std::string lengths = "uniform:16:256";
+  std::string texts;  ///< a file of texts, one a line: sent instead of token ids
+  std::string truncation = "none";
   int sequences_per_request = 1;
   int pool_requests = 256;
   bool stream = false;
@@ -92,9 +95,33 @@ bool make_steps(const Flags& f, const cli::ConnectionFlags& connection,
   return true;
 }
 
+// The lines of --texts that hold more than blanks; false (reported) when there are none.
+bool read_texts(const std::string& path, std::vector<std::string>* texts) {
+  std::ifstream in(path);
+  if (!in) {
+    cli::print_error(kProgram, "--texts " + path + ": cannot open");
+    return false;
+  }
+  for (std::string line; std::getline(in, line);) {
+    if (!line.empty() && line.back() == '\r') line.pop_back();
+    if (line.find_first_not_of(" \t") != std::string::npos) texts->push_back(std::move(line));
+  }
+  if (texts->empty()) cli::print_error(kProgram, "--texts " + path + ": no text in it");
+  return !texts->empty();
+}
+
 // The workload must fit the model and the server's limits; false (reported) when it cannot.
 bool check_workload(const Flags& f, const loadgen::LengthsSpec& lengths,
                     const v1::ModelInfo& info) {
+  if (!f.texts.empty()) {
+    // Text lengths are known only after the server's tokenizer: over-long ones fail as errors.
+    if (!info.accepts_text()) {
+      cli::print_error(kProgram, "--texts: the model " + info.model_name() +
+                                     " has no tokenizer.json, so it takes no text");
+      return false;
+    }
+    return true;
+  }
   if (!info.accepts_token_ids()) {
     cli::print_error(kProgram,
                      "the model has no word embedding table (it takes input_embeddings); "
@@ -150,9 +177,18 @@ int main(int argc, char** argv) {
   app.add_option("--warmup", f.warmup_s, "unmeasured seconds before each step")
       ->check(CLI::NonNegativeNumber)
       ->capture_default_str();
-  app.add_option("--lengths", f.lengths,
-                 "sequence lengths: fixed:L, uniform:MIN:MAX or file:PATH "
-                 "(one length a line, drawn uniformly)")
+  auto* lengths_option = app.add_option("--lengths", f.lengths,
+                                        "sequence lengths: fixed:L, uniform:MIN:MAX or file:PATH "
+                                        "(one length a line, drawn uniformly)")
+                             ->capture_default_str();
+  app.add_option("--texts", f.texts,
+                 "send the texts of this file (one a line, in order, cycled) instead of token "
+                 "ids; the model needs a tokenizer.json")
+      ->excludes(lengths_option);
+  app.add_option("--truncation", f.truncation,
+                 "over-long sequences: none (an error), right (keep the first tokens), left "
+                 "(keep the last)")
+      ->check(CLI::IsMember({"none", "right", "left"}))
       ->capture_default_str();
   app.add_option("--sequences-per-request", f.sequences_per_request, "sequences in each request")
       ->check(CLI::PositiveNumber)
@@ -210,16 +246,25 @@ int main(int argc, char** argv) {
     cli::print_error(kProgram, "--return-logits: the model " + info.model_name() + " has no classifier head");
     return kExitUsage;
   }
-  auto pool = loadgen::make_request_pool(lengths, info.vocab_size(), f.pad_token_id, f.sequences_per_request,
-                                         f.pool_requests, f.seed);
+  std::vector<std::string> texts;
+  if (!f.texts.empty() && !read_texts(f.texts, &texts)) return kExitUsage;
+  auto pool = texts.empty() ? loadgen::make_request_pool(lengths, info.vocab_size(), f.pad_token_id,
+                                                         f.sequences_per_request, f.pool_requests, f.seed)
+                            : loadgen::make_text_request_pool(texts, f.sequences_per_request, f.pool_requests);
+  const v1::Truncation truncation = f.truncation == "right"  ? v1::TRUNCATION_RIGHT
+                                    : f.truncation == "left" ? v1::TRUNCATION_LEFT
+                                                             : v1::TRUNCATION_UNSPECIFIED;
   for (auto& pooled : pool) {
     pooled.request.set_return_token_embeddings(f.token_embeddings);
     pooled.request.set_return_logits(f.logits);
+    pooled.request.set_truncation(truncation);
   }
-  const loadgen::RunInfo run{f.lengths, f.sequences_per_request};
+  const std::string workload = texts.empty() ? f.lengths : "texts:" + f.texts;
+  const loadgen::RunInfo run{workload, f.sequences_per_request};
   if (!f.json) {
     std::cout << kProgram << ": " << connection.target << ", model " << info.model_name() << " ("
-              << info.backend() << ", " << info.device() << "), lengths " << f.lengths << ", "
+              << info.backend() << ", " << info.device() << "), "
+              << (texts.empty() ? "lengths " + f.lengths : std::to_string(texts.size()) + " texts of " + f.texts) << ", "
               << f.sequences_per_request << " sequences a request, " << steps.size()
               << (steps.size() == 1 ? " step" : " steps") << " of " << f.warmup_s << " s warm-up + "
               << f.duration_s << " s" << std::endl;

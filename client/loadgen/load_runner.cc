@@ -47,7 +47,8 @@ class Recorder {
     }
     ++result_->succeeded;
     result_->sequences += request.sequences;
-    result_->tokens += request.tokens;
+    // The server's count: a text's tokens are known only from its answer.
+    for (const auto& encoding : response.encodings()) result_->tokens += encoding.num_tokens();
     result_->latency.record(
         std::chrono::duration_cast<std::chrono::nanoseconds>(now - sent).count());
     result_->server_queue.record(int64_t(response.queue_time_us()) * 1000);

@@ -41,4 +41,15 @@ std::vector<PooledRequest> make_request_pool(const LengthsSpec& lengths, int64_t
   return pool;
 }
 
+std::vector<PooledRequest> make_text_request_pool(const std::vector<std::string>& texts,
+                                                  int sequences_per_request, int pool_requests) {
+  std::vector<PooledRequest> pool(static_cast<size_t>(pool_requests));
+  for (size_t i = 0; i < pool.size() * size_t(sequences_per_request); ++i) {
+    PooledRequest& pooled = pool[i / size_t(sequences_per_request)];
+    pooled.request.add_sequences()->set_text(texts[i % texts.size()]);
+    ++pooled.sequences;
+  }
+  return pool;
+}
+
 }  // namespace fastformer::loadgen

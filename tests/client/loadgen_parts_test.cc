@@ -153,6 +153,21 @@ TEST(RequestPool, FileLengthsAreDrawnFromTheFile) {
   EXPECT_LT(fives, 54);
 }
 
+TEST(RequestPool, TextsGoInOrderCycled) {
+  const auto pool = make_text_request_pool({"a b", "c", "d e f"}, 2, 4);
+  ASSERT_EQ(pool.size(), 4u);
+  const char* want[] = {"a b", "c", "d e f", "a b", "c", "d e f", "a b", "c"};
+  for (size_t r = 0; r < pool.size(); ++r) {
+    ASSERT_EQ(pool[r].request.sequences_size(), 2);
+    EXPECT_EQ(pool[r].sequences, 2);
+    EXPECT_EQ(pool[r].tokens, 0);  // known from the answers only
+    for (int s = 0; s < 2; ++s) {
+      EXPECT_EQ(pool[r].request.sequences(s).text(), want[r * 2 + size_t(s)]);
+      EXPECT_EQ(pool[r].request.sequences(s).token_ids_size(), 0);
+    }
+  }
+}
+
 TEST(StepReport, JsonCarriesTheAgreedFieldsAndCsvOneRow) {
   StepResult r;
   r.step.open_loop = false;

@@ -14,7 +14,7 @@ import json
 import pytest
 
 import text_model
-from test_cli_loadgen import assert_same_output, client, run, write_lines
+from test_cli_loadgen import assert_same_output, client, loadgen, loadgen_json, run, write_lines
 
 TEXTS = ["The quick brown fox.", "A cat sat, the dog sat!", "Zebras and the lazy dog"]
 HAND_IDS = [[2, 4, 5, 6, 7, 12, 3], [2, 15, 16, 17, 13, 4, 11, 17, 14, 3], [2, 1, 1, 4, 10, 11, 3]]
@@ -157,3 +157,40 @@ def test_client_info_says_whether_text_is_accepted(e2e, text, servers):
         assert p.returncode == 0, p.stderr
         info = json.loads(p.stdout)
         assert (info["accepts_text"], info["tokenizer"]) == (accepts, tokenizer), key
+
+
+# ----------------------------------------------------------------------------- fastformer-loadgen
+
+
+def test_loadgen_sends_texts_and_counts_their_tokens(e2e, text, servers, tmp_path):
+    srv = servers.shared("text")
+    # Every line tokenizes to 7 tokens ([CLS] + 5 words + [SEP]); blank lines are skipped.
+    path = tmp_path / "texts.txt"
+    path.write_text("The quick brown fox jumps\n\nover the lazy dog .\r\nA cat sat , the\n", encoding="utf-8")
+    assert {len(text_model.expected_ids(t)) for t in path.read_text().split("\n") if t.strip()} == {7}
+    (step,) = loadgen_json(e2e, "--target", srv.target, "--concurrency", 2, "--duration", 1, "--warmup", 0,
+                           "--texts", path, "--sequences-per-request", 2)
+    assert step["errors"] == {} and step["requests"] > 0 and step["succeeded"] == step["requests"]
+    assert step["sequences"] == 2 * step["requests"] and step["tokens"] == 7 * step["sequences"]
+    assert step["lengths"] == f"texts:{path}"
+
+
+def test_loadgen_texts_errors(e2e, text, servers, tmp_path):
+    path = tmp_path / "texts.txt"
+    path.write_text("some text\n", encoding="utf-8")
+    p = loadgen(e2e, "--target", servers.shared("head").target, "--duration", 0.2, "--texts", path)
+    assert p.returncode == 2 and "has no tokenizer.json" in p.stderr, p.stderr
+    empty = tmp_path / "empty.txt"
+    empty.write_text("\n  \n", encoding="utf-8")
+    p = loadgen(e2e, "--target", servers.shared("text").target, "--duration", 0.2, "--texts", empty)
+    assert p.returncode == 2 and "no text in it" in p.stderr, p.stderr
+    p = loadgen(e2e, "--target", servers.shared("text").target, "--texts", path, "--lengths", "fixed:3")
+    assert p.returncode == 2, p.stderr
+    # An over-long text is the server's INVALID_ARGUMENT, counted; with --truncation it passes.
+    path.write_text(_long_text(600) + "\n", encoding="utf-8")
+    (step,) = loadgen_json(e2e, "--target", servers.shared("text").target, "--duration", 0.5, "--warmup", 0,
+                           "--texts", path)
+    assert step["succeeded"] == 0 and step["errors"].get("INVALID_ARGUMENT") == step["requests"] > 0
+    (step,) = loadgen_json(e2e, "--target", servers.shared("text").target, "--duration", 0.5, "--warmup", 0,
+                           "--texts", path, "--truncation", "right")
+    assert step["errors"] == {} and step["tokens"] == 512 * step["sequences"] > 0
