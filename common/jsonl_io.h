@@ -20,7 +20,7 @@ struct InputLine {
   std::vector<int32_t> token_ids;
   std::vector<float> input_embeddings;  ///< flattened rows
   int64_t rows = 0;                     ///< embedding rows
-  std::optional<std::string> text;      ///< a text line (UTF-8, not empty); ids come from tokenizing it
+  std::optional<std::string> text;      ///< a text line (not empty), to be tokenized
 
   SequenceInput view() const { return {token_ids, input_embeddings}; }
 };

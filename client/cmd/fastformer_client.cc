@@ -36,7 +36,7 @@ constexpr int64_t kHealthDeadlineMs = 5000;  ///< health's default --deadline-ms
 struct EncodeFlags {
   std::vector<std::string> ids;    ///< one sequence per --ids
   std::vector<std::string> texts;  ///< one sequence per --text
-  std::string input;             ///< JSON lines; "-" = stdin (the default without --ids)
+  std::string input;               ///< JSON lines; "-" = stdin (the default)
   std::string output = "-";
   bool token_embeddings = false;
   bool logits = false;

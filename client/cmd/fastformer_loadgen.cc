@@ -7,9 +7,10 @@
 //
 // Requests hold --sequences-per-request sequences of --lengths tokens, ids drawn as
 // fastformer-bench draws them (vocab_size from GetModelInfo), or the texts of a file (--texts,
-// one a line, tokenized by the server; tokens counted from the answers). Each step: --warmup seconds
-// unmeasured, then --duration seconds measured; see client/loadgen/load_runner.h for exactly
-// what is counted. Output: a line of text per step, or --json (an object per line), and --csv.
+// one a line, tokenized by the server; tokens counted from the answers). Each step: --warmup
+// seconds unmeasured, then --duration seconds measured; see client/loadgen/load_runner.h for
+// exactly what is counted. Output: a line of text per step, or --json (an object per line), and
+// --csv.
 //
 // Exit codes: 0 the run completed (whatever the server answered), 1 the server could not be
 // reached at the start, 2 bad flags.
@@ -248,9 +249,11 @@ int main(int argc, char** argv) {
   }
   std::vector<std::string> texts;
   if (!f.texts.empty() && !read_texts(f.texts, &texts)) return kExitUsage;
-  auto pool = texts.empty() ? loadgen::make_request_pool(lengths, info.vocab_size(), f.pad_token_id,
-                                                         f.sequences_per_request, f.pool_requests, f.seed)
-                            : loadgen::make_text_request_pool(texts, f.sequences_per_request, f.pool_requests);
+  auto pool =
+      texts.empty()
+          ? loadgen::make_request_pool(lengths, info.vocab_size(), f.pad_token_id,
+                                       f.sequences_per_request, f.pool_requests, f.seed)
+          : loadgen::make_text_request_pool(texts, f.sequences_per_request, f.pool_requests);
   const v1::Truncation truncation = f.truncation == "right"  ? v1::TRUNCATION_RIGHT
                                     : f.truncation == "left" ? v1::TRUNCATION_LEFT
                                                              : v1::TRUNCATION_UNSPECIFIED;
@@ -264,8 +267,9 @@ int main(int argc, char** argv) {
   if (!f.json) {
     std::cout << kProgram << ": " << connection.target << ", model " << info.model_name() << " ("
               << info.backend() << ", " << info.device() << "), "
-              << (texts.empty() ? "lengths " + f.lengths : std::to_string(texts.size()) + " texts of " + f.texts) << ", "
-              << f.sequences_per_request << " sequences a request, " << steps.size()
+              << (texts.empty() ? "lengths " + f.lengths
+                                : std::to_string(texts.size()) + " texts of " + f.texts)
+              << ", " << f.sequences_per_request << " sequences a request, " << steps.size()
               << (steps.size() == 1 ? " step" : " steps") << " of " << f.warmup_s << " s warm-up + "
               << f.duration_s << " s" << std::endl;
   }

@@ -42,8 +42,9 @@ std::optional<std::string> prepare_line(const engine::Model& model, const std::s
              "token_ids)";
     }
     // The tokenizer truncates, so that its special tokens ([CLS], [SEP]) stay.
+    using tokenizer::TruncationDirection;
     const tokenizer::Truncation rule{
-        size_t(max_len), keep_last ? tokenizer::TruncationDirection::kLeft : tokenizer::TruncationDirection::kRight};
+        size_t(max_len), keep_last ? TruncationDirection::kLeft : TruncationDirection::kRight};
     try {
       line->token_ids = tok->encode(*line->text, truncation == "none" ? nullptr : &rule).ids;
     } catch (const tokenizer::TokenizerError& e) {
@@ -52,7 +53,8 @@ std::optional<std::string> prepare_line(const engine::Model& model, const std::s
     const int64_t n = int64_t(line->token_ids.size());
     if (n == 0) return "text: the tokenizer made no tokens of it";
     if (n > max_len) {
-      return "text: " + std::to_string(n) + " tokens after tokenization exceed max_position_embeddings " +
+      return "text: " + std::to_string(n) +
+             " tokens after tokenization exceed max_position_embeddings " +
              std::to_string(max_len) + " (--truncation right|left shortens it)";
     }
     return std::nullopt;
@@ -60,8 +62,11 @@ std::optional<std::string> prepare_line(const engine::Model& model, const std::s
   if (truncation == "none") return std::nullopt;  // validate_sequence rejects what is too long
   auto keep = [keep_last](auto& values, int64_t n) {
     if (int64_t(values.size()) <= n) return;
-    if (keep_last) values.erase(values.begin(), values.end() - n);
-    else values.resize(size_t(n));
+    if (keep_last) {
+      values.erase(values.begin(), values.end() - n);
+    } else {
+      values.resize(size_t(n));
+    }
   };
   keep(line->token_ids, max_len);
   keep(line->input_embeddings, max_len * D);
@@ -120,7 +125,9 @@ int main(int argc, char** argv) {
     spdlog::info("model {}: {} parameters ({}), backend {} ({}), max batch tokens {}",
                  model->config().model_name, model->parameter_count(), model->stored_dtype(),
                  eng->device_name(), why, eng->max_batch_tokens());
-    if (model->tokenizer() != nullptr) spdlog::info("tokenizer: {}", model->tokenizer()->description());
+    if (model->tokenizer() != nullptr) {
+      spdlog::info("tokenizer: {}", model->tokenizer()->description());
+    }
   } catch (const std::exception& e) {
     spdlog::error("{}", e.what());
     return 1;

@@ -183,8 +183,10 @@ TEST_F(ClientTest, TextNeedsAModelWithATokenizer) {
   v1::EncodeResponse response;
   const grpc::Status status = client.EncodeTexts({"the quick fox"}, &response);
   EXPECT_EQ(status.error_code(), grpc::StatusCode::INVALID_ARGUMENT);
-  EXPECT_NE(status.error_message().find("sequences[0].text"), std::string::npos) << status.error_message();
-  EXPECT_NE(status.error_message().find("tokenizer.json"), std::string::npos) << status.error_message();
+  EXPECT_NE(status.error_message().find("sequences[0].text"), std::string::npos)
+      << status.error_message();
+  EXPECT_NE(status.error_message().find("tokenizer.json"), std::string::npos)
+      << status.error_message();
   v1::ModelInfo info;
   ASSERT_TRUE(client.GetModelInfo(&info).ok());
   EXPECT_FALSE(info.accepts_text());
@@ -423,7 +425,8 @@ TEST_F(ClientTextTest, TextsGiveWhatTheirIdsGive) {
   opts.return_token_embeddings = true;
   opts.return_logits = true;
   v1::EncodeResponse by_text, by_ids;
-  const grpc::Status status = client.EncodeTexts({"The quick brown fox.", "Lazy dogs jump"}, &by_text, opts);
+  const grpc::Status status =
+      client.EncodeTexts({"The quick brown fox.", "Lazy dogs jump"}, &by_text, opts);
   ASSERT_TRUE(status.ok()) << status.error_message();
   ASSERT_TRUE(client.Encode({{2, 4, 5, 6, 7, 12, 3}, {2, 10, 1, 1, 3}}, &by_ids, opts).ok());
   ASSERT_EQ(by_text.encodings_size(), 2);
