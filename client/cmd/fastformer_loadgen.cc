@@ -225,6 +225,8 @@ int main(int argc, char** argv) {
     cli::print_error(kProgram, "--lengths: " + error);
     return kExitUsage;
   }
+  std::vector<std::string> texts;
+  if (!f.texts.empty() && !read_texts(f.texts, &texts)) return kExitUsage;
   std::ofstream csv;
   if (!f.csv.empty()) {
     csv.open(f.csv, std::ios::trunc);
@@ -247,8 +249,6 @@ int main(int argc, char** argv) {
     cli::print_error(kProgram, "--return-logits: the model " + info.model_name() + " has no classifier head");
     return kExitUsage;
   }
-  std::vector<std::string> texts;
-  if (!f.texts.empty() && !read_texts(f.texts, &texts)) return kExitUsage;
   auto pool =
       texts.empty()
           ? loadgen::make_request_pool(lengths, info.vocab_size(), f.pad_token_id,

@@ -182,7 +182,7 @@ def test_loadgen_texts_errors(e2e, text, servers, tmp_path):
     assert p.returncode == 2 and "has no tokenizer.json" in p.stderr, p.stderr
     empty = tmp_path / "empty.txt"
     empty.write_text("\n  \n", encoding="utf-8")
-    p = loadgen(e2e, "--target", servers.shared("text").target, "--duration", 0.2, "--texts", empty)
+    p = loadgen(e2e, "--target", "127.0.0.1:1", "--duration", 0.2, "--texts", empty)  # checked first
     assert p.returncode == 2 and "no text in it" in p.stderr, p.stderr
     p = loadgen(e2e, "--target", servers.shared("text").target, "--texts", path, "--lengths", "fixed:3")
     assert p.returncode == 2, p.stderr
