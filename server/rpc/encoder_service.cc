@@ -91,6 +91,8 @@ grpc::ServerUnaryReactor* EncoderService::GetModelInfo(grpc::CallbackServerConte
   info->set_max_batch_tokens(uint32_t(config.max_batch_tokens));
   info->set_max_request_tokens(uint32_t(config.limits.max_request_tokens));
   info->set_server_version(config.version);
+  info->set_accepts_text(model.tokenizer() != nullptr);
+  if (model.tokenizer() != nullptr) info->set_tokenizer(model.tokenizer()->description());
   intake_.record("GetModelInfo", grpc::Status::OK, start);
   reactor->Finish(grpc::Status::OK);
   return reactor;
