@@ -318,7 +318,8 @@ grpc::Status convert_infer_request(const inference::ModelInferRequest& proto, co
     *slot = Input{&t, proto.raw_input_contents_size() > 0 ? &proto.raw_input_contents(i) : nullptr};
   }
   if (int(ids_in.has_value()) + int(embeddings_in.has_value()) + int(text_in.has_value()) != 1) {
-    return invalid("inputs: send exactly one of input_ids, input_embeddings and text");
+    return invalid(model.tokenizer() != nullptr ? "inputs: send exactly one of input_ids, input_embeddings and text"
+                                                : "inputs: send exactly one of input_ids and input_embeddings");
   }
   if (ids_in && !model.has_word_embedding()) {
     return invalid("input_ids: this model has no word embedding table; send input_embeddings instead");
