@@ -171,3 +171,27 @@ def test_tokenize_time_is_a_metric(e2e, servers):
     assert after.value("fastformer_tokenize_duration_seconds_count") - n0 == 3
     assert after.value("fastformer_texts_total") - t0 == 1 + 2 + 3
     assert after.value("fastformer_tokenize_duration_seconds_sum") > 0
+
+
+def test_text_that_is_not_utf8_is_named(e2e, servers):
+    """proto3 refuses a string that is not UTF-8 when parsing; the server says which one (grpcio
+    will not send such a string, so the request is written as bytes)."""
+    srv = servers.shared("text")
+    raw = srv.channel.unary_unary("/fastformer.v1.Encoder/Encode", request_serializer=lambda b: b,
+                                  response_deserializer=e2e.pb.EncodeResponse.FromString)
+    good = _text_request(e2e.pb, ["hello", "world"], request_id="utf8").SerializeToString()
+    assert [e.num_tokens for e in raw(good, timeout=e2e.RPC_TIMEOUT_S).encodings] == [3, 3]
+    bad_text = b"\x1a\x05ab\xc3\x28c"  # Sequence.text = 'ab', a broken 2-byte sequence, 'c'
+    cases = {
+        "third sequence": (good + b"\x12" + bytes([len(bad_text)]) + bad_text,
+                           "sequence 2: text: text is not valid UTF-8 (invalid byte sequence at byte 2)"),
+        "request_id": (b"\x0a\x01\xff", "request_id: text is not valid UTF-8 (invalid byte sequence at byte 0)"),
+        "not protobuf": (b"\xff\xff\xff", "the request is not a fastformer.v1.EncodeRequest"),
+    }
+    for name, (payload, message) in cases.items():
+        try:
+            raw(payload, timeout=e2e.RPC_TIMEOUT_S)
+            code, msg = grpc.StatusCode.OK, ""
+        except grpc.RpcError as err:
+            code, msg = err.code(), err.details()
+        assert code == grpc.StatusCode.INVALID_ARGUMENT and msg.startswith(message), (name, code, msg)
