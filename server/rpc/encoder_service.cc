@@ -6,6 +6,7 @@
 #include <google/protobuf/io/coded_stream.h>
 #include <google/protobuf/wire_format_lite.h>
 #include <grpcpp/support/proto_buffer_reader.h>
+#include <spdlog/spdlog.h>
 
 #include "server/engine/tokenizer/unicode.h"
 #include "server/rpc/stream_reactor.h"
@@ -32,15 +33,7 @@ grpc::ServerUnaryReactor* EncoderService::Encode(grpc::CallbackServerContext* co
     v1::EncodeResponse response;
   };
   auto call = std::make_shared<Call>();
-  grpc::ByteBuffer input(*bytes);  // shares the slices; the reader consumes its own copy
-  grpc::ProtoBufferReader reader(&input);
-  if (!call->proto.ParseFromZeroCopyStream(&reader)) {
-    std::vector<grpc::Slice> slices;
-    std::string flat;
-    if (bytes->Dump(&slices).ok()) {
-      for (const grpc::Slice& slice : slices) flat.append(reinterpret_cast<const char*>(slice.begin()), slice.size());
-    }
-    const grpc::Status invalid(grpc::StatusCode::INVALID_ARGUMENT, explain_encode_parse_failure(flat));
+  if (const grpc::Status invalid = parse_encode_request(*bytes, &call->proto); !invalid.ok()) {
     intake_.record("Encode", invalid, start);
     reactor->Finish(invalid);
     return reactor;
@@ -67,6 +60,18 @@ grpc::ServerUnaryReactor* EncoderService::Encode(grpc::CallbackServerContext* co
     reactor->Finish(status);
   }
   return reactor;
+}
+
+grpc::Status parse_encode_request(const grpc::ByteBuffer& bytes, v1::EncodeRequest* proto) {
+  grpc::ByteBuffer input(bytes);  // shares the slices; the reader consumes its own copy
+  grpc::ProtoBufferReader reader(&input);
+  if (proto->ParseFromZeroCopyStream(&reader)) return grpc::Status::OK;
+  std::vector<grpc::Slice> slices;
+  std::string flat;
+  if (bytes.Dump(&slices).ok()) {
+    for (const grpc::Slice& slice : slices) flat.append(reinterpret_cast<const char*>(slice.begin()), slice.size());
+  }
+  return {grpc::StatusCode::INVALID_ARGUMENT, explain_encode_parse_failure(flat)};
 }
 
 std::string explain_encode_parse_failure(const std::string& bytes) {
@@ -113,23 +118,30 @@ std::string explain_encode_parse_failure(const std::string& bytes) {
 
 grpc::Status EncoderService::StreamProtocol::admit(Message& message, grpc::CallbackServerContext* context,
                                                   const std::shared_ptr<batching::Request>& request) {
-  return service->admit(message.proto, context, request);
+  if (grpc::Status invalid = parse_encode_request(message.proto, &message.parsed); !invalid.ok()) return invalid;
+  message.proto.Clear();
+  return service->admit(message.parsed, context, request);
 }
 
-v1::EncodeResponse EncoderService::StreamProtocol::answer(Message& message, const batching::Request* done,
-                                                          const grpc::Status& status) {
+grpc::ByteBuffer EncoderService::StreamProtocol::answer(Message& message, const batching::Request* done,
+                                                        const grpc::Status& status) {
   v1::EncodeResponse response;
-  response.set_request_id(message.proto.request_id());
+  response.set_request_id(message.parsed.request_id());
   if (status.ok()) {
     fill_response(*done, &response);
   } else {
     response.mutable_error()->set_code(static_cast<int32_t>(status.error_code()));
     response.mutable_error()->set_message(status.error_message());
   }
-  return response;
+  grpc::ByteBuffer bytes;
+  bool own = false;
+  if (!grpc::SerializationTraits<v1::EncodeResponse>::Serialize(response, &bytes, &own).ok()) {
+    spdlog::error("EncodeStream: an answer of {} bytes did not serialize", response.ByteSizeLong());
+  }
+  return bytes;
 }
 
-grpc::ServerBidiReactor<v1::EncodeRequest, v1::EncodeResponse>* EncoderService::EncodeStream(
+grpc::ServerBidiReactor<grpc::ByteBuffer, grpc::ByteBuffer>* EncoderService::EncodeStream(
     grpc::CallbackServerContext* context) {
   return open_stream(&stream_protocol_, &intake_, context);
 }

@@ -195,3 +195,18 @@ def test_text_that_is_not_utf8_is_named(e2e, servers):
         except grpc.RpcError as err:
             code, msg = err.code(), err.details()
         assert code == grpc.StatusCode.INVALID_ARGUMENT and msg.startswith(message), (name, code, msg)
+
+
+def test_stream_answers_a_message_that_is_not_utf8_in_band_and_goes_on(e2e, servers):
+    srv = servers.shared("text")
+    raw = srv.channel.stream_stream("/fastformer.v1.Encoder/EncodeStream", request_serializer=lambda b: b,
+                                    response_deserializer=e2e.pb.EncodeResponse.FromString)
+    good = [_text_request(e2e.pb, ["hello"], request_id=f"good{i}").SerializeToString() for i in range(2)]
+    bad = b"\x12\x05\x1a\x03a\xffb"  # one sequence whose text is 'a', 0xff, 'b'
+    answers = list(raw(iter([good[0], bad, good[1]]), timeout=e2e.RPC_TIMEOUT_S))
+    assert len(answers) == 3, [a.request_id for a in answers]
+    by_id = {a.request_id: a for a in answers}
+    assert by_id["good0"].encodings[0].num_tokens == by_id["good1"].encodings[0].num_tokens == 3
+    err = by_id[""].error
+    assert err.code == grpc.StatusCode.INVALID_ARGUMENT.value[0], err
+    assert err.message == "sequence 0: text: text is not valid UTF-8 (invalid byte sequence at byte 1)", err.message
