@@ -1,5 +1,14 @@
 #include "server/rpc/encoder_service.h"
 
+#include <optional>
+#include <vector>
+
+#include <google/protobuf/io/coded_stream.h>
+#include <google/protobuf/wire_format_lite.h>
+#include <grpcpp/support/proto_buffer_reader.h>
+#include <spdlog/spdlog.h>
+
+#include "server/engine/tokenizer/unicode.h"
 #include "server/rpc/stream_reactor.h"
 
 namespace fastformer::rpc {
@@ -14,24 +23,38 @@ grpc::Status EncoderService::admit(const v1::EncodeRequest& proto, grpc::Callbac
       request);
 }
 
-grpc::ServerUnaryReactor* EncoderService::Encode(grpc::CallbackServerContext* context,
-                                                 const v1::EncodeRequest* proto,
-                                                 v1::EncodeResponse* response) {
+grpc::ServerUnaryReactor* EncoderService::Encode(grpc::CallbackServerContext* context, const grpc::ByteBuffer* bytes,
+                                                 grpc::ByteBuffer* out) {
   const auto start = Clock::now();
   grpc::ServerUnaryReactor* reactor = context->DefaultReactor();
+  // The request's sequences are views into the parsed proto: it lives as long as the request.
+  struct Call {
+    v1::EncodeRequest proto;
+    v1::EncodeResponse response;
+  };
+  auto call = std::make_shared<Call>();
+  if (const grpc::Status invalid = parse_encode_request(*bytes, &call->proto); !invalid.ok()) {
+    intake_.record("Encode", invalid, start);
+    reactor->Finish(invalid);
+    return reactor;
+  }
   auto request = std::make_shared<batching::Request>();
   request->is_cancelled = [context] { return context->IsCancelled(); };
-  request->on_complete = [this, reactor, proto, response, start](batching::Request& r) {
-    const grpc::Status status = outcome_status(r);
+  request->on_complete = [this, reactor, call, out, start](batching::Request& r) {
+    grpc::Status status = outcome_status(r);
     const auto filling = Clock::now();
-    if (status.ok()) fill_response(r, response);
+    if (status.ok()) {
+      fill_response(r, &call->response);
+      call->response.set_request_id(call->proto.request_id());
+      bool own = false;
+      status = grpc::SerializationTraits<v1::EncodeResponse>::Serialize(call->response, out, &own);
+    }
     intake_.record_inference(r, status.ok(), start, ns_since(filling));
-    response->set_request_id(proto->request_id());
     intake_.record("Encode", status, start);
     intake_.answered();
     reactor->Finish(status);
   };
-  const grpc::Status status = admit(*proto, context, request);
+  const grpc::Status status = admit(call->proto, context, request);
   if (!status.ok()) {
     intake_.record("Encode", status, start);
     reactor->Finish(status);
@@ -39,25 +62,86 @@ grpc::ServerUnaryReactor* EncoderService::Encode(grpc::CallbackServerContext* co
   return reactor;
 }
 
-grpc::Status EncoderService::StreamProtocol::admit(Message& message, grpc::CallbackServerContext* context,
-                                                  const std::shared_ptr<batching::Request>& request) {
-  return service->admit(message.proto, context, request);
+grpc::Status parse_encode_request(const grpc::ByteBuffer& bytes, v1::EncodeRequest* proto) {
+  grpc::ByteBuffer input(bytes);  // shares the slices; the reader consumes its own copy
+  grpc::ProtoBufferReader reader(&input);
+  if (proto->ParseFromZeroCopyStream(&reader)) return grpc::Status::OK;
+  std::vector<grpc::Slice> slices;
+  std::string flat;
+  if (bytes.Dump(&slices).ok()) {
+    for (const grpc::Slice& slice : slices) flat.append(reinterpret_cast<const char*>(slice.begin()), slice.size());
+  }
+  return {grpc::StatusCode::INVALID_ARGUMENT, explain_encode_parse_failure(flat)};
 }
 
-v1::EncodeResponse EncoderService::StreamProtocol::answer(Message& message, const batching::Request* done,
-                                                          const grpc::Status& status) {
+std::string explain_encode_parse_failure(const std::string& bytes) {
+  using google::protobuf::internal::WireFormatLite;
+  const std::string not_protobuf = "the request is not a fastformer.v1.EncodeRequest (its bytes do not parse as one)";
+  auto utf8_error = [](const std::string& value) -> std::optional<std::string> {
+    try {
+      tokenizer::decode_utf8(value);
+    } catch (const tokenizer::TokenizerError& e) {
+      return std::string(e.what());
+    }
+    return std::nullopt;
+  };
+  google::protobuf::io::CodedInputStream in(reinterpret_cast<const uint8_t*>(bytes.data()), int(bytes.size()));
+  int sequence = 0;
+  while (const uint32_t tag = in.ReadTag()) {
+    const int field = WireFormatLite::GetTagFieldNumber(tag);
+    const bool delimited = WireFormatLite::GetTagWireType(tag) == WireFormatLite::WIRETYPE_LENGTH_DELIMITED;
+    if (!delimited || (field != 1 && field != 2)) {
+      if (!WireFormatLite::SkipField(&in, tag)) return not_protobuf;
+      continue;
+    }
+    std::string value;
+    if (!WireFormatLite::ReadBytes(&in, &value)) return not_protobuf;
+    if (field == 1) {
+      if (auto e = utf8_error(value)) return "request_id: " + *e;
+      continue;
+    }
+    google::protobuf::io::CodedInputStream seq(reinterpret_cast<const uint8_t*>(value.data()), int(value.size()));
+    while (const uint32_t t = seq.ReadTag()) {
+      if (WireFormatLite::GetTagFieldNumber(t) == 3 &&
+          WireFormatLite::GetTagWireType(t) == WireFormatLite::WIRETYPE_LENGTH_DELIMITED) {
+        std::string text;
+        if (!WireFormatLite::ReadBytes(&seq, &text)) return not_protobuf;
+        if (auto e = utf8_error(text)) return engine::InputError{size_t(sequence), "text", *e}.to_string();
+      } else if (!WireFormatLite::SkipField(&seq, t)) {
+        return not_protobuf;
+      }
+    }
+    ++sequence;
+  }
+  return not_protobuf;
+}
+
+grpc::Status EncoderService::StreamProtocol::admit(Message& message, grpc::CallbackServerContext* context,
+                                                  const std::shared_ptr<batching::Request>& request) {
+  if (grpc::Status invalid = parse_encode_request(message.proto, &message.parsed); !invalid.ok()) return invalid;
+  message.proto.Clear();
+  return service->admit(message.parsed, context, request);
+}
+
+grpc::ByteBuffer EncoderService::StreamProtocol::answer(Message& message, const batching::Request* done,
+                                                        const grpc::Status& status) {
   v1::EncodeResponse response;
-  response.set_request_id(message.proto.request_id());
+  response.set_request_id(message.parsed.request_id());
   if (status.ok()) {
     fill_response(*done, &response);
   } else {
     response.mutable_error()->set_code(static_cast<int32_t>(status.error_code()));
     response.mutable_error()->set_message(status.error_message());
   }
-  return response;
+  grpc::ByteBuffer bytes;
+  bool own = false;
+  if (!grpc::SerializationTraits<v1::EncodeResponse>::Serialize(response, &bytes, &own).ok()) {
+    spdlog::error("EncodeStream: an answer of {} bytes did not serialize", response.ByteSizeLong());
+  }
+  return bytes;
 }
 
-grpc::ServerBidiReactor<v1::EncodeRequest, v1::EncodeResponse>* EncoderService::EncodeStream(
+grpc::ServerBidiReactor<grpc::ByteBuffer, grpc::ByteBuffer>* EncoderService::EncodeStream(
     grpc::CallbackServerContext* context) {
   return open_stream(&stream_protocol_, &intake_, context);
 }
@@ -91,6 +175,8 @@ grpc::ServerUnaryReactor* EncoderService::GetModelInfo(grpc::CallbackServerConte
   info->set_max_batch_tokens(uint32_t(config.max_batch_tokens));
   info->set_max_request_tokens(uint32_t(config.limits.max_request_tokens));
   info->set_server_version(config.version);
+  info->set_accepts_text(model.tokenizer() != nullptr);
+  if (model.tokenizer() != nullptr) info->set_tokenizer(model.tokenizer()->description());
   intake_.record("GetModelInfo", grpc::Status::OK, start);
   reactor->Finish(grpc::Status::OK);
   return reactor;
