@@ -2,7 +2,7 @@
 
 fastformer-encode tokenizes {"text": ...} lines with the model directory's tokenizer.json;
 fastformer-client sends --text and {"text": ...} lines as Sequence.text for the server to
-tokenize. The "text" model is the e2e "head" model plus a hand-written WordLevel tokenizer.json
+tokenize. The "wordlevel" model is the e2e "head" model plus a hand-written WordLevel tokenizer.json
 (text_model.py), so every text's ids are known by hand: a text line must give exactly what the
 line of its ids gives. "head" itself has no tokenizer.json and refuses text.
 """
@@ -37,7 +37,7 @@ def encode_ok(e2e, model, path, *flags):
 
 
 @pytest.fixture
-def text(models):
+def wordlevel(models):
     return text_model.register(models)
 
 
@@ -48,35 +48,35 @@ def test_hand_ids():
 # ----------------------------------------------------------------------------- fastformer-encode
 
 
-def test_encode_text_lines_equal_their_ids(e2e, text, tmp_path):
+def test_encode_text_lines_equal_their_ids(e2e, wordlevel, tmp_path):
     texts = write_lines(tmp_path / "texts.jsonl", [{"text": t} for t in TEXTS] + [{"id": "x", "text": "fox"}])
     ids = write_lines(tmp_path / "ids.jsonl", [{"token_ids": i} for i in HAND_IDS] + [{"token_ids": [2, 7, 3]}])
     for flags in ([], ["--return-token-embeddings", "--return-logits", "--normalize"]):
-        got = encode_ok(e2e, text, texts, *flags)
+        got = encode_ok(e2e, wordlevel, texts, *flags)
         assert [json.loads(l)["num_tokens"] for l in got.splitlines()] == [7, 10, 7, 3]
-        assert_same_output(got, encode_ok(e2e, text, ids, *flags))  # same batches: exactly equal
+        assert_same_output(got, encode_ok(e2e, wordlevel, ids, *flags))  # same batches: exactly equal
 
 
 @pytest.mark.parametrize("side", ["right", "left"])
-def test_encode_truncation_of_text_and_ids(e2e, text, tmp_path, side):
+def test_encode_truncation_of_text_and_ids(e2e, wordlevel, tmp_path, side):
     long = _long_text(600)
-    want_ids = text_model.expected_ids(long, text.max_positions, keep_last=side == "left")
+    want_ids = text_model.expected_ids(long, wordlevel.max_positions, keep_last=side == "left")
     assert len(want_ids) == 512 and (want_ids[0], want_ids[-1]) == (2, 3)
     raw_ids = text_model.expected_ids(long)
     path = write_lines(tmp_path / "long.jsonl", [{"text": "fox"}, {"text": long}, {"token_ids": raw_ids}])
-    got = encode_ok(e2e, text, path, "--truncation", side)
+    got = encode_ok(e2e, wordlevel, path, "--truncation", side)
     kept_ids = raw_ids[-512:] if side == "left" else raw_ids[:512]
-    want = encode_ok(e2e, text, write_lines(tmp_path / "kept.jsonl", [
+    want = encode_ok(e2e, wordlevel, write_lines(tmp_path / "kept.jsonl", [
         {"token_ids": [2, 7, 3]}, {"token_ids": want_ids}, {"token_ids": kept_ids}]))
     assert [json.loads(l)["num_tokens"] for l in got.splitlines()] == [3, 512, 512]
     assert_same_output(got, want)
 
 
-def test_encode_long_text_without_truncation_is_an_error(e2e, text, tmp_path):
+def test_encode_long_text_without_truncation_is_an_error(e2e, wordlevel, tmp_path):
     path = write_lines(tmp_path / "long.jsonl", [{"text": "fox"}, {"text": _long_text(600)}])
-    p = encode(e2e, text, path)
+    p = encode(e2e, wordlevel, path)
     assert p.returncode == 2
-    assert "line 2: text: 602 tokens after tokenization exceed max_position_embeddings 512" in p.stderr, p.stderr
+    assert "line 2: text: the text is 602 tokens, over max_position_embeddings 512" in p.stderr, p.stderr
     assert len(p.stdout.splitlines()) == 1, "the lines before the bad one are written"
 
 
@@ -84,34 +84,36 @@ def test_encode_text_needs_a_tokenizer(e2e, models, tmp_path):
     path = write_lines(tmp_path / "t.jsonl", [{"token_ids": [5, 6]}, {"text": "some text"}])
     p = encode(e2e, models.get("head"), path)
     assert p.returncode == 2
-    assert "line 2: text: the model directory has no tokenizer.json" in p.stderr, p.stderr
+    assert "line 2: text: this model takes no text: its model directory has no tokenizer.json" in p.stderr, p.stderr
     assert len(p.stdout.splitlines()) == 1
 
 
 @pytest.mark.parametrize("line,needle", [
     ('{"text": 5}', "line 1: text: expected a string, got 5"),
     ('{"text": ""}', "line 1: text: empty string"),
+    ('{"text": " \\t\\n "}', "line 1: text: the text tokenizes to no tokens"),
+    ('{"text": "ok \\udcff"}', "line 1: invalid JSON"),  # a lone surrogate is no UTF-8
     ('{"text": "fox", "token_ids": [1]}', 'line 1: expected exactly one of "token_ids", "input_embeddings" or "text"'),
     ('{"txt": "fox"}', 'line 1: expected exactly one of'),
 ])
-def test_encode_bad_text_lines(e2e, text, tmp_path, line, needle):
+def test_encode_bad_text_lines(e2e, wordlevel, tmp_path, line, needle):
     path = tmp_path / "bad.jsonl"
     path.write_text(line + "\n", encoding="utf-8")
-    p = encode(e2e, text, path)
+    p = encode(e2e, wordlevel, path)
     assert p.returncode == 2 and needle in p.stderr, p.stderr
 
 
-def test_encode_truncation_flag_is_checked(e2e, text, tmp_path):
+def test_encode_truncation_flag_is_checked(e2e, wordlevel, tmp_path):
     path = write_lines(tmp_path / "t.jsonl", [{"text": "fox"}])
-    p = encode(e2e, text, path, "--truncation", "middle")
+    p = encode(e2e, wordlevel, path, "--truncation", "middle")
     assert p.returncode != 0 and "--truncation" in p.stderr, p.stderr
 
 
 # ----------------------------------------------------------------------------- fastformer-client
 
 
-def test_client_text_flags_equal_ids_and_fastformer_encode(e2e, text, servers, tmp_path):
-    srv = servers.shared("text")
+def test_client_text_flags_equal_ids_and_fastformer_encode(e2e, wordlevel, servers, tmp_path):
+    srv = servers.shared("wordlevel")
     by_text = client(e2e, "encode", "--target", srv.target, *[a for t in TEXTS for a in ("--text", t)])
     assert by_text.returncode == 0, by_text.stderr
     by_ids = client(e2e, "encode", "--target", srv.target, *[a for i in HAND_IDS for a in ("--ids", ",".join(map(str, i)))])
@@ -120,21 +122,22 @@ def test_client_text_flags_equal_ids_and_fastformer_encode(e2e, text, servers, t
     assert_same_output(by_text.stdout, by_ids.stdout)
     # The server's tokenizer and fastformer-encode's give the same lines.
     path = write_lines(tmp_path / "texts.jsonl", [{"text": t} for t in TEXTS])
-    assert_same_output(by_text.stdout, encode_ok(e2e, text, path))
+    assert_same_output(by_text.stdout, encode_ok(e2e, wordlevel, path))
     by_file = client(e2e, "encode", "--target", srv.target, "--input", path)
     assert by_file.returncode == 0, by_file.stderr
     assert_same_output(by_file.stdout, by_text.stdout)
 
 
-def test_client_text_truncation(e2e, text, servers, tmp_path):
-    srv = servers.shared("text")
+def test_client_text_truncation(e2e, wordlevel, servers, tmp_path):
+    srv = servers.shared("wordlevel")
     long = _long_text(600)
     p = client(e2e, "encode", "--target", srv.target, "--text", long, "--truncation", "left")
     assert p.returncode == 0, p.stderr
     kept = write_lines(tmp_path / "kept.jsonl", [{"token_ids": text_model.expected_ids(long, 512, keep_last=True)}])
-    assert_same_output(p.stdout, encode_ok(e2e, text, kept))
+    assert_same_output(p.stdout, encode_ok(e2e, wordlevel, kept))
     p = client(e2e, "encode", "--target", srv.target, "--text", long)
-    assert p.returncode == 1 and "INVALID_ARGUMENT" in p.stderr and "sequences[0].text" in p.stderr, p.stderr
+    assert p.returncode == 1 and "INVALID_ARGUMENT" in p.stderr, p.stderr
+    assert "sequence 0: text: the text is 602 tokens, over max_position_embeddings 512" in p.stderr, p.stderr
 
 
 def test_client_text_on_a_model_without_tokenizer(e2e, servers):
@@ -151,8 +154,8 @@ def test_client_text_flag_combinations(e2e, servers, tmp_path):
         assert p.returncode == 2, f"{args}: exit {p.returncode}\n{p.stderr}"
 
 
-def test_client_info_says_whether_text_is_accepted(e2e, text, servers):
-    for key, accepts, tokenizer in (("text", True, text_model.DESCRIPTION), ("head", False, "")):
+def test_client_info_says_whether_text_is_accepted(e2e, wordlevel, servers):
+    for key, accepts, tokenizer in (("wordlevel", True, text_model.DESCRIPTION), ("head", False, "")):
         p = client(e2e, "info", "--target", servers.shared(key).target)
         assert p.returncode == 0, p.stderr
         info = json.loads(p.stdout)
@@ -162,8 +165,8 @@ def test_client_info_says_whether_text_is_accepted(e2e, text, servers):
 # ----------------------------------------------------------------------------- fastformer-loadgen
 
 
-def test_loadgen_sends_texts_and_counts_their_tokens(e2e, text, servers, tmp_path):
-    srv = servers.shared("text")
+def test_loadgen_sends_texts_and_counts_their_tokens(e2e, wordlevel, servers, tmp_path):
+    srv = servers.shared("wordlevel")
     # Every line tokenizes to 7 tokens ([CLS] + 5 words + [SEP]); blank lines are skipped.
     path = tmp_path / "texts.txt"
     path.write_text("The quick brown fox jumps\n\nover the lazy dog .\r\nA cat sat , the\n", encoding="utf-8")
@@ -175,7 +178,7 @@ def test_loadgen_sends_texts_and_counts_their_tokens(e2e, text, servers, tmp_pat
     assert step["lengths"] == f"texts:{path}"
 
 
-def test_loadgen_texts_errors(e2e, text, servers, tmp_path):
+def test_loadgen_texts_errors(e2e, wordlevel, servers, tmp_path):
     path = tmp_path / "texts.txt"
     path.write_text("some text\n", encoding="utf-8")
     p = loadgen(e2e, "--target", servers.shared("head").target, "--duration", 0.2, "--texts", path)
@@ -184,13 +187,13 @@ def test_loadgen_texts_errors(e2e, text, servers, tmp_path):
     empty.write_text("\n  \n", encoding="utf-8")
     p = loadgen(e2e, "--target", "127.0.0.1:1", "--duration", 0.2, "--texts", empty)  # checked first
     assert p.returncode == 2 and "no text in it" in p.stderr, p.stderr
-    p = loadgen(e2e, "--target", servers.shared("text").target, "--texts", path, "--lengths", "fixed:3")
+    p = loadgen(e2e, "--target", servers.shared("wordlevel").target, "--texts", path, "--lengths", "fixed:3")
     assert p.returncode == 2, p.stderr
     # An over-long text is the server's INVALID_ARGUMENT, counted; with --truncation it passes.
     path.write_text(_long_text(600) + "\n", encoding="utf-8")
-    (step,) = loadgen_json(e2e, "--target", servers.shared("text").target, "--duration", 0.5, "--warmup", 0,
+    (step,) = loadgen_json(e2e, "--target", servers.shared("wordlevel").target, "--duration", 0.5, "--warmup", 0,
                            "--texts", path)
     assert step["succeeded"] == 0 and step["errors"].get("INVALID_ARGUMENT") == step["requests"] > 0
-    (step,) = loadgen_json(e2e, "--target", servers.shared("text").target, "--duration", 0.5, "--warmup", 0,
+    (step,) = loadgen_json(e2e, "--target", servers.shared("wordlevel").target, "--duration", 0.5, "--warmup", 0,
                            "--texts", path, "--truncation", "right")
     assert step["errors"] == {} and step["tokens"] == 512 * step["sequences"] > 0

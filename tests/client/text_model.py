@@ -6,9 +6,10 @@ word through VOCAB (unknown words: [UNK] = 1) and wraps the result in [CLS] = 2 
 
     "The quick brown fox." -> [2, 4, 5, 6, 7, 12, 3]
 
-register(models) adds it to the e2e `models` fixture under the key "text", so that
-`servers.shared("text")` starts a server on it; "head" (the same weights, no tokenizer.json) is
-the model that takes no text.
+register(models) adds it to the e2e `models` fixture under the key "wordlevel", so that
+`servers.shared("wordlevel")` starts a server on it; "head" (the same weights, no tokenizer.json)
+is the model that takes no text. (The e2e suite's own "text" model has make_demo_model's
+WordPiece tokenizer; this one is a WordLevel tokenizer in the notebook's style.)
 """
 
 from __future__ import annotations
@@ -66,7 +67,7 @@ def expected_ids(text: str, max_length: int = 0, keep_last: bool = False) -> lis
     return [CLS, *words, SEP]
 
 
-def register(models, key: str = "text", base: str = "head"):
+def register(models, key: str = "wordlevel", base: str = "head"):
     """The DemoModel of `base`'s files plus tokenizer.json, known to `models` as `key`."""
     made = models._made  # the e2e Models cache: get(key) and the servers fixture find it there
     if key not in made:

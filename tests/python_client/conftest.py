@@ -35,7 +35,7 @@ def _load(name, path):
 _e2e = _load("fastformer_e2e_conftest", REPO / "tests" / "e2e" / "conftest.py")
 # The bad-input tables (cases, expected codes, message needles) of the server's suite.
 bad_input = _load("fastformer_e2e_bad_input", REPO / "tests" / "e2e" / "test_server_bad_input.py")
-# The "text" model: "head" plus a hand-written WordLevel tokenizer.json (tests/client/text_model.py).
+# The "wordlevel" model: "head" plus a hand-written WordLevel tokenizer.json (tests/client/text_model.py).
 text_model = _load("fastformer_client_text_model", REPO / "tests" / "client" / "text_model.py")
 
 # Re-exported fixtures and the hook that attaches server logs to failed tests.
@@ -91,10 +91,11 @@ def noemb(servers):
 
 
 @pytest.fixture
-def text(servers, models):
-    """The shared server of the "text" model ("head" with a tokenizer.json; same flags as head)."""
+def wordlevel(servers, models):
+    """The shared server of the "wordlevel" model ("head" plus a WordLevel tokenizer.json; the
+    flags of head)."""
     text_model.register(models)
-    return servers.shared("text", **HEAD_FLAGS)
+    return servers.shared("wordlevel", **HEAD_FLAGS)
 
 
 @pytest.fixture(scope="session")
