@@ -9,7 +9,9 @@ line of its ids gives. "head" itself has no tokenizer.json and refuses text.
 
 from __future__ import annotations
 
+import dataclasses
 import json
+import shutil
 
 import pytest
 
@@ -70,6 +72,24 @@ def test_encode_truncation_of_text_and_ids(e2e, wordlevel, tmp_path, side):
         {"token_ids": [2, 7, 3]}, {"token_ids": want_ids}, {"token_ids": kept_ids}]))
     assert [json.loads(l)["num_tokens"] for l in got.splitlines()] == [3, 512, 512]
     assert_same_output(got, want)
+
+
+def test_encode_applies_the_tokenizers_own_truncation_first(e2e, wordlevel, tmp_path):
+    """tokenizer.json's "truncation" (as in training) cuts before the model's positions, as the
+    server does; special tokens stay."""
+    d = tmp_path / "cut5"
+    shutil.copytree(wordlevel.dir, d)
+    tj = text_model.tokenizer_json()
+    tj["truncation"] = {"direction": "Left", "max_length": 5, "strategy": "LongestFirst", "stride": 0}
+    (d / "tokenizer.json").write_text(json.dumps(tj), encoding="utf-8")
+    cut = dataclasses.replace(wordlevel, dir=d)
+    path = write_lines(tmp_path / "t.jsonl", [{"text": "The quick brown fox jumps over"}, {"text": "fox"}])
+    want = encode_ok(e2e, wordlevel, write_lines(tmp_path / "ids.jsonl", [
+        {"token_ids": [2, 7, 8, 9, 3]}, {"token_ids": [2, 7, 3]}]))
+    for flags in ([], ["--truncation", "right"]):  # the tokenizer's rule is the shorter: it wins
+        got = encode_ok(e2e, cut, path, *flags)
+        assert [json.loads(l)["num_tokens"] for l in got.splitlines()] == [5, 3]
+        assert_same_output(got, want)
 
 
 def test_encode_long_text_without_truncation_is_an_error(e2e, wordlevel, tmp_path):
