@@ -83,7 +83,7 @@ int main(int argc, char** argv) {
       }
     }
     if (!error.empty()) {
-      std::cerr << input << ": line " << number << ": " << error << "\n";
+      std::cerr << (input == "-" ? "stdin" : input) << ": line " << number << ": " << error << "\n";
       return kExitBadInput;
     }
     lines.push_back(std::move(*parsed));
