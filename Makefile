@@ -35,7 +35,8 @@ build: deps
 	cmake --build $(BUILD_DIR) -j$(JOBS)
 
 test: build build-asan
-	$(MAKE) --no-print-directory test-unit test-golden test-e2e test-kserve test-clients test-deploy test-asan
+	$(MAKE) --no-print-directory test-unit test-golden test-e2e test-kserve test-clients test-deploy \
+	  test-tokenizer test-demo test-asan
 
 test-unit:
 	ctest --test-dir $(BUILD_DIR) --output-on-failure -j$(JOBS)
