@@ -256,7 +256,9 @@ def word_dict_tokenizer(word_dict, unk_token: str = NOTEBOOK_UNK_TOKEN, max_leng
                           f"e.g. {', '.join(bad[:5])}")
     if unk_token not in word_dict:
         raise ExportError(f"the unknown-word token {unk_token!r} is not in the word_dict "
-                          f"({len(word_dict)} entries); name the word_dict's own with --unk-token")
+                          f"({len(word_dict)} entries); name the word_dict's own with --unk-token (the "
+                          "official notebook's word_dict has none, as it holds every word of its data: "
+                          "--unk-token PADDING gives unknown words id 0, which the model masks as padding)")
     if max_length is not None and (not _is_id(max_length) or max_length < 1):
         raise ExportError(f"max_length must be a positive integer, not {max_length!r}")
     truncation = None

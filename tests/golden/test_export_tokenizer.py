@@ -127,9 +127,18 @@ def test_word_dict_tokenizer_truncates_to_n(golden, tmp_path):
     assert_same_ids(got, texts, WD, 4)
 
 
+def test_word_dict_tokenizer_for_the_official_notebooks_dict(golden, tmp_path):
+    """The notebook's word_dict has no unknown-word entry: refused, with the way out in the message,
+    which maps unknown words to the padding id. 'PADDING' written in a text is a word like others."""
+    notebook = {"PADDING": 0, "hello": 1, ",": 2}
+    with pytest.raises(ex.ExportError, match=r"the unknown-word token '\[UNK\]' is not in the word_dict "
+                                             r"\(3 entries\).*--unk-token PADDING gives unknown words id 0"):
+        ex.word_dict_tokenizer(notebook)
+    got = tokenize(golden, ex.word_dict_tokenizer(notebook, "PADDING", 256), ["Hello, padding PADDING x"], tmp_path)
+    assert got == [[1, 2, 0, 0, 0]]
+
+
 def test_word_dict_tokenizer_rejects_bad_dicts():
-    with pytest.raises(ex.ExportError, match=r"the unknown-word token '\[UNK\]' is not in the word_dict"):
-        ex.word_dict_tokenizer({"PADDING": 0, "a": 1})
     with pytest.raises(ex.ExportError, match=r"'a': -1"):
         ex.word_dict_tokenizer({"PADDING": 0, "[UNK]": 1, "a": -1})
     assert ex.word_dict_tokenizer({"<unk>": 0}, "<unk>")["model"]["unk_token"] == "<unk>"

@@ -37,10 +37,14 @@ def _word_vocab(tok: Tokenizer, texts, min_count: int, first_ids: dict) -> dict:
     return vocab
 
 
-def _exported_notebook(word_dict: dict) -> Tokenizer:
+def _exporter():
     sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "tools"))
-    from export_fastformer import word_dict_tokenizer
-    return Tokenizer.from_str(json.dumps(word_dict_tokenizer(word_dict, "[UNK]", 256)))
+    import export_fastformer
+    return export_fastformer
+
+
+def _exported_notebook(word_dict: dict) -> Tokenizer:
+    return Tokenizer.from_str(json.dumps(_exporter().word_dict_tokenizer(word_dict, "[UNK]", 256)))
 
 
 def wordlevel_notebook(train_texts) -> Tokenizer:
@@ -145,6 +149,8 @@ def sweep_tokenizers(texts) -> dict:
     out["sweep_nfd_strip_punct"] = make(normalizers.Sequence([normalizers.NFD(), normalizers.StripAccents()]),
                                         pre_tokenizers.Sequence([pre_tokenizers.WhitespaceSplit(),
                                                                  pre_tokenizers.Punctuation()]))
+    out["sweep_lower_wordpunct"] = make(normalizers.Lowercase(),  # the exporter's --word-dict split
+                                        pre_tokenizers.Split(Regex(_exporter().WORDPUNCT_PATTERN), "isolated"))
     out["sweep_nfc_digits"] = make(normalizers.NFC(),
                                    pre_tokenizers.Split(Regex(r"\s+|\d|\W"), "merged_with_previous"))
     return out
