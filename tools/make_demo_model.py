@@ -6,6 +6,7 @@
                        [--hidden D] [--heads H] [--layers N] [--intermediate I]
                        [--max-positions P] [--vocab V] [--act ACT] [--num-labels C]
                        [--share-layers] [--no-word-embedding] [--pad-token-id ID]
+                       [--tokenizer]
 
 Presets:
   tiny       D 32,  4 heads,  2 layers, I 64,   512 positions,   vocab 1000,  3 labels, gelu
@@ -21,7 +22,12 @@ seeded with --seed (torch.manual_seed(seed) too), in float32, so the same
 arguments always give the same bytes. The state_dict goes through
 export_fastformer.export_model, which writes and verifies the directory.
 
+--tokenizer also writes DIR/tokenizer.json: a small BERT-style WordPiece tokenizer
+(BertNormalizer, BertPreTokenizer, BertProcessing) over DEMO_WORDS, so the random model
+takes text; its ids are DEMO_WORDS' positions, easy to work out by hand in tests.
+
 Importable: make_demo_config(preset, **overrides) -> dict,
+demo_tokenizer() -> dict (tokenizer.json), DEMO_WORDS,
 random_state_dict(config, seed, num_labels, word_embedding) -> dict,
 make_demo_model(out, preset="tiny", seed=0, dtype="float32", model_name=None, **overrides) -> summary.
 """
@@ -29,6 +35,7 @@ make_demo_model(out, preset="tiny", seed=0, dtype="float32", model_name=None, **
 from __future__ import annotations
 
 import argparse
+import json
 import math
 import os
 import sys
@@ -110,12 +117,46 @@ def random_state_dict(config, seed=0, num_labels=0, word_embedding=True) -> "Ord
     return sd
 
 
+# The demo tokenizer's vocabulary: the id of a token is its position.
+DEMO_WORDS = ["[PAD]", "[UNK]", "[CLS]", "[SEP]"] + """
+. , ! ? ; : ' " ( ) - the a an of to in and is it that for on with as was be by this are or
+from at not but have has had we you they he she i my your our their what which who when where how
+quick brown fox jump over lazy dog cat cafe document long text server model token word sentence
+fast former encode embedding hello world news sport music film book data ##s ##es ##ed ##ing ##ly ##er
+""".split()
+
+
+def demo_tokenizer() -> dict:
+    """A BERT-style WordPiece tokenizer.json over DEMO_WORDS (lower-cased, accents stripped)."""
+    vocab = {w: i for i, w in enumerate(DEMO_WORDS)}
+    special = [{"id": vocab[w], "content": w, "single_word": False, "lstrip": False, "rstrip": False,
+                "normalized": False, "special": True} for w in DEMO_WORDS[:4]]
+    return {
+        "version": "1.0", "truncation": None, "padding": None, "added_tokens": special,
+        "normalizer": {"type": "BertNormalizer", "clean_text": True, "handle_chinese_chars": True,
+                       "strip_accents": None, "lowercase": True},
+        "pre_tokenizer": {"type": "BertPreTokenizer"},
+        "post_processor": {"type": "BertProcessing", "sep": ["[SEP]", vocab["[SEP]"]],
+                           "cls": ["[CLS]", vocab["[CLS]"]]},
+        "decoder": None,
+        "model": {"type": "WordPiece", "unk_token": "[UNK]", "continuing_subword_prefix": "##",
+                  "max_input_chars_per_word": 100, "vocab": vocab},
+    }
+
+
 def make_demo_model(out, preset="tiny", seed=0, dtype="float32", model_name=None,
-                    word_embedding=True, log=print, **overrides) -> dict:
+                    word_embedding=True, tokenizer=False, log=print, **overrides) -> dict:
     cfg = make_demo_config(preset, **overrides)
     num_labels = int(cfg.get("num_labels") or 0)
+    if tokenizer and (not word_embedding or cfg["vocab_size"] < len(DEMO_WORDS)):
+        raise ValueError(f"--tokenizer needs a word embedding of at least {len(DEMO_WORDS)} rows")
     sd = random_state_dict(cfg, seed=seed, num_labels=num_labels, word_embedding=word_embedding)
-    return export_model(sd, cfg, out, dtype=dtype, model_name=model_name, log=log)
+    summary = export_model(sd, cfg, out, dtype=dtype, model_name=model_name, log=log)
+    if tokenizer:
+        with open(os.path.join(out, "tokenizer.json"), "w", encoding="utf-8") as f:
+            json.dump(demo_tokenizer(), f, indent=1)
+            f.write("\n")
+    return summary
 
 
 def main(argv=None) -> int:
@@ -139,10 +180,12 @@ def main(argv=None) -> int:
     ap.add_argument("--no-word-embedding", action="store_true",
                     help="no word_embedding.weight: the model accepts only input embeddings")
     ap.add_argument("--pad-token-id", type=int)
+    ap.add_argument("--tokenizer", action="store_true",
+                    help="also write a small demo WordPiece tokenizer.json (the model then takes text)")
     a = ap.parse_args(argv)
     try:
         make_demo_model(a.out, preset=a.preset, seed=a.seed, dtype=a.dtype, model_name=a.model_name,
-                        word_embedding=not a.no_word_embedding,
+                        word_embedding=not a.no_word_embedding, tokenizer=a.tokenizer,
                         hidden=a.hidden, heads=a.heads, layers=a.layers, intermediate=a.intermediate,
                         max_positions=a.max_positions, vocab=a.vocab, act=a.act,
                         num_labels=a.num_labels, share_layers=a.share_layers,

@@ -29,6 +29,9 @@ struct Request {
   OutputOptions options;                         ///< what to return for every sequence
   Clock::time_point arrival{};                   ///< when the request was admitted
   uint64_t input_ns = 0;                         ///< time the API layer took to convert the call
+  std::vector<std::vector<int32_t>> text_ids;    ///< the ids of text sequences (sequences view them)
+  int64_t texts = 0;                             ///< text sequences tokenized by the API layer
+  uint64_t tokenize_ns = 0;                      ///< the time that took
   Clock::time_point deadline = Clock::time_point::max();  ///< the call's deadline
   std::function<bool()> is_cancelled;            ///< true once the client gave up (may be empty)
   // Called exactly once, from the engine or batcher thread, when the request ends.

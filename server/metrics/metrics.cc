@@ -27,6 +27,7 @@ Histogram::BucketBoundaries exponential(double start, double factor, int count) 
 
 const Histogram::BucketBoundaries kSecondsBuckets = exponential(0.0001, 2, 18);  // 0.1 ms .. 13 s
 const Histogram::BucketBoundaries kTokenBuckets = exponential(16, 2, 14);        // 16 .. 131072
+const Histogram::BucketBoundaries kShortSecondsBuckets = exponential(0.00001, 2, 20);  // 10 us .. 5 s
 const Histogram::BucketBoundaries kSequenceBuckets = exponential(1, 2, 12);      // 1 .. 2048
 
 // process_resident_memory_bytes, process_cpu_seconds_total, process_open_fds from /proc,
@@ -145,6 +146,16 @@ Metrics::Metrics()
                        .Help("Streaming calls open, EncodeStream and ModelStreamInfer (bounded by --max-concurrent-streams).")
                        .Register(*registry_)
                        .Add({})),
+      tokenize_duration(BuildHistogram()
+                            .Name("fastformer_tokenize_duration_seconds")
+                            .Help("Time a request's texts took to tokenize (on the request thread), per request with text.")
+                            .Register(*registry_)
+                            .Add({}, kShortSecondsBuckets)),
+      texts_total(BuildCounter()
+                      .Name("fastformer_texts_total")
+                      .Help("Text sequences tokenized (accepted or not).")
+                      .Register(*registry_)
+                      .Add({})),
       model_info_(BuildGauge()
                       .Name("fastformer_model_info")
                       .Help("The served model (set once it is loaded); always 1.")

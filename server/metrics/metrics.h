@@ -55,6 +55,8 @@ class Metrics {
   prometheus::Gauge& queue_sequences;
   prometheus::Gauge& inflight_requests;
   prometheus::Gauge& open_streams;               ///< EncodeStream calls open
+  prometheus::Histogram& tokenize_duration;      ///< per request with text, all its texts
+  prometheus::Counter& texts_total;              ///< texts tokenized
 
  private:
   prometheus::Family<prometheus::Gauge>& model_info_;

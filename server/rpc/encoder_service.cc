@@ -1,5 +1,7 @@
 #include "server/rpc/encoder_service.h"
 
+#include <spdlog/spdlog.h>
+
 #include "server/rpc/stream_reactor.h"
 
 namespace fastformer::rpc {
@@ -14,24 +16,38 @@ grpc::Status EncoderService::admit(const v1::EncodeRequest& proto, grpc::Callbac
       request);
 }
 
-grpc::ServerUnaryReactor* EncoderService::Encode(grpc::CallbackServerContext* context,
-                                                 const v1::EncodeRequest* proto,
-                                                 v1::EncodeResponse* response) {
+grpc::ServerUnaryReactor* EncoderService::Encode(grpc::CallbackServerContext* context, const grpc::ByteBuffer* bytes,
+                                                 grpc::ByteBuffer* out) {
   const auto start = Clock::now();
   grpc::ServerUnaryReactor* reactor = context->DefaultReactor();
+  // The request's sequences are views into the parsed proto: it lives as long as the request.
+  struct Call {
+    v1::EncodeRequest proto;
+    v1::EncodeResponse response;
+  };
+  auto call = std::make_shared<Call>();
+  if (const grpc::Status invalid = parse_encode_request(*bytes, &call->proto); !invalid.ok()) {
+    intake_.record("Encode", invalid, start);
+    reactor->Finish(invalid);
+    return reactor;
+  }
   auto request = std::make_shared<batching::Request>();
   request->is_cancelled = [context] { return context->IsCancelled(); };
-  request->on_complete = [this, reactor, proto, response, start](batching::Request& r) {
-    const grpc::Status status = outcome_status(r);
+  request->on_complete = [this, reactor, call, out, start](batching::Request& r) {
+    grpc::Status status = outcome_status(r);
     const auto filling = Clock::now();
-    if (status.ok()) fill_response(r, response);
+    if (status.ok()) {
+      fill_response(r, &call->response);
+      call->response.set_request_id(call->proto.request_id());
+      bool own = false;
+      status = grpc::SerializationTraits<v1::EncodeResponse>::Serialize(call->response, out, &own);
+    }
     intake_.record_inference(r, status.ok(), start, ns_since(filling));
-    response->set_request_id(proto->request_id());
     intake_.record("Encode", status, start);
     intake_.answered();
     reactor->Finish(status);
   };
-  const grpc::Status status = admit(*proto, context, request);
+  const grpc::Status status = admit(call->proto, context, request);
   if (!status.ok()) {
     intake_.record("Encode", status, start);
     reactor->Finish(status);
@@ -41,23 +57,30 @@ grpc::ServerUnaryReactor* EncoderService::Encode(grpc::CallbackServerContext* co
 
 grpc::Status EncoderService::StreamProtocol::admit(Message& message, grpc::CallbackServerContext* context,
                                                   const std::shared_ptr<batching::Request>& request) {
-  return service->admit(message.proto, context, request);
+  if (grpc::Status invalid = parse_encode_request(message.proto, &message.parsed); !invalid.ok()) return invalid;
+  message.proto.Clear();
+  return service->admit(message.parsed, context, request);
 }
 
-v1::EncodeResponse EncoderService::StreamProtocol::answer(Message& message, const batching::Request* done,
-                                                          const grpc::Status& status) {
+grpc::ByteBuffer EncoderService::StreamProtocol::answer(Message& message, const batching::Request* done,
+                                                        const grpc::Status& status) {
   v1::EncodeResponse response;
-  response.set_request_id(message.proto.request_id());
+  response.set_request_id(message.parsed.request_id());
   if (status.ok()) {
     fill_response(*done, &response);
   } else {
     response.mutable_error()->set_code(static_cast<int32_t>(status.error_code()));
     response.mutable_error()->set_message(status.error_message());
   }
-  return response;
+  grpc::ByteBuffer bytes;
+  bool own = false;
+  if (!grpc::SerializationTraits<v1::EncodeResponse>::Serialize(response, &bytes, &own).ok()) {
+    spdlog::error("EncodeStream: an answer of {} bytes did not serialize", response.ByteSizeLong());
+  }
+  return bytes;
 }
 
-grpc::ServerBidiReactor<v1::EncodeRequest, v1::EncodeResponse>* EncoderService::EncodeStream(
+grpc::ServerBidiReactor<grpc::ByteBuffer, grpc::ByteBuffer>* EncoderService::EncodeStream(
     grpc::CallbackServerContext* context) {
   return open_stream(&stream_protocol_, &intake_, context);
 }
@@ -91,6 +114,8 @@ grpc::ServerUnaryReactor* EncoderService::GetModelInfo(grpc::CallbackServerConte
   info->set_max_batch_tokens(uint32_t(config.max_batch_tokens));
   info->set_max_request_tokens(uint32_t(config.limits.max_request_tokens));
   info->set_server_version(config.version);
+  info->set_accepts_text(model.tokenizer() != nullptr);
+  if (model.tokenizer() != nullptr) info->set_tokenizer(model.tokenizer()->description());
   intake_.record("GetModelInfo", grpc::Status::OK, start);
   reactor->Finish(grpc::Status::OK);
   return reactor;

@@ -10,15 +10,21 @@
 
 namespace fastformer::rpc {
 
-class EncoderService final : public v1::Encoder::CallbackService {
+// Encode and EncodeStream take the messages' bytes (raw callback methods) and parse them here:
+// gRPC answers a unary request that does not parse with UNIMPLEMENTED and no message, and ends
+// a stream at a message that does not parse as if the client had closed it (dropping the rest).
+// proto3 refuses a `text` that is not UTF-8, so such a message gets INVALID_ARGUMENT naming the
+// sequence and the byte (in-band on the stream, which goes on).
+class EncoderService final
+    : public v1::Encoder::WithRawCallbackMethod_Encode<v1::Encoder::WithRawCallbackMethod_EncodeStream<
+          v1::Encoder::WithCallbackMethod_GetModelInfo<v1::Encoder::Service>>> {
  public:
   // The service answers UNAVAILABLE from the moment the port opens until the intake serves.
   explicit EncoderService(Intake& intake) : intake_(intake), stream_protocol_{this} {}
 
-  grpc::ServerUnaryReactor* Encode(grpc::CallbackServerContext* context,
-                                   const v1::EncodeRequest* request,
-                                   v1::EncodeResponse* response) override;
-  grpc::ServerBidiReactor<v1::EncodeRequest, v1::EncodeResponse>* EncodeStream(
+  grpc::ServerUnaryReactor* Encode(grpc::CallbackServerContext* context, const grpc::ByteBuffer* request,
+                                   grpc::ByteBuffer* response) override;
+  grpc::ServerBidiReactor<grpc::ByteBuffer, grpc::ByteBuffer>* EncodeStream(
       grpc::CallbackServerContext* context) override;
   grpc::ServerUnaryReactor* GetModelInfo(grpc::CallbackServerContext* context,
                                          const v1::GetModelInfoRequest* request,
@@ -27,15 +33,16 @@ class EncoderService final : public v1::Encoder::CallbackService {
  private:
   // EncodeStream's messages for the shared StreamReactor (stream_reactor.h).
   struct StreamProtocol {
-    using Request = v1::EncodeRequest;
-    using Response = v1::EncodeResponse;
+    using Request = grpc::ByteBuffer;
+    using Response = grpc::ByteBuffer;
     struct Message {
-      v1::EncodeRequest proto;
+      grpc::ByteBuffer proto;  // as read
+      v1::EncodeRequest parsed;
     };
     static constexpr const char* kMethod = "EncodeStream";
     grpc::Status admit(Message& message, grpc::CallbackServerContext* context,
                        const std::shared_ptr<batching::Request>& request);
-    v1::EncodeResponse answer(Message& message, const batching::Request* done, const grpc::Status& status);
+    grpc::ByteBuffer answer(Message& message, const batching::Request* done, const grpc::Status& status);
     EncoderService* service;
   };
 

@@ -4,6 +4,8 @@
 #include <cstring>
 #include <optional>
 
+#include "server/rpc/text_input.h"
+
 namespace fastformer::rpc {
 namespace {
 
@@ -106,8 +108,6 @@ grpc::Status read_floats(const Input& input, int64_t count, std::vector<float>* 
   return grpc::Status::OK;
 }
 
-enum class Truncate { kNone, kRight, kLeft };
-
 grpc::Status read_parameters(const inference::ModelInferRequest& proto, OutputOptions* options, Truncate* truncate) {
   // Parameters we do not know are ignored, as the protocol asks (clients add their own).
   for (const auto& [key, value] : proto.parameters()) {
@@ -178,12 +178,56 @@ grpc::Status mask_length(const std::vector<int64_t>& mask, int64_t r, int64_t L,
   return grpc::Status::OK;
 }
 
+// The elements of a BYTES input of shape [batch] or [batch, 1]: raw contents hold each one as
+// a 4-byte little-endian length and its bytes (the protocol's serialization), typed ones
+// bytes_contents.
+grpc::Status read_texts(const Input& input, std::vector<std::string_view>* out) {
+  const InputTensorProto& t = *input.tensor;
+  if (t.datatype() != "BYTES") return invalid(t.name() + ": datatype " + t.datatype() + "; expected BYTES");
+  if (t.shape_size() < 1 || t.shape_size() > 2 || (t.shape_size() == 2 && t.shape(1) != 1) || t.shape(0) <= 0) {
+    return invalid(t.name() + ": shape " + shape_string(t.shape()) + "; expected [batch] or [batch, 1], batch >= 1");
+  }
+  const int64_t count = t.shape(0);
+  out->clear();
+  if (input.raw == nullptr) {
+    const inference::InferTensorContents& c = t.contents();
+    if (c.bytes_contents_size() != count) return typed_count_mismatch(t, "bytes_contents", c.bytes_contents_size(), count);
+    for (const std::string& b : c.bytes_contents()) out->emplace_back(b);
+    return grpc::Status::OK;
+  }
+  const std::string& raw = *input.raw;
+  size_t at = 0;
+  for (int64_t i = 0; i < count; ++i) {
+    uint32_t n = 0;
+    if (raw.size() - at < 4) {
+      return invalid(t.name() + ": raw contents end at byte " + std::to_string(raw.size()) + " before element " +
+                     std::to_string(i) + "'s 4-byte length; shape " + shape_string(t.shape()) + " needs " +
+                     std::to_string(count) + " elements");
+    }
+    std::memcpy(&n, raw.data() + at, 4);  // little-endian, as every host we build for
+    at += 4;
+    if (raw.size() - at < n) {
+      return invalid(t.name() + ": raw contents: element " + std::to_string(i) + " is " + std::to_string(n) +
+                     " bytes, but only " + std::to_string(raw.size() - at) + " remain");
+    }
+    out->emplace_back(raw.data() + at, n);
+    at += n;
+  }
+  if (at != raw.size()) {
+    return invalid(t.name() + ": raw contents have " + std::to_string(raw.size() - at) + " bytes after the " +
+                   std::to_string(count) + " elements of shape " + shape_string(t.shape()));
+  }
+  return grpc::Status::OK;
+}
+
 }  // namespace
 
 std::vector<TensorSpec> model_inputs(const engine::Model& model) {
   const int64_t D = model.config().hidden_size;
+  const bool text = model.tokenizer() != nullptr;
   std::vector<TensorSpec> inputs;
-  if (model.has_word_embedding()) inputs.push_back({"input_ids", "INT64", inference::TYPE_INT64, {-1, -1}, false});
+  if (text) inputs.push_back({"text", "BYTES", inference::TYPE_STRING, {-1}, true});
+  if (model.has_word_embedding()) inputs.push_back({"input_ids", "INT64", inference::TYPE_INT64, {-1, -1}, text});
   inputs.push_back({"attention_mask", "INT64", inference::TYPE_INT64, {-1, -1}, true});
   inputs.push_back({"input_embeddings", "FP32", inference::TYPE_FP32, {-1, -1, D}, model.has_word_embedding()});
   return inputs;
@@ -196,6 +240,7 @@ std::vector<TensorSpec> model_outputs(const engine::Model& model) {
   if (model.num_labels() > 0) {
     outputs.push_back({"logits", "FP32", inference::TYPE_FP32, {-1, int64_t(model.num_labels())}, false});
   }
+  if (model.tokenizer() != nullptr) outputs.push_back({"num_tokens", "INT64", inference::TYPE_INT64, {-1}, false});
   return outputs;
 }
 
@@ -211,6 +256,40 @@ grpc::Status check_model(const engine::Model& model, const std::string& name, co
   return grpc::Status::OK;
 }
 
+namespace {
+
+// The rows of a `text` input: one tokenized text each.
+grpc::Status convert_text_rows(const Input& text_in, const engine::Model& model, const RequestLimits& limits,
+                               int64_t max_batch_size, Truncate truncate, InferCall* call, batching::Request* out) {
+  std::vector<std::string_view> texts;
+  if (grpc::Status s = read_texts(text_in, &texts); !s.ok()) return s;
+  const int64_t B = int64_t(texts.size());
+  if (max_batch_size > 0 && B > max_batch_size) {
+    return invalid("text: batch size " + std::to_string(B) + " exceeds max_batch_size " + std::to_string(max_batch_size));
+  }
+  call->rows = B;
+  call->ids.resize(size_t(B));
+  out->sequences.clear();
+  out->sequences.reserve(size_t(B));
+  int64_t total = 0;
+  for (int64_t r = 0; r < B; ++r) {
+    std::vector<int32_t>& row = call->ids[size_t(r)];
+    if (auto error = tokenize_text(model, texts[size_t(r)], truncate, &row, out)) {
+      return invalid("text: row " + std::to_string(r) + ": " + *error);
+    }
+    total += int64_t(row.size());
+    if (total > limits.max_request_tokens) {
+      return invalid("text: the request has " + std::string(r + 1 < B ? "at least " : "") + std::to_string(total) +
+                     " tokens, over max_request_tokens " + std::to_string(limits.max_request_tokens));
+    }
+    call->length = std::max(call->length, int64_t(row.size()));
+    out->sequences.push_back(SequenceInput{row, {}});
+  }
+  return grpc::Status::OK;
+}
+
+}  // namespace
+
 grpc::Status convert_infer_request(const inference::ModelInferRequest& proto, const engine::Model& model,
                                    const RequestLimits& limits, int64_t max_batch_size, InferCall* call,
                                    batching::Request* out) {
@@ -223,26 +302,29 @@ grpc::Status convert_infer_request(const inference::ModelInferRequest& proto, co
     return invalid("raw_input_contents: " + std::to_string(proto.raw_input_contents_size()) + " entries for " +
                    std::to_string(proto.inputs_size()) + " inputs; send one per input, or typed contents");
   }
-  std::optional<Input> ids_in, mask_in, embeddings_in;
+  std::optional<Input> ids_in, mask_in, embeddings_in, text_in;
   for (int i = 0; i < proto.inputs_size(); ++i) {
     const InputTensorProto& t = proto.inputs(i);
     std::optional<Input>* slot = t.name() == "input_ids"          ? &ids_in
                                  : t.name() == "attention_mask"   ? &mask_in
                                  : t.name() == "input_embeddings" ? &embeddings_in
+                                 : t.name() == "text"             ? &text_in
                                                                   : nullptr;
     if (slot == nullptr) {
       return invalid("inputs[" + std::to_string(i) + "]: unknown input '" + t.name() +
-                     "' (expected input_ids, attention_mask or input_embeddings)");
+                     "' (expected input_ids, attention_mask, input_embeddings or text)");
     }
     if (slot->has_value()) return invalid("inputs[" + std::to_string(i) + "]: input '" + t.name() + "' is sent twice");
     *slot = Input{&t, proto.raw_input_contents_size() > 0 ? &proto.raw_input_contents(i) : nullptr};
   }
-  if (ids_in.has_value() == embeddings_in.has_value()) {
-    return invalid("inputs: send exactly one of input_ids and input_embeddings");
+  if (int(ids_in.has_value()) + int(embeddings_in.has_value()) + int(text_in.has_value()) != 1) {
+    return invalid(model.tokenizer() != nullptr ? "inputs: send exactly one of input_ids, input_embeddings and text"
+                                                : "inputs: send exactly one of input_ids and input_embeddings");
   }
   if (ids_in && !model.has_word_embedding()) {
     return invalid("input_ids: this model has no word embedding table; send input_embeddings instead");
   }
+  if (text_in && mask_in) return invalid("attention_mask: not used with text (each text is one row)");
 
   OutputOptions options;
   Truncate truncate = Truncate::kNone;
@@ -250,6 +332,13 @@ grpc::Status convert_infer_request(const inference::ModelInferRequest& proto, co
   if (grpc::Status s = read_outputs(proto, model, call); !s.ok()) return s;
   options.token_embeddings = call->token_embeddings;
   options.logits = call->logits;
+  if (text_in) {
+    if (grpc::Status s = convert_text_rows(*text_in, model, limits, max_batch_size, truncate, call, out); !s.ok()) {
+      return s;
+    }
+    out->options = options;
+    return grpc::Status::OK;
+  }
 
   // The main input's values and its [batch, length].
   const Input& main = ids_in ? *ids_in : *embeddings_in;
@@ -361,6 +450,14 @@ void fill_infer_response(const InferCall& call, const batching::Request& request
       tensor->add_shape(B), tensor->add_shape(labels);
       raw->assign(size_t(B * labels) * 4, '\0');
       for (int64_t r = 0; r < B; ++r) put(r, request.results[size_t(r)].logits, labels);
+    } else if (name == "num_tokens") {
+      tensor->set_datatype("INT64");
+      tensor->add_shape(B);
+      raw->assign(size_t(B) * 8, '\0');
+      for (int64_t r = 0; r < B; ++r) {
+        const int64_t n = request.results[size_t(r)].num_tokens;
+        std::memcpy(raw->data() + size_t(r) * 8, &n, 8);
+      }
     }
   }
 }

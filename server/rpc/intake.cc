@@ -82,6 +82,10 @@ grpc::Status Intake::admit(grpc::CallbackServerContext* context, const std::func
   const Clock::time_point converting = Clock::now();
   if (status.ok()) status = convert();
   request->input_ns = ns_since(converting);
+  if (request->texts > 0) {
+    metrics_.tokenize_duration.Observe(double(request->tokenize_ns) * 1e-9);
+    metrics_.texts_total.Increment(double(request->texts));
+  }
   if (!status.ok()) {
     answered();
     return status;

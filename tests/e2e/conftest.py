@@ -498,6 +498,9 @@ MODEL_SPECS = {
     # the main demo model: D 64, 4 heads, 2 layers, I 128, 512 positions, vocab 1000, 3 labels
     "head": dict(seed=7, hidden=64, heads=4, layers=2, intermediate=128, max_positions=512, vocab=1000,
                  num_labels=3, act="gelu", model_name="e2e-head"),
+    # "head"'s shape with the demo WordPiece tokenizer.json (make_demo_model --tokenizer): takes text
+    "text": dict(seed=9, hidden=64, heads=4, layers=2, intermediate=128, max_positions=512, vocab=1000,
+                 num_labels=3, act="gelu", tokenizer=True, model_name="e2e-text"),
     # no classifier head and no word embedding: accepts only input embeddings, no logits
     "noemb": dict(seed=8, hidden=64, heads=4, layers=2, intermediate=128, max_positions=512, vocab=1000,
                   num_labels=0, act="gelu", word_embedding=False, model_name="e2e-noemb"),
