@@ -358,11 +358,14 @@ def check_tokenizer(tok: dict, vocab_size: Optional[int]) -> int:
         raise ExportError("a tokenizer needs a word embedding (word_embedding.weight): without one "
                           "the model takes input embeddings only, no token ids")
     largest, where = -1, None
-    for w, i in _token_ids(tok):
-        if not _is_id(i):
-            raise ExportError(f"tokenizer.json: {w} has id {i!r}, not a token id in [0, 2^31)")
-        if i > largest:
-            largest, where = i, w
+    try:
+        for w, i in _token_ids(tok):
+            if not _is_id(i):
+                raise ExportError(f"tokenizer.json: {w} has id {i!r}, not a token id in [0, 2^31)")
+            if i > largest:
+                largest, where = i, w
+    except (AttributeError, TypeError) as e:  # an entry of the wrong JSON type
+        raise ExportError(f"tokenizer.json: malformed added_tokens or post_processor ({e})") from None
     if largest < 0:
         raise ExportError("tokenizer.json: the model's vocab is empty")
     if largest >= vocab_size:
