@@ -1,6 +1,6 @@
 # Fastformer Serving: the two commands are `make serve` and `make test`.
 #
-#   make serve   install deps if missing, build, create models/demo, serve it over gRPC
+#   make serve   install deps if missing, build, train the demo model, serve it over gRPC
 #   make test    install deps if missing, build, run every suite (unit, golden, e2e, sanitizer)
 #   make build   build into build/ (binaries in build/bin/)
 #   make bench   the engine benchmarks recorded in docs/benchmarks.md (against PyTorch and
@@ -35,7 +35,8 @@ build: deps
 	cmake --build $(BUILD_DIR) -j$(JOBS)
 
 test: build build-asan
-	$(MAKE) --no-print-directory test-unit test-golden test-e2e test-kserve test-clients test-deploy test-asan
+	$(MAKE) --no-print-directory test-unit test-golden test-e2e test-kserve test-clients test-deploy \
+	  test-tokenizer test-demo test-asan
 
 test-unit:
 	ctest --test-dir $(BUILD_DIR) --output-on-failure -j$(JOBS)
@@ -57,7 +58,7 @@ test-deploy:
 	FASTFORMER_BIN_DIR=$(CURDIR)/$(BUILD_DIR)/bin $(PYTHON) -m pytest $(wildcard tests/deploy) -q
 
 $(MODEL_DIR)/model.safetensors:
-	$(PYTHON) tools/make_demo_model.py --preset $(DEMO_PRESET) --seed 1 --out $(MODEL_DIR)
+	$(PYTHON) tools/make_demo_model.py --preset $(DEMO_PRESET) --seed 1 --tokenizer --out $(MODEL_DIR)
 
 demo-model: deps $(MODEL_DIR)/model.safetensors
 
@@ -70,9 +71,22 @@ demo-trained: deps
 	cmake --build $(BUILD_DIR) -j$(JOBS) --target fastformer-encode
 	$(PYTHON) tools/train_demo_model.py --out $(TRAINED_MODEL_DIR) --verify-with $(BUILD_DIR)/bin/fastformer-encode
 
-# The gRPC server on models/demo: gRPC on :50051, Prometheus metrics on :8002/metrics.
+# The gRPC server: gRPC on :50051, Prometheus metrics on :8002/metrics. It serves the trained
+# demo model (models/manpages, trained on first use: about 5 minutes on 2 cores) or, when that
+# cannot be built, the random one (models/demo), saying why. MODEL_DIR=... serves that one.
 serve: build demo-model
+ifeq ($(origin MODEL_DIR),command line)
 	$(BUILD_DIR)/bin/fastformer-server --model-dir $(MODEL_DIR) $(SERVE_ARGS)
+else
+	@dir=$(TRAINED_MODEL_DIR); \
+	if [ ! -f $$dir/train_report.json ]; then \
+	  echo "make serve: training the demo model into $$dir (once; about 5 minutes on 2 cores)"; \
+	  $(PYTHON) tools/train_demo_model.py --out $$dir || { dir=$(MODEL_DIR); \
+	    echo "make serve: the trained demo model could not be built (the error is above); serving the random demo model $$dir instead (it takes text, but its labels mean nothing)"; }; \
+	fi; \
+	echo "make serve: serving $$dir"; \
+	exec $(BUILD_DIR)/bin/fastformer-server --model-dir $$dir $(SERVE_ARGS)
+endif
 
 bench: build
 	$(PYTHON) tools/run_benchmarks.py --build-dir $(BUILD_DIR) --long

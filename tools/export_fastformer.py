@@ -3,7 +3,8 @@
 
     export_fastformer.py --checkpoint FILE --config fastformer.json --out DIR
                          [--dtype float32|float16|bfloat16] [--model-name NAME]
-                         [--allow-pickle]
+                         [--word-dict word_dict.json|.pkl [--unk-token T] [--max-length N]
+                          | --tokenizer tokenizer.json] [--allow-pickle]
 
 Accepted checkpoints (torch.load, map_location="cpu"; or a .safetensors file):
   * a state_dict of the reference/official `Model` (word_embedding.weight,
@@ -25,9 +26,27 @@ rows, num_labels, pad_token_id, share_layer_parameters, model_name) and
 DIR/model.safetensors in the chosen dtype (converted once, from the source
 precision). The written files are read back and compared bitwise.
 
+Text in (optional): DIR/tokenizer.json, a Hugging Face `tokenizers` file that the
+server loads with the model (docs/model-format.md):
+  * --word-dict: from the official notebook's `word_dict` ({token: id}, 'PADDING'
+    = 0), a JSON object or a pickled dict (.pkl; unpickling runs code, so only with
+    --allow-pickle). The tokenizer.json reproduces the notebook's tokenization:
+    text.lower(), NLTK's wordpunct_tokenize, the word_dict lookup with --unk-token
+    (default '[UNK]', as tools/train_demo_model.py) for unknown words, the first
+    --max-length tokens (default: the config's max_position_embeddings).
+  * --tokenizer: an existing tokenizer.json, copied after checking that it parses,
+    that its model is WordLevel or WordPiece and its components are ones the server
+    supports.
+Either way every id the tokenizer can produce (its vocabulary, added tokens and the
+post-processor's special tokens) must be below vocab_size, or the export fails
+naming the id.
+
 Importable: export_model(state_dict, config_dict, out_dir, dtype="float32",
-model_name=None) -> dict summary; extract_state_dict(obj); expected_shapes(config);
-validate_state_dict(state_dict, config); ExportError.
+model_name=None, tokenizer=None) -> dict summary; word_dict_tokenizer(word_dict,
+unk_token, max_length) -> tokenizer.json dict; load_word_dict(path, allow_pickle);
+load_tokenizer_json(path); check_tokenizer(tokenizer, vocab_size);
+extract_state_dict(obj); expected_shapes(config); validate_state_dict(state_dict,
+config); ExportError.
 """
 
 from __future__ import annotations
@@ -35,6 +54,7 @@ from __future__ import annotations
 import argparse
 import json
 import math
+import numbers
 import os
 import sys
 from collections import OrderedDict
@@ -196,6 +216,164 @@ def validate_state_dict(sd, config) -> Tuple[Optional[int], int]:
     return vocab, num_labels
 
 
+# ----------------------------------------------------------------------------- tokenizer.json
+
+NOTEBOOK_UNK_TOKEN = "[UNK]"  # the unknown word of tools/train_demo_model.py's word_dict
+# The notebook's re.findall(r"\w+|[^\w\s]+", text.lower()) (NLTK's wordpunct_tokenize) with
+# Python's classes spelled out: Python's \w is exactly [\p{L}\p{N}_] (str.isalnum() or "_")
+# and its \s is White_Space plus U+001C..U+001F, while the `tokenizers` package's \w
+# (Oniguruma) also takes the marks (Mn, Mc, Me) and every connector punctuation, so the
+# literal pattern would keep "e\u0301" or Devanagari's vowel signs in a word where the
+# notebook splits them off.
+WORDPUNCT_PATTERN = r"[\p{L}\p{N}_]+|[^\p{L}\p{N}_\s\x{1C}-\x{1F}]+"
+# What the server's tokenizer loads (server/engine/tokenizer/tokenizer.cc; keep in step).
+SUPPORTED_COMPONENTS = {
+    "model": ("WordLevel", "WordPiece"),
+    "normalizer": ("BertNormalizer", "Lowercase", "NFC", "NFD", "NFKC", "NFKD", "StripAccents", "Sequence"),
+    "pre_tokenizer": ("BertPreTokenizer", "Whitespace", "WhitespaceSplit", "Punctuation", "Split", "Sequence"),
+    "post_processor": ("BertProcessing", "TemplateProcessing"),
+}
+_SEQUENCE_KEYS = {"normalizer": "normalizers", "pre_tokenizer": "pretokenizers"}
+
+
+def _is_id(v) -> bool:
+    return isinstance(v, int) and not isinstance(v, bool) and 0 <= v < 2**31
+
+
+def word_dict_tokenizer(word_dict, unk_token: str = NOTEBOOK_UNK_TOKEN, max_length: Optional[int] = None) -> dict:
+    """The tokenizer.json (a dict, for json.dump) of the notebook's tokenization with `word_dict`.
+
+    Lowercase, then a Split keeping the matches of WORDPUNCT_PATTERN (behavior Removed with
+    invert: the text between matches, whitespace, is dropped), then a WordLevel lookup with
+    `unk_token` for words not in the dict, then the first `max_length` tokens (None: no
+    truncation). No added tokens, no post-processor, no padding: the notebook adds no special
+    tokens, and a '[UNK]' written in a text is tokenized as '[', 'unk', ']' there too."""
+    if not isinstance(word_dict, dict) or not word_dict:
+        raise ExportError("word_dict must be a non-empty {token: id} object")
+    bad = [f"{k!r}: {v!r}" for k, v in word_dict.items() if not isinstance(k, str) or not _is_id(v)]
+    if bad:
+        raise ExportError(f"word_dict must map strings to ids in [0, 2^31); {len(bad)} entries do not, "
+                          f"e.g. {', '.join(bad[:5])}")
+    if unk_token not in word_dict:
+        raise ExportError(f"the unknown-word token {unk_token!r} is not in the word_dict "
+                          f"({len(word_dict)} entries); name the word_dict's own with --unk-token (the "
+                          "official notebook's word_dict has none, as it holds every word of its data: "
+                          "--unk-token PADDING gives unknown words id 0, which the model masks as padding)")
+    if max_length is not None and (not _is_id(max_length) or max_length < 1):
+        raise ExportError(f"max_length must be a positive integer, not {max_length!r}")
+    truncation = None
+    if max_length is not None:
+        truncation = {"direction": "Right", "max_length": max_length, "strategy": "LongestFirst", "stride": 0}
+    return {
+        "version": "1.0",
+        "truncation": truncation,
+        "padding": None,
+        "added_tokens": [],
+        "normalizer": {"type": "Lowercase"},
+        "pre_tokenizer": {"type": "Split", "pattern": {"Regex": WORDPUNCT_PATTERN},
+                          "behavior": "Removed", "invert": True},
+        "post_processor": None,
+        "decoder": None,
+        "model": {"type": "WordLevel", "vocab": dict(sorted(word_dict.items(), key=lambda kv: kv[1])),
+                  "unk_token": unk_token},
+    }
+
+
+def load_word_dict(path, allow_pickle: bool = False) -> dict:
+    """A word_dict from JSON, or from a pickle (.pkl/.pickle) only with allow_pickle: unpickling
+    runs whatever code the file names, so only for files you trust."""
+    path = os.fspath(path)
+    if path.endswith((".pkl", ".pickle")):
+        if not allow_pickle:
+            raise ExportError(f"{path}: a pickle runs code when loaded; if you trust this file, rerun with "
+                              "--allow-pickle (or save the word_dict as JSON: json.dump(word_dict, f))")
+        import pickle
+        with open(path, "rb") as f:
+            word_dict = pickle.load(f)
+        if isinstance(word_dict, dict):  # numpy integers from a notebook are ids too
+            word_dict = {k: int(v) if isinstance(v, numbers.Integral) and not isinstance(v, bool) else v
+                         for k, v in word_dict.items()}
+    else:
+        with open(path, encoding="utf-8") as f:
+            try:
+                word_dict = json.load(f)
+            except json.JSONDecodeError as e:
+                raise ExportError(f"{path}: not valid JSON ({e})") from None
+    if not isinstance(word_dict, dict):
+        raise ExportError(f"{path}: expected a {{token: id}} object, found a {type(word_dict).__name__}")
+    return word_dict
+
+
+def load_tokenizer_json(path) -> dict:
+    """An existing tokenizer.json, checked to parse as a JSON object."""
+    path = os.fspath(path)
+    with open(path, "rb") as f:
+        raw = f.read()
+    try:
+        tok = json.loads(raw.decode("utf-8"))
+    except (UnicodeDecodeError, json.JSONDecodeError) as e:
+        raise ExportError(f"{path}: not a tokenizer.json: not valid JSON ({e})") from None
+    if not isinstance(tok, dict) or not isinstance(tok.get("model"), dict):
+        raise ExportError(f"{path}: not a tokenizer.json: no \"model\" object")
+    return tok
+
+
+def _check_types(kind: str, component, path: str) -> None:
+    if component is None and kind != "model":
+        return
+    t = component.get("type") if isinstance(component, dict) else None
+    if t not in SUPPORTED_COMPONENTS[kind]:
+        raise ExportError(f"tokenizer.json: {path}.type {t} is not supported by the server "
+                          f"(supported: {', '.join(SUPPORTED_COMPONENTS[kind])})")
+    if t == "Sequence" and kind in _SEQUENCE_KEYS:
+        key = _SEQUENCE_KEYS[kind]
+        for i, part in enumerate(component.get(key) or []):
+            _check_types(kind, part, f"{path}.{key}[{i}]")
+
+
+def _token_ids(tok: dict):
+    """(where, id) for every id the tokenizer can produce."""
+    vocab = tok["model"].get("vocab")
+    if not isinstance(vocab, dict):
+        raise ExportError("tokenizer.json: model.vocab must be an object of token: id")
+    for token, i in vocab.items():
+        yield f"model.vocab[{token!r}]", i
+    for k, a in enumerate(tok.get("added_tokens") or []):
+        yield f"added_tokens[{k}] {a.get('content')!r}", a.get("id")
+    post = tok.get("post_processor") or {}
+    for key in ("cls", "sep"):  # BertProcessing: [token, id]
+        if isinstance(post.get(key), list) and len(post[key]) == 2:
+            yield f"post_processor.{key} {post[key][0]!r}", post[key][1]
+    for name, special in (post.get("special_tokens") or {}).items():  # TemplateProcessing
+        for i in special.get("ids") or []:
+            yield f"post_processor.special_tokens[{name!r}]", i
+
+
+def check_tokenizer(tok: dict, vocab_size: Optional[int]) -> int:
+    """Check the components against what the server supports and every id against
+    vocab_size (the word embedding's rows). Returns the largest id. Raises ExportError."""
+    for kind in SUPPORTED_COMPONENTS:
+        _check_types(kind, tok.get(kind), kind)
+    if vocab_size is None:
+        raise ExportError("a tokenizer needs a word embedding (word_embedding.weight): without one "
+                          "the model takes input embeddings only, no token ids")
+    largest, where = -1, None
+    try:
+        for w, i in _token_ids(tok):
+            if not _is_id(i):
+                raise ExportError(f"tokenizer.json: {w} has id {i!r}, not a token id in [0, 2^31)")
+            if i > largest:
+                largest, where = i, w
+    except (AttributeError, TypeError) as e:  # an entry of the wrong JSON type
+        raise ExportError(f"tokenizer.json: malformed added_tokens or post_processor ({e})") from None
+    if largest < 0:
+        raise ExportError("tokenizer.json: the model's vocab is empty")
+    if largest >= vocab_size:
+        raise ExportError(f"tokenizer.json: {where} has token id {largest}, but the model's vocab_size is "
+                          f"{vocab_size} (rows of word_embedding.weight): every id must be below it")
+    return largest
+
+
 # ----------------------------------------------------------------------------- export
 
 
@@ -215,8 +393,9 @@ def _canon_dtype(dtype) -> str:
 
 
 def export_model(state_dict, config_dict, out_dir, dtype="float32", model_name=None,
-                 log=print) -> dict:
-    """Validate, convert and write DIR/config.json + DIR/model.safetensors, then
+                 log=print, tokenizer: Optional[dict] = None) -> dict:
+    """Validate, convert and write DIR/config.json + DIR/model.safetensors (and
+    DIR/tokenizer.json from the `tokenizer` dict, checked by check_tokenizer), then
     verify the written files. Returns a summary dict. Raises ExportError."""
     dtype_name = _canon_dtype(dtype)
     tdtype = DTYPES[dtype_name]
@@ -231,6 +410,8 @@ def export_model(state_dict, config_dict, out_dir, dtype="float32", model_name=N
         raise ExportError(f"invalid config: {e}") from None
     sd = normalize_state_dict(extract_state_dict(state_dict))
     vocab, num_labels = validate_state_dict(sd, cfg)
+    if tokenizer is not None:
+        check_tokenizer(tokenizer, vocab)
 
     # convert once, from the source precision; check representability
     converted = OrderedDict()
@@ -271,6 +452,14 @@ def export_model(state_dict, config_dict, out_dir, dtype="float32", model_name=N
         json.dump(out, f, indent=2)
         f.write("\n")
     os.replace(tmp, cfg_path)
+    tok_path = os.path.join(out_dir, "tokenizer.json")
+    if tokenizer is not None:
+        tmp = f"{tok_path}.tmp{os.getpid()}"
+        with open(tmp, "w", encoding="utf-8") as f:
+            json.dump(tokenizer, f, ensure_ascii=False)
+        os.replace(tmp, tok_path)
+    elif os.path.lexists(tok_path):
+        log(f"note: {tok_path} from before is left as it was (the server loads it with this model)")
 
     # verify what was written
     back = read_safetensors(st_path)
@@ -290,15 +479,22 @@ def export_model(state_dict, config_dict, out_dir, dtype="float32", model_name=N
         load_config(out)
     except ValueError as e:
         problems.append(f"written config is invalid: {e}")
+    if tokenizer is not None:
+        with open(tok_path, encoding="utf-8") as f:
+            if json.load(f) != tokenizer:
+                problems.append("tokenizer.json does not round-trip")
     if problems:
         raise ExportError("verification of the written files failed:\n  " + "\n  ".join(problems))
 
     params = sum(t.numel() for t in converted.values())
     summary = {"out_dir": out_dir, "tensors": len(converted), "parameters": params,
                "bytes": nbytes, "dtype": dtype_name, "vocab_size": out.get("vocab_size"),
-               "num_labels": num_labels, "model_name": model_name}
+               "num_labels": num_labels, "model_name": model_name,
+               "tokenizer": tokenizer["model"]["type"] if tokenizer is not None else None}
     log(f"exported {out_dir}: {len(converted)} tensors, {params:,} parameters, "
-        f"{nbytes:,} bytes, {dtype_name}")
+        f"{nbytes:,} bytes, {dtype_name}"
+        + (f", tokenizer.json ({tokenizer['model']['type']}, {len(tokenizer['model']['vocab']):,} tokens)"
+           if tokenizer is not None else ""))
     return summary
 
 
@@ -323,14 +519,40 @@ def main(argv=None) -> int:
     ap.add_argument("--dtype", default="float32", choices=sorted(DTYPES) + sorted(DTYPE_ALIASES),
                     help="weight dtype in model.safetensors (default float32)")
     ap.add_argument("--model-name", default=None, help="model_name in config.json (default: basename of --out)")
+    text = ap.add_mutually_exclusive_group()
+    text.add_argument("--word-dict", default=None, metavar="FILE",
+                      help="the notebook's word_dict (.json, or .pkl with --allow-pickle): "
+                           "write DIR/tokenizer.json with its tokenization")
+    text.add_argument("--tokenizer", default=None, metavar="FILE",
+                      help="copy this Hugging Face tokenizer.json into DIR after checking it")
+    ap.add_argument("--unk-token", default=NOTEBOOK_UNK_TOKEN,
+                    help=f"with --word-dict: the unknown-word token (default {NOTEBOOK_UNK_TOKEN!r})")
+    ap.add_argument("--max-length", type=int, default=None,
+                    help="with --word-dict: truncate to this many tokens "
+                         "(default: the config's max_position_embeddings)")
     ap.add_argument("--allow-pickle", action="store_true",
-                    help="torch.load without weights_only (only for trusted files)")
+                    help="torch.load without weights_only, and unpickle a --word-dict .pkl "
+                         "(both run code from the file: only for trusted files)")
     args = ap.parse_args(argv)
+    if args.word_dict is None and (args.max_length is not None or args.unk_token != NOTEBOOK_UNK_TOKEN):
+        ap.error("--unk-token and --max-length go with --word-dict")
     try:
         with open(args.config, encoding="utf-8") as f:
             config = json.load(f)
+        tokenizer = None
+        if args.word_dict is not None:
+            positions = config.get("max_position_embeddings") if isinstance(config, dict) else None
+            max_length = args.max_length if args.max_length is not None else positions
+            if isinstance(positions, int) and isinstance(max_length, int) and max_length > positions:
+                raise ExportError(f"--max-length {max_length} exceeds the model's max_position_embeddings "
+                                  f"{positions}")
+            tokenizer = word_dict_tokenizer(load_word_dict(args.word_dict, args.allow_pickle),
+                                            args.unk_token, max_length)
+        elif args.tokenizer is not None:
+            tokenizer = load_tokenizer_json(args.tokenizer)
         obj = load_checkpoint(args.checkpoint, allow_pickle=args.allow_pickle)
-        export_model(obj, config, args.out, dtype=args.dtype, model_name=args.model_name)
+        export_model(obj, config, args.out, dtype=args.dtype, model_name=args.model_name,
+                     tokenizer=tokenizer)
     except ExportError as e:
         print(f"export_fastformer: error: {e}", file=sys.stderr)
         return 1

@@ -21,6 +21,8 @@ name (manpages_corpus.split_pages); the same packages give the same model.
 
 Writes into --out:
   config.json, model.safetensors   via tools/export_fastformer.py (float32)
+  tokenizer.json                   the same tokenization for the server (export_fastformer's
+                                   word_dict_tokenizer: the word_dict, '[UNK]', --max-len)
   word_dict.json                   {token: id}, the notebook's word_dict
   test.jsonl                       {"name", "section", "text", "label", "label_name"} per test page
   test_ids.jsonl                   {"token_ids": [...]} per test page (fastformer-encode input)
@@ -52,7 +54,7 @@ import torch
 import torch.nn as nn
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from export_fastformer import export_model  # noqa: E402
+from export_fastformer import export_model, word_dict_tokenizer  # noqa: E402
 from manpages_corpus import LABEL_NAMES, LABELS, collect_pages, package_versions, split_pages  # noqa: E402
 from reference import Model, load_config  # noqa: E402
 
@@ -214,7 +216,8 @@ def main(argv=None) -> int:
           f"baseline {baseline:.4f}); training {t_train:.0f} s on {args.threads} threads")
 
     out = args.out
-    export_model(model.state_dict(), config, out, dtype="float32", model_name=args.model_name)
+    export_model(model.state_dict(), config, out, dtype="float32", model_name=args.model_name,
+                 tokenizer=word_dict_tokenizer(word_dict, UNK, args.max_len))
     with open(os.path.join(out, "word_dict.json"), "w", encoding="utf-8") as f:
         json.dump(word_dict, f, ensure_ascii=False)
     with open(os.path.join(out, "labels.json"), "w", encoding="utf-8") as f:

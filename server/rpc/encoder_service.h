@@ -4,7 +4,6 @@
 #pragma once
 
 #include <memory>
-#include <string>
 
 #include "fastformer/v1/encoder.grpc.pb.h"
 #include "server/rpc/intake.h"
@@ -54,12 +53,5 @@ class EncoderService final
   Intake& intake_;
   StreamProtocol stream_protocol_;
 };
-
-// Parses an EncodeRequest from gRPC's bytes; INVALID_ARGUMENT explaining why it does not parse.
-grpc::Status parse_encode_request(const grpc::ByteBuffer& bytes, v1::EncodeRequest* proto);
-
-// Why bytes that should hold an EncodeRequest do not parse: the first request_id or
-// sequences[i].text that is not UTF-8, or that they are not protobuf at all.
-std::string explain_encode_parse_failure(const std::string& bytes);
 
 }  // namespace fastformer::rpc

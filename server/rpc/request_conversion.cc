@@ -2,8 +2,15 @@
 
 #include <algorithm>
 #include <chrono>
+#include <optional>
 #include <string>
+#include <vector>
 
+#include <google/protobuf/io/coded_stream.h>
+#include <google/protobuf/wire_format_lite.h>
+#include <grpcpp/support/proto_buffer_reader.h>
+
+#include "server/engine/tokenizer/unicode.h"
 #include "server/rpc/text_input.h"
 
 namespace fastformer::rpc {
@@ -88,6 +95,60 @@ grpc::Status convert_request(const v1::EncodeRequest& proto, const engine::Model
   out->options.logits = proto.return_logits();
   out->options.normalize = proto.normalize();
   return grpc::Status::OK;
+}
+
+grpc::Status parse_encode_request(const grpc::ByteBuffer& bytes, v1::EncodeRequest* proto) {
+  grpc::ByteBuffer input(bytes);  // shares the slices; the reader consumes its own copy
+  grpc::ProtoBufferReader reader(&input);
+  if (proto->ParseFromZeroCopyStream(&reader)) return grpc::Status::OK;
+  std::vector<grpc::Slice> slices;
+  std::string flat;
+  if (bytes.Dump(&slices).ok()) {
+    for (const grpc::Slice& slice : slices) flat.append(reinterpret_cast<const char*>(slice.begin()), slice.size());
+  }
+  return {grpc::StatusCode::INVALID_ARGUMENT, explain_encode_parse_failure(flat)};
+}
+
+std::string explain_encode_parse_failure(const std::string& bytes) {
+  using google::protobuf::internal::WireFormatLite;
+  const std::string not_protobuf = "the request is not a fastformer.v1.EncodeRequest (its bytes do not parse as one)";
+  auto utf8_error = [](const std::string& value) -> std::optional<std::string> {
+    try {
+      tokenizer::decode_utf8(value);
+    } catch (const tokenizer::TokenizerError& e) {
+      return std::string(e.what());
+    }
+    return std::nullopt;
+  };
+  google::protobuf::io::CodedInputStream in(reinterpret_cast<const uint8_t*>(bytes.data()), int(bytes.size()));
+  int sequence = 0;
+  while (const uint32_t tag = in.ReadTag()) {
+    const int field = WireFormatLite::GetTagFieldNumber(tag);
+    const bool delimited = WireFormatLite::GetTagWireType(tag) == WireFormatLite::WIRETYPE_LENGTH_DELIMITED;
+    if (!delimited || (field != 1 && field != 2)) {
+      if (!WireFormatLite::SkipField(&in, tag)) return not_protobuf;
+      continue;
+    }
+    std::string value;
+    if (!WireFormatLite::ReadBytes(&in, &value)) return not_protobuf;
+    if (field == 1) {
+      if (auto e = utf8_error(value)) return "request_id: " + *e;
+      continue;
+    }
+    google::protobuf::io::CodedInputStream seq(reinterpret_cast<const uint8_t*>(value.data()), int(value.size()));
+    while (const uint32_t t = seq.ReadTag()) {
+      if (WireFormatLite::GetTagFieldNumber(t) == 3 &&
+          WireFormatLite::GetTagWireType(t) == WireFormatLite::WIRETYPE_LENGTH_DELIMITED) {
+        std::string text;
+        if (!WireFormatLite::ReadBytes(&seq, &text)) return not_protobuf;
+        if (auto e = utf8_error(text)) return engine::InputError{size_t(sequence), "text", *e}.to_string();
+      } else if (!WireFormatLite::SkipField(&seq, t)) {
+        return not_protobuf;
+      }
+    }
+    ++sequence;
+  }
+  return not_protobuf;
 }
 
 void fill_response(const batching::Request& request, v1::EncodeResponse* response) {

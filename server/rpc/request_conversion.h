@@ -7,6 +7,7 @@
 #include <memory>
 #include <string>
 
+#include <grpcpp/support/byte_buffer.h>
 #include <grpcpp/support/status.h>
 
 #include "fastformer/v1/encoder.pb.h"
@@ -18,6 +19,13 @@ namespace fastformer::rpc {
 struct RequestLimits {
   int64_t max_request_tokens = 0;  ///< tokens over all sequences of one request
 };
+
+// Parses an EncodeRequest from gRPC's bytes; INVALID_ARGUMENT explaining why it does not parse.
+grpc::Status parse_encode_request(const grpc::ByteBuffer& bytes, v1::EncodeRequest* proto);
+
+// Why bytes that should hold an EncodeRequest do not parse: the first request_id or
+// sequences[i].text that is not UTF-8 (proto3 refuses those), or that they are not protobuf.
+std::string explain_encode_parse_failure(const std::string& bytes);
 
 // Fills `out` (sequences are views into `proto`, which must outlive the request).
 grpc::Status convert_request(const v1::EncodeRequest& proto, const engine::Model& model,

@@ -36,6 +36,10 @@ std::optional<std::string> tokenize_text(const engine::Model& model, std::string
     return "the text tokenizes to no tokens (its " + std::to_string(text.size()) +
            " bytes are whitespace or characters the tokenizer drops)";
   }
+  if (std::all_of(ids->begin(), ids->end(), [&](int32_t id) { return id == model.config().pad_token_id; })) {
+    return "the text's tokens are all the pad token (id " + std::to_string(model.config().pad_token_id) +
+           "), which the model skips";
+  }
   if (ids->size() > max_len) {
     return "the text is " + std::to_string(ids->size()) + " tokens, over max_position_embeddings " +
            std::to_string(max_len) + " (set truncation to keep the first or last " + std::to_string(max_len) + ")";

@@ -1,6 +1,8 @@
 #include "tests/fuzz/fuzz_models.h"
 
 #include <cmath>
+#include <filesystem>
+#include <fstream>
 
 #include "server/batching/queue.h"
 #include "tests/fuzz/fuzz_input.h"
@@ -39,6 +41,24 @@ void check_batch(const batching::Batch& batch, const engine::ModelConfig& c, boo
   }
 }
 
+// Text for models 0 and 2: a notebook-style WordLevel (lower-case, wordpunct split, truncation
+// to 6 tokens) and a BERT-style WordPiece whose "[PAD]" is model 2's pad id 5 (a text of pads).
+const char* const kWordLevel = R"({"truncation": {"max_length": 6, "direction": "Right"},
+  "normalizer": {"type": "Lowercase"},
+  "pre_tokenizer": {"type": "Split", "pattern": {"Regex": "\\w+|[^\\w\\s]+"}, "behavior": "Isolated", "invert": false},
+  "model": {"type": "WordLevel", "unk_token": "[UNK]",
+            "vocab": {"PADDING": 0, "[UNK]": 1, "a": 2, "b": 3, "c": 4, ".": 5, "é": 6, "ab": 7, "1": 8, "!?": 9}}})";
+const char* const kWordPiece = R"({"added_tokens": [
+    {"id": 5, "content": "[PAD]", "single_word": false, "lstrip": false, "rstrip": false, "normalized": false, "special": true},
+    {"id": 1, "content": "[CLS]", "single_word": false, "lstrip": false, "rstrip": false, "normalized": false, "special": true},
+    {"id": 2, "content": "[SEP]", "single_word": false, "lstrip": false, "rstrip": false, "normalized": false, "special": true}],
+  "normalizer": {"type": "BertNormalizer", "clean_text": true, "handle_chinese_chars": true, "strip_accents": null, "lowercase": true},
+  "pre_tokenizer": {"type": "BertPreTokenizer"},
+  "post_processor": {"type": "BertProcessing", "sep": ["[SEP]", 2], "cls": ["[CLS]", 1]},
+  "model": {"type": "WordPiece", "unk_token": "[UNK]", "continuing_subword_prefix": "##", "max_input_chars_per_word": 8,
+            "vocab": {"[UNK]": 0, "[CLS]": 1, "[SEP]": 2, "a": 3, "##b": 4, "[PAD]": 5, "b": 6, "##a": 7, ".": 8, "e": 9}}})";
+const char* const kTokenizers[] = {kWordLevel, nullptr, kWordPiece, nullptr};
+
 }  // namespace
 
 std::vector<Served>& served_models() {
@@ -66,7 +86,9 @@ std::vector<Served>& served_models() {
     std::vector<Served> out;
     for (size_t i = 0; i < specs.size(); ++i) {
       Served s;
-      s.model = engine::Model::load(test::write_tiny_model(dir.path(), kNames[i], specs[i]));
+      const std::filesystem::path model_dir = test::write_tiny_model(dir.path(), kNames[i], specs[i]);
+      if (kTokenizers[i] != nullptr) std::ofstream(model_dir / "tokenizer.json") << kTokenizers[i];
+      s.model = engine::Model::load(model_dir);
       engine::EngineOptions options;
       options.backend = engine::Backend::kCpu;
       options.threads = 1;

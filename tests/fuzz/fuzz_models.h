@@ -22,7 +22,8 @@ struct Served {
 };
 
 // 0: token ids and a classifier head; 1: input embeddings only; 2: pad_token_id 5, bare names,
-// F16; 3: shared layers, BF16, relu. Hidden 8, vocab 12, kMaxPositions positions.
+// F16; 3: shared layers, BF16, relu. Hidden 8, vocab 12, kMaxPositions positions. Models 0 and
+// 2 take text (a WordLevel and a WordPiece tokenizer.json).
 std::vector<Served>& served_models();
 
 // Queues `request` (converted and accepted), forms its batches and encodes them, checking every

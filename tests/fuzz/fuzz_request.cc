@@ -8,6 +8,7 @@
 #include <array>
 #include <cstdint>
 #include <memory>
+#include <string>
 #include <string_view>
 
 #include "server/rpc/request_conversion.h"
@@ -27,7 +28,11 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
 
   const std::string_view bytes = in.rest();
   v1::EncodeRequest proto;
-  if (!proto.ParseFromArray(bytes.data(), int(bytes.size()))) return 0;
+  if (!proto.ParseFromArray(bytes.data(), int(bytes.size()))) {
+    // What the server answers instead (a text that is not UTF-8, or not protobuf at all).
+    FUZZ_CHECK(!rpc::explain_encode_parse_failure(std::string(bytes)).empty());
+    return 0;
+  }
 
   auto request = std::make_shared<batching::Request>();
   const grpc::Status status = rpc::convert_request(proto, model, limits, request.get());

@@ -105,8 +105,8 @@ def field(number, wire_type, payload):
     return key + varint(len(payload)) + payload
 
 
-def sequence(ids=(), embeddings=()):
-    out = b""
+def sequence(ids=(), embeddings=(), text=b""):
+    out = field(3, 2, text) if text else b""
     if ids:
         out += field(1, 2, b"".join(varint(i) for i in ids))
     if embeddings:
@@ -163,6 +163,17 @@ def request_seeds():
         "logits_without_head": choice(2, 3) + request([sequence([1])], logits=True),
         "unknown_truncation": choice(0, 3) + request([sequence([1])], truncation=7),
         "not_a_proto": choice(0, 3) + b"\xff\xff\xff\xff",
+        "text_wordlevel": choice(0, 3) + request([sequence(text="A b. é!? ab 1 zz".encode()), sequence([1, 2])],
+                                                 logits=True),
+        "text_truncated_by_tokenizer": choice(0, 3) + request([sequence(text=b"a " * 20)]),
+        "text_wordpiece": choice(2, 3) + request([sequence(text=b"ab ba [PAD] e."), sequence(text=b"aaaa bbbb")],
+                                                 truncation=2),
+        "text_all_pad": choice(2, 3) + request([sequence(text=b"[PAD][PAD]")]),
+        "text_too_long": choice(2, 3) + request([sequence(text=b"a " * 30)]),
+        "text_whitespace": choice(0, 3) + request([sequence(text=b" \t\n")]),
+        "text_not_utf8": choice(0, 3) + request([sequence(text=b"a\xffb")]),
+        "text_without_tokenizer": choice(3, 3) + request([sequence(text=b"a b")]),
+        "text_and_ids": choice(0, 3) + request([sequence([1], text=b"a")]),
     }
 
 
@@ -171,7 +182,7 @@ def request_seeds():
 MODEL_NAMES = ["ids_head", "embeddings_only", "pad5_f16", "shared_bf16"]
 
 
-def tensor(name, datatype, shape, int64s=None, int32s=None, floats=None):
+def tensor(name, datatype, shape, int64s=None, int32s=None, floats=None, strings=None):
     """An InferInputTensor; typed contents when given (else the values go raw)."""
     out = field(1, 2, name.encode()) + field(2, 2, datatype.encode())
     out += field(3, 2, b"".join(varint(d) for d in shape))
@@ -182,6 +193,8 @@ def tensor(name, datatype, shape, int64s=None, int32s=None, floats=None):
         contents += field(3, 2, b"".join(varint(v) for v in int64s))
     if floats is not None:
         contents += field(6, 2, struct.pack(f"<{len(floats)}f", *floats))
+    for e in strings or ():
+        contents += field(8, 2, e)
     if contents:
         out += field(5, 2, contents)
     return out
@@ -253,7 +266,19 @@ def infer_seeds():
         "bad_parameter": infer_choice(0, 3, 0) + infer(0, [tensor("input_ids", "INT64", [1, 1])], raw=[i64(1)],
                                                        params=[("truncation", 3)]),
         "not_a_proto": infer_choice(0, 3, 0) + b"\xff\xff\xff\xff",
+        "text_raw": infer_choice(0, 3, 3) + infer(0, [tensor("text", "BYTES", [2])], raw=[strings(b"A b.", b"e!? 1")],
+                                                  outputs=["embedding", "num_tokens"]),
+        "text_typed_wordpiece": infer_choice(2, 3, 0) + infer(2, [tensor("text", "BYTES", [2, 1],
+                                                                         strings=[b"ab ba", b"[PAD] e"])],
+                                                               params=[("truncation", "right")]),
+        "text_short_raw": infer_choice(0, 3, 0) + infer(0, [tensor("text", "BYTES", [2])], raw=[strings(b"a")]),
+        "text_not_utf8": infer_choice(2, 3, 0) + infer(2, [tensor("text", "BYTES", [1])], raw=[strings(b"a\xc3(")]),
     }
+
+
+def strings(*elements):
+    """BYTES raw contents: each element as its 4-byte little-endian length and its bytes."""
+    return b"".join(struct.pack("<I", len(e)) + e for e in elements)
 
 
 # ---- fuzz_batch_queue ----------------------------------------------------------------------

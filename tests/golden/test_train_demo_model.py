@@ -3,7 +3,8 @@
 The tokenizer is checked against NLTK's own wordpunct_tokenize (Debian python3-nltk)
 over every page of the corpus; the roff strip against hand-written expectations; the
 split for stability; and a small model is trained end to end, exported and run by
-fastformer-encode, whose logits must match PyTorch's.
+fastformer-encode, whose logits must match PyTorch's, and whose exported tokenizer.json
+gives the test split's ids through fastformer-tokenize.
 """
 
 from __future__ import annotations
@@ -109,8 +110,10 @@ def test_corpus_and_split(pages):
 
 
 def test_train_export_and_engine_parity(pages, tmp_path, golden):
-    """A small model, one epoch: exported, then fastformer-encode's logits equal PyTorch's."""
+    """A small model, one epoch: exported, then fastformer-encode's logits equal PyTorch's,
+    and its tokenizer.json turns test.jsonl's texts into test_ids.jsonl's ids."""
     enc = golden.encode_binary()
+    tokenize = golden.require_binary("fastformer-tokenize")
     out = tmp_path / "m"
     r = subprocess.run([golden.PYTHON, str(golden.TOOLS / "train_demo_model.py"), "--out", str(out),
                         "--epochs", "1", "--hidden", "32", "--heads", "4", "--layers", "1",
@@ -131,3 +134,10 @@ def test_train_export_and_engine_parity(pages, tmp_path, golden):
     for t, i in zip(test_lines, ids_lines):  # test_ids is test.jsonl tokenized with word_dict
         assert i["token_ids"] == tdm.encode(t["text"], wd, 128)
         assert t["label_name"] == mc.LABEL_NAMES[t["label"]]
+    tok = json.loads((out / "tokenizer.json").read_text())
+    assert tok["model"]["vocab"] == wd and tok["truncation"]["max_length"] == 128
+    with open(out / "test.jsonl", "rb") as stdin:
+        r = subprocess.run([str(tokenize), "--tokenizer", str(out / "tokenizer.json")], stdin=stdin,
+                           capture_output=True, text=True, timeout=120)
+    assert r.returncode == 0, r.stderr
+    assert [json.loads(line) for line in r.stdout.splitlines()] == [{"ids": i["token_ids"]} for i in ids_lines]

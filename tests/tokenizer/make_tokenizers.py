@@ -1,8 +1,10 @@
 """The tokenizer.json files the parity test compares, built with the `tokenizers` package.
 
-  wordlevel_notebook   the Fastformer notebook's tokenization: lower-case, NLTK wordpunct
-                       (\\w+|[^\\w\\s]+ matches kept), a word_dict of the frequent words with
-                       'PADDING' = 0 and an unknown-word id.
+  wordlevel_notebook   the Fastformer notebook's tokenization as tools/export_fastformer.py
+                       --word-dict writes it (word_dict_tokenizer): lower-case, NLTK wordpunct
+                       (Python's \\w+|[^\\w\\s]+, matches kept), a word_dict of the frequent words
+                       with 'PADDING' = 0 and an unknown-word id, truncation to 256 tokens (the
+                       official config's max_position_embeddings).
   wordpiece_bert       BertNormalizer + BertPreTokenizer + WordPiece (WordPieceTrainer) +
                        BertProcessing.
   wordpiece_mixed      the other components: Sequence normalizer (NFKC, NFD, StripAccents,
@@ -16,6 +18,9 @@
 from __future__ import annotations
 
 import collections
+import json
+import sys
+from pathlib import Path
 
 from tokenizers import Regex, Tokenizer, models, normalizers, pre_tokenizers, processors, trainers
 
@@ -32,13 +37,20 @@ def _word_vocab(tok: Tokenizer, texts, min_count: int, first_ids: dict) -> dict:
     return vocab
 
 
+def _exporter():
+    sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "tools"))
+    import export_fastformer
+    return export_fastformer
+
+
+def _exported_notebook(word_dict: dict) -> Tokenizer:
+    return Tokenizer.from_str(json.dumps(_exporter().word_dict_tokenizer(word_dict, "[UNK]", 256)))
+
+
 def wordlevel_notebook(train_texts) -> Tokenizer:
-    tok = Tokenizer(models.WordLevel({"PADDING": 0, "[UNK]": 1}, unk_token="[UNK]"))
-    tok.normalizer = normalizers.Lowercase()
-    tok.pre_tokenizer = pre_tokenizers.Split(Regex(r"\w+|[^\w\s]+"), behavior="removed", invert=True)
-    vocab = _word_vocab(tok, train_texts, 3, {"PADDING": 0, "[UNK]": 1})
-    tok.model = models.WordLevel(vocab, unk_token="[UNK]")
-    return tok
+    """The exporter's own tokenizer.json, so the parity test proves what the exporter writes."""
+    first_ids = {"PADDING": 0, "[UNK]": 1}
+    return _exported_notebook(_word_vocab(_exported_notebook(first_ids), train_texts, 3, first_ids))
 
 
 SPECIALS = ["[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]"]
@@ -137,6 +149,8 @@ def sweep_tokenizers(texts) -> dict:
     out["sweep_nfd_strip_punct"] = make(normalizers.Sequence([normalizers.NFD(), normalizers.StripAccents()]),
                                         pre_tokenizers.Sequence([pre_tokenizers.WhitespaceSplit(),
                                                                  pre_tokenizers.Punctuation()]))
+    out["sweep_lower_wordpunct"] = make(normalizers.Lowercase(),  # the exporter's --word-dict split
+                                        pre_tokenizers.Split(Regex(_exporter().WORDPUNCT_PATTERN), "isolated"))
     out["sweep_nfc_digits"] = make(normalizers.NFC(),
                                    pre_tokenizers.Split(Regex(r"\s+|\d|\W"), "merged_with_previous"))
     return out
