@@ -20,7 +20,7 @@
 #include "server/engine/engine.h"
 #include "server/engine/error.h"
 #include "server/engine/model.h"
-#include "server/engine/tokenizer/tokenizer.h"
+#include "server/engine/text.h"
 
 namespace {
 
@@ -28,10 +28,9 @@ using namespace fastformer;
 
 constexpr int kExitBadInput = 2;
 
-// Turns a text line into token ids with the model's tokenizer, and shortens any line longer
-// than max_position_embeddings by `truncation` ("none", "right", "left"). The rules are the
-// server's for a request (server/rpc/text_input.cc, request_conversion.cc): tokenizer.json's own
-// truncation applies first; a text keeps its special tokens. Returns the line's error (without
+// Turns a text line into token ids with the model's tokenizer (engine::tokenize_text, as the
+// server does), and shortens any line longer than max_position_embeddings by `truncation`
+// ("none", "right", "left"). Returns the line's error (without
 // its number), if any.
 std::optional<std::string> prepare_line(const engine::Model& model, const std::string& truncation,
                                         jsonl::InputLine* line) {
@@ -39,37 +38,10 @@ std::optional<std::string> prepare_line(const engine::Model& model, const std::s
   const int64_t max_len = c.max_position_embeddings, D = c.hidden_size;
   const bool keep_last = truncation == "left";
   if (line->text) {
-    const tokenizer::Tokenizer* tok = model.tokenizer();
-    if (tok == nullptr) {
-      return "text: this model takes no text: its model directory has no tokenizer.json (send "
-             "token_ids)";
-    }
-    const tokenizer::Truncation* rule = tok->truncation();
-    tokenizer::Truncation by_flag{size_t(max_len), keep_last
-                                                       ? tokenizer::TruncationDirection::kLeft
-                                                       : tokenizer::TruncationDirection::kRight};
-    if (truncation != "none" && (rule == nullptr || rule->max_length > size_t(max_len))) {
-      rule = &by_flag;
-    }
-    try {
-      line->token_ids = tok->encode(*line->text, rule).ids;
-    } catch (const tokenizer::TokenizerError& e) {
-      return std::string("text: ") + e.what();
-    }
-    const auto& ids = line->token_ids;
-    if (ids.size() <= tok->num_special_tokens_added()) {
-      return "text: the text tokenizes to no tokens (whitespace, or characters the tokenizer "
-             "drops)";
-    }
-    if (std::all_of(ids.begin(), ids.end(), [&](int32_t id) { return id == c.pad_token_id; })) {
-      return "text: the text's tokens are all the pad token (id " +
-             std::to_string(c.pad_token_id) + "), which the model skips";
-    }
-    if (int64_t(ids.size()) > max_len) {
-      return "text: the text is " + std::to_string(ids.size()) +
-             " tokens, over max_position_embeddings " + std::to_string(max_len) +
-             " (--truncation right|left keeps the first or last " + std::to_string(max_len) + ")";
-    }
+    const engine::Truncate rule = truncation == "none"   ? engine::Truncate::kNone
+                                  : keep_last            ? engine::Truncate::kLeft
+                                                         : engine::Truncate::kRight;
+    if (auto refused = engine::tokenize_text(model, *line->text, rule, &line->token_ids)) return "text: " + *refused;
     return std::nullopt;
   }
   if (truncation == "none") return std::nullopt;  // validate_sequence rejects what is too long

@@ -1,50 +1,18 @@
 #include "server/rpc/text_input.h"
 
 #include <algorithm>
+#include <chrono>
 
 namespace fastformer::rpc {
 
 std::optional<std::string> tokenize_text(const engine::Model& model, std::string_view text, Truncate truncate,
                                          std::vector<int32_t>* ids, batching::Request* request) {
-  const tokenizer::Tokenizer* tok = model.tokenizer();
-  if (tok == nullptr) {
-    return "this model takes no text: its model directory has no tokenizer.json (send token_ids)";
-  }
-  if (text.empty()) return "the text is empty";
   const auto start = batching::Clock::now();
-  const size_t max_len = size_t(model.config().max_position_embeddings);
-  const tokenizer::Truncation* rule = tok->truncation();
-  tokenizer::Truncation by_request;
-  if (truncate != Truncate::kNone && (rule == nullptr || rule->max_length > max_len)) {
-    by_request.max_length = max_len;
-    by_request.direction =
-        truncate == Truncate::kLeft ? tokenizer::TruncationDirection::kLeft : tokenizer::TruncationDirection::kRight;
-    rule = &by_request;
-  }
-  std::optional<std::string> error;
-  try {
-    *ids = tok->encode(text, rule).ids;
-  } catch (const tokenizer::TokenizerError& e) {
-    error = e.what();
-  }
+  std::optional<std::string> refused = engine::tokenize_text(model, text, truncate, ids);
   request->tokenize_ns += uint64_t(std::max<int64_t>(
       0, std::chrono::duration_cast<std::chrono::nanoseconds>(batching::Clock::now() - start).count()));
   ++request->texts;
-  if (error) return error;
-  // Special tokens alone ([CLS] [SEP]) are no text: whitespace, or only characters the tokenizer drops.
-  if (ids->size() <= tok->num_special_tokens_added()) {
-    return "the text tokenizes to no tokens (its " + std::to_string(text.size()) +
-           " bytes are whitespace or characters the tokenizer drops)";
-  }
-  if (std::all_of(ids->begin(), ids->end(), [&](int32_t id) { return id == model.config().pad_token_id; })) {
-    return "the text's tokens are all the pad token (id " + std::to_string(model.config().pad_token_id) +
-           "), which the model skips";
-  }
-  if (ids->size() > max_len) {
-    return "the text is " + std::to_string(ids->size()) + " tokens, over max_position_embeddings " +
-           std::to_string(max_len) + " (set truncation to keep the first or last " + std::to_string(max_len) + ")";
-  }
-  return std::nullopt;
+  return refused;
 }
 
 }  // namespace fastformer::rpc
