@@ -276,6 +276,7 @@ Tokenizer Tokenizer::from_json(std::string_view json_text, const std::string& so
   if (!j.is_object()) p.fail("(top level)", "must be an object");
   Tokenizer t;
   if (j.contains("added_tokens") && !j["added_tokens"].is_null()) t.added_tokens_ = p.added_tokens(j["added_tokens"], "added_tokens");
+  for (const auto& a : t.added_tokens_) t.added_text_.push_back(decode_utf8(a.content));
   if (j.contains("normalizer") && !j["normalizer"].is_null()) t.normalizer_ = p.normalizer(j["normalizer"], "normalizer");
   if (j.contains("pre_tokenizer") && !j["pre_tokenizer"].is_null()) {
     t.pre_tokenizer_ = p.pre_tokenizer(j["pre_tokenizer"], "pre_tokenizer");
@@ -322,9 +323,7 @@ Encoding Tokenizer::encode(std::string_view utf8_text, const Truncation* truncat
   };
 
   // Added tokens, leftmost-longest, in the raw text (tokenizers' AddedVocabulary).
-  std::vector<std::u32string> added;
-  added.reserve(added_tokens_.size());
-  for (const auto& a : added_tokens_) added.push_back(decode_utf8(a.content));
+  const std::vector<std::u32string>& added = added_text_;
   size_t span_begin = 0;
   size_t i = 0;
   while (i < text.size() && !added.empty()) {

@@ -78,6 +78,7 @@ class Tokenizer {
  private:
   Tokenizer();
   std::vector<AddedToken> added_tokens_;
+  std::vector<std::u32string> added_text_;  // added_tokens_' contents as code points, for encode()
   std::unique_ptr<Normalizer> normalizer_;
   std::unique_ptr<PreTokenizer> pre_tokenizer_;
   std::unique_ptr<Model> model_;
