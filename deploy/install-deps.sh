@@ -30,6 +30,11 @@ build_pkgs=(
 )
 test_pkgs=(
   python3 python3-numpy python3-torch python3-pytest
+  # Debian's python3-torch (BLAS_INFO=generic) and python3-numpy run on whatever libblas.so.3
+  # points at; with only libblas3 that is netlib's reference BLAS, ~10x slower (a torch matmul
+  # 2048x256x256: 6.3 GFLOP/s there, 80.9 on OpenBLAS; training the demo model took 8 minutes an
+  # epoch). The alternative is checked below. Same name on Ubuntu 24.04 (openblas 0.3.26).
+  libopenblas0-pthread
   python3-venv  # .venv-bench: onnxruntime from PyPI for tools/bench_onnxruntime.py (tools/ort_env.py)
   python3-grpcio python3-grpc-tools
   prometheus python3-matplotlib python3-yaml
@@ -100,14 +105,51 @@ for pkg in "${wanted[@]}"; do
   fi
 done
 
-if [ "${#missing[@]}" -eq 0 ]; then
-  echo "install-deps: all ${#wanted[@]} packages present"
-  exit 0
-fi
-
-echo "install-deps: installing ${missing[*]}"
 SUDO=""
 if [ "$(id -u)" -ne 0 ]; then SUDO="sudo"; fi
-export DEBIAN_FRONTEND=noninteractive
-$SUDO apt-get update -qq
-$SUDO apt-get install -y -qq --no-install-recommends "${missing[@]}"
+
+# The libblas.so.3 / liblapack.so.3 alternatives must point at OpenBLAS, not netlib's reference
+# (installing libopenblas0-pthread sets them in auto mode, priority 100; a manual choice made
+# earlier would keep the reference). One left on another optimised BLAS (MKL, BLIS) is kept.
+# tools/torch_blas.py then checks, in the process, which BLAS torch actually loaded.
+check_blas_alternatives() {
+  local name current openblas fixed=0
+  for name in $(update-alternatives --get-selections 2>/dev/null |
+      awk '$1 ~ /^lib(blas|lapack)\.so\.3-/ {print $1}'); do
+    current=$(readlink -f "/etc/alternatives/$name" 2>/dev/null || true)
+    case "$current" in
+      */openblas*) continue ;;
+      */blas/*|*/lapack/*|"") ;;  # netlib's reference (or a dangling link): fix it
+      *) echo "install-deps: $name points at $current (not OpenBLAS); leaving it"; continue ;;
+    esac
+    openblas=$(update-alternatives --list "$name" 2>/dev/null | grep -m1 '/openblas-pthread/' || true)
+    if [ -z "$openblas" ]; then
+      echo "install-deps: warning: $name points at the reference ${current:-(nothing)} and no OpenBLAS" \
+        "alternative is registered (is libopenblas0-pthread installed?)" >&2
+      continue
+    fi
+    echo "install-deps: $name pointed at the reference $current; setting it to $openblas"
+    if update-alternatives --query "$name" | grep -q '^Best: .*/openblas'; then
+      $SUDO update-alternatives --quiet --auto "$name"  # back to auto mode, where OpenBLAS wins
+    else
+      $SUDO update-alternatives --quiet --set "$name" "$openblas"
+    fi
+    fixed=1
+  done
+  if [ "$fixed" = 1 ]; then
+    echo "install-deps: PyTorch and numpy now run on OpenBLAS (check: /usr/bin/python3 tools/torch_blas.py)"
+  fi
+}
+
+if [ "${#missing[@]}" -gt 0 ]; then
+  echo "install-deps: installing ${missing[*]}"
+  export DEBIAN_FRONTEND=noninteractive
+  $SUDO apt-get update -qq
+  $SUDO apt-get install -y -qq --no-install-recommends "${missing[@]}"
+fi
+if [[ " ${wanted[*]} " == *" libopenblas0-pthread "* ]]; then
+  check_blas_alternatives
+fi
+if [ "${#missing[@]}" -eq 0 ]; then
+  echo "install-deps: all ${#wanted[@]} packages present"
+fi
