@@ -5,10 +5,12 @@
     report.py --verdict ctest|gtest|sanitizer|ncu OUTPUT_FILE... --gpu 0|1
 
 DIR holds what gpu-check.sh left: meta.env (key=value), stages.tsv (id, title,
-status, rc, seconds, note; a later record of an ID replaces the earlier one),
+status, rc, seconds, note, limit, at: the limit it ran under and when it started, in
+seconds into the run; a later record of an ID replaces the earlier one),
 benches.tsv (id|engine|model|dtype|lengths|batch_tokens|role), cublaslt.env and the
-dirs searched for it, env.txt, gpu-query.csv, ncu.csv, and per stage ID.out (stdout; the
-benchmarks print one JSON object) and ID.err.
+dirs searched for it, nvcc.env and nvcc-candidates.txt, driver.env, env.txt,
+gpu-query.csv, ncu.csv, and per stage ID.out (stdout; the benchmarks print one JSON
+object) and ID.err.
 
 --verdict reads a stage's output and prints `keep` (its exit status says it all), or
 `failed<TAB>why` or `skipped<TAB>why`: with a GPU present (--gpu 1) a skipped GPU test is
@@ -84,11 +86,11 @@ def load_stages(run):
         if not line.strip():
             continue
         parts = line.split("\t")
-        if len(parts) < 6:
-            parts += [""] * (6 - len(parts))
-        sid, title, status, rc, seconds, note = parts[:6]
+        if len(parts) < 8:
+            parts += [""] * (8 - len(parts))
+        sid, title, status, rc, seconds, note, limit, at = parts[:8]
         stages[sid] = {"id": sid, "title": title, "status": status, "rc": rc,
-                       "seconds": seconds, "note": note}
+                       "seconds": seconds, "note": note, "limit": limit, "at": at}
     return list(stages.values())
 
 
@@ -386,6 +388,34 @@ def cublaslt_line(c):
     return head + "; " + lib
 
 
+def nvcc_line(n, run):
+    """One line: which nvcc the check used (path, version, where from), or where it looked."""
+    if not n:
+        return "not looked for"
+    if n.get("path"):
+        return (f"{n['path']} ({n.get('version') or 'version not read'}"
+                + (f", {n['from']}" if n.get("from") else "") + ")")
+    looked = [ln.split("\t")[0] for ln in read_text(os.path.join(run, "nvcc-candidates.txt")).splitlines()
+              if ln.strip()]
+    return "**not found**" + (f" (looked at {len(looked)} paths: " + ", ".join(looked[:8])
+                              + (", ..." if len(looked) > 8 else "") + ")" if looked else "")
+
+
+def driver_line(d, gpu_why=""):
+    """One line: the NVIDIA driver the GPU stages ran on, or why there was none."""
+    if d.get("version"):
+        return (f"{d['version']} ({d.get('from') or 'nvidia-smi'}"
+                + (f"; supports CUDA {d['cuda']}" if d.get("cuda") else "") + ")")
+    return "**not found**" + (f" ({d.get('why') or gpu_why})" if (d.get("why") or gpu_why) else "")
+
+
+def seconds_of(s):
+    try:
+        return float(s)
+    except (TypeError, ValueError):
+        return None
+
+
 def cublaslt_section(c, run):
     out = []
     if not c:
@@ -517,6 +547,7 @@ def main(argv=None) -> int:
         b = by_role.get(role)
         return bench_status(b) if b else "not run"
 
+    ncu_workload = meta.get("ncu_workload") or "official bf16 fixed:512 @65536"
     copy = last_json(os.path.join(run, "copy-bandwidth.out"))
     copy_bw = copy.get("bandwidth_bytes_per_second") if copy else None
     launches = parse_ncu(read_text(os.path.join(run, "ncu.csv")))
@@ -581,14 +612,14 @@ def main(argv=None) -> int:
             t_rows.append([label, "≥ 70%", "—", "not measured: " + why])
     if worst:
         v = worst["fraction"]
-        t_rows.append(["non-GEMM kernels vs device-to-device copy bandwidth, ncu (worst kernel moving "
+        t_rows.append([f"non-GEMM kernels vs device-to-device copy bandwidth, ncu, {ncu_workload} (worst kernel moving "
                        f"≥ {SIGNIFICANT_BYTES_PER_LAUNCH / 1e6:.0f} MB per launch: {worst['name'][:60]})",
                        "≥ 70%", f"{100 * v:.0f}%", verdict(v, v >= TARGET_COPY_FRACTION, "")])
     else:
         reason = ("no ncu figures (" + (by_id.get("ncu", {}).get("note") or by_id.get("ncu", {}).get("status", "not run")) + ")"
                   if not kernels else "no copy bandwidth" if copy_bw is None
                   else "no non-GEMM kernel moved enough bytes")
-        t_rows.append(["non-GEMM kernels vs device-to-device copy bandwidth, ncu", "≥ 70%", "—",
+        t_rows.append([f"non-GEMM kernels vs device-to-device copy bandwidth, ncu, {ncu_workload}", "≥ 70%", "—",
                        "not measured: " + reason])
     s = by_id.get("ctest-gpu")
     parity = "parity with the CPU engine, all dtypes (ctest -L gpu, base-long apart)"
@@ -620,6 +651,8 @@ def main(argv=None) -> int:
         t_rows.append([parity, need, "—",
                        ("FAIL: " if measured and s and s["status"] != "skipped" else "not measured: ") + note])
     cublaslt = load_env(os.path.join(run, "cublaslt.env"))
+    nvcc = load_env(os.path.join(run, "nvcc.env"))
+    driver = load_env(os.path.join(run, "driver.env"))
 
     lines = []
     gpu_name = ""
@@ -638,7 +671,19 @@ def main(argv=None) -> int:
     lines.append("- stages: " + ", ".join(f"{n} {k}" for k, n in sorted(counts.items())))
     lines.append(f"- benchmarks: --seconds {meta.get('bench_seconds', '?')} each, seed 1, "
                  f"CMAKE_CUDA_ARCHITECTURES={meta.get('cuda_arch', '?')}")
+    lines.append("- nvcc: " + nvcc_line(nvcc, run))
     lines.append("- cuBLASLt: " + cublaslt_line(cublaslt))
+    lines.append("- driver: " + driver_line(driver, meta.get("gpu_why", "")))
+    # The stages that ran one after the other: cuBLASLt's search is part of the probes, and
+    # the models are made in the background during the build.
+    timed = [seconds_of(s["seconds"]) for s in stages
+             if s["id"] != "cublaslt" and not s["id"].startswith("model")]
+    lines.append(f"- time: {meta.get('elapsed_s', '?')} s in all, {sum(t for t in timed if t):.0f} s of it in "
+                 "the stages run one after the other (every stage's wall time, start and limit: Stages "
+                 "below; the models are made in the background, during the build)")
+    if meta.get("stopped") == "1":
+        lines.append(f"- **stopped after stage {meta.get('stop_after')}** (GPU_CHECK_STOP_AFTER): "
+                     "the later stages did not run")
     if mode == "cpu-smoke":
         lines.append("")
         lines.append("> **CPU smoke run, no GPU.** The figures below come from the CPU engine, PyTorch on "
@@ -770,7 +815,7 @@ def main(argv=None) -> int:
         lines.append(f"Copy bandwidth not measured ({s.get('status', 'not run')}: {s.get('note', '')}).")
     lines.append("")
     if kernels:
-        lines.append(f"Per kernel (ncu, one base-long bf16 fixed:512 batch of 65,536 tokens; DRAM bytes read + "
+        lines.append(f"Per kernel (ncu, our kernels, one {ncu_workload} batch; DRAM bytes read + "
                      f"written over GPU time, caches flushed between kernels; {len(launches)} launches). "
                      f"'counts' marks the non-GEMM kernels the 70% target is judged on "
                      f"(≥ {SIGNIFICANT_BYTES_PER_LAUNCH / 1e6:.0f} MB per launch).")
@@ -827,8 +872,15 @@ def main(argv=None) -> int:
     # ---- stages
     lines.append("## Stages")
     lines.append("")
-    lines += table(["stage", "what", "status", "seconds", "note"],
-                   [[s["id"], s["title"], s["status"], s["seconds"], s["note"]] for s in stages])
+    lines.append("In the order they ran: wall time, start (seconds into the run) and the limit each ran "
+                 "under (its cap, or what was left of the budget). For planning the next lease.")
+    lines.append("")
+    lines += table(["stage", "what", "status", "seconds", "at (s)", "limit (s)", "note"],
+                   [[s["id"], s["title"], s["status"], s["seconds"], s["at"], s["limit"], s["note"]]
+                    for s in stages])
+    lines.append("")
+    lines.append(f"Total: {meta.get('elapsed_s', '?')} s of the {meta.get('budget_s', '?')} s budget "
+                 f"(the report and the log archive come after the last stage).")
     lines.append("")
 
     failed = [s for s in stages if s["status"] in ("failed", "timeout")]
@@ -882,7 +934,11 @@ def main(argv=None) -> int:
     if a.summary:
         sm = [f"gpu-check summary ({mode}{', ' + gpu_name if gpu_name else ''}): "
               + ", ".join(f"{n} {k}" for k, n in sorted(counts.items())),
-              "  cuBLASLt: " + cublaslt_line(cublaslt).replace("**", "")]
+              "  nvcc: " + nvcc_line(nvcc, run).replace("**", ""),
+              "  cuBLASLt: " + cublaslt_line(cublaslt).replace("**", ""),
+              "  driver: " + driver_line(driver, meta.get("gpu_why", "")).replace("**", ""),
+              f"  time: {meta.get('elapsed_s', '?')} s of {meta.get('budget_s', '?')} s; per stage: "
+              + ", ".join(f"{s['id']} {s['seconds']}" for s in stages if seconds_of(s["seconds"]))]
         for t in t_rows:
             sm.append(f"  [{t[3][:100]}] {t[0][:90]}: {t[2]} (target {t[1]})")
         for s in failed:  # with the stage's last words: the output tail may be all one reads

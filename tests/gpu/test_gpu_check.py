@@ -1,6 +1,8 @@
 """Tests of the GPU check's parts that run without a GPU: report.py's parsers and
 verdicts on synthetic results, gpu-check.sh with no GPU and with a fake one (a fake
-nvidia-smi, no cuBLASLt, a small budget), and the CPU paths of tools/bench_sdpa.py,
+nvidia-smi, no cuBLASLt, a small budget; fake nvcc, cmake, python, fastformer-bench and
+ncu for the stage order, the caps, the budget, the knobs and where nvcc is found), and
+the CPU paths of tools/bench_sdpa.py,
 tools/bench_pytorch.py and copy_bandwidth.py. The GoogleTest GPU tests of this folder
 (gpu_engine_test.cc) run under ctest (label gpu), not here.
 
@@ -11,6 +13,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import shutil
 import subprocess
 import sys
@@ -370,6 +373,32 @@ def test_report_survives_an_empty_run(tmp_path):
 # ----------------------------------------------------------------------------- the script
 
 
+# The stages in the order gpu-check.sh runs them (issue 21): what only a GPU can tell first,
+# torch.compile last. The model stages run in the background and are left out.
+STAGE_ORDER = ["cublaslt", "probes", "nvidia-smi", "deps", "configure", "build", "ctest-gpu", "parity-base-long",
+               "copy-bandwidth", "ours-bl-bf16-fixed512", "ours-bl-bf16-fixed65536", "prof-bl-bf16-fixed512",
+               "prof-bl-bf16-fixed65536", "ours-bl-bf16-mix", "ours-bl-bf16-fixed8192", "ncu", "memcheck",
+               "racecheck", "torch-eager", "sdpa-8192", "sdpa-512", "torch-compile"]
+
+
+def stage_table(md):
+    """The Stages table's rows in order, each a dict of its columns."""
+    section = md.split("## Stages")[1].split("\n## ")[0]
+    lines = [ln for ln in section.splitlines() if ln.startswith("| ")]
+    def cells(ln):  # a cell may hold an escaped pipe
+        return [c.strip().replace("\\|", "|") for c in re.split(r"(?<!\\)\|", ln.strip()[1:-1])]
+    header = cells(lines[0])
+    return [dict(zip(header, cells(ln))) for ln in lines[1:] if not ln.startswith("| ---")]
+
+
+def stage_order(md):
+    return [r["stage"] for r in stage_table(md) if not r["stage"].startswith(("model", "wait-models"))]
+
+
+def header_line(md, key):
+    return [ln for ln in md.split("## Targets")[0].splitlines() if ln.startswith(f"- {key}: ")][0]
+
+
 @pytest.mark.skipif(shutil.which("nvidia-smi") is not None, reason="a GPU machine runs the real check")
 def test_gpu_check_without_a_gpu_is_quick_and_writes_a_report(tmp_path):
     rep = tmp_path / "report.md"
@@ -385,12 +414,31 @@ def test_gpu_check_without_a_gpu_is_quick_and_writes_a_report(tmp_path):
                 "ours-bl-bf16-fixed512", "torch-eager", "sdpa-8192", "torch-compile", "ncu"):
         line = [ln for ln in stages.splitlines() if ln.startswith(f"| {sid} |")]
         assert line and "| skipped |" in line[0] and "no GPU" in line[0], sid
+    assert stage_order(md) == STAGE_ORDER
+    assert header_line(md, "driver").startswith("- driver: **not found** (no GPU")
+    assert header_line(md, "nvcc")  # whichever this machine has, or **not found** with where it looked
 
 
-def fake_gpu_machine(tmp_path, smi_sleeps=False):
+def write_script(path, text):
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(text)
+    path.chmod(0o755)
+    return path
+
+
+def path_without(name):
+    """os.environ's PATH less every directory that holds an executable NAME (nvcc is in
+    /usr/local/cuda/bin here)."""
+    dirs = [d for d in os.environ.get("PATH", "/usr/bin:/bin").split(os.pathsep)
+            if d and not os.access(os.path.join(d, name), os.X_OK)]
+    return os.pathsep.join(dirs)
+
+
+def fake_gpu_machine(tmp_path, smi_sleeps=False, nvcc=True):
     """A PATH whose nvidia-smi claims an H200 (and with smi_sleeps, hangs when asked for its
-    table), a fake nvcc (CUDACXX) so that the build stages get as far as cuBLASLt, and the
-    environment of a run that finds no cuBLASLt and no PyTorch, with its work under tmp_path."""
+    table), a fake nvcc (CUDACXX; none with nvcc=False, and no nvcc on PATH) so that the build
+    stages get as far as cuBLASLt, and the environment of a run that finds no cuBLASLt and no
+    PyTorch, with its work under tmp_path."""
     bin_dir = tmp_path / "bin"
     bin_dir.mkdir()
     smi = bin_dir / "nvidia-smi"
@@ -400,18 +448,45 @@ def fake_gpu_machine(tmp_path, smi_sleeps=False):
                    '  --query-gpu*) echo "name, driver_version"; echo "NVIDIA H200, 580.00" ;;\n'
                    + ('  *) exec sleep 600 ;;\n' if smi_sleeps else '  *) echo "fake nvidia-smi: NVIDIA H200" ;;\n')
                    + "esac\n")
-    nvcc = bin_dir / "nvcc"
-    nvcc.write_text('#!/bin/sh\necho "Cuda compilation tools, release 13.0, V13.0.88"\n')
-    for f in (smi, nvcc):
-        f.chmod(0o755)
+    smi.chmod(0o755)
     empty = tmp_path / "nothing-here"
     empty.mkdir()
-    env = dict(os.environ, PATH=f"{bin_dir}:{os.environ.get('PATH', '/usr/bin:/bin')}", CUDACXX=str(nvcc),
+    env = dict(os.environ, PATH=f"{bin_dir}:{os.environ.get('PATH', '/usr/bin:/bin')}",
                GPU_CHECK_WORK=str(tmp_path / "work"), GPU_CHECK_BUILD_DIR=str(tmp_path / "build"),
                GPU_CHECK_CUDA_ROOTS=str(empty), GPU_CHECK_SITE_PACKAGES=str(empty), GPU_CHECK_PYTHON="none")
-    for k in ("OUT", "FASTFORMER_CUBLASLT_INCLUDE_DIR", "FASTFORMER_CUBLASLT_LIBRARY"):
+    for k in ("OUT", "FASTFORMER_CUBLASLT_INCLUDE_DIR", "FASTFORMER_CUBLASLT_LIBRARY", "CUDACXX", "CUDA_HOME",
+              "CUDA_PATH", "GPU_CHECK_STOP_AFTER", "GPU_CHECK_CMAKE_ARGS", "GPU_CHECK_BUDGET_S",
+              "GPU_CHECK_NCU_EXCLUDE", "GPU_CHECK_BUILD", "GPU_CHECK_CPU_SMOKE"):
         env.pop(k, None)
+    if nvcc:
+        env["CUDACXX"] = str(write_script(bin_dir / "nvcc",
+                                          '#!/bin/sh\necho "Cuda compilation tools, release 13.0, V13.0.88"\n'))
+    else:
+        env["PATH"] = f"{bin_dir}:{path_without('nvcc')}"
     return env, empty
+
+
+def fake_torch_machine(tmp_path, env):
+    """On top of fake_gpu_machine: a fake python that "imports torch" and prints a benchmark's
+    JSON, the two models already made (reused), a fastformer-bench in the build dir that knows
+    --profile (the build itself is skipped: no cuBLASLt), and an ncu that profiles nothing."""
+    py = write_script(tmp_path / "fake-python", '#!/bin/sh\n'
+                      'case "$1" in\n'
+                      '  -c) exit 0 ;;\n'
+                      '  *copy_bandwidth.py) echo \'{"device": "cuda", "bytes": 1073741824, "repeats": 20, '
+                      '"bandwidth_bytes_per_second": 4.0e12}\' ;;\n'
+                      '  *) echo \'{"tokens_per_second": 1000000.0, "batches": 3}\' ;;\n'
+                      'esac\n')
+    for preset in ("base-long", "official"):
+        d = tmp_path / "work" / "models" / preset
+        d.mkdir(parents=True)
+        (d / "model.safetensors").write_text("fake\n")
+        (d / ".gpu-check-ok").write_text("")
+    write_script(tmp_path / "build" / "bin" / "fastformer-bench", '#!/bin/sh\n'
+                 'case "$*" in *--help*) echo "  --profile  time every op"; exit 0 ;; esac\n'
+                 'echo \'{"tokens_per_second": 2000000.0, "backend": "cuda", "batches": 5}\'\n')
+    write_script(tmp_path / "bin" / "ncu", "#!/bin/sh\nexit 0\n")
+    return dict(env, GPU_CHECK_PYTHON=str(py))
 
 
 def stage_rows(md):
@@ -436,6 +511,8 @@ def test_gpu_check_with_a_gpu_and_no_cublaslt_says_where_it_looked(tmp_path):
     md = rep.read_text()
     assert "mode: **gpu**" in md and "GPU: NVIDIA H200" in md
     assert "cuBLASLt: header **not found**; library **not found**" in md
+    assert header_line(md, "nvcc") == f"- nvcc: {tmp_path}/bin/nvcc (release 13.0, V13.0.88, CUDACXX)"
+    assert header_line(md, "driver") == "- driver: 580.00 (nvidia-smi)"
     section = md.split("## cuBLASLt")[1].split("\n## ")[0]
     assert "cublasLt.h **not found**" in section and "libcublasLt **not found**" in section
     # Where it looked: the toolkit root's include and lib dirs, the wheels' nvidia/cu13 and nvidia/cublas.
@@ -481,6 +558,135 @@ def test_gpu_check_ends_with_a_report_within_its_budget(tmp_path):
         assert "configure did not succeed" in rows["build"]
     assert f"header {inc} (13.9.7" in md
     assert "| failed |" in rows["cublaslt"] and "cannot load" in rows["cublaslt"]
+
+
+def test_gpu_check_stage_order_caps_and_every_wall_time(tmp_path):
+    """The stages in issue 21's order, each with its wall time, start and limit in the report;
+    the engine benchmarks capped at 12 s, ncu 40, torch.compile 60."""
+    env, _ = fake_gpu_machine(tmp_path)
+    env = fake_torch_machine(tmp_path, env)
+    rep = tmp_path / "report.md"
+    p, seconds = run_check(env, rep, budget=420)
+    assert p.returncode == 0, p.stdout + p.stderr
+    assert seconds < 60, p.stdout
+    md = rep.read_text()
+    assert stage_order(md) == STAGE_ORDER
+    table = {r["stage"]: r for r in stage_table(md)}
+    for r in table.values():
+        assert r["seconds"].isdigit() and r["at (s)"].isdigit(), r
+    for sid in ("copy-bandwidth", "ours-bl-bf16-fixed512", "prof-bl-bf16-fixed65536", "ours-bl-bf16-fixed8192",
+                "torch-eager", "sdpa-8192", "sdpa-512", "torch-compile"):
+        assert table[sid]["status"] == "ok", table[sid]
+    assert table["ours-bl-bf16-fixed512"]["limit (s)"] == "12"
+    assert table["prof-bl-bf16-fixed512"]["limit (s)"] == "12" and "--profile" in table["prof-bl-bf16-fixed512"]["what"]
+    assert table["ncu"]["limit (s)"] == "40" and "official bf16 fixed:512" in table["ncu"]["what"]
+    assert "our kernels: from_float and cuBLAS's excluded" in table["ncu"]["what"]
+    assert table["torch-eager"]["limit (s)"] == "30" and table["sdpa-8192"]["limit (s)"] == "20"
+    assert table["torch-compile"]["limit (s)"] == "60"
+    assert table["model-base-long"]["note"].startswith("reused") and table["model-official"]["status"] == "ok"
+    for sid in ("memcheck", "racecheck"):
+        assert table[sid]["status"] == "skipped" and "CUDA_MODULE_LOADING=LAZY" in table[sid]["what"]
+    # Starts in order, each after the one before it ended.
+    ats = [int(table[sid]["at (s)"]) for sid in STAGE_ORDER[1:]]
+    assert ats == sorted(ats)
+    assert header_line(md, "time").startswith("- time: ")
+    assert "time: " in p.stdout and "probes " in p.stdout  # the summary gives the stages' times too
+
+
+def test_gpu_check_skips_torch_compile_when_the_budget_is_spent(tmp_path):
+    """torch.compile runs last and needs 30 of its 60 s: with less left it is skipped, with
+    the reason, and the stages before it still ran."""
+    env, _ = fake_gpu_machine(tmp_path)
+    env = fake_torch_machine(tmp_path, env)
+    rep = tmp_path / "report.md"
+    budget = 39  # 29 s for the stages, the report's 10 s apart
+    p, seconds = run_check(env, rep, budget)
+    assert p.returncode == 0, p.stdout + p.stderr
+    assert seconds <= budget, p.stdout
+    table = {r["stage"]: r for r in stage_table(rep.read_text())}
+    compile_row = table["torch-compile"]
+    assert compile_row["status"] == "skipped", compile_row
+    assert compile_row["note"].startswith(f"time budget spent (GPU_CHECK_BUDGET_S={budget})"), compile_row
+    assert "needs at least 30 s of its 60 s cap" in compile_row["note"]
+    for sid in ("torch-eager", "sdpa-8192", "sdpa-512"):
+        assert table[sid]["status"] == "ok" and int(table[sid]["limit (s)"]) <= 29, table[sid]
+
+
+@pytest.mark.parametrize("wheel", ["nvidia/cu13/bin", "nvidia/cuda_nvcc/bin"])
+def test_gpu_check_finds_nvcc_in_the_wheels(tmp_path, wheel):
+    """No nvcc on PATH, no CUDACXX, no toolkit root: the nvcc of a wheel in site-packages, named
+    in the report's header with its version; GPU_CHECK_STOP_AFTER ends the run after a stage."""
+    env, _ = fake_gpu_machine(tmp_path, nvcc=False)
+    site = tmp_path / "site-packages"
+    nvcc = write_script(site / wheel / "nvcc", '#!/bin/sh\necho "Cuda compilation tools, release 13.0, V13.0.48"\n')
+    env.update(GPU_CHECK_SITE_PACKAGES=str(site), GPU_CHECK_STOP_AFTER="nvidia-smi")
+    assert shutil.which("nvcc", path=env["PATH"]) is None
+    rep = tmp_path / "report.md"
+    p, seconds = run_check(env, rep, budget=60)
+    assert p.returncode == 0, p.stdout + p.stderr
+    md = rep.read_text()
+    assert header_line(md, "nvcc") == f"- nvcc: {nvcc} (release 13.0, V13.0.48, Python wheel)"
+    assert header_line(md, "driver") == "- driver: 580.00 (nvidia-smi)"
+    assert "**stopped after stage nvidia-smi** (GPU_CHECK_STOP_AFTER)" in md
+    assert [r["stage"] for r in stage_table(md)] == ["cublaslt", "probes", "nvidia-smi"]
+    # The wheel's cuBLAS dirs are searched too.
+    section = md.split("## cuBLASLt")[1].split("\n## ")[0]
+    assert f"`{site}/nvidia/cu13/include`" in section
+    assert "nvcc: " + str(nvcc) in p.stdout
+
+
+def test_gpu_check_without_any_nvcc_says_where_it_looked(tmp_path):
+    env, empty = fake_gpu_machine(tmp_path, nvcc=False)
+    env.update(GPU_CHECK_STOP_AFTER="deps")
+    inc = tmp_path / "cublas" / "include"
+    inc.mkdir(parents=True)
+    (inc / "cublasLt.h").write_text("/* fake */\n")
+    env.update(FASTFORMER_CUBLASLT_INCLUDE_DIR=str(inc))
+    rep = tmp_path / "report.md"
+    p, _ = run_check(env, rep, budget=60)
+    assert p.returncode == 0, p.stdout + p.stderr
+    md = rep.read_text()
+    line = header_line(md, "nvcc")
+    assert line.startswith("- nvcc: **not found** (looked at ") and f"{empty}/bin/nvcc" in line
+    assert f"{empty}/nvidia/cu13/bin/nvcc" in line
+    assert [r["stage"] for r in stage_table(md)][-1] == "deps"
+
+
+def test_gpu_check_stop_after_build_with_extra_cmake_args(tmp_path):
+    """GPU_CHECK_CMAKE_ARGS is appended to the configure line, one argument per word;
+    GPU_CHECK_STOP_AFTER=build writes the report after the build (carry-gpu-deps.sh --check)."""
+    env, _ = fake_gpu_machine(tmp_path)
+    calls = tmp_path / "cmake-calls.txt"
+    write_script(tmp_path / "bin" / "cmake", '#!/bin/sh\n'
+                 'if [ "$1" = --version ]; then echo "cmake version 3.25.1"; exit 0; fi\n'
+                 f'for a in "$@"; do echo "$a"; done >>{calls}\n'
+                 f'echo ---- >>{calls}\n')
+    inc = tmp_path / "cublas" / "include"
+    inc.mkdir(parents=True)
+    (inc / "cublasLt.h").write_text("/* fake */\n")
+    env.update(FASTFORMER_CUBLASLT_INCLUDE_DIR=str(inc), GPU_CHECK_STOP_AFTER="build",
+               GPU_CHECK_CMAKE_ARGS="-DCMAKE_IGNORE_PREFIX_PATH=/usr  -DFOO=bar")
+    rep = tmp_path / "report.md"
+    p, seconds = run_check(env, rep, budget=60)
+    assert p.returncode == 0, p.stdout + p.stderr
+    assert seconds < 30, p.stdout
+    md = rep.read_text()
+    table = stage_table(md)
+    assert [r["stage"] for r in table if not r["stage"].startswith("model")] == STAGE_ORDER[:6]
+    rows = {r["stage"]: r for r in table}
+    assert rows["configure"]["status"] == "ok" and rows["build"]["status"] == "ok", rows
+    assert "-DCMAKE_IGNORE_PREFIX_PATH=/usr -DFOO=bar" in rows["configure"]["what"]
+    configure, build = calls.read_text().split("----\n")[:2]
+    configure, build = configure.splitlines(), build.splitlines()
+    assert configure[-2:] == ["-DCMAKE_IGNORE_PREFIX_PATH=/usr", "-DFOO=bar"]
+    assert "-DFASTFORMER_CUDA=ON" in configure and "-DFASTFORMER_SERVER=OFF" in configure
+    assert f"-DFASTFORMER_CUBLASLT_INCLUDE_DIR={inc}" in configure
+    assert not any(a.startswith("-DFASTFORMER_TESTS") for a in configure)  # its default: ON
+    assert build[:2] == ["--build", str(tmp_path / "build")]
+    assert build[-3:] == ["fastformer_gpu_tests", "fastformer-bench", "fastformer_cuda_engine"]
+    assert "**stopped after stage build** (GPU_CHECK_STOP_AFTER)" in md
+    meta = report.load_meta(str(next((tmp_path / "work").glob("run-*"))))
+    assert meta["stopped"] == "1" and meta["stop_after"] == "build"
 
 
 # ----------------------------------------------------------------------------- the tools on the CPU
