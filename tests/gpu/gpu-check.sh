@@ -661,7 +661,7 @@ else
     "${WD[@]}" ctest --test-dir "$BUILD_DIR" -L gpu -E BaseLong -V --no-tests=error -j 4 --timeout 25
   verdict ctest-gpu ctest
   stop_point ctest-gpu
-  run_stage parity-base-long "$BASE_LONG_TITLE" 25 "${WD[@]}" "$GPU_TESTS" '--gtest_filter=*BaseLong*'
+  run_stage parity-base-long "$BASE_LONG_TITLE" 30 "${WD[@]}" "$GPU_TESTS" '--gtest_filter=*BaseLong*'
   verdict parity-base-long gtest
 fi
 stop_point ctest-gpu

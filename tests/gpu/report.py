@@ -938,7 +938,7 @@ def main(argv=None) -> int:
               "  cuBLASLt: " + cublaslt_line(cublaslt).replace("**", ""),
               "  driver: " + driver_line(driver, meta.get("gpu_why", "")).replace("**", ""),
               f"  time: {meta.get('elapsed_s', '?')} s of {meta.get('budget_s', '?')} s; per stage: "
-              + ", ".join(f"{s['id']} {s['seconds']}" for s in stages if seconds_of(s["seconds"]))]
+              + ", ".join(f"{s['id']} {s['seconds']}" for s in stages if s["status"] != "skipped")]
         for t in t_rows:
             sm.append(f"  [{t[3][:100]}] {t[0][:90]}: {t[2]} (target {t[1]})")
         for s in failed:  # with the stage's last words: the output tail may be all one reads
