@@ -22,9 +22,10 @@ WorkspacePlan plan_workspace(const ModelConfig& c, int64_t num_labels, int64_t t
   // Each sequence has one chunk plus one per further kChunkTokens of its tokens.
   plan.chunks = B + std::max<int64_t>(T - B, 0) / kernels::kChunkTokens;
   size_t end = 0;
-  auto place = [&](int64_t rows, int64_t cols, size_t element) {
-    const WorkspacePlan::Buffer buffer{end, rows, cols};
-    const size_t bytes = size_t(rows * cols) * element;
+  // Every buffer starts at a multiple of kWorkspaceAlignment; `ld` is cols unless given.
+  auto place = [&](int64_t rows, int64_t cols, size_t element, int64_t ld = 0) {
+    const WorkspacePlan::Buffer buffer{end, rows, cols, ld > 0 ? ld : cols};
+    const size_t bytes = size_t(rows * buffer.ld) * element;
     end += (bytes + kWorkspaceAlignment - 1) / kWorkspaceAlignment * kWorkspaceAlignment;
     return buffer;
   };
@@ -35,7 +36,12 @@ WorkspacePlan plan_workspace(const ModelConfig& c, int64_t num_labels, int64_t t
   plan.pq = place(B, D, element_size);
   plan.pk = place(B, D, element_size);
   plan.pooled = place(B, D, element_size);
-  plan.logits = place(B, num_labels, element_size);
+  // The head's GEMM writes its num_labels columns into rows of padded_ld(num_labels): a
+  // 16-byte C/D row for cuBLASLt whatever the label count (workspace.h). N stays num_labels
+  // (the weight is not padded): the alignment cuBLASLt assumes comes from ldc and the
+  // pointers, not from N, so padding N would only compute and store columns nobody reads.
+  // The download reads the num_labels columns of each row (Ops::download honours ld).
+  plan.logits = place(B, num_labels, element_size, padded_ld(num_labels));
   plan.partial_max = place(plan.chunks, H, sizeof(float));
   plan.partial_sum = place(plan.chunks, H, sizeof(float));
   plan.partial_values = place(plan.chunks, D, sizeof(float));
@@ -299,7 +305,7 @@ std::vector<EncodedSequence> ForwardEngine::run(const RaggedBatch& batch,
   }
   char* const workspace = static_cast<char*>(ops.workspace());
   auto mat = [&](const WorkspacePlan::Buffer& buffer) {
-    return Mat{workspace + buffer.offset, buffer.rows, buffer.cols, buffer.cols};
+    return Mat{workspace + buffer.offset, buffer.rows, buffer.cols, buffer.ld};
   };
 
   // The profile hook: a null check per op while profiling is off; costs are computed only when on.

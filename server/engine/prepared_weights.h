@@ -15,6 +15,7 @@
 #include <vector>
 
 #include "server/engine/model.h"
+#include "server/engine/workspace.h"  // padded_ld
 
 namespace fastformer::engine {
 
@@ -45,12 +46,10 @@ struct PreparedWeights {
 
 PreparedWeights prepare_weights(const Model& model);
 
-// The width of the Q|K|s GEMM's output (and weight rows): 2D + H rounded up to a multiple of
-// 8 elements, so its rows are a multiple of 16 bytes in every dtype, as cuBLASLt's fastest
+// The width of the Q|K|s GEMM's output (and weight rows): 2D + H padded_ld (a multiple of
+// 8 elements), so its rows are a multiple of 16 bytes in every dtype, as cuBLASLt's fastest
 // (Hopper) kernels need (base-long: 1,548 -> 1,552). The extra rows have zero weights and
 // bias; nothing reads their columns (the forward reads Q, K and s as column views).
-inline int64_t qks_width(const ModelConfig& c) {
-  return (2 * c.hidden_size + c.num_attention_heads + 7) / 8 * 8;
-}
+inline int64_t qks_width(const ModelConfig& c) { return padded_ld(2 * c.hidden_size + c.num_attention_heads); }
 
 }  // namespace fastformer::engine

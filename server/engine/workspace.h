@@ -17,19 +17,40 @@
 
 namespace fastformer::engine {
 
+// The padded leading dimension of a narrow GEMM output (or width, for Q|K|s): `cols`
+// rounded up to a multiple of 8 elements (16 bytes in float16 and
+// bfloat16, 32 in float32). cuBLASLt derives the alignment it may assume for C and D from the
+// pointer and ldc * element size, and with a bias epilogue the heuristic may offer no
+// algorithm at all below 16 bytes (a 5-label head: 10-byte rows in bfloat16). The one place
+// leading dimensions are padded: the plan's buffers (plan_workspace) and the Q|K|s width
+// (qks_width, prepared_weights.h).
+inline constexpr int64_t kLdMultiple = 8;
+inline constexpr int64_t padded_ld(int64_t cols) { return (cols + kLdMultiple - 1) / kLdMultiple * kLdMultiple; }
+
+// What cuBLASLt's fastest kernels ask of every GEMM operand (A, W, C and the bias): the
+// pointer and the leading dimension in bytes both multiples of 16.
+inline constexpr size_t kGemmOperandAlignment = 16;
+
 struct WorkspacePlan {
-  // A row-major [rows, cols] buffer at byte `offset` of the workspace (dense: ld = cols).
+  // A row-major [rows, cols] buffer at byte `offset` of the workspace, `ld` elements between
+  // rows (ld >= cols; the columns past cols are padding that nothing writes or reads).
   struct Buffer {
     size_t offset = 0;
     int64_t rows = 0;
     int64_t cols = 0;
+    int64_t ld = 0;
   };
 
   int64_t tokens = 0;     ///< T, the batch's tokens
   int64_t sequences = 0;  ///< B <= T (sequences are never empty)
   int64_t chunks = 0;     ///< the most pooling chunks a batch of T tokens in B sequences has
 
-  // In the serving dtype (the engine's element_size()):
+  // In the serving dtype (the engine's element_size()). Q|K|s is padded in its width (the
+  // GEMM writes qks_width columns) and the logits in their ld; the others are dense (ld =
+  // cols, as their kernels read them): D and I are multiples of 8 in every preset and test
+  // model (GemmSites in tests/unit/cuda_gemm_test.cc walks every GEMM site), and a model where
+  // they are not runs those GEMMs at the alignment it has, with any bias added by our kernel
+  // rather than a cuBLASLt epilogue (cuda_ops.cc, linear).
   Buffer x;       ///< [T, D] hidden state, updated in place layer by layer
   Buffer qks;     ///< [T, qks_width] Q | K | s | padding; K's block is reused for U, Q's for A
   Buffer y;       ///< [T, D] GEMM outputs before their LayerNorm
@@ -37,7 +58,7 @@ struct WorkspacePlan {
   Buffer pq;      ///< [B, D] pooled query
   Buffer pk;      ///< [B, D] pooled key
   Buffer pooled;  ///< [B, D] the attention pooler's output
-  Buffer logits;  ///< [B, num_labels]
+  Buffer logits;  ///< [B, num_labels], ld padded_ld(num_labels)
   // In float32 whatever the serving dtype (the pooling ops' reductions):
   Buffer partial_max;     ///< [chunks, H] online-softmax running max per chunk and head
   Buffer partial_sum;     ///< [chunks, H] sum of weights
