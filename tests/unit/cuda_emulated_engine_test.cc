@@ -1,9 +1,11 @@
 // The CUDA engine (kernels/ + server/engine/cuda/) run on the host emulation, against the
 // CPU engine on the same model and batch, in all three dtypes (tests/support/engine_parity.h).
 // Sequences of 300 and 700 tokens span several 256-token chunks, so the split-and-combine
-// path of the pooling kernels runs. Each activation takes its own GEMM path (the bias, ReLU
-// and tanh-GELU epilogues, the erf-GELU and SiLU pass); a float16 batch that overflows fails
-// with an error, not NaN.
+// path of the pooling kernels runs. The heads have 5 and 3 labels, so the logits come back
+// from rows padded to 8 (server/engine/workspace.h, padded_ld). Each activation takes its own
+// GEMM path (the bias, ReLU and tanh-GELU epilogues, the erf-GELU and SiLU pass), and a model
+// whose hidden size is not a multiple of 8 the plain store plus bias pass; a float16 batch that
+// overflows fails with an error, not NaN.
 #include <gmock/gmock.h>
 #include <gtest/gtest.h>
 
@@ -119,6 +121,37 @@ INSTANTIATE_TEST_SUITE_P(Activations, EmulatedCudaActivationTest,
                          [](const auto& info) {
                            return std::get<0>(info.param) + "_" + std::get<1>(info.param);
                          });
+
+// A hidden and an intermediate size that are not multiples of 4 (D 34, I 42) leave rows that
+// no padding of the plan makes 16 bytes in any dtype (the activations and the weights are
+// dense), so the
+// bias GEMMs run as a plain store and the bias pass adds the bias (cuda_ops.cc, linear); the
+// head's 3 logits sit in padded rows. The engine still matches the CPU engine in every dtype.
+class EmulatedCudaUnalignedTest : public ::testing::TestWithParam<std::string> {};
+
+TEST_P(EmulatedCudaUnalignedTest, MatchesTheCpuEngine) {
+  test::TempDir dir;
+  test::TinyModelSpec spec;
+  spec.hidden = 34;
+  spec.heads = 2;
+  spec.intermediate = 42;
+  spec.max_positions = 512;
+  spec.num_labels = 3;
+  auto model = engine::Model::load(test::write_tiny_model(dir.path(), "m", spec));
+  const test::ParityInputs inputs = test::make_parity_inputs(model->config(), {1, 9, 300});
+  engine::EngineOptions cpu;
+  cpu.backend = engine::Backend::kCpu;
+  cpu.threads = 1;
+  cpu.max_batch_tokens = 512;
+  const auto reference = test::encode_all(*engine::create_engine(model, cpu), inputs);
+  engine::EngineOptions options;
+  options.dtype = GetParam();
+  options.max_batch_tokens = 512;
+  auto cuda = engine::cuda::create_emulated_cuda_engine(model, options);
+  test::expect_parity(test::encode_all(*cuda, inputs), reference, GetParam());
+}
+
+INSTANTIATE_TEST_SUITE_P(Dtypes, EmulatedCudaUnalignedTest, ::testing::Values("float32", "float16", "bfloat16"));
 
 // The feed-forward weights scaled by 1e4 put the activations past float16's 65504 (and
 // nowhere near float32's or bfloat16's range): the float16 batch fails with an EngineError

@@ -2,25 +2,35 @@
 // every epilogue against the same GEMM computed here in double and rounded once to the
 // storage type, with leading dimensions wider than the matrices; the row buckets of the
 // cuBLASLt plans; and the Q|K|s padding (server/engine/prepared_weights.h): zero rows, a
-// 16-byte row in every dtype, and CPU GEMM columns bit-identical to the unpadded weight's.
+// 16-byte row in every dtype, and CPU GEMM columns bit-identical to the unpadded weight's;
+// the logits' padded leading dimension (server/engine/workspace.h, padded_ld); and every
+// GEMM site of the forward graph, recorded as the engine runs it, 16-byte aligned.
 #include "server/engine/cuda/gemm.h"
 
 #include <gmock/gmock.h>
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <cctype>
 #include <cmath>
 #include <cstring>
+#include <memory>
 #include <random>
+#include <span>
 #include <string>
 #include <vector>
 
 #include "common/half.h"
 #include "server/engine/config.h"
+#include "server/engine/cpu/cpu_ops.h"
 #include "server/engine/cpu/onednn_gemm.h"
+#include "server/engine/cuda/cuda_ops.h"
 #include "server/engine/error.h"
+#include "server/engine/forward.h"
 #include "server/engine/model.h"
+#include "server/engine/ops.h"
 #include "server/engine/prepared_weights.h"
+#include "server/engine/workspace.h"
 #include "tests/support/reference_activation.h"
 #include "tests/support/test_models.h"
 
@@ -242,6 +252,248 @@ TEST(QksPadding, CpuGemmColumnsAreBitIdentical) {
         }
       }
       EXPECT_EQ(differing, 0) << "D " << D << ", H " << H << (bf16 ? ", bfloat16" : ", float32");
+    }
+  }
+}
+
+
+// ---- the logits' leading dimension -----------------------------------------------------------
+
+TEST(PaddedLd, IsColsRoundedUpToEight) {
+  EXPECT_EQ(engine::padded_ld(1), 8);
+  EXPECT_EQ(engine::padded_ld(5), 8);
+  EXPECT_EQ(engine::padded_ld(8), 8);
+  EXPECT_EQ(engine::padded_ld(9), 16);
+  EXPECT_EQ(engine::padded_ld(300), 304);
+  EXPECT_EQ(engine::padded_ld(1548), 1552);
+}
+
+// The plan gives the logits num_labels columns in rows of padded_ld(num_labels) (16 bytes in
+// 16-bit types for a 5-label head, not 10) and sizes the buffer by the padded rows.
+TEST(LogitsPadding, PlanPadsTheRowsNotTheColumns) {
+  engine::ModelConfig c = config_of(64, 4);
+  c.intermediate_size = 96;
+  for (const size_t element : {size_t(4), size_t(2)}) {
+    for (const int64_t labels : {int64_t(1), int64_t(3), int64_t(5), int64_t(8), int64_t(300)}) {
+      const engine::WorkspacePlan plan = engine::plan_workspace(c, labels, 100, 7, element);
+      EXPECT_EQ(plan.logits.rows, 7);
+      EXPECT_EQ(plan.logits.cols, labels);
+      EXPECT_EQ(plan.logits.ld, engine::padded_ld(labels));
+      EXPECT_EQ(plan.logits.ld * int64_t(element) % 16, 0);
+      EXPECT_GE(plan.partial_max.offset - plan.logits.offset, size_t(7 * plan.logits.ld) * element);
+      EXPECT_EQ(plan.x.ld, plan.x.cols);  // D = 64: dense
+    }
+  }
+}
+
+// The CPU engine's GEMM writes the same bits into a row of padded_ld(N) as into a dense one,
+// and nothing past N: the padded logits change no CPU result.
+TEST(LogitsPadding, CpuGemmColumnsAreBitIdentical) {
+  for (const bool bf16 : {false, true}) {
+    if (bf16 && !engine::cpu_gemm_info().has_bf16) continue;
+    for (const int64_t N : {int64_t(3), int64_t(4), int64_t(5), int64_t(7), int64_t(300)}) {
+      for (const int64_t D : {int64_t(32), int64_t(64), int64_t(768)}) {
+        const int64_t M = 40, ldc = engine::padded_ld(N);
+        const auto x = random_values(size_t(M * D), 8, 1.0f);
+        const auto w = random_values(size_t(N * D), 9, 0.05f), bias = random_values(size_t(N), 10, 0.1f);
+        std::vector<uint16_t> rounded(w.size());
+        for (size_t i = 0; i < w.size(); ++i) rounded[i] = float_to_bfloat16(w[i]);
+        const void* weight = bf16 ? static_cast<const void*>(rounded.data()) : w.data();
+        std::vector<float> dense(size_t(M * N)), padded(size_t(M * ldc), -7.0f);
+        engine::CpuMatmul({N, D, D, N, engine::Epilogue::kBias, engine::Activation::kGeluErf, bf16})
+            .run(M, x.data(), weight, bias.data(), dense.data());
+        engine::CpuMatmul({N, D, D, ldc, engine::Epilogue::kBias, engine::Activation::kGeluErf, bf16})
+            .run(M, x.data(), weight, bias.data(), padded.data());
+        int64_t differing = 0, written_past_n = 0;
+        for (int64_t i = 0; i < M; ++i) {
+          for (int64_t j = 0; j < ldc; ++j) {
+            const float got = padded[size_t(i * ldc + j)];
+            if (j >= N) {
+              written_past_n += got != -7.0f;
+            } else {
+              differing += std::memcmp(&got, &dense[size_t(i * N + j)], sizeof(float)) != 0;
+            }
+          }
+        }
+        EXPECT_EQ(differing, 0) << "N " << N << ", D " << D << (bf16 ? ", bfloat16" : ", float32");
+        EXPECT_EQ(written_past_n, 0) << "N " << N << ", D " << D;
+      }
+    }
+  }
+}
+
+// ---- every GEMM site of the forward graph --------------------------------------------------
+
+// One Ops::linear call as the forward graph issued it.
+struct GemmSite {
+  engine::Mat a, c;
+  engine::WeightRef w;
+  engine::Epilogue epilogue;
+  const char* workspace;  // the ops' workspace at the call
+};
+
+// The ops of an engine with every linear() recorded on its way through: the sites are those
+// the forward graph (server/engine/forward.cc) really issues, with the operands it really
+// passes (plan offsets, column views, uploaded weights), so this list cannot drift from it.
+class RecordingOps final : public engine::Ops {
+ public:
+  RecordingOps(std::unique_ptr<engine::Ops> inner, std::vector<GemmSite>* sites)
+      : inner_(std::move(inner)), sites_(sites) {}
+
+  size_t element_size() const override { return inner_->element_size(); }
+  const void* upload(std::span<const float> host) override { return inner_->upload(host); }
+  void reserve(const engine::WorkspacePlan& largest) override { inner_->reserve(largest); }
+  void* workspace() override { return inner_->workspace(); }
+  engine::BatchRef begin_batch(const engine::RaggedBatch& batch, const engine::WorkspacePlan& plan,
+                               const engine::PoolingChunks& chunks) override {
+    return inner_->begin_batch(batch, plan, chunks);
+  }
+  void embed(const engine::BatchRef& batch, const void* word, const void* position, const void* gamma,
+             const void* beta, double eps, engine::Mat x) override {
+    inner_->embed(batch, word, position, gamma, beta, eps, x);
+  }
+  void linear(const engine::Mat& a, const engine::WeightRef& w, engine::Mat c, engine::Epilogue epilogue,
+              engine::Activation act) override {
+    sites_->push_back({a, c, w, epilogue, static_cast<const char*>(inner_->workspace())});
+    inner_->linear(a, w, c, epilogue, act);
+  }
+  void query_pool(const engine::BatchRef& batch, const engine::Mat& scores, const engine::Mat& q,
+                  engine::Mat pq) override {
+    inner_->query_pool(batch, scores, q, pq);
+  }
+  void key_pool(const engine::BatchRef& batch, const engine::Mat& k, const engine::Mat& pq,
+                const engine::WeightRef& key_att, engine::Mat pk) override {
+    inner_->key_pool(batch, k, pq, key_att, pk);
+  }
+  void mix(const engine::BatchRef& batch, const engine::Mat& q, const engine::Mat& pk, engine::Mat u) override {
+    inner_->mix(batch, q, pk, u);
+  }
+  void bias_residual_layernorm(const engine::Mat& c, const void* bias, const engine::Mat& residual,
+                               const void* gamma, const void* beta, double eps, engine::Mat out) override {
+    inner_->bias_residual_layernorm(c, bias, residual, gamma, beta, eps, out);
+  }
+  void attention_pool(const engine::BatchRef& batch, const engine::Mat& e, const engine::WeightRef& fc2,
+                      const engine::Mat& x, engine::Mat pooled) override {
+    inner_->attention_pool(batch, e, fc2, x, pooled);
+  }
+  void l2_normalize(engine::Mat rows) override { inner_->l2_normalize(rows); }
+  void download(const engine::Mat& src, float* dst) override { inner_->download(src, dst); }
+  void synchronize() override { inner_->synchronize(); }
+  void reserve_timers(int count) override { inner_->reserve_timers(count); }
+  void timestamp(int index) override { inner_->timestamp(index); }
+  double elapsed_ms(int from, int to) override { return inner_->elapsed_ms(from, to); }
+
+ private:
+  std::unique_ptr<engine::Ops> inner_;
+  std::vector<GemmSite>* sites_;
+};
+
+struct SiteModel {
+  std::string name;
+  test::TinyModelSpec spec;
+};
+
+// The model shapes the project serves and tests: the presets of tools/make_demo_model.py and
+// the C++ test models. A GEMM site depends on D, H, I and the label count only (every layer
+// repeats the same sites; positions and vocabulary size no GEMM), so each is built with one
+// layer and a small vocabulary and position table.
+std::vector<SiteModel> site_models() {
+  auto spec = [](int64_t D, int64_t H, int64_t I, int64_t labels) {
+    test::TinyModelSpec s;
+    s.hidden = D;
+    s.heads = H;
+    s.intermediate = I;
+    s.num_labels = labels;
+    s.layers = 1;
+    s.max_positions = 32;
+    s.vocab = 50;
+    return s;
+  };
+  const test::TinyModelSpec base_long_2l = test::base_long_two_layers();
+  return {
+      {"preset tiny", spec(32, 4, 64, 3)},
+      {"preset official", spec(256, 16, 256, 4)},
+      {"preset base-long", spec(768, 12, 3072, 0)},
+      {"TinyModelSpec default", spec(32, 4, 48, 0)},
+      {"engine and activation tests (3 labels)", spec(32, 4, 48, 3)},
+      {"engine_test wide head (300 labels)", spec(32, 4, 48, 300)},
+      {"model_test (7 labels)", spec(32, 4, 48, 7)},
+      {"emulated and GPU engine tests (5 labels)", spec(64, 4, 96, 5)},
+      {"client_test", spec(128, 4, 512, 3)},
+      {"fuzz models", spec(8, 2, 8, 3)},
+      {"base_long_two_layers", spec(base_long_2l.hidden, base_long_2l.heads, base_long_2l.intermediate,
+                                    base_long_2l.num_labels)},
+  };
+}
+
+bool aligned16(const void* p) { return reinterpret_cast<uintptr_t>(p) % 16 == 0; }
+
+// Every GEMM site of every model, in the CPU engine (float32) and the CUDA engine on the host
+// emulation in float32, float16 and bfloat16: the leading dimensions of A and C and the
+// weight's (K, its rows being dense) are multiples of 16 bytes, and so are the addresses of
+// A, C, W and the bias and A's and C's offsets in the workspace, as cuBLASLt's bias
+// epilogues need (server/engine/workspace.h, padded_ld). The sites are counted against the
+// profile's GEMM rows, so a site the batch did not reach (the head: logits are asked for)
+// fails too.
+TEST(GemmSites, EveryLeadingDimensionAndPointerIs16ByteAligned) {
+  test::TempDir dir;
+  const std::vector<SiteModel> models = site_models();
+  for (size_t index = 0; index < models.size(); ++index) {
+    const SiteModel& m = models[index];
+    const auto model = engine::Model::load(test::write_tiny_model(dir.path(), "m" + std::to_string(index), m.spec));
+    for (const std::string backend : {"cpu float32", "cuda float32", "cuda float16", "cuda bfloat16"}) {
+      SCOPED_TRACE(m.name + ", " + backend);
+      std::vector<GemmSite> sites;
+      std::unique_ptr<engine::Ops> inner;
+      if (backend == "cpu float32") {
+        inner = std::make_unique<engine::CpuOps>(1, model->config());
+      } else {
+        engine::cuda::CudaOpsOptions options;
+        options.dtype = backend.substr(5);
+        std::string device, why;
+        inner = engine::cuda::emulated::make_cuda_ops(*model, options, &device, &why);
+        ASSERT_TRUE(inner) << why;
+      }
+      const size_t e = inner->element_size();
+      engine::ForwardEngine eng(model, std::make_unique<RecordingOps>(std::move(inner), &sites), 32, "test",
+                                backend);
+      eng.set_profiling(true);
+      engine::RaggedBatch batch;
+      for (const int n : {1, 5, 11}) batch.add({std::vector<int32_t>(size_t(n), 3), {}}, model->config());
+      OutputOptions options;
+      options.logits = true;
+      const auto out = eng.encode(batch, {&options, 1});
+      ASSERT_EQ(out.size(), 3u);
+      EXPECT_EQ(out[0].logits.size(), size_t(m.spec.num_labels));
+
+      std::vector<std::string> names;  // the graph's GEMM ops, in issue order (one batch: one call each)
+      for (const engine::OpProfile& row : eng.profile()) {
+        if (!row.name.ends_with("_gemm")) continue;
+        EXPECT_EQ(row.calls, 1.0) << row.name;
+        names.push_back(row.name + (row.layer >= 0 ? " of layer " + std::to_string(row.layer) : ""));
+      }
+      ASSERT_EQ(sites.size(), names.size());
+      EXPECT_EQ(std::count(names.begin(), names.end(), std::string("classifier_gemm")), m.spec.num_labels > 0);
+      for (size_t i = 0; i < sites.size(); ++i) {
+        const GemmSite& s = sites[i];
+        const int64_t E = int64_t(e);
+        SCOPED_TRACE(names[i] + ": N " + std::to_string(s.w.out) + ", K " + std::to_string(s.w.in) + ", lda " +
+                     std::to_string(s.a.ld) + ", ldc " + std::to_string(s.c.ld) + ", " + std::to_string(e) +
+                     "-byte elements");
+        EXPECT_EQ(s.a.ld * E % 16, 0) << "lda";
+        EXPECT_EQ(s.c.ld * E % 16, 0) << "ldc";
+        EXPECT_EQ(s.w.in * E % 16, 0) << "the weight's ld (K)";
+        EXPECT_GE(s.a.ld, s.w.in);
+        EXPECT_GE(s.c.ld, s.w.out);
+        EXPECT_EQ(s.a.cols, s.w.in);
+        EXPECT_EQ(s.c.cols, s.w.out);
+        EXPECT_EQ((static_cast<const char*>(s.a.data) - s.workspace) % 16, 0) << "A's offset in the workspace";
+        EXPECT_EQ((static_cast<const char*>(s.c.data) - s.workspace) % 16, 0) << "C's offset in the workspace";
+        EXPECT_TRUE(aligned16(s.a.data)) << "A";
+        EXPECT_TRUE(aligned16(s.c.data)) << "C";
+        EXPECT_TRUE(aligned16(s.w.weight)) << "W";
+        EXPECT_TRUE(aligned16(s.w.bias)) << "bias";  // null (no bias) is aligned
+      }
     }
   }
 }
