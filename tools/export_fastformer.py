@@ -226,7 +226,7 @@ NOTEBOOK_UNK_TOKEN = "[UNK]"  # the unknown word of tools/train_demo_model.py's 
 # literal pattern would keep "e\u0301" or Devanagari's vowel signs in a word where the
 # notebook splits them off.
 WORDPUNCT_PATTERN = r"[\p{L}\p{N}_]+|[^\p{L}\p{N}_\s\x{1C}-\x{1F}]+"
-# What the server's tokenizer loads (server/engine/tokenizer/tokenizer.cc; keep in step).
+# What the server's tokenizer loads (server/text/tokenizer/tokenizer.cc; keep in step).
 SUPPORTED_COMPONENTS = {
     "model": ("WordLevel", "WordPiece"),
     "normalizer": ("BertNormalizer", "Lowercase", "NFC", "NFD", "NFKC", "NFKD", "StripAccents", "Sequence"),

@@ -20,7 +20,7 @@
 #include "server/engine/engine.h"
 #include "server/engine/error.h"
 #include "server/engine/model.h"
-#include "server/engine/text.h"
+#include "server/text/text.h"
 
 namespace {
 
@@ -28,20 +28,22 @@ using namespace fastformer;
 
 constexpr int kExitBadInput = 2;
 
-// Turns a text line into token ids with the model's tokenizer (engine::tokenize_text, as the
+// Turns a text line into token ids with the model's tokenizer (text::tokenize_text, as the
 // server does), and shortens any line longer than max_position_embeddings by `truncation`
 // ("none", "right", "left"). Returns the line's error (without
 // its number), if any.
-std::optional<std::string> prepare_line(const engine::Model& model, const std::string& truncation,
-                                        jsonl::InputLine* line) {
+std::optional<std::string> prepare_line(const engine::Model& model, const text::Tokenizer* tokenizer,
+                                        const std::string& truncation, jsonl::InputLine* line) {
   const engine::ModelConfig& c = model.config();
   const int64_t max_len = c.max_position_embeddings, D = c.hidden_size;
   const bool keep_last = truncation == "left";
   if (line->text) {
-    const engine::Truncate rule = truncation == "none"   ? engine::Truncate::kNone
-                                  : keep_last            ? engine::Truncate::kLeft
-                                                         : engine::Truncate::kRight;
-    if (auto refused = engine::tokenize_text(model, *line->text, rule, &line->token_ids)) return "text: " + *refused;
+    const text::Truncate rule = truncation == "none" ? text::Truncate::kNone
+                                : keep_last          ? text::Truncate::kLeft
+                                                     : text::Truncate::kRight;
+    if (auto refused = text::tokenize_text(tokenizer, c, *line->text, rule, &line->token_ids)) {
+      return "text: " + *refused;
+    }
     return std::nullopt;
   }
   if (truncation == "none") return std::nullopt;  // validate_sequence rejects what is too long
@@ -102,16 +104,18 @@ int main(int argc, char** argv) {
   engine::parse_backend(backend_name, &engine_options.backend);
 
   std::shared_ptr<const engine::Model> model;
+  std::shared_ptr<const text::Tokenizer> tokenizer;
   std::unique_ptr<engine::Engine> eng;
   try {
     model = engine::Model::load(model_dir);
+    tokenizer = text::load_tokenizer(model_dir, *model);
     std::string why;
     eng = engine::create_engine(model, engine_options, &why);
     spdlog::info("model {}: {} parameters ({}), backend {} ({}), max batch tokens {}",
                  model->config().model_name, model->parameter_count(), model->stored_dtype(),
                  eng->device_name(), why, eng->max_batch_tokens());
-    if (model->tokenizer() != nullptr) {
-      spdlog::info("tokenizer: {}", model->tokenizer()->description());
+    if (tokenizer != nullptr) {
+      spdlog::info("tokenizer: {}", tokenizer->description());
     }
   } catch (const std::exception& e) {
     spdlog::error("{}", e.what());
@@ -168,7 +172,7 @@ int main(int argc, char** argv) {
       std::string error;
       auto parsed = jsonl::parse_input_line(line, D, &error);
       if (parsed) {
-        if (auto bad = prepare_line(*model, truncation, &*parsed)) {
+        if (auto bad = prepare_line(*model, tokenizer.get(), truncation, &*parsed)) {
           error = *bad;
           parsed.reset();
         }

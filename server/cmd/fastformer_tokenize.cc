@@ -10,7 +10,7 @@
 #include <string>
 #include <vector>
 
-#include "server/engine/tokenizer/tokenizer.h"
+#include "server/text/tokenizer/tokenizer.h"
 
 int main(int argc, char** argv) {
   CLI::App app{"Tokenize JSON-lines texts with a Hugging Face tokenizer.json"};

@@ -154,6 +154,7 @@ bool Server::load_engine() {
   const ServerOptions& f = options_;
   try {
     model_ = engine::Model::load(f.model_dir);
+    tokenizer_ = text::load_tokenizer(f.model_dir, *model_);
     const auto& c = model_->config();
     max_request_tokens_ = f.max_request_tokens > 0 ? f.max_request_tokens
                                                    : std::max(f.max_batch_tokens, c.max_position_embeddings);
@@ -221,6 +222,7 @@ void Server::start_serving() {
   config.max_batch_sequences = f.max_batch_sequences;
   config.max_queue_delay_us = f.max_queue_delay_us;
   config.dtype = f.dtype;
+  config.tokenizer = tokenizer_;
   intake_.start_serving(config, *engine_, *queue_);
   set_health(true);
   spdlog::info("SERVING fastformer.v1.Encoder and inference.GRPCInferenceService (model {}, version {}), version {}",

@@ -24,6 +24,7 @@
 #include "server/rpc/intake.h"
 #include "server/rpc/unimplemented.h"
 #include "server/rpc/server_credentials.h"
+#include "server/text/text.h"
 
 namespace fastformer {
 
@@ -77,6 +78,7 @@ class Server {
   std::unique_ptr<grpc::Server> grpc_server_;
   grpc::HealthCheckServiceInterface* health_ = nullptr;  // owned by grpc_server_
   std::shared_ptr<const engine::Model> model_;
+  std::shared_ptr<const text::Tokenizer> tokenizer_;  // null: the model takes no text
   std::unique_ptr<engine::Engine> engine_;
   int64_t max_request_tokens_ = 0;  // --max-request-tokens, or its default for the model
   std::unique_ptr<batching::BatchQueue> queue_;

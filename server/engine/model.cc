@@ -134,6 +134,8 @@ LayerNorm bind_layernorm(TensorBinder& b, const std::string& name, int64_t d) {
   return LayerNorm{b.bind(name + ".weight", {d}), b.bind(name + ".bias", {d})};
 }
 
+}  // namespace
+
 // Says plainly what a model file is when it cannot be one (a directory, a dangling symbolic
 // link), before a parser reports something confusing; a missing file is left to the parsers.
 void check_model_file(const std::filesystem::path& path) {
@@ -149,30 +151,6 @@ void check_model_file(const std::filesystem::path& path) {
                      (fs::is_directory(status) ? "a directory" : "a device, socket or pipe") + ")");
   }
 }
-
-// The optional tokenizer.json: every id it can produce must be a row of the word embedding.
-std::unique_ptr<tokenizer::Tokenizer> load_tokenizer(const std::filesystem::path& path, const Model& model) {
-  std::error_code ec;
-  if (!std::filesystem::exists(std::filesystem::symlink_status(path, ec))) return nullptr;
-  check_model_file(path);
-  std::unique_ptr<tokenizer::Tokenizer> t;
-  try {
-    t = std::make_unique<tokenizer::Tokenizer>(tokenizer::Tokenizer::from_file(path.string()));
-  } catch (const tokenizer::TokenizerError& e) {
-    throw ModelError(e.what());
-  }
-  if (!model.has_word_embedding()) {
-    throw ModelError(path.string() + ": the model has no word embedding (word_embedding.weight), so it takes no text");
-  }
-  const int64_t vocab = model.config().vocab_size;
-  if (t->max_token_id() >= vocab) {
-    throw ModelError(path.string() + ": the tokenizer produces token id " + std::to_string(t->max_token_id()) +
-                     ", over the model's vocab_size " + std::to_string(vocab) + " (ids must be below it)");
-  }
-  return t;
-}
-
-}  // namespace
 
 std::shared_ptr<const Model> Model::load(const std::filesystem::path& dir) {
   std::error_code ec;
@@ -243,7 +221,6 @@ std::shared_ptr<const Model> Model::load(const std::filesystem::path& dir) {
   b.finish();
   model->stored_dtype_ = b.dtype();
   model->parameter_count_ = b.parameters();
-  model->tokenizer_ = load_tokenizer(dir / "tokenizer.json", *model);
   return model;
 }
 

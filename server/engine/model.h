@@ -14,7 +14,6 @@
 
 #include "server/engine/config.h"
 #include "server/engine/safetensors.h"
-#include "server/engine/tokenizer/tokenizer.h"
 
 namespace fastformer::engine {
 
@@ -51,8 +50,8 @@ struct ModelWeights {
 
 class Model {
  public:
-  // Loads `dir`/config.json and `dir`/model.safetensors, and `dir`/tokenizer.json when present
-  // (its ids must fit the word embedding). Throws ModelError.
+  // Loads `dir`/config.json and `dir`/model.safetensors. Throws ModelError. The weights only:
+  // a tokenizer.json beside them is the text layer's (server/text/text.h, load_tokenizer).
   static std::shared_ptr<const Model> load(const std::filesystem::path& dir);
 
   const ModelConfig& config() const { return config_; }
@@ -65,8 +64,6 @@ class Model {
   // stores (F16/BF16 tensors are widened at load). An engine serving float16 or bfloat16
   // holds half as many in device memory (Engine::device_memory()).
   int64_t weight_bytes() const { return parameter_count_ * int64_t(sizeof(float)); }
-  // The model directory's tokenizer.json; null when it has none (the model takes no text).
-  const tokenizer::Tokenizer* tokenizer() const { return tokenizer_.get(); }
 
  private:
   Model() = default;
@@ -76,7 +73,10 @@ class Model {
   int64_t parameter_count_ = 0;
   std::unique_ptr<SafetensorsFile> file_;
   std::vector<std::unique_ptr<float[]>> owned_;  // converted tensors
-  std::unique_ptr<tokenizer::Tokenizer> tokenizer_;
 };
+
+// A file of a model directory, before it is opened: ModelError naming the path when it is a
+// dangling symbolic link, a directory or a device. A missing file is left to the opener.
+void check_model_file(const std::filesystem::path& path);
 
 }  // namespace fastformer::engine

@@ -12,7 +12,8 @@ grpc::Status EncoderService::admit(const v1::EncodeRequest& proto, grpc::Callbac
                                    const std::shared_ptr<batching::Request>& request) {
   return intake_.admit(
       context,
-      [&] { return convert_request(proto, intake_.engine().model(), intake_.config().limits, request.get()); },
+      [&] { return convert_request(proto, intake_.engine().model(), intake_.tokenizer(), intake_.config().limits,
+                               request.get()); },
       request);
 }
 
@@ -114,8 +115,8 @@ grpc::ServerUnaryReactor* EncoderService::GetModelInfo(grpc::CallbackServerConte
   info->set_max_batch_tokens(uint32_t(config.max_batch_tokens));
   info->set_max_request_tokens(uint32_t(config.limits.max_request_tokens));
   info->set_server_version(config.version);
-  info->set_accepts_text(model.tokenizer() != nullptr);
-  if (model.tokenizer() != nullptr) info->set_tokenizer(model.tokenizer()->description());
+  info->set_accepts_text(intake_.tokenizer() != nullptr);
+  if (intake_.tokenizer() != nullptr) info->set_tokenizer(intake_.tokenizer()->description());
   intake_.record("GetModelInfo", grpc::Status::OK, start);
   reactor->Finish(grpc::Status::OK);
   return reactor;

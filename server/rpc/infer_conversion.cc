@@ -128,8 +128,9 @@ grpc::Status read_parameters(const inference::ModelInferRequest& proto, OutputOp
   return grpc::Status::OK;
 }
 
-grpc::Status read_outputs(const inference::ModelInferRequest& proto, const engine::Model& model, InferCall* call) {
-  const std::vector<TensorSpec> outputs = model_outputs(model);
+grpc::Status read_outputs(const inference::ModelInferRequest& proto, const engine::Model& model,
+                          const text::Tokenizer* tokenizer, InferCall* call) {
+  const std::vector<TensorSpec> outputs = model_outputs(model, tokenizer);
   std::string names;
   for (const TensorSpec& o : outputs) names += (names.empty() ? "" : ", ") + o.name;
   auto want = [&](const std::string& name) {
@@ -222,9 +223,9 @@ grpc::Status read_texts(const Input& input, std::vector<std::string_view>* out) 
 
 }  // namespace
 
-std::vector<TensorSpec> model_inputs(const engine::Model& model) {
+std::vector<TensorSpec> model_inputs(const engine::Model& model, const text::Tokenizer* tokenizer) {
   const int64_t D = model.config().hidden_size;
-  const bool text = model.tokenizer() != nullptr;
+  const bool text = tokenizer != nullptr;
   std::vector<TensorSpec> inputs;
   if (text) inputs.push_back({"text", "BYTES", inference::TYPE_STRING, {-1}, true});
   if (model.has_word_embedding()) inputs.push_back({"input_ids", "INT64", inference::TYPE_INT64, {-1, -1}, text});
@@ -233,14 +234,14 @@ std::vector<TensorSpec> model_inputs(const engine::Model& model) {
   return inputs;
 }
 
-std::vector<TensorSpec> model_outputs(const engine::Model& model) {
+std::vector<TensorSpec> model_outputs(const engine::Model& model, const text::Tokenizer* tokenizer) {
   const int64_t D = model.config().hidden_size;
   std::vector<TensorSpec> outputs{{"embedding", "FP32", inference::TYPE_FP32, {-1, D}, false},
                                   {"token_embeddings", "FP32", inference::TYPE_FP32, {-1, -1, D}, false}};
   if (model.num_labels() > 0) {
     outputs.push_back({"logits", "FP32", inference::TYPE_FP32, {-1, int64_t(model.num_labels())}, false});
   }
-  if (model.tokenizer() != nullptr) outputs.push_back({"num_tokens", "INT64", inference::TYPE_INT64, {-1}, false});
+  if (tokenizer != nullptr) outputs.push_back({"num_tokens", "INT64", inference::TYPE_INT64, {-1}, false});
   return outputs;
 }
 
@@ -259,7 +260,8 @@ grpc::Status check_model(const engine::Model& model, const std::string& name, co
 namespace {
 
 // The rows of a `text` input: one tokenized text each.
-grpc::Status convert_text_rows(const Input& text_in, const engine::Model& model, const RequestLimits& limits,
+grpc::Status convert_text_rows(const Input& text_in, const engine::Model& model, const text::Tokenizer* tokenizer,
+                               const RequestLimits& limits,
                                int64_t max_batch_size, Truncate truncate, InferCall* call, batching::Request* out) {
   std::vector<std::string_view> texts;
   if (grpc::Status s = read_texts(text_in, &texts); !s.ok()) return s;
@@ -274,7 +276,7 @@ grpc::Status convert_text_rows(const Input& text_in, const engine::Model& model,
   int64_t total = 0;
   for (int64_t r = 0; r < B; ++r) {
     std::vector<int32_t>& row = call->ids[size_t(r)];
-    if (auto error = tokenize_text(model, texts[size_t(r)], truncate, &row, out)) {
+    if (auto error = tokenize_text(tokenizer, model.config(), texts[size_t(r)], truncate, &row, out)) {
       return invalid("text: row " + std::to_string(r) + ": " + *error);
     }
     total += int64_t(row.size());
@@ -291,7 +293,7 @@ grpc::Status convert_text_rows(const Input& text_in, const engine::Model& model,
 }  // namespace
 
 grpc::Status convert_infer_request(const inference::ModelInferRequest& proto, const engine::Model& model,
-                                   const RequestLimits& limits, int64_t max_batch_size, InferCall* call,
+                                   const text::Tokenizer* tokenizer, const RequestLimits& limits, int64_t max_batch_size, InferCall* call,
                                    batching::Request* out) {
   if (grpc::Status s = check_model(model, proto.model_name(), proto.model_version()); !s.ok()) return s;
   const engine::ModelConfig& c = model.config();
@@ -318,7 +320,7 @@ grpc::Status convert_infer_request(const inference::ModelInferRequest& proto, co
     *slot = Input{&t, proto.raw_input_contents_size() > 0 ? &proto.raw_input_contents(i) : nullptr};
   }
   if (int(ids_in.has_value()) + int(embeddings_in.has_value()) + int(text_in.has_value()) != 1) {
-    return invalid(model.tokenizer() != nullptr ? "inputs: send exactly one of input_ids, input_embeddings and text"
+    return invalid(tokenizer != nullptr ? "inputs: send exactly one of input_ids, input_embeddings and text"
                                                 : "inputs: send exactly one of input_ids and input_embeddings");
   }
   if (ids_in && !model.has_word_embedding()) {
@@ -329,11 +331,11 @@ grpc::Status convert_infer_request(const inference::ModelInferRequest& proto, co
   OutputOptions options;
   Truncate truncate = Truncate::kNone;
   if (grpc::Status s = read_parameters(proto, &options, &truncate); !s.ok()) return s;
-  if (grpc::Status s = read_outputs(proto, model, call); !s.ok()) return s;
+  if (grpc::Status s = read_outputs(proto, model, tokenizer, call); !s.ok()) return s;
   options.token_embeddings = call->token_embeddings;
   options.logits = call->logits;
   if (text_in) {
-    if (grpc::Status s = convert_text_rows(*text_in, model, limits, max_batch_size, truncate, call, out); !s.ok()) {
+    if (grpc::Status s = convert_text_rows(*text_in, model, tokenizer, limits, max_batch_size, truncate, call, out); !s.ok()) {
       return s;
     }
     out->options = options;

@@ -37,8 +37,9 @@ struct TensorSpec {
 };
 
 // The model's inputs and outputs, in the order ModelMetadata and ModelConfig list them.
-std::vector<TensorSpec> model_inputs(const engine::Model& model);
-std::vector<TensorSpec> model_outputs(const engine::Model& model);
+// `tokenizer`: the model's (null when it takes no text: no text input, no num_tokens output).
+std::vector<TensorSpec> model_inputs(const engine::Model& model, const text::Tokenizer* tokenizer);
+std::vector<TensorSpec> model_outputs(const engine::Model& model, const text::Tokenizer* tokenizer);
 
 // One ModelInferRequest's rows, converted: what the batching::Request's sequences point into,
 // and what to answer with.
@@ -54,7 +55,7 @@ struct InferCall {
 // NOT_FOUND for another model or version; INVALID_ARGUMENT naming the tensor, the row and the
 // limit for anything else wrong. On OK, `out` holds one sequence per row (views into `call`).
 grpc::Status convert_infer_request(const inference::ModelInferRequest& proto, const engine::Model& model,
-                                   const RequestLimits& limits, int64_t max_batch_size, InferCall* call,
+                                   const text::Tokenizer* tokenizer, const RequestLimits& limits, int64_t max_batch_size, InferCall* call,
                                    batching::Request* out);
 
 // NOT_FOUND unless `name` is the model's and `version` is empty or kModelVersion.

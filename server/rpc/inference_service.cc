@@ -85,8 +85,8 @@ grpc::ServerUnaryReactor* InferenceService::ModelMetadata(grpc::CallbackServerCo
     tensor->set_datatype(spec.datatype);
     for (const int64_t d : spec.shape) tensor->add_shape(d);
   };
-  for (const TensorSpec& spec : model_inputs(model)) add(spec, response->add_inputs());
-  for (const TensorSpec& spec : model_outputs(model)) add(spec, response->add_outputs());
+  for (const TensorSpec& spec : model_inputs(model, intake_.tokenizer())) add(spec, response->add_inputs());
+  for (const TensorSpec& spec : model_outputs(model, intake_.tokenizer())) add(spec, response->add_outputs());
   return finish(context, "ModelMetadata", start, grpc::Status::OK);
 }
 
@@ -105,14 +105,14 @@ grpc::ServerUnaryReactor* InferenceService::ModelConfig(grpc::CallbackServerCont
   config->set_backend(kPlatform);
   // Dims leave out the batch dimension, as they do in Triton when max_batch_size > 0.
   config->set_max_batch_size(int32_t(std::min<int64_t>(service.max_batch_sequences, INT32_MAX)));
-  for (const TensorSpec& spec : model_inputs(engine.model())) {
+  for (const TensorSpec& spec : model_inputs(engine.model(), intake_.tokenizer())) {
     inference::ModelInput* input = config->add_input();
     input->set_name(spec.name);
     input->set_data_type(spec.type);
     for (size_t d = 1; d < spec.shape.size(); ++d) input->add_dims(spec.shape[d]);
     input->set_optional(spec.optional);
   }
-  for (const TensorSpec& spec : model_outputs(engine.model())) {
+  for (const TensorSpec& spec : model_outputs(engine.model(), intake_.tokenizer())) {
     inference::ModelOutput* output = config->add_output();
     output->set_name(spec.name);
     output->set_data_type(spec.type);
@@ -170,7 +170,7 @@ grpc::Status InferenceService::admit(const inference::ModelInferRequest& proto, 
   return intake_.admit(
       context,
       [&] {
-        return convert_infer_request(proto, intake_.engine().model(), intake_.config().limits,
+        return convert_infer_request(proto, intake_.engine().model(), intake_.tokenizer(), intake_.config().limits,
                                      intake_.config().max_batch_sequences, call, request.get());
       },
       request);

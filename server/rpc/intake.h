@@ -27,6 +27,8 @@ struct ServiceConfig {
   int64_t max_batch_sequences = 0;  ///< max_batch_size in the v2 ModelConfig
   int64_t max_queue_delay_us = 0;   ///< reported in the v2 ModelConfig
   std::string dtype = "float32";
+  /// The model directory's tokenizer.json (text::load_tokenizer); null: the model takes no text.
+  std::shared_ptr<const text::Tokenizer> tokenizer;
 };
 
 // Cumulative statistics of the served model, for the protocol's ModelStatistics: every
@@ -94,6 +96,7 @@ class Intake {
   // Valid once serving.
   const ServiceConfig& config() const { return config_; }
   const engine::Engine& engine() const { return *engine_; }
+  const text::Tokenizer* tokenizer() const { return config_.tokenizer.get(); }
   const batching::BatchQueue& queue() const { return *queue_; }
   metrics::Metrics& metrics() { return metrics_; }
 

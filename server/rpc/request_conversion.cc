@@ -10,13 +10,13 @@
 #include <google/protobuf/wire_format_lite.h>
 #include <grpcpp/support/proto_buffer_reader.h>
 
-#include "server/engine/tokenizer/unicode.h"
+#include "server/text/tokenizer/unicode.h"
 #include "server/rpc/text_input.h"
 
 namespace fastformer::rpc {
 
 grpc::Status convert_request(const v1::EncodeRequest& proto, const engine::Model& model,
-                             const RequestLimits& limits, batching::Request* out) {
+                             const text::Tokenizer* tokenizer, const RequestLimits& limits, batching::Request* out) {
   const engine::ModelConfig& c = model.config();
   if (proto.sequences_size() == 0) {
     return {grpc::StatusCode::INVALID_ARGUMENT, "sequences: the request has no sequences"};
@@ -59,7 +59,7 @@ grpc::Status convert_request(const v1::EncodeRequest& proto, const engine::Model
                                       "; send exactly one of token_ids, input_embeddings and text");
       }
       std::vector<int32_t>& ids = out->text_ids.emplace_back();
-      if (auto error = tokenize_text(model, s.text(), truncate, &ids, out)) return invalid(i, "text", *error);
+      if (auto error = tokenize_text(tokenizer, c, s.text(), truncate, &ids, out)) return invalid(i, "text", *error);
       in.token_ids = ids;
       total += int64_t(ids.size());
       if (total > limits.max_request_tokens) break;  // reported below, without tokenizing the rest

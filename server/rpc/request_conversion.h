@@ -13,6 +13,7 @@
 #include "fastformer/v1/encoder.pb.h"
 #include "server/batching/request.h"
 #include "server/engine/model.h"
+#include "server/text/text.h"
 
 namespace fastformer::rpc {
 
@@ -27,9 +28,10 @@ grpc::Status parse_encode_request(const grpc::ByteBuffer& bytes, v1::EncodeReque
 // sequences[i].text that is not UTF-8 (proto3 refuses those), or that they are not protobuf.
 std::string explain_encode_parse_failure(const std::string& bytes);
 
-// Fills `out` (sequences are views into `proto`, which must outlive the request).
+// Fills `out` (sequences are views into `proto`, which must outlive the request). `tokenizer`:
+// the model's (null when it takes no text).
 grpc::Status convert_request(const v1::EncodeRequest& proto, const engine::Model& model,
-                             const RequestLimits& limits, batching::Request* out);
+                             const text::Tokenizer* tokenizer, const RequestLimits& limits, batching::Request* out);
 
 // Copies the results of a finished request into `response` (encodings, timings).
 void fill_response(const batching::Request& request, v1::EncodeResponse* response);

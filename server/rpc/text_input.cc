@@ -4,10 +4,11 @@
 
 namespace fastformer::rpc {
 
-std::optional<std::string> tokenize_text(const engine::Model& model, std::string_view text, Truncate truncate,
-                                         std::vector<int32_t>* ids, batching::Request* request) {
+std::optional<std::string> tokenize_text(const text::Tokenizer* tokenizer, const engine::ModelConfig& config,
+                                         std::string_view text, Truncate truncate, std::vector<int32_t>* ids,
+                                         batching::Request* request) {
   const auto start = batching::Clock::now();
-  std::optional<std::string> refused = engine::tokenize_text(model, text, truncate, ids);
+  std::optional<std::string> refused = text::tokenize_text(tokenizer, config, text, truncate, ids);
   request->tokenize_ns += ns_since(start);
   ++request->texts;
   return refused;

@@ -89,6 +89,7 @@ std::vector<Served>& served_models() {
       const std::filesystem::path model_dir = test::write_tiny_model(dir.path(), kNames[i], specs[i]);
       if (kTokenizers[i] != nullptr) std::ofstream(model_dir / "tokenizer.json") << kTokenizers[i];
       s.model = engine::Model::load(model_dir);
+      s.tokenizer = text::load_tokenizer(model_dir, *s.model);
       engine::EngineOptions options;
       options.backend = engine::Backend::kCpu;
       options.threads = 1;

@@ -10,6 +10,7 @@
 #include "server/batching/request.h"
 #include "server/engine/engine.h"
 #include "server/engine/model.h"
+#include "server/text/text.h"
 
 namespace fastformer::fuzz {
 
@@ -18,6 +19,7 @@ inline constexpr int64_t kMaxBatchTokens = 24;  // under the largest request: re
 
 struct Served {
   std::shared_ptr<const engine::Model> model;
+  std::shared_ptr<const text::Tokenizer> tokenizer;  ///< null: the model takes no text
   std::unique_ptr<engine::Engine> engine;
 };
 

@@ -35,7 +35,7 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
   }
 
   auto request = std::make_shared<batching::Request>();
-  const grpc::Status status = rpc::convert_request(proto, model, limits, request.get());
+  const grpc::Status status = rpc::convert_request(proto, model, served.tokenizer.get(), limits, request.get());
   if (!status.ok()) {
     FUZZ_CHECK(status.error_code() == grpc::StatusCode::INVALID_ARGUMENT);
     FUZZ_CHECK(!status.error_message().empty());

@@ -9,7 +9,7 @@
 #include <string>
 #include <string_view>
 
-#include "server/engine/tokenizer/tokenizer.h"
+#include "server/text/tokenizer/tokenizer.h"
 #include "tests/fuzz/fuzz_input.h"
 
 namespace {

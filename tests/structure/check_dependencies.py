@@ -3,6 +3,8 @@
 
     client -> common
     server/cmd -> server/rpc -> server/batching -> server/engine -> kernels -> common
+    server/rpc, server/cmd -> server/text -> server/engine (the tokenizer, on ICU, and the text
+                                                          rules: beside the batching, above the engine)
     server/rpc, server/cmd -> server/metrics -> common
 
 A layer may include itself and any layer below it, never one above or beside it;
@@ -14,6 +16,7 @@ CUDA. Exit status 1 names every offending include (file:line) or binary.
     check_dependencies.py --self-test              a client file that includes a server header
                                                    (and other breaches) must be caught
     check_dependencies.py --client-binaries B...   what the client programs link
+    check_dependencies.py --engine-binaries B...   the engine's programs link no ICU, no text layer
 """
 
 import argparse
@@ -24,7 +27,7 @@ import sys
 import tempfile
 
 # Bottom first. A file's layer is the longest of these prefixes its path starts with.
-SERVER_LAYERS = ["common", "kernels", "server/engine", "server/batching", "server/rpc",
+SERVER_LAYERS = ["common", "kernels", "server/engine", "server/text", "server/batching", "server/rpc",
                  "server/cmd"]
 # Generated from proto/ (the public API and gRPC health): usable by the RPC layers and clients.
 PROTO = ["fastformer/v1/", "grpc/health/"]
@@ -32,6 +35,8 @@ PROTO = ["fastformer/v1/", "grpc/health/"]
 CLIENT_PUBLIC = ["fastformer/client.h"]
 
 ALLOWED = {layer: SERVER_LAYERS[: i + 1] for i, layer in enumerate(SERVER_LAYERS)}
+# The batching never sees text: requests reach it as token ids.
+ALLOWED["server/batching"] = [l for l in ALLOWED["server/batching"] if l != "server/text"]
 ALLOWED["server/metrics"] = ["common", "server/metrics"]
 ALLOWED["server/rpc"] = ALLOWED["server/rpc"] + ["server/metrics"] + PROTO
 ALLOWED["server/cmd"] = ALLOWED["server/cmd"] + ["server/metrics"] + PROTO
@@ -97,6 +102,9 @@ def self_test() -> list[str]:
         "kernels/bad.cu": ('#include "server/engine/half.h"', "kernels/bad.cu:2"),
         "common/bad.h": ('#include "client/loadgen/load_spec.h"', "common/bad.h:2"),
         "server/engine/bad.cc": ('#include "server/batching/queue.h"', "server/engine/bad.cc:2"),
+        "server/engine/bad_text.h": ('#include "server/text/tokenizer/tokenizer.h"',
+                                     "server/engine/bad_text.h:2"),
+        "server/batching/bad_text.cc": ('#include "server/text/text.h"', "server/batching/bad_text.cc:2"),
         "server/batching/bad.cc": ('#include "tests/support/test_models.h"',
                                    "server/batching/bad.cc:2"),
         "server/metrics/bad.cc": ('#include "server/batching/queue.h"', "server/metrics/bad.cc:2"),
@@ -104,6 +112,8 @@ def self_test() -> list[str]:
     clean = {
         "client/cmd/good.cc": '#include "common/jsonl_io.h"\n#include "fastformer/client.h"',
         "server/cmd/good.cc": '#include "server/rpc/auth.h"\n#include "kernels/kernels.h"',
+        "server/rpc/good.cc": '#include "server/text/text.h"\n#include "server/batching/queue.h"',
+        "server/text/good.cc": '#include "server/engine/model.h"\n#include "server/text/tokenizer/unicode.h"',
         "kernels/good.cu": '#include "common/half.h"\n#include <cuda_runtime.h>',
     }
     failures = []
@@ -148,12 +158,36 @@ def check_binaries(binaries: list[str]) -> list[str]:
     return problems
 
 
+# What the engine's programs (fastformer-bench, the CUDA plugin, the GPU tests) must not carry:
+# the text layer and ICU, which a bare GPU machine does not have (issue 21).
+ENGINE_FORBIDDEN_LIBS = re.compile(r"libicu")
+ENGINE_FORBIDDEN_SYMBOLS = re.compile(r"fastformer::(tokenizer|text|batching|rpc)::|\bicu_[0-9]+::")
+
+
+def check_engine_binaries(binaries: list[str]) -> list[str]:
+    problems = []
+    for binary in binaries:
+        dynamic = subprocess.run(["readelf", "-d", binary], capture_output=True, text=True,
+                                 check=True).stdout
+        needed = re.findall(r"\(NEEDED\)\s+Shared library: \[([^\]]+)\]", dynamic)
+        if not needed:
+            problems.append(f"{binary}: readelf found no NEEDED entries (not a dynamic binary?)")
+        problems += [f"{binary}: links {lib}" for lib in needed if ENGINE_FORBIDDEN_LIBS.search(lib)]
+        symbols = subprocess.run(["nm", "-C", binary], capture_output=True, text=True,
+                                 check=True).stdout
+        bad = sorted({m.group(0) for m in ENGINE_FORBIDDEN_SYMBOLS.finditer(symbols)})
+        if bad:
+            problems.append(f"{binary}: carries text-layer or ICU code ({', '.join(bad)})")
+    return problems
+
+
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__,
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--root", type=pathlib.Path)
     parser.add_argument("--self-test", action="store_true")
     parser.add_argument("--client-binaries", nargs="+")
+    parser.add_argument("--engine-binaries", nargs="+")
     args = parser.parse_args()
     problems = []
     if args.root:
@@ -162,9 +196,11 @@ def main() -> int:
         problems += self_test()
     if args.client_binaries:
         problems += check_binaries(args.client_binaries)
+    if args.engine_binaries:
+        problems += check_engine_binaries(args.engine_binaries)
     for p in problems:
         print(p)
-    if not (args.root or args.self_test or args.client_binaries):
+    if not (args.root or args.self_test or args.client_binaries or args.engine_binaries):
         parser.error("nothing to check")
     print(f"{len(problems)} problem(s)")
     return 1 if problems else 0

@@ -6,9 +6,9 @@
 #include <string>
 #include <vector>
 
-#include "server/engine/tokenizer/components.h"
-#include "server/engine/tokenizer/tokenizer.h"
-#include "server/engine/tokenizer/unicode.h"
+#include "server/text/tokenizer/components.h"
+#include "server/text/tokenizer/tokenizer.h"
+#include "server/text/tokenizer/unicode.h"
 
 namespace fastformer::tokenizer {
 namespace {

@@ -6,6 +6,8 @@
 // (tests/tokenizer/compare_hf.py).
 #pragma once
 
+#include <unicode/unistr.h>
+
 #include <cstdint>
 #include <string>
 #include <string_view>
@@ -17,6 +19,9 @@ namespace fastformer::tokenizer {
 std::u32string decode_utf8(std::string_view utf8);
 void append_utf8(std::string& out, char32_t c);
 std::string encode_utf8(std::u32string_view text);
+// Code points <-> ICU's UTF-16 strings, for the ICU normalizers and regexes.
+icu::UnicodeString to_icu(const std::u32string& text);
+std::u32string from_icu(const icu::UnicodeString& text);
 
 // Whether the code point was assigned by Unicode major.minor (ICU's u_charAge).
 bool assigned_by(char32_t c, uint8_t major, uint8_t minor);

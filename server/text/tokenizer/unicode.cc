@@ -1,10 +1,10 @@
-#include "server/engine/tokenizer/unicode.h"
+#include "server/text/tokenizer/unicode.h"
 
 #include <unicode/uchar.h>
 
 #include <string>
 
-#include "server/engine/tokenizer/tokenizer.h"
+#include "server/text/tokenizer/tokenizer.h"
 
 namespace fastformer::tokenizer {
 
@@ -138,6 +138,18 @@ void append_lowercase(std::u32string& out, char32_t c) {
   } else {
     out.push_back(static_cast<char32_t>(u_tolower(static_cast<UChar32>(c))));
   }
+}
+
+icu::UnicodeString to_icu(const std::u32string& text) {
+  return icu::UnicodeString::fromUTF32(reinterpret_cast<const UChar32*>(text.data()),
+                                       static_cast<int32_t>(text.size()));
+}
+
+std::u32string from_icu(const icu::UnicodeString& text) {
+  std::u32string out(static_cast<size_t>(text.countChar32()), U'\0');
+  UErrorCode status = U_ZERO_ERROR;
+  text.toUTF32(reinterpret_cast<UChar32*>(out.data()), static_cast<int32_t>(out.size()), status);
+  return out;
 }
 
 }  // namespace fastformer::tokenizer

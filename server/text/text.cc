@@ -1,17 +1,40 @@
-#include "server/engine/text.h"
+#include "server/text/text.h"
 
 #include <algorithm>
 
-namespace fastformer::engine {
+#include "server/engine/error.h"
 
-std::optional<std::string> tokenize_text(const Model& model, std::string_view text, Truncate truncate,
-                                         std::vector<int32_t>* ids) {
-  const tokenizer::Tokenizer* tok = model.tokenizer();
+namespace fastformer::text {
+
+std::shared_ptr<const Tokenizer> load_tokenizer(const std::filesystem::path& dir, const engine::Model& model) {
+  const std::filesystem::path path = dir / "tokenizer.json";
+  std::error_code ec;
+  if (!std::filesystem::exists(std::filesystem::symlink_status(path, ec))) return nullptr;
+  engine::check_model_file(path);
+  std::shared_ptr<const Tokenizer> t;
+  try {
+    t = std::make_shared<const Tokenizer>(Tokenizer::from_file(path.string()));
+  } catch (const tokenizer::TokenizerError& e) {
+    throw engine::ModelError(e.what());
+  }
+  if (!model.has_word_embedding()) {
+    throw engine::ModelError(path.string() +
+                             ": the model has no word embedding (word_embedding.weight), so it takes no text");
+  }
+  const int64_t vocab = model.config().vocab_size;
+  if (t->max_token_id() >= vocab) {
+    throw engine::ModelError(path.string() + ": the tokenizer produces token id " + std::to_string(t->max_token_id()) +
+                             ", over the model's vocab_size " + std::to_string(vocab) + " (ids must be below it)");
+  }
+  return t;
+}
+
+std::optional<std::string> tokenize_text(const Tokenizer* tok, const engine::ModelConfig& c, std::string_view text,
+                                         Truncate truncate, std::vector<int32_t>* ids) {
   if (tok == nullptr) {
     return "this model takes no text: its model directory has no tokenizer.json (send token_ids)";
   }
   if (text.empty()) return "the text is empty";
-  const ModelConfig& c = model.config();
   const size_t max_len = size_t(c.max_position_embeddings);
   const tokenizer::Truncation* rule = tok->truncation();
   tokenizer::Truncation by_request;
@@ -43,4 +66,4 @@ std::optional<std::string> tokenize_text(const Model& model, std::string_view te
   return std::nullopt;
 }
 
-}  // namespace fastformer::engine
+}  // namespace fastformer::text

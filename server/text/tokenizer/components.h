@@ -12,9 +12,16 @@
 #include <unordered_map>
 #include <vector>
 
-#include "server/engine/tokenizer/tokenizer.h"
+#include "server/text/tokenizer/tokenizer.h"
 
 namespace fastformer::tokenizer {
+
+// "Sequence[Lowercase, NFC]": a Sequence component's name from its parts'.
+std::string join_names(const char* kind, const auto& parts) {
+  std::string out = std::string(kind) + "[";
+  for (size_t i = 0; i < parts.size(); ++i) out += (i ? ", " : "") + parts[i]->name();
+  return out + "]";
+}
 
 // ---- normalizers: text (code points) -> text ----------------------------------------------
 class Normalizer {

@@ -1,5 +1,5 @@
 // tokenizer.json -> the pipeline of components.h, and the pipeline run on a text.
-#include "server/engine/tokenizer/tokenizer.h"
+#include "server/text/tokenizer/tokenizer.h"
 
 #include <algorithm>
 #include <fstream>
@@ -8,8 +8,8 @@
 #include <sstream>
 #include <utility>
 
-#include "server/engine/tokenizer/components.h"
-#include "server/engine/tokenizer/unicode.h"
+#include "server/text/tokenizer/components.h"
+#include "server/text/tokenizer/unicode.h"
 
 namespace fastformer::tokenizer {
 namespace {

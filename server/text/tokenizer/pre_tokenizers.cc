@@ -1,134 +1,18 @@
-#include "server/engine/tokenizer/components.h"
+// The pre-tokenizers of tokenizer.json: BertPreTokenizer, Whitespace, WhitespaceSplit,
+// Punctuation, Split (on ICU's regex) and Sequence (components.h).
+#include "server/text/tokenizer/components.h"
 
-#include <unicode/normalizer2.h>
-#include <unicode/uniset.h>
+#include <unicode/regex.h>
 #include <unicode/unistr.h>
 
 #include <algorithm>
 #include <string>
 #include <utility>
 
-#include "server/engine/tokenizer/unicode.h"
+#include "server/text/tokenizer/unicode.h"
 
 namespace fastformer::tokenizer {
-namespace {
 
-icu::UnicodeString to_icu(const std::u32string& text) {
-  return icu::UnicodeString::fromUTF32(reinterpret_cast<const UChar32*>(text.data()),
-                                       static_cast<int32_t>(text.size()));
-}
-
-std::u32string from_icu(const icu::UnicodeString& text) {
-  std::u32string out(static_cast<size_t>(text.countChar32()), U'\0');
-  UErrorCode status = U_ZERO_ERROR;
-  text.toUTF32(reinterpret_cast<UChar32*>(out.data()), static_cast<int32_t>(out.size()), status);
-  return out;
-}
-
-std::string join_names(const char* kind, const auto& parts) {
-  std::string out = std::string(kind) + "[";
-  for (size_t i = 0; i < parts.size(); ++i) out += (i ? ", " : "") + parts[i]->name();
-  return out + "]";
-}
-
-}  // namespace
-
-// ---- normalizers ---------------------------------------------------------------------------
-void LowercaseNormalizer::normalize(std::u32string& text) const {
-  std::u32string out;
-  out.reserve(text.size());
-  for (char32_t c : text) append_lowercase(out, c);
-  text = std::move(out);
-}
-
-UnicodeNormalizer::UnicodeNormalizer(NormalForm form) : form_(form) {
-  UErrorCode status = U_ZERO_ERROR;
-  switch (form) {
-    case NormalForm::kNFC: normalizer_ = icu::Normalizer2::getNFCInstance(status); break;
-    case NormalForm::kNFD: normalizer_ = icu::Normalizer2::getNFDInstance(status); break;
-    case NormalForm::kNFKC: normalizer_ = icu::Normalizer2::getNFKCInstance(status); break;
-    case NormalForm::kNFKD: normalizer_ = icu::Normalizer2::getNFKDInstance(status); break;
-  }
-  if (U_FAILURE(status)) throw TokenizerError(std::string("ICU normalizer unavailable: ") + u_errorName(status));
-  // The crate's normalization tables are Unicode 11.0: later characters are left as they are.
-  static const icu::UnicodeSet* const unicode_11 = [] {
-    UErrorCode s = U_ZERO_ERROR;
-    auto* set = new icu::UnicodeSet(icu::UnicodeString(u"[:age=11.0:]"), s);
-    set->freeze();
-    return set;
-  }();
-  filtered_ = std::make_unique<icu::FilteredNormalizer2>(*normalizer_, *unicode_11);
-  normalizer_ = filtered_.get();
-}
-
-void UnicodeNormalizer::normalize(std::u32string& text) const {
-  bool ascii = true;
-  for (char32_t c : text) ascii = ascii && c < 0x80;
-  if (ascii) return;  // ASCII is invariant under every normal form
-  UErrorCode status = U_ZERO_ERROR;
-  const icu::UnicodeString out = normalizer_->normalize(to_icu(text), status);
-  if (U_FAILURE(status)) throw TokenizerError(std::string("ICU normalization failed: ") + u_errorName(status));
-  text = from_icu(out);
-}
-
-std::string UnicodeNormalizer::name() const {
-  switch (form_) {
-    case NormalForm::kNFC: return "NFC";
-    case NormalForm::kNFD: return "NFD";
-    case NormalForm::kNFKC: return "NFKC";
-    case NormalForm::kNFKD: return "NFKD";
-  }
-  return "?";
-}
-
-void StripAccentsNormalizer::normalize(std::u32string& text) const {
-  std::erase_if(text, is_mark);
-}
-
-BertNormalizer::BertNormalizer(bool clean_text, bool handle_chinese_chars, bool strip_accents, bool lowercase)
-    : clean_text_(clean_text), handle_chinese_chars_(handle_chinese_chars), strip_accents_(strip_accents),
-      lowercase_(lowercase) {}
-
-void BertNormalizer::normalize(std::u32string& text) const {
-  if (clean_text_) {
-    std::u32string out;
-    out.reserve(text.size());
-    for (char32_t c : text) {
-      if (c == 0 || c == 0xFFFD || is_bert_control(c)) continue;
-      out.push_back(is_bert_whitespace(c) ? U' ' : c);
-    }
-    text = std::move(out);
-  }
-  if (handle_chinese_chars_) {
-    std::u32string out;
-    out.reserve(text.size());
-    for (char32_t c : text) {
-      if (is_chinese_char(c)) {
-        out += U' ';
-        out += c;
-        out += U' ';
-      } else {
-        out.push_back(c);
-      }
-    }
-    text = std::move(out);
-  }
-  if (strip_accents_) {
-    // NFD, then drop the nonspacing marks (Mn) only: the crate's BertNormalizer keeps the
-    // spacing marks (Mc) that its StripAccents normalizer drops (Indic vowel signs).
-    UnicodeNormalizer(NormalForm::kNFD).normalize(text);
-    std::erase_if(text, is_nonspacing_mark);
-  }
-  if (lowercase_) LowercaseNormalizer().normalize(text);
-}
-
-void SequenceNormalizer::normalize(std::u32string& text) const {
-  for (const auto& part : parts_) part->normalize(text);
-}
-
-std::string SequenceNormalizer::name() const { return join_names("Sequence", parts_); }
-
-// ---- pre-tokenizers ------------------------------------------------------------------------
 void split_spans(const std::u32string& word, const std::vector<Span>& spans, SplitBehavior behavior,
                  std::vector<std::u32string>& out) {
   // (begin, end, remove) as tokenizers' NormalizedString::split builds them.
@@ -329,96 +213,5 @@ void SequencePreTokenizer::pre_tokenize(std::vector<std::u32string>& words) cons
 }
 
 std::string SequencePreTokenizer::name() const { return join_names("Sequence", parts_); }
-
-// ---- models --------------------------------------------------------------------------------
-WordLevelModel::WordLevelModel(Vocab vocab, std::string unk_token)
-    : vocab_(std::move(vocab)), unk_token_(std::move(unk_token)) {}
-
-void WordLevelModel::tokenize(const std::string& word, Encoding& out) const {
-  auto it = vocab_.find(word);
-  if (it == vocab_.end()) {
-    it = vocab_.find(unk_token_);
-    if (it == vocab_.end()) {
-      throw TokenizerError("WordLevel: word '" + word + "' is not in the vocabulary and unk_token '" + unk_token_ +
-                           "' is not in it either");
-    }
-  }
-  out.ids.push_back(it->second);
-  out.tokens.push_back(it->first);
-}
-
-WordPieceModel::WordPieceModel(Vocab vocab, std::string unk_token, std::string continuing_subword_prefix,
-                               size_t max_input_chars_per_word)
-    : vocab_(std::move(vocab)), unk_token_(std::move(unk_token)), prefix_(std::move(continuing_subword_prefix)),
-      max_chars_(max_input_chars_per_word) {}
-
-void WordPieceModel::push_unk(Encoding& out) const {
-  const auto it = vocab_.find(unk_token_);
-  if (it == vocab_.end()) throw TokenizerError("WordPiece: unk_token '" + unk_token_ + "' is not in the vocabulary");
-  out.ids.push_back(it->second);
-  out.tokens.push_back(it->first);
-}
-
-void WordPieceModel::tokenize(const std::string& word, Encoding& out) const {
-  size_t chars = 0;
-  for (char b : word) chars += (static_cast<unsigned char>(b) & 0xC0) != 0x80;
-  if (chars > max_chars_) return push_unk(out);
-  const size_t first = out.ids.size();
-  std::string candidate;
-  size_t start = 0;
-  while (start < word.size()) {
-    size_t end = word.size();
-    Vocab::const_iterator found = vocab_.end();
-    while (start < end) {
-      candidate.assign(start > 0 ? prefix_ : std::string());
-      candidate.append(word, start, end - start);
-      found = vocab_.find(candidate);
-      if (found != vocab_.end()) break;
-      do --end;  // back one UTF-8 character
-      while (end > start && (static_cast<unsigned char>(word[end]) & 0xC0) == 0x80);
-    }
-    if (found == vocab_.end()) {  // no piece fits: the whole word is unknown
-      out.ids.resize(first);
-      out.tokens.resize(first);
-      return push_unk(out);
-    }
-    out.ids.push_back(found->second);
-    out.tokens.push_back(found->first);
-    start = end;
-  }
-}
-
-// ---- post-processor ------------------------------------------------------------------------
-void PostProcessor::process(Encoding& enc) const {
-  Encoding result;
-  auto add = [&](const SpecialPiece& p) {
-    result.ids.insert(result.ids.end(), p.ids.begin(), p.ids.end());
-    result.tokens.insert(result.tokens.end(), p.tokens.begin(), p.tokens.end());
-    result.type_ids.insert(result.type_ids.end(), p.ids.size(), p.type_id);
-  };
-  for (const auto& p : before_) add(p);
-  result.ids.insert(result.ids.end(), enc.ids.begin(), enc.ids.end());
-  result.tokens.insert(result.tokens.end(), enc.tokens.begin(), enc.tokens.end());
-  result.type_ids.insert(result.type_ids.end(), enc.ids.size(), sequence_type_id_);
-  for (const auto& p : after_) add(p);
-  enc = std::move(result);
-}
-
-int32_t PostProcessor::max_id() const {
-  int32_t m = -1;
-  for (const auto* list : {&before_, &after_}) {
-    for (const auto& p : *list) {
-      for (int32_t id : p.ids) m = std::max(m, id);
-    }
-  }
-  return m;
-}
-
-size_t PostProcessor::added_tokens() const {
-  size_t n = 0;
-  for (const auto& p : before_) n += p.ids.size();
-  for (const auto& p : after_) n += p.ids.size();
-  return n;
-}
 
 }  // namespace fastformer::tokenizer
