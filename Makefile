@@ -36,7 +36,7 @@ build: deps
 
 test: build build-asan
 	$(MAKE) --no-print-directory test-unit test-golden test-e2e test-kserve test-clients test-deploy \
-	  test-tokenizer test-demo test-asan
+	  test-tokenizer test-demo test-gpu-rehearsal test-asan
 
 test-unit:
 	ctest --test-dir $(BUILD_DIR) --output-on-failure -j$(JOBS)
@@ -105,5 +105,5 @@ clean:
 	rm -rf $(BUILD_DIR) $(ASAN_DIR)
 
 # Sanitizer builds (mk/sanitizers.mk), fuzzing (mk/fuzz.mk), the image test (mk/image.mk),
-# the soak test (mk/soak.mk).
+# the soak test (mk/soak.mk), the GPU check's dress rehearsal (mk/gpu.mk).
 include $(sort $(wildcard mk/*.mk))

@@ -8,8 +8,10 @@
 #   deploy/carry-gpu-deps.sh --plain   build .deps/ with nothing packed (about 44 MiB)
 #   deploy/carry-gpu-deps.sh --unpack  on the GPU machine: unpack what was packed (needs
 #                                      xz or python3; tests/gpu/gpu-check.sh does this)
-#   deploy/carry-gpu-deps.sh --check   load every CMake config from a moved copy of .deps
-#                                      alone, and link and run a program against them all
+#   deploy/carry-gpu-deps.sh --check   build the GPU check's targets of a fresh copy of the tree
+#                                      from a moved copy of .deps alone (the system's /usr
+#                                      hidden) and fail on any library they load from outside
+#                                      .deps, the CUDA toolkit and the C/C++ runtime
 #
 # The prefix:  .deps/include, .deps/lib (shared and static libraries), .deps/lib/cmake/<Pkg>
 # (relocatable CMake configs: nlohmann_json, CLI11, spdlog, fmt, GTest/GMock).
@@ -33,7 +35,7 @@ case "${1:-}" in
   --plain) pack=0 ;;
   --unpack) mode=unpack ;;
   --check) mode=check ;;
-  -h|--help) sed -n '2,23p' "$0"; exit 0 ;;
+  -h|--help) sed -n '2,25p' "$0"; exit 0 ;;
   *) echo "carry-gpu-deps.sh: unknown option '$1' (expected --plain, --unpack or --check)" >&2; exit 2 ;;
 esac
 
@@ -73,122 +75,78 @@ with lzma.open(sys.argv[1]) as i, open(sys.argv[2], "wb") as o: shutil.copyfileo
   say "unpacked $n file(s); .deps is $(du -sm "$DEPS" | cut -f1) MiB"
 }
 
-# ---- --check: configs load from .deps alone, a program links and runs ----------------------
+# ---- --check: the real tree builds from .deps alone, as the GPU check builds it ------------
+# A fresh copy of the tree (what the device tool carries: tracked and not-ignored files) with a
+# moved copy of .deps, unpacked there. tests/gpu/gpu-check.sh configures and builds its own
+# targets in it (its configure line exactly, GPU_CHECK_STOP_AFTER=build) with the system's
+# prefix hidden (-DCMAKE_IGNORE_PREFIX_PATH=/usr), as on a GPU machine with no -dev packages.
+# Then every shared library the built targets load must resolve inside .deps, the CUDA toolkit
+# (or its Python wheels) or the base C/C++ runtime; anything else (ICU, say) fails the check,
+# named. CARRY_CHECK_DIR=DIR keeps the copy there (DIR/tree, with DIR/tree/build-gpu built), for
+# tests/rehearsal/test_gpu_rehearsal.py to run the whole check in.
+CHECK_TARGET_FILES=(bin/fastformer_gpu_tests bin/fastformer-bench lib/libfastformer_cuda_engine.so)
+# The base runtime a GPU machine has: glibc, libstdc++, libgcc_s and the compiler's libgomp.
+RUNTIME_RE='^(linux-vdso\.so|ld-linux[-a-z0-9_]*\.so|libc\.so|libm\.so|libmvec\.so|libpthread\.so|libdl\.so|librt\.so|libstdc\+\+\.so|libgcc_s\.so|libgomp\.so)'
 check() {
   [ -d "$DEPS" ] || die "no .deps/: run deploy/carry-gpu-deps.sh first"
-  local cmake_bin=${CMAKE:-cmake}
-  local t
-  t=$(mktemp -d /tmp/carry-gpu-deps-check.XXXXXX)
-  # A moved copy, unpacked there: .deps stays as it travels, and relocation is tested.
-  cp -a "$DEPS" "$t/deps"
-  DEPS=$t/deps
-  unpack >/dev/null
-  cat >"$t/CMakeLists.txt" <<'EOF'
-cmake_minimum_required(VERSION 3.23)
-project(deps_check LANGUAGES CXX)
-set(CMAKE_CXX_STANDARD 20)
-find_package(Threads REQUIRED)
-find_package(nlohmann_json 3.10 CONFIG REQUIRED)
-find_package(CLI11 CONFIG REQUIRED)
-find_package(spdlog CONFIG REQUIRED)
-find_package(GTest REQUIRED)
-# oneDNN as the root CMakeLists finds it: by header and library; libgomp is the compiler's.
-find_path(DNNL_INCLUDE_DIR oneapi/dnnl/dnnl.hpp REQUIRED)
-find_library(DNNL_LIBRARY dnnl REQUIRED)
-find_library(GOMP_LIBRARY NAMES gomp libgomp.so.1 REQUIRED
-             HINTS ${CMAKE_CXX_IMPLICIT_LINK_DIRECTORIES})
-set(bad "")
-foreach(p nlohmann_json CLI11 spdlog fmt GTest)
-  message(STATUS "deps-check: ${p}_DIR = ${${p}_DIR}")
-  if(NOT "${${p}_DIR}" MATCHES "^${DEPS_PREFIX}/")
-    list(APPEND bad ${p})
-  endif()
-endforeach()
-foreach(v DNNL_INCLUDE_DIR DNNL_LIBRARY)
-  message(STATUS "deps-check: ${v} = ${${v}}")
-  if(NOT "${${v}}" MATCHES "^${DEPS_PREFIX}/")
-    list(APPEND bad ${v})
-  endif()
-endforeach()
-message(STATUS "deps-check: GOMP_LIBRARY = ${GOMP_LIBRARY} (the compiler's, not carried)")
-if("${GOMP_LIBRARY}" MATCHES "^${DEPS_PREFIX}/")
-  list(APPEND bad GOMP_LIBRARY)
-endif()
-foreach(t spdlog::spdlog fmt::fmt GTest::gtest GTest::gmock GTest::gtest_main)
-  get_target_property(loc ${t} LOCATION)
-  message(STATUS "deps-check: ${t} = ${loc}")
-  if(NOT "${loc}" MATCHES "^${DEPS_PREFIX}/")
-    list(APPEND bad ${t})
-  endif()
-endforeach()
-foreach(t nlohmann_json::nlohmann_json CLI11::CLI11 spdlog::spdlog GTest::gtest)
-  get_target_property(inc ${t} INTERFACE_INCLUDE_DIRECTORIES)
-  message(STATUS "deps-check: ${t} includes ${inc}")
-endforeach()
-if(bad)
-  message(FATAL_ERROR "deps-check: found outside ${DEPS_PREFIX}: ${bad}")
-endif()
-add_executable(deps_check main.cc)
-target_include_directories(deps_check SYSTEM PRIVATE ${DNNL_INCLUDE_DIR})
-target_link_libraries(deps_check PRIVATE nlohmann_json::nlohmann_json CLI11::CLI11 spdlog::spdlog
-                      ${DNNL_LIBRARY} ${GOMP_LIBRARY} GTest::gmock GTest::gtest_main Threads::Threads)
-EOF
-  cat >"$t/main.cc" <<'EOF'
-#include <oneapi/dnnl/dnnl.hpp>
-#include <CLI/CLI.hpp>
-#include <gmock/gmock.h>
-#include <gtest/gtest.h>
-#include <nlohmann/json.hpp>
-#include <spdlog/spdlog.h>
-
-TEST(DepsCheck, AllLibrariesWork) {
-  // A 2x2 float32 matmul primitive on oneDNN's CPU engine: c = a b.
-  float a[4] = {1, 2, 3, 4}, b[4] = {0, 1, 1, 0}, c[4] = {0, 0, 0, 0};
-  dnnl::engine eng(dnnl::engine::kind::cpu, 0);
-  dnnl::stream strm(eng);
-  const dnnl::memory::desc md({2, 2}, dnnl::memory::data_type::f32, dnnl::memory::format_tag::ab);
-#if DNNL_VERSION_MAJOR >= 3
-  dnnl::matmul::primitive_desc pd(eng, md, md, md);
-#else
-  dnnl::matmul::primitive_desc pd(dnnl::matmul::desc(md, md, md), eng);
-#endif
-  dnnl::memory ma(md, eng, a), mb(md, eng, b), mc(md, eng, c);
-  dnnl::matmul(pd).execute(strm, {{DNNL_ARG_SRC, ma}, {DNNL_ARG_WEIGHTS, mb}, {DNNL_ARG_DST, mc}});
-  strm.wait();
-  EXPECT_THAT(std::vector<float>(c, c + 4), ::testing::ElementsAre(2, 1, 4, 3));
-  auto j = nlohmann::json::parse(R"({"x": 3})");
-  EXPECT_EQ(j["x"].get<int>(), 3);
-  CLI::App app{"deps"};
-  int n = 0;
-  app.add_option("--n", n);
-  const char* argv[] = {"deps", "--n", "7"};
-  app.parse(3, argv);
-  EXPECT_EQ(n, 7);
-  const dnnl_version_t* v = dnnl_version();
-  spdlog::info("spdlog {} works, oneDNN {}.{}.{} ({}) matmul works", SPDLOG_VER_MAJOR, v->major, v->minor,
-               v->patch, v->hash);
-}
-EOF
-  # Only the carried prefix: /usr and /usr/local are not searched for packages.
-  "$cmake_bin" -S "$t" -B "$t/build" -DCMAKE_BUILD_TYPE=Release -DDEPS_PREFIX="$DEPS" \
-    -DCMAKE_PREFIX_PATH="$DEPS" -DCMAKE_IGNORE_PREFIX_PATH="/usr;/usr/local;/" \
-    -DCMAKE_FIND_USE_PACKAGE_REGISTRY=OFF -DCMAKE_FIND_USE_SYSTEM_PACKAGE_REGISTRY=OFF \
-    >"$t/configure.log" 2>&1 || { cat "$t/configure.log"; die "configure against .deps failed ($t)"; }
-  grep 'deps-check:' "$t/configure.log" | sed 's/^-- /  /'
-  "$cmake_bin" --build "$t/build" -j"$(nproc 2>/dev/null || echo 2)" >"$t/build.log" 2>&1 ||
-    { tail -30 "$t/build.log"; die "build against .deps failed ($t)"; }
-  LD_LIBRARY_PATH="$DEPS/lib${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}" "$t/build/deps_check" >"$t/run.log" 2>&1 ||
-    { cat "$t/run.log"; die "the check program failed ($t)"; }
-  grep -E 'spdlog|PASSED' "$t/run.log" | sed 's/^/  /'
-  if command -v ldd >/dev/null 2>&1; then
-    local lddout
-    lddout=$(LD_LIBRARY_PATH="$DEPS/lib${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}" ldd "$t/build/deps_check")
-    grep -E 'dnnl|OpenCL|gomp|spdlog|fmt' <<<"$lddout" | sed 's/^\s*/  ldd: /'
-    grep -E '^\s*libdnnl\.so\.[0-9]+ => '"$DEPS/lib/" <<<"$lddout" >/dev/null ||
-      die "deps_check does not load libdnnl from $DEPS/lib ($t)"
+  local t=${CARRY_CHECK_DIR:-} keep=1
+  if [ -z "$t" ]; then
+    t=$(mktemp -d /tmp/carry-gpu-deps-check.XXXXXX)
+    keep=0
   fi
-  rm -rf "$t"
-  say "check passed: every config loads from .deps alone and the program links and runs"
+  rm -rf "$t/tree" "$t/work"
+  mkdir -p "$t/tree" "$t/work"
+  local s0=$SECONDS
+  if git -C "$ROOT" rev-parse --is-inside-work-tree >/dev/null 2>&1; then
+    (cd "$ROOT" && git ls-files -co --exclude-standard -z | tar --null -T - -cf -) | tar -C "$t/tree" -xf -
+  else
+    tar -C "$ROOT" --exclude='./build*' --exclude=./.deps --exclude='./.venv*' --exclude=./models -cf - . |
+      tar -C "$t/tree" -xf -
+  fi
+  cp -a "$DEPS" "$t/tree/.deps"
+  (cd "$t/tree" && bash deploy/carry-gpu-deps.sh --unpack) | sed 's/^/  /'
+  say "configure and build the GPU check's targets in a fresh copy ($t/tree), system prefix /usr hidden"
+  local rc=0
+  (cd "$t/tree" && GPU_CHECK_BUILD=1 GPU_CHECK_STOP_AFTER=build GPU_CHECK_PYTHON=none GPU_CHECK_WORK="$t/work" \
+    GPU_CHECK_CMAKE_ARGS="-DCMAKE_IGNORE_PREFIX_PATH=/usr ${CARRY_CHECK_CMAKE_ARGS:-}" \
+    bash tests/gpu/gpu-check.sh "$t/report.md") >"$t/gpu-check.log" 2>&1 || rc=$?
+  local stages
+  stages=$(ls -d "$t"/work/run-*/stages.tsv 2>/dev/null | tail -1)
+  [ -n "$stages" ] || { tail -30 "$t/gpu-check.log"; die "gpu-check.sh wrote no stages (exit $rc; $t/gpu-check.log)"; }
+  local run
+  run=$(dirname "$stages")
+  local id status
+  for id in configure build; do
+    status=$(awk -F'\t' -v id="$id" '$1 == id {s = $3} END {print s}' "$stages")
+    if [ "$status" != ok ]; then
+      echo "carry-gpu-deps: stage $id: ${status:-not run}; last lines:" >&2
+      tail -n 25 "$run/$id.out" "$run/$id.err" 2>/dev/null | sed 's/^/    /' >&2
+      die "the tree does not ${id} from .deps alone (logs: $run)"
+    fi
+    say "  $id: ok ($(awk -F'\t' -v id="$id" '$1 == id {s = $5} END {print s}' "$stages") s)"
+  done
+  local build_dir="$t/tree/${GPU_CHECK_BUILD_DIR:-build-gpu}" f bad=() name arrow path
+  for f in "${CHECK_TARGET_FILES[@]}"; do
+    [ -f "$build_dir/$f" ] || die "the build made no $f"
+    while read -r name arrow path _; do
+      [ -n "$name" ] || continue
+      [[ "$name" =~ $RUNTIME_RE ]] && continue
+      case "$arrow $path" in
+        "=> $t/tree/.deps/"*) continue ;;                      # carried
+        "=> "*/cuda*/* | "=> "*/nvidia/* | "=> "*/cu1[0-9]/*) continue ;;  # the CUDA toolkit, its wheels
+        "=> not"*) bad+=("$(basename "$f"): $name not found") ;;
+        "=> "*) bad+=("$(basename "$f"): $name => $path") ;;
+        *) [[ "$name" == /*/ld-linux* ]] || bad+=("$(basename "$f"): $name $arrow $path") ;;  # the loader
+      esac
+    done < <(LD_LIBRARY_PATH="$t/tree/.deps/lib" ldd "$build_dir/$f" 2>&1 | sed 's/ (0x[0-9a-f]*)$//')
+  done
+  if [ "${#bad[@]}" -gt 0 ]; then
+    printf 'carry-gpu-deps:   outside .deps, the CUDA toolkit and the C/C++ runtime: %s\n' "${bad[@]}" >&2
+    die "the GPU check's targets load ${#bad[@]} librar(ies) a GPU machine lacks (above); carry them or keep them out of the engine"
+  fi
+  say "  every shared library of ${CHECK_TARGET_FILES[*]} resolves to .deps, the CUDA toolkit or the C/C++ runtime"
+  [ "$keep" = 1 ] || rm -rf "$t"
+  say "check passed in $((SECONDS - s0)) s: the tree configures and builds from .deps alone$([ "$keep" = 1 ] && echo " (kept: $t/tree)")"
 }
 
 case "$mode" in
