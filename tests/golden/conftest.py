@@ -7,6 +7,13 @@ collected together); importing this conftest puts tools/ on sys.path.
 The C++ binaries are looked up in $FASTFORMER_BIN_DIR (default <repo>/build/bin).
 A test that needs `fastformer-encode` FAILS when it is missing (set
 FASTFORMER_ALLOW_MISSING_BINARIES=1 to skip those tests instead, while developing).
+
+PyTorch's BLAS (tools/torch_blas.py): before numpy or torch is loaded, OPENBLAS_CORETYPE
+is set when OpenBLAS would run a core below the CPU's (Debian 12's OpenBLAS runs its
+generic Prescott core on Sapphire/Emerald Rapids; the tests' children inherit it); once
+per session one timed matmul names the BLAS torch runs on. The verdict is a line of
+the report header, and a warning section of the terminal summary when it is the
+reference BLAS or slow (naming what to install or set); it never fails a test.
 """
 
 from __future__ import annotations
@@ -17,13 +24,45 @@ import subprocess
 import sys
 from pathlib import Path
 
-import numpy as np
-import pytest
-
 REPO = Path(__file__).resolve().parents[2]
 TOOLS = REPO / "tools"
 if str(TOOLS) not in sys.path:
     sys.path.insert(0, str(TOOLS))
+
+import torch_blas  # noqa: E402  (standard library only)
+
+BLAS_PRESET_NOTE = torch_blas.preset_openblas_coretype()  # before numpy/torch load libblas.so.3
+
+import numpy as np  # noqa: E402
+import pytest  # noqa: E402
+
+_blas_check = []
+
+
+def blas_check():
+    """The session's torch_blas.check() (run once), or the exception text if it could not run."""
+    if not _blas_check:
+        try:
+            _blas_check.append(torch_blas.check())
+        except Exception as e:  # noqa: BLE001  (a report, never a failure)
+            _blas_check.append(f"torch BLAS: the check could not run: {type(e).__name__}: {e}")
+    return _blas_check[0]
+
+
+def pytest_report_header(config):
+    r = blas_check()
+    lines = [BLAS_PRESET_NOTE] if BLAS_PRESET_NOTE else []
+    lines.append(r if isinstance(r, str) else r.verdict)
+    return lines
+
+
+def pytest_terminal_summary(terminalreporter, exitstatus, config):
+    r = blas_check()
+    if isinstance(r, str) or not r.warning:
+        return
+    terminalreporter.write_sep("=", "PyTorch BLAS warning (tools/torch_blas.py)", yellow=True)
+    terminalreporter.write_line(r.verdict)
+    terminalreporter.write_line(r.warning)
 
 PYTHON = "/usr/bin/python3" if os.path.exists("/usr/bin/python3") else sys.executable
 
