@@ -16,8 +16,21 @@ fewer than --min-freq times, the rest in order of first appearance), truncated t
 --max-len tokens (the notebook pads with 0 to the same length; our engine takes
 the unpadded ids, which give the same result because padding is masked).
 
-Deterministic: fixed seed, one thread count, the split by a hash of each page's
-name (manpages_corpus.split_pages); the same packages give the same model.
+Deterministic: fixed seed, the split by a hash of each page's name
+(manpages_corpus.split_pages); the same packages, thread count (--threads, default
+the cores this process may use) and BLAS kernels give the same model.
+
+Speed: Debian's PyTorch runs its matmuls on whatever libblas.so.3 is. At start the
+script checks it once (tools/torch_blas.py: one timed matmul) and prints a
+"torch BLAS: ..." line, with a warning naming the fix when it is netlib's
+reference BLAS (apt-get install libopenblas0-pthread; deploy/install-deps.sh
+does it) or too slow. When OpenBLAS would run a core below the CPU's (Debian
+12's 0.3.21 runs its generic Prescott core on Sapphire/Emerald Rapids), it sets
+OPENBLAS_CORETYPE (SkylakeX on AVX-512) for this process before torch loads,
+saying so; an OPENBLAS_CORETYPE already set is left as it is. OMP_WAIT_POLICY
+defaults to PASSIVE (idle OpenMP threads sleep: 3-4x faster on shared cores). Progress
+(step, loss, elapsed, estimated time left) is printed at least every
+--progress-seconds (10) while training and evaluating.
 
 Writes into --out:
   config.json, model.safetensors   via tools/export_fastformer.py (float32)
@@ -49,11 +62,21 @@ import subprocess
 import sys
 import time
 
-import numpy as np
-import torch
-import torch.nn as nn
-
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+import torch_blas  # noqa: E402
+
+# Before numpy and torch load libblas.so.3 and libgomp: both read their environment once, at load.
+CORETYPE_NOTE = None
+if __name__ == "__main__":
+    CORETYPE_NOTE = torch_blas.preset_openblas_coretype()
+    # Idle OpenMP threads sleep instead of spinning: on cores shared with a build, torch's
+    # spinning threads made a training step 3-4x slower (docs/demo-model.md); alone, the same.
+    os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
+
+import numpy as np  # noqa: E402
+import torch  # noqa: E402
+import torch.nn as nn  # noqa: E402
+
 from export_fastformer import export_model, word_dict_tokenizer  # noqa: E402
 from manpages_corpus import LABEL_NAMES, LABELS, collect_pages, package_versions, split_pages  # noqa: E402
 from reference import Model, load_config  # noqa: E402
@@ -112,13 +135,81 @@ def init_weights(module, std):
 
 
 @torch.no_grad()
-def predict(model, ids, max_len, batch=64):
+def predict(model, ids, max_len, batch=64, on_batch=None):
     model.eval()
     out = []
     for i in range(0, len(ids), batch):
         x = torch.tensor([pad(s, max_len) for s in ids[i:i + batch]], dtype=torch.long)
         out.append(model(x))
+        if on_batch is not None:
+            on_batch(min(i + batch, len(ids)), len(ids))
     return torch.cat(out)
+
+
+def _duration(seconds: float) -> str:
+    seconds = max(0, int(round(seconds)))
+    return f"{seconds} s" if seconds < 120 else f"{seconds // 60} min {seconds % 60:02d} s"
+
+
+class Progress:
+    """Prints a progress line at least every `interval` seconds (sooner when the next step
+    would pass it): step, loss, elapsed time and the estimated time left, counting the
+    evaluation of the test split after every epoch and at the end."""
+
+    def __init__(self, epochs, steps_per_epoch, batch_size, test_pages, interval, t0, out=sys.stdout):
+        self.epochs, self.steps_per_epoch = epochs, steps_per_epoch
+        self.total = epochs * steps_per_epoch
+        self.batch_size, self.test_pages = batch_size, test_pages
+        self.interval, self.t0, self.out = interval, t0, out
+        self.done = 0
+        self.step_seconds = 0.0   # training time so far (evaluation excluded)
+        self.eval_seconds = None  # the last evaluation's time
+        self.evals_done = 0
+        self.last_print = t0
+        self.last = t0
+        self.last_dur = 0.0
+
+    def _left(self) -> float:
+        per_step = self.step_seconds / max(1, self.done)
+        # before the first evaluation: forward only, about a third of a step per batch of pages
+        per_eval = (self.eval_seconds if self.eval_seconds is not None
+                    else per_step * self.test_pages / self.batch_size / 3)
+        evals_left = self.epochs + 1 - self.evals_done  # one per epoch and the final one
+        return (self.total - self.done) * per_step + evals_left * per_eval
+
+    def _due(self, now) -> bool:
+        return self.done <= 1 or now - self.last_print + self.last_dur >= self.interval
+
+    def _print(self, now, text):
+        print(f"{text}; {_duration(now - self.t0)} elapsed, ~{_duration(self._left())} left",
+              file=self.out, flush=True)
+        self.last_print = now
+
+    def step(self, epoch, loss, epoch_mean):
+        now = time.time()
+        self.last_dur = now - self.last
+        self.step_seconds += self.last_dur
+        self.last = now
+        self.done += 1
+        if self._due(now):
+            self._print(now, f"step {self.done}/{self.total} (epoch {epoch + 1}/{self.epochs}): "
+                             f"loss {loss:.4f} (epoch mean {epoch_mean:.4f})")
+
+    def eval_start(self):
+        self.eval_t0 = self.last_eval_batch = time.time()
+
+    def eval_batch(self, pages, total):
+        now = time.time()
+        dur = now - self.last_eval_batch
+        self.last_eval_batch = now
+        if pages < total and now - self.last_print + dur >= self.interval:
+            self._print(now, f"evaluating the test split: {pages}/{total} pages")
+
+    def eval_end(self):
+        """The caller prints its epoch (or final) line right after: that counts as progress."""
+        self.last = self.last_print = time.time()
+        self.eval_seconds = self.last - self.eval_t0
+        self.evals_done += 1
 
 
 def compare_logits(ours, ref, rtol):
@@ -139,7 +230,11 @@ def main(argv=None) -> int:
     ap.add_argument("--batch-size", type=int, default=16)
     ap.add_argument("--lr", type=float, default=1e-3)
     ap.add_argument("--seed", type=int, default=0)
-    ap.add_argument("--threads", type=int, default=2)
+    ap.add_argument("--threads", type=int, default=len(os.sched_getaffinity(0)),
+                    help="torch's and OpenBLAS's threads, default the cores this process may use "
+                         "(%(default)s here)")
+    ap.add_argument("--progress-seconds", type=float, default=10.0,
+                    help="print progress at least this often (seconds), default 10")
     ap.add_argument("--test-fraction", type=float, default=0.2)
     ap.add_argument("--hidden", type=int, default=256)
     ap.add_argument("--layers", type=int, default=2)
@@ -151,7 +246,13 @@ def main(argv=None) -> int:
     ap.add_argument("--rtol", type=float, default=1e-4)
     args = ap.parse_args(argv)
 
-    torch.set_num_threads(args.threads)
+    if CORETYPE_NOTE:
+        print(CORETYPE_NOTE, flush=True)
+    blas = torch_blas.check()  # one timed matmul (before seeding: it uses its own generator)
+    print(blas.verdict, flush=True)
+    if blas.warning:
+        print(f"warning: {blas.warning}", flush=True)
+    torch_blas.set_threads(args.threads)  # torch's, and OpenBLAS's own pool
     random.seed(args.seed)
     np.random.seed(args.seed)
     torch.manual_seed(args.seed)
@@ -183,6 +284,11 @@ def main(argv=None) -> int:
     baseline = float((y_test == majority).mean())
     history = []
     t_train0 = time.time()
+    steps_per_epoch = math.ceil(len(train) / args.batch_size)
+    print(f"training: {args.epochs} epochs of {steps_per_epoch} steps (batch {args.batch_size}) on "
+          f"{args.threads} threads", flush=True)
+    progress = Progress(args.epochs, steps_per_epoch, args.batch_size, len(test),
+                        args.progress_seconds, t_train0)
     order_rng = random.Random(args.seed)
     for epoch in range(args.epochs):
         model.train()
@@ -196,9 +302,14 @@ def main(argv=None) -> int:
             optimizer.zero_grad()
             loss.backward()
             optimizer.step()
-            loss_sum += loss.item() * len(idx)
+            loss_value = loss.item()
+            loss_sum += loss_value * len(idx)
             n += len(idx)
-        acc = float((predict(model, test_ids, args.max_len).argmax(1).numpy() == y_test).mean())
+            progress.step(epoch, loss_value, loss_sum / n)
+        progress.eval_start()
+        acc = float((predict(model, test_ids, args.max_len, on_batch=progress.eval_batch)
+                     .argmax(1).numpy() == y_test).mean())
+        progress.eval_end()
         history.append({"epoch": epoch + 1, "train_loss": loss_sum / n, "test_accuracy": acc,
                         "seconds": time.time() - t_train0})
         print(f"epoch {epoch + 1}: train loss {loss_sum / n:.4f}, test accuracy {acc:.4f} "
@@ -206,7 +317,9 @@ def main(argv=None) -> int:
     t_train = time.time() - t_train0
 
     model.eval()
-    logits = predict(model, test_ids, args.max_len).numpy().astype(np.float32)
+    progress.eval_start()
+    logits = predict(model, test_ids, args.max_len, on_batch=progress.eval_batch).numpy().astype(np.float32)
+    progress.eval_end()
     pred = logits.argmax(1)
     accuracy = float((pred == y_test).mean())
     per_class = {LABEL_NAMES[c]: {"test_pages": int((y_test == c).sum()),

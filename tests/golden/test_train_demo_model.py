@@ -121,6 +121,7 @@ def test_train_export_and_engine_parity(pages, tmp_path, golden):
                        capture_output=True, text=True, timeout=600)
     assert r.returncode == 0, r.stdout + r.stderr
     assert "engine parity: PASS" in r.stdout, r.stdout
+    assert "torch BLAS: " in r.stdout and "step 1/55 (epoch 1/1): loss " in r.stdout, r.stdout
     report = json.loads((out / "train_report.json").read_text())
     assert report["engine_parity"]["argmax_mismatches"] == 0
     assert report["engine_parity"]["max_rel_error"] <= 1e-4
