@@ -139,7 +139,10 @@ FORBIDDEN_LIBS = re.compile(r"openblas|blas|dnnl|cublas|cudart|libcuda|nvrtc")
 FORBIDDEN_SYMBOLS = re.compile(r"fastformer::(engine|batching|rpc|metrics|kernels)::|cblas_|dnnl_")
 
 
-def check_binaries(binaries: list[str]) -> list[str]:
+def check_binaries(binaries: list[str], libs: re.Pattern = FORBIDDEN_LIBS,
+                   symbols_re: re.Pattern = FORBIDDEN_SYMBOLS,
+                   what: str = "server/engine code") -> list[str]:
+    """Each binary's NEEDED libraries must not match `libs`, nor its symbols `symbols_re`."""
     problems = []
     for binary in binaries:
         dynamic = subprocess.run(["readelf", "-d", binary], capture_output=True, text=True,
@@ -147,14 +150,12 @@ def check_binaries(binaries: list[str]) -> list[str]:
         needed = re.findall(r"\(NEEDED\)\s+Shared library: \[([^\]]+)\]", dynamic)
         if not needed:
             problems.append(f"{binary}: readelf found no NEEDED entries (not a dynamic binary?)")
-        for lib in needed:
-            if FORBIDDEN_LIBS.search(lib):
-                problems.append(f"{binary}: links {lib}")
+        problems += [f"{binary}: links {lib}" for lib in needed if libs.search(lib)]
         symbols = subprocess.run(["nm", "-C", binary], capture_output=True, text=True,
                                  check=True).stdout
-        bad = sorted({m.group(0) for m in FORBIDDEN_SYMBOLS.finditer(symbols)})
+        bad = sorted({m.group(0) for m in symbols_re.finditer(symbols)})
         if bad:
-            problems.append(f"{binary}: carries server/engine code ({', '.join(bad)})")
+            problems.append(f"{binary}: carries {what} ({', '.join(bad)})")
     return problems
 
 
@@ -165,20 +166,8 @@ ENGINE_FORBIDDEN_SYMBOLS = re.compile(r"fastformer::(tokenizer|text|batching|rpc
 
 
 def check_engine_binaries(binaries: list[str]) -> list[str]:
-    problems = []
-    for binary in binaries:
-        dynamic = subprocess.run(["readelf", "-d", binary], capture_output=True, text=True,
-                                 check=True).stdout
-        needed = re.findall(r"\(NEEDED\)\s+Shared library: \[([^\]]+)\]", dynamic)
-        if not needed:
-            problems.append(f"{binary}: readelf found no NEEDED entries (not a dynamic binary?)")
-        problems += [f"{binary}: links {lib}" for lib in needed if ENGINE_FORBIDDEN_LIBS.search(lib)]
-        symbols = subprocess.run(["nm", "-C", binary], capture_output=True, text=True,
-                                 check=True).stdout
-        bad = sorted({m.group(0) for m in ENGINE_FORBIDDEN_SYMBOLS.finditer(symbols)})
-        if bad:
-            problems.append(f"{binary}: carries text-layer or ICU code ({', '.join(bad)})")
-    return problems
+    return check_binaries(binaries, ENGINE_FORBIDDEN_LIBS, ENGINE_FORBIDDEN_SYMBOLS,
+                          "text-layer or ICU code")
 
 
 def main() -> int:
