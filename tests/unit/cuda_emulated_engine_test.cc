@@ -10,6 +10,7 @@
 #include <gtest/gtest.h>
 
 #include <cmath>
+#include <memory>
 #include <string>
 #include <tuple>
 
@@ -84,6 +85,22 @@ TEST(EmulatedCudaEngine, BatchOverItsBuffersIsAClearError) {
 
 INSTANTIATE_TEST_SUITE_P(Dtypes, EmulatedCudaEngineTest, ::testing::Values("float32", "float16", "bfloat16"));
 
+// The emulated CUDA engine in `dtype` against the CPU engine (float32, one thread) on three
+// sequences of 1, 9 and 300 tokens (two pooling chunks).
+void expect_emulated_matches_cpu(const std::shared_ptr<const engine::Model>& model, const std::string& dtype) {
+  const test::ParityInputs inputs = test::make_parity_inputs(model->config(), {1, 9, 300});
+  engine::EngineOptions cpu;
+  cpu.backend = engine::Backend::kCpu;
+  cpu.threads = 1;
+  cpu.max_batch_tokens = 512;
+  const auto reference = test::encode_all(*engine::create_engine(model, cpu), inputs);
+  engine::EngineOptions options;
+  options.dtype = dtype;
+  options.max_batch_tokens = 512;
+  auto cuda = engine::cuda::create_emulated_cuda_engine(model, options);
+  test::expect_parity(test::encode_all(*cuda, inputs), reference, dtype);
+}
+
 // The intermediate GEMM's epilogue per activation (cuda_ops.cc, linear): gelu_new and relu are
 // fused into the GEMM (the tanh-GELU and ReLU epilogues), gelu and silu keep the bias +
 // activation pass; every model also runs the plain bias epilogue (Q|K|s, the pooler, the
@@ -102,17 +119,7 @@ TEST_P(EmulatedCudaActivationTest, MatchesTheCpuEngine) {
   spec.activation = activation;
   auto model = engine::Model::load(test::write_tiny_model(dir.path(), "m", spec));
   ASSERT_EQ(model->config().hidden_act_name, activation);
-  const test::ParityInputs inputs = test::make_parity_inputs(model->config(), {1, 9, 300});
-  engine::EngineOptions cpu;
-  cpu.backend = engine::Backend::kCpu;
-  cpu.threads = 1;
-  cpu.max_batch_tokens = 512;
-  const auto reference = test::encode_all(*engine::create_engine(model, cpu), inputs);
-  engine::EngineOptions options;
-  options.dtype = dtype;
-  options.max_batch_tokens = 512;
-  auto cuda = engine::cuda::create_emulated_cuda_engine(model, options);
-  test::expect_parity(test::encode_all(*cuda, inputs), reference, dtype);
+  expect_emulated_matches_cpu(model, dtype);
 }
 
 INSTANTIATE_TEST_SUITE_P(Activations, EmulatedCudaActivationTest,
@@ -124,8 +131,7 @@ INSTANTIATE_TEST_SUITE_P(Activations, EmulatedCudaActivationTest,
 
 // A hidden and an intermediate size that are not multiples of 4 (D 34, I 42) leave rows that
 // no padding of the plan makes 16 bytes in any dtype (the activations and the weights are
-// dense), so the
-// bias GEMMs run as a plain store and the bias pass adds the bias (cuda_ops.cc, linear); the
+// dense), so the bias GEMMs run as a plain store and the bias pass adds the bias (cuda_ops.cc, linear); the
 // head's 3 logits sit in padded rows. The engine still matches the CPU engine in every dtype.
 class EmulatedCudaUnalignedTest : public ::testing::TestWithParam<std::string> {};
 
@@ -138,17 +144,7 @@ TEST_P(EmulatedCudaUnalignedTest, MatchesTheCpuEngine) {
   spec.max_positions = 512;
   spec.num_labels = 3;
   auto model = engine::Model::load(test::write_tiny_model(dir.path(), "m", spec));
-  const test::ParityInputs inputs = test::make_parity_inputs(model->config(), {1, 9, 300});
-  engine::EngineOptions cpu;
-  cpu.backend = engine::Backend::kCpu;
-  cpu.threads = 1;
-  cpu.max_batch_tokens = 512;
-  const auto reference = test::encode_all(*engine::create_engine(model, cpu), inputs);
-  engine::EngineOptions options;
-  options.dtype = GetParam();
-  options.max_batch_tokens = 512;
-  auto cuda = engine::cuda::create_emulated_cuda_engine(model, options);
-  test::expect_parity(test::encode_all(*cuda, inputs), reference, GetParam());
+  expect_emulated_matches_cpu(model, GetParam());
 }
 
 INSTANTIATE_TEST_SUITE_P(Dtypes, EmulatedCudaUnalignedTest, ::testing::Values("float32", "float16", "bfloat16"));
