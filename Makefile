@@ -63,7 +63,7 @@ $(MODEL_DIR)/model.safetensors:
 demo-model: deps $(MODEL_DIR)/model.safetensors
 
 # A trained demo model (issue 15, groundwork): the official notebook's model trained on
-# Debian's manpages + manpages-dev (4 classes by manual section), ~4 minutes on 2 cores,
+# Debian's manpages + manpages-dev (4 classes by manual section), ~3 minutes on 2 cores,
 # exported to models/manpages and checked against fastformer-encode (logits within 1e-4).
 TRAINED_MODEL_DIR ?= models/manpages
 demo-trained: deps
@@ -72,7 +72,7 @@ demo-trained: deps
 	$(PYTHON) tools/train_demo_model.py --out $(TRAINED_MODEL_DIR) --verify-with $(BUILD_DIR)/bin/fastformer-encode
 
 # The gRPC server: gRPC on :50051, Prometheus metrics on :8002/metrics. It serves the trained
-# demo model (models/manpages, trained on first use: about 5 minutes on 2 cores) or, when that
+# demo model (models/manpages, trained on first use: about 3 minutes on 2 cores) or, when that
 # cannot be built, the random one (models/demo), saying why. MODEL_DIR=... serves that one.
 serve: build demo-model
 ifeq ($(origin MODEL_DIR),command line)
@@ -80,7 +80,7 @@ ifeq ($(origin MODEL_DIR),command line)
 else
 	@dir=$(TRAINED_MODEL_DIR); \
 	if [ ! -f $$dir/train_report.json ]; then \
-	  echo "make serve: training the demo model into $$dir (once; about 5 minutes on 2 cores)"; \
+	  echo "make serve: training the demo model into $$dir (once; about 3 minutes on 2 cores, progress every 10 s)"; \
 	  $(PYTHON) tools/train_demo_model.py --out $$dir || { dir=$(MODEL_DIR); \
 	    echo "make serve: the trained demo model could not be built (the error is above); serving the random demo model $$dir instead (it takes text, but its labels mean nothing)"; }; \
 	fi; \

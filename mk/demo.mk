@@ -1,5 +1,5 @@
 # The tests on the trained demo model (tests/demo; issue 15, point 5). The model is trained
-# once into DEMO_TEST_MODEL_DIR by tools/train_demo_model.py (~4 minutes on 2 cores) and kept:
+# once into DEMO_TEST_MODEL_DIR by tools/train_demo_model.py (~3 minutes on 2 cores) and kept:
 # train_report.json, the trainer's last file, marks a finished run. Then pytest tests/demo
 # with FASTFORMER_DEMO_MODEL_DIR pointing at it: the split as text through fastformer-server
 # over gRPC against the PyTorch model's predictions, and the CPU engine and the emulated CUDA
