@@ -11,7 +11,9 @@
 #   deploy/carry-gpu-deps.sh --check   build the GPU check's targets of a fresh copy of the tree
 #                                      from a moved copy of .deps alone (the system's /usr
 #                                      hidden) and fail on any library they load from outside
-#                                      .deps, the CUDA toolkit and the C/C++ runtime
+#                                      .deps, the CUDA toolkit and the C/C++ runtime, or on
+#                                      any header it read of another -dev package
+#   deploy/carry-gpu-deps.sh --gate BUILD_DIR DEPS_DIR   that last test alone, on a build
 #
 # The prefix:  .deps/include, .deps/lib (shared and static libraries), .deps/lib/cmake/<Pkg>
 # (relocatable CMake configs: nlohmann_json, CLI11, spdlog, fmt, GTest/GMock).
@@ -35,8 +37,9 @@ case "${1:-}" in
   --plain) pack=0 ;;
   --unpack) mode=unpack ;;
   --check) mode=check ;;
-  -h|--help) sed -n '2,25p' "$0"; exit 0 ;;
-  *) echo "carry-gpu-deps.sh: unknown option '$1' (expected --plain, --unpack or --check)" >&2; exit 2 ;;
+  --gate) mode=gate ;;
+  -h|--help) sed -n '2,27p' "$0"; exit 0 ;;
+  *) echo "carry-gpu-deps.sh: unknown option '$1' (expected --plain, --unpack, --check or --gate)" >&2; exit 2 ;;
 esac
 
 say() { echo "carry-gpu-deps: $*"; }
@@ -80,13 +83,73 @@ with lzma.open(sys.argv[1]) as i, open(sys.argv[2], "wb") as o: shutil.copyfileo
 # moved copy of .deps, unpacked there. tests/gpu/gpu-check.sh configures and builds its own
 # targets in it (its configure line exactly, GPU_CHECK_STOP_AFTER=build) with the system's
 # prefix hidden (-DCMAKE_IGNORE_PREFIX_PATH=/usr), as on a GPU machine with no -dev packages.
-# Then every shared library the built targets load must resolve inside .deps, the CUDA toolkit
-# (or its Python wheels) or the base C/C++ runtime; anything else (ICU, say) fails the check,
-# named. CARRY_CHECK_DIR=DIR keeps the copy there (DIR/tree, with DIR/tree/build-gpu built), for
-# tests/rehearsal/test_gpu_rehearsal.py to run the whole check in.
+# Then the gate (--gate): what the built targets load and what the build read must come from
+# what a GPU machine has. CARRY_CHECK_DIR=DIR keeps the copy there (DIR/tree, with
+# DIR/tree/build-gpu built), for tests/rehearsal/test_gpu_rehearsal.py to run the whole check in.
 CHECK_TARGET_FILES=(bin/fastformer_gpu_tests bin/fastformer-bench lib/libfastformer_cuda_engine.so)
 # The base runtime a GPU machine has: glibc, libstdc++, libgcc_s and the compiler's libgomp.
 RUNTIME_RE='^(linux-vdso\.so|ld-linux[-a-z0-9_]*\.so|libc\.so|libm\.so|libmvec\.so|libpthread\.so|libdl\.so|librt\.so|libstdc\+\+\.so|libgcc_s\.so|libgomp\.so)'
+# The Debian packages whose headers a GPU machine's compiler also has: libc's, the kernel's and
+# the compiler's own. A header of any other package (a -dev the GPU machine lacks) fails.
+BASE_HEADER_PKGS_RE='^(libc6-dev|linux-libc-dev|libstdc\+\+-[0-9]+-dev|libgcc-[0-9]+-dev|libgomp1|gcc-[0-9]+|g\+\+-[0-9]+|libc6)(:[a-z0-9]+)?$'
+
+# gate BUILD_DIR DEPS_DIR: (1) every shared library the check's targets load (ldd, with
+# LD_LIBRARY_PATH=DEPS_DIR/lib) resolves inside DEPS_DIR, the CUDA toolkit (or its Python wheels)
+# or the base C/C++ runtime; (2) every header the build read (ninja -t deps, or the compiler's
+# .d files) is the tree's, DEPS_DIR's, the CUDA toolkit's or the compiler's and libc's (by dpkg
+# -S). Anything else is named, and the gate fails.
+gate() {
+  local build_dir=$1 deps=$2 tree f bad=() name arrow path
+  build_dir=$(cd "$build_dir" && pwd) && deps=$(cd "$deps" && pwd) || die "gate: no such directory"
+  tree=$(cd "$build_dir/.." && pwd)
+  for f in "${CHECK_TARGET_FILES[@]}"; do
+    [ -f "$build_dir/$f" ] || die "the build made no $f"
+    while read -r name arrow path _; do
+      [ -n "$name" ] || continue
+      [[ "$name" =~ $RUNTIME_RE ]] && continue
+      case "$arrow $path" in
+        "=> $deps/"*) continue ;;                                           # carried
+        "=> "*/cuda*/* | "=> "*/nvidia/* | "=> "*/cu1[0-9]/*) continue ;;  # the CUDA toolkit, its wheels
+        "=> not"*) bad+=("$(basename "$f") loads $name: not found") ;;
+        "=> "*) bad+=("$(basename "$f") loads $name => $path") ;;
+        *) [[ "$name" == /*/ld-linux* ]] || bad+=("$(basename "$f"): $name $arrow $path") ;;  # the loader
+      esac
+    done < <(LD_LIBRARY_PATH="$deps/lib" ldd "$build_dir/$f" 2>&1 | sed 's/ (0x[0-9a-f]*)$//')
+  done
+  local headers n=0
+  if [ -f "$build_dir/build.ninja" ]; then
+    headers=$(ninja -C "$build_dir" -t deps 2>/dev/null | awk '/^ +\// {print $1}')
+  else
+    headers=$(find "$build_dir" -name '*.d' -exec cat {} + 2>/dev/null | tr ' \\' '\n\n' | grep '^/')
+  fi
+  [ -n "$headers" ] || bad+=("no header dependencies found in $build_dir (ninja -t deps / *.d): nothing to check")
+  local system=()
+  mapfile -t system < <(printf '%s\n' "$headers" | sort -u | grep -v -e "^$tree/" -e "^$deps/" -e '/cuda[^/]*/' -e '/nvidia/' \
+    -e '^/usr/lib/gcc/' | grep .)
+  if [ "${#system[@]}" -gt 0 ]; then
+    local owner file owners=()
+    while IFS= read -r line; do
+      owner=${line%%: *}
+      file=${line#*: }
+      n=$((n + 1))
+      if [[ "$line" == dpkg-query:* ]]; then
+        bad+=("the build read ${line##* }, which no package owns")
+      else
+        local o ok=1
+        IFS=', ' read -r -a owners <<<"$owner"  # "libc6-dev:amd64, libc6:amd64" when shared
+        for o in "${owners[@]}"; do [[ "$o" =~ $BASE_HEADER_PKGS_RE ]] || ok=0; done
+        [ "$ok" = 1 ] || bad+=("the build read $file, of $owner (a -dev package the GPU machine lacks)")
+      fi
+    done < <(dpkg -S "${system[@]}" 2>&1 | sed 's/^\(dpkg-query: no path found matching pattern\) /\1: /')
+  fi
+  if [ "${#bad[@]}" -gt 0 ]; then
+    printf 'carry-gpu-deps:   %s\n' "${bad[@]}" | sort -u >&2
+    die "the GPU check's targets need ${#bad[@]} thing(s) a GPU machine lacks (above): carry them in .deps or keep them out of the engine"
+  fi
+  say "  every shared library of ${CHECK_TARGET_FILES[*]} resolves to .deps, the CUDA toolkit or the C/C++ runtime"
+  say "  every header the build read is the tree's, .deps', the CUDA toolkit's or the compiler's and libc's ($n system headers, by dpkg -S)"
+}
+
 check() {
   [ -d "$DEPS" ] || die "no .deps/: run deploy/carry-gpu-deps.sh first"
   local t=${CARRY_CHECK_DIR:-} keep=1
@@ -94,11 +157,15 @@ check() {
     t=$(mktemp -d /tmp/carry-gpu-deps-check.XXXXXX)
     keep=0
   fi
+  mkdir -p "$t"
+  t=$(cd "$t" && pwd)
   rm -rf "$t/tree" "$t/work"
   mkdir -p "$t/tree" "$t/work"
   local s0=$SECONDS
   if git -C "$ROOT" rev-parse --is-inside-work-tree >/dev/null 2>&1; then
-    (cd "$ROOT" && git ls-files -co --exclude-standard -z | tar --null -T - -cf -) | tar -C "$t/tree" -xf -
+    # Tracked and untracked-but-not-ignored files, less those deleted from the working tree.
+    (cd "$ROOT" && git ls-files -co --exclude-standard -z | tar --null -T - --ignore-failed-read -cf - 2>/dev/null) |
+      tar -C "$t/tree" -xf -
   else
     tar -C "$ROOT" --exclude='./build*' --exclude=./.deps --exclude='./.venv*' --exclude=./models -cf - . |
       tar -C "$t/tree" -xf -
@@ -111,11 +178,10 @@ check() {
     GPU_CHECK_CMAKE_ARGS="-DCMAKE_IGNORE_PREFIX_PATH=/usr ${CARRY_CHECK_CMAKE_ARGS:-}" \
     bash tests/gpu/gpu-check.sh "$t/report.md") >"$t/gpu-check.log" 2>&1 || rc=$?
   local stages
-  stages=$(ls -d "$t"/work/run-*/stages.tsv 2>/dev/null | tail -1)
-  [ -n "$stages" ] || { tail -30 "$t/gpu-check.log"; die "gpu-check.sh wrote no stages (exit $rc; $t/gpu-check.log)"; }
-  local run
+  stages=$(ls -d "$t"/work/run-*/stages.tsv 2>/dev/null | tail -1 || true)
+  [ -n "$stages" ] || { tail -30 "$t/gpu-check.log" >&2; die "gpu-check.sh wrote no stages (exit $rc; $t/gpu-check.log)"; }
+  local run id status
   run=$(dirname "$stages")
-  local id status
   for id in configure build; do
     status=$(awk -F'\t' -v id="$id" '$1 == id {s = $3} END {print s}' "$stages")
     if [ "$status" != ok ]; then
@@ -125,26 +191,7 @@ check() {
     fi
     say "  $id: ok ($(awk -F'\t' -v id="$id" '$1 == id {s = $5} END {print s}' "$stages") s)"
   done
-  local build_dir="$t/tree/${GPU_CHECK_BUILD_DIR:-build-gpu}" f bad=() name arrow path
-  for f in "${CHECK_TARGET_FILES[@]}"; do
-    [ -f "$build_dir/$f" ] || die "the build made no $f"
-    while read -r name arrow path _; do
-      [ -n "$name" ] || continue
-      [[ "$name" =~ $RUNTIME_RE ]] && continue
-      case "$arrow $path" in
-        "=> $t/tree/.deps/"*) continue ;;                      # carried
-        "=> "*/cuda*/* | "=> "*/nvidia/* | "=> "*/cu1[0-9]/*) continue ;;  # the CUDA toolkit, its wheels
-        "=> not"*) bad+=("$(basename "$f"): $name not found") ;;
-        "=> "*) bad+=("$(basename "$f"): $name => $path") ;;
-        *) [[ "$name" == /*/ld-linux* ]] || bad+=("$(basename "$f"): $name $arrow $path") ;;  # the loader
-      esac
-    done < <(LD_LIBRARY_PATH="$t/tree/.deps/lib" ldd "$build_dir/$f" 2>&1 | sed 's/ (0x[0-9a-f]*)$//')
-  done
-  if [ "${#bad[@]}" -gt 0 ]; then
-    printf 'carry-gpu-deps:   outside .deps, the CUDA toolkit and the C/C++ runtime: %s\n' "${bad[@]}" >&2
-    die "the GPU check's targets load ${#bad[@]} librar(ies) a GPU machine lacks (above); carry them or keep them out of the engine"
-  fi
-  say "  every shared library of ${CHECK_TARGET_FILES[*]} resolves to .deps, the CUDA toolkit or the C/C++ runtime"
+  gate "$t/tree/${GPU_CHECK_BUILD_DIR:-build-gpu}" "$t/tree/.deps"
   [ "$keep" = 1 ] || rm -rf "$t"
   say "check passed in $((SECONDS - s0)) s: the tree configures and builds from .deps alone$([ "$keep" = 1 ] && echo " (kept: $t/tree)")"
 }
@@ -152,6 +199,7 @@ check() {
 case "$mode" in
   unpack) unpack; exit 0 ;;
   check) check; exit 0 ;;
+  gate) [ $# -eq 3 ] || die "usage: carry-gpu-deps.sh --gate BUILD_DIR DEPS_DIR"; gate "$2" "$3"; exit 0 ;;
 esac
 
 # ---- build .deps/ from this machine's Debian packages ---------------------------------------
@@ -293,6 +341,11 @@ needs_from() {  # needs_from LIB SONAME
   echo "# files:"
   (cd "$TMP" && find . -type f -o -type l | sort | sed 's#^\./#  #')
 } >"$TMP/MANIFEST.txt"
+
+# What the tree was when .deps was packed: gpu-check.sh names it when the copy has no .git.
+{
+  echo "commit $(git -C "$ROOT" rev-parse --short HEAD 2>/dev/null || echo unknown)$(git -C "$ROOT" status --porcelain 2>/dev/null | grep -q . && echo ' with local changes'), packed $(date -u +%Y-%m-%dT%H:%M:%SZ)"
+} >"$TMP/SOURCE"
 
 : >"$TMP/PACKED"
 # The symbolic links, so that --unpack can remake any a transfer did not keep.

@@ -56,7 +56,8 @@ def test_check_names_the_library_torch_loaded():
     r = tb.check()
     with open("/proc/self/maps") as f:
         maps = f.read()
-    assert r.library and r.library in maps and os.path.exists(r.library), r
+    if DEBIAN_TORCH:  # pip's torch links its BLAS (MKL) in: no BLAS library of its own is mapped
+        assert r.library and r.library in maps and os.path.exists(r.library), r
     assert r.gflops > 0.5, r
     assert r.verdict.startswith("torch BLAS: ") and f"{r.gflops:.1f} GFLOP/s" in r.verdict
     if DEBIAN_TORCH:  # Debian's python3-torch runs on libblas.so.3: install-deps makes it OpenBLAS

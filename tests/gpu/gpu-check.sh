@@ -38,6 +38,7 @@
 #                                 spaces (the rehearsal: -DCMAKE_IGNORE_PREFIX_PATH=/usr)
 #   GPU_CHECK_STOP_AFTER          a stage ID (e.g. build): write the report and exit after it
 #                                 (deploy/carry-gpu-deps.sh --check)
+#   GPU_CHECK_COMMIT              the commit this copy is of, for the report (no .git is carried)
 #   GPU_CHECK_NCU_EXCLUDE         the kernels ncu leaves out, a regex on the function name
 #                                 [from_float, the weight uploads, and cuBLAS's kernels]
 # Where nvcc is looked for (the first found): $CUDACXX, PATH, then bin/ of $CUDA_HOME,
@@ -319,11 +320,17 @@ fi
   echo "from=$NVCC_FROM"
   echo "candidates=$(grep -c . "$RUN/nvcc-candidates.txt")"
 } >"$RUN/nvcc.env"
-find_tool() {  # find_tool NAME: on PATH, beside nvcc, or under /opt/nvidia
+find_tool() {  # find_tool NAME: on PATH, beside nvcc, in a toolkit root, a wheel or /opt/nvidia
   if has "$1"; then command -v "$1"; return; fi
-  local c
-  for c in "${CUDA_BIN:-/nonexistent}/$1" /usr/local/cuda/bin/$1 $(ls -d /opt/nvidia/nsight-compute/*/"$1" 2>/dev/null | sort -V | tail -1); do
-    [ -x "$c" ] && { echo "$c"; return; }
+  local c root=${CUDA_BIN:+$(dirname "$CUDA_BIN")} cands=() s
+  cands+=("${CUDA_BIN:-/nonexistent}/$1" "${root:-/nonexistent}/$1/$1" /usr/local/cuda/bin/$1 /usr/local/cuda/$1/$1)
+  mapfile -t -O "${#cands[@]}" cands < <(ls -d /usr/local/cuda-*/bin/"$1" /usr/local/cuda-*/"$1"/"$1" 2>/dev/null | sort -rV)
+  for s in "${SITES[@]}"; do
+    cands+=("$s/nvidia/cu13/bin/$1" "$s/nvidia/cu13/$1/$1" "$s/nvidia/cuda_sanitizer_api/$1/$1" "$s/nvidia/cu12/bin/$1")
+  done
+  mapfile -t -O "${#cands[@]}" cands < <(ls -d /opt/nvidia/nsight-compute/*/"$1" 2>/dev/null | sort -rV)
+  for c in "${cands[@]}"; do
+    [ -f "$c" ] && [ -x "$c" ] && { echo "$c"; return; }
   done
 }
 SANITIZER=$(find_tool compute-sanitizer)
@@ -487,10 +494,16 @@ fi
   echo "host: $(uname -n) $(uname -srm)"
   [ -r /etc/os-release ] && echo "os: $(. /etc/os-release && echo "${PRETTY_NAME:-?}")"
   echo "cpus: $NPROC; memory: $(awk '/MemTotal/ {printf "%.0f GiB", $2/1048576}' /proc/meminfo 2>/dev/null)"
-  if [ -d .git ] || [ -f .git ] && has git; then
+  # The device tool carries no .git: GPU_CHECK_COMMIT names the commit (tests/gpu/README.md's
+  # call sets it), else .deps/SOURCE says what the tree was when .deps was packed.
+  if [ -n "${GPU_CHECK_COMMIT:-}" ]; then
+    echo "git: $GPU_CHECK_COMMIT (GPU_CHECK_COMMIT)"
+  elif { [ -d .git ] || [ -f .git ]; } && has git; then
     echo "git: $(git rev-parse --short HEAD 2>/dev/null) $(git status --porcelain 2>/dev/null | grep -q . && echo '(with local changes)')"
+  elif [ -f "$ROOT/.deps/SOURCE" ]; then
+    echo "git: no .git in this copy; .deps was packed from $(head -1 "$ROOT/.deps/SOURCE") (set GPU_CHECK_COMMIT)"
   else
-    echo "git: no .git in this copy of the tree"
+    echo "git: no .git in this copy of the tree (set GPU_CHECK_COMMIT)"
   fi
   echo "cmake: $(cmake --version 2>/dev/null | head -1 || echo missing)"
   echo "ninja: $(ninja --version 2>/dev/null || echo missing)"
@@ -593,7 +606,7 @@ BUILD_TITLE="build ${TARGETS[*]} ($BUILD_DIR, $NPROC jobs)"
 if [ "$GPU_OK" = 0 ] && [ "${GPU_CHECK_BUILD:-0}" != 1 ]; then
   BUILD_WHY="$GPU_WHY; nothing would run what it builds (GPU_CHECK_BUILD=1 builds anyway)"
 elif [ -z "$NVCC" ]; then
-  BUILD_WHY="no CUDA compiler: nvcc not on PATH, nor in /usr/local/cuda/bin (set CUDACXX)"
+  BUILD_WHY="no CUDA compiler: no nvcc on PATH, in the toolkit roots or the Python wheels (report: nvcc; set CUDACXX)"
 elif [ -z "$CUBLASLT_INC" ]; then
   BUILD_WHY="no cublasLt.h found, which the CUDA engine needs to build (stage cublaslt; set FASTFORMER_CUBLASLT_INCLUDE_DIR)"
 elif ! has cmake; then
@@ -610,6 +623,15 @@ else
     want=Ninja
     [ "${#GEN[@]}" -gt 0 ] || want="Unix Makefiles"
     [ "$old" = "$want" ] || rm -rf "$BUILD_DIR"
+  fi
+  # An nvcc from the Python wheels (nvidia/cu13/bin): its root holds the runtime's headers and
+  # libcudart.so.13 (no unversioned libcudart.so, maybe no static one), so CMake is told the
+  # root and the shared runtime. Not yet tried on a wheel-only machine.
+  if [ "$NVCC_FROM" = "Python wheel" ]; then
+    wheel_root=$(dirname "$CUDA_BIN")
+    CMAKE_EXTRA+=(-DCUDAToolkit_ROOT="$wheel_root" -DCMAKE_CUDA_RUNTIME_LIBRARY=Shared)
+    [ ! -f "$wheel_root/lib/libcudart.so.${NVCC_MAJOR:-13}" ] ||
+      CMAKE_EXTRA+=(-DCUDA_cudart_LIBRARY="$wheel_root/lib/libcudart.so.${NVCC_MAJOR:-13}")
   fi
   # FASTFORMER_TESTS keeps its default (ON): fastformer_gpu_tests is a test target.
   CONFIGURE=(cmake -S . -B "$BUILD_DIR" "${GEN[@]}" -DCMAKE_BUILD_TYPE=Release
@@ -842,9 +864,16 @@ sanitize() {  # sanitize ID TOOL
   local id=$1 tool=$2 title="compute-sanitizer $2 (our kernels: cuBLAS's excluded; CUDA_MODULE_LOADING=LAZY), fastformer_gpu_tests --gtest_filter=*Small*"
   if [ "$GPU_OK" = 0 ]; then skip "$id" "$title" "$GPU_WHY"; return; fi
   if [ "$BUILT" = 0 ]; then skip "$id" "$title" "$BUILD_WHY"; return; fi
-  if [ -z "$SANITIZER" ]; then skip "$id" "$title" "no compute-sanitizer (not on PATH, nor beside nvcc)"; return; fi
-  local exclude=(--kernel-name-exclude "kns=gemm")
-  "$SANITIZER" --help 2>&1 | grep -q 'regex' && exclude=(--kernel-name-exclude "regex=$CUBLAS_KERNELS")
+  if [ -z "$SANITIZER" ]; then skip "$id" "$title" "no compute-sanitizer (not on PATH, beside nvcc, in a toolkit root or a wheel)"; return; fi
+  # Read whole, not piped into grep -q: under pipefail an early grep exit fails the pipe.
+  local help exclude=()
+  help=$("$SANITIZER" --help 2>&1 || true)
+  if [[ "$help" == *regex* ]]; then
+    exclude=(--kernel-name-exclude "regex=$CUBLAS_KERNELS")
+  else
+    local k
+    for k in gemm nvjet xmma cutlass cublas splitK; do exclude+=(--kernel-name-exclude "kns=$k"); done
+  fi
   run_stage "$id" "$title" 40 "${WD[@]}" CUDA_MODULE_LOADING=LAZY "$SANITIZER" --tool "$tool" \
     --error-exitcode 99 --print-limit 40 "${exclude[@]}" "$GPU_TESTS" '--gtest_filter=*Small*'
   [ "$STAGE_RC" = 0 ] || verdict "$id" sanitizer

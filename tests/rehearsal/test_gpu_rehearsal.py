@@ -15,8 +15,11 @@ packages: it builds from the tree and what deploy/carry-gpu-deps.sh packs into .
    budget with a report, and the GPU tests, which find no GPU, must fail their stage rather than
    pass as skipped.
 
-A negative case checks the rehearsal can fail: with an ICU find_package added to the engine
-core of the copy, gpu-check.sh's configure (system prefix hidden) must fail naming ICU.
+Negative cases check the rehearsal can fail: with an ICU find_package added to the engine core
+of a copy, gpu-check.sh's configure (system prefix hidden) must fail naming ICU; and with a
+header of a Debian -dev package included by the engine (zlib.h: found by the compiler in
+/usr/include though CMake's prefix is hidden, and linked nowhere), the gate
+(`carry-gpu-deps.sh --gate`) must fail naming the package.
 
     make test-gpu-rehearsal     (part of make test)
 """
@@ -119,11 +122,13 @@ def test_gpu_check_in_the_copy_passes_configure_and_build_within_its_budget(rehe
     smi.chmod(0o755)
     out = tmp_path / "out"
     out.mkdir()
+    # No PyTorch stages: with no GPU they could only fail, and base-long alone is 640 MB to
+    # generate (tests/gpu/test_gpu_check.py runs them on the CPU).
     env = dict(os.environ, PATH=f"{bin_dir}:{os.environ.get('PATH', '/usr/bin:/bin')}", OUT=str(out),
-               GPU_CHECK_BUILD="1", GPU_CHECK_WORK=str(tmp_path / "work"),
+               GPU_CHECK_BUILD="1", GPU_CHECK_WORK=str(tmp_path / "work"), GPU_CHECK_PYTHON="none",
                GPU_CHECK_CMAKE_ARGS="-DCMAKE_IGNORE_PREFIX_PATH=/usr", GPU_CHECK_BUDGET_S=str(BUDGET_S),
-               GPU_CHECK_BENCH_SECONDS="1")
-    for k in ("GPU_CHECK_STOP_AFTER", "GPU_CHECK_BUILD_DIR", "GPU_CHECK_PYTHON", "FASTFORMER_CUBLASLT_LIBRARY"):
+               GPU_CHECK_BENCH_SECONDS="1", GPU_CHECK_COMMIT="rehearsal")
+    for k in ("GPU_CHECK_STOP_AFTER", "GPU_CHECK_BUILD_DIR", "FASTFORMER_CUBLASLT_LIBRARY"):
         env.pop(k, None)
     t = time.monotonic()
     p = subprocess.run(["bash", "tests/gpu/gpu-check.sh"], cwd=tree, env=env, capture_output=True, text=True,
@@ -135,9 +140,12 @@ def test_gpu_check_in_the_copy_passes_configure_and_build_within_its_budget(rehe
     report = (out / "gpu-report.md").read_text()
     assert (out / "gpu-check-logs.tar.gz").exists()
     stages = stages_of(tmp_path / "work")
+    table = report.split("## Stages")[1].split("\n## ")[0]
     for sid in ("configure", "build"):
         assert stages[sid][0] == "ok", (sid, stages[sid])
-        assert f"| {sid} |" in report or sid in report
+        row = [ln for ln in table.splitlines() if ln.startswith(f"| {sid} |")]
+        assert row and "| ok |" in row[0], (sid, row)
+    assert "rehearsal (GPU_CHECK_COMMIT)" in report, "the report names the commit it ran"
     # The GPU tests built and ran, found no usable GPU and skipped: with a GPU "present" that
     # fails their stage (a skip is never a pass).
     status, _, note = stages["ctest-gpu"]
@@ -165,3 +173,22 @@ def test_an_icu_dependency_in_the_engine_core_fails_the_rehearsal_at_configure(r
     log = (run / "configure.out").read_text() + (run / "configure.err").read_text()
     assert "ICU" in log, log[-2000:]
     assert stages.get("build", ("skipped",))[0] == "skipped", stages
+
+
+def test_a_system_header_in_the_engine_fails_the_gate(rehearsal):
+    """Runs last: it changes the kept copy. A header-only use of a -dev package (zlib.h) builds
+    here, links nothing (ldd sees no difference) and would not build on the GPU machine."""
+    base, _, check = rehearsal
+    assert check.returncode == 0, "the --check build failed (first test)"
+    tree = base / "tree"
+    src = tree / "server" / "engine" / "forward.cc"
+    src.write_text("#include <zlib.h>  // rehearsal: a header of zlib1g-dev\n" + src.read_text())
+    build = subprocess.run(["cmake", "--build", "build-gpu", "--target", "fastformer-bench", "fastformer_gpu_tests",
+                            "fastformer_cuda_engine"], cwd=tree, capture_output=True, text=True, timeout=600,
+                           env=dict(os.environ, LD_LIBRARY_PATH=str(tree / ".deps" / "lib")))
+    assert build.returncode == 0, build.stdout[-2000:] + build.stderr[-2000:]
+    gate = subprocess.run(["bash", str(CARRY), "--gate", str(tree / "build-gpu"), str(tree / ".deps")],
+                          capture_output=True, text=True, timeout=120)
+    assert gate.returncode != 0, gate.stdout + gate.stderr
+    assert "/usr/include/zlib.h, of zlib1g-dev" in gate.stderr, gate.stderr
+    assert "loads" not in gate.stderr, gate.stderr  # header only: the libraries still pass
