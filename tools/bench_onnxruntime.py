@@ -54,6 +54,10 @@ modes.padded / modes.sorted the fields of bench_pytorch.py (tokens_per_second,
 sequences_per_second, batches, tokens, sequences, seconds, batch_latency_p50_ms,
 batch_latency_p99_ms, peak_rss_bytes, padded_tokens, backend, threads, dtype, lengths,
 batch_tokens, seed, pool_batches, warmup_batches).
+
+tools/bench_openvino.py imports the export (export(); --_export-threads is its torch thread
+count), prepare_workload(), parity_sequences(), pad_batch(), check_parity() and time_modes()
+from here, so the two peers run the same model file on the same batches.
 """
 
 from __future__ import annotations
@@ -157,12 +161,12 @@ def relative_error(got, want) -> float:
     return err / scale if scale > 0 else err
 
 
-def check_parity(got: dict, want: dict, tolerance=TOLERANCE) -> dict:
+def check_parity(got: dict, want: dict, tolerance=TOLERANCE, runtime="ONNX Runtime") -> dict:
     """Per output name, relative_error(got, want); raises ParityError above `tolerance`."""
     errs = {k: relative_error(got[k], want[k]) for k in want}
     bad = {k: e for k, e in errs.items() if not e <= tolerance}
     if bad:
-        raise ParityError("ONNX Runtime does not match the PyTorch module: " + ", ".join(
+        raise ParityError(f"{runtime} does not match the PyTorch module: " + ", ".join(
             f"{k} max|diff|/max|ref| = {e:.3g} > {tolerance:g}" for k, e in bad.items()))
     return errs
 
@@ -170,12 +174,13 @@ def check_parity(got: dict, want: dict, tolerance=TOLERANCE) -> dict:
 # ----------------------------------------------------------------------------- export (child)
 
 
-def export_child(model_dir, work, opset):
-    """Runs in a child process: writes work/model.onnx, work/reference.npz, work/export.json."""
+def export_child(model_dir, work, opset, threads=None):
+    """Runs in a child process: writes work/model.onnx, work/reference.npz, work/export.json.
+    torch runs on `threads` threads (default: every CPU of the affinity mask)."""
     import torch
     from reference import load_model_dir
 
-    torch.set_num_threads(max(1, len(os.sched_getaffinity(0))))
+    torch.set_num_threads(threads or max(1, len(os.sched_getaffinity(0))))
     with open(os.path.join(work, "parity.json"), encoding="utf-8") as f:
         seqs = json.load(f)
 
@@ -228,11 +233,14 @@ def export_child(model_dir, work, opset):
                    "opset": opset}, f)
 
 
-def export(model_dir, work, opset, seqs):
+def export(model_dir, work, opset, seqs, threads=None):
+    """The official module as work/model.onnx, and the PyTorch references of `seqs`, made by
+    a child process (this file with --_export-to); torch on `threads` threads if given."""
     with open(os.path.join(work, "parity.json"), "w", encoding="utf-8") as f:
         json.dump(seqs, f)
+    extra = ["--_export-threads", str(threads)] if threads else []
     p = subprocess.run([sys.executable, os.path.abspath(__file__), "--model-dir", model_dir,
-                        "--opset", str(opset), "--_export-to", work], capture_output=True, text=True)
+                        "--opset", str(opset), "--_export-to", work, *extra], capture_output=True, text=True)
     if p.returncode != 0:
         raise RuntimeError(f"ONNX export failed (exit {p.returncode}):\n{p.stderr[-4000:]}")
     with open(os.path.join(work, "export.json"), encoding="utf-8") as f:
@@ -333,12 +341,9 @@ def bench_pool(bench_bin, model_dir, lengths, batch_tokens, seed, pool_batches):
     return pool.get("batches", pool) if isinstance(pool, dict) else pool
 
 
-def run_benchmark(model_dir, threads=1, batch_tokens=8192, lengths="uniform:16:256", seconds=10.0,
-                  seed=1, pool_batches=8, warmup_batches=2, bench_bin=None, buckets=4, opset=17,
-                  parity_count=3, profile=True, save_onnx=None, log=None) -> dict:
-    import onnxruntime as ort
-
-    log = log or (lambda *a: None)
+def prepare_workload(model_dir, lengths, batch_tokens, seed, pool_batches, bench_bin=None):
+    """(model facts, the pool, where the pool came from): tools/workload.py's pool, checked
+    equal to `bench_bin --print-workload`'s when bench_bin is given."""
     parse_lengths(lengths)
     facts = model_facts(model_dir)
     pool = make_pool(seed, lengths, facts["vocab_size"], facts["pad_token_id"], batch_tokens, pool_batches)
@@ -350,6 +355,42 @@ def run_benchmark(model_dir, threads=1, batch_tokens=8192, lengths="uniform:16:2
         pool, source = theirs, "fastformer-bench --print-workload (equal to tools/workload.py)"
     if max(len(s) for b in pool for s in b) > facts["max_position_embeddings"]:
         raise ValueError(f"sequences longer than max_position_embeddings {facts['max_position_embeddings']}")
+    return facts, pool, source
+
+
+def time_modes(run, pool, pad, buckets, batch_tokens, seconds, warmup_batches, settings, log):
+    """Both modes (MODES) timed with run(ids, mask): per mode bench_pytorch.py's fields,
+    mode, mode_batches, peak_rss_bytes (and buckets for sorted)."""
+    sbatches, slens, bucket_info = sorted_batches(pool, buckets, batch_tokens)
+    plans = {"padded": (pool, [None] * len(pool)), "sorted": (sbatches, slens)}
+    modes = {}
+    for mode in MODES:
+        batches, padlens = plans[mode]
+        arrays = [pad_batch(b, pad, L) for b, L in zip(batches, padlens)]
+        resettable = reset_peak_rss()
+        log(f"timing {mode} ({len(batches)} batches) ...")
+
+        def run_batch(i):
+            run(*arrays[i])
+
+        indices, lat, wall = run_timed(run_batch, len(batches), seconds, warmup_batches)
+        r = summarize(batches, indices, lat, wall, padded_tokens=sum(arrays[i][0].size for i in indices),
+                      mode=mode, mode_batches=len(batches), **settings)
+        r["peak_rss_bytes"] = peak_rss_bytes()
+        r["peak_rss_source"] = "VmHWM since the mode started" if resettable else "ru_maxrss of the process"
+        if mode == "sorted":
+            r["buckets"] = bucket_info
+        modes[mode] = r
+    return modes
+
+
+def run_benchmark(model_dir, threads=1, batch_tokens=8192, lengths="uniform:16:256", seconds=10.0,
+                  seed=1, pool_batches=8, warmup_batches=2, bench_bin=None, buckets=4, opset=17,
+                  parity_count=3, profile=True, save_onnx=None, log=None) -> dict:
+    import onnxruntime as ort
+
+    log = log or (lambda *a: None)
+    facts, pool, source = prepare_workload(model_dir, lengths, batch_tokens, seed, pool_batches, bench_bin)
     pad = facts["pad_token_id"]
     checked = parity_sequences(pool, parity_count)
 
@@ -389,27 +430,8 @@ def run_benchmark(model_dir, threads=1, batch_tokens=8192, lengths="uniform:16:2
     settings = dict(backend="onnxruntime", threads=threads, dtype="float32", lengths=lengths,
                     batch_tokens=batch_tokens, seed=seed, pool_batches=pool_batches,
                     warmup_batches=warmup_batches)
-    sbatches, slens, bucket_info = sorted_batches(pool, buckets, batch_tokens)
-    plans = {"padded": (pool, [None] * len(pool)), "sorted": (sbatches, slens)}
-    modes = {}
-    for mode in MODES:
-        batches, padlens = plans[mode]
-        arrays = [pad_batch(b, pad, L) for b, L in zip(batches, padlens)]
-        resettable = reset_peak_rss()
-        log(f"timing {mode} ({len(batches)} batches) ...")
-
-        def run_batch(i):
-            ids, mask = arrays[i]
-            sess.run(names, {"input_ids": ids, "attention_mask": mask})
-
-        indices, lat, wall = run_timed(run_batch, len(batches), seconds, warmup_batches)
-        r = summarize(batches, indices, lat, wall, padded_tokens=sum(arrays[i][0].size for i in indices),
-                      mode=mode, mode_batches=len(batches), **settings)
-        r["peak_rss_bytes"] = peak_rss_bytes()
-        r["peak_rss_source"] = "VmHWM since the mode started" if resettable else "ru_maxrss of the process"
-        if mode == "sorted":
-            r["buckets"] = bucket_info
-        modes[mode] = r
+    modes = time_modes(lambda ids, mask: sess.run(names, {"input_ids": ids, "attention_mask": mask}),
+                       pool, pad, buckets, batch_tokens, seconds, warmup_batches, settings, log)
 
     cpu = cpu_info()
     return dict(settings, seconds_requested=seconds, workload=source,
@@ -447,9 +469,10 @@ def main(argv=None) -> int:
     ap.add_argument("--save-onnx", help="also write the exported model here")
     ap.add_argument("--json", action="store_true", help="print one JSON object")
     ap.add_argument("--_export-to", dest="export_to", help=argparse.SUPPRESS)
+    ap.add_argument("--_export-threads", dest="export_threads", type=int, help=argparse.SUPPRESS)
     a = ap.parse_args(argv)
     if a.export_to:
-        export_child(a.model_dir, a.export_to, a.opset)
+        export_child(a.model_dir, a.export_to, a.opset, a.export_threads)
         return 0
     if a.threads < 1 or a.buckets < 1 or a.parity_sequences < 1:
         print("bench_onnxruntime: error: --threads, --buckets and --parity-sequences must be >= 1",
