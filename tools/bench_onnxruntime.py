@@ -458,6 +458,15 @@ def ensure_onnxruntime():
     os.execv(str(py), [str(py), os.path.abspath(__file__), *sys.argv[1:]])
 
 
+def print_modes(r: dict) -> None:
+    """One line per timed mode of a result (the text output of this tool and bench_openvino.py)."""
+    for mode, m in r["modes"].items():
+        print(f"  {mode}: {m['tokens_per_second']:.0f} tokens/s, {m['sequences_per_second']:.1f} seq/s, "
+              f"{m['batches']} batches in {m['seconds']:.2f} s, p50 {m['batch_latency_p50_ms']:.1f} ms, "
+              f"p99 {m['batch_latency_p99_ms']:.1f} ms, padding {m['padded_tokens'] / m['tokens']:.2f}x, "
+              f"peak RSS {m['peak_rss_bytes'] / 2**20:.0f} MiB")
+
+
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     add_bench_arguments(ap)
@@ -498,11 +507,7 @@ def main(argv=None) -> int:
         print(f"onnxruntime {r['onnxruntime_version']} {'/'.join(r['providers'])} threads={a.threads} "
               f"opset={a.opset} lengths={a.lengths} batch_tokens={a.batch_tokens}; parity vs PyTorch "
               f"float32: " + ", ".join(f"{k} {v:.1e}" for k, v in p["rel_err_vs_torch_float32"].items()))
-        for mode, m in r["modes"].items():
-            print(f"  {mode}: {m['tokens_per_second']:.0f} tokens/s, {m['sequences_per_second']:.1f} seq/s, "
-                  f"{m['batches']} batches in {m['seconds']:.2f} s, p50 {m['batch_latency_p50_ms']:.1f} ms, "
-                  f"p99 {m['batch_latency_p99_ms']:.1f} ms, padding {m['padded_tokens'] / m['tokens']:.2f}x, "
-                  f"peak RSS {m['peak_rss_bytes'] / 2**20:.0f} MiB")
+        print_modes(r)
     return 0
 
 

@@ -286,11 +286,7 @@ def main(argv=None) -> int:
         print(f"openvino {r['openvino_version']} {r['full_device_name']} precision={r['inference_precision']} "
               f"threads={a.threads} lengths={a.lengths} batch_tokens={a.batch_tokens}; parity vs PyTorch "
               f"float32: {gate}")
-        for mode, m in r["modes"].items():
-            print(f"  {mode}: {m['tokens_per_second']:.0f} tokens/s, {m['sequences_per_second']:.1f} seq/s, "
-                  f"{m['batches']} batches in {m['seconds']:.2f} s, p50 {m['batch_latency_p50_ms']:.1f} ms, "
-                  f"p99 {m['batch_latency_p99_ms']:.1f} ms, padding {m['padded_tokens'] / m['tokens']:.2f}x, "
-                  f"peak RSS {m['peak_rss_bytes'] / 2**20:.0f} MiB")
+        bo.print_modes(r)
     return 0
 
 
