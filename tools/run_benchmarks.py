@@ -2,7 +2,7 @@
 """Run the engine benchmarks recorded in docs/benchmarks.md and print them as Markdown.
 
     run_benchmarks.py [--build-dir build] [--models-dir models] [--threads 2]
-                      [--seconds 20] [--long] [--no-ort]
+                      [--seconds 20] [--long] [--no-ort] [--no-openvino]
 
 The header names the CPU (/proc/cpuinfo: model name, family, model, and the flags that
 pick GEMM kernels: avx2, avx512f, avx512_bf16, amx, ...).
@@ -20,6 +20,10 @@ pool of 4 batches (enough for 4 full sorted batches) and 1 warm-up batch. ONNX R
 installed from PyPI into .venv-bench by tools/ort_env.py on first use; if that fails the
 section says why and the exit status is 1 (the other tables are still printed). --no-ort
 skips the section.
+
+Then against OpenVINO (bench_openvino.py: the same export and workload, the CPU plugin with the
+same threads, INFERENCE_PRECISION_HINT f32 and bf16, bf16 where the CPU has it): the same two
+models and workloads, ours in float32 and bfloat16 beside it. --no-openvino skips it.
 
 With --long also one 65,536-token sequence of `base-long` and its peak memory against the
 bound weights + (8 x hidden + intermediate) x 4 bytes x tokens.
@@ -143,6 +147,52 @@ def ort_section(args, bench, official, ours_official, torch_official) -> bool:
     return True
 
 
+def openvino_section(args, bench, runs) -> bool:
+    """OpenVINO (CPU plugin, f32 and bf16) against the engine in both dtypes; `runs` are
+    (name, model_dir, lengths, extra args). False when OpenVINO could not be installed."""
+    print("\n### OpenVINO\n", flush=True)
+    try:
+        ov_python = ort_env.ensure(python=PYTHON, need=("openvino",))
+    except ort_env.OrtUnavailable as e:
+        print(f"OpenVINO: not run, it could not be installed: {e}")
+        return False
+    rows, notes, info = [], [], None
+    for name, model_dir, lengths, extra in runs:
+        common = ["--model-dir", model_dir, "--threads", args.threads, "--batch-tokens", args.batch_tokens,
+                  "--lengths", lengths, "--seconds", args.seconds, "--seed", 1, *extra, "--json"]
+        ours = {d: run_json([bench, "--backend", "cpu", "--dtype", d, *common], optional=d == "bfloat16")
+                for d in ("float32", "bfloat16")}
+        ov = {p: run_json([ov_python, REPO / "tools/bench_openvino.py", "--bench-bin", bench, "--precision", p,
+                           *common], show_stderr=True, optional=p == "bf16") for p in ("f32", "bf16")}
+        info = next((r for r in ov.values() if r), info)
+        best_ours = max(r["tokens_per_second"] for r in ours.values() if r)
+        best_ov = max(m["tokens_per_second"] for r in ov.values() if r for m in r["modes"].values())
+
+        def t(r):
+            return f"{r['tokens_per_second']:,.0f}" if r else "refused"
+
+        def modes(r):
+            return " / ".join(f"{m['tokens_per_second']:,.0f}" for m in r["modes"].values()) if r else "refused"
+        rows.append(f"| `{name}` | `{lengths}` | {t(ours['float32'])} | {t(ours['bfloat16'])} | {modes(ov['f32'])} | "
+                    f"{modes(ov['bf16'])} | **{best_ours / best_ov:.2f}x** |")
+        for p, r in ov.items():
+            if r:
+                prims = (r.get("exec_graph") or {}).get("gemm_primitives") or {}
+                notes.append(f"- `{name}` OpenVINO {p}: precision used {r['inference_precision']}, GEMM kernels "
+                             + (", ".join(f"{k} x{n}" for k, n in prims.items()) or "not reported"))
+        print(f"(done: {name} {lengths}, OpenVINO)", file=sys.stderr, flush=True)
+    if info:
+        print(f"openvino {info['openvino_version']}, CPU plugin, {info['full_device_name']}, capabilities "
+              f"{', '.join(info['optimization_capabilities'])}, {args.threads} threads, one stream; padded / "
+              "sorted as for ONNX Runtime\n")
+    print("| model | workload | ours float32 tokens/s | ours bfloat16 tokens/s | OpenVINO f32 padded / sorted | "
+          "OpenVINO bf16 padded / sorted | ours best / OpenVINO best |")
+    print("| --- | --- | --- | --- | --- | --- | --- |")
+    print("\n".join(rows))
+    print("\n" + "\n".join(notes), flush=True)
+    return True
+
+
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--build-dir", default="build")
@@ -152,6 +202,7 @@ def main() -> int:
     ap.add_argument("--batch-tokens", type=int, default=8192)
     ap.add_argument("--long", action="store_true", help="also the 65,536-token base-long memory run")
     ap.add_argument("--no-ort", action="store_true", help="skip the ONNX Runtime comparison")
+    ap.add_argument("--no-openvino", action="store_true", help="skip the OpenVINO comparison")
     args = ap.parse_args()
 
     bench = REPO / args.build_dir / "bin" / "fastformer-bench"
@@ -173,6 +224,9 @@ def main() -> int:
               f"{torch_['batch_latency_p50_ms']:.0f} / {torch_['batch_latency_p99_ms']:.0f} | "
               f"{ours['peak_rss_bytes'] / 2**20:.0f} | {torch_['peak_rss_bytes'] / 2**20:.0f} |", flush=True)
     ort_ok = args.no_ort or ort_section(args, bench, official, *first["uniform:16:256"])
+    ov_ok = args.no_openvino or openvino_section(args, bench, [
+        ("official", official, "uniform:16:256", []),
+        ("base-long", ensure_model(models, "base-long"), "fixed:512", ["--pool-batches", 4, "--warmup-batches", 1])])
     if args.long:
         base = ensure_model(models, "base-long")
         cfg = json.load(open(base / "config.json"))
@@ -186,7 +240,7 @@ def main() -> int:
               f"{r['seconds']:.1f} s, peak RSS {r['peak_rss_bytes'] / 2**20:,.0f} MiB; "
               f"bound weights + (8D + I) x 4 B x T = {bound / 2**20:,.0f} MiB "
               f"({'within' if r['peak_rss_bytes'] < bound else 'OVER'} the bound)")
-    return 0 if ort_ok else 1
+    return 0 if ort_ok and ov_ok else 1
 
 
 if __name__ == "__main__":
