@@ -3,8 +3,8 @@
 #   make serve   install deps if missing, build, train the demo model, serve it over gRPC
 #   make test    install deps if missing, build, run every suite (unit, golden, e2e, sanitizer)
 #   make build   build into build/ (binaries in build/bin/)
-#   make bench   the engine benchmarks recorded in docs/benchmarks.md (against PyTorch and
-#                ONNX Runtime; ONNX Runtime is pip-installed into .venv-bench on first use)
+#   make bench   the engine benchmarks recorded in docs/benchmarks.md (against PyTorch, ONNX
+#                Runtime and OpenVINO; both pip-installed into .venv-bench on first use)
 #
 # CI (.ci/run) runs `make test`, then the longer checks: `make image-test` (the CPU container
 # image built with buildah and run), `make fuzz FUZZ_SECONDS=60`, `make test-tsan` and
