@@ -3,6 +3,7 @@
 
 cpu_info() -> {"model_name", "vendor", "family", "model", "stepping", "logical_cpus",
                "flags": {flag: bool for FLAGS}}
+cpu_flags() -> every flag of the first processor, as a set.
 describe(info) -> one line: model name, family/model, and the flags present.
 """
 
@@ -16,7 +17,7 @@ FLAGS = ("fma", "avx2", "avx512f", "avx512bw", "avx512vl", "avx512_vnni", "avx51
          "avx512_fp16", "avx_vnni", "amx_tile", "amx_bf16", "amx_int8")
 
 
-def cpu_info(path="/proc/cpuinfo") -> dict:
+def _first_processor(path) -> dict:
     fields = {}
     try:
         with open(path) as f:
@@ -27,6 +28,15 @@ def cpu_info(path="/proc/cpuinfo") -> dict:
                 fields.setdefault(k.strip(), v.strip())
     except OSError:
         pass
+    return fields
+
+
+def cpu_flags(path="/proc/cpuinfo") -> set:
+    return set(_first_processor(path).get("flags", "").split())
+
+
+def cpu_info(path="/proc/cpuinfo") -> dict:
+    fields = _first_processor(path)
     flags = set(fields.get("flags", "").split())
     return {
         "model_name": fields.get("model name", "unknown CPU"),

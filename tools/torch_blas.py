@@ -47,6 +47,9 @@ import sys
 import time
 from dataclasses import dataclass, field
 
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from machine_info import cpu_flags  # noqa: E402  (the CPU's flags, read once for every tool)
+
 INSTALL_HINT = "apt-get install libopenblas0-pthread"  # deploy/install-deps.sh does it
 DEFAULT_THRESHOLD_GFLOPS = 15.0  # single thread; reference BLAS ~6, OpenBLAS AVX2/AVX-512 50-100
 SHAPE = (2048, 256, 256)  # M, K, N: the measurement, ~0.27 GFLOP
@@ -62,17 +65,6 @@ _CORE_TIERS = {
 }
 _TIER_CORE = {1: "Sandybridge", 2: "Haswell", 3: "SkylakeX"}  # what OPENBLAS_CORETYPE to ask for
 _TIER_NAME = {0: "SSE", 1: "AVX", 2: "AVX2", 3: "AVX-512"}
-
-
-def cpu_flags(path: str = "/proc/cpuinfo") -> set:
-    try:
-        with open(path) as f:
-            for line in f:
-                if line.startswith("flags"):
-                    return set(line.partition(":")[2].split())
-    except OSError:
-        pass
-    return set()
 
 
 def cpu_tier(flags) -> int:

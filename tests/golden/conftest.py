@@ -166,6 +166,30 @@ def check_outputs(outputs, refs, lengths, want_tokens=True, want_logits=True, la
     return worst
 
 
+# What every timed mode of a peer tool's JSON (bench_onnxruntime.py, bench_openvino.py) has.
+MODE_FIELDS = ("tokens_per_second", "sequences_per_second", "batches", "tokens", "sequences", "seconds",
+               "batch_latency_p50_ms", "batch_latency_p99_ms", "peak_rss_bytes", "padded_tokens")
+
+
+def check_peer_modes(r, backend, pool, threads, lengths, batch_tokens, seed):
+    """A peer tool's padded and sorted modes: every figure present and positive, the run's
+    settings echoed, padded timing our batches of `pool` in order after its 2 warm-up batches,
+    sorted padding less than padded's."""
+    assert set(r["modes"]) == {"padded", "sorted"}
+    for mode, m in r["modes"].items():
+        for k in MODE_FIELDS:
+            assert isinstance(m[k], (int, float)) and m[k] > 0, (mode, k)
+        assert (m["backend"], m["mode"], m["threads"], m["lengths"], m["batch_tokens"], m["seed"]) == \
+            (backend, mode, threads, lengths, batch_tokens, seed)
+        assert m["seconds"] >= 0.5 and m["batches"] >= m["mode_batches"]
+        assert m["padded_tokens"] >= m["tokens"]
+    pad = r["modes"]["padded"]
+    order = [(2 + i) % len(pool) for i in range(pad["batches"])]
+    assert pad["tokens"] == sum(sum(len(s) for s in pool[i]) for i in order)
+    assert r["modes"]["sorted"]["padded_tokens"] / r["modes"]["sorted"]["tokens"] < \
+        pad["padded_tokens"] / pad["tokens"]
+
+
 class _Golden:
     """What the `golden` fixture hands to the tests."""
     REPO = REPO
@@ -178,6 +202,7 @@ class _Golden:
     write_jsonl = staticmethod(write_jsonl)
     assert_close = staticmethod(assert_close)
     check_outputs = staticmethod(check_outputs)
+    check_peer_modes = staticmethod(check_peer_modes)
 
 
 @pytest.fixture(scope="session")

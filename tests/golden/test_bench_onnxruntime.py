@@ -19,10 +19,6 @@ import make_demo_model as mdm
 import ort_env
 import workload as wl
 
-FIELDS = ("tokens_per_second", "sequences_per_second", "batches", "tokens", "sequences", "seconds",
-          "batch_latency_p50_ms", "batch_latency_p99_ms", "peak_rss_bytes", "padded_tokens")
-
-
 @pytest.fixture(scope="module")
 def ort_python():
     try:
@@ -55,21 +51,8 @@ def test_bench_onnxruntime_smoke(ort_python, golden, tmp_path):
     assert r["cpu"]["model_name"] and r["mlas_sgemm_kernel_inferred"]
     ops = {o["op"] for o in r["kernels"]["ops"]}
     assert "MatMul" in ops or "FusedMatMul" in ops or "Gemm" in ops, ops
-    assert set(r["modes"]) == {"padded", "sorted"}
-    pool = wl.make_pool(3, "uniform:4:40", 1000, 0, 256, 3)
-    for mode, m in r["modes"].items():
-        for k in FIELDS:
-            assert isinstance(m[k], (int, float)) and m[k] > 0, (mode, k)
-        assert (m["backend"], m["mode"], m["threads"], m["lengths"], m["batch_tokens"], m["seed"]) == \
-            ("onnxruntime", mode, 1, "uniform:4:40", 256, 3)
-        assert m["seconds"] >= 0.5 and m["batches"] >= m["mode_batches"]
-        assert m["padded_tokens"] >= m["tokens"]
-    # padded runs our batches: the timed ones continue after 2 warm-up batches
-    pad = r["modes"]["padded"]
-    order = [(2 + i) % 3 for i in range(pad["batches"])]
-    assert pad["tokens"] == sum(sum(len(s) for s in pool[i]) for i in order)
-    assert r["modes"]["sorted"]["padded_tokens"] / r["modes"]["sorted"]["tokens"] < \
-        pad["padded_tokens"] / pad["tokens"]
+    golden.check_peer_modes(r, "onnxruntime", wl.make_pool(3, "uniform:4:40", 1000, 0, 256, 3), 1,
+                            "uniform:4:40", 256, 3)
 
 
 def test_sorted_batches_keep_the_sequences_and_the_budget():

@@ -17,18 +17,13 @@ import pytest
 
 import bench_onnxruntime as bo
 import bench_openvino as bov  # importable without openvino
+import machine_info
 import make_demo_model as mdm
 import ort_env
 import workload as wl
 
-FIELDS = ("tokens_per_second", "sequences_per_second", "batches", "tokens", "sequences", "seconds",
-          "batch_latency_p50_ms", "batch_latency_p99_ms", "peak_rss_bytes", "padded_tokens")
-
-
 def cpu_has_bf16() -> bool:
-    with open("/proc/cpuinfo", encoding="utf-8") as f:
-        flags = set(next((ln for ln in f if ln.startswith("flags")), "").split())
-    return bool({"avx512_bf16", "amx_bf16"} & flags)
+    return bool({"avx512_bf16", "amx_bf16"} & machine_info.cpu_flags())
 
 
 PRECISIONS = ["f32", pytest.param("bf16", marks=pytest.mark.skipif(
@@ -85,19 +80,8 @@ def test_bench_openvino_smoke(ov_python, golden, tiny, tmp_path, precision):
         assert par["min_cosine"] == 0.99 and len(par["embedding_cosine_vs_torch_float32"]) == 3
         assert all(0.99 <= c <= 1 + 1e-9 for c in par["embedding_cosine_vs_torch_float32"])
         assert all(0 < e < 0.1 for e in par["rel_err_vs_torch_float32"].values())  # bf16, not f32
-    assert set(r["modes"]) == {"padded", "sorted"}
-    pool = wl.make_pool(3, "uniform:4:40", 1000, 0, 256, 3)
-    for mode, m in r["modes"].items():
-        for k in FIELDS:
-            assert isinstance(m[k], (int, float)) and m[k] > 0, (mode, k)
-        assert (m["backend"], m["mode"], m["threads"], m["lengths"], m["batch_tokens"], m["seed"]) == \
-            ("openvino", mode, 1, "uniform:4:40", 256, 3)
-        assert m["seconds"] >= 0.5 and m["batches"] >= m["mode_batches"]
-    pad = r["modes"]["padded"]
-    order = [(2 + i) % 3 for i in range(pad["batches"])]
-    assert pad["tokens"] == sum(sum(len(s) for s in pool[i]) for i in order)
-    assert r["modes"]["sorted"]["padded_tokens"] / r["modes"]["sorted"]["tokens"] < \
-        pad["padded_tokens"] / pad["tokens"]
+    golden.check_peer_modes(r, "openvino", wl.make_pool(3, "uniform:4:40", 1000, 0, 256, 3), 1,
+                            "uniform:4:40", 256, 3)
     check_against_torch(ov_python, golden, tiny, onnx, precision, tmp_path)
 
 
