@@ -1,6 +1,7 @@
 #include "server/engine/engine.h"
 
 #include <cstdlib>
+#include <string>
 #include <thread>
 #include <vector>
 
@@ -92,7 +93,13 @@ std::unique_ptr<Engine> create_engine(std::shared_ptr<const Model> model, const 
     throw EngineError("backend cuda: " + cuda_why + "; use --backend cpu or auto");
   }
   const CpuGemmInfo& gemm = cpu_gemm_info();
-  if (options.dtype == "bfloat16" && !gemm.has_bf16) {
+  // FASTFORMER_CPU_BFLOAT16=emulate (tests only): the bfloat16 engine over float32
+  // primitives, so its storage and rounding are tested on every CPU, with or without
+  // bfloat16 GEMMs. Slower than float32; never a serving choice.
+  const char* bf16_env = std::getenv("FASTFORMER_CPU_BFLOAT16");
+  const bool emulate_bf16 =
+      options.dtype == "bfloat16" && bf16_env != nullptr && std::string(bf16_env) == "emulate";
+  if (options.dtype == "bfloat16" && !gemm.has_bf16 && !emulate_bf16) {
     throw EngineError("dtype bfloat16 on the CPU needs AVX512_BF16 or AMX, and oneDNN " + gemm.version +
                       " finds only " + gemm.isa + " on this CPU" +
                       (std::getenv("ONEDNN_MAX_CPU_ISA") ? " (ONEDNN_MAX_CPU_ISA is set)" : "") +
@@ -107,9 +114,15 @@ std::unique_ptr<Engine> create_engine(std::shared_ptr<const Model> model, const 
   }
   const int threads = options.threads > 0 ? options.threads
                                           : std::max(1, int(std::thread::hardware_concurrency()));
-  auto ops = std::make_unique<CpuOps>(threads, model->config(), options.dtype == "bfloat16");
+  const CpuDtype dtype = options.dtype == "float32" ? CpuDtype::kFloat32
+                         : emulate_bf16                ? CpuDtype::kBfloat16Emulated
+                                                       : CpuDtype::kBfloat16;
+  auto ops = std::make_unique<CpuOps>(threads, model->config(), dtype);
+  const std::string bf16_note = dtype == CpuDtype::kBfloat16Emulated ? ", bfloat16 emulated over float32 GEMMs (tests)"
+                                : dtype == CpuDtype::kBfloat16       ? ", bfloat16 GEMMs on " + bf16_hardware(gemm.isa)
+                                                                     : "";
   const std::string device = "cpu (" + std::to_string(threads) + " threads, " + options.dtype + ", oneDNN " +
-                             gemm.version + " " + gemm.isa + ")";
+                             gemm.version + " " + gemm.isa + bf16_note + ")";
   return std::make_unique<ForwardEngine>(std::move(model), std::move(ops), options.max_batch_tokens,
                                          "cpu", device);
 }

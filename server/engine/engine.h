@@ -38,6 +38,7 @@ struct OpProfile {
   double ms = 0;      ///< time per batch (all its calls)
   double bytes = 0;   ///< per batch
   double flops = 0;   ///< per batch
+  std::string kernel; ///< a GEMM op's kernel (oneDNN's implementation on the CPU); "" otherwise
 };
 
 bool parse_backend(const std::string& name, Backend* out);
@@ -69,6 +70,12 @@ class Engine {
   virtual std::pair<size_t, size_t> device_memory() const { return {0, 0}; }
   // Times the engine's GEMMs briefly against the floor for its hardware (server start-up).
   virtual SpeedCheck speed_check() { return {}; }
+  // Bytes of weight copies the engine keeps beside the model's arrays (the CPU's packed
+  // bfloat16 weights, made at the warm-up batch); 0 if none.
+  virtual size_t packed_weight_bytes() const { return 0; }
+  // One line per GEMM site of the forward graph, after the first batch: its name, shape and
+  // the kernel that ran it (for the start-up log); {} where the engine does not know.
+  virtual std::vector<std::string> gemm_report() const { return {}; }
   // Profiling, off until turned on: each op of every batch timed (CUDA events on a GPU, the
   // wall clock on the host). Turning it on starts a new profile.
   virtual void set_profiling(bool /*on*/) {}

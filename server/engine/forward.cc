@@ -153,21 +153,22 @@ class ForwardEngine::Profiler {
   Profiler(Ops& ops, int timers) : ops_(ops), timers_(timers) { ops_.reserve_timers(timers); }
 
   void start_batch() { issued_.clear(); }
-  void begin(const char* name, int layer, cost::Cost cost) {
+  void begin(const char* name, int layer, cost::Cost cost, const WeightRef* weight) {
     timestamp();
-    issued_.push_back({name, layer, cost});
+    issued_.push_back({name, layer, cost, weight});
   }
   void end_batch() { timestamp(); }  // before the batch's synchronize
   void collect() {                   // after it
     for (size_t i = 0; i < issued_.size(); ++i) {
       const Issued& op = issued_[i];
       auto [it, added] = index_.try_emplace({op.name, op.layer}, rows_.size());
-      if (added) rows_.push_back(OpProfile{op.name, op.layer});
+      if (added) rows_.push_back(OpProfile{op.name, op.layer, 0, 0, 0, 0, {}});
       OpProfile& row = rows_[it->second];
       row.calls += 1;
       row.ms += ops_.elapsed_ms(int(i), int(i + 1));
       row.bytes += op.cost.bytes;
       row.flops += op.cost.flops;
+      if (op.weight != nullptr && row.kernel.empty()) row.kernel = ops_.gemm_kernel(*op.weight);
     }
     ++batches_;
   }
@@ -184,6 +185,7 @@ class ForwardEngine::Profiler {
     const char* name;
     int layer;
     cost::Cost cost;
+    const WeightRef* weight;  // a GEMM's, for its kernel's name
   };
   void timestamp() {
     const int index = int(issued_.size());
@@ -259,6 +261,45 @@ ForwardEngine::ForwardEngine(std::shared_ptr<const Model> model, std::unique_ptr
   rethrow_as_engine_error();
 }
 
+std::vector<std::string> ForwardEngine::gemm_report() const {
+  // The graph's GEMM sites by name (as the profile names them), in forward order.
+  std::vector<std::pair<const char*, const WeightRef*>> sites;
+  for (const LayerRefs& l : layers_) {
+    sites.insert(sites.end(), {{"qks_gemm", &l.query_key_scores}, {"transform_gemm", &l.transform},
+                               {"attn_out_gemm", &l.attention_output}, {"ffn_in_gemm", &l.intermediate},
+                               {"ffn_out_gemm", &l.output}});
+  }
+  sites.emplace_back("pooler_fc1_gemm", &pooler_fc1_);
+  if (classifier_.out > 0) sites.emplace_back("classifier_gemm", &classifier_);
+  struct Line {
+    std::string shape;
+    std::vector<std::string> kernels;
+    std::vector<const void*> weights;
+  };
+  std::vector<std::string> order;
+  std::map<std::string, Line> lines;
+  for (const auto& [name, w] : sites) {
+    auto [it, added] = lines.try_emplace(name);
+    if (added) {
+      order.push_back(name);
+      it->second.shape = "[M, " + std::to_string(w->in) + "] x [" + std::to_string(w->out) + ", " +
+                         std::to_string(w->in) + "]^T";
+    }
+    Line& line = it->second;
+    if (std::find(line.weights.begin(), line.weights.end(), w->weight) == line.weights.end()) line.weights.push_back(w->weight);
+    const std::string kernel = ops_->gemm_kernel(*w);
+    if (std::find(line.kernels.begin(), line.kernels.end(), kernel) == line.kernels.end()) line.kernels.push_back(kernel);
+  }
+  std::vector<std::string> out;
+  for (const std::string& name : order) {
+    const Line& line = lines[name];
+    std::string kernels;
+    for (const std::string& k : line.kernels) kernels += (kernels.empty() ? "" : " | ") + (k.empty() ? "not run yet" : k);
+    out.push_back(name + " " + line.shape + " x" + std::to_string(line.weights.size()) + ": " + kernels);
+  }
+  return out;
+}
+
 WeightRef ForwardEngine::upload(const PreparedLinear& linear) {
   WeightRef r;
   r.out = linear.out;
@@ -309,8 +350,8 @@ std::vector<EncodedSequence> ForwardEngine::run(const RaggedBatch& batch,
   };
 
   // The profile hook: a null check per op while profiling is off; costs are computed only when on.
-  auto op = [&](const char* name, int layer, auto cost) {
-    if (profiler_) profiler_->begin(name, layer, cost());
+  auto op = [&](const char* name, int layer, auto cost, const WeightRef* weight = nullptr) {
+    if (profiler_) profiler_->begin(name, layer, cost(), weight);
   };
   if (profiler_) profiler_->start_batch();
 
@@ -328,7 +369,7 @@ std::vector<EncodedSequence> ForwardEngine::run(const RaggedBatch& batch,
   for (size_t i = 0; i < layers_.size(); ++i) {
     const LayerRefs& l = layers_[i];
     const int n = int(i);
-    op("qks_gemm", n, [&] { return cost::linear(x, l.query_key_scores, Epilogue::kBias, elem); });
+    op("qks_gemm", n, [&] { return cost::linear(x, l.query_key_scores, Epilogue::kBias, elem); }, &l.query_key_scores);
     ops.linear(x, l.query_key_scores, qks, Epilogue::kBias);           // Q, K, s
     op("query_pool", n, [&] { return cost::query_pool(ref, s, q, elem); });
     ops.query_pool(ref, s, q, pq);                                      // pq
@@ -336,22 +377,22 @@ std::vector<EncodedSequence> ForwardEngine::run(const RaggedBatch& batch,
     ops.key_pool(ref, k, pq, l.key_att, pk);                            // pk
     op("mix", n, [&] { return cost::mix(ref, q, elem); });
     ops.mix(ref, q, pk, k);                                             // U = pk * Q, over K
-    op("transform_gemm", n, [&] { return cost::linear(k, l.transform, Epilogue::kAccumulate, elem); });
+    op("transform_gemm", n, [&] { return cost::linear(k, l.transform, Epilogue::kAccumulate, elem); }, &l.transform);
     ops.linear(k, l.transform, q, Epilogue::kAccumulate);               // A = Q + U Wt^T
-    op("attn_out_gemm", n, [&] { return cost::linear(q, l.attention_output, Epilogue::kStore, elem); });
+    op("attn_out_gemm", n, [&] { return cost::linear(q, l.attention_output, Epilogue::kStore, elem); }, &l.attention_output);
     ops.linear(q, l.attention_output, y, Epilogue::kStore);             // A Wo^T
     op("attn_ln", n, [&] { return cost::bias_residual_layernorm(y, elem); });
     ops.bias_residual_layernorm(y, l.attention_output.bias, x, l.ln1_gamma, l.ln1_beta,
                                 c.layer_norm_eps, x);                   // X1
-    op("ffn_in_gemm", n, [&] { return cost::linear(x, l.intermediate, Epilogue::kBiasAct, elem); });
+    op("ffn_in_gemm", n, [&] { return cost::linear(x, l.intermediate, Epilogue::kBiasAct, elem); }, &l.intermediate);
     ops.linear(x, l.intermediate, h, Epilogue::kBiasAct, c.hidden_act); // act(X1 Wi^T + bi)
-    op("ffn_out_gemm", n, [&] { return cost::linear(h, l.output, Epilogue::kStore, elem); });
+    op("ffn_out_gemm", n, [&] { return cost::linear(h, l.output, Epilogue::kStore, elem); }, &l.output);
     ops.linear(h, l.output, y, Epilogue::kStore);
     op("ffn_ln", n, [&] { return cost::bias_residual_layernorm(y, elem); });
     ops.bias_residual_layernorm(y, l.output.bias, x, l.ln2_gamma, l.ln2_beta, c.layer_norm_eps,
                                 x);                                     // X'
   }
-  op("pooler_fc1_gemm", -1, [&] { return cost::linear(x, pooler_fc1_, Epilogue::kBias, elem); });
+  op("pooler_fc1_gemm", -1, [&] { return cost::linear(x, pooler_fc1_, Epilogue::kBias, elem); }, &pooler_fc1_);
   ops.linear(x, pooler_fc1_, y, Epilogue::kBias);
   op("attention_pool", -1, [&] { return cost::attention_pool(ref, x, elem); });
   ops.attention_pool(ref, y, pooler_fc2_, x, pooled);
@@ -365,7 +406,7 @@ std::vector<EncodedSequence> ForwardEngine::run(const RaggedBatch& batch,
   std::vector<float> logits_host;
   if (any_logits) {
     const Mat logits = mat(plan.logits);
-    op("classifier_gemm", -1, [&] { return cost::linear(pooled, classifier_, Epilogue::kBias, elem); });
+    op("classifier_gemm", -1, [&] { return cost::linear(pooled, classifier_, Epilogue::kBias, elem); }, &classifier_);
     ops.linear(pooled, classifier_, logits, Epilogue::kBias);
     logits_host.resize(size_t(B * classifier_.out));
     op("download_logits", -1, [&] { return cost::download(logits, elem); });

@@ -4,6 +4,7 @@
 
 #include <memory>
 #include <span>
+#include <string>
 #include <vector>
 
 #include "server/engine/engine.h"
@@ -27,6 +28,8 @@ class ForwardEngine final : public Engine {
   const Model& model() const override { return *model_; }
   std::pair<size_t, size_t> device_memory() const override { return ops_->device_memory(); }
   SpeedCheck speed_check() override { return ops_->speed_check(); }
+  size_t packed_weight_bytes() const override { return ops_->packed_weight_bytes(); }
+  std::vector<std::string> gemm_report() const override;
   void set_profiling(bool on) override;
   std::vector<OpProfile> profile() const override;
 

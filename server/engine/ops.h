@@ -11,6 +11,7 @@
 #include <cstddef>
 #include <cstdint>
 #include <span>
+#include <string>
 #include <utility>
 
 #include "server/engine/config.h"
@@ -128,6 +129,12 @@ class Ops {
   virtual std::pair<size_t, size_t> device_memory() const { return {0, 0}; }
   // A short timing of the ops' GEMMs against the floor for the hardware; {} where none.
   virtual SpeedCheck speed_check() { return {}; }
+  // The kernel the GEMMs over `w` ran (oneDNN's implementation name), once they have run;
+  // "" where the ops do not know.
+  virtual std::string gemm_kernel(const WeightRef& /*w*/) const { return {}; }
+  // Bytes of weight copies the ops keep beside the model's arrays (the CPU's packed
+  // bfloat16 weights); 0 where the weights are served in place or counted elsewhere.
+  virtual size_t packed_weight_bytes() const { return 0; }
 };
 
 }  // namespace fastformer::engine

@@ -103,8 +103,10 @@ def write_jsonl(path, items):
 
 
 def run_encode(encode_bin, model_dir, items, tmp_path, *flags, name="in", timeout=300,
-               use_stdio=False, check=True) -> EncodeRun:
-    """Run fastformer-encode on `items` (dicts, or raw strings written verbatim as lines)."""
+               use_stdio=False, check=True, env=None) -> EncodeRun:
+    """Run fastformer-encode on `items` (dicts, or raw strings written verbatim as lines);
+    `env` (a dict) is added to the environment."""
+    env = dict(os.environ, **env) if env else None
     inp = Path(tmp_path) / f"{name}.jsonl"
     out = Path(tmp_path) / f"{name}.out.jsonl"
     write_jsonl(inp, items)
@@ -112,13 +114,13 @@ def run_encode(encode_bin, model_dir, items, tmp_path, *flags, name="in", timeou
     if use_stdio:
         cmd += ["--input", "-", "--output", "-"]
         with open(inp, "rb") as fin:
-            proc = subprocess.run(cmd + list(flags), stdin=fin, capture_output=True, timeout=timeout)
+            proc = subprocess.run(cmd + list(flags), stdin=fin, capture_output=True, timeout=timeout, env=env)
         text = proc.stdout.decode("utf-8", "replace")
     else:
         if out.exists():
             out.unlink()
         cmd += ["--input", str(inp), "--output", str(out)]
-        proc = subprocess.run(cmd + list(flags), capture_output=True, timeout=timeout)
+        proc = subprocess.run(cmd + list(flags), capture_output=True, timeout=timeout, env=env)
         text = out.read_text(encoding="utf-8") if out.exists() else ""
     proc.stderr = proc.stderr.decode("utf-8", "replace")
     if check and proc.returncode != 0:

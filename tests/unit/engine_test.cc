@@ -21,6 +21,7 @@ namespace {
 using ::testing::AllOf;
 using ::testing::HasSubstr;
 using ::testing::MatchesRegex;
+using ::testing::Not;
 using test::error_of;
 using test::TinyModelSpec;
 
@@ -325,6 +326,31 @@ TEST_F(EngineTest, CpuBfloat16MatchesFloat32OrIsRefused) {
   const auto f32 = create_engine(model_, options);
   const test::ParityInputs inputs = test::make_parity_inputs(model_->config());
   test::expect_parity(test::encode_all(*bf16, inputs), test::encode_all(*f32, inputs), "bfloat16");
+}
+
+// The bfloat16 engine's storage and rounding (bfloat16 buffers, packed weights, fixed-M
+// row pieces) over float32 GEMMs, on any CPU: the bfloat16 parity rule against float32.
+TEST_F(EngineTest, CpuBfloat16EmulatedMatchesFloat32) {
+  ::setenv("FASTFORMER_CPU_BFLOAT16", "emulate", 1);
+  EngineOptions options;
+  options.backend = Backend::kCpu;
+  options.threads = 2;
+  options.dtype = "bfloat16";
+  const auto bf16 = create_engine(model_, options);
+  ::unsetenv("FASTFORMER_CPU_BFLOAT16");
+  EXPECT_THAT(bf16->device_name(), HasSubstr("bfloat16 emulated"));
+  options.dtype = "float32";
+  const auto f32 = create_engine(model_, options);
+  const test::ParityInputs inputs = test::make_parity_inputs(model_->config());
+  const auto got = test::encode_all(*bf16, inputs), want = test::encode_all(*f32, inputs);
+  test::expect_parity(got, want, "bfloat16");
+  // Rounded, so not the float32 result (the dtype took effect).
+  EXPECT_GT(test::worst_relative_error(got[3].embedding, want[3].embedding), 1e-5);
+  EXPECT_GT(bf16->packed_weight_bytes(), size_t(0));
+  EXPECT_EQ(f32->packed_weight_bytes(), size_t(0));
+  // Every GEMM site reports the kernel that ran it.
+  for (const std::string& line : bf16->gemm_report()) EXPECT_THAT(line, Not(HasSubstr("not run yet"))) << line;
+  EXPECT_FALSE(bf16->gemm_report().empty());
 }
 
 TEST_F(EngineTest, BatchInvariance) {

@@ -7,7 +7,9 @@
 #include <gmock/gmock.h>
 #include <gtest/gtest.h>
 
+#include <bit>
 #include <cmath>
+#include <limits>
 #include <cstdlib>
 #include <fstream>
 #include <random>
@@ -16,6 +18,7 @@
 #include <vector>
 
 #include "common/half.h"
+#include "server/engine/error.h"
 #include "tests/support/reference_activation.h"
 
 namespace fastformer::engine {
@@ -170,6 +173,150 @@ TEST(OneDnnGemm, SelfCheckRunsOnThisCpu) {
   EXPECT_EQ(check.floor_gflops, gemm_floor_gflops(check.isa));
   EXPECT_FALSE(check.implementation.empty());
   EXPECT_THAT(check.message(), HasSubstr("GEMM self-check"));
+}
+
+// The bfloat16 path (PackedMatmul): packed weights, one fixed-M primitive per power-of-two
+// row count, bfloat16 A and C. Checked against double over the bfloat16-rounded inputs, with
+// C rounded to bfloat16 at the end; every row count through split(). float32 shapes and the
+// emulated bfloat16 (float32 primitives) run on every CPU; hardware bfloat16 where oneDNN
+// has it.
+enum class PackedKind { kFloat32, kBfloat16Emulated, kBfloat16 };
+
+void check_packed(const Case& c, PackedKind kind) {
+  const bool bf16 = kind != PackedKind::kFloat32;
+  const auto a = random_values(size_t(c.m * c.lda), 11 + uint32_t(c.m), 0.5f);
+  const auto w = random_values(size_t(c.n * c.k), 12 + uint32_t(c.n), 0.1f);
+  const auto bias = random_values(size_t(c.n), 13);
+  const auto c0 = random_values(size_t(c.m * c.ldc), 14);
+  auto in = [&](float x) { return bf16 ? double(bfloat16_to_float(float_to_bfloat16(x))) : double(x); };
+
+  const PackedMatmul mm({c.n, c.k, c.lda, c.ldc, c.epilogue, c.act, bf16, kind == PackedKind::kBfloat16Emulated});
+  const PackedMatmul::Weights packed = mm.pack(w.data());
+  EXPECT_GE(packed.bytes(), size_t(c.n * c.k) * (bf16 ? 2 : 4));
+  std::vector<std::pair<int64_t, int64_t>> pieces;
+  PackedMatmul::split(c.m, 64, pieces);
+  std::vector<float> out;  // C as float, read back from its dtype
+  if (bf16) {
+    std::vector<uint16_t> a16(a.size()), c16(c0.size());
+    for (size_t i = 0; i < a.size(); ++i) a16[i] = float_to_bfloat16(a[i]);
+    for (size_t i = 0; i < c0.size(); ++i) c16[i] = float_to_bfloat16(c0[i]);
+    for (const auto& [r0, m] : pieces) mm.run(m, a16.data() + r0 * c.lda, packed, bias.data(), c16.data() + r0 * c.ldc);
+    for (uint16_t v : c16) out.push_back(bfloat16_to_float(v));
+  } else {
+    out = c0;
+    for (const auto& [r0, m] : pieces) mm.run(m, a.data() + r0 * c.lda, packed, bias.data(), out.data() + r0 * c.ldc);
+  }
+  double worst = 0;
+  for (int64_t i = 0; i < c.m; ++i) {
+    for (int64_t j = 0; j < c.n; ++j) {
+      double acc = 0;
+      for (int64_t p = 0; p < c.k; ++p) acc += in(a[size_t(i * c.lda + p)]) * in(w[size_t(j * c.k + p)]);
+      double want = acc;
+      if (c.epilogue == Epilogue::kBias) want = acc + bias[size_t(j)];
+      if (c.epilogue == Epilogue::kBiasAct) want = test::reference_activation(acc + bias[size_t(j)], c.act);
+      if (c.epilogue == Epilogue::kAccumulate) want = in(c0[size_t(i * c.ldc + j)]) + acc;
+      const double got = out[size_t(i * c.ldc + j)];
+      worst = std::max(worst, std::abs(got - want) / std::max(1.0, std::abs(want)));
+    }
+    for (int64_t j = c.n; j < c.ldc; ++j) {
+      ASSERT_EQ(out[size_t(i * c.ldc + j)], float(in(c0[size_t(i * c.ldc + j)]))) << "column " << j << " past n";
+    }
+  }
+  // bfloat16 C: one rounding of the result (2^-8 relative) on top of float32 accumulation.
+  EXPECT_LE(worst, bf16 ? 4.5e-3 : 2e-5) << "m " << c.m << " n " << c.n << " k " << c.k << " epilogue "
+                                         << int(c.epilogue) << " act " << int(c.act) << " kind " << int(kind);
+  if (kind != PackedKind::kBfloat16Emulated) {
+    EXPECT_FALSE(mm.implementation().empty());
+  }
+}
+
+TEST(PackedMatmul, Float32MatchesDoubleForEveryEpilogueAndRowCount) {
+  for (const Case& c : kCases) check_packed(c, PackedKind::kFloat32);
+}
+
+TEST(PackedMatmul, EmulatedBfloat16MatchesDoubleOnRoundedInputs) {
+  for (const Case& c : kCases) check_packed(c, PackedKind::kBfloat16Emulated);
+}
+
+TEST(PackedMatmul, Bfloat16MatchesDoubleOnRoundedInputs) {
+  if (!cpu_gemm_info().has_bf16) {
+    GTEST_SKIP() << "oneDNN finds " << cpu_gemm_info().isa << " here: no AVX512_BF16 or AMX for bfloat16 GEMMs "
+                 << "(the emulated bfloat16 test ran the same storage and rounding)";
+  }
+  for (const Case& c : kCases) check_packed(c, PackedKind::kBfloat16);
+  // On AMX the fixed-M primitives are oneDNN's brgemm AMX kernels, not gemm:jit.
+  const PackedMatmul mm({768, 768, 768, 768, Epilogue::kBias, Activation::kGeluErf, true, false});
+  if (cpu_gemm_info().has_amx) EXPECT_THAT(mm.implementation(), HasSubstr("amx"));
+  else EXPECT_THAT(mm.implementation(), HasSubstr("brg"));
+}
+
+TEST(PackedMatmul, SplitCoversEveryRowOnceInPrimitiveSizes) {
+  std::vector<std::pair<int64_t, int64_t>> pieces;
+  PackedMatmul::split(0, 256, pieces);
+  EXPECT_TRUE(pieces.empty());
+  PackedMatmul::split(600, 256, pieces);  // 256 + 256 + 64 + 16 + 8
+  const std::vector<std::pair<int64_t, int64_t>> want{{0, 256}, {256, 256}, {512, 64}, {576, 16}, {592, 8}};
+  EXPECT_EQ(pieces, want);
+  for (int64_t rows : {1, 2, 15, 16, 17, 255, 256, 257, 1000, 4097}) {
+    for (int64_t block : {16, 64, 256}) {
+      PackedMatmul::split(rows, block, pieces);
+      int64_t next = 0;
+      for (const auto& [r0, m] : pieces) {
+        EXPECT_EQ(r0, next);
+        EXPECT_TRUE(m > 0 && m <= block && (m & (m - 1)) == 0) << m;
+        next += m;
+      }
+      EXPECT_EQ(next, rows);
+    }
+  }
+}
+
+TEST(PackedMatmul, RefusesRowCountsWithoutAPrimitive) {
+  const PackedMatmul mm({16, 16, 16, 16, Epilogue::kStore, Activation::kGeluErf, false, false});
+  const std::vector<float> w(256, 0.5f), a(16 * 300, 1.0f);
+  std::vector<float> c(16 * 300);
+  const auto packed = mm.pack(w.data());
+  EXPECT_THROW(mm.run(3, a.data(), packed, nullptr, c.data()), EngineError);
+  EXPECT_THROW(mm.run(512, a.data(), packed, nullptr, c.data()), EngineError);
+  mm.run(4, a.data(), packed, nullptr, c.data());
+  EXPECT_FLOAT_EQ(c[0], 8.0f);  // 16 products of 1 x 0.5
+}
+
+TEST(Bfloat16Rows, MatchTheScalarRoundingBitForBit) {
+  std::vector<float> values = {0.0f, -0.0f, 1.0f, 1.00390625f, 1.01171875f, 3.14159f, -2.5e-39f, 1e-45f,
+                               3.4e38f, -3.4e38f, std::numeric_limits<float>::infinity(),
+                               -std::numeric_limits<float>::infinity(), std::numeric_limits<float>::quiet_NaN()};
+  for (uint32_t bits = 0x3f800000u; bits < 0x3f800000u + 70000u; bits += 7) values.push_back(std::bit_cast<float>(bits));
+  std::vector<uint16_t> rounded(values.size());
+  float_to_bfloat16_row(values.data(), rounded.data(), int64_t(values.size()));
+  std::vector<float> widened(values.size());
+  bfloat16_to_float_row(rounded.data(), widened.data(), int64_t(values.size()));
+  for (size_t i = 0; i < values.size(); ++i) {
+    ASSERT_EQ(rounded[i], float_to_bfloat16(values[i])) << values[i];
+    ASSERT_EQ(std::bit_cast<uint32_t>(widened[i]), std::bit_cast<uint32_t>(bfloat16_to_float(rounded[i])));
+  }
+}
+
+TEST(OneDnnGemm, Bfloat16SelfCheckSaysWhatItRanOn) {
+  const Bf16SelfCheck check = bf16_self_check();
+  EXPECT_EQ(check.ran, cpu_gemm_info().has_bf16);
+  EXPECT_THAT(check.message(), HasSubstr(bf16_hardware(cpu_gemm_info().isa)));
+  if (!check.ran) {
+    EXPECT_THAT(check.message(), HasSubstr("not run"));
+    EXPECT_THAT(bf16_hardware("avx2"), HasSubstr("no AVX512_BF16 or AMX"));
+    return;
+  }
+  EXPECT_GT(check.gflops, 0.0);
+  EXPECT_EQ(check.floor_gflops, bf16_floor_gflops(cpu_gemm_info().isa));
+  EXPECT_THAT(check.message(), HasSubstr("M fixed, packed weights"));
+}
+
+TEST(OneDnnGemm, ProbeTimesAFixedShape) {
+  std::string kernel;
+  const double gflops = probe_gflops({256, 256, 256, 256, Epilogue::kBias, Activation::kGeluErf, false, false}, 512,
+                                     1, 0.05, &kernel);
+  EXPECT_GT(gflops, 1.0);
+  EXPECT_FALSE(kernel.empty());
 }
 
 }  // namespace

@@ -4,6 +4,7 @@
 #include <cmath>
 #include <cstring>
 #include <limits>
+#include <type_traits>
 
 #include "common/half.h"
 #include "server/engine/cpu/vector_math.h"
@@ -21,6 +22,26 @@ constexpr int64_t kGemmRows = 128;
 float* f(void* p) { return static_cast<float*>(p); }
 const float* f(const void* p) { return static_cast<const float*>(p); }
 float* row(const Mat& m, int64_t r) { return f(m.data) + r * m.ld; }
+// Row r of a buffer of elements E (float, or uint16_t holding bfloat16).
+template <class E> E* row_of(const Mat& m, int64_t r) { return static_cast<E*>(m.data) + r * m.ld; }
+
+template <class E> constexpr bool kFloat = std::is_same_v<E, float>;
+inline float to_float(float x) { return x; }
+inline float to_float(uint16_t x) { return bfloat16_to_float(x); }
+inline void store(float* p, float v) { *p = v; }
+inline void store(uint16_t* p, float v) { *p = float_to_bfloat16(v); }
+// A row as float: itself (float32), or widened into `scratch` (bfloat16).
+inline const float* widen(const float* in, float*, int64_t) { return in; }
+inline const float* widen(const uint16_t* in, float* scratch, int64_t n) {
+  bfloat16_to_float_row(in, scratch, n);
+  return scratch;
+}
+// Where a pass writes a float row: the output row itself (float32), or `scratch`, rounded
+// into the row afterwards by narrow() (bfloat16).
+inline float* target(float* out, float*) { return out; }
+inline float* target(uint16_t*, float* scratch) { return scratch; }
+inline void narrow(const float*, float*, int64_t) {}
+inline void narrow(const float* in, uint16_t* out, int64_t n) { float_to_bfloat16_row(in, out, n); }
 
 // The sequence that owns packed row t.
 int32_t sequence_of(const RaggedBatch& batch, int64_t t) {
@@ -67,8 +88,8 @@ float tanh_dot(const float* e, const float* w, int64_t D) {
 
 }  // namespace
 
-CpuOps::CpuOps(int threads, const ModelConfig& config, bool bf16)
-    : config_(config), bf16_(bf16), pool_(threads) {}
+CpuOps::CpuOps(int threads, const ModelConfig& config, CpuDtype dtype)
+    : config_(config), dtype_(dtype), bf16_(dtype != CpuDtype::kFloat32), pool_(threads) {}
 
 const CpuMatmul& CpuOps::matmul(const CpuMatmul::Shape& shape) {
   auto it = matmuls_.find(shape);
@@ -76,25 +97,44 @@ const CpuMatmul& CpuOps::matmul(const CpuMatmul::Shape& shape) {
   return *it->second;
 }
 
-const void* CpuOps::gemm_weights(const WeightRef& w) {
-  if (!bf16_) return w.weight;
-  auto it = bf16_weights_.find(w.weight);
-  if (it == bf16_weights_.end()) {
-    std::vector<uint16_t> rounded(size_t(w.out * w.in));
-    std::transform(f(w.weight), f(w.weight) + w.out * w.in, rounded.data(), float_to_bfloat16);
-    it = bf16_weights_.emplace(w.weight, std::move(rounded)).first;
+const CpuOps::PackedSite& CpuOps::packed_site(const WeightRef& w, const PackedMatmul::Shape& shape) {
+  const auto key = std::make_pair(w.weight, shape);
+  auto it = packed_sites_.find(key);
+  if (it == packed_sites_.end()) {
+    std::unique_ptr<PackedMatmul>& mm = packed_matmuls_[shape];
+    if (!mm) mm = std::make_unique<PackedMatmul>(shape);  // every row count's primitive, once per shape
+    it = packed_sites_.emplace(key, PackedSite{mm.get(), mm->pack(f(w.weight))}).first;
+    kernels_[w.weight] = mm->implementation();
   }
-  return it->second.data();
+  return it->second;
+}
+
+std::string CpuOps::gemm_kernel(const WeightRef& w) const {
+  const auto it = kernels_.find(w.weight);
+  return it == kernels_.end() ? std::string() : it->second;
+}
+
+size_t CpuOps::packed_weight_bytes() const {
+  size_t bytes = 0;
+  for (const auto& [key, site] : packed_sites_) bytes += site.weights.bytes();
+  return bytes;
 }
 
 SpeedCheck CpuOps::speed_check() {
   const GemmSelfCheck check = gemm_self_check();
-  return SpeedCheck{true, check.below_floor(), check.message()};
+  SpeedCheck out{true, check.below_floor(), check.message()};
+  if (dtype_ == CpuDtype::kBfloat16) {
+    const Bf16SelfCheck bf16 = bf16_self_check();
+    out.message += "; " + bf16.message();
+    out.warning |= bf16.ran && bf16.gflops < bf16.floor_gflops;
+  }
+  return out;
 }
 
 const void* CpuOps::upload(std::span<const float> host) {
-  // The CPU engine serves float32: the host arrays (the model's and the prepared weights,
-  // both owned by the engine) are used in place, with no copy.
+  // The host arrays (the model's and the prepared weights, both owned by the engine) are
+  // used in place, with no copy, in either dtype: the bfloat16 GEMMs pack their own copy of
+  // the weights (packed_site), and every other parameter stays float32.
   return host.data();
 }
 
@@ -116,28 +156,45 @@ BatchRef CpuOps::begin_batch(const RaggedBatch& batch, const WorkspacePlan& plan
   return BatchRef{batch.num_sequences(), batch.num_tokens()};
 }
 
-void CpuOps::embed(const BatchRef& ref, const void* word_embedding, const void* position_embeddings,
-                   const void* ln_gamma, const void* ln_beta, double eps, Mat x) {
+template <class E>
+void CpuOps::embed_rows(const BatchRef& ref, const float* word, const float* pos_table, const float* gamma,
+                        const float* beta, float eps, Mat x) {
   const RaggedBatch& batch = *batch_;
   const int64_t D = config_.hidden_size;
   pool_.parallel_for(ref.num_tokens, kRowGrain, [&](int64_t begin, int64_t end) {
-    std::vector<float> sum(static_cast<size_t>(D));
+    std::vector<float> sum(static_cast<size_t>(D)), out(kFloat<E> ? 0 : size_t(D));
     for (int64_t t = begin; t < end; ++t) {
       const int32_t id = batch.token_ids[size_t(t)];
-      const float* src = id >= 0 ? f(word_embedding) + int64_t(id) * D
+      const float* src = id >= 0 ? word + int64_t(id) * D
                                  : batch.input_embeddings.data() + int64_t(batch.embedding_index[size_t(t)]) * D;
-      const float* pos = f(position_embeddings) + int64_t(batch.position_ids[size_t(t)]) * D;
+      const float* pos = pos_table + int64_t(batch.position_ids[size_t(t)]) * D;
       for (int64_t j = 0; j < D; ++j) sum[size_t(j)] = src[j] + pos[j];
-      layernorm_row(sum.data(), row(x, t), f(ln_gamma), f(ln_beta), D, float(eps));
+      E* dst = row_of<E>(x, t);
+      layernorm_row(sum.data(), target(dst, out.data()), gamma, beta, D, eps);
+      narrow(out.data(), dst, D);
     }
   });
 }
 
+void CpuOps::embed(const BatchRef& ref, const void* word_embedding, const void* position_embeddings,
+                   const void* ln_gamma, const void* ln_beta, double eps, Mat x) {
+  if (bf16_) {
+    embed_rows<uint16_t>(ref, f(word_embedding), f(position_embeddings), f(ln_gamma), f(ln_beta), float(eps), x);
+  } else {
+    embed_rows<float>(ref, f(word_embedding), f(position_embeddings), f(ln_gamma), f(ln_beta), float(eps), x);
+  }
+}
+
 void CpuOps::linear(const Mat& a, const WeightRef& w, Mat c, Epilogue epilogue, Activation act) {
+  if (bf16_) {
+    linear_bf16(a, w, c, epilogue, act);
+    return;
+  }
   // oneDNN runs single-threaded inside each piece, bias and activation fused as post-ops;
   // the pool splits the rows.
-  const CpuMatmul& mm = matmul({w.out, w.in, a.ld, c.ld, epilogue, act, bf16_});
-  const void* weight = gemm_weights(w);
+  const CpuMatmul& mm = matmul({w.out, w.in, a.ld, c.ld, epilogue, act, false});
+  if (!kernels_.contains(w.weight)) kernels_[w.weight] = mm.implementation();
+  const float* weight = f(w.weight);
   const float* bias = f(w.bias);
   const int64_t pieces = std::min<int64_t>(pool_.size() * 4, (a.rows + kGemmRows - 1) / kGemmRows);
   const int64_t rows_per_piece = (a.rows + pieces - 1) / std::max<int64_t>(pieces, 1);
@@ -149,11 +206,30 @@ void CpuOps::linear(const Mat& a, const WeightRef& w, Mat c, Epilogue epilogue, 
   });
 }
 
-void CpuOps::pool_chunks(int64_t heads, const float* scores, int64_t score_ld, const Mat& values) {
+void CpuOps::linear_bf16(const Mat& a, const WeightRef& w, Mat c, Epilogue epilogue, Activation act) {
+  const PackedSite& site = packed_site(
+      w, {w.out, w.in, a.ld, c.ld, epilogue, act, true, dtype_ == CpuDtype::kBfloat16Emulated});
+  // Blocks of the largest power of two that still gives every worker two pieces, then the
+  // tail in powers of two: every piece has a primitive made for its row count.
+  int64_t block = PackedMatmul::kMaxRows;
+  while (block > 16 && a.rows < block * 2 * pool_.size()) block /= 2;
+  PackedMatmul::split(a.rows, block, pieces_);
+  const float* bias = f(w.bias);
+  pool_.parallel_for(int64_t(pieces_.size()), 1, [&](int64_t first, int64_t last) {
+    for (int64_t i = first; i < last; ++i) {
+      const auto [r0, m] = pieces_[size_t(i)];
+      site.matmul->run(m, row_of<uint16_t>(a, r0), site.weights, bias, row_of<uint16_t>(c, r0));
+    }
+  });
+}
+
+template <class S, class E>
+void CpuOps::pool_chunks(int64_t heads, const S* scores, int64_t score_ld, const Mat& values) {
   const RaggedBatch& batch = *batch_;
   const int64_t D = values.cols, d = D / heads;
   const int64_t chunks = chunks_->count();
   pool_.parallel_for(chunks, 1, [&](int64_t first, int64_t last) {
+    std::vector<float> scratch(kFloat<E> ? 0 : size_t(D));
     for (int64_t c = first; c < last; ++c) {
       float* m = partials_.m + c * heads;
       float* l = partials_.l + c * heads;
@@ -164,18 +240,18 @@ void CpuOps::pool_chunks(int64_t heads, const float* scores, int64_t score_ld, c
       for (int64_t h = 0; h < heads; ++h) m[h] = -std::numeric_limits<float>::infinity();
       for (int32_t t = begin; t < end; ++t) {
         if (!batch.mask[size_t(t)]) continue;
-        const float* s = scores + int64_t(t) * score_ld;
-        for (int64_t h = 0; h < heads; ++h) m[h] = std::max(m[h], s[h]);
+        const S* s = scores + int64_t(t) * score_ld;
+        for (int64_t h = 0; h < heads; ++h) m[h] = std::max(m[h], to_float(s[h]));
       }
       // Pass 2: sum of weights and weighted values.
       std::fill(l, l + heads, 0.0f);
       std::fill(v, v + D, 0.0f);
       for (int32_t t = begin; t < end; ++t) {
         if (!batch.mask[size_t(t)]) continue;
-        const float* s = scores + int64_t(t) * score_ld;
-        const float* x = row(values, t);
+        const S* s = scores + int64_t(t) * score_ld;
+        const float* x = widen(row_of<E>(values, t), scratch.data(), D);
         for (int64_t h = 0; h < heads; ++h) {
-          const float weight = std::exp(s[h] - m[h]);
+          const float weight = std::exp(to_float(s[h]) - m[h]);
           l[h] += weight;
           float* vh = v + h * d;
           const float* xh = x + h * d;
@@ -186,13 +262,14 @@ void CpuOps::pool_chunks(int64_t heads, const float* scores, int64_t score_ld, c
   });
 }
 
-void CpuOps::combine(int64_t heads, Mat out, const float* scale_by, float denominator_extra) {
+template <class E>
+void CpuOps::combine(int64_t heads, Mat out, const E* scale_by, float denominator_extra) {
   const int64_t D = out.cols, d = D / heads;
   pool_.parallel_for(out.rows, 1, [&](int64_t first, int64_t last) {
     std::vector<double> acc(static_cast<size_t>(d));  // one per piece, not per head and sequence
     for (int64_t b = first; b < last; ++b) {
       const int32_t c0 = chunks_->first[size_t(b)], c1 = chunks_->first[size_t(b) + 1];
-      float* o = row(out, b);
+      E* o = row_of<E>(out, b);
       for (int64_t h = 0; h < heads; ++h) {
         double M = -std::numeric_limits<double>::infinity();
         for (int32_t c = c0; c < c1; ++c) M = std::max(M, double(partials_.m[size_t(c * heads + h)]));
@@ -209,8 +286,8 @@ void CpuOps::combine(int64_t heads, Mat out, const float* scale_by, float denomi
         const double denom = L + double(denominator_extra) * std::exp(-M);
         for (int64_t j = 0; j < d; ++j) {
           double value = acc[size_t(j)] / denom;
-          if (scale_by != nullptr) value *= scale_by[b * D + h * d + j];
-          o[h * d + j] = static_cast<float>(value);
+          if (scale_by != nullptr) value *= to_float(scale_by[b * D + h * d + j]);
+          store(o + h * d + j, static_cast<float>(value));
         }
       }
     }
@@ -218,12 +295,18 @@ void CpuOps::combine(int64_t heads, Mat out, const float* scale_by, float denomi
 }
 
 void CpuOps::query_pool(const BatchRef&, const Mat& scores, const Mat& q, Mat pq) {
-  pool_chunks(config_.num_attention_heads, f(scores.data), scores.ld, q);
-  combine(config_.num_attention_heads, pq, nullptr, 0.0f);
+  const int64_t H = config_.num_attention_heads;
+  if (bf16_) {
+    pool_chunks<uint16_t, uint16_t>(H, static_cast<const uint16_t*>(scores.data), scores.ld, q);
+    combine<uint16_t>(H, pq, nullptr, 0.0f);
+  } else {
+    pool_chunks<float, float>(H, f(scores.data), scores.ld, q);
+    combine<float>(H, pq, nullptr, 0.0f);
+  }
 }
 
-void CpuOps::key_pool(const BatchRef& ref, const Mat& k, const Mat& pq, const WeightRef& key_att,
-                      Mat pk) {
+template <class E>
+void CpuOps::key_pool_rows(const BatchRef& ref, const Mat& k, const Mat& pq, const WeightRef& key_att, Mat pk) {
   const RaggedBatch& batch = *batch_;
   const int64_t D = config_.hidden_size, H = config_.num_attention_heads;
   const float* wka = f(key_att.weight);
@@ -234,73 +317,130 @@ void CpuOps::key_pool(const BatchRef& ref, const Mat& k, const Mat& pq, const We
   // output columns runs far below its peak).
   pool_.parallel_for(ref.num_tokens, kRowGrain, [&](int64_t begin, int64_t end) {
     std::vector<float> p(static_cast<size_t>(D));
+    std::vector<float> k_scratch(kFloat<E> ? 0 : size_t(D)), pq_scratch(kFloat<E> ? 0 : size_t(D));
     int32_t b = sequence_of(batch, begin);
+    const float* pq_row = widen(row_of<E>(pq, b), pq_scratch.data(), D);
     for (int64_t t = begin; t < end; ++t) {
-      while (batch.cu_seqlens[size_t(b) + 1] <= t) ++b;
-      multiply_rows(row(k, t), row(pq, b), p.data(), D);
+      if (batch.cu_seqlens[size_t(b) + 1] <= t) {
+        while (batch.cu_seqlens[size_t(b) + 1] <= t) ++b;
+        pq_row = widen(row_of<E>(pq, b), pq_scratch.data(), D);
+      }
+      multiply_rows(widen(row_of<E>(k, t), k_scratch.data(), D), pq_row, p.data(), D);
       for (int64_t h = 0; h < H; ++h) r[t * H + h] = dot(p.data(), wka + h * D, D) + bka[h];
     }
   });
   // pk_h = pq_h * sum_t b_{t,h} K_{t,h-slice}: P = K * pq is never stored.
-  pool_chunks(H, r, H, k);
-  combine(H, pk, f(pq.data), 0.0f);
+  pool_chunks<float, E>(H, r, H, k);
+  combine<E>(H, pk, static_cast<const E*>(pq.data), 0.0f);
 }
 
-void CpuOps::mix(const BatchRef& ref, const Mat& q, const Mat& pk, Mat u) {
+void CpuOps::key_pool(const BatchRef& ref, const Mat& k, const Mat& pq, const WeightRef& key_att, Mat pk) {
+  if (bf16_) key_pool_rows<uint16_t>(ref, k, pq, key_att, pk);
+  else key_pool_rows<float>(ref, k, pq, key_att, pk);
+}
+
+template <class E>
+void CpuOps::mix_rows(const BatchRef& ref, const Mat& q, const Mat& pk, Mat u) {
   const RaggedBatch& batch = *batch_;
   const int64_t D = config_.hidden_size;
   pool_.parallel_for(ref.num_tokens, kRowGrain, [&](int64_t begin, int64_t end) {
+    std::vector<float> q_scratch(kFloat<E> ? 0 : size_t(D)), pk_scratch(kFloat<E> ? 0 : size_t(D));
+    std::vector<float> out(kFloat<E> ? 0 : size_t(D));
     int32_t b = sequence_of(batch, begin);
+    const float* pk_row = widen(row_of<E>(pk, b), pk_scratch.data(), D);
     for (int64_t t = begin; t < end; ++t) {
-      while (batch.cu_seqlens[size_t(b) + 1] <= t) ++b;
-      multiply_rows(row(q, t), row(pk, b), row(u, t), D);
+      if (batch.cu_seqlens[size_t(b) + 1] <= t) {
+        while (batch.cu_seqlens[size_t(b) + 1] <= t) ++b;
+        pk_row = widen(row_of<E>(pk, b), pk_scratch.data(), D);
+      }
+      E* dst = row_of<E>(u, t);
+      multiply_rows(widen(row_of<E>(q, t), q_scratch.data(), D), pk_row, target(dst, out.data()), D);
+      narrow(out.data(), dst, D);
+    }
+  });
+}
+
+void CpuOps::mix(const BatchRef& ref, const Mat& q, const Mat& pk, Mat u) {
+  if (bf16_) mix_rows<uint16_t>(ref, q, pk, u);
+  else mix_rows<float>(ref, q, pk, u);
+}
+
+template <class E>
+void CpuOps::layernorm_rows(const Mat& c, const float* bias, const Mat& residual, const float* gamma,
+                            const float* beta, float eps, Mat out) {
+  const int64_t D = c.cols;
+  pool_.parallel_for(c.rows, kRowGrain, [&](int64_t begin, int64_t end) {
+    std::vector<float> sum(static_cast<size_t>(D));
+    std::vector<float> c_scratch(kFloat<E> ? 0 : size_t(D)), r_scratch(kFloat<E> ? 0 : size_t(D));
+    std::vector<float> o_scratch(kFloat<E> ? 0 : size_t(D));
+    for (int64_t r = begin; r < end; ++r) {
+      const float* cr = widen(row_of<E>(c, r), c_scratch.data(), D);
+      const float* rr = widen(row_of<E>(residual, r), r_scratch.data(), D);
+      for (int64_t j = 0; j < D; ++j) sum[size_t(j)] = cr[j] + bias[j] + rr[j];
+      E* dst = row_of<E>(out, r);
+      layernorm_row(sum.data(), target(dst, o_scratch.data()), gamma, beta, D, eps);
+      narrow(o_scratch.data(), dst, D);
     }
   });
 }
 
 void CpuOps::bias_residual_layernorm(const Mat& c, const void* bias, const Mat& residual,
                                      const void* gamma, const void* beta, double eps, Mat out) {
-  const int64_t D = c.cols;
-  pool_.parallel_for(c.rows, kRowGrain, [&](int64_t begin, int64_t end) {
-    std::vector<float> sum(static_cast<size_t>(D));
-    for (int64_t r = begin; r < end; ++r) {
-      const float* cr = row(c, r);
-      const float* rr = row(residual, r);
-      for (int64_t j = 0; j < D; ++j) sum[size_t(j)] = cr[j] + f(bias)[j] + rr[j];
-      layernorm_row(sum.data(), row(out, r), f(gamma), f(beta), D, float(eps));
-    }
-  });
+  if (bf16_) layernorm_rows<uint16_t>(c, f(bias), residual, f(gamma), f(beta), float(eps), out);
+  else layernorm_rows<float>(c, f(bias), residual, f(gamma), f(beta), float(eps), out);
 }
 
-void CpuOps::attention_pool(const BatchRef& ref, const Mat& e, const WeightRef& fc2, const Mat& x,
-                            Mat pooled) {
+template <class E>
+void CpuOps::attention_pool_rows(const BatchRef& ref, const Mat& e, const WeightRef& fc2, const Mat& x,
+                                 Mat pooled) {
   const int64_t D = config_.hidden_size;
   const float* w2 = f(fc2.weight);
   const float b2 = f(fc2.bias)[0];
   float* z = token_scores_;
   pool_.parallel_for(ref.num_tokens, kRowGrain, [&](int64_t begin, int64_t end) {
-    for (int64_t t = begin; t < end; ++t) z[t] = tanh_dot(row(e, t), w2, D) + b2;
+    std::vector<float> scratch(kFloat<E> ? 0 : size_t(D));
+    for (int64_t t = begin; t < end; ++t) z[t] = tanh_dot(widen(row_of<E>(e, t), scratch.data(), D), w2, D) + b2;
   });
   // w_t = m_t exp(z_t) / (sum_u m_u exp(z_u) + 1e-8), as a stable softmax: the 1e-8 term
   // becomes 1e-8 exp(-M) after subtracting the max M, so results equal the reference.
-  pool_chunks(1, z, 1, x);
-  combine(1, pooled, nullptr, 1e-8f);
+  pool_chunks<float, E>(1, z, 1, x);
+  combine<E>(1, pooled, nullptr, 1e-8f);
+}
+
+void CpuOps::attention_pool(const BatchRef& ref, const Mat& e, const WeightRef& fc2, const Mat& x,
+                            Mat pooled) {
+  if (bf16_) attention_pool_rows<uint16_t>(ref, e, fc2, x, pooled);
+  else attention_pool_rows<float>(ref, e, fc2, x, pooled);
+}
+
+template <class E>
+void CpuOps::l2_normalize_rows(Mat rows) {
+  for (int64_t r = 0; r < rows.rows; ++r) {
+    E* x = row_of<E>(rows, r);
+    double sq = 0.0;
+    for (int64_t j = 0; j < rows.cols; ++j) sq += double(to_float(x[j])) * to_float(x[j]);
+    const double norm = std::max(std::sqrt(sq), 1e-12);
+    for (int64_t j = 0; j < rows.cols; ++j) store(x + j, static_cast<float>(to_float(x[j]) / norm));
+  }
 }
 
 void CpuOps::l2_normalize(Mat rows) {
-  for (int64_t r = 0; r < rows.rows; ++r) {
-    float* x = row(rows, r);
-    double sq = 0.0;
-    for (int64_t j = 0; j < rows.cols; ++j) sq += double(x[j]) * x[j];
-    const double norm = std::max(std::sqrt(sq), 1e-12);
-    for (int64_t j = 0; j < rows.cols; ++j) x[j] = static_cast<float>(x[j] / norm);
+  if (bf16_) l2_normalize_rows<uint16_t>(rows);
+  else l2_normalize_rows<float>(rows);
+}
+
+template <class E>
+void CpuOps::download_rows(const Mat& src, float* dst) {
+  for (int64_t r = 0; r < src.rows; ++r) {
+    const E* in = row_of<E>(src, r);
+    if constexpr (kFloat<E>) std::memcpy(dst + r * src.cols, in, size_t(src.cols) * sizeof(float));
+    else bfloat16_to_float_row(in, dst + r * src.cols, src.cols);
   }
 }
 
 void CpuOps::download(const Mat& src, float* dst) {
-  for (int64_t r = 0; r < src.rows; ++r) {
-    std::memcpy(dst + r * src.cols, row(src, r), size_t(src.cols) * sizeof(float));
-  }
+  if (bf16_) download_rows<uint16_t>(src, dst);
+  else download_rows<float>(src, dst);
 }
 
 }  // namespace fastformer::engine

@@ -1,7 +1,14 @@
-// The CPU implementation of Ops: float32 activations, GEMMs through oneDNN (float32, or
-// bfloat16 weights and inputs with float32 accumulation), element-wise and reduction passes
+// The CPU implementation of Ops: GEMMs through oneDNN, element-wise and reduction passes
 // fused per row and spread over a thread pool. In float32 it is also the oracle every CUDA
 // kernel is tested against.
+//
+// float32: float32 buffers, oneDNN primitives with a runtime row count over the weights in
+// place. bfloat16: every buffer of the plan in bfloat16 (the ops that feed a GEMM write its
+// input in bfloat16, so no rounding pass remains), statistics (LayerNorm, softmax, pooling
+// sums) in float32; GEMMs on PackedMatmul (packed weights, fixed-M primitives for AMX or
+// AVX512_BF16), float32 accumulation, bfloat16 results. The parameters that are not GEMM
+// weights (embeddings, LayerNorm, biases, the key-attention and pooler-score vectors) stay
+// float32.
 #pragma once
 
 #include <chrono>
@@ -10,6 +17,8 @@
 #include <map>
 #include <memory>
 #include <new>
+#include <string>
+#include <utility>
 #include <vector>
 
 #include "server/engine/cpu/onednn_gemm.h"
@@ -18,13 +27,18 @@
 
 namespace fastformer::engine {
 
+enum class CpuDtype {
+  kFloat32,
+  kBfloat16,          ///< the caller checks cpu_gemm_info().has_bf16 first
+  kBfloat16Emulated,  ///< bfloat16 buffers over float32 GEMMs (PackedMatmul::Shape::emulate): tests
+};
+
 class CpuOps final : public Ops {
  public:
-  // `threads` workers share every pass. With `bf16` the GEMMs take bfloat16 weights and
-  // inputs (the caller checks cpu_gemm_info().has_bf16 first); everything else is float32.
-  CpuOps(int threads, const ModelConfig& config, bool bf16 = false);
+  // `threads` workers share every pass.
+  CpuOps(int threads, const ModelConfig& config, CpuDtype dtype = CpuDtype::kFloat32);
 
-  size_t element_size() const override { return sizeof(float); }
+  size_t element_size() const override { return bf16_ ? sizeof(uint16_t) : sizeof(float); }
   const void* upload(std::span<const float> host) override;
   void reserve(const WorkspacePlan& largest) override;
   void* workspace() override { return arena_.get(); }
@@ -51,6 +65,8 @@ class CpuOps final : public Ops {
     return std::chrono::duration<double, std::milli>(timers_.at(size_t(to)) - timers_.at(size_t(from))).count();
   }
   SpeedCheck speed_check() override;
+  std::string gemm_kernel(const WeightRef& w) const override;
+  size_t packed_weight_bytes() const override;
 
  private:
   // Online-softmax partials of every chunk, per head: running max m [chunks, H], sum l
@@ -59,22 +75,46 @@ class CpuOps final : public Ops {
   struct Partials {
     float *m = nullptr, *l = nullptr, *v = nullptr;
   };
-  // Scores are per (token, head) in `scores` ([T, heads], ld heads); values [T, D].
-  void pool_chunks(int64_t heads, const float* scores, int64_t score_ld, const Mat& values);
-  // Combines chunk partials into one row per sequence: out_b = v / (L + extra * exp(-M)).
-  void combine(int64_t heads, Mat out, const float* scale_by, float denominator_extra);
+  // The ops in the buffers' element type E (float, or uint16_t holding bfloat16).
+  template <class E> void embed_rows(const BatchRef& batch, const float* word, const float* pos,
+                                     const float* gamma, const float* beta, float eps, Mat x);
+  template <class E> void key_pool_rows(const BatchRef& batch, const Mat& k, const Mat& pq,
+                                        const WeightRef& key_att, Mat pk);
+  template <class E> void mix_rows(const BatchRef& batch, const Mat& q, const Mat& pk, Mat u);
+  template <class E> void layernorm_rows(const Mat& c, const float* bias, const Mat& residual,
+                                         const float* gamma, const float* beta, float eps, Mat out);
+  template <class E> void attention_pool_rows(const BatchRef& batch, const Mat& e, const WeightRef& fc2,
+                                              const Mat& x, Mat pooled);
+  template <class E> void l2_normalize_rows(Mat rows);
+  template <class E> void download_rows(const Mat& src, float* dst);
+  // Scores (S: float, or E) are per (token, head) in `scores` ([T, heads], ld score_ld);
+  // values [T, D] in E.
+  template <class S, class E>
+  void pool_chunks(int64_t heads, const S* scores, int64_t score_ld, const Mat& values);
+  // Combines chunk partials into one row per sequence: out_b = v / (L + extra * exp(-M)),
+  // times scale_by's row b where given ([B, D] dense, in E).
+  template <class E>
+  void combine(int64_t heads, Mat out, const E* scale_by, float denominator_extra);
 
-  // The primitive for `shape`, created on first use (load and warm-up), then reused.
+  // float32: the primitive for `shape`, created on first use (load and warm-up), then reused.
   const CpuMatmul& matmul(const CpuMatmul::Shape& shape);
-  // The weights as the GEMMs take them: the float32 array itself, or its bfloat16 copy
-  // (made on first use).
-  const void* gemm_weights(const WeightRef& w);
+  // bfloat16: the GEMM site of `w` (its primitives and packed weights), made on first use.
+  struct PackedSite {
+    const PackedMatmul* matmul = nullptr;
+    PackedMatmul::Weights weights;
+  };
+  const PackedSite& packed_site(const WeightRef& w, const PackedMatmul::Shape& shape);
+  void linear_bf16(const Mat& a, const WeightRef& w, Mat c, Epilogue epilogue, Activation act);
 
   const ModelConfig config_;
-  const bool bf16_;
+  const CpuDtype dtype_;
+  const bool bf16_;  // bfloat16 buffers (kBfloat16 or kBfloat16Emulated)
   ThreadPool pool_;
   std::map<CpuMatmul::Shape, std::unique_ptr<CpuMatmul>> matmuls_;
-  std::map<const void*, std::vector<uint16_t>> bf16_weights_;
+  std::map<PackedMatmul::Shape, std::unique_ptr<PackedMatmul>> packed_matmuls_;
+  std::map<std::pair<const void*, PackedMatmul::Shape>, PackedSite> packed_sites_;
+  std::map<const void*, std::string> kernels_;  // weight -> oneDNN's kernel, for profiles
+  std::vector<std::pair<int64_t, int64_t>> pieces_;  // the current GEMM's row pieces
   // The workspace, sized at start-up, kWorkspaceAlignment-aligned.
   struct AlignedDelete {
     void operator()(std::byte* p) const { ::operator delete(p, std::align_val_t{kWorkspaceAlignment}); }

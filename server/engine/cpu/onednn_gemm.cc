@@ -3,14 +3,18 @@
 #include <omp.h>  // the OpenMP runtime oneDNN is built with: its threads per calling thread
 
 #include <algorithm>
+#include <bit>
 #include <chrono>
+#include <cstring>
 #include <cstdio>
+#include <map>
 #include <unordered_map>
 #include <vector>
 
 #include <oneapi/dnnl/dnnl.hpp>
 
 #include "common/half.h"
+#include "server/engine/cpu/vector_math.h"  // FASTFORMER_VECTOR_CLONES
 #include "server/engine/error.h"
 
 namespace fastformer::engine {
@@ -85,6 +89,7 @@ const CpuGemmInfo& cpu_gemm_info() {
     const dnnl_cpu_isa_t isa = dnnl_get_effective_cpu_isa();
     i.isa = isa_name(isa);
     i.has_bf16 = isa_has(isa, dnnl_cpu_isa_avx512_core_bf16);
+    i.has_amx = isa_has(isa, dnnl_cpu_isa_avx512_core_amx);
     return i;
   }();
   return info;
@@ -147,9 +152,7 @@ void CpuMatmul::run(int64_t m, const float* a, const void* w, const float* bias,
   thread_local std::vector<uint16_t> rounded;
   if (shape_.bf16) {
     rounded.resize(size_t(m * K));
-    for (int64_t r = 0; r < m; ++r) {
-      std::transform(a + r * shape_.lda, a + r * shape_.lda + K, rounded.data() + r * K, float_to_bfloat16);
-    }
+    for (int64_t r = 0; r < m; ++r) float_to_bfloat16_row(a + r * shape_.lda, rounded.data() + r * K, K);
     src_data = rounded.data();
     lda = K;
   }
@@ -206,6 +209,278 @@ GemmSelfCheck gemm_self_check() {
   check.floor_gflops = gemm_floor_gflops(check.isa);
   check.implementation = matmul.implementation();
   return check;
+}
+
+FASTFORMER_VECTOR_CLONES
+void bfloat16_to_float_row(const uint16_t* in, float* out, int64_t n) {
+  for (int64_t i = 0; i < n; ++i) out[i] = std::bit_cast<float>(uint32_t(in[i]) << 16);
+}
+
+FASTFORMER_VECTOR_CLONES
+void float_to_bfloat16_row(const float* in, uint16_t* out, int64_t n) {
+  // common/half.h's float_to_bfloat16 (round to nearest even, NaN kept quiet), branch-free.
+  for (int64_t i = 0; i < n; ++i) {
+    const uint32_t x = std::bit_cast<uint32_t>(in[i]);
+    const uint32_t rounded = (x + 0x7fffu + ((x >> 16) & 1u)) >> 16;
+    const uint32_t nan = (x >> 16) | 0x40u;
+    out[i] = static_cast<uint16_t>((x & 0x7fffffffu) > 0x7f800000u ? nan : rounded);
+  }
+}
+
+namespace {
+
+// A primitive for `shape` with M = m; `weights` is the packed layout, or any (oneDNN picks).
+// Emulated shapes are float32 throughout over dense scratch rows (ld = k and n).
+dnnl::matmul::primitive_desc packed_pd(const PackedMatmul::Shape& shape, int64_t m, const memory::desc& weights) {
+  const bool bf16 = shape.bf16 && !shape.emulate;
+  const auto type = bf16 ? memory::data_type::bf16 : memory::data_type::f32;
+  const memory::dim M = m, N = shape.n, K = shape.k;
+  const memory::dim lda = shape.emulate ? K : shape.lda, ldc = shape.emulate ? N : shape.ldc;
+  const memory::desc src({M, K}, type, {lda, 1});
+  const memory::desc dst({M, N}, type, {ldc, 1});
+  const bool has_bias = shape.epilogue == Epilogue::kBias || shape.epilogue == Epilogue::kBiasAct;
+  const memory::desc bias = has_bias ? memory::desc({1, N}, memory::data_type::f32, {N, 1}) : memory::desc();
+  dnnl::post_ops post;
+  if (shape.epilogue == Epilogue::kBiasAct) {
+    float alpha = 0;
+    const dnnl::algorithm alg = eltwise_of(shape.act, &alpha);
+#if DNNL_VERSION_MAJOR >= 3
+    post.append_eltwise(alg, alpha, 0.0f);
+#else
+    post.append_eltwise(1.0f, alg, alpha, 0.0f);
+#endif
+  } else if (shape.epilogue == Epilogue::kAccumulate) {
+    post.append_sum(1.0f);
+  }
+  dnnl::primitive_attr attr;
+  attr.set_post_ops(post);
+  try {
+#if DNNL_VERSION_MAJOR >= 3
+    return dnnl::matmul::primitive_desc(cpu_engine(), src, weights, bias, dst, attr);
+#else
+    return dnnl::matmul::primitive_desc(dnnl::matmul::desc(src, weights, bias, dst), attr, cpu_engine());
+#endif
+  } catch (const dnnl::error& e) {
+    throw EngineError(std::string("oneDNN has no ") + (bf16 ? "bfloat16" : "float32") + " matmul for [" +
+                      std::to_string(M) + ", " + std::to_string(K) + "] x [" + std::to_string(N) + ", " +
+                      std::to_string(K) + "]^T on this CPU (" + cpu_gemm_info().isa + "): " + e.what());
+  }
+}
+
+memory::desc any_weights(const PackedMatmul::Shape& shape) {
+  const bool bf16 = shape.bf16 && !shape.emulate;
+  return memory::desc({shape.k, shape.n}, bf16 ? memory::data_type::bf16 : memory::data_type::f32,
+                      memory::format_tag::any);
+}
+
+// W [n, k] float32, rounded as the shape takes it, reordered into `packed`'s layout.
+dnnl::memory pack_weights(const PackedMatmul::Shape& shape, const memory::desc& packed, const float* weight) {
+  single_threaded();
+  const memory::dim N = shape.n, K = shape.k;
+  dnnl::engine& engine = cpu_engine();
+  dnnl::stream& stream = thread_stream();
+  dnnl::memory out(packed, engine);
+  std::vector<uint16_t> rounded(size_t(N * K));
+  float_to_bfloat16_row(weight, rounded.data(), N * K);
+  if (shape.bf16 && !shape.emulate) {
+    dnnl::memory plain({{K, N}, memory::data_type::bf16, {1, K}}, engine, rounded.data());
+    dnnl::reorder(plain, out).execute(stream, plain, out);
+  } else {
+    std::vector<float> values(size_t(N * K));
+    if (shape.bf16) bfloat16_to_float_row(rounded.data(), values.data(), N * K);
+    else std::copy(weight, weight + N * K, values.begin());
+    dnnl::memory plain({{K, N}, memory::data_type::f32, {1, K}}, engine, values.data());
+    dnnl::reorder(plain, out).execute(stream, plain, out);
+  }
+  stream.wait();
+  return out;
+}
+
+void execute(const dnnl::matmul::primitive_desc& pd, const dnnl::matmul& primitive, const void* a,
+             const dnnl::memory& w, const float* bias, void* c, bool has_bias) {
+  dnnl::engine& engine = cpu_engine();
+  dnnl::stream& stream = thread_stream();
+  std::unordered_map<int, memory> args{{DNNL_ARG_SRC, memory(pd.src_desc(), engine, const_cast<void*>(a))},
+                                       {DNNL_ARG_WEIGHTS, w},
+                                       {DNNL_ARG_DST, memory(pd.dst_desc(), engine, c)}};
+  if (has_bias) args.emplace(DNNL_ARG_BIAS, memory(pd.bias_desc(), engine, const_cast<float*>(bias)));
+  primitive.execute(stream, args);
+  stream.wait();
+}
+
+int log2_exact(int64_t m) {
+  if (m <= 0 || m > PackedMatmul::kMaxRows || (m & (m - 1)) != 0) return -1;
+  return std::countr_zero(static_cast<uint64_t>(m));
+}
+
+}  // namespace
+
+struct PackedMatmul::Weights::Impl {
+  dnnl::memory memory;
+};
+
+size_t PackedMatmul::Weights::bytes() const { return impl_ ? impl_->memory.get_desc().get_size() : 0; }
+const void* PackedMatmul::Weights::data() const { return impl_ ? impl_->memory.get_data_handle() : nullptr; }
+
+struct PackedMatmul::Impl {
+  struct Kernel {
+    dnnl::matmul::primitive_desc pd;
+    dnnl::matmul primitive;
+  };
+  memory::desc weights;         // the packed layout, chosen by the kMaxRows primitive
+  std::vector<Kernel> kernels;  // [log2 m]
+};
+
+PackedMatmul::PackedMatmul(const Shape& shape) : shape_(shape), impl_(std::make_unique<Impl>()) {
+  single_threaded();
+  if (!shape.bf16 && shape.emulate) throw EngineError("PackedMatmul: emulate is for bfloat16 shapes");
+  impl_->kernels.resize(size_t(log2_exact(kMaxRows) + 1));
+  // The largest row count picks the weights' layout; the others take it as given.
+  for (int i = int(impl_->kernels.size()) - 1; i >= 0; --i) {
+    const int64_t m = int64_t(1) << i;
+    const bool first = m == kMaxRows;
+    dnnl::matmul::primitive_desc pd = packed_pd(shape, m, first ? any_weights(shape) : impl_->weights);
+    if (first) impl_->weights = pd.weights_desc();
+    impl_->kernels[size_t(i)] = Impl::Kernel{pd, dnnl::matmul(pd)};
+  }
+}
+
+PackedMatmul::~PackedMatmul() = default;
+
+PackedMatmul::Weights PackedMatmul::pack(const float* weight) const {
+  Weights w;
+  w.impl_ = std::make_shared<Weights::Impl>(Weights::Impl{pack_weights(shape_, impl_->weights, weight)});
+  return w;
+}
+
+void PackedMatmul::run(int64_t m, const void* a, const Weights& w, const float* bias, void* c) const {
+  const int index = log2_exact(m);
+  if (index < 0) throw EngineError("PackedMatmul: " + std::to_string(m) + " rows is not a power of two up to 256");
+  const Impl::Kernel& kernel = impl_->kernels[size_t(index)];
+  const bool has_bias = shape_.epilogue == Epilogue::kBias || shape_.epilogue == Epilogue::kBiasAct;
+  if (!shape_.emulate) {
+    execute(kernel.pd, kernel.primitive, a, w.impl_->memory, bias, c, has_bias);
+    return;
+  }
+  // bfloat16 rows widened into dense float32 scratch, the float32 primitive, then rounded back.
+  const int64_t N = shape_.n, K = shape_.k;
+  thread_local std::vector<float> a32, c32;
+  a32.resize(size_t(m * K));
+  c32.resize(size_t(m * N));
+  const auto* a16 = static_cast<const uint16_t*>(a);
+  auto* c16 = static_cast<uint16_t*>(c);
+  for (int64_t r = 0; r < m; ++r) bfloat16_to_float_row(a16 + r * shape_.lda, a32.data() + r * K, K);
+  if (shape_.epilogue == Epilogue::kAccumulate) {
+    for (int64_t r = 0; r < m; ++r) bfloat16_to_float_row(c16 + r * shape_.ldc, c32.data() + r * N, N);
+  }
+  execute(kernel.pd, kernel.primitive, a32.data(), w.impl_->memory, bias, c32.data(), has_bias);
+  for (int64_t r = 0; r < m; ++r) float_to_bfloat16_row(c32.data() + r * N, c16 + r * shape_.ldc, N);
+}
+
+void PackedMatmul::split(int64_t rows, int64_t block, std::vector<std::pair<int64_t, int64_t>>& pieces) {
+  pieces.clear();
+  int64_t r = 0;
+  for (; rows - r >= block; r += block) pieces.emplace_back(r, block);
+  for (int64_t b = block / 2; b >= 1; b /= 2) {
+    if (rows - r >= b) {
+      pieces.emplace_back(r, b);
+      r += b;
+    }
+  }
+}
+
+std::string PackedMatmul::implementation() const {
+  const auto& kernels = impl_->kernels;
+  const std::string main = kernels.back().pd.impl_info_str();
+  std::string out = main;
+  // Row counts (ascending) whose kernel differs from the main one, grouped by kernel.
+  std::map<std::string, int64_t> largest;
+  for (size_t i = 0; i + 1 < kernels.size(); ++i) {
+    const std::string name = kernels[i].pd.impl_info_str();
+    if (name != main) largest[name] = std::max<int64_t>(largest[name], int64_t(1) << i);
+  }
+  for (const auto& [name, m] : largest) out += "; M<=" + std::to_string(m) + ": " + name;
+  return out;
+}
+
+std::string bf16_hardware(const std::string& isa) {
+  if (isa == "avx512_core_amx") return "AMX";
+  if (isa == "avx512_core_bf16") return "AVX512_BF16, no AMX";
+  return "no AVX512_BF16 or AMX";
+}
+
+double bf16_floor_gflops(const std::string& isa) {
+  // About a third of what one core reaches on 256 x 512 x 512 with packed weights.
+  if (isa == "avx512_core_amx") return 250.0;
+  if (isa == "avx512_core_bf16") return 60.0;
+  return 0.0;
+}
+
+std::string Bf16SelfCheck::message() const {
+  const std::string& isa = cpu_gemm_info().isa;
+  if (!ran) return "bfloat16 GEMM self-check: not run (" + bf16_hardware(isa) + " on this CPU, oneDNN sees " + isa + ")";
+  std::string line = "bfloat16 GEMM self-check: " + format_double("%.1f", gflops) +
+                     " GFLOP/s on one thread (256x512x512, M fixed, packed weights, kernel " + implementation +
+                     ", " + bf16_hardware(isa) + "; expected at least " + format_double("%.0f", floor_gflops) + ")";
+  if (gflops < floor_gflops) line += "; below the floor: see the float32 check's causes";
+  return line;
+}
+
+Bf16SelfCheck bf16_self_check() {
+  Bf16SelfCheck check;
+  if (!cpu_gemm_info().has_bf16) return check;
+  constexpr int64_t M = 256, N = 512, K = 512;
+  const PackedMatmul matmul({N, K, K, N, Epilogue::kStore, Activation::kGeluErf, true, false});
+  std::vector<float> w(size_t(N * K));
+  for (size_t i = 0; i < w.size(); ++i) w[i] = float(int(i % 13) - 6) * 0.03125f;
+  const PackedMatmul::Weights packed = matmul.pack(w.data());
+  std::vector<uint16_t> a(size_t(M * K)), c(size_t(M * N));
+  for (size_t i = 0; i < a.size(); ++i) a[i] = float_to_bfloat16(float(int(i % 17) - 8) * 0.0625f);
+  double best = 1e30;
+  for (int rep = 0; rep < 10; ++rep) {
+    const auto t0 = std::chrono::steady_clock::now();
+    matmul.run(M, a.data(), packed, nullptr, c.data());
+    const double s = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+    if (rep >= 2) best = std::min(best, s);
+  }
+  check.ran = true;
+  check.gflops = 2.0 * M * N * K / best / 1e9;
+  check.floor_gflops = bf16_floor_gflops(cpu_gemm_info().isa);
+  check.implementation = matmul.implementation();
+  return check;
+}
+
+double probe_gflops(const PackedMatmul::Shape& shape_in, int64_t m, int threads, double seconds,
+                    std::string* implementation) {
+  PackedMatmul::Shape shape = shape_in;
+  shape.emulate = false;
+  single_threaded();
+  const dnnl::matmul::primitive_desc pd = packed_pd(shape, m, any_weights(shape));
+  const dnnl::matmul primitive(pd);
+  if (implementation != nullptr) *implementation = pd.impl_info_str();
+  std::vector<float> w(size_t(shape.n * shape.k));
+  for (size_t i = 0; i < w.size(); ++i) w[i] = float(int(i % 13) - 6) * 0.03125f;
+  const dnnl::memory packed = pack_weights(shape, pd.weights_desc(), w.data());
+  const size_t element = shape.bf16 ? 2 : 4;
+  std::vector<std::byte> a(size_t(m * shape.lda) * element), c(size_t(m * shape.ldc) * element);
+  // Small finite values in either dtype: 0x3f80 is bfloat16 1.0, and as float32 pairs a tiny number.
+  for (size_t i = 0; i + 1 < a.size(); i += 2) {
+    const uint16_t one = 0x3f80;
+    std::memcpy(&a[i], &one, 2);
+  }
+  std::vector<float> bias(size_t(shape.n), 0.0f);
+  const bool has_bias = shape.epilogue == Epilogue::kBias || shape.epilogue == Epilogue::kBiasAct;
+  omp_set_num_threads(std::max(1, threads));
+  double best = 1e30, total = 0;
+  for (int rep = 0; rep < 3 || (total < seconds && rep < 1000); ++rep) {
+    const auto t0 = std::chrono::steady_clock::now();
+    execute(pd, primitive, a.data(), packed, bias.data(), c.data(), has_bias);
+    const double s = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+    total += s;
+    if (rep >= 1) best = std::min(best, s);  // the first run pays for first-touch
+  }
+  omp_set_num_threads(1);
+  return 2.0 * double(m) * double(shape.n) * double(shape.k) / best / 1e9;
 }
 
 }  // namespace fastformer::engine
