@@ -9,12 +9,15 @@
 #include <cstdio>
 #include <iostream>
 #include <string>
+#include <thread>
 #include <vector>
 
 #include <CLI/CLI.hpp>
 #include <nlohmann/json.hpp>
 
+#include "server/engine/cpu/onednn_gemm.h"
 #include "server/engine/engine.h"
+#include "server/engine/forward.h"
 #include "server/engine/model.h"
 #include "common/workload.h"
 
@@ -52,27 +55,64 @@ nlohmann::ordered_json profile_rows(const std::vector<engine::OpProfile>& ops) {
                     {"flops", op.flops},
                     {"gbps", seconds > 0 ? op.bytes / seconds / 1e9 : 0.0},
                     {"tflops", seconds > 0 ? op.flops / seconds / 1e12 : 0.0},
-                    {"share", total_ms > 0 ? op.ms / total_ms : 0.0}});
+                    {"share", total_ms > 0 ? op.ms / total_ms : 0.0},
+                    {"kernel", op.kernel}});
   }
   return rows;
 }
 
 void print_profile(const nlohmann::ordered_json& rows, std::ostream& out) {
-  char line[160];
+  char line[320];
   double total_ms = 0;
-  std::snprintf(line, sizeof line, "%-20s %5s %6s %10s %12s %12s %9s %8s %7s\n", "op", "layer", "calls", "ms",
-                "MB", "GFLOP", "GB/s", "TFLOP/s", "share");
-  out << "profile (per batch)\n" << line;
+  std::snprintf(line, sizeof line, "%-20s %5s %6s %10s %12s %12s %9s %8s %7s %9s  %s\n", "op", "layer", "calls", "ms",
+                "MB", "GFLOP", "GB/s", "TFLOP/s", "share", "ceiling", "kernel");
+  out << "profile (per batch; ceiling: the GEMM probe's N-thread TFLOP/s for the op's shape)\n" << line;
   for (const auto& r : rows) {
-    std::snprintf(line, sizeof line, "%-20s %5d %6.1f %10.4f %12.3f %12.3f %9.1f %8.2f %6.1f%%\n",
+    char ceiling[32] = "";
+    if (r.contains("of_ceiling")) std::snprintf(ceiling, sizeof ceiling, "%.0f%%", 100 * r["of_ceiling"].get<double>());
+    std::snprintf(line, sizeof line, "%-20s %5d %6.1f %10.4f %12.3f %12.3f %9.1f %8.2f %6.1f%% %9s  %s\n",
                   r["name"].get<std::string>().c_str(), r["layer"].get<int>(), r["calls"].get<double>(),
                   r["ms"].get<double>(), r["bytes"].get<double>() / 1e6, r["flops"].get<double>() / 1e9,
-                  r["gbps"].get<double>(), r["tflops"].get<double>(), 100 * r["share"].get<double>());
+                  r["gbps"].get<double>(), r["tflops"].get<double>(), 100 * r["share"].get<double>(), ceiling,
+                  r["kernel"].get<std::string>().c_str());
     out << line;
     total_ms += r["ms"].get<double>();
   }
   std::snprintf(line, sizeof line, "%-20s %5s %6s %10.4f\n", "batch", "", "", total_ms);
   out << line;
+}
+
+// The GEMM probe: each GEMM site's shape (as the graph ran it, M = the largest batch's
+// tokens) timed alone with oneDNN's packed, fixed-M primitive, on one thread and on all of
+// the engine's threads (oneDNN's own team): the ceiling for that op on this CPU.
+nlohmann::ordered_json gemm_probe(const engine::ForwardEngine& eng, bool bf16, int64_t m, int threads,
+                                  std::ostream& out) {
+  nlohmann::ordered_json rows = nlohmann::ordered_json::array();
+  std::vector<std::string> seen;
+  char line[320];
+  const engine::CpuGemmInfo& info = engine::cpu_gemm_info();
+  out << "GEMM probe (oneDNN " << info.version << " " << info.isa << ", " << (bf16 ? "bfloat16" : "float32")
+      << ", M fixed at " << m << ", packed weights; bfloat16 GEMMs here: " << engine::bf16_hardware(info.isa)
+      << ")\n";
+  std::snprintf(line, sizeof line, "%-20s %6s %6s %6s %12s %12s  %s\n", "op", "M", "N", "K", "1 thread",
+                (std::to_string(threads) + " threads").c_str(), "kernel (GFLOP/s)");
+  out << line;
+  for (const engine::GemmSite& site : eng.gemm_sites()) {
+    const std::string name = site.name;
+    if (name == "classifier_gemm" || std::find(seen.begin(), seen.end(), name) != seen.end()) continue;
+    seen.push_back(name);
+    const engine::PackedMatmul::Shape shape{site.weight->out, site.weight->in, site.lda, site.ldc, site.epilogue,
+                                            site.act, bf16, false};
+    std::string kernel;
+    const double one = engine::probe_gflops(shape, m, 1, 0.3, &kernel);
+    const double all = engine::probe_gflops(shape, m, threads, 0.3, nullptr);
+    std::snprintf(line, sizeof line, "%-20s %6lld %6lld %6lld %12.1f %12.1f  %s\n", name.c_str(), (long long)m,
+                  (long long)shape.n, (long long)shape.k, one, all, kernel.c_str());
+    out << line;
+    rows.push_back({{"name", name}, {"m", m}, {"n", shape.n}, {"k", shape.k}, {"dtype", bf16 ? "bfloat16" : "float32"},
+                    {"kernel", kernel}, {"gflops_1_thread", one}, {"threads", threads}, {"gflops_n_threads", all}});
+  }
+  return rows;
 }
 
 }  // namespace
@@ -85,7 +125,7 @@ int main(int argc, char** argv) {
   double seconds = 10;
   uint64_t seed = 1;
   int pool_batches = 8, warmup_batches = 2;
-  bool json_output = false, print_workload = false, profile = false;
+  bool json_output = false, print_workload = false, profile = false, probe = false;
   app.add_option("--model-dir", model_dir, "model directory")->required();
   app.add_option("--backend", backend_name, "cpu, cuda or auto")
       ->check(CLI::IsMember({"auto", "cpu", "cuda"}))
@@ -111,6 +151,10 @@ int main(int argc, char** argv) {
   app.add_flag("--profile", profile,
                "after the timed run, time every op of the forward over one pass of the pool (CUDA events on a "
                "GPU, the wall clock on the CPU): a \"profile\" array in the JSON, a table on stderr");
+  app.add_flag("--gemm-probe", probe,
+               "CPU engine: after the timed run, time oneDNN's packed fixed-M primitive alone on each GEMM shape the "
+               "model ran (M = the largest batch), on 1 and on --threads threads: a \"gemm_probe\" array in the "
+               "JSON, a table on stderr, and with --profile each GEMM op's share of its ceiling");
   app.add_flag("--print-workload", print_workload,
                "print the workload's batches as JSON (token ids) and exit");
   CLI11_PARSE(app, argc, argv);
@@ -187,11 +231,38 @@ int main(int argc, char** argv) {
     };
     // After the timed run: what the GEMMs reach on one thread, and which kernel (CPU engine).
     if (const engine::SpeedCheck speed = eng->speed_check(); speed.ran) result["gemm_self_check"] = speed.message;
+    result["packed_weight_bytes"] = eng->packed_weight_bytes();
+    result["gemm_sites"] = eng->gemm_report();
+    nlohmann::ordered_json probe_rows;
+    if (probe) {
+      const auto* forward = dynamic_cast<const engine::ForwardEngine*>(eng.get());
+      const bool bf16 = options.dtype == "bfloat16";
+      if (eng->backend_name() != "cpu" || forward == nullptr) {
+        std::cerr << "fastformer-bench: --gemm-probe times oneDNN's kernels: the CPU engine only\n";
+        return 2;
+      }
+      if (bf16 && !engine::cpu_gemm_info().has_bf16) {
+        std::cerr << "GEMM probe: not run (no bfloat16 matmul in oneDNN on this CPU: "
+                  << engine::bf16_hardware(engine::cpu_gemm_info().isa) << ")\n";
+      } else {
+        const int threads = options.threads > 0 ? options.threads : int(std::max(1u, std::thread::hardware_concurrency()));
+        probe_rows = gemm_probe(*forward, bf16, largest, threads, std::cerr);
+        result["gemm_probe"] = probe_rows;
+      }
+    }
     if (profile) {
       // Apart from the timed run, so the timestamps between ops cost it nothing.
       eng->set_profiling(true);
       for (const auto& batch : batches) eng->encode(batch, {&out_options, 1});
       result["profile"] = profile_rows(eng->profile());
+      for (auto& row : result["profile"]) {
+        for (const auto& p : probe_rows) {
+          if (p["name"] == row["name"] && p["gflops_n_threads"].get<double>() > 0) {
+            row["ceiling_tflops"] = p["gflops_n_threads"].get<double>() / 1e3;
+            row["of_ceiling"] = row["tflops"].get<double>() / row["ceiling_tflops"].get<double>();
+          }
+        }
+      }
       print_profile(result["profile"], std::cerr);
       eng->set_profiling(false);
     }

@@ -183,6 +183,13 @@ bool Server::load_engine() {
     spdlog::info("backend {} on {} ({}); engine buffers for {} tokens", engine_->backend_name(),
                  engine_->device_name(), why, engine_->max_batch_tokens());
     warm_up(*engine_);
+    // Which kernel runs each GEMM site (oneDNN's implementation on the CPU), now that the
+    // warm-up batch has made them; and the packed weight copies, if any.
+    for (const std::string& site : engine_->gemm_report()) spdlog::info("GEMM {}", site);
+    if (const size_t packed = engine_->packed_weight_bytes(); packed > 0) {
+      spdlog::info("packed GEMM weights: {:.1f} MiB beside the model's {:.1f} MiB", double(packed) / (1 << 20),
+                   double(model_->weight_bytes()) / (1 << 20));
+    }
     // A mis-detected CPU (a BLAS or oneDNN on generic kernels) shows here, not in production.
     if (const engine::SpeedCheck speed = engine_->speed_check(); speed.ran) {
       if (speed.warning) spdlog::warn("{}", speed.message);

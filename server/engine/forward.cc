@@ -262,40 +262,33 @@ ForwardEngine::ForwardEngine(std::shared_ptr<const Model> model, std::unique_ptr
 }
 
 std::vector<std::string> ForwardEngine::gemm_report() const {
-  // The graph's GEMM sites by name (as the profile names them), in forward order.
-  std::vector<std::pair<const char*, const WeightRef*>> sites;
-  for (const LayerRefs& l : layers_) {
-    sites.insert(sites.end(), {{"qks_gemm", &l.query_key_scores}, {"transform_gemm", &l.transform},
-                               {"attn_out_gemm", &l.attention_output}, {"ffn_in_gemm", &l.intermediate},
-                               {"ffn_out_gemm", &l.output}});
-  }
-  sites.emplace_back("pooler_fc1_gemm", &pooler_fc1_);
-  if (classifier_.out > 0) sites.emplace_back("classifier_gemm", &classifier_);
+  // One line per site name (the layers' sites share one), in the order the graph ran them.
   struct Line {
     std::string shape;
     std::vector<std::string> kernels;
-    std::vector<const void*> weights;
+    int weights = 0;
   };
   std::vector<std::string> order;
   std::map<std::string, Line> lines;
-  for (const auto& [name, w] : sites) {
-    auto [it, added] = lines.try_emplace(name);
+  for (const GemmSite& site : gemm_sites_) {
+    auto [it, added] = lines.try_emplace(site.name);
     if (added) {
-      order.push_back(name);
-      it->second.shape = "[M, " + std::to_string(w->in) + "] x [" + std::to_string(w->out) + ", " +
-                         std::to_string(w->in) + "]^T";
+      order.push_back(site.name);
+      it->second.shape = "[M, " + std::to_string(site.weight->in) + "] x [" + std::to_string(site.weight->out) +
+                         ", " + std::to_string(site.weight->in) + "]^T";
     }
     Line& line = it->second;
-    if (std::find(line.weights.begin(), line.weights.end(), w->weight) == line.weights.end()) line.weights.push_back(w->weight);
-    const std::string kernel = ops_->gemm_kernel(*w);
+    ++line.weights;
+    std::string kernel = ops_->gemm_kernel(*site.weight);
+    if (kernel.empty()) kernel = "kernel not reported";
     if (std::find(line.kernels.begin(), line.kernels.end(), kernel) == line.kernels.end()) line.kernels.push_back(kernel);
   }
   std::vector<std::string> out;
   for (const std::string& name : order) {
     const Line& line = lines[name];
     std::string kernels;
-    for (const std::string& k : line.kernels) kernels += (kernels.empty() ? "" : " | ") + (k.empty() ? "not run yet" : k);
-    out.push_back(name + " " + line.shape + " x" + std::to_string(line.weights.size()) + ": " + kernels);
+    for (const std::string& k : line.kernels) kernels += (kernels.empty() ? "" : " | ") + k;
+    out.push_back(name + " " + line.shape + " x" + std::to_string(line.weights) + ": " + kernels);
   }
   return out;
 }
@@ -354,6 +347,15 @@ std::vector<EncodedSequence> ForwardEngine::run(const RaggedBatch& batch,
     if (profiler_) profiler_->begin(name, layer, cost(), weight);
   };
   if (profiler_) profiler_->start_batch();
+  // Every Linear: its profile hook, its site (first seen), the op.
+  auto gemm = [&](const char* name, int layer, const Mat& a, const WeightRef& w, Mat out, Epilogue epilogue,
+                  Activation act = Activation::kGeluErf) {
+    op(name, layer, [&] { return cost::linear(a, w, epilogue, elem); }, &w);
+    if (site_keys_.insert({name, w.weight}).second) {
+      gemm_sites_.push_back(GemmSite{name, &w, a.ld, out.ld, epilogue, act});
+    }
+    ops.linear(a, w, out, epilogue, act);
+  };
 
   plan_chunks(batch, chunks_);
   op("begin_batch", -1, [&] { return cost::begin_batch(batch); });
@@ -369,31 +371,25 @@ std::vector<EncodedSequence> ForwardEngine::run(const RaggedBatch& batch,
   for (size_t i = 0; i < layers_.size(); ++i) {
     const LayerRefs& l = layers_[i];
     const int n = int(i);
-    op("qks_gemm", n, [&] { return cost::linear(x, l.query_key_scores, Epilogue::kBias, elem); }, &l.query_key_scores);
-    ops.linear(x, l.query_key_scores, qks, Epilogue::kBias);           // Q, K, s
+    gemm("qks_gemm", n, x, l.query_key_scores, qks, Epilogue::kBias);  // Q, K, s
     op("query_pool", n, [&] { return cost::query_pool(ref, s, q, elem); });
     ops.query_pool(ref, s, q, pq);                                      // pq
     op("key_pool", n, [&] { return cost::key_pool(ref, k, l.key_att, elem); });
     ops.key_pool(ref, k, pq, l.key_att, pk);                            // pk
     op("mix", n, [&] { return cost::mix(ref, q, elem); });
     ops.mix(ref, q, pk, k);                                             // U = pk * Q, over K
-    op("transform_gemm", n, [&] { return cost::linear(k, l.transform, Epilogue::kAccumulate, elem); }, &l.transform);
-    ops.linear(k, l.transform, q, Epilogue::kAccumulate);               // A = Q + U Wt^T
-    op("attn_out_gemm", n, [&] { return cost::linear(q, l.attention_output, Epilogue::kStore, elem); }, &l.attention_output);
-    ops.linear(q, l.attention_output, y, Epilogue::kStore);             // A Wo^T
+    gemm("transform_gemm", n, k, l.transform, q, Epilogue::kAccumulate);  // A = Q + U Wt^T
+    gemm("attn_out_gemm", n, q, l.attention_output, y, Epilogue::kStore);  // A Wo^T
     op("attn_ln", n, [&] { return cost::bias_residual_layernorm(y, elem); });
     ops.bias_residual_layernorm(y, l.attention_output.bias, x, l.ln1_gamma, l.ln1_beta,
                                 c.layer_norm_eps, x);                   // X1
-    op("ffn_in_gemm", n, [&] { return cost::linear(x, l.intermediate, Epilogue::kBiasAct, elem); }, &l.intermediate);
-    ops.linear(x, l.intermediate, h, Epilogue::kBiasAct, c.hidden_act); // act(X1 Wi^T + bi)
-    op("ffn_out_gemm", n, [&] { return cost::linear(h, l.output, Epilogue::kStore, elem); }, &l.output);
-    ops.linear(h, l.output, y, Epilogue::kStore);
+    gemm("ffn_in_gemm", n, x, l.intermediate, h, Epilogue::kBiasAct, c.hidden_act);  // act(X1 Wi^T + bi)
+    gemm("ffn_out_gemm", n, h, l.output, y, Epilogue::kStore);
     op("ffn_ln", n, [&] { return cost::bias_residual_layernorm(y, elem); });
     ops.bias_residual_layernorm(y, l.output.bias, x, l.ln2_gamma, l.ln2_beta, c.layer_norm_eps,
                                 x);                                     // X'
   }
-  op("pooler_fc1_gemm", -1, [&] { return cost::linear(x, pooler_fc1_, Epilogue::kBias, elem); }, &pooler_fc1_);
-  ops.linear(x, pooler_fc1_, y, Epilogue::kBias);
+  gemm("pooler_fc1_gemm", -1, x, pooler_fc1_, y, Epilogue::kBias);
   op("attention_pool", -1, [&] { return cost::attention_pool(ref, x, elem); });
   ops.attention_pool(ref, y, pooler_fc2_, x, pooled);
 
@@ -406,8 +402,7 @@ std::vector<EncodedSequence> ForwardEngine::run(const RaggedBatch& batch,
   std::vector<float> logits_host;
   if (any_logits) {
     const Mat logits = mat(plan.logits);
-    op("classifier_gemm", -1, [&] { return cost::linear(pooled, classifier_, Epilogue::kBias, elem); }, &classifier_);
-    ops.linear(pooled, classifier_, logits, Epilogue::kBias);
+    gemm("classifier_gemm", -1, pooled, classifier_, logits, Epilogue::kBias);
     logits_host.resize(size_t(B * classifier_.out));
     op("download_logits", -1, [&] { return cost::download(logits, elem); });
     ops.download(logits, logits_host.data());

@@ -3,8 +3,10 @@
 #pragma once
 
 #include <memory>
+#include <set>
 #include <span>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "server/engine/engine.h"
@@ -13,6 +15,16 @@
 #include "server/engine/workspace.h"
 
 namespace fastformer::engine {
+
+// A GEMM site of the graph as it ran: which Linear, with which operands' leading dimensions
+// and epilogue (the GEMM probe of fastformer-bench times the same shapes alone).
+struct GemmSite {
+  const char* name;  ///< as the profile names the op, e.g. "qks_gemm"
+  const WeightRef* weight;
+  int64_t lda, ldc;
+  Epilogue epilogue;
+  Activation act;
+};
 
 class ForwardEngine final : public Engine {
  public:
@@ -30,6 +42,8 @@ class ForwardEngine final : public Engine {
   SpeedCheck speed_check() override { return ops_->speed_check(); }
   size_t packed_weight_bytes() const override { return ops_->packed_weight_bytes(); }
   std::vector<std::string> gemm_report() const override;
+  // The GEMM sites the batches so far ran, each (name, weight) once, in the order first run.
+  const std::vector<GemmSite>& gemm_sites() const { return gemm_sites_; }
   void set_profiling(bool on) override;
   std::vector<OpProfile> profile() const override;
 
@@ -60,6 +74,8 @@ class ForwardEngine final : public Engine {
   std::vector<LayerRefs> layers_;
   WeightRef pooler_fc1_, pooler_fc2_, classifier_;
   std::unique_ptr<Profiler> profiler_;  // null while profiling is off
+  std::vector<GemmSite> gemm_sites_;
+  std::set<std::pair<const char*, const void*>> site_keys_;  // (name, weight) of gemm_sites_
 };
 
 }  // namespace fastformer::engine

@@ -7,6 +7,7 @@ the length of the notebook's ids, and so the accuracy is the same."""
 from __future__ import annotations
 
 import json
+import os
 import socket
 import subprocess
 import sys
@@ -38,17 +39,25 @@ def stubs(tmp_path_factory):
     return encoder_pb2, encoder_pb2_grpc
 
 
-@pytest.fixture(scope="module")
-def server(demo_model_dir, require_binary, stubs, tmp_path_factory):
+def _cpu_has_bf16() -> bool:
+    try:
+        flags = next((line for line in open("/proc/cpuinfo") if line.startswith("flags")), "").split()
+    except OSError:
+        return False
+    return "amx_bf16" in flags or "avx512_bf16" in flags
+
+
+def _serve(demo_model_dir, require_binary, stubs, log_dir, *flags, env=None):
     if not (demo_model_dir / "tokenizer.json").is_file():
         pytest.fail(f"{demo_model_dir} has no tokenizer.json: tools/train_demo_model.py writes it", pytrace=False)
     pb, pb_grpc = stubs
     port = _free_port()
-    log = tmp_path_factory.mktemp("server") / "server.log"
+    log = log_dir / "server.log"
     with open(log, "w") as out:
         proc = subprocess.Popen([str(require_binary("fastformer-server")), "--model-dir", str(demo_model_dir),
-                                 "--listen", f"127.0.0.1:{port}", "--metrics-listen", f"127.0.0.1:{_free_port()}"],
-                                stdout=out, stderr=subprocess.STDOUT)
+                                 "--listen", f"127.0.0.1:{port}", "--metrics-listen", f"127.0.0.1:{_free_port()}",
+                                 *flags], stdout=out, stderr=subprocess.STDOUT,
+                                env=dict(os.environ, **env) if env else None)
     channel = grpc.insecure_channel(f"127.0.0.1:{port}")
     stub = pb_grpc.EncoderStub(channel)
     deadline = time.monotonic() + 60
@@ -61,10 +70,28 @@ def server(demo_model_dir, require_binary, stubs, tmp_path_factory):
                 proc.kill()
                 pytest.fail(f"fastformer-server did not serve: {log.read_text()[-3000:]}", pytrace=False)
             time.sleep(0.2)
+    return proc, channel, stub, info, log
+
+
+@pytest.fixture(scope="module")
+def server(demo_model_dir, require_binary, stubs, tmp_path_factory):
+    proc, channel, stub, info, _ = _serve(demo_model_dir, require_binary, stubs, tmp_path_factory.mktemp("server"))
     yield stub, info
     channel.close()
     proc.terminate()
     proc.wait(timeout=30)
+
+
+def _encode_split(pb, stub, demo_split):
+    logits, tokens = [], []
+    for i in range(0, len(demo_split.texts), PAGES_PER_REQUEST):
+        req = pb.EncodeRequest(request_id=f"pages-{i}", return_logits=True)
+        for text in demo_split.texts[i:i + PAGES_PER_REQUEST]:
+            req.sequences.add().text = text
+        resp = stub.Encode(req, timeout=120)
+        logits += [list(e.logits) for e in resp.encodings]
+        tokens += [e.num_tokens for e in resp.encodings]
+    return np.array(logits, dtype=np.float64), tokens
 
 
 def test_the_split_as_text_gives_the_notebook_predictions(server, stubs, demo_split, demo_report):
@@ -73,17 +100,9 @@ def test_the_split_as_text_gives_the_notebook_predictions(server, stubs, demo_sp
     assert info.accepts_text and info.tokenizer.startswith("WordLevel"), (info.accepts_text, info.tokenizer)
     want_tokens = [len(json.loads(line)["token_ids"])
                    for line in demo_split.ids_path.read_text().splitlines() if line.strip()]
-    logits, tokens = [], []
     start = time.monotonic()
-    for i in range(0, len(demo_split.texts), PAGES_PER_REQUEST):
-        req = pb.EncodeRequest(request_id=f"pages-{i}", return_logits=True)
-        for text in demo_split.texts[i:i + PAGES_PER_REQUEST]:
-            req.sequences.add().text = text
-        resp = stub.Encode(req, timeout=120)
-        logits += [list(e.logits) for e in resp.encodings]
-        tokens += [e.num_tokens for e in resp.encodings]
+    ours, tokens = _encode_split(pb, stub, demo_split)
     seconds = time.monotonic() - start
-    ours = np.array(logits, dtype=np.float64)
     torch_logits = demo_split.torch_logits
     assert ours.shape == torch_logits.shape, (ours.shape, torch_logits.shape)
     assert tokens == want_tokens, [i for i, (a, b) in enumerate(zip(tokens, want_tokens)) if a != b][:10]
@@ -99,3 +118,35 @@ def test_the_split_as_text_gives_the_notebook_predictions(server, stubs, demo_sp
     assert len(differ) == 0, f"pages whose label differs from PyTorch's: {differ.tolist()}"
     assert rel.max() <= LOGIT_TOLERANCE, f"page {int(rel.argmax())}: logits differ by {rel.max():.2e}"
     assert accuracy == torch_accuracy
+
+
+def test_the_split_in_bfloat16_gives_the_notebook_labels(demo_model_dir, require_binary, stubs, demo_split,
+                                                         demo_report, tmp_path):
+    """--dtype bfloat16 through the server: every page's label equals PyTorch's (issue 22,
+    point 5). On a CPU without AVX512_BF16 or AMX the server refuses bfloat16, so the test
+    runs the same bfloat16 engine over float32 GEMMs (FASTFORMER_CPU_BFLOAT16=emulate) and
+    says so."""
+    pb, _ = stubs
+    hardware = _cpu_has_bf16() and not os.environ.get("ONEDNN_MAX_CPU_ISA")
+    env = None if hardware else {"FASTFORMER_CPU_BFLOAT16": "emulate"}
+    proc, channel, stub, info, log = _serve(demo_model_dir, require_binary, stubs, tmp_path, "--dtype", "bfloat16",
+                                            env=env)
+    try:
+        ours, tokens = _encode_split(pb, stub, demo_split)
+    finally:
+        channel.close()
+        proc.terminate()
+        proc.wait(timeout=30)
+    text = log.read_text()
+    assert "bfloat16" in text and ("emulated" in text) == (not hardware), text[-2000:]
+    torch_logits = demo_split.torch_logits
+    labels, torch_labels = ours.argmax(1), demo_split.torch_labels
+    differ = np.flatnonzero(labels != torch_labels)
+    scale = np.maximum(np.abs(torch_logits).max(1, keepdims=True), 1e-30)
+    rel = (np.abs(ours - torch_logits) / scale).max(1)
+    demo_report(f"gRPC text, bfloat16 ({'hardware' if hardware else 'emulated over float32 GEMMs: no bfloat16 here'}): "
+                f"labels equal to PyTorch's on {len(labels) - len(differ)}/{len(labels)}, worst logit difference "
+                f"{rel.max():.2e} of the page's largest |logit|")
+    assert len(differ) == 0, f"pages whose label differs from PyTorch's: {differ.tolist()}"
+    # Rounded, so not the float32 logits (the dtype took effect).
+    assert rel.max() > 1e-5

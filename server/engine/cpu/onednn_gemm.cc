@@ -180,7 +180,7 @@ std::string GemmSelfCheck::message() const {
   std::string line = "GEMM self-check: " + format_double("%.1f", gflops) +
                      " GFLOP/s on one thread (float32 256x512x512, oneDNN " + cpu_gemm_info().version +
                      ", kernel " + implementation + "; expected at least " + format_double("%.0f", floor_gflops) +
-                     " for " + isa + ")";
+                     " for " + isa + "; bfloat16 GEMMs here: " + bf16_hardware(isa) + ")";
   if (below_floor()) {
     line += "; below the floor: this CPU runs slower than its instruction set allows. Likely causes: "
             "ONEDNN_MAX_CPU_ISA or a hypervisor hiding CPU features (oneDNN sees " + isa +
