@@ -7,7 +7,10 @@
 #include <gmock/gmock.h>
 #include <gtest/gtest.h>
 
+#include <atomic>
 #include <bit>
+#include <cstring>
+#include <thread>
 #include <cmath>
 #include <limits>
 #include <cstdlib>
@@ -244,10 +247,65 @@ TEST(PackedMatmul, Bfloat16MatchesDoubleOnRoundedInputs) {
                  << "(the emulated bfloat16 test ran the same storage and rounding)";
   }
   for (const Case& c : kCases) check_packed(c, PackedKind::kBfloat16);
-  // On AMX the fixed-M primitives are oneDNN's brgemm AMX kernels, not gemm:jit.
-  const PackedMatmul mm({768, 768, 768, 768, Epilogue::kBias, Activation::kGeluErf, true, false});
-  if (cpu_gemm_info().has_amx) EXPECT_THAT(mm.implementation(), HasSubstr("amx"));
-  else EXPECT_THAT(mm.implementation(), HasSubstr("brg"));
+  // base-long's sites, strided views included: the 256-row kernel is oneDNN's brgemm (AMX
+  // where the CPU has it), and no row count falls to a reference kernel.
+  const int64_t qks = 1552;
+  const PackedMatmul::Shape sites[] = {
+      {qks, 768, 768, qks, Epilogue::kBias, Activation::kGeluErf, true, false},          // Q|K|s
+      {768, 768, qks, qks, Epilogue::kAccumulate, Activation::kGeluErf, true, false},    // transform
+      {768, 768, qks, 768, Epilogue::kStore, Activation::kGeluErf, true, false},         // attention output
+      {3072, 768, 768, 3072, Epilogue::kBiasAct, Activation::kGeluErf, true, false},     // ffn in
+      {768, 3072, 3072, 768, Epilogue::kStore, Activation::kGeluErf, true, false},       // ffn out
+  };
+  for (const auto& shape : sites) {
+    const PackedMatmul mm(shape);
+    const std::string kernel = mm.implementation();
+    const std::string main = kernel.substr(0, kernel.find(';'));
+    EXPECT_THAT(main, HasSubstr(cpu_gemm_info().has_amx ? "amx" : "brg")) << shape.n << " x " << shape.k;
+    EXPECT_THAT(kernel, Not(HasSubstr("ref"))) << shape.n << " x " << shape.k << ": " << kernel;
+  }
+}
+
+// Pool threads share a primitive (each call brings its own scratchpad): four threads run the
+// same row count at once, over and over, and every result equals the one-thread result.
+TEST(PackedMatmul, ThreadsShareAPrimitive) {
+  for (const bool bf16 : {false, true}) {
+    if (bf16 && !cpu_gemm_info().has_bf16) continue;
+    const int64_t n = 96, k = 128, m = 64;
+    const PackedMatmul mm({n, k, k, n, Epilogue::kBiasAct, Activation::kGeluErf, bf16, false});
+    const auto w = random_values(size_t(n * k), 21, 0.1f), bias = random_values(size_t(n), 22);
+    const auto packed = mm.pack(w.data());
+    const size_t element = bf16 ? 2 : 4;
+    std::vector<std::vector<std::byte>> a(4), c(4);
+    for (int t = 0; t < 4; ++t) {
+      const auto values = random_values(size_t(m * k), 30 + uint32_t(t), 0.5f);
+      a[size_t(t)].resize(values.size() * element);
+      for (size_t i = 0; i < values.size(); ++i) {
+        if (bf16) {
+          const uint16_t v = float_to_bfloat16(values[i]);
+          std::memcpy(&a[size_t(t)][i * 2], &v, 2);
+        } else {
+          std::memcpy(&a[size_t(t)][i * 4], &values[i], 4);
+        }
+      }
+      c[size_t(t)].resize(size_t(m * n) * element);
+    }
+    std::vector<std::vector<std::byte>> want = c;
+    for (int t = 0; t < 4; ++t) mm.run(m, a[size_t(t)].data(), packed, bias.data(), want[size_t(t)].data());
+    std::vector<std::thread> threads;
+    std::atomic<int> mismatches{0};
+    for (int t = 0; t < 4; ++t) {
+      threads.emplace_back([&, t] {
+        std::vector<std::byte> out(size_t(m * n) * element);
+        for (int rep = 0; rep < 50; ++rep) {
+          mm.run(m, a[size_t(t)].data(), packed, bias.data(), out.data());
+          if (out != want[size_t(t)]) mismatches.fetch_add(1);
+        }
+      });
+    }
+    for (auto& thread : threads) thread.join();
+    EXPECT_EQ(mismatches.load(), 0) << (bf16 ? "bfloat16" : "float32");
+  }
 }
 
 TEST(PackedMatmul, SplitCoversEveryRowOnceInPrimitiveSizes) {

@@ -124,6 +124,7 @@ CpuMatmul::CpuMatmul(const Shape& shape) : shape_(shape) {
   }
   dnnl::primitive_attr attr;
   attr.set_post_ops(post);
+  attr.set_scratchpad_mode(dnnl::scratchpad_mode::user);  // each call brings its own (run)
   try {
 #if DNNL_VERSION_MAJOR >= 3
     dnnl::matmul::primitive_desc pd(cpu_engine(), src, weights, bias, dst, attr);
@@ -160,7 +161,13 @@ void CpuMatmul::run(int64_t m, const float* a, const void* w, const float* bias,
   memory src({{m, K}, in_type, {lda, 1}}, engine, const_cast<void*>(src_data));
   memory weights({{K, N}, in_type, {1, K}}, engine, const_cast<void*>(w));
   memory dst({{m, N}, memory::data_type::f32, {shape_.ldc, 1}}, engine, c);
-  std::unordered_map<int, memory> args{{DNNL_ARG_SRC, src}, {DNNL_ARG_WEIGHTS, weights}, {DNNL_ARG_DST, dst}};
+  thread_local std::vector<std::byte> scratchpad;
+  const memory::desc scratch_desc = impl_->pd.scratchpad_desc();
+  if (scratchpad.size() < scratch_desc.get_size()) scratchpad.resize(scratch_desc.get_size());
+  std::unordered_map<int, memory> args{{DNNL_ARG_SRC, src},
+                                       {DNNL_ARG_WEIGHTS, weights},
+                                       {DNNL_ARG_DST, dst},
+                                       {DNNL_ARG_SCRATCHPAD, memory(scratch_desc, engine, scratchpad.data())}};
   if (shape_.epilogue == Epilogue::kBias || shape_.epilogue == Epilogue::kBiasAct) {
     args.emplace(DNNL_ARG_BIAS, memory({{1, N}, memory::data_type::f32, {N, 1}}, engine, const_cast<float*>(bias)));
   }
@@ -229,15 +236,16 @@ void float_to_bfloat16_row(const float* in, uint16_t* out, int64_t n) {
 
 namespace {
 
-// A primitive for `shape` with M = m; `weights` is the packed layout, or any (oneDNN picks).
-// Emulated shapes are float32 throughout over dense scratch rows (ld = k and n).
+// A primitive for `shape` with M = m over dense A and C (ld = k and n: oneDNN 2.6's brgemm
+// matmul takes only dense rows; run() stages strided operands); `weights` is a packed layout
+// or any (oneDNN picks). Emulated shapes are float32 throughout. The scratchpad is the
+// caller's (user mode), so pool threads may run one primitive at once.
 dnnl::matmul::primitive_desc packed_pd(const PackedMatmul::Shape& shape, int64_t m, const memory::desc& weights) {
   const bool bf16 = shape.bf16 && !shape.emulate;
   const auto type = bf16 ? memory::data_type::bf16 : memory::data_type::f32;
   const memory::dim M = m, N = shape.n, K = shape.k;
-  const memory::dim lda = shape.emulate ? K : shape.lda, ldc = shape.emulate ? N : shape.ldc;
-  const memory::desc src({M, K}, type, {lda, 1});
-  const memory::desc dst({M, N}, type, {ldc, 1});
+  const memory::desc src({M, K}, type, {K, 1});
+  const memory::desc dst({M, N}, type, {N, 1});
   const bool has_bias = shape.epilogue == Epilogue::kBias || shape.epilogue == Epilogue::kBiasAct;
   const memory::desc bias = has_bias ? memory::desc({1, N}, memory::data_type::f32, {N, 1}) : memory::desc();
   dnnl::post_ops post;
@@ -254,6 +262,7 @@ dnnl::matmul::primitive_desc packed_pd(const PackedMatmul::Shape& shape, int64_t
   }
   dnnl::primitive_attr attr;
   attr.set_post_ops(post);
+  attr.set_scratchpad_mode(dnnl::scratchpad_mode::user);
   try {
 #if DNNL_VERSION_MAJOR >= 3
     return dnnl::matmul::primitive_desc(cpu_engine(), src, weights, bias, dst, attr);
@@ -296,13 +305,18 @@ dnnl::memory pack_weights(const PackedMatmul::Shape& shape, const memory::desc& 
   return out;
 }
 
+// Runs `primitive` on the calling thread with a scratchpad of its own.
 void execute(const dnnl::matmul::primitive_desc& pd, const dnnl::matmul& primitive, const void* a,
              const dnnl::memory& w, const float* bias, void* c, bool has_bias) {
   dnnl::engine& engine = cpu_engine();
   dnnl::stream& stream = thread_stream();
+  thread_local std::vector<std::byte> scratchpad;
+  const memory::desc scratch_desc = pd.scratchpad_desc();
+  if (scratchpad.size() < scratch_desc.get_size()) scratchpad.resize(scratch_desc.get_size());
   std::unordered_map<int, memory> args{{DNNL_ARG_SRC, memory(pd.src_desc(), engine, const_cast<void*>(a))},
                                        {DNNL_ARG_WEIGHTS, w},
-                                       {DNNL_ARG_DST, memory(pd.dst_desc(), engine, c)}};
+                                       {DNNL_ARG_DST, memory(pd.dst_desc(), engine, c)},
+                                       {DNNL_ARG_SCRATCHPAD, memory(scratch_desc, engine, scratchpad.data())}};
   if (has_bias) args.emplace(DNNL_ARG_BIAS, memory(pd.bias_desc(), engine, const_cast<float*>(bias)));
   primitive.execute(stream, args);
   stream.wait();
@@ -313,35 +327,52 @@ int log2_exact(int64_t m) {
   return std::countr_zero(static_cast<uint64_t>(m));
 }
 
+// oneDNN's OpenMP team for the calling thread, restored to 1 when it goes out of scope.
+class OmpThreads {
+ public:
+  explicit OmpThreads(int threads) { omp_set_num_threads(std::max(1, threads)); }
+  ~OmpThreads() { omp_set_num_threads(1); }
+  OmpThreads(const OmpThreads&) = delete;
+  OmpThreads& operator=(const OmpThreads&) = delete;
+};
+
 }  // namespace
 
 struct PackedMatmul::Weights::Impl {
-  dnnl::memory memory;
+  std::vector<dnnl::memory> layouts;  // one copy per distinct layout the kernels take
 };
 
-size_t PackedMatmul::Weights::bytes() const { return impl_ ? impl_->memory.get_desc().get_size() : 0; }
-const void* PackedMatmul::Weights::data() const { return impl_ ? impl_->memory.get_data_handle() : nullptr; }
+size_t PackedMatmul::Weights::bytes() const {
+  size_t bytes = 0;
+  if (impl_) {
+    for (const dnnl::memory& m : impl_->layouts) bytes += m.get_desc().get_size();
+  }
+  return bytes;
+}
 
 struct PackedMatmul::Impl {
   struct Kernel {
     dnnl::matmul::primitive_desc pd;
     dnnl::matmul primitive;
+    size_t layout = 0;  // index into layouts
   };
-  memory::desc weights;         // the packed layout, chosen by the kMaxRows primitive
-  std::vector<Kernel> kernels;  // [log2 m]
+  std::vector<memory::desc> layouts;  // the weights' layouts the kernels chose (usually one)
+  std::vector<Kernel> kernels;        // [log2 m]
 };
 
 PackedMatmul::PackedMatmul(const Shape& shape) : shape_(shape), impl_(std::make_unique<Impl>()) {
   single_threaded();
   if (!shape.bf16 && shape.emulate) throw EngineError("PackedMatmul: emulate is for bfloat16 shapes");
   impl_->kernels.resize(size_t(log2_exact(kMaxRows) + 1));
-  // The largest row count picks the weights' layout; the others take it as given.
+  // Each row count lets oneDNN pick its weights' layout (brgemm's blocking may depend on M);
+  // the weights are packed once per distinct layout, almost always one.
   for (int i = int(impl_->kernels.size()) - 1; i >= 0; --i) {
-    const int64_t m = int64_t(1) << i;
-    const bool first = m == kMaxRows;
-    dnnl::matmul::primitive_desc pd = packed_pd(shape, m, first ? any_weights(shape) : impl_->weights);
-    if (first) impl_->weights = pd.weights_desc();
-    impl_->kernels[size_t(i)] = Impl::Kernel{pd, dnnl::matmul(pd)};
+    dnnl::matmul::primitive_desc pd = packed_pd(shape, int64_t(1) << i, any_weights(shape));
+    const memory::desc layout = pd.weights_desc();
+    size_t index = 0;
+    while (index < impl_->layouts.size() && !(impl_->layouts[index] == layout)) ++index;
+    if (index == impl_->layouts.size()) impl_->layouts.push_back(layout);
+    impl_->kernels[size_t(i)] = Impl::Kernel{pd, dnnl::matmul(pd), index};
   }
 }
 
@@ -349,7 +380,8 @@ PackedMatmul::~PackedMatmul() = default;
 
 PackedMatmul::Weights PackedMatmul::pack(const float* weight) const {
   Weights w;
-  w.impl_ = std::make_shared<Weights::Impl>(Weights::Impl{pack_weights(shape_, impl_->weights, weight)});
+  w.impl_ = std::make_shared<Weights::Impl>();
+  for (const memory::desc& layout : impl_->layouts) w.impl_->layouts.push_back(pack_weights(shape_, layout, weight));
   return w;
 }
 
@@ -357,24 +389,56 @@ void PackedMatmul::run(int64_t m, const void* a, const Weights& w, const float* 
   const int index = log2_exact(m);
   if (index < 0) throw EngineError("PackedMatmul: " + std::to_string(m) + " rows is not a power of two up to 256");
   const Impl::Kernel& kernel = impl_->kernels[size_t(index)];
+  const dnnl::memory& weights = w.impl_->layouts.at(kernel.layout);
   const bool has_bias = shape_.epilogue == Epilogue::kBias || shape_.epilogue == Epilogue::kBiasAct;
-  if (!shape_.emulate) {
-    execute(kernel.pd, kernel.primitive, a, w.impl_->memory, bias, c, has_bias);
+  const bool accumulate = shape_.epilogue == Epilogue::kAccumulate;
+  const int64_t N = shape_.n, K = shape_.k;
+  if (shape_.emulate) {
+    // bfloat16 rows widened into dense float32 scratch, the float32 primitive, rounded back.
+    thread_local std::vector<float> a32, c32;
+    a32.resize(size_t(m * K));
+    c32.resize(size_t(m * N));
+    const auto* a16 = static_cast<const uint16_t*>(a);
+    auto* c16 = static_cast<uint16_t*>(c);
+    for (int64_t r = 0; r < m; ++r) bfloat16_to_float_row(a16 + r * shape_.lda, a32.data() + r * K, K);
+    if (accumulate) {
+      for (int64_t r = 0; r < m; ++r) bfloat16_to_float_row(c16 + r * shape_.ldc, c32.data() + r * N, N);
+    }
+    execute(kernel.pd, kernel.primitive, a32.data(), weights, bias, c32.data(), has_bias);
+    for (int64_t r = 0; r < m; ++r) float_to_bfloat16_row(c32.data() + r * N, c16 + r * shape_.ldc, N);
     return;
   }
-  // bfloat16 rows widened into dense float32 scratch, the float32 primitive, then rounded back.
-  const int64_t N = shape_.n, K = shape_.k;
-  thread_local std::vector<float> a32, c32;
-  a32.resize(size_t(m * K));
-  c32.resize(size_t(m * N));
-  const auto* a16 = static_cast<const uint16_t*>(a);
-  auto* c16 = static_cast<uint16_t*>(c);
-  for (int64_t r = 0; r < m; ++r) bfloat16_to_float_row(a16 + r * shape_.lda, a32.data() + r * K, K);
-  if (shape_.epilogue == Epilogue::kAccumulate) {
-    for (int64_t r = 0; r < m; ++r) bfloat16_to_float_row(c16 + r * shape_.ldc, c32.data() + r * N, N);
+  // Strided A or C (column views of a wider buffer) through dense per-thread copies.
+  const size_t element = shape_.bf16 ? 2 : 4;
+  const bool stage_a = shape_.lda != K, stage_c = shape_.ldc != N;
+  thread_local std::vector<std::byte> a_dense, c_dense;
+  const void* a_run = a;
+  void* c_run = c;
+  if (stage_a) {
+    a_dense.resize(size_t(m * K) * element);
+    for (int64_t r = 0; r < m; ++r) {
+      std::memcpy(a_dense.data() + size_t(r * K) * element, static_cast<const std::byte*>(a) + size_t(r * shape_.lda) * element,
+                  size_t(K) * element);
+    }
+    a_run = a_dense.data();
   }
-  execute(kernel.pd, kernel.primitive, a32.data(), w.impl_->memory, bias, c32.data(), has_bias);
-  for (int64_t r = 0; r < m; ++r) float_to_bfloat16_row(c32.data() + r * N, c16 + r * shape_.ldc, N);
+  if (stage_c) {
+    c_dense.resize(size_t(m * N) * element);
+    if (accumulate) {
+      for (int64_t r = 0; r < m; ++r) {
+        std::memcpy(c_dense.data() + size_t(r * N) * element, static_cast<const std::byte*>(c) + size_t(r * shape_.ldc) * element,
+                    size_t(N) * element);
+      }
+    }
+    c_run = c_dense.data();
+  }
+  execute(kernel.pd, kernel.primitive, a_run, weights, bias, c_run, has_bias);
+  if (stage_c) {
+    for (int64_t r = 0; r < m; ++r) {
+      std::memcpy(static_cast<std::byte*>(c) + size_t(r * shape_.ldc) * element, c_dense.data() + size_t(r * N) * element,
+                  size_t(N) * element);
+    }
+  }
 }
 
 void PackedMatmul::split(int64_t rows, int64_t block, std::vector<std::pair<int64_t, int64_t>>& pieces) {
@@ -454,7 +518,11 @@ double probe_gflops(const PackedMatmul::Shape& shape_in, int64_t m, int threads,
                     std::string* implementation) {
   PackedMatmul::Shape shape = shape_in;
   shape.emulate = false;
+  shape.lda = shape.k;  // the probe times the kernel alone, on dense rows
+  shape.ldc = shape.n;
   single_threaded();
+  // oneDNN fixes a primitive's thread count when it is created: the team first.
+  const OmpThreads team(threads);
   const dnnl::matmul::primitive_desc pd = packed_pd(shape, m, any_weights(shape));
   const dnnl::matmul primitive(pd);
   if (implementation != nullptr) *implementation = pd.impl_info_str();
@@ -462,15 +530,14 @@ double probe_gflops(const PackedMatmul::Shape& shape_in, int64_t m, int threads,
   for (size_t i = 0; i < w.size(); ++i) w[i] = float(int(i % 13) - 6) * 0.03125f;
   const dnnl::memory packed = pack_weights(shape, pd.weights_desc(), w.data());
   const size_t element = shape.bf16 ? 2 : 4;
-  std::vector<std::byte> a(size_t(m * shape.lda) * element), c(size_t(m * shape.ldc) * element);
-  // Small finite values in either dtype: 0x3f80 is bfloat16 1.0, and as float32 pairs a tiny number.
+  std::vector<std::byte> a(size_t(m * shape.k) * element), c(size_t(m * shape.n) * element);
+  // Small finite values in either dtype: 0x3f80 is bfloat16 1.0, and as float32 pairs about 1.0.
   for (size_t i = 0; i + 1 < a.size(); i += 2) {
     const uint16_t one = 0x3f80;
     std::memcpy(&a[i], &one, 2);
   }
   std::vector<float> bias(size_t(shape.n), 0.0f);
   const bool has_bias = shape.epilogue == Epilogue::kBias || shape.epilogue == Epilogue::kBiasAct;
-  omp_set_num_threads(std::max(1, threads));
   double best = 1e30, total = 0;
   for (int rep = 0; rep < 3 || (total < seconds && rep < 1000); ++rep) {
     const auto t0 = std::chrono::steady_clock::now();
@@ -479,7 +546,6 @@ double probe_gflops(const PackedMatmul::Shape& shape_in, int64_t m, int threads,
     total += s;
     if (rep >= 1) best = std::min(best, s);  // the first run pays for first-touch
   }
-  omp_set_num_threads(1);
   return 2.0 * double(m) * double(shape.n) * double(shape.k) / best / 1e9;
 }
 

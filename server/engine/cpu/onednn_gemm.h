@@ -80,6 +80,9 @@ class CpuMatmul {
 // (format_tag::any), and one primitive per row count, each with M fixed at creation: a fixed
 // M is what lets oneDNN pick its brgemm kernels (AMX, AVX512_BF16) over the runtime-M gemm:jit.
 // The row counts are the powers of two up to kMaxRows; split() cuts any row range into them.
+// The primitives take dense rows (brgemm's only layout in oneDNN 2.6): a strided A or C (a
+// column view, lda > k or ldc > n) is copied through a dense per-thread buffer around the
+// call. Each call brings its own scratchpad, so pool threads may share a primitive.
 //
 // `emulate` (bfloat16 only) runs the same storage and rounding on a CPU without bfloat16
 // GEMMs: A and C are widened to float32 around a float32 primitive over the bfloat16-rounded
@@ -101,8 +104,7 @@ class PackedMatmul {
   // W [n, k] float32 in the layout the primitives chose, rounded to bfloat16 where they take it.
   class Weights {
    public:
-    size_t bytes() const;
-    const void* data() const;
+    size_t bytes() const;  ///< every packed copy (one per layout the kernels chose)
 
    private:
     friend class PackedMatmul;
