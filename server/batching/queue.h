@@ -16,15 +16,16 @@
 #include <optional>
 #include <vector>
 
+#include "common/defaults.h"
 #include "server/batching/request.h"
 
 namespace fastformer::batching {
 
 struct QueueLimits {
-  int64_t max_batch_tokens = 16384;   ///< token budget of one batch
-  int64_t max_batch_sequences = 1024; ///< sequence budget of one batch
-  int64_t max_queue_tokens = 1 << 22; ///< admitted but not yet batched tokens
-  std::chrono::microseconds max_queue_delay{0};  ///< how long a non-full batch may wait
+  int64_t max_batch_tokens = defaults::kMaxBatchTokens;        ///< token budget of one batch
+  int64_t max_batch_sequences = defaults::kMaxBatchSequences;  ///< sequence budget of one batch
+  int64_t max_queue_tokens = defaults::kMaxQueueTokens;        ///< admitted but not yet batched tokens
+  std::chrono::microseconds max_queue_delay{defaults::kMaxQueueDelayUs};  ///< how long a non-full batch may wait
 };
 
 // One queued sequence.

@@ -16,6 +16,7 @@
 #include <spdlog/spdlog.h>
 #include <spdlog/sinks/stdout_color_sinks.h>
 
+#include "common/defaults.h"
 #include "common/jsonl_io.h"
 #include "server/engine/engine.h"
 #include "server/engine/error.h"
@@ -65,10 +66,9 @@ std::optional<std::string> prepare_line(const engine::Model& model, const text::
 
 int main(int argc, char** argv) {
   CLI::App app{"fastformer-encode: embed JSON-lines sequences with a Fastformer model, no server"};
-  std::string model_dir, backend_name = "auto", input = "-", output = "-", truncation = "none";
+  std::string model_dir, backend_name = defaults::kBackend, input = "-", output = "-", truncation = "none";
   OutputOptions out_options;
-  engine::EngineOptions engine_options;
-  engine_options.max_batch_tokens = 16384;
+  engine::EngineOptions engine_options;  // the shared defaults (common/defaults.h)
   app.add_option("--model-dir", model_dir, "model directory (config.json + model.safetensors)")
       ->required()
       ->envname("FASTFORMER_MODEL_DIR");

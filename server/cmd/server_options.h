@@ -6,27 +6,28 @@
 #include <optional>
 #include <string>
 
+#include "common/defaults.h"
 #include "server/rpc/server_credentials.h"
 
 namespace fastformer {
 
 struct ServerOptions {
   std::string model_dir;
-  std::string listen = "0.0.0.0:50051";
-  std::string metrics_listen = "0.0.0.0:8002";
-  std::string backend = "auto";
-  int device = 0;
-  std::string dtype = "float32";
-  int threads = 0;
+  std::string listen = defaults::kListen;
+  std::string metrics_listen = defaults::kMetricsListen;
+  std::string backend = defaults::kBackend;
+  int device = defaults::kDevice;
+  std::string dtype = defaults::kDtype;
+  int threads = defaults::kThreads;
   bool allow_tf32 = false;
-  int64_t max_batch_tokens = 16384;
-  int64_t max_batch_sequences = 256;
-  int64_t max_queue_delay_us = 0;
-  int64_t max_queue_tokens = 262144;
-  int64_t max_request_tokens = 0;  ///< 0: max(max_batch_tokens, max_position_embeddings)
-  int64_t max_message_bytes = 64 << 20;
-  int64_t max_concurrent_streams = 1024;
-  double shutdown_timeout_s = 30;
+  int64_t max_batch_tokens = defaults::kMaxBatchTokens;
+  int64_t max_batch_sequences = defaults::kMaxBatchSequences;
+  int64_t max_queue_delay_us = defaults::kMaxQueueDelayUs;
+  int64_t max_queue_tokens = defaults::kMaxQueueTokens;
+  int64_t max_request_tokens = defaults::kMaxRequestTokens;  ///< 0: max(max_batch_tokens, max_position_embeddings)
+  int64_t max_message_bytes = defaults::kMaxMessageBytes;
+  int64_t max_concurrent_streams = defaults::kMaxConcurrentStreams;
+  double shutdown_timeout_s = defaults::kShutdownTimeoutS;
   std::string log_level = "info";
   std::string log_format = "text";
   rpc::SecurityOptions security;

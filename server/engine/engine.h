@@ -14,6 +14,7 @@
 #include <vector>
 
 #include "common/sequence.h"  // SequenceInput, OutputOptions, EncodedSequence
+#include "common/defaults.h"
 #include "server/engine/model.h"
 #include "server/engine/ragged_batch.h"
 
@@ -44,11 +45,11 @@ struct OpProfile {
 bool parse_backend(const std::string& name, Backend* out);
 
 struct EngineOptions {
-  Backend backend = Backend::kAuto;
-  int threads = 0;                  ///< CPU threads; 0 = all cores
-  int64_t max_batch_tokens = 16384; ///< buffers are sized for this many tokens at start-up
-  std::string dtype = "float32";    ///< serving dtype (CPU: float32, or bfloat16 on AVX512_BF16/AMX)
-  int device = 0;                   ///< CUDA device ordinal
+  Backend backend = Backend::kAuto;  ///< defaults::kBackend
+  int threads = defaults::kThreads;  ///< CPU threads; 0 = all cores
+  int64_t max_batch_tokens = defaults::kMaxBatchTokens;  ///< buffers are sized for this many tokens at start-up
+  std::string dtype = defaults::kDtype;  ///< serving dtype (CPU: float32, or bfloat16 on AVX512_BF16/AMX)
+  int device = defaults::kDevice;        ///< CUDA device ordinal
   bool allow_tf32 = false;          ///< TF32 GEMMs for float32 on the CUDA engine
 };
 

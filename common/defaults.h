@@ -1,0 +1,27 @@
+// The one default of every setting that more than one binary or layer has: the server's
+// flags (server/cmd/server_options.h), the batching queue's limits, the engine's options,
+// fastformer-encode and fastformer-bench all start from these, and docs/operations.md's
+// flag table states them (tests/golden/test_documented_defaults.py checks the table against
+// what each binary's --help reports).
+#pragma once
+
+#include <cstdint>
+
+namespace fastformer::defaults {
+
+inline constexpr const char* kListen = "0.0.0.0:50051";
+inline constexpr const char* kMetricsListen = "0.0.0.0:8002";
+inline constexpr const char* kBackend = "auto";
+inline constexpr int kDevice = 0;
+inline constexpr const char* kDtype = "float32";
+inline constexpr int kThreads = 0;  ///< 0 = all cores
+inline constexpr int64_t kMaxBatchTokens = 16384;
+inline constexpr int64_t kMaxBatchSequences = 256;
+inline constexpr int64_t kMaxQueueDelayUs = 0;
+inline constexpr int64_t kMaxQueueTokens = 262144;
+inline constexpr int64_t kMaxRequestTokens = 0;  ///< 0 = max(max_batch_tokens, max_position_embeddings)
+inline constexpr int64_t kMaxMessageBytes = int64_t(64) << 20;
+inline constexpr int64_t kMaxConcurrentStreams = 1024;
+inline constexpr double kShutdownTimeoutS = 30;
+
+}  // namespace fastformer::defaults
