@@ -1,7 +1,5 @@
 #include "server/rpc/encoder_service.h"
 
-#include <spdlog/spdlog.h>
-
 #include "server/rpc/stream_reactor.h"
 
 namespace fastformer::rpc {
@@ -73,12 +71,7 @@ grpc::ByteBuffer EncoderService::StreamProtocol::answer(Message& message, const 
     response.mutable_error()->set_code(static_cast<int32_t>(status.error_code()));
     response.mutable_error()->set_message(status.error_message());
   }
-  grpc::ByteBuffer bytes;
-  bool own = false;
-  if (!grpc::SerializationTraits<v1::EncodeResponse>::Serialize(response, &bytes, &own).ok()) {
-    spdlog::error("EncodeStream: an answer of {} bytes did not serialize", response.ByteSizeLong());
-  }
-  return bytes;
+  return serialize_raw_message(response, kMethod);
 }
 
 grpc::ServerBidiReactor<grpc::ByteBuffer, grpc::ByteBuffer>* EncoderService::EncodeStream(

@@ -4,7 +4,12 @@
 #include <cstring>
 #include <optional>
 
+#include <google/protobuf/io/coded_stream.h>
+#include <google/protobuf/wire_format_lite.h>
+
+#include "server/rpc/raw_message.h"
 #include "server/rpc/text_input.h"
+#include "server/text/tokenizer/unicode.h"
 
 namespace fastformer::rpc {
 namespace {
@@ -460,6 +465,69 @@ void fill_infer_response(const InferCall& call, const batching::Request& request
         const int64_t n = request.results[size_t(r)].num_tokens;
         std::memcpy(raw->data() + size_t(r) * 8, &n, 8);
       }
+    }
+  }
+}
+
+grpc::Status parse_infer_request(const grpc::ByteBuffer& bytes, inference::ModelInferRequest* proto) {
+  std::string flat;
+  if (parse_raw_message(bytes, proto, &flat)) return grpc::Status::OK;
+  return {grpc::StatusCode::INVALID_ARGUMENT, explain_infer_parse_failure(flat)};
+}
+
+std::string explain_infer_parse_failure(const std::string& bytes) {
+  using google::protobuf::internal::WireFormatLite;
+  google::protobuf::io::CodedInputStream in(reinterpret_cast<const uint8_t*>(bytes.data()), int(bytes.size()));
+  const std::string what = "the message is not an inference.ModelInferRequest: ";
+  auto at = [](int byte) { return " at byte " + std::to_string(byte); };
+  int inputs = 0, outputs = 0;
+  for (;;) {
+    const int start = in.CurrentPosition();
+    const uint32_t tag = in.ReadTag();
+    if (tag == 0) {
+      return in.CurrentPosition() < int(bytes.size()) ? what + "a field tag that does not parse" + at(start)
+                                                      : what + "its bytes do not parse as one (" +
+                                                            std::to_string(bytes.size()) + " bytes)";
+    }
+    const int field = WireFormatLite::GetTagFieldNumber(tag);
+    const bool delimited = WireFormatLite::GetTagWireType(tag) == WireFormatLite::WIRETYPE_LENGTH_DELIMITED;
+    if (!delimited || field > 7) {
+      if (!WireFormatLite::SkipField(&in, tag)) return what + "field " + std::to_string(field) + " runs past the end" + at(start);
+      continue;
+    }
+    std::string value;
+    const int value_start = in.CurrentPosition();
+    if (!WireFormatLite::ReadBytes(&in, &value)) {
+      return what + "field " + std::to_string(field) + " runs past the end of the message" + at(start);
+    }
+    const char* names[] = {"", "model_name", "model_version", "id", "parameters", "inputs", "outputs", "raw_input_contents"};
+    if (field <= 3) {  // proto3 strings must be UTF-8
+      try {
+        tokenizer::decode_utf8(value);
+      } catch (const tokenizer::TokenizerError& e) {
+        std::string why = e.what();  // "text is not valid UTF-8 (... at byte N)", N within the value
+        if (why.starts_with("text ")) why = "the value " + why.substr(5);
+        return std::string(names[field]) + " (bytes from " + std::to_string(value_start) + "): " + why;
+      }
+    } else if (field == 4) {
+      inference::ModelInferRequest one;  // a map entry parses as part of a message with only it
+      if (!one.ParseFromString(bytes.substr(size_t(start), size_t(in.CurrentPosition() - start)))) {
+        return "parameters: an entry that does not parse (a key that is not UTF-8?)" + at(start);
+      }
+    } else if (field == 5) {
+      inference::ModelInferRequest::InferInputTensor tensor;
+      if (!tensor.ParseFromString(value)) {
+        return "inputs[" + std::to_string(inputs) + "]: does not parse as an InferInputTensor (a name or datatype "
+               "that is not UTF-8, or a malformed field)" + at(value_start);
+      }
+      ++inputs;
+    } else if (field == 6) {
+      inference::ModelInferRequest::InferRequestedOutputTensor tensor;
+      if (!tensor.ParseFromString(value)) {
+        return "outputs[" + std::to_string(outputs) + "]: does not parse as an InferRequestedOutputTensor (a name "
+               "that is not UTF-8, or a malformed field)" + at(value_start);
+      }
+      ++outputs;
     }
   }
 }

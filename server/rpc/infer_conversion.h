@@ -17,6 +17,7 @@
 #include <string>
 #include <vector>
 
+#include <grpcpp/support/byte_buffer.h>
 #include <grpcpp/support/status.h>
 
 #include "inference/grpc_service.pb.h"
@@ -57,6 +58,14 @@ struct InferCall {
 grpc::Status convert_infer_request(const inference::ModelInferRequest& proto, const engine::Model& model,
                                    const text::Tokenizer* tokenizer, const RequestLimits& limits, int64_t max_batch_size, InferCall* call,
                                    batching::Request* out);
+
+// A ModelInferRequest read as bytes (ModelStreamInfer's raw messages): OK when it parses,
+// else INVALID_ARGUMENT from explain_infer_parse_failure.
+grpc::Status parse_infer_request(const grpc::ByteBuffer& bytes, inference::ModelInferRequest* proto);
+// Why `bytes` is not a ModelInferRequest: the field and the byte where it fails (a string
+// field that is not UTF-8, a tensor or output that does not parse, a field that runs past
+// the end).
+std::string explain_infer_parse_failure(const std::string& bytes);
 
 // NOT_FOUND unless `name` is the model's and `version` is empty or kModelVersion.
 grpc::Status check_model(const engine::Model& model, const std::string& name, const std::string& version);

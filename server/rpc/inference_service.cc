@@ -1,6 +1,7 @@
 #include "server/rpc/inference_service.h"
 
 #include "common/status_names.h"
+#include "server/rpc/raw_message.h"
 #include "server/rpc/stream_reactor.h"
 
 namespace fastformer::rpc {
@@ -208,28 +209,29 @@ grpc::ServerUnaryReactor* InferenceService::ModelInfer(grpc::CallbackServerConte
 
 grpc::Status InferenceService::StreamProtocol::admit(Message& message, grpc::CallbackServerContext* context,
                                                     const std::shared_ptr<batching::Request>& request) {
-  return service->admit(message.proto, &message.call, context, request);
+  if (grpc::Status invalid = parse_infer_request(message.proto, &message.parsed); !invalid.ok()) return invalid;
+  message.proto.Clear();
+  return service->admit(message.parsed, &message.call, context, request);
 }
 
-inference::ModelStreamInferResponse InferenceService::StreamProtocol::answer(Message& message,
-                                                                             const batching::Request* done,
-                                                                             const grpc::Status& status) {
+grpc::ByteBuffer InferenceService::StreamProtocol::answer(Message& message, const batching::Request* done,
+                                                         const grpc::Status& status) {
   inference::ModelStreamInferResponse answer;
   inference::ModelInferResponse* response = answer.mutable_infer_response();
-  response->set_model_name(message.proto.model_name());
+  response->set_model_name(message.parsed.model_name());
   response->set_model_version(kModelVersion);
-  response->set_id(message.proto.id());
+  response->set_id(message.parsed.id());
   if (status.ok()) {
     fill_infer_response(message.call, *done, service->intake_.engine().model(), response);
   } else {
     // In-band, as the protocol's streams carry errors; the stream goes on.
     answer.set_error_message(status_code_name(status.error_code()) + ": " + status.error_message());
   }
-  return answer;
+  return serialize_raw_message(answer, kMethod);
 }
 
-grpc::ServerBidiReactor<inference::ModelInferRequest, inference::ModelStreamInferResponse>*
-InferenceService::ModelStreamInfer(grpc::CallbackServerContext* context) {
+grpc::ServerBidiReactor<grpc::ByteBuffer, grpc::ByteBuffer>* InferenceService::ModelStreamInfer(
+    grpc::CallbackServerContext* context) {
   return open_stream(&stream_protocol_, &intake_, context);
 }
 

@@ -12,7 +12,22 @@
 
 namespace fastformer::rpc {
 
-class InferenceService final : public inference::GRPCInferenceService::CallbackService {
+// ModelStreamInfer takes its messages' bytes (a raw callback method) and parses them here, as
+// EncodeStream does: gRPC would end the stream at a message that does not parse as if the
+// client had closed it; here it is answered in-band with INVALID_ARGUMENT naming the field
+// and the byte, and the stream goes on.
+using InferenceServiceBase = inference::GRPCInferenceService::WithCallbackMethod_ServerLive<
+    inference::GRPCInferenceService::WithCallbackMethod_ServerReady<
+        inference::GRPCInferenceService::WithCallbackMethod_ModelReady<
+            inference::GRPCInferenceService::WithCallbackMethod_ServerMetadata<
+                inference::GRPCInferenceService::WithCallbackMethod_ModelMetadata<
+                    inference::GRPCInferenceService::WithCallbackMethod_ModelInfer<
+                        inference::GRPCInferenceService::WithRawCallbackMethod_ModelStreamInfer<
+                            inference::GRPCInferenceService::WithCallbackMethod_ModelConfig<
+                                inference::GRPCInferenceService::WithCallbackMethod_ModelStatistics<
+                                    inference::GRPCInferenceService::Service>>>>>>>>>;
+
+class InferenceService final : public InferenceServiceBase {
  public:
   explicit InferenceService(Intake& intake) : intake_(intake), stream_protocol_{this} {}
 
@@ -38,16 +53,17 @@ class InferenceService final : public inference::GRPCInferenceService::CallbackS
   grpc::ServerUnaryReactor* ModelInfer(grpc::CallbackServerContext* context,
                                        const inference::ModelInferRequest* request,
                                        inference::ModelInferResponse* response) override;
-  grpc::ServerBidiReactor<inference::ModelInferRequest, inference::ModelStreamInferResponse>* ModelStreamInfer(
+  grpc::ServerBidiReactor<grpc::ByteBuffer, grpc::ByteBuffer>* ModelStreamInfer(
       grpc::CallbackServerContext* context) override;
 
  private:
   // ModelStreamInfer's messages for the shared StreamReactor (stream_reactor.h).
   struct StreamProtocol {
-    using Request = inference::ModelInferRequest;
-    using Response = inference::ModelStreamInferResponse;
+    using Request = grpc::ByteBuffer;
+    using Response = grpc::ByteBuffer;
     struct Message {
-      inference::ModelInferRequest proto;
+      grpc::ByteBuffer proto;  // as read
+      inference::ModelInferRequest parsed;
       InferCall call;
     };
     static constexpr const char* kMethod = "ModelStreamInfer";

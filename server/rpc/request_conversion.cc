@@ -8,10 +8,10 @@
 
 #include <google/protobuf/io/coded_stream.h>
 #include <google/protobuf/wire_format_lite.h>
-#include <grpcpp/support/proto_buffer_reader.h>
 
-#include "server/text/tokenizer/unicode.h"
+#include "server/rpc/raw_message.h"
 #include "server/rpc/text_input.h"
+#include "server/text/tokenizer/unicode.h"
 
 namespace fastformer::rpc {
 
@@ -98,14 +98,8 @@ grpc::Status convert_request(const v1::EncodeRequest& proto, const engine::Model
 }
 
 grpc::Status parse_encode_request(const grpc::ByteBuffer& bytes, v1::EncodeRequest* proto) {
-  grpc::ByteBuffer input(bytes);  // shares the slices; the reader consumes its own copy
-  grpc::ProtoBufferReader reader(&input);
-  if (proto->ParseFromZeroCopyStream(&reader)) return grpc::Status::OK;
-  std::vector<grpc::Slice> slices;
   std::string flat;
-  if (bytes.Dump(&slices).ok()) {
-    for (const grpc::Slice& slice : slices) flat.append(reinterpret_cast<const char*>(slice.begin()), slice.size());
-  }
+  if (parse_raw_message(bytes, proto, &flat)) return grpc::Status::OK;
   return {grpc::StatusCode::INVALID_ARGUMENT, explain_encode_parse_failure(flat)};
 }
 

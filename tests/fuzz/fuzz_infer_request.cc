@@ -11,6 +11,7 @@
 #include <array>
 #include <cstdint>
 #include <memory>
+#include <string>
 #include <string_view>
 
 #include "server/rpc/infer_conversion.h"
@@ -31,7 +32,11 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
 
   const std::string_view bytes = in.rest();
   inference::ModelInferRequest proto;
-  if (!proto.ParseFromArray(bytes.data(), int(bytes.size()))) return 0;
+  if (!proto.ParseFromArray(bytes.data(), int(bytes.size()))) {
+    // ModelStreamInfer answers such bytes with this explanation: it must exist and not crash.
+    FUZZ_CHECK(!rpc::explain_infer_parse_failure(std::string(bytes)).empty());
+    return 0;
+  }
 
   rpc::InferCall call;
   auto request = std::make_shared<batching::Request>();

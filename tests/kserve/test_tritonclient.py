@@ -231,6 +231,50 @@ def test_stream_answers_each_request_and_errors_in_band(client, model):
         check_against_reference(model, got[rid], [seq])
 
 
+def test_stream_answers_a_message_that_does_not_parse_in_band_and_goes_on(client, server, model):
+    """ModelStreamInfer reads raw messages (as EncodeStream does): a message that is not a
+    ModelInferRequest (here an `id` that is not UTF-8) is answered in-band with
+    INVALID_ARGUMENT naming the field and the byte, and the stream goes on. A tritonclient
+    stream runs beside the raw writer on the same server, answered in full."""
+    answers = queue.Queue()
+    client.start_stream(callback=lambda result, error: answers.put((result, error)))
+    try:
+        ids, _ = ids_batch(model, [7])
+        for i in range(3):
+            client.async_stream_infer(model.name, [infer_input("input_ids", ids)], request_id=f"t{i}")
+        channel = grpc.insecure_channel(server.url)
+        raw = channel.stream_stream("/inference.GRPCInferenceService/ModelStreamInfer",
+                                    request_serializer=lambda b: b,
+                                    response_deserializer=service_pb2.ModelStreamInferResponse.FromString)
+
+        def good(rid):
+            req = service_pb2.ModelInferRequest(model_name=model.name, id=rid)
+            t = req.inputs.add(name="input_ids", datatype="INT64", shape=list(ids.shape))
+            t.contents.int64_contents.extend(int(v) for v in ids.ravel())
+            return req.SerializeToString()
+
+        bad = b"\x0a" + bytes([len(model.name)]) + model.name.encode() + b"\x1a\x03a\xffb"  # id 'a', 0xff, 'b'
+        got = list(raw(iter([good("r0"), bad, good("r1")]), timeout=60))
+        channel.close()
+        tritons = [answers.get(timeout=30) for _ in range(3)]
+    finally:
+        client.stop_stream()
+    assert len(got) == 3, [a.infer_response.id for a in got]
+    by_id = {a.infer_response.id: a for a in got}
+    assert set(by_id) == {"r0", "r1", ""}, sorted(by_id)
+    for rid in ("r0", "r1"):
+        assert by_id[rid].error_message == "", by_id[rid].error_message
+        response = by_id[rid].infer_response
+        names = [o.name for o in response.outputs]
+        emb = np.frombuffer(response.raw_output_contents[names.index("embedding")], dtype=np.float32)
+        assert emb.shape == (model.hidden,) and np.isfinite(emb).all()
+    err = by_id[""].error_message
+    assert err.startswith("INVALID_ARGUMENT: id (bytes from "), err
+    assert "not valid UTF-8" in err and "at byte 1" in err, err
+    assert all(error is None for _, error in tritons), [str(e) for _, e in tritons if e is not None]
+    assert sorted(r.get_response().id for r, _ in tritons) == ["t0", "t1", "t2"]
+
+
 # ----------------------------------------------------------------------------- bad input
 
 

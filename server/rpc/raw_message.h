@@ -1,0 +1,43 @@
+// Messages of the raw callback methods (Encode, EncodeStream, ModelStreamInfer): read as
+// bytes and parsed here, so a message that does not parse gets INVALID_ARGUMENT that says
+// why (gRPC would answer a unary call UNIMPLEMENTED with no message and end a stream as if
+// the client had closed it, dropping the rest), and answers serialized here.
+#pragma once
+
+#include <string>
+#include <vector>
+
+#include <grpcpp/support/byte_buffer.h>
+#include <grpcpp/support/proto_buffer_reader.h>
+#include <grpcpp/support/proto_buffer_writer.h>
+#include <spdlog/spdlog.h>
+
+namespace fastformer::rpc {
+
+// Parses `bytes` into `proto`: true when it parses; else false, and `flat` holds the bytes
+// (for the explanation of what is wrong with them).
+template <class Proto>
+bool parse_raw_message(const grpc::ByteBuffer& bytes, Proto* proto, std::string* flat) {
+  grpc::ByteBuffer input(bytes);  // shares the slices; the reader consumes its own copy
+  grpc::ProtoBufferReader reader(&input);
+  if (proto->ParseFromZeroCopyStream(&reader)) return true;
+  std::vector<grpc::Slice> slices;
+  flat->clear();
+  if (bytes.Dump(&slices).ok()) {
+    for (const grpc::Slice& slice : slices) flat->append(reinterpret_cast<const char*>(slice.begin()), slice.size());
+  }
+  return false;
+}
+
+// `message` as a raw method's answer (`method` names it in the log if it cannot be).
+template <class Proto>
+grpc::ByteBuffer serialize_raw_message(const Proto& message, const char* method) {
+  grpc::ByteBuffer bytes;
+  bool own = false;
+  if (!grpc::SerializationTraits<Proto>::Serialize(message, &bytes, &own).ok()) {
+    spdlog::error("{}: an answer of {} bytes did not serialize", method, message.ByteSizeLong());
+  }
+  return bytes;
+}
+
+}  // namespace fastformer::rpc
