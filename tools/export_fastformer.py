@@ -53,12 +53,11 @@ from __future__ import annotations
 
 import argparse
 import json
-import math
 import numbers
 import os
 import sys
 from collections import OrderedDict
-from typing import Dict, List, Optional, Tuple
+from typing import List, Optional, Tuple
 
 import torch
 

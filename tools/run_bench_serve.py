@@ -82,7 +82,7 @@ def main() -> int:
         sweep_cmd = [bin_dir / "fastformer-loadgen", "--target", target, "--sweep-concurrency", args.sweep,
                      "--duration", args.duration, "--warmup", args.warmup, "--lengths", args.lengths,
                      "--sequences-per-request", args.sequences_per_request, "--json", "--csv", csv_path]
-        steps = [json.loads(l) for l in run(sweep_cmd, capture_output=True).stdout.splitlines() if l.startswith("{")]
+        run(sweep_cmd, capture_output=True)  # the sweep writes csv_path, read below
     finally:
         server.send_signal(signal.SIGTERM)
         server.wait(timeout=60)

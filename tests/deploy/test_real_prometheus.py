@@ -15,7 +15,6 @@ import urllib.request
 import pytest
 import yaml
 
-import deploy_promql
 import deploy_sources
 
 SCRAPES = 3   # rate() needs two samples; wait for three

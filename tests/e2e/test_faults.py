@@ -333,7 +333,7 @@ def test_queue_tokens_exactly_and_just_over(e2e, models, servers):
     engine_busy(srv, 1, 1)
     full_seqs = [[21] * 512, [22] * 500, [23] * 12]
     full = srv.stub.Encode.future(e2e.make_request(full_seqs, "ids", request_id="full"), timeout=60)
-    m = wait_metrics(srv, lambda m: m.value("fastformer_queue_tokens") == limit, f"{limit} tokens queued")
+    wait_metrics(srv, lambda m: m.value("fastformer_queue_tokens") == limit, f"{limit} tokens queued")
     code, msg, _ = e2e.rpc_code(srv.stub.Encode, e2e.make_request([[24]], "ids"), timeout=10)
     print(f"one token over a full queue: {code.name}: {msg}")
     assert code == grpc.StatusCode.RESOURCE_EXHAUSTED, f"{code.name} {msg!r}"

@@ -136,7 +136,6 @@ def choice(model, limit):
 
 
 def request_seeds():
-    D = 8
     row = [0.5, -1.0, 2.0, 0.0, 1.5, -0.25, 3.0, 1.0]
     nan = float("nan")
     return {

@@ -19,7 +19,6 @@ import re
 import subprocess
 import zlib
 from dataclasses import dataclass
-from typing import Optional
 
 import numpy as np
 import pytest
