@@ -56,7 +56,10 @@ grpc::ServerUnaryReactor* EncoderService::Encode(grpc::CallbackServerContext* co
 
 grpc::Status EncoderService::StreamProtocol::admit(Message& message, grpc::CallbackServerContext* context,
                                                   const std::shared_ptr<batching::Request>& request) {
-  if (grpc::Status invalid = parse_encode_request(message.proto, &message.parsed); !invalid.ok()) return invalid;
+  if (grpc::Status invalid = parse_encode_request(message.proto, &message.parsed); !invalid.ok()) {
+    message.parsed.Clear();  // a partial parse may hold the bad string: the answer must serialize
+    return invalid;
+  }
   message.proto.Clear();
   return service->admit(message.parsed, context, request);
 }

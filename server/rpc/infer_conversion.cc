@@ -490,6 +490,7 @@ std::string explain_infer_parse_failure(const std::string& bytes) {
                                                             std::to_string(bytes.size()) + " bytes)";
     }
     const int field = WireFormatLite::GetTagFieldNumber(tag);
+    if (field == 0) return what + "a field numbered 0" + at(start);
     const bool delimited = WireFormatLite::GetTagWireType(tag) == WireFormatLite::WIRETYPE_LENGTH_DELIMITED;
     if (!delimited || field > 7) {
       if (!WireFormatLite::SkipField(&in, tag)) return what + "field " + std::to_string(field) + " runs past the end" + at(start);

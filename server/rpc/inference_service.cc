@@ -209,7 +209,10 @@ grpc::ServerUnaryReactor* InferenceService::ModelInfer(grpc::CallbackServerConte
 
 grpc::Status InferenceService::StreamProtocol::admit(Message& message, grpc::CallbackServerContext* context,
                                                     const std::shared_ptr<batching::Request>& request) {
-  if (grpc::Status invalid = parse_infer_request(message.proto, &message.parsed); !invalid.ok()) return invalid;
+  if (grpc::Status invalid = parse_infer_request(message.proto, &message.parsed); !invalid.ok()) {
+    message.parsed.Clear();  // a partial parse may hold the bad string: the answer must serialize
+    return invalid;
+  }
   message.proto.Clear();
   return service->admit(message.parsed, &message.call, context, request);
 }

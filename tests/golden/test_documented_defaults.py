@@ -54,7 +54,7 @@ def documented_defaults() -> dict:
 
 def test_the_table_states_what_the_server_reports(golden):
     docs = documented_defaults()
-    reported = help_defaults(golden.bin_dir() / "fastformer-server")
+    reported = help_defaults(golden.require_binary("fastformer-server"))
     assert len(docs) >= 20, f"the flag table did not parse: {sorted(docs)}"
     assert set(docs) == set(reported), (f"flags only in the docs: {sorted(set(docs) - set(reported))}; "
                                         f"only in --help: {sorted(set(reported) - set(docs))}")
@@ -68,8 +68,8 @@ def test_the_table_states_what_the_server_reports(golden):
 
 @pytest.mark.parametrize("binary", ["fastformer-encode", "fastformer-bench"])
 def test_the_other_binaries_share_the_server_defaults(golden, binary):
-    server = help_defaults(golden.bin_dir() / "fastformer-server")
-    theirs = help_defaults(golden.bin_dir() / binary)
+    server = help_defaults(golden.require_binary("fastformer-server"))
+    theirs = help_defaults(golden.require_binary(binary))
     shared = sorted(set(server) & set(theirs) - {"--model-dir"})
     assert "--threads" in shared and "--dtype" in shared, (binary, shared)
     for flag in shared:
