@@ -46,7 +46,7 @@ def input_file(model, path: Path, count=24, seed=3):
 def run(server, model, tmp_path, concurrency: str, streaming: bool):
     cmd = [str(perf_analyzer()), "-m", model.name, "-u", server.url, "-i", "grpc",
            "--input-data", str(input_file(model, tmp_path / "input.json")),
-           "--concurrency-range", concurrency, "--measurement-interval", "800", "--max-trials", "3",
+           "--concurrency-range", concurrency, "--measurement-interval", "800", "--max-trials", "6",
            "--stability-percentage", "60", "-f", str(tmp_path / "report.csv")]
     if streaming:
         cmd.append("--streaming")
