@@ -1,7 +1,8 @@
 # Fastformer Serving: the two commands are `make serve` and `make test`.
 #
 #   make serve   install deps if missing, build, train the demo model, serve it over gRPC
-#   make test    install deps if missing, build, run every suite (unit, golden, e2e, sanitizer)
+#   make test    install deps if missing, build, run every suite (lint, unit, golden, e2e, sanitizer;
+#                tests/README.md says which suite a test belongs in)
 #   make build   build into build/ (binaries in build/bin/)
 #   make bench   the engine benchmarks recorded in docs/benchmarks.md (against PyTorch, ONNX
 #                Runtime and OpenVINO; both pip-installed into .venv-bench on first use)
@@ -35,7 +36,7 @@ build: deps
 	cmake --build $(BUILD_DIR) -j$(JOBS)
 
 test: build build-asan
-	$(MAKE) --no-print-directory test-unit test-golden test-e2e test-kserve test-clients test-deploy \
+	$(MAKE) --no-print-directory lint test-unit test-golden test-e2e test-kserve test-clients test-deploy \
 	  test-tokenizer test-demo test-gpu-rehearsal test-asan
 
 test-unit:

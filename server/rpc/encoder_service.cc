@@ -1,21 +1,26 @@
 #include "server/rpc/encoder_service.h"
 
+#include "server/rpc/raw_message.h"
 #include "server/rpc/stream_reactor.h"
 
 namespace fastformer::rpc {
 
 using batching::Clock;
 
-grpc::Status EncoderService::admit(const v1::EncodeRequest& proto, grpc::CallbackServerContext* context,
+grpc::Status EncoderService::admit(const v1::EncodeRequest& proto,
+                                   grpc::CallbackServerContext* context,
                                    const std::shared_ptr<batching::Request>& request) {
   return intake_.admit(
       context,
-      [&] { return convert_request(proto, intake_.engine().model(), intake_.tokenizer(), intake_.config().limits,
-                               request.get()); },
+      [&] {
+        return convert_request(proto, intake_.engine().model(), intake_.tokenizer(),
+                               intake_.config().limits, request.get());
+      },
       request);
 }
 
-grpc::ServerUnaryReactor* EncoderService::Encode(grpc::CallbackServerContext* context, const grpc::ByteBuffer* bytes,
+grpc::ServerUnaryReactor* EncoderService::Encode(grpc::CallbackServerContext* context,
+                                                 const grpc::ByteBuffer* bytes,
                                                  grpc::ByteBuffer* out) {
   const auto start = Clock::now();
   grpc::ServerUnaryReactor* reactor = context->DefaultReactor();
@@ -54,8 +59,9 @@ grpc::ServerUnaryReactor* EncoderService::Encode(grpc::CallbackServerContext* co
   return reactor;
 }
 
-grpc::Status EncoderService::StreamProtocol::admit(Message& message, grpc::CallbackServerContext* context,
-                                                  const std::shared_ptr<batching::Request>& request) {
+grpc::Status EncoderService::StreamProtocol::admit(
+    Message& message, grpc::CallbackServerContext* context,
+    const std::shared_ptr<batching::Request>& request) {
   if (grpc::Status invalid = parse_encode_request(message.proto, &message.parsed); !invalid.ok()) {
     message.parsed.Clear();  // a partial parse may hold the bad string: the answer must serialize
     return invalid;
@@ -64,7 +70,8 @@ grpc::Status EncoderService::StreamProtocol::admit(Message& message, grpc::Callb
   return service->admit(message.parsed, context, request);
 }
 
-grpc::ByteBuffer EncoderService::StreamProtocol::answer(Message& message, const batching::Request* done,
+grpc::ByteBuffer EncoderService::StreamProtocol::answer(Message& message,
+                                                        const batching::Request* done,
                                                         const grpc::Status& status) {
   v1::EncodeResponse response;
   response.set_request_id(message.parsed.request_id());

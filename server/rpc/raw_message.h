@@ -4,13 +4,13 @@
 // the client had closed it, dropping the rest), and answers serialized here.
 #pragma once
 
-#include <string>
-#include <vector>
-
 #include <grpcpp/support/byte_buffer.h>
 #include <grpcpp/support/proto_buffer_reader.h>
 #include <grpcpp/support/proto_buffer_writer.h>
-#include <spdlog/spdlog.h>
+
+#include <cstddef>
+#include <string>
+#include <vector>
 
 namespace fastformer::rpc {
 
@@ -24,10 +24,15 @@ bool parse_raw_message(const grpc::ByteBuffer& bytes, Proto* proto, std::string*
   std::vector<grpc::Slice> slices;
   flat->clear();
   if (bytes.Dump(&slices).ok()) {
-    for (const grpc::Slice& slice : slices) flat->append(reinterpret_cast<const char*>(slice.begin()), slice.size());
+    for (const grpc::Slice& slice : slices)
+      flat->append(reinterpret_cast<const char*>(slice.begin()), slice.size());
   }
   return false;
 }
+
+// Logs that an answer of `bytes` bytes to `method` did not serialize (raw_message.cc: the
+// conversions that include this header without serializing link no logger).
+void log_unserializable(const char* method, size_t bytes);
 
 // `message` as a raw method's answer (`method` names it in the log if it cannot be).
 template <class Proto>
@@ -35,7 +40,7 @@ grpc::ByteBuffer serialize_raw_message(const Proto& message, const char* method)
   grpc::ByteBuffer bytes;
   bool own = false;
   if (!grpc::SerializationTraits<Proto>::Serialize(message, &bytes, &own).ok()) {
-    spdlog::error("{}: an answer of {} bytes did not serialize", method, message.ByteSizeLong());
+    log_unserializable(method, message.ByteSizeLong());
   }
   return bytes;
 }
