@@ -35,9 +35,9 @@ inline uint16_t float_to_half(float f) {
   const uint32_t x = std::bit_cast<uint32_t>(f);
   const uint32_t sign = (x >> 16) & 0x8000u;
   const uint32_t abs = x & 0x7fffffffu;
-  if (abs > 0x7f800000u) return static_cast<uint16_t>(sign | 0x7e00u);  // NaN
+  if (abs > 0x7f800000u) return static_cast<uint16_t>(sign | 0x7e00u);   // NaN
   if (abs >= 0x477ff000u) return static_cast<uint16_t>(sign | 0x7c00u);  // rounds to Inf
-  if (abs < 0x38800000u) {  // result is subnormal or zero
+  if (abs < 0x38800000u) {                                  // result is subnormal or zero
     const float magic = std::bit_cast<float>(0x3f000000u);  // 0.5: aligns the mantissa
     const uint32_t r = std::bit_cast<uint32_t>(std::bit_cast<float>(abs) + magic) - 0x3f000000u;
     return static_cast<uint16_t>(sign | r);
@@ -47,7 +47,9 @@ inline uint16_t float_to_half(float f) {
   return static_cast<uint16_t>(sign | (rounded >> 13));
 }
 
-inline float bfloat16_to_float(uint16_t b) { return std::bit_cast<float>(static_cast<uint32_t>(b) << 16); }
+inline float bfloat16_to_float(uint16_t b) {
+  return std::bit_cast<float>(static_cast<uint32_t>(b) << 16);
+}
 
 inline uint16_t float_to_bfloat16(float f) {
   const uint32_t x = std::bit_cast<uint32_t>(f);

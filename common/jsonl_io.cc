@@ -2,7 +2,6 @@
 
 #include <charconv>
 #include <limits>
-
 #include <nlohmann/json.hpp>
 
 namespace fastformer::jsonl {
@@ -99,9 +98,10 @@ std::optional<InputLine> parse_input_line(const std::string& line, int64_t hidde
   for (size_t r = 0; r < rows.size(); ++r) {
     const json& rowj = rows[r];
     if (!rowj.is_array() || static_cast<int64_t>(rowj.size()) != hidden_size) {
-      *error = "input_embeddings: row " + std::to_string(r) + " has " +
-               (rowj.is_array() ? std::to_string(rowj.size()) + " values" : std::string("no array")) +
-               ", expected hidden_size " + std::to_string(hidden_size);
+      *error =
+          "input_embeddings: row " + std::to_string(r) + " has " +
+          (rowj.is_array() ? std::to_string(rowj.size()) + " values" : std::string("no array")) +
+          ", expected hidden_size " + std::to_string(hidden_size);
       return std::nullopt;
     }
     for (const json& v : rowj) {

@@ -54,7 +54,8 @@ std::vector<WorkloadBatch> make_workload(const LengthSpec& lengths, int64_t voca
   SplitMix64 rng(seed);
   auto next_sequence = [&] {
     int64_t n = lengths.min;
-    if (lengths.uniform) n = lengths.min + int64_t(rng.next() % uint64_t(lengths.max - lengths.min + 1));
+    if (lengths.uniform)
+      n = lengths.min + int64_t(rng.next() % uint64_t(lengths.max - lengths.min + 1));
     return random_token_ids(rng, n, vocab_size, pad_token_id);
   };
   std::vector<WorkloadBatch> pool;

@@ -29,7 +29,8 @@ namespace {
 
 constexpr int32_t kPoolThreads = 256;
 constexpr int32_t kPoolWarps = kPoolThreads / 32;
-static_assert(kChunkTokens <= kPoolThreads, "one thread per token of a chunk while listing its real tokens");
+static_assert(kChunkTokens <= kPoolThreads,
+              "one thread per token of a chunk while listing its real tokens");
 // Columns of one partials block at most: 512 bytes of a bfloat16 row, so a warp reads a
 // row's share in one 16-byte load per lane and D = 768 makes three blocks per chunk.
 constexpr int32_t kPoolColumns = 256;
@@ -39,15 +40,15 @@ constexpr int32_t kCombineThreads = 256;
 constexpr int32_t kCombineChunkLanes = 16;
 
 template <class T, class S, int VEC>
-FF_GLOBAL void pool_partials_kernel(BatchArgs batch, const S* scores, int64_t ld_scores, int32_t heads,
-                                    const T* values, int64_t ld_values, int32_t D, int32_t block_columns,
-                                    int32_t heads_max, Partials partials) {
+FF_GLOBAL void pool_partials_kernel(BatchArgs batch, const S* scores, int64_t ld_scores,
+                                    int32_t heads, const T* values, int64_t ld_values, int32_t D,
+                                    int32_t block_columns, int32_t heads_max, Partials partials) {
   FF_SHARED(int32_t, real_tokens, kChunkTokens);  // the chunk's unmasked tokens, in order
   FF_SHARED(int32_t, warp_counts, kPoolWarps);
   FF_DYNAMIC_SHARED(float, shared);
-  float* const weights = shared;                                 // [heads_max][kChunkTokens]
-  float* const head_max = weights + heads_max * kChunkTokens;    // [heads_max]
-  float* const column_sums = head_max + heads_max;               // [token slots][block_columns]
+  float* const weights = shared;                               // [heads_max][kChunkTokens]
+  float* const head_max = weights + heads_max * kChunkTokens;  // [heads_max]
+  float* const column_sums = head_max + heads_max;             // [token slots][block_columns]
 
   const int32_t c = blockIdx.x;
   const int32_t begin = batch.chunk_begin[c], n = batch.chunk_end[c] - begin;  // n >= 1
@@ -110,16 +111,17 @@ FF_GLOBAL void pool_partials_kernel(BatchArgs batch, const S* scores, int64_t ld
     const float* w = weights + (j / d - h0) * kChunkTokens;
     const T* v = values + j;
     float acc[VEC] = {};
-FF_POOL_UNROLL_BY(4)
+    FF_POOL_UNROLL_BY(4)
     for (int32_t k = token_slot; k < n_real; k += slots) {
       float x[VEC];
       load_vector<VEC>(v + int64_t(real_tokens[k]) * ld_values, x);
       const float weight = w[k];
-FF_UNROLL
+      FF_UNROLL
       for (int32_t e = 0; e < VEC; ++e) acc[e] += weight * x[e];
     }
-FF_UNROLL
-    for (int32_t e = 0; e < VEC; ++e) column_sums[token_slot * block_columns + vector * VEC + e] = acc[e];
+    FF_UNROLL
+    for (int32_t e = 0; e < VEC; ++e)
+      column_sums[token_slot * block_columns + vector * VEC + e] = acc[e];
   }
   __syncthreads();
   for (int32_t i = tid; i < c1 - c0; i += kPoolThreads) {
@@ -130,8 +132,9 @@ FF_UNROLL
 }
 
 template <class T>
-FF_GLOBAL void pool_combine_kernel(BatchArgs batch, Partials partials, int32_t heads, int32_t D, int32_t chunk_lanes,
-                                   const T* scale, float denominator_extra, T* out) {
+FF_GLOBAL void pool_combine_kernel(BatchArgs batch, Partials partials, int32_t heads, int32_t D,
+                                   int32_t chunk_lanes, const T* scale, float denominator_extra,
+                                   T* out) {
   FF_SHARED(float, maxima, kCombineThreads);
   FF_SHARED(float, sums, 2 * kCombineThreads);  // l, then v
   const int32_t columns = kCombineThreads / chunk_lanes;
@@ -143,14 +146,15 @@ FF_GLOBAL void pool_combine_kernel(BatchArgs batch, Partials partials, int32_t h
   const int32_t c0 = batch.seq_first_chunk[b], c1 = batch.seq_first_chunk[b + 1];
 
   float m = -INFINITY;
-  for (int32_t c = c0 + chunk_lane; c < c1; c += chunk_lanes) m = fmaxf(m, partials.m[int64_t(c) * heads + h]);
+  for (int32_t c = c0 + chunk_lane; c < c1; c += chunk_lanes)
+    m = fmaxf(m, partials.m[int64_t(c) * heads + h]);
   maxima[threadIdx.x] = m;
   __syncthreads();
   float M = -INFINITY;
   for (int32_t i = 0; i < chunk_lanes; ++i) M = fmaxf(M, maxima[i * columns + column]);
 
   float L = 0.0f, acc = 0.0f;
-FF_POOL_UNROLL_BY(4)
+  FF_POOL_UNROLL_BY(4)
   for (int32_t c = c0 + chunk_lane; c < c1; c += chunk_lanes) {
     const float mc = partials.m[int64_t(c) * heads + h];
     const float rescale = mc == -INFINITY ? 0.0f : expf(mc - M);  // a chunk of padding only adds 0
@@ -176,8 +180,9 @@ FF_POOL_UNROLL_BY(4)
 }  // namespace
 
 template <class T, class S>
-void launch_pool_partials(const BatchArgs& batch, const S* scores, int64_t ld_scores, int32_t heads, const T* values,
-                          int64_t ld_values, int32_t D, Partials partials, ff_stream_t stream) {
+void launch_pool_partials(const BatchArgs& batch, const S* scores, int64_t ld_scores, int32_t heads,
+                          const T* values, int64_t ld_values, int32_t D, Partials partials,
+                          ff_stream_t stream) {
   if (batch.num_chunks == 0) return;
   const int32_t d = D / heads;
   // At most 33 heads a block (their weights in shared memory); a multiple of any vector
@@ -189,39 +194,43 @@ void launch_pool_partials(const BatchArgs& batch, const S* scores, int64_t ld_sc
     constexpr int VEC = decltype(width)::value;
     const int32_t slots = kPoolThreads / ((block_columns + VEC - 1) / VEC);
     const size_t shared =
-        (size_t(heads_max) * (kChunkTokens + 1) + size_t(slots) * size_t(block_columns)) * sizeof(float);
+        (size_t(heads_max) * (kChunkTokens + 1) + size_t(slots) * size_t(block_columns)) *
+        sizeof(float);
     FF_LAUNCH((pool_partials_kernel<T, S, VEC>), dim3(unsigned(batch.num_chunks), unsigned(groups)),
-              dim3(kPoolThreads), shared, stream, batch, scores, ld_scores, heads, values, ld_values, D,
-              block_columns, heads_max, partials);
+              dim3(kPoolThreads), shared, stream, batch, scores, ld_scores, heads, values,
+              ld_values, D, block_columns, heads_max, partials);
   });
 }
 
 template <class T>
-void launch_pool_combine(const BatchArgs& batch, Partials partials, int32_t heads, int32_t D, const T* scale,
-                         float denominator_extra, T* out, ff_stream_t stream) {
+void launch_pool_combine(const BatchArgs& batch, Partials partials, int32_t heads, int32_t D,
+                         const T* scale, float denominator_extra, T* out, ff_stream_t stream) {
   if (batch.num_sequences == 0) return;
   // As many threads per column as the longest sequence has chunks (a power of 2, at most
   // kCombineChunkLanes); the rest of the block's threads take more columns.
   int32_t chunk_lanes = 1;
-  const int32_t most = batch.max_sequence_chunks > 0 ? batch.max_sequence_chunks : kCombineChunkLanes;
+  const int32_t most =
+      batch.max_sequence_chunks > 0 ? batch.max_sequence_chunks : kCombineChunkLanes;
   while (chunk_lanes < most && chunk_lanes < kCombineChunkLanes) chunk_lanes *= 2;
   const int32_t columns = kCombineThreads / chunk_lanes;
-  FF_LAUNCH(pool_combine_kernel<T>, dim3(unsigned(batch.num_sequences), unsigned((D + columns - 1) / columns)),
-            dim3(kCombineThreads), 0, stream, batch, partials, heads, D, chunk_lanes, scale, denominator_extra, out);
+  FF_LAUNCH(pool_combine_kernel<T>,
+            dim3(unsigned(batch.num_sequences), unsigned((D + columns - 1) / columns)),
+            dim3(kCombineThreads), 0, stream, batch, partials, heads, D, chunk_lanes, scale,
+            denominator_extra, out);
 }
 
-#define FF_POOLING(T)                                                                                          \
-  template void launch_pool_partials<T, T>(const BatchArgs&, const T*, int64_t, int32_t, const T*, int64_t,     \
-                                           int32_t, Partials, ff_stream_t);                                    \
-  template void launch_pool_combine<T>(const BatchArgs&, Partials, int32_t, int32_t, const T*, float, T*,       \
-                                       ff_stream_t);
+#define FF_POOLING(T)                                                                              \
+  template void launch_pool_partials<T, T>(const BatchArgs&, const T*, int64_t, int32_t, const T*, \
+                                           int64_t, int32_t, Partials, ff_stream_t);               \
+  template void launch_pool_combine<T>(const BatchArgs&, Partials, int32_t, int32_t, const T*,     \
+                                       float, T*, ff_stream_t);
 FF_INSTANTIATE_FOR_DTYPES(FF_POOLING)
 
-#define FF_POOLING_FLOAT_SCORES(T)                                                                             \
-  template void launch_pool_partials<T, float>(const BatchArgs&, const float*, int64_t, int32_t, const T*,      \
-                                               int64_t, int32_t, Partials, ff_stream_t);
+#define FF_POOLING_FLOAT_SCORES(T)                                                               \
+  template void launch_pool_partials<T, float>(const BatchArgs&, const float*, int64_t, int32_t, \
+                                               const T*, int64_t, int32_t, Partials, ff_stream_t);
 FF_POOLING_FLOAT_SCORES(ff_half)
 FF_POOLING_FLOAT_SCORES(ff_bfloat16)
 
-}  // inline namespace FF_KERNELS_ABI
+}  // namespace FF_KERNELS_ABI
 }  // namespace fastformer::kernels

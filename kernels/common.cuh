@@ -52,10 +52,14 @@ FF_DEVICE float activate(float x) {
 
 FF_DEVICE float activate(float x, Act act) {
   switch (act) {
-    case Act::kGeluErf: return activate<Act::kGeluErf>(x);
-    case Act::kGeluTanh: return activate<Act::kGeluTanh>(x);
-    case Act::kRelu: return activate<Act::kRelu>(x);
-    case Act::kSilu: return activate<Act::kSilu>(x);
+    case Act::kGeluErf:
+      return activate<Act::kGeluErf>(x);
+    case Act::kGeluTanh:
+      return activate<Act::kGeluTanh>(x);
+    case Act::kRelu:
+      return activate<Act::kRelu>(x);
+    case Act::kSilu:
+      return activate<Act::kSilu>(x);
   }
   return x;
 }
@@ -107,10 +111,12 @@ FF_DEVICE void store_vec(ff_half* p, const float* v) {
   store_pairs<ff_half, __half2>(p, v, [](float a, float b) { return __floats2half2_rn(a, b); });
 }
 FF_DEVICE void load_vec(const ff_bfloat16* p, float* v) {
-  load_pairs<ff_bfloat16, __nv_bfloat162>(p, v, [](__nv_bfloat162 h) { return __bfloat1622float2(h); });
+  load_pairs<ff_bfloat16, __nv_bfloat162>(p, v,
+                                          [](__nv_bfloat162 h) { return __bfloat1622float2(h); });
 }
 FF_DEVICE void store_vec(ff_bfloat16* p, const float* v) {
-  store_pairs<ff_bfloat16, __nv_bfloat162>(p, v, [](float a, float b) { return __floats2bfloat162_rn(a, b); });
+  store_pairs<ff_bfloat16, __nv_bfloat162>(
+      p, v, [](float a, float b) { return __floats2bfloat162_rn(a, b); });
 }
 #endif
 
@@ -137,7 +143,8 @@ FF_DEVICE void store_chunk(T* p, const float* v) {
 
 // ---- reductions ------------------------------------------------------------------------------
 FF_DEVICE float warp_sum(float v) {
-  FF_UNROLL for (int offset = 16; offset > 0; offset >>= 1) v += __shfl_xor_sync(0xffffffffu, v, offset);
+  FF_UNROLL for (int offset = 16; offset > 0; offset >>= 1) v +=
+      __shfl_xor_sync(0xffffffffu, v, offset);
   return v;
 }
 
@@ -164,7 +171,8 @@ struct RowThread {
 };
 FF_DEVICE RowThread row_thread(int32_t row_threads) {
   if (row_threads == 32) {
-    return RowThread{int32_t(blockIdx.x * (blockDim.x / 32) + threadIdx.x / 32), int32_t(threadIdx.x % 32)};
+    return RowThread{int32_t(blockIdx.x * (blockDim.x / 32) + threadIdx.x / 32),
+                     int32_t(threadIdx.x % 32)};
   }
   return RowThread{int32_t(blockIdx.x), int32_t(threadIdx.x)};
 }
@@ -215,7 +223,8 @@ inline RowLaunch row_launch(int32_t rows, int32_t chunks) {
   }
   const int32_t threads = (chunks + 32 * kMaxRowSlots - 1) / (32 * kMaxRowSlots) * 32;
   const int32_t row_threads = threads < 1024 ? threads : 1024;
-  return RowLaunch{row_threads, kMaxRowSlots, unsigned(rows), unsigned(row_threads), threads <= 1024};
+  return RowLaunch{row_threads, kMaxRowSlots, unsigned(rows), unsigned(row_threads),
+                   threads <= 1024};
 }
 
 // Calls launch.template operator()<N>() for N = slots (1, 2, 4 or 8): the register-staged row
@@ -223,10 +232,18 @@ inline RowLaunch row_launch(int32_t rows, int32_t chunks) {
 template <class Launch>
 void with_slots(int32_t slots, Launch&& launch) {
   switch (slots) {
-    case 1: launch.template operator()<1>(); return;
-    case 2: launch.template operator()<2>(); return;
-    case 4: launch.template operator()<4>(); return;
-    default: launch.template operator()<8>(); return;
+    case 1:
+      launch.template operator()<1>();
+      return;
+    case 2:
+      launch.template operator()<2>();
+      return;
+    case 4:
+      launch.template operator()<4>();
+      return;
+    default:
+      launch.template operator()<8>();
+      return;
   }
 }
 
@@ -258,5 +275,5 @@ inline unsigned grid_size(int64_t count, unsigned threads) {
   return unsigned(blocks < 1 ? 1 : (blocks > 65535 * 32 ? 65535 * 32 : blocks));
 }
 
-}  // inline namespace FF_KERNELS_ABI
+}  // namespace FF_KERNELS_ABI
 }  // namespace fastformer::kernels

@@ -15,15 +15,17 @@ inline namespace FF_KERNELS_ABI {
 namespace {
 
 template <class T, int G, int N>
-FF_DEVICE void embedding_layernorm_row(const BatchArgs& batch, const T* word_embedding, const T* position_embeddings,
-                                       const T* gamma, const T* beta, float eps, int32_t D, int32_t row_threads, T* x) {
+FF_DEVICE void embedding_layernorm_row(const BatchArgs& batch, const T* word_embedding,
+                                       const T* position_embeddings, const T* gamma, const T* beta,
+                                       float eps, int32_t D, int32_t row_threads, T* x) {
   FF_SHARED(float, scratch, 32);
   const RowThread thread = row_thread(row_threads);
   const int32_t t = thread.row;
   if (t >= batch.num_tokens) return;  // a whole warp: the last block's spare rows
   const int32_t id = batch.token_ids[t];
   const T* word_row = id >= 0 ? word_embedding + int64_t(id) * D : nullptr;
-  const float* input_row = id >= 0 ? nullptr : batch.input_embeddings + int64_t(batch.embedding_index[t]) * D;
+  const float* input_row =
+      id >= 0 ? nullptr : batch.input_embeddings + int64_t(batch.embedding_index[t]) * D;
   const T* pos_row = position_embeddings + int64_t(batch.position_ids[t]) * D;
   auto load = [&](int32_t c, float* v) {
     float p[G];
@@ -39,47 +41,52 @@ FF_DEVICE void embedding_layernorm_row(const BatchArgs& batch, const T* word_emb
 }
 
 template <class T, int N>
-FF_GLOBAL void embedding_layernorm_kernel(BatchArgs batch, const T* word_embedding, const T* position_embeddings,
-                                          const T* gamma, const T* beta, float eps, int32_t D, int32_t row_threads,
+FF_GLOBAL void embedding_layernorm_kernel(BatchArgs batch, const T* word_embedding,
+                                          const T* position_embeddings, const T* gamma,
+                                          const T* beta, float eps, int32_t D, int32_t row_threads,
                                           T* x) {
-  embedding_layernorm_row<T, kVecSize<T>, N>(batch, word_embedding, position_embeddings, gamma, beta, eps, D,
-                                             row_threads, x);
+  embedding_layernorm_row<T, kVecSize<T>, N>(batch, word_embedding, position_embeddings, gamma,
+                                             beta, eps, D, row_threads, x);
 }
 
 template <class T>
 FF_GLOBAL void embedding_layernorm_scalar_kernel(BatchArgs batch, const T* word_embedding,
-                                                 const T* position_embeddings, const T* gamma, const T* beta,
-                                                 float eps, int32_t D, int32_t row_threads, T* x) {
-  embedding_layernorm_row<T, 1, kLoopOverRow>(batch, word_embedding, position_embeddings, gamma, beta, eps, D,
-                                              row_threads, x);
+                                                 const T* position_embeddings, const T* gamma,
+                                                 const T* beta, float eps, int32_t D,
+                                                 int32_t row_threads, T* x) {
+  embedding_layernorm_row<T, 1, kLoopOverRow>(batch, word_embedding, position_embeddings, gamma,
+                                              beta, eps, D, row_threads, x);
 }
 
 }  // namespace
 
 template <class T>
-void launch_embedding_layernorm(const BatchArgs& batch, const T* word_embedding, const T* position_embeddings,
-                                const T* gamma, const T* beta, float eps, int32_t D, T* x, ff_stream_t stream) {
+void launch_embedding_layernorm(const BatchArgs& batch, const T* word_embedding,
+                                const T* position_embeddings, const T* gamma, const T* beta,
+                                float eps, int32_t D, T* x, ff_stream_t stream) {
   if (batch.num_tokens == 0) return;
   // The float input embeddings have the row width of T's vector or more: aligned with it.
-  if (vector_path<T>(D, {}, {word_embedding, position_embeddings, gamma, beta, x, batch.input_embeddings})) {
+  if (vector_path<T>(
+          D, {}, {word_embedding, position_embeddings, gamma, beta, x, batch.input_embeddings})) {
     const RowLaunch shape = row_launch(batch.num_tokens, D / kVecSize<T>);
     if (shape.fits) {
       with_slots(shape.slots, [&]<int N>() {
-        FF_LAUNCH((embedding_layernorm_kernel<T, N>), dim3(shape.grid), dim3(shape.block), 0, stream, batch,
-                  word_embedding, position_embeddings, gamma, beta, eps, D, shape.row_threads, x);
+        FF_LAUNCH((embedding_layernorm_kernel<T, N>), dim3(shape.grid), dim3(shape.block), 0,
+                  stream, batch, word_embedding, position_embeddings, gamma, beta, eps, D,
+                  shape.row_threads, x);
       });
       return;
     }
   }
   const RowLaunch shape = row_launch(batch.num_tokens, D);
-  FF_LAUNCH(embedding_layernorm_scalar_kernel<T>, dim3(shape.grid), dim3(shape.block), 0, stream, batch,
-            word_embedding, position_embeddings, gamma, beta, eps, D, shape.row_threads, x);
+  FF_LAUNCH(embedding_layernorm_scalar_kernel<T>, dim3(shape.grid), dim3(shape.block), 0, stream,
+            batch, word_embedding, position_embeddings, gamma, beta, eps, D, shape.row_threads, x);
 }
 
-#define FF_EMBEDDING_LAYERNORM(T)                                                                           \
-  template void launch_embedding_layernorm<T>(const BatchArgs&, const T*, const T*, const T*, const T*, float, \
-                                              int32_t, T*, ff_stream_t);
+#define FF_EMBEDDING_LAYERNORM(T)                                                             \
+  template void launch_embedding_layernorm<T>(const BatchArgs&, const T*, const T*, const T*, \
+                                              const T*, float, int32_t, T*, ff_stream_t);
 FF_INSTANTIATE_FOR_DTYPES(FF_EMBEDDING_LAYERNORM)
 
-}  // inline namespace FF_KERNELS_ABI
+}  // namespace FF_KERNELS_ABI
 }  // namespace fastformer::kernels

@@ -43,57 +43,61 @@ struct Partials {
 };
 
 template <class T>
-void launch_embedding_layernorm(const BatchArgs& batch, const T* word_embedding, const T* position_embeddings,
-                                const T* gamma, const T* beta, float eps, int32_t D, T* x, ff_stream_t stream);
+void launch_embedding_layernorm(const BatchArgs& batch, const T* word_embedding,
+                                const T* position_embeddings, const T* gamma, const T* beta,
+                                float eps, int32_t D, T* x, ff_stream_t stream);
 
 // c[r, j] = act(c[r, j] + bias[j]) in place (act only when `activate`; bias null: none).
 template <class T>
-void launch_bias_activation(T* c, int64_t ldc, const T* bias, int32_t rows, int32_t cols, bool activate, Act act,
-                            ff_stream_t stream);
+void launch_bias_activation(T* c, int64_t ldc, const T* bias, int32_t rows, int32_t cols,
+                            bool activate, Act act, ff_stream_t stream);
 
 // out[r] = LN(c[r] + bias + residual[r]) * gamma + beta (bias null: none); out may be residual.
 template <class T>
-void launch_bias_residual_layernorm(const T* c, int64_t ldc, const T* bias, const T* residual, int64_t ld_residual,
-                                    const T* gamma, const T* beta, float eps, int32_t rows, int32_t D, T* out,
-                                    int64_t ld_out, ff_stream_t stream);
+void launch_bias_residual_layernorm(const T* c, int64_t ldc, const T* bias, const T* residual,
+                                    int64_t ld_residual, const T* gamma, const T* beta, float eps,
+                                    int32_t rows, int32_t D, T* out, int64_t ld_out,
+                                    ff_stream_t stream);
 
 // Partials of softmax-weighted sums over each chunk: weights softmax_t(scores[t, h]) over
 // real tokens, values[t, h*d .. h*d+d-1]. S is the score type (T for the query scores
 // riding on the QKS GEMM, float for computed scores).
 template <class T, class S>
 void launch_pool_partials(const BatchArgs& batch, const S* scores, int64_t ld_scores, int32_t heads,
-                          const T* values, int64_t ld_values, int32_t D, Partials partials, ff_stream_t stream);
+                          const T* values, int64_t ld_values, int32_t D, Partials partials,
+                          ff_stream_t stream);
 
 // out[b, j] = (sum_c v_c[j] e^{m_c - M}) / (L + extra e^{-M}) * (scale ? scale[b, j] : 1).
 template <class T>
-void launch_pool_combine(const BatchArgs& batch, Partials partials, int32_t heads, int32_t D, const T* scale,
-                         float denominator_extra, T* out, ff_stream_t stream);
+void launch_pool_combine(const BatchArgs& batch, Partials partials, int32_t heads, int32_t D,
+                         const T* scale, float denominator_extra, T* out, ff_stream_t stream);
 
 // r[t, h] = (K_t * pq_b) . Wka'[h] + bka'[h]  (float, [T, H]).
 template <class T>
-void launch_key_scores(const BatchArgs& batch, const T* k, int64_t ld_k, const T* pq, const T* wka, const T* bka,
-                       int32_t heads, int32_t D, float* r, ff_stream_t stream);
+void launch_key_scores(const BatchArgs& batch, const T* k, int64_t ld_k, const T* pq, const T* wka,
+                       const T* bka, int32_t heads, int32_t D, float* r, ff_stream_t stream);
 
 // u[t, j] = pk[b(t), j] * q[t, j].
 template <class T>
-void launch_mix(const BatchArgs& batch, const T* q, int64_t ld_q, const T* pk, int32_t D, T* u, int64_t ld_u,
-                ff_stream_t stream);
+void launch_mix(const BatchArgs& batch, const T* q, int64_t ld_q, const T* pk, int32_t D, T* u,
+                int64_t ld_u, ff_stream_t stream);
 
 // z[t] = tanh(E_t) . w2 + b2  (float, [T]).
 template <class T>
-void launch_pooler_scores(const BatchArgs& batch, const T* e, int64_t ld_e, const T* w2, const T* b2, int32_t D,
-                          float* z, ff_stream_t stream);
+void launch_pooler_scores(const BatchArgs& batch, const T* e, int64_t ld_e, const T* w2,
+                          const T* b2, int32_t D, float* z, ff_stream_t stream);
 
 template <class T>
 void launch_l2_normalize(T* rows, int32_t num_rows, int32_t D, ff_stream_t stream);
 
 // dst (float, dense [rows, cols]) = src (T, leading dimension ld_src).
 template <class T>
-void launch_to_float(const T* src, int64_t ld_src, int32_t rows, int32_t cols, float* dst, ff_stream_t stream);
+void launch_to_float(const T* src, int64_t ld_src, int32_t rows, int32_t cols, float* dst,
+                     ff_stream_t stream);
 
 // dst (T, dense) = src (float, dense), count elements.
 template <class T>
 void launch_from_float(const float* src, int64_t count, T* dst, ff_stream_t stream);
 
-}  // inline namespace FF_KERNELS_ABI
+}  // namespace FF_KERNELS_ABI
 }  // namespace fastformer::kernels

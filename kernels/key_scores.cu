@@ -28,8 +28,9 @@ constexpr int32_t kKeyScoreThreads = 256;
 constexpr int32_t kKeyScoreWarps = kKeyScoreThreads / 32;
 // Tokens per block: G_b, staged once, serves 64 tokens; 4 blocks per full chunk.
 constexpr int32_t kKeyScoreTokens = 64;
-constexpr int32_t kHeadTile = 16;  // heads per pass, in registers (one per pair of lanes at the end)
-constexpr int32_t kTokenStep = 4;  // tokens a warp scores at once
+constexpr int32_t kHeadTile =
+    16;  // heads per pass, in registers (one per pair of lanes at the end)
+constexpr int32_t kTokenStep = 4;               // tokens a warp scores at once
 constexpr size_t kMaxSharedBytes = 227 * 1024;  // sm_90's opt-in limit per block
 
 // a[0..2N) summed pairwise with lane ^ 2N into a[0..N): the lane with that bit set keeps the
@@ -37,7 +38,7 @@ constexpr size_t kMaxSharedBytes = 227 * 1024;  // sm_90's opt-in limit per bloc
 template <int N>
 FF_DEVICE void fold_across_lanes(float* a, int32_t lane) {
   const bool upper = (lane & (2 * N)) != 0;
-FF_UNROLL
+  FF_UNROLL
   for (int32_t i = 0; i < N; ++i) {
     const float keep = upper ? a[i + N] : a[i];
     const float give = upper ? a[i] : a[i + N];
@@ -68,14 +69,16 @@ FF_DEVICE int32_t g_index(int32_t v, int32_t e) {
 }
 
 // G's row per head: D rounded up to whole warps of vectors (the layout above).
-FF_HOST_DEVICE int32_t g_row(int32_t D, int32_t vec) { return (D + 32 * vec - 1) / (32 * vec) * (32 * vec); }
+FF_HOST_DEVICE int32_t g_row(int32_t D, int32_t vec) {
+  return (D + 32 * vec - 1) / (32 * vec) * (32 * vec);
+}
 
 // Two blocks per SM at least: registers capped at 128 a thread (kTokenStep x kHeadTile
 // accumulators need most of them).
 template <class T, int VEC>
 FF_GLOBAL void FF_POOL_LAUNCH_BOUNDS(kKeyScoreThreads, 2)
-    key_scores_kernel(BatchArgs batch, const T* k, int64_t ld_k, const T* pq, const T* wka, const T* bka,
-                      int32_t heads, int32_t D, float* r) {
+    key_scores_kernel(BatchArgs batch, const T* k, int64_t ld_k, const T* pq, const T* wka,
+                      const T* bka, int32_t heads, int32_t D, float* r) {
   FF_DYNAMIC_SHARED(float, g);  // [min(heads, kHeadTile)][g_row]: Wka'[h] * pq_b
   const int32_t c = blockIdx.x;
   const int32_t t0 = batch.chunk_begin[c] + int32_t(blockIdx.y) * kKeyScoreTokens;
@@ -90,7 +93,8 @@ FF_GLOBAL void FF_POOL_LAUNCH_BOUNDS(kKeyScoreThreads, 2)
     if (h0 > 0) __syncthreads();  // every warp is done with the previous heads' G
     for (int32_t hh = 0; hh < nh; ++hh) {
       for (int32_t j = threadIdx.x; j < D; j += kKeyScoreThreads) {
-        g[hh * row + g_index<VEC>(j / VEC, j % VEC)] = to_float(wka[int64_t(h0 + hh) * D + j]) * to_float(pq_b[j]);
+        g[hh * row + g_index<VEC>(j / VEC, j % VEC)] =
+            to_float(wka[int64_t(h0 + hh) * D + j]) * to_float(pq_b[j]);
       }
     }
     __syncthreads();
@@ -98,35 +102,37 @@ FF_GLOBAL void FF_POOL_LAUNCH_BOUNDS(kKeyScoreThreads, 2)
     // serves kTokenStep rows (shared-memory bandwidth, not HBM, bounds a token at a time).
     for (int32_t t = t0 + warp; t < t1; t += kTokenStep * kKeyScoreWarps) {
       const T* rows[kTokenStep];
-FF_UNROLL
+      FF_UNROLL
       for (int32_t i = 0; i < kTokenStep; ++i) {
         const int32_t u = t + i * kKeyScoreWarps;
-        rows[i] = k + int64_t(u < t1 ? u : t) * ld_k;  // past the block's tokens: t again, not written
+        rows[i] =
+            k + int64_t(u < t1 ? u : t) * ld_k;  // past the block's tokens: t again, not written
       }
       float acc[kTokenStep][kHeadTile] = {};
       for (int32_t v = lane; v < vectors; v += 32) {
         float x[kTokenStep][VEC];
-FF_UNROLL
+        FF_UNROLL
         for (int32_t i = 0; i < kTokenStep; ++i) load_vector<VEC>(rows[i] + v * VEC, x[i]);
-FF_UNROLL
+        FF_UNROLL
         for (int32_t hh = 0; hh < kHeadTile; ++hh) {
           if (hh < nh) {
             const float* gh = g + hh * row;
-FF_UNROLL
+            FF_UNROLL
             for (int32_t e = 0; e < VEC; ++e) {
               const float ge = gh[g_index<VEC>(v, e)];
-FF_UNROLL
+              FF_UNROLL
               for (int32_t i = 0; i < kTokenStep; ++i) acc[i][hh] += x[i][e] * ge;
             }
           }
         }
       }
       const int32_t hh = lane / 2;
-FF_UNROLL
+      FF_UNROLL
       for (int32_t i = 0; i < kTokenStep; ++i) {
         const int32_t u = t + i * kKeyScoreWarps;
         const float sum = warp_sum_16(acc[i], lane);
-        if (u < t1 && lane % 2 == 0 && hh < nh) r[int64_t(u) * heads + h0 + hh] = sum + to_float(bka[h0 + hh]);
+        if (u < t1 && lane % 2 == 0 && hh < nh)
+          r[int64_t(u) * heads + h0 + hh] = sum + to_float(bka[h0 + hh]);
       }
     }
   }
@@ -135,28 +141,30 @@ FF_UNROLL
 }  // namespace
 
 template <class T>
-void launch_key_scores(const BatchArgs& batch, const T* k, int64_t ld_k, const T* pq, const T* wka, const T* bka,
-                       int32_t heads, int32_t D, float* r, ff_stream_t stream) {
+void launch_key_scores(const BatchArgs& batch, const T* k, int64_t ld_k, const T* pq, const T* wka,
+                       const T* bka, int32_t heads, int32_t D, float* r, ff_stream_t stream) {
   if (batch.num_chunks == 0) return;
   const dim3 grid(unsigned(batch.num_chunks), unsigned(kChunkTokens / kKeyScoreTokens));
   with_vector_width<T>(vector_width(k, ld_k, D), [&](auto width) {
     constexpr int VEC = decltype(width)::value;
-    const size_t shared = size_t(std::min(heads, kHeadTile)) * size_t(g_row(D, VEC)) * sizeof(float);
+    const size_t shared =
+        size_t(std::min(heads, kHeadTile)) * size_t(g_row(D, VEC)) * sizeof(float);
     if (shared > kMaxSharedBytes) {
-      throw std::runtime_error("key_scores: hidden size " + std::to_string(D) + " needs " + std::to_string(shared) +
+      throw std::runtime_error("key_scores: hidden size " + std::to_string(D) + " needs " +
+                               std::to_string(shared) +
                                " bytes of shared memory, more than a block has");
     }
     if (shared > 48 * 1024) ff_set_max_dynamic_shared_memory(key_scores_kernel<T, VEC>, shared);
-    FF_LAUNCH((key_scores_kernel<T, VEC>), grid, dim3(kKeyScoreThreads), shared, stream, batch, k, ld_k, pq, wka, bka,
-              heads, D, r);
+    FF_LAUNCH((key_scores_kernel<T, VEC>), grid, dim3(kKeyScoreThreads), shared, stream, batch, k,
+              ld_k, pq, wka, bka, heads, D, r);
   });
 }
 static_assert(kChunkTokens % kKeyScoreTokens == 0);
 
-#define FF_KEY_SCORES(T)                                                                                   \
-  template void launch_key_scores<T>(const BatchArgs&, const T*, int64_t, const T*, const T*, const T*,     \
-                                     int32_t, int32_t, float*, ff_stream_t);
+#define FF_KEY_SCORES(T)                                                                      \
+  template void launch_key_scores<T>(const BatchArgs&, const T*, int64_t, const T*, const T*, \
+                                     const T*, int32_t, int32_t, float*, ff_stream_t);
 FF_INSTANTIATE_FOR_DTYPES(FF_KEY_SCORES)
 
-}  // inline namespace FF_KERNELS_ABI
+}  // namespace FF_KERNELS_ABI
 }  // namespace fastformer::kernels

@@ -21,8 +21,8 @@ inline constexpr int kLoopOverRow = 0;
 // passes, so the row is read from memory once. N == kLoopOverRow (G == 1): any width; each
 // pass reads the row again (from L1/L2).
 template <int G, int N, class T, class Load>
-FF_DEVICE void layernorm_row(RowThread thread, int32_t row_threads, int32_t D, Load load, const T* gamma,
-                             const T* beta, float eps, T* out, float* scratch) {
+FF_DEVICE void layernorm_row(RowThread thread, int32_t row_threads, int32_t D, Load load,
+                             const T* gamma, const T* beta, float eps, T* out, float* scratch) {
   if constexpr (N == kLoopOverRow) {
     static_assert(G == 1);
     float sum = 0.0f;
@@ -75,5 +75,5 @@ FF_DEVICE void layernorm_row(RowThread thread, int32_t row_threads, int32_t D, L
 }
 #endif
 
-}  // inline namespace FF_KERNELS_ABI
+}  // namespace FF_KERNELS_ABI
 }  // namespace fastformer::kernels

@@ -28,7 +28,8 @@ inline namespace FF_KERNELS_ABI {
 FF_DEVICE int32_t min_int(int32_t a, int32_t b) { return a < b ? a : b; }
 
 FF_DEVICE float warp_max(float v) {
-  for (int offset = 16; offset > 0; offset >>= 1) v = fmaxf(v, __shfl_xor_sync(0xffffffffu, v, offset));
+  for (int offset = 16; offset > 0; offset >>= 1)
+    v = fmaxf(v, __shfl_xor_sync(0xffffffffu, v, offset));
   return v;
 }
 
@@ -65,7 +66,7 @@ FF_DEVICE void load_vector(const T* p, float (&out)[VEC]) {
   const Raw raw = *reinterpret_cast<const Raw*>(p);
   T elements[VEC];
   memcpy(elements, &raw, sizeof(raw));
-FF_UNROLL
+  FF_UNROLL
   for (int i = 0; i < VEC; ++i) out[i] = to_float(elements[i]);
 #endif
 }
@@ -77,7 +78,8 @@ template <class T>
 inline int32_t vector_width(const T* p, int64_t ld, int32_t columns) {
   for (int32_t bytes : {16, 8, 4}) {
     const int32_t vec = bytes / int32_t(sizeof(T));
-    if (vec > 1 && reinterpret_cast<uintptr_t>(p) % uintptr_t(bytes) == 0 && ld % vec == 0 && columns % vec == 0)
+    if (vec > 1 && reinterpret_cast<uintptr_t>(p) % uintptr_t(bytes) == 0 && ld % vec == 0 &&
+        columns % vec == 0)
       return vec;
   }
   return 1;
@@ -99,5 +101,5 @@ void with_vector_width(int32_t vec, F&& f) {
   }
 }
 
-}  // inline namespace FF_KERNELS_ABI
+}  // namespace FF_KERNELS_ABI
 }  // namespace fastformer::kernels

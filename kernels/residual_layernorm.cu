@@ -16,9 +16,10 @@ inline namespace FF_KERNELS_ABI {
 namespace {
 
 template <class T, int G, int N>
-FF_DEVICE void bias_residual_layernorm_row(const T* c, int64_t ldc, const T* bias, const T* residual,
-                                           int64_t ld_residual, const T* gamma, const T* beta, float eps,
-                                           int32_t rows, int32_t D, int32_t row_threads, T* out, int64_t ld_out) {
+FF_DEVICE void bias_residual_layernorm_row(const T* c, int64_t ldc, const T* bias,
+                                           const T* residual, int64_t ld_residual, const T* gamma,
+                                           const T* beta, float eps, int32_t rows, int32_t D,
+                                           int32_t row_threads, T* out, int64_t ld_out) {
   FF_SHARED(float, scratch, 32);
   const RowThread thread = row_thread(row_threads);
   if (thread.row >= rows) return;  // a whole warp: the last block's spare rows
@@ -35,52 +36,60 @@ FF_DEVICE void bias_residual_layernorm_row(const T* c, int64_t ldc, const T* bia
     }
     FF_UNROLL for (int k = 0; k < G; ++k) v[k] += r[k];
   };
-  layernorm_row<G, N>(thread, row_threads, D, load, gamma, beta, eps, out + thread.row * ld_out, scratch);
+  layernorm_row<G, N>(thread, row_threads, D, load, gamma, beta, eps, out + thread.row * ld_out,
+                      scratch);
 }
 
 template <class T, int N>
-FF_GLOBAL void bias_residual_layernorm_kernel(const T* c, int64_t ldc, const T* bias, const T* residual,
-                                              int64_t ld_residual, const T* gamma, const T* beta, float eps,
-                                              int32_t rows, int32_t D, int32_t row_threads, T* out, int64_t ld_out) {
-  bias_residual_layernorm_row<T, kVecSize<T>, N>(c, ldc, bias, residual, ld_residual, gamma, beta, eps, rows, D,
-                                                 row_threads, out, ld_out);
+FF_GLOBAL void bias_residual_layernorm_kernel(const T* c, int64_t ldc, const T* bias,
+                                              const T* residual, int64_t ld_residual,
+                                              const T* gamma, const T* beta, float eps,
+                                              int32_t rows, int32_t D, int32_t row_threads, T* out,
+                                              int64_t ld_out) {
+  bias_residual_layernorm_row<T, kVecSize<T>, N>(c, ldc, bias, residual, ld_residual, gamma, beta,
+                                                 eps, rows, D, row_threads, out, ld_out);
 }
 
 template <class T>
-FF_GLOBAL void bias_residual_layernorm_scalar_kernel(const T* c, int64_t ldc, const T* bias, const T* residual,
-                                                     int64_t ld_residual, const T* gamma, const T* beta, float eps,
-                                                     int32_t rows, int32_t D, int32_t row_threads, T* out,
-                                                     int64_t ld_out) {
-  bias_residual_layernorm_row<T, 1, kLoopOverRow>(c, ldc, bias, residual, ld_residual, gamma, beta, eps, rows, D,
-                                                  row_threads, out, ld_out);
+FF_GLOBAL void bias_residual_layernorm_scalar_kernel(const T* c, int64_t ldc, const T* bias,
+                                                     const T* residual, int64_t ld_residual,
+                                                     const T* gamma, const T* beta, float eps,
+                                                     int32_t rows, int32_t D, int32_t row_threads,
+                                                     T* out, int64_t ld_out) {
+  bias_residual_layernorm_row<T, 1, kLoopOverRow>(c, ldc, bias, residual, ld_residual, gamma, beta,
+                                                  eps, rows, D, row_threads, out, ld_out);
 }
 
 }  // namespace
 
 template <class T>
-void launch_bias_residual_layernorm(const T* c, int64_t ldc, const T* bias, const T* residual, int64_t ld_residual,
-                                    const T* gamma, const T* beta, float eps, int32_t rows, int32_t D, T* out,
-                                    int64_t ld_out, ff_stream_t stream) {
+void launch_bias_residual_layernorm(const T* c, int64_t ldc, const T* bias, const T* residual,
+                                    int64_t ld_residual, const T* gamma, const T* beta, float eps,
+                                    int32_t rows, int32_t D, T* out, int64_t ld_out,
+                                    ff_stream_t stream) {
   if (rows == 0) return;
   if (vector_path<T>(D, {ldc, ld_residual, ld_out}, {c, bias, residual, gamma, beta, out})) {
     const RowLaunch shape = row_launch(rows, D / kVecSize<T>);
     if (shape.fits) {
       with_slots(shape.slots, [&]<int N>() {
-        FF_LAUNCH((bias_residual_layernorm_kernel<T, N>), dim3(shape.grid), dim3(shape.block), 0, stream, c, ldc,
-                  bias, residual, ld_residual, gamma, beta, eps, rows, D, shape.row_threads, out, ld_out);
+        FF_LAUNCH((bias_residual_layernorm_kernel<T, N>), dim3(shape.grid), dim3(shape.block), 0,
+                  stream, c, ldc, bias, residual, ld_residual, gamma, beta, eps, rows, D,
+                  shape.row_threads, out, ld_out);
       });
       return;
     }
   }
   const RowLaunch shape = row_launch(rows, D);
-  FF_LAUNCH(bias_residual_layernorm_scalar_kernel<T>, dim3(shape.grid), dim3(shape.block), 0, stream, c, ldc, bias,
-            residual, ld_residual, gamma, beta, eps, rows, D, shape.row_threads, out, ld_out);
+  FF_LAUNCH(bias_residual_layernorm_scalar_kernel<T>, dim3(shape.grid), dim3(shape.block), 0,
+            stream, c, ldc, bias, residual, ld_residual, gamma, beta, eps, rows, D,
+            shape.row_threads, out, ld_out);
 }
 
-#define FF_RESIDUAL_LAYERNORM(T)                                                                              \
-  template void launch_bias_residual_layernorm<T>(const T*, int64_t, const T*, const T*, int64_t, const T*,     \
-                                                  const T*, float, int32_t, int32_t, T*, int64_t, ff_stream_t);
+#define FF_RESIDUAL_LAYERNORM(T)                                                                   \
+  template void launch_bias_residual_layernorm<T>(const T*, int64_t, const T*, const T*, int64_t,  \
+                                                  const T*, const T*, float, int32_t, int32_t, T*, \
+                                                  int64_t, ff_stream_t);
 FF_INSTANTIATE_FOR_DTYPES(FF_RESIDUAL_LAYERNORM)
 
-}  // inline namespace FF_KERNELS_ABI
+}  // namespace FF_KERNELS_ABI
 }  // namespace fastformer::kernels

@@ -177,9 +177,9 @@ FF_DEVICE void store_float4(ff_bfloat16* p, ff_float4 v) {
 #include <cmath>
 #include <cstdint>
 
+#include "common/half.h"
 #include "kernels/emulation/emulator.h"
 #include "kernels/emulation/host_runtime.h"
-#include "common/half.h"
 
 #define FF_GLOBAL
 #define FF_DEVICE inline

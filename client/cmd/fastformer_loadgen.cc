@@ -246,7 +246,8 @@ int main(int argc, char** argv) {
   }
   if (!check_workload(f, lengths, info)) return kExitUsage;
   if (f.logits && info.num_labels() == 0) {
-    cli::print_error(kProgram, "--return-logits: the model " + info.model_name() + " has no classifier head");
+    cli::print_error(kProgram,
+                     "--return-logits: the model " + info.model_name() + " has no classifier head");
     return kExitUsage;
   }
   auto pool =

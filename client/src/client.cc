@@ -110,7 +110,7 @@ Client::~Client() {
   }
   for (const auto& call : calls) call->cancel();
   calls.clear();
-  state_->retry_timer.stop();  // calls waiting to retry end now, with their last status
+  state_->retry_timer.stop();       // calls waiting to retry end now, with their last status
   state_->live_calls->wait_none();  // every callback has run and every call object is gone
 }
 

@@ -30,12 +30,14 @@ Outcome dead_reason(const QueueEntry& entry, Clock::time_point now) {
 
 }  // namespace
 
-BatchQueue::BatchQueue(QueueLimits limits, const engine::ModelConfig& config, QueueObserver observer)
+BatchQueue::BatchQueue(QueueLimits limits, const engine::ModelConfig& config,
+                       QueueObserver observer)
     : limits_(limits), config_(config), observer_(std::move(observer)) {}
 
 Admission BatchQueue::push(std::shared_ptr<Request> request) {
   int64_t tokens = 0;
-  for (const auto& s : request->sequences) tokens += engine::sequence_length(s, config_.hidden_size);
+  for (const auto& s : request->sequences)
+    tokens += engine::sequence_length(s, config_.hidden_size);
   request->tokens = tokens;
   request->remaining.store(static_cast<int32_t>(request->sequences.size()));
   request->results.resize(request->sequences.size());
@@ -110,7 +112,8 @@ void BatchQueue::report_depths() {
   reporting_depth_ = false;
 }
 
-void BatchQueue::drop_dead_head(Clock::time_point now, std::vector<std::pair<QueueEntry, Outcome>>* dropped) {
+void BatchQueue::drop_dead_head(Clock::time_point now,
+                                std::vector<std::pair<QueueEntry, Outcome>>* dropped) {
   while (!entries_.empty()) {
     const Outcome reason = dead_reason(entries_.front(), now);
     if (reason == Outcome::kOk) break;
@@ -124,7 +127,8 @@ std::optional<Batch> BatchQueue::next_batch() {
   std::vector<std::pair<QueueEntry, Outcome>> dropped;
   auto complete_dropped = [&] {
     for (auto& [entry, reason] : dropped) {
-      if (observer_.on_dropped && (reason == Outcome::kDeadlineExceeded || reason == Outcome::kCancelled)) {
+      if (observer_.on_dropped &&
+          (reason == Outcome::kDeadlineExceeded || reason == Outcome::kCancelled)) {
         observer_.on_dropped(entry, reason);
       }
       finish_request(*entry.request, reason);  // no-op when the request already ended

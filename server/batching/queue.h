@@ -24,8 +24,9 @@ namespace fastformer::batching {
 struct QueueLimits {
   int64_t max_batch_tokens = defaults::kMaxBatchTokens;        ///< token budget of one batch
   int64_t max_batch_sequences = defaults::kMaxBatchSequences;  ///< sequence budget of one batch
-  int64_t max_queue_tokens = defaults::kMaxQueueTokens;        ///< admitted but not yet batched tokens
-  std::chrono::microseconds max_queue_delay{defaults::kMaxQueueDelayUs};  ///< how long a non-full batch may wait
+  int64_t max_queue_tokens = defaults::kMaxQueueTokens;  ///< admitted but not yet batched tokens
+  std::chrono::microseconds max_queue_delay{
+      defaults::kMaxQueueDelayUs};  ///< how long a non-full batch may wait
 };
 
 // One queued sequence.
@@ -37,8 +38,8 @@ struct QueueEntry {
 };
 
 struct Batch {
-  std::vector<QueueEntry> entries;   ///< in queue order
-  engine::RaggedBatch ragged;        ///< the staged input, entries[i] is sequence i
+  std::vector<QueueEntry> entries;     ///< in queue order
+  engine::RaggedBatch ragged;          ///< the staged input, entries[i] is sequence i
   std::vector<OutputOptions> options;  ///< per sequence
   int64_t tokens = 0;
 };
@@ -49,8 +50,8 @@ struct Batch {
 // form batches at once; changes that happen while a call runs are reported as one, the
 // newest.
 struct QueueObserver {
-  std::function<void(int64_t tokens, int64_t sequences)> on_depth;   ///< after changes
-  std::function<void(const QueueEntry&, Outcome reason)> on_dropped; ///< deadline / cancelled
+  std::function<void(int64_t tokens, int64_t sequences)> on_depth;    ///< after changes
+  std::function<void(const QueueEntry&, Outcome reason)> on_dropped;  ///< deadline / cancelled
   std::function<void(const QueueEntry&, double queue_seconds)> on_batched;
 };
 

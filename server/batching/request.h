@@ -25,30 +25,30 @@ using Clock = std::chrono::steady_clock;
 enum class Outcome { kOk, kDeadlineExceeded, kCancelled, kEngineFailure };
 
 struct Request {
-  std::vector<SequenceInput> sequences;          ///< views into storage the caller keeps alive
-  OutputOptions options;                         ///< what to return for every sequence
-  Clock::time_point arrival{};                   ///< when the request was admitted
-  uint64_t input_ns = 0;                         ///< time the API layer took to convert the call
-  std::vector<std::vector<int32_t>> text_ids;    ///< the ids of text sequences (sequences view them)
-  int64_t texts = 0;                             ///< text sequences tokenized by the API layer
-  uint64_t tokenize_ns = 0;                      ///< the time that took
+  std::vector<SequenceInput> sequences;        ///< views into storage the caller keeps alive
+  OutputOptions options;                       ///< what to return for every sequence
+  Clock::time_point arrival{};                 ///< when the request was admitted
+  uint64_t input_ns = 0;                       ///< time the API layer took to convert the call
+  std::vector<std::vector<int32_t>> text_ids;  ///< the ids of text sequences (sequences view them)
+  int64_t texts = 0;                           ///< text sequences tokenized by the API layer
+  uint64_t tokenize_ns = 0;                    ///< the time that took
   Clock::time_point deadline = Clock::time_point::max();  ///< the call's deadline
-  std::function<bool()> is_cancelled;            ///< true once the client gave up (may be empty)
+  std::function<bool()> is_cancelled;  ///< true once the client gave up (may be empty)
   // Called exactly once, from the engine or batcher thread, when the request ends.
   std::function<void(Request&)> on_complete;
 
   // Filled in as the request runs.
   std::vector<EncodedSequence> results;  ///< one per sequence, in order
   Outcome outcome = Outcome::kOk;
-  std::string error;                             ///< why, for kEngineFailure
-  Clock::time_point first_compute{};             ///< start of the first batch holding it
-  int64_t compute_us = 0;                        ///< summed compute time of its batches
-  int64_t tokens = 0;                            ///< sum of sequence lengths
+  std::string error;                  ///< why, for kEngineFailure
+  Clock::time_point first_compute{};  ///< start of the first batch holding it
+  int64_t compute_us = 0;             ///< summed compute time of its batches
+  int64_t tokens = 0;                 ///< sum of sequence lengths
 
   // Internal bookkeeping of the batcher.
-  std::atomic<int32_t> remaining{0};             ///< sequences not yet computed
-  std::atomic<bool> finished{false};             ///< on_complete has been (or is being) called
-  std::mutex mu;                                 ///< guards results, compute_us and ending
+  std::atomic<int32_t> remaining{0};  ///< sequences not yet computed
+  std::atomic<bool> finished{false};  ///< on_complete has been (or is being) called
+  std::mutex mu;                      ///< guards results, compute_us and ending
 };
 
 // Ends `request` with `outcome` unless it already ended; returns true if this call ended it.

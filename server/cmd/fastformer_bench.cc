@@ -3,23 +3,22 @@
 // tools/bench_pytorch.py runs the reference model on the same sequences.
 #include <sys/resource.h>
 
+#include <CLI/CLI.hpp>
 #include <algorithm>
 #include <chrono>
 #include <cmath>
 #include <cstdio>
 #include <iostream>
+#include <nlohmann/json.hpp>
 #include <string>
 #include <thread>
 #include <vector>
 
-#include <CLI/CLI.hpp>
-#include <nlohmann/json.hpp>
-
+#include "common/workload.h"
 #include "server/engine/cpu/onednn_gemm.h"
 #include "server/engine/engine.h"
 #include "server/engine/forward.h"
 #include "server/engine/model.h"
-#include "common/workload.h"
 
 namespace {
 
@@ -64,17 +63,21 @@ nlohmann::ordered_json profile_rows(const std::vector<engine::OpProfile>& ops) {
 void print_profile(const nlohmann::ordered_json& rows, std::ostream& out) {
   char line[320];
   double total_ms = 0;
-  std::snprintf(line, sizeof line, "%-20s %5s %6s %10s %12s %12s %9s %8s %7s %9s  %s\n", "op", "layer", "calls", "ms",
-                "MB", "GFLOP", "GB/s", "TFLOP/s", "share", "ceiling", "kernel");
-  out << "profile (per batch; ceiling: the GEMM probe's N-thread TFLOP/s for the op's shape)\n" << line;
+  std::snprintf(line, sizeof line, "%-20s %5s %6s %10s %12s %12s %9s %8s %7s %9s  %s\n", "op",
+                "layer", "calls", "ms", "MB", "GFLOP", "GB/s", "TFLOP/s", "share", "ceiling",
+                "kernel");
+  out << "profile (per batch; ceiling: the GEMM probe's N-thread TFLOP/s for the op's shape)\n"
+      << line;
   for (const auto& r : rows) {
     char ceiling[32] = "";
-    if (r.contains("of_ceiling")) std::snprintf(ceiling, sizeof ceiling, "%.0f%%", 100 * r["of_ceiling"].get<double>());
-    std::snprintf(line, sizeof line, "%-20s %5d %6.1f %10.4f %12.3f %12.3f %9.1f %8.2f %6.1f%% %9s  %s\n",
-                  r["name"].get<std::string>().c_str(), r["layer"].get<int>(), r["calls"].get<double>(),
-                  r["ms"].get<double>(), r["bytes"].get<double>() / 1e6, r["flops"].get<double>() / 1e9,
-                  r["gbps"].get<double>(), r["tflops"].get<double>(), 100 * r["share"].get<double>(), ceiling,
-                  r["kernel"].get<std::string>().c_str());
+    if (r.contains("of_ceiling"))
+      std::snprintf(ceiling, sizeof ceiling, "%.0f%%", 100 * r["of_ceiling"].get<double>());
+    std::snprintf(
+        line, sizeof line, "%-20s %5d %6.1f %10.4f %12.3f %12.3f %9.1f %8.2f %6.1f%% %9s  %s\n",
+        r["name"].get<std::string>().c_str(), r["layer"].get<int>(), r["calls"].get<double>(),
+        r["ms"].get<double>(), r["bytes"].get<double>() / 1e6, r["flops"].get<double>() / 1e9,
+        r["gbps"].get<double>(), r["tflops"].get<double>(), 100 * r["share"].get<double>(), ceiling,
+        r["kernel"].get<std::string>().c_str());
     out << line;
     total_ms += r["ms"].get<double>();
   }
@@ -85,32 +88,40 @@ void print_profile(const nlohmann::ordered_json& rows, std::ostream& out) {
 // The GEMM probe: each GEMM site's shape (as the graph ran it, M = the largest batch's
 // tokens) timed alone with oneDNN's packed, fixed-M primitive, on one thread and on all of
 // the engine's threads (oneDNN's own team): the ceiling for that op on this CPU.
-nlohmann::ordered_json gemm_probe(const engine::ForwardEngine& eng, bool bf16, int64_t m, int threads,
-                                  std::ostream& out) {
+nlohmann::ordered_json gemm_probe(const engine::ForwardEngine& eng, bool bf16, int64_t m,
+                                  int threads, std::ostream& out) {
   nlohmann::ordered_json rows = nlohmann::ordered_json::array();
   std::vector<std::string> seen;
   char line[320];
   const engine::CpuGemmInfo& info = engine::cpu_gemm_info();
-  out << "GEMM probe (oneDNN " << info.version << " " << info.isa << ", " << (bf16 ? "bfloat16" : "float32")
-      << ", M fixed at " << m << ", packed weights; bfloat16 GEMMs here: " << engine::bf16_hardware(info.isa)
-      << ")\n";
-  std::snprintf(line, sizeof line, "%-20s %6s %6s %6s %12s %12s  %s\n", "op", "M", "N", "K", "1 thread",
-                (std::to_string(threads) + " threads").c_str(), "kernel (GFLOP/s)");
+  out << "GEMM probe (oneDNN " << info.version << " " << info.isa << ", "
+      << (bf16 ? "bfloat16" : "float32") << ", M fixed at " << m
+      << ", packed weights; bfloat16 GEMMs here: " << engine::bf16_hardware(info.isa) << ")\n";
+  std::snprintf(line, sizeof line, "%-20s %6s %6s %6s %12s %12s  %s\n", "op", "M", "N", "K",
+                "1 thread", (std::to_string(threads) + " threads").c_str(), "kernel (GFLOP/s)");
   out << line;
   for (const engine::GemmSite& site : eng.gemm_sites()) {
     const std::string name = site.name;
-    if (name == "classifier_gemm" || std::find(seen.begin(), seen.end(), name) != seen.end()) continue;
+    if (name == "classifier_gemm" || std::find(seen.begin(), seen.end(), name) != seen.end())
+      continue;
     seen.push_back(name);
-    const engine::PackedMatmul::Shape shape{site.weight->out, site.weight->in, site.lda, site.ldc, site.epilogue,
-                                            site.act, bf16, false};
+    const engine::PackedMatmul::Shape shape{site.weight->out, site.weight->in, site.lda, site.ldc,
+                                            site.epilogue,    site.act,        bf16,     false};
     std::string kernel;
     const double one = engine::probe_gflops(shape, m, 1, 0.3, &kernel);
     const double all = engine::probe_gflops(shape, m, threads, 0.3, nullptr);
-    std::snprintf(line, sizeof line, "%-20s %6lld %6lld %6lld %12.1f %12.1f  %s\n", name.c_str(), (long long)m,
-                  (long long)shape.n, (long long)shape.k, one, all, kernel.c_str());
+    std::snprintf(line, sizeof line, "%-20s %6lld %6lld %6lld %12.1f %12.1f  %s\n", name.c_str(),
+                  (long long)m, (long long)shape.n, (long long)shape.k, one, all, kernel.c_str());
     out << line;
-    rows.push_back({{"name", name}, {"m", m}, {"n", shape.n}, {"k", shape.k}, {"dtype", bf16 ? "bfloat16" : "float32"},
-                    {"kernel", kernel}, {"gflops_1_thread", one}, {"threads", threads}, {"gflops_n_threads", all}});
+    rows.push_back({{"name", name},
+                    {"m", m},
+                    {"n", shape.n},
+                    {"k", shape.k},
+                    {"dtype", bf16 ? "bfloat16" : "float32"},
+                    {"kernel", kernel},
+                    {"gflops_1_thread", one},
+                    {"threads", threads},
+                    {"gflops_n_threads", all}});
   }
   return rows;
 }
@@ -146,14 +157,19 @@ int main(int argc, char** argv) {
   app.add_option("--pool-batches", pool_batches, "distinct batches, cycled")
       ->check(CLI::PositiveNumber)
       ->capture_default_str();
-  app.add_option("--warmup-batches", warmup_batches, "untimed batches first")->capture_default_str();
+  app.add_option("--warmup-batches", warmup_batches, "untimed batches first")
+      ->capture_default_str();
   app.add_flag("--json", json_output, "print one JSON object");
-  app.add_flag("--profile", profile,
-               "after the timed run, time every op of the forward over one pass of the pool (CUDA events on a "
-               "GPU, the wall clock on the CPU): a \"profile\" array in the JSON, a table on stderr");
+  app.add_flag(
+      "--profile", profile,
+      "after the timed run, time every op of the forward over one pass of the pool (CUDA events on "
+      "a "
+      "GPU, the wall clock on the CPU): a \"profile\" array in the JSON, a table on stderr");
   app.add_flag("--gemm-probe", probe,
-               "CPU engine: after the timed run, time oneDNN's packed fixed-M primitive alone on each GEMM shape the "
-               "model ran (M = the largest batch), on 1 and on --threads threads: a \"gemm_probe\" array in the "
+               "CPU engine: after the timed run, time oneDNN's packed fixed-M primitive alone on "
+               "each GEMM shape the "
+               "model ran (M = the largest batch), on 1 and on --threads threads: a \"gemm_probe\" "
+               "array in the "
                "JSON, a table on stderr, and with --profile each GEMM op's share of its ceiling");
   app.add_flag("--print-workload", print_workload,
                "print the workload's batches as JSON (token ids) and exit");
@@ -170,16 +186,16 @@ int main(int argc, char** argv) {
     auto model = engine::Model::load(model_dir);
     const auto& config = model->config();
     if (lengths.max > config.max_position_embeddings) {
-      std::cerr << "fastformer-bench: --lengths " << lengths_text << " exceeds max_position_embeddings "
-                << config.max_position_embeddings << "\n";
+      std::cerr << "fastformer-bench: --lengths " << lengths_text
+                << " exceeds max_position_embeddings " << config.max_position_embeddings << "\n";
       return 2;
     }
     if (!model->has_word_embedding()) {
       std::cerr << "fastformer-bench: the model has no word embedding; the workload is token ids\n";
       return 2;
     }
-    const auto pool = make_workload(lengths, config.vocab_size, config.pad_token_id,
-                                            batch_tokens, pool_batches, seed);
+    const auto pool = make_workload(lengths, config.vocab_size, config.pad_token_id, batch_tokens,
+                                    pool_batches, seed);
     if (print_workload) {
       std::cout << nlohmann::json(pool).dump() << "\n";
       return 0;
@@ -194,7 +210,8 @@ int main(int argc, char** argv) {
     auto eng = engine::create_engine(model, options);
     const OutputOptions out_options;
 
-    for (int i = 0; i < warmup_batches; ++i) eng->encode(batches[size_t(i) % batches.size()], {&out_options, 1});
+    for (int i = 0; i < warmup_batches; ++i)
+      eng->encode(batches[size_t(i) % batches.size()], {&out_options, 1});
     std::vector<double> latencies_ms;
     int64_t tokens = 0, sequences = 0;
     const auto start = Clock::now();
@@ -230,7 +247,8 @@ int main(int argc, char** argv) {
         {"weight_bytes", model->weight_bytes()},
     };
     // After the timed run: what the GEMMs reach on one thread, and which kernel (CPU engine).
-    if (const engine::SpeedCheck speed = eng->speed_check(); speed.ran) result["gemm_self_check"] = speed.message;
+    if (const engine::SpeedCheck speed = eng->speed_check(); speed.ran)
+      result["gemm_self_check"] = speed.message;
     result["packed_weight_bytes"] = eng->packed_weight_bytes();
     result["gemm_sites"] = eng->gemm_report();
     nlohmann::ordered_json probe_rows;
@@ -245,7 +263,9 @@ int main(int argc, char** argv) {
         std::cerr << "GEMM probe: not run (no bfloat16 matmul in oneDNN on this CPU: "
                   << engine::bf16_hardware(engine::cpu_gemm_info().isa) << ")\n";
       } else {
-        const int threads = options.threads > 0 ? options.threads : int(std::max(1u, std::thread::hardware_concurrency()));
+        const int threads = options.threads > 0
+                                ? options.threads
+                                : int(std::max(1u, std::thread::hardware_concurrency()));
         probe_rows = gemm_probe(*forward, bf16, largest, threads, std::cerr);
         result["gemm_probe"] = probe_rows;
       }
@@ -269,10 +289,12 @@ int main(int argc, char** argv) {
     if (json_output) {
       std::cout << result.dump() << "\n";
     } else {
-      std::printf("%s %s: %.0f tokens/s, %.1f sequences/s, %zu batches, p50 %.2f ms, p99 %.2f ms, peak RSS %.1f MiB\n",
-                  eng->backend_name().c_str(), lengths_text.c_str(), double(tokens) / elapsed,
-                  double(sequences) / elapsed, latencies_ms.size(), percentile(latencies_ms, 50),
-                  percentile(latencies_ms, 99), double(peak_rss_bytes()) / (1 << 20));
+      std::printf(
+          "%s %s: %.0f tokens/s, %.1f sequences/s, %zu batches, p50 %.2f ms, p99 %.2f ms, peak RSS "
+          "%.1f MiB\n",
+          eng->backend_name().c_str(), lengths_text.c_str(), double(tokens) / elapsed,
+          double(sequences) / elapsed, latencies_ms.size(), percentile(latencies_ms, 50),
+          percentile(latencies_ms, 99), double(peak_rss_bytes()) / (1 << 20));
     }
   } catch (const std::exception& e) {
     std::cerr << "fastformer-bench: " << e.what() << "\n";

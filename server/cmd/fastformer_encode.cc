@@ -3,6 +3,10 @@
 // them in ragged batches of at most --max-batch-tokens tokens, writes one JSON line per
 // input line, in input order. A bad line stops the run with exit code 2 and a message
 // naming its line number; every line before it has been written.
+#include <spdlog/sinks/stdout_color_sinks.h>
+#include <spdlog/spdlog.h>
+
+#include <CLI/CLI.hpp>
 #include <algorithm>
 #include <cstdio>
 #include <fstream>
@@ -11,10 +15,6 @@
 #include <optional>
 #include <string>
 #include <vector>
-
-#include <CLI/CLI.hpp>
-#include <spdlog/spdlog.h>
-#include <spdlog/sinks/stdout_color_sinks.h>
 
 #include "common/defaults.h"
 #include "common/jsonl_io.h"
@@ -33,7 +33,8 @@ constexpr int kExitBadInput = 2;
 // server does), and shortens any line longer than max_position_embeddings by `truncation`
 // ("none", "right", "left"). Returns the line's error (without
 // its number), if any.
-std::optional<std::string> prepare_line(const engine::Model& model, const text::Tokenizer* tokenizer,
+std::optional<std::string> prepare_line(const engine::Model& model,
+                                        const text::Tokenizer* tokenizer,
                                         const std::string& truncation, jsonl::InputLine* line) {
   const engine::ModelConfig& c = model.config();
   const int64_t max_len = c.max_position_embeddings, D = c.hidden_size;
@@ -66,7 +67,8 @@ std::optional<std::string> prepare_line(const engine::Model& model, const text::
 
 int main(int argc, char** argv) {
   CLI::App app{"fastformer-encode: embed JSON-lines sequences with a Fastformer model, no server"};
-  std::string model_dir, backend_name = defaults::kBackend, input = "-", output = "-", truncation = "none";
+  std::string model_dir, backend_name = defaults::kBackend, input = "-", output = "-",
+                         truncation = "none";
   OutputOptions out_options;
   engine::EngineOptions engine_options;  // the shared defaults (common/defaults.h)
   app.add_option("--model-dir", model_dir, "model directory (config.json + model.safetensors)")
@@ -178,7 +180,8 @@ int main(int argc, char** argv) {
         }
       }
       if (parsed) {
-        if (auto bad = engine::validate_sequence(config, model->has_word_embedding(), parsed->view(), 0)) {
+        if (auto bad =
+                engine::validate_sequence(config, model->has_word_embedding(), parsed->view(), 0)) {
           error = bad->field + ": " + bad->message;
           parsed.reset();
         }
@@ -205,8 +208,10 @@ int main(int argc, char** argv) {
     spdlog::error("encoding failed: {}", e.what());
     status = 1;
   }
-  if (out != stdout) std::fclose(out);
-  else std::fflush(out);
+  if (out != stdout)
+    std::fclose(out);
+  else
+    std::fflush(out);
   if (status == 0) spdlog::info("encoded {} sequences", sequences);
   return status;
 }

@@ -6,21 +6,19 @@
 // everything admitted is answered, exit 0 within --shutdown-timeout-s; a second signal
 // exits at once. SIGHUP re-reads --auth-token-file.
 #include <fcntl.h>
+#include <spdlog/pattern_formatter.h>
+#include <spdlog/sinks/stdout_sinks.h>
+#include <spdlog/spdlog.h>
 #include <unistd.h>
 
 #include <atomic>
 #include <csignal>
-
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
 #include <memory>
 #include <optional>
 #include <string>
-
-#include <spdlog/pattern_formatter.h>
-#include <spdlog/sinks/stdout_sinks.h>
-#include <spdlog/spdlog.h>
 
 #include "server/cmd/server.h"
 #include "server/cmd/server_options.h"
@@ -33,13 +31,22 @@ using namespace fastformer;
 // %j: the log message escaped as a JSON string body, for --log-format json.
 class JsonEscapedMessage final : public spdlog::custom_flag_formatter {
  public:
-  void format(const spdlog::details::log_msg& msg, const std::tm&, spdlog::memory_buf_t& dest) override {
+  void format(const spdlog::details::log_msg& msg, const std::tm&,
+              spdlog::memory_buf_t& dest) override {
     for (char c : msg.payload) {
       switch (c) {
-        case '"': dest.append(std::string_view("\\\"")); break;
-        case '\\': dest.append(std::string_view("\\\\")); break;
-        case '\n': dest.append(std::string_view("\\n")); break;
-        case '\t': dest.append(std::string_view("\\t")); break;
+        case '"':
+          dest.append(std::string_view("\\\""));
+          break;
+        case '\\':
+          dest.append(std::string_view("\\\\"));
+          break;
+        case '\n':
+          dest.append(std::string_view("\\n"));
+          break;
+        case '\t':
+          dest.append(std::string_view("\\t"));
+          break;
         default:
           if (static_cast<unsigned char>(c) < 0x20) {
             char buf[8];
@@ -124,8 +131,9 @@ int main(int argc, char** argv) {
     return 1;
   }
   if (test_faults) {
-    spdlog::warn("TEST FAULT INJECTION ON ({} is set): {}. This is for tests only: unset it in production.",
-                 kTestFaultsEnv, test_faults->describe());
+    spdlog::warn(
+        "TEST FAULT INJECTION ON ({} is set): {}. This is for tests only: unset it in production.",
+        kTestFaultsEnv, test_faults->describe());
   }
 
   // Before start-up, so a SIGTERM while the model loads is not lost: the drain begins once

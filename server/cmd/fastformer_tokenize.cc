@@ -21,9 +21,12 @@ int main(int argc, char** argv) {
   int repeat = 1;
   app.add_option("--tokenizer", tokenizer_path, "tokenizer.json")->required();
   app.add_flag("--no-special-tokens", no_special, "do not run the post-processor");
-  app.add_option("--max-length", max_length, "truncate to this many tokens (special tokens included)");
-  app.add_flag("--bench", bench, "print only the throughput (texts/s, tokens/s) of the encode loop");
-  app.add_option("--repeat", repeat, "with --bench: passes over the texts")->check(CLI::PositiveNumber);
+  app.add_option("--max-length", max_length,
+                 "truncate to this many tokens (special tokens included)");
+  app.add_flag("--bench", bench,
+               "print only the throughput (texts/s, tokens/s) of the encode loop");
+  app.add_option("--repeat", repeat, "with --bench: passes over the texts")
+      ->check(CLI::PositiveNumber);
   CLI11_PARSE(app, argc, argv);
 
   try {
@@ -46,10 +49,13 @@ int main(int argc, char** argv) {
       for (int r = 0; r < repeat; ++r) {
         for (const auto& t : texts) tokens += tokenizer.encode(t, !no_special).ids.size();
       }
-      const double s = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+      const double s =
+          std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
       const double n = static_cast<double>(texts.size()) * repeat;
-      std::printf("{\"texts\": %.0f, \"tokens\": %zu, \"seconds\": %.3f, \"texts_per_s\": %.1f, \"tokens_per_s\": %.1f}\n",
-                  n, tokens, s, n / s, static_cast<double>(tokens) / s);
+      std::printf(
+          "{\"texts\": %.0f, \"tokens\": %zu, \"seconds\": %.3f, \"texts_per_s\": %.1f, "
+          "\"tokens_per_s\": %.1f}\n",
+          n, tokens, s, n / s, static_cast<double>(tokens) / s);
       return 0;
     }
     std::string out;

@@ -1,16 +1,16 @@
 #include "server/cmd/server.h"
 
+#include <grpcpp/ext/proto_server_reflection_plugin.h>
+#include <spdlog/spdlog.h>
+
 #include <algorithm>
-#include <csignal>
-#include <cstring>
 #include <chrono>
+#include <csignal>
 #include <cstdlib>
+#include <cstring>
 #include <thread>
 #include <utility>
 #include <vector>
-
-#include <grpcpp/ext/proto_server_reflection_plugin.h>
-#include <spdlog/spdlog.h>
 
 #include "server/cmd/listen_check.h"
 
@@ -37,8 +37,10 @@ void warm_up(engine::Engine& eng) {
   std::vector<int32_t> ids(size_t(n), (c.pad_token_id + 1) % int32_t(c.vocab_size));
   std::vector<float> embeddings(size_t(n * c.hidden_size), 0.5f);
   engine::RaggedBatch batch;
-  if (model.has_word_embedding()) batch.add({ids, {}}, c);
-  else batch.add({{}, embeddings}, c);
+  if (model.has_word_embedding())
+    batch.add({ids, {}}, c);
+  else
+    batch.add({{}, embeddings}, c);
   OutputOptions options;
   options.token_embeddings = options.logits = options.normalize = true;
   eng.encode(batch, {&options, 1});
@@ -51,27 +53,27 @@ batching::QueueObserver queue_observer(metrics::Metrics& metrics) {
   batching::QueueObserver observer;
   observer.on_depth = std::move(record.depth);
   observer.on_dropped = [dropped = std::move(record.dropped)](const batching::QueueEntry&,
-                                                               batching::Outcome reason) {
+                                                              batching::Outcome reason) {
     // The queue reports only these two reasons.
     dropped(reason == batching::Outcome::kDeadlineExceeded ? metrics::DropReason::kDeadline
                                                            : metrics::DropReason::kCancelled);
   };
-  observer.on_batched = [batched = std::move(record.batched)](const batching::QueueEntry&, double seconds) {
-    batched(seconds);
-  };
+  observer.on_batched = [batched = std::move(record.batched)](const batching::QueueEntry&,
+                                                              double seconds) { batched(seconds); };
   return observer;
 }
 
 batching::BatchObserver batch_observer(metrics::Metrics& metrics, rpc::Intake& intake,
-                                      const std::optional<TestFaults>& test_faults) {
+                                       const std::optional<TestFaults>& test_faults) {
   metrics::BatchRecorders record = metrics::batch_recorders(metrics);
   batching::BatchObserver observer;
-  observer.on_batch = [computed = std::move(record.computed), &intake](int64_t tokens, int64_t sequences,
-                                                                       double seconds) {
+  observer.on_batch = [computed = std::move(record.computed), &intake](
+                          int64_t tokens, int64_t sequences, double seconds) {
     computed(tokens, sequences, seconds);
     intake.record_execution();  // ModelStatistics.execution_count
   };
-  observer.on_failure = [failed = std::move(record.failed)](const std::string& reason, int64_t sequences) {
+  observer.on_failure = [failed = std::move(record.failed)](const std::string& reason,
+                                                            int64_t sequences) {
     failed();
     spdlog::warn("engine failed on a batch of {} sequences: {}", sequences, reason);
   };
@@ -100,10 +102,12 @@ bool Server::start() {
 
 bool Server::open_metrics() {
   try {
-    metrics_server_ = std::make_unique<metrics::MetricsServer>(options_.metrics_listen, metrics_.registry());
+    metrics_server_ =
+        std::make_unique<metrics::MetricsServer>(options_.metrics_listen, metrics_.registry());
   } catch (const std::exception& e) {
     const std::string problem = listen_problem(options_.metrics_listen);
-    spdlog::error("cannot serve metrics on {}: {}", options_.metrics_listen, problem.empty() ? e.what() : problem);
+    spdlog::error("cannot serve metrics on {}: {}", options_.metrics_listen,
+                  problem.empty() ? e.what() : problem);
     return false;
   }
   spdlog::info("metrics on {} (port {})", options_.metrics_listen, metrics_server_->port());
@@ -145,8 +149,8 @@ bool Server::listen() {
   }
   health_ = grpc_server_->GetHealthCheckService();
   set_health(false);
-  spdlog::info("listening on {} (port {}), health NOT_SERVING until the model is loaded and warm", options_.listen,
-               port);
+  spdlog::info("listening on {} (port {}), health NOT_SERVING until the model is loaded and warm",
+               options_.listen, port);
   return true;
 }
 
@@ -156,16 +160,21 @@ bool Server::load_engine() {
     model_ = engine::Model::load(f.model_dir);
     tokenizer_ = text::load_tokenizer(f.model_dir, *model_);
     const auto& c = model_->config();
-    max_request_tokens_ = f.max_request_tokens > 0 ? f.max_request_tokens
-                                                   : std::max(f.max_batch_tokens, c.max_position_embeddings);
-    spdlog::info("model {} from {}: hidden {}, {} layers, {} heads, {} positions, {} parameters stored as {}{}",
-                 c.model_name, f.model_dir, c.hidden_size, c.num_hidden_layers, c.num_attention_heads,
-                 c.max_position_embeddings, model_->parameter_count(), model_->stored_dtype(),
-                 model_->num_labels() ? ", classifier head with " + std::to_string(model_->num_labels()) + " labels"
-                                      : "");
+    max_request_tokens_ = f.max_request_tokens > 0
+                              ? f.max_request_tokens
+                              : std::max(f.max_batch_tokens, c.max_position_embeddings);
+    spdlog::info(
+        "model {} from {}: hidden {}, {} layers, {} heads, {} positions, {} parameters stored as "
+        "{}{}",
+        c.model_name, f.model_dir, c.hidden_size, c.num_hidden_layers, c.num_attention_heads,
+        c.max_position_embeddings, model_->parameter_count(), model_->stored_dtype(),
+        model_->num_labels()
+            ? ", classifier head with " + std::to_string(model_->num_labels()) + " labels"
+            : "");
     if (max_request_tokens_ > f.max_queue_tokens) {
-      fail_start("--max-request-tokens " + std::to_string(max_request_tokens_) + " exceeds --max-queue-tokens " +
-                 std::to_string(f.max_queue_tokens) + ": such requests could never be admitted");
+      fail_start("--max-request-tokens " + std::to_string(max_request_tokens_) +
+                 " exceeds --max-queue-tokens " + std::to_string(f.max_queue_tokens) +
+                 ": such requests could never be admitted");
       return false;
     }
     engine::EngineOptions options;
@@ -187,13 +196,15 @@ bool Server::load_engine() {
     // warm-up batch has made them; and the packed weight copies, if any.
     for (const std::string& site : engine_->gemm_report()) spdlog::info("GEMM {}", site);
     if (const size_t packed = engine_->packed_weight_bytes(); packed > 0) {
-      spdlog::info("packed GEMM weights: {:.1f} MiB beside the model's {:.1f} MiB", double(packed) / (1 << 20),
-                   double(model_->weight_bytes()) / (1 << 20));
+      spdlog::info("packed GEMM weights: {:.1f} MiB beside the model's {:.1f} MiB",
+                   double(packed) / (1 << 20), double(model_->weight_bytes()) / (1 << 20));
     }
     // A mis-detected CPU (a BLAS or oneDNN on generic kernels) shows here, not in production.
     if (const engine::SpeedCheck speed = engine_->speed_check(); speed.ran) {
-      if (speed.warning) spdlog::warn("{}", speed.message);
-      else spdlog::info("{}", speed.message);
+      if (speed.warning)
+        spdlog::warn("{}", speed.message);
+      else
+        spdlog::info("{}", speed.message);
     }
   } catch (const std::exception& e) {
     fail_start(e.what());
@@ -204,12 +215,14 @@ bool Server::load_engine() {
 
 void Server::start_serving() {
   const ServerOptions& f = options_;
-  spdlog::info("limits: max-batch-tokens {}, max-batch-sequences {}, max-queue-delay-us {}, max-queue-tokens {}, "
-               "max-request-tokens {}, max-message-bytes {}, max-concurrent-streams {}",
-               f.max_batch_tokens, f.max_batch_sequences, f.max_queue_delay_us, f.max_queue_tokens,
-               max_request_tokens_, f.max_message_bytes, f.max_concurrent_streams);
-  metrics_.set_model_info({model_->config().model_name, f.dtype, engine_->backend_name(), engine_->device_name(),
-                           FASTFORMER_VERSION});
+  spdlog::info(
+      "limits: max-batch-tokens {}, max-batch-sequences {}, max-queue-delay-us {}, "
+      "max-queue-tokens {}, "
+      "max-request-tokens {}, max-message-bytes {}, max-concurrent-streams {}",
+      f.max_batch_tokens, f.max_batch_sequences, f.max_queue_delay_us, f.max_queue_tokens,
+      max_request_tokens_, f.max_message_bytes, f.max_concurrent_streams);
+  metrics_.set_model_info({model_->config().model_name, f.dtype, engine_->backend_name(),
+                           engine_->device_name(), FASTFORMER_VERSION});
   // Device buffers are sized at start-up and never grow, so one reading stays true.
   const auto [device_used, device_total] = engine_->device_memory();
   metrics_.set_device_memory(double(device_used), double(device_total));
@@ -219,8 +232,10 @@ void Server::start_serving() {
   limits.max_batch_sequences = f.max_batch_sequences;
   limits.max_queue_tokens = f.max_queue_tokens;
   limits.max_queue_delay = std::chrono::microseconds(f.max_queue_delay_us);
-  queue_ = std::make_unique<batching::BatchQueue>(limits, model_->config(), queue_observer(metrics_));
-  scheduler_ = std::make_unique<batching::Scheduler>(*queue_, *engine_, batch_observer(metrics_, intake_, test_faults_));
+  queue_ =
+      std::make_unique<batching::BatchQueue>(limits, model_->config(), queue_observer(metrics_));
+  scheduler_ = std::make_unique<batching::Scheduler>(
+      *queue_, *engine_, batch_observer(metrics_, intake_, test_faults_));
 
   rpc::ServiceConfig config;
   config.limits.max_request_tokens = max_request_tokens_;
@@ -232,8 +247,10 @@ void Server::start_serving() {
   config.tokenizer = tokenizer_;
   intake_.start_serving(config, *engine_, *queue_);
   set_health(true);
-  spdlog::info("SERVING fastformer.v1.Encoder and inference.GRPCInferenceService (model {}, version {}), version {}",
-               model_->config().model_name, rpc::kModelVersion, FASTFORMER_VERSION);
+  spdlog::info(
+      "SERVING fastformer.v1.Encoder and inference.GRPCInferenceService (model {}, version {}), "
+      "version {}",
+      model_->config().model_name, rpc::kModelVersion, FASTFORMER_VERSION);
 }
 
 int Server::serve(const std::function<int()>& next_signal) {
@@ -243,18 +260,21 @@ int Server::serve(const std::function<int()>& next_signal) {
 }
 
 int Server::drain(const std::string& cause) {
-  spdlog::info("{} received: draining (new calls UNAVAILABLE), up to {} s; a second signal exits at once", cause,
-               options_.shutdown_timeout_s);
-  const auto give_up = Clock::now() + std::chrono::duration_cast<Clock::duration>(
-                                          std::chrono::duration<double>(options_.shutdown_timeout_s));
+  spdlog::info(
+      "{} received: draining (new calls UNAVAILABLE), up to {} s; a second signal exits at once",
+      cause, options_.shutdown_timeout_s);
+  const auto give_up =
+      Clock::now() + std::chrono::duration_cast<Clock::duration>(
+                         std::chrono::duration<double>(options_.shutdown_timeout_s));
   set_health(false);
   intake_.start_draining();
   while (intake_.inflight() > 0 && Clock::now() < give_up) {
     std::this_thread::sleep_for(std::chrono::milliseconds(5));
   }
   if (const int64_t abandoned = intake_.inflight(); abandoned > 0) {
-    spdlog::warn("shutdown timeout after {} s: {} admitted requests not answered; exiting without them",
-                 options_.shutdown_timeout_s, abandoned);
+    spdlog::warn(
+        "shutdown timeout after {} s: {} admitted requests not answered; exiting without them",
+        options_.shutdown_timeout_s, abandoned);
     grpc_server_->Shutdown(std::chrono::system_clock::now());
     std::_Exit(1);
   }

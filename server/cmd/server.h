@@ -3,13 +3,13 @@
 // scheduler, then SERVING. Signals are main's: it calls reload_tokens and drain.
 #pragma once
 
+#include <grpcpp/grpcpp.h>
+#include <grpcpp/health_check_service_interface.h>
+
 #include <functional>
 #include <memory>
 #include <optional>
 #include <string>
-
-#include <grpcpp/grpcpp.h>
-#include <grpcpp/health_check_service_interface.h>
 
 #include "server/batching/queue.h"
 #include "server/batching/scheduler.h"
@@ -22,8 +22,8 @@
 #include "server/rpc/encoder_service.h"
 #include "server/rpc/inference_service.h"
 #include "server/rpc/intake.h"
-#include "server/rpc/unimplemented.h"
 #include "server/rpc/server_credentials.h"
+#include "server/rpc/unimplemented.h"
 #include "server/text/text.h"
 
 namespace fastformer {

@@ -11,34 +11,49 @@ std::optional<ServerOptions> parse_server_options(int argc, char** argv, int& ex
   auto opt = [&](const char* name, auto& value, const char* help, const char* env) {
     return app.add_option(name, value, help)->envname(env)->capture_default_str();
   };
-  opt("--model-dir", f.model_dir, "model directory (config.json + model.safetensors)", "FASTFORMER_MODEL_DIR")
+  opt("--model-dir", f.model_dir, "model directory (config.json + model.safetensors)",
+      "FASTFORMER_MODEL_DIR")
       ->required();
-  opt("--listen", f.listen, "gRPC address host:port (port 0 picks a free one)", "FASTFORMER_LISTEN");
-  opt("--metrics-listen", f.metrics_listen, "Prometheus /metrics address host:port", "FASTFORMER_METRICS_LISTEN");
-  opt("--backend", f.backend, "auto, cpu or cuda", "FASTFORMER_BACKEND")->check(CLI::IsMember({"auto", "cpu", "cuda"}));
-  opt("--device", f.device, "CUDA device ordinal", "FASTFORMER_DEVICE")->check(CLI::NonNegativeNumber);
-  opt("--dtype", f.dtype, "serving dtype: float32, float16, bfloat16 (CPU: float32, or bfloat16 with AVX512_BF16/AMX)", "FASTFORMER_DTYPE")
-      ->check(CLI::IsMember({"float32", "float16", "bfloat16"}));
-  app.add_flag("--allow-tf32", f.allow_tf32, "TF32 tensor-core GEMMs for float32 on the CUDA engine")
-      ->envname("FASTFORMER_ALLOW_TF32");
-  opt("--threads", f.threads, "CPU engine threads, 0 = all cores", "FASTFORMER_THREADS")->check(CLI::NonNegativeNumber);
-  opt("--max-batch-tokens", f.max_batch_tokens, "token budget of one batch", "FASTFORMER_MAX_BATCH_TOKENS")
-      ->check(CLI::PositiveNumber);
-  opt("--max-batch-sequences", f.max_batch_sequences, "sequence budget of one batch", "FASTFORMER_MAX_BATCH_SEQUENCES")
-      ->check(CLI::PositiveNumber);
-  opt("--max-queue-delay-us", f.max_queue_delay_us, "how long a non-full batch may wait for more work",
-      "FASTFORMER_MAX_QUEUE_DELAY_US")
+  opt("--listen", f.listen, "gRPC address host:port (port 0 picks a free one)",
+      "FASTFORMER_LISTEN");
+  opt("--metrics-listen", f.metrics_listen, "Prometheus /metrics address host:port",
+      "FASTFORMER_METRICS_LISTEN");
+  opt("--backend", f.backend, "auto, cpu or cuda", "FASTFORMER_BACKEND")
+      ->check(CLI::IsMember({"auto", "cpu", "cuda"}));
+  opt("--device", f.device, "CUDA device ordinal", "FASTFORMER_DEVICE")
       ->check(CLI::NonNegativeNumber);
-  opt("--max-queue-tokens", f.max_queue_tokens, "admitted tokens waiting for a batch; beyond: RESOURCE_EXHAUSTED",
+  opt("--dtype", f.dtype,
+      "serving dtype: float32, float16, bfloat16 (CPU: float32, or bfloat16 with AVX512_BF16/AMX)",
+      "FASTFORMER_DTYPE")
+      ->check(CLI::IsMember({"float32", "float16", "bfloat16"}));
+  app.add_flag("--allow-tf32", f.allow_tf32,
+               "TF32 tensor-core GEMMs for float32 on the CUDA engine")
+      ->envname("FASTFORMER_ALLOW_TF32");
+  opt("--threads", f.threads, "CPU engine threads, 0 = all cores", "FASTFORMER_THREADS")
+      ->check(CLI::NonNegativeNumber);
+  opt("--max-batch-tokens", f.max_batch_tokens, "token budget of one batch",
+      "FASTFORMER_MAX_BATCH_TOKENS")
+      ->check(CLI::PositiveNumber);
+  opt("--max-batch-sequences", f.max_batch_sequences, "sequence budget of one batch",
+      "FASTFORMER_MAX_BATCH_SEQUENCES")
+      ->check(CLI::PositiveNumber);
+  opt("--max-queue-delay-us", f.max_queue_delay_us,
+      "how long a non-full batch may wait for more work", "FASTFORMER_MAX_QUEUE_DELAY_US")
+      ->check(CLI::NonNegativeNumber);
+  opt("--max-queue-tokens", f.max_queue_tokens,
+      "admitted tokens waiting for a batch; beyond: RESOURCE_EXHAUSTED",
       "FASTFORMER_MAX_QUEUE_TOKENS")
       ->check(CLI::PositiveNumber);
   opt("--max-request-tokens", f.max_request_tokens,
-      "tokens in one request; 0 = max(max-batch-tokens, max_position_embeddings)", "FASTFORMER_MAX_REQUEST_TOKENS")
+      "tokens in one request; 0 = max(max-batch-tokens, max_position_embeddings)",
+      "FASTFORMER_MAX_REQUEST_TOKENS")
       ->check(CLI::NonNegativeNumber);
-  opt("--max-message-bytes", f.max_message_bytes, "largest request message accepted", "FASTFORMER_MAX_MESSAGE_BYTES")
+  opt("--max-message-bytes", f.max_message_bytes, "largest request message accepted",
+      "FASTFORMER_MAX_MESSAGE_BYTES")
       ->check(CLI::PositiveNumber);
   opt("--max-concurrent-streams", f.max_concurrent_streams,
-      "streaming calls (EncodeStream, ModelStreamInfer) open at once, server-wide; beyond: RESOURCE_EXHAUSTED (0 = no limit)",
+      "streaming calls (EncodeStream, ModelStreamInfer) open at once, server-wide; beyond: "
+      "RESOURCE_EXHAUSTED (0 = no limit)",
       "FASTFORMER_MAX_CONCURRENT_STREAMS")
       ->check(CLI::NonNegativeNumber);
   opt("--shutdown-timeout-s", f.shutdown_timeout_s, "how long SIGTERM waits for admitted work",
@@ -46,20 +61,26 @@ std::optional<ServerOptions> parse_server_options(int argc, char** argv, int& ex
       ->check(CLI::NonNegativeNumber);
   opt("--log-level", f.log_level, "trace, debug, info, warn, error", "FASTFORMER_LOG_LEVEL")
       ->check(CLI::IsMember({"trace", "debug", "info", "warn", "error"}));
-  opt("--log-format", f.log_format, "text or json", "FASTFORMER_LOG_FORMAT")->check(CLI::IsMember({"text", "json"}));
+  opt("--log-format", f.log_format, "text or json", "FASTFORMER_LOG_FORMAT")
+      ->check(CLI::IsMember({"text", "json"}));
   // Transport security and bearer tokens (docs/security.md).
-  auto* tls_cert = opt("--tls-cert", f.security.tls_cert, "PEM certificate chain: serve gRPC over TLS (needs --tls-key)",
-                       "FASTFORMER_TLS_CERT");
-  auto* tls_key = opt("--tls-key", f.security.tls_key, "PEM private key of --tls-cert", "FASTFORMER_TLS_KEY");
+  auto* tls_cert =
+      opt("--tls-cert", f.security.tls_cert,
+          "PEM certificate chain: serve gRPC over TLS (needs --tls-key)", "FASTFORMER_TLS_CERT");
+  auto* tls_key =
+      opt("--tls-key", f.security.tls_key, "PEM private key of --tls-cert", "FASTFORMER_TLS_KEY");
   tls_cert->needs(tls_key);
   tls_key->needs(tls_cert);
   opt("--tls-client-ca", f.security.tls_client_ca,
-      "PEM CA certificates: mutual TLS, clients must present a certificate they signed", "FASTFORMER_TLS_CLIENT_CA")
+      "PEM CA certificates: mutual TLS, clients must present a certificate they signed",
+      "FASTFORMER_TLS_CLIENT_CA")
       ->needs(tls_cert);
-  auto* token_file = opt("--auth-token-file", f.security.auth_token_file,
-                         "bearer tokens, one per line: calls need `authorization: Bearer <token>`; re-read on SIGHUP",
-                         "FASTFORMER_AUTH_TOKEN_FILE");
-  app.add_flag("--auth-health", f.security.auth_health, "health and reflection need the bearer token too")
+  auto* token_file = opt(
+      "--auth-token-file", f.security.auth_token_file,
+      "bearer tokens, one per line: calls need `authorization: Bearer <token>`; re-read on SIGHUP",
+      "FASTFORMER_AUTH_TOKEN_FILE");
+  app.add_flag("--auth-health", f.security.auth_health,
+               "health and reflection need the bearer token too")
       ->envname("FASTFORMER_AUTH_HEALTH")
       ->needs(token_file);
   try {

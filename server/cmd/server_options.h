@@ -24,7 +24,8 @@ struct ServerOptions {
   int64_t max_batch_sequences = defaults::kMaxBatchSequences;
   int64_t max_queue_delay_us = defaults::kMaxQueueDelayUs;
   int64_t max_queue_tokens = defaults::kMaxQueueTokens;
-  int64_t max_request_tokens = defaults::kMaxRequestTokens;  ///< 0: max(max_batch_tokens, max_position_embeddings)
+  int64_t max_request_tokens =
+      defaults::kMaxRequestTokens;  ///< 0: max(max_batch_tokens, max_position_embeddings)
   int64_t max_message_bytes = defaults::kMaxMessageBytes;
   int64_t max_concurrent_streams = defaults::kMaxConcurrentStreams;
   double shutdown_timeout_s = defaults::kShutdownTimeoutS;

@@ -16,7 +16,8 @@ T parse_number(std::string_view text, std::string_view entry) {
   T value{};
   const auto [end, ec] = std::from_chars(text.data(), text.data() + text.size(), value);
   if (ec != std::errc() || end != text.data() + text.size() || value < 0) {
-    throw std::invalid_argument("bad number '" + std::string(text) + "' in '" + std::string(entry) + "'");
+    throw std::invalid_argument("bad number '" + std::string(text) + "' in '" + std::string(entry) +
+                                "'");
   }
   return value;
 }
@@ -35,12 +36,13 @@ bool holds_first_token(const batching::Batch& batch, int32_t token) {
 std::string TestFaults::describe() const {
   std::string out;
   if (fail_first_token) {
-    out += "batches holding a sequence whose first token id is " + std::to_string(*fail_first_token) + " fail";
+    out += "batches holding a sequence whose first token id is " +
+           std::to_string(*fail_first_token) + " fail";
   }
   if (stall_first_token) {
     if (!out.empty()) out += "; ";
-    out += "batches holding a sequence whose first token id is " + std::to_string(*stall_first_token) +
-           " stall " + std::to_string(stall.count()) + " ms";
+    out += "batches holding a sequence whose first token id is " +
+           std::to_string(*stall_first_token) + " stall " + std::to_string(stall.count()) + " ms";
   }
   return out.empty() ? "no faults" : out;
 }
@@ -56,7 +58,8 @@ std::optional<TestFaults> test_faults_from_env() {
     rest = comma == std::string_view::npos ? std::string_view() : rest.substr(comma + 1);
     const size_t eq = entry.find('=');
     const std::string_view key = entry.substr(0, eq);
-    const std::string_view arg = eq == std::string_view::npos ? std::string_view() : entry.substr(eq + 1);
+    const std::string_view arg =
+        eq == std::string_view::npos ? std::string_view() : entry.substr(eq + 1);
     if (key == "fail_first_token" && !arg.empty()) {
       faults.fail_first_token = parse_number<int32_t>(arg, entry);
     } else if (key == "stall_first_token" && arg.find(':') != std::string_view::npos) {
@@ -77,8 +80,9 @@ std::function<void(const batching::Batch&)> test_fault_hook(const TestFaults& fa
       std::this_thread::sleep_for(faults.stall);
     }
     if (faults.fail_first_token && holds_first_token(batch, *faults.fail_first_token)) {
-      throw engine::EngineError("injected test fault: the batch holds a sequence whose first token id is " +
-                                std::to_string(*faults.fail_first_token) + " (" + kTestFaultsEnv + ")");
+      throw engine::EngineError(
+          "injected test fault: the batch holds a sequence whose first token id is " +
+          std::to_string(*faults.fail_first_token) + " (" + kTestFaultsEnv + ")");
     }
   };
 }

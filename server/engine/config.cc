@@ -1,9 +1,8 @@
 #include "server/engine/config.h"
 
 #include <fstream>
-#include <sstream>
-
 #include <nlohmann/json.hpp>
+#include <sstream>
 
 #include "server/engine/error.h"
 
@@ -29,8 +28,8 @@ int64_t positive_int(const json& j, const std::string& key, const std::string& o
   }
   const int64_t n = v.get<int64_t>();
   if (n <= 0 || n >= (int64_t{1} << 31)) {
-    fail(origin, "key \"" + key + "\": expected a positive integer below 2^31, found " +
-                     std::to_string(n));
+    fail(origin,
+         "key \"" + key + "\": expected a positive integer below 2^31, found " + std::to_string(n));
   }
   return n;
 }
@@ -54,10 +53,14 @@ bool parse_activation(const std::string& name, Activation* out) {
 
 const char* activation_name(Activation act) {
   switch (act) {
-    case Activation::kGeluErf: return "gelu";
-    case Activation::kGeluTanh: return "gelu_new";
-    case Activation::kRelu: return "relu";
-    case Activation::kSilu: return "silu";
+    case Activation::kGeluErf:
+      return "gelu";
+    case Activation::kGeluTanh:
+      return "gelu_new";
+    case Activation::kRelu:
+      return "relu";
+    case Activation::kSilu:
+      return "silu";
   }
   return "?";
 }
@@ -76,7 +79,8 @@ ModelConfig parse_config(const std::string& text, const std::string& origin) {
   c.num_hidden_layers = positive_int(j, "num_hidden_layers", origin);
   if (c.num_hidden_layers > kMaxLayers) {
     fail(origin, "key \"num_hidden_layers\": " + std::to_string(c.num_hidden_layers) +
-                     " layers, more than the " + std::to_string(kMaxLayers) + " the server accepts");
+                     " layers, more than the " + std::to_string(kMaxLayers) +
+                     " the server accepts");
   }
   c.num_attention_heads = positive_int(j, "num_attention_heads", origin);
   c.intermediate_size = positive_int(j, "intermediate_size", origin);
@@ -127,8 +131,8 @@ ModelConfig parse_config(const std::string& text, const std::string& origin) {
   }
   if (j.contains("num_labels") && !j["num_labels"].is_null()) {
     if (!j["num_labels"].is_number_integer() || j["num_labels"].get<int64_t>() < 0) {
-      fail(origin, "key \"num_labels\": expected a non-negative integer, found " +
-                       j["num_labels"].dump());
+      fail(origin,
+           "key \"num_labels\": expected a non-negative integer, found " + j["num_labels"].dump());
     }
     c.num_labels = j["num_labels"].get<int64_t>();
   }
@@ -137,7 +141,8 @@ ModelConfig parse_config(const std::string& text, const std::string& origin) {
 
 ModelConfig load_config(const std::filesystem::path& path) {
   std::ifstream in(path, std::ios::binary);
-  if (!in) throw ModelError(path.string() + ": cannot open (does the model directory hold config.json?)");
+  if (!in)
+    throw ModelError(path.string() + ": cannot open (does the model directory hold config.json?)");
   std::ostringstream text;
   text << in.rdbuf();
   ModelConfig c = parse_config(text.str(), path.string());

@@ -25,10 +25,10 @@ struct ModelConfig {
   Activation hidden_act = Activation::kGeluErf;
   std::string hidden_act_name = "gelu";  ///< as written in config.json
   double layer_norm_eps = 1e-12;
-  int32_t pad_token_id = 0;              ///< token id masked out as padding
-  bool share_layer_parameters = false;   ///< every layer uses layer 0's tensors
-  std::string model_name;                ///< defaults to the model directory's name
-  int64_t num_labels = -1;               ///< -1: not given; else must match dense_linear
+  int32_t pad_token_id = 0;             ///< token id masked out as padding
+  bool share_layer_parameters = false;  ///< every layer uses layer 0's tensors
+  std::string model_name;               ///< defaults to the model directory's name
+  int64_t num_labels = -1;              ///< -1: not given; else must match dense_linear
 
   int64_t head_size() const { return hidden_size / num_attention_heads; }
 };

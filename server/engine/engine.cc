@@ -58,19 +58,25 @@ cuda::MakeCudaOpsFn cuda_plugin(std::string* why) {
 #endif
 
 bool parse_backend(const std::string& name, Backend* out) {
-  if (name == "auto") *out = Backend::kAuto;
-  else if (name == "cpu") *out = Backend::kCpu;
-  else if (name == "cuda") *out = Backend::kCuda;
-  else return false;
+  if (name == "auto")
+    *out = Backend::kAuto;
+  else if (name == "cpu")
+    *out = Backend::kCpu;
+  else if (name == "cuda")
+    *out = Backend::kCuda;
+  else
+    return false;
   return true;
 }
 
-std::unique_ptr<Engine> create_engine(std::shared_ptr<const Model> model, const EngineOptions& options,
-                                      std::string* why) {
+std::unique_ptr<Engine> create_engine(std::shared_ptr<const Model> model,
+                                      const EngineOptions& options, std::string* why) {
   if (options.max_batch_tokens <= 0) {
-    throw EngineError("max_batch_tokens must be positive, got " + std::to_string(options.max_batch_tokens));
+    throw EngineError("max_batch_tokens must be positive, got " +
+                      std::to_string(options.max_batch_tokens));
   }
-  std::string cuda_why = "this build has no CUDA engine (configured with FASTFORMER_CUDA=OFF or without nvcc)";
+  std::string cuda_why =
+      "this build has no CUDA engine (configured with FASTFORMER_CUDA=OFF or without nvcc)";
 #if defined(FASTFORMER_HAVE_CUDA_ENGINE)
   if (options.backend != Backend::kCpu) {
     cuda::CudaOpsOptions cuda_options;
@@ -80,12 +86,17 @@ std::unique_ptr<Engine> create_engine(std::shared_ptr<const Model> model, const 
     std::string device;
     Ops* raw_ops = nullptr;
     int status = cuda::kPluginNoDevice;
-    if (auto make = cuda_plugin(&cuda_why)) status = make(model.get(), &cuda_options, &raw_ops, &device, &cuda_why);
+    if (auto make = cuda_plugin(&cuda_why))
+      status = make(model.get(), &cuda_options, &raw_ops, &device, &cuda_why);
     if (status == cuda::kPluginError) throw EngineError("CUDA engine: " + cuda_why);
     if (std::unique_ptr<Ops> ops(raw_ops); status == cuda::kPluginOk) {
-      if (why != nullptr) *why = options.backend == Backend::kAuto ? "auto: CUDA device " + device + " is usable" : "cuda requested";
-      const std::string name = device + " (device " + std::to_string(options.device) + ", " + options.dtype + ")";
-      return std::make_unique<ForwardEngine>(std::move(model), std::move(ops), options.max_batch_tokens, "cuda", name);
+      if (why != nullptr)
+        *why = options.backend == Backend::kAuto ? "auto: CUDA device " + device + " is usable"
+                                                 : "cuda requested";
+      const std::string name =
+          device + " (device " + std::to_string(options.device) + ", " + options.dtype + ")";
+      return std::make_unique<ForwardEngine>(std::move(model), std::move(ops),
+                                             options.max_batch_tokens, "cuda", name);
     }
   }
 #endif
@@ -100,29 +111,32 @@ std::unique_ptr<Engine> create_engine(std::shared_ptr<const Model> model, const 
   const bool emulate_bf16 =
       options.dtype == "bfloat16" && bf16_env != nullptr && std::string(bf16_env) == "emulate";
   if (options.dtype == "bfloat16" && !gemm.has_bf16 && !emulate_bf16) {
-    throw EngineError("dtype bfloat16 on the CPU needs AVX512_BF16 or AMX, and oneDNN " + gemm.version +
-                      " finds only " + gemm.isa + " on this CPU" +
+    throw EngineError("dtype bfloat16 on the CPU needs AVX512_BF16 or AMX, and oneDNN " +
+                      gemm.version + " finds only " + gemm.isa + " on this CPU" +
                       (std::getenv("ONEDNN_MAX_CPU_ISA") ? " (ONEDNN_MAX_CPU_ISA is set)" : "") +
                       "; serve float32 here, or bfloat16 on such a CPU or with --backend cuda");
   }
   if (options.dtype != "float32" && options.dtype != "bfloat16") {
-    throw EngineError("dtype " + options.dtype + ": the CPU engine serves float32, and bfloat16 where the CPU "
+    throw EngineError("dtype " + options.dtype +
+                      ": the CPU engine serves float32, and bfloat16 where the CPU "
                       "has AVX512_BF16 or AMX (the CUDA engine serves float16 and bfloat16)");
   }
   if (why != nullptr) {
-    *why = options.backend == Backend::kAuto ? "auto: " + cuda_why + "; using the CPU engine" : "cpu requested";
+    *why = options.backend == Backend::kAuto ? "auto: " + cuda_why + "; using the CPU engine"
+                                             : "cpu requested";
   }
-  const int threads = options.threads > 0 ? options.threads
-                                          : std::max(1, int(std::thread::hardware_concurrency()));
+  const int threads =
+      options.threads > 0 ? options.threads : std::max(1, int(std::thread::hardware_concurrency()));
   const CpuDtype dtype = options.dtype == "float32" ? CpuDtype::kFloat32
-                         : emulate_bf16                ? CpuDtype::kBfloat16Emulated
-                                                       : CpuDtype::kBfloat16;
+                         : emulate_bf16             ? CpuDtype::kBfloat16Emulated
+                                                    : CpuDtype::kBfloat16;
   auto ops = std::make_unique<CpuOps>(threads, model->config(), dtype);
-  const std::string bf16_note = dtype == CpuDtype::kBfloat16Emulated ? ", bfloat16 emulated over float32 GEMMs (tests)"
-                                : dtype == CpuDtype::kBfloat16       ? ", bfloat16 GEMMs on " + bf16_hardware(gemm.isa)
-                                                                     : "";
-  const std::string device = "cpu (" + std::to_string(threads) + " threads, " + options.dtype + ", oneDNN " +
-                             gemm.version + " " + gemm.isa + bf16_note + ")";
+  const std::string bf16_note =
+      dtype == CpuDtype::kBfloat16Emulated ? ", bfloat16 emulated over float32 GEMMs (tests)"
+      : dtype == CpuDtype::kBfloat16       ? ", bfloat16 GEMMs on " + bf16_hardware(gemm.isa)
+                                           : "";
+  const std::string device = "cpu (" + std::to_string(threads) + " threads, " + options.dtype +
+                             ", oneDNN " + gemm.version + " " + gemm.isa + bf16_note + ")";
   return std::make_unique<ForwardEngine>(std::move(model), std::move(ops), options.max_batch_tokens,
                                          "cpu", device);
 }

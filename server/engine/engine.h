@@ -13,8 +13,8 @@
 #include <string>
 #include <vector>
 
-#include "common/sequence.h"  // SequenceInput, OutputOptions, EncodedSequence
 #include "common/defaults.h"
+#include "common/sequence.h"  // SequenceInput, OutputOptions, EncodedSequence
 #include "server/engine/model.h"
 #include "server/engine/ragged_batch.h"
 
@@ -33,13 +33,13 @@ struct SpeedCheck {
 // over the batches profiled. `bytes` and `flops` are what the op must move and compute, by the
 // formulas beside the forward graph (forward.cc), not what a kernel happens to do.
 struct OpProfile {
-  std::string name;   ///< the op, e.g. "qks_gemm", "key_pool", "ffn_ln"
-  int layer = -1;     ///< the encoder layer, -1 outside the layers
-  double calls = 0;   ///< calls per batch
-  double ms = 0;      ///< time per batch (all its calls)
-  double bytes = 0;   ///< per batch
-  double flops = 0;   ///< per batch
-  std::string kernel; ///< a GEMM op's kernel (oneDNN's implementation on the CPU); "" otherwise
+  std::string name;    ///< the op, e.g. "qks_gemm", "key_pool", "ffn_ln"
+  int layer = -1;      ///< the encoder layer, -1 outside the layers
+  double calls = 0;    ///< calls per batch
+  double ms = 0;       ///< time per batch (all its calls)
+  double bytes = 0;    ///< per batch
+  double flops = 0;    ///< per batch
+  std::string kernel;  ///< a GEMM op's kernel (oneDNN's implementation on the CPU); "" otherwise
 };
 
 bool parse_backend(const std::string& name, Backend* out);
@@ -47,10 +47,12 @@ bool parse_backend(const std::string& name, Backend* out);
 struct EngineOptions {
   Backend backend = Backend::kAuto;  ///< defaults::kBackend
   int threads = defaults::kThreads;  ///< CPU threads; 0 = all cores
-  int64_t max_batch_tokens = defaults::kMaxBatchTokens;  ///< buffers are sized for this many tokens at start-up
-  std::string dtype = defaults::kDtype;  ///< serving dtype (CPU: float32, or bfloat16 on AVX512_BF16/AMX)
-  int device = defaults::kDevice;        ///< CUDA device ordinal
-  bool allow_tf32 = false;          ///< TF32 GEMMs for float32 on the CUDA engine
+  int64_t max_batch_tokens =
+      defaults::kMaxBatchTokens;  ///< buffers are sized for this many tokens at start-up
+  std::string dtype =
+      defaults::kDtype;            ///< serving dtype (CPU: float32, or bfloat16 on AVX512_BF16/AMX)
+  int device = defaults::kDevice;  ///< CUDA device ordinal
+  bool allow_tf32 = false;         ///< TF32 GEMMs for float32 on the CUDA engine
 };
 
 class Engine {
@@ -86,7 +88,7 @@ class Engine {
 
 // Creates the engine `options.backend` asks for. kAuto picks CUDA when this build has it
 // and a usable device exists, else the CPU engine; `why` (if given) receives the reason.
-std::unique_ptr<Engine> create_engine(std::shared_ptr<const Model> model, const EngineOptions& options,
-                                      std::string* why = nullptr);
+std::unique_ptr<Engine> create_engine(std::shared_ptr<const Model> model,
+                                      const EngineOptions& options, std::string* why = nullptr);
 
 }  // namespace fastformer::engine

@@ -175,7 +175,8 @@ class ForwardEngine::Profiler {
   std::vector<OpProfile> rows() const {  // per batch
     std::vector<OpProfile> out = rows_;
     for (OpProfile& row : out) {
-      for (double* v : {&row.calls, &row.ms, &row.bytes, &row.flops}) *v /= double(std::max(batches_, 1));
+      for (double* v : {&row.calls, &row.ms, &row.bytes, &row.flops})
+        *v /= double(std::max(batches_, 1));
     }
     return out;
   }
@@ -189,7 +190,8 @@ class ForwardEngine::Profiler {
   };
   void timestamp() {
     const int index = int(issued_.size());
-    if (index >= timers_) throw std::logic_error("profile: more ops in a batch than timers reserved");
+    if (index >= timers_)
+      throw std::logic_error("profile: more ops in a batch than timers reserved");
     ops_.timestamp(index);
   }
 
@@ -224,8 +226,10 @@ ForwardEngine::ForwardEngine(std::shared_ptr<const Model> model, std::unique_ptr
   const ModelConfig& c = model_->config();
   const ModelWeights& w = model_->weights();
   const int64_t D = c.hidden_size;
-  if (w.word_embedding) word_embedding_ = ops_->upload({w.word_embedding, size_t(c.vocab_size * D)});
-  position_embeddings_ = ops_->upload({w.position_embeddings, size_t(c.max_position_embeddings * D)});
+  if (w.word_embedding)
+    word_embedding_ = ops_->upload({w.word_embedding, size_t(c.vocab_size * D)});
+  position_embeddings_ =
+      ops_->upload({w.position_embeddings, size_t(c.max_position_embeddings * D)});
   embedding_ln_gamma_ = ops_->upload({w.embedding_layernorm.gamma, size_t(D)});
   embedding_ln_beta_ = ops_->upload({w.embedding_layernorm.beta, size_t(D)});
 
@@ -254,7 +258,7 @@ ForwardEngine::ForwardEngine(std::shared_ptr<const Model> model, std::unique_ptr
   if (prepared.classifier.out > 0) classifier_ = upload(prepared.classifier);
   // The largest batch: max_batch_tokens one-token sequences bound every buffer at once.
   const WorkspacePlan largest = plan_workspace(c, model_->num_labels(), max_batch_tokens_,
-                                                max_batch_tokens_, ops_->element_size());
+                                               max_batch_tokens_, ops_->element_size());
   ops_->reserve(largest);
   reserved_bytes_ = largest.bytes;
 } catch (...) {
@@ -274,14 +278,16 @@ std::vector<std::string> ForwardEngine::gemm_report() const {
     auto [it, added] = lines.try_emplace(site.name);
     if (added) {
       order.push_back(site.name);
-      it->second.shape = "[M, " + std::to_string(site.weight->in) + "] x [" + std::to_string(site.weight->out) +
-                         ", " + std::to_string(site.weight->in) + "]^T";
+      it->second.shape = "[M, " + std::to_string(site.weight->in) + "] x [" +
+                         std::to_string(site.weight->out) + ", " + std::to_string(site.weight->in) +
+                         "]^T";
     }
     Line& line = it->second;
     ++line.weights;
     std::string kernel = ops_->gemm_kernel(*site.weight);
     if (kernel.empty()) kernel = "kernel not reported";
-    if (std::find(line.kernels.begin(), line.kernels.end(), kernel) == line.kernels.end()) line.kernels.push_back(kernel);
+    if (std::find(line.kernels.begin(), line.kernels.end(), kernel) == line.kernels.end())
+      line.kernels.push_back(kernel);
   }
   std::vector<std::string> out;
   for (const std::string& name : order) {
@@ -325,7 +331,9 @@ std::vector<EncodedSequence> ForwardEngine::run(const RaggedBatch& batch,
     throw EngineError("encode: expected 1 or " + std::to_string(B) + " output options, got " +
                       std::to_string(options.size()));
   }
-  auto option = [&](int32_t b) -> const OutputOptions& { return options[options.size() == 1 ? 0 : b]; };
+  auto option = [&](int32_t b) -> const OutputOptions& {
+    return options[options.size() == 1 ? 0 : b];
+  };
 
   const int64_t D = c.hidden_size, H = c.num_attention_heads;
   Ops& ops = *ops_;
@@ -348,9 +356,10 @@ std::vector<EncodedSequence> ForwardEngine::run(const RaggedBatch& batch,
   };
   if (profiler_) profiler_->start_batch();
   // Every Linear: its profile hook, its site (first seen), the op.
-  auto gemm = [&](const char* name, int layer, const Mat& a, const WeightRef& w, Mat out, Epilogue epilogue,
-                  Activation act = Activation::kGeluErf) {
-    op(name, layer, [&] { return cost::linear(a, w, epilogue, elem); }, &w);
+  auto gemm = [&](const char* name, int layer, const Mat& a, const WeightRef& w, Mat out,
+                  Epilogue epilogue, Activation act = Activation::kGeluErf) {
+    op(
+        name, layer, [&] { return cost::linear(a, w, epilogue, elem); }, &w);
     if (site_keys_.insert({name, w.weight}).second) {
       gemm_sites_.push_back(GemmSite{name, &w, a.ld, out.ld, epilogue, act});
     }
@@ -373,21 +382,22 @@ std::vector<EncodedSequence> ForwardEngine::run(const RaggedBatch& batch,
     const int n = int(i);
     gemm("qks_gemm", n, x, l.query_key_scores, qks, Epilogue::kBias);  // Q, K, s
     op("query_pool", n, [&] { return cost::query_pool(ref, s, q, elem); });
-    ops.query_pool(ref, s, q, pq);                                      // pq
+    ops.query_pool(ref, s, q, pq);  // pq
     op("key_pool", n, [&] { return cost::key_pool(ref, k, l.key_att, elem); });
-    ops.key_pool(ref, k, pq, l.key_att, pk);                            // pk
+    ops.key_pool(ref, k, pq, l.key_att, pk);  // pk
     op("mix", n, [&] { return cost::mix(ref, q, elem); });
-    ops.mix(ref, q, pk, k);                                             // U = pk * Q, over K
-    gemm("transform_gemm", n, k, l.transform, q, Epilogue::kAccumulate);  // A = Q + U Wt^T
+    ops.mix(ref, q, pk, k);                                                // U = pk * Q, over K
+    gemm("transform_gemm", n, k, l.transform, q, Epilogue::kAccumulate);   // A = Q + U Wt^T
     gemm("attn_out_gemm", n, q, l.attention_output, y, Epilogue::kStore);  // A Wo^T
     op("attn_ln", n, [&] { return cost::bias_residual_layernorm(y, elem); });
     ops.bias_residual_layernorm(y, l.attention_output.bias, x, l.ln1_gamma, l.ln1_beta,
-                                c.layer_norm_eps, x);                   // X1
-    gemm("ffn_in_gemm", n, x, l.intermediate, h, Epilogue::kBiasAct, c.hidden_act);  // act(X1 Wi^T + bi)
+                                c.layer_norm_eps, x);  // X1
+    gemm("ffn_in_gemm", n, x, l.intermediate, h, Epilogue::kBiasAct,
+         c.hidden_act);  // act(X1 Wi^T + bi)
     gemm("ffn_out_gemm", n, h, l.output, y, Epilogue::kStore);
     op("ffn_ln", n, [&] { return cost::bias_residual_layernorm(y, elem); });
     ops.bias_residual_layernorm(y, l.output.bias, x, l.ln2_gamma, l.ln2_beta, c.layer_norm_eps,
-                                x);                                     // X'
+                                x);  // X'
   }
   gemm("pooler_fc1_gemm", -1, x, pooler_fc1_, y, Epilogue::kBias);
   op("attention_pool", -1, [&] { return cost::attention_pool(ref, x, elem); });

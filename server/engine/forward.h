@@ -57,7 +57,8 @@ class ForwardEngine final : public Engine {
   };
   WeightRef upload(const PreparedLinear& linear);
   // encode() without turning the ops' failures into EngineError.
-  std::vector<EncodedSequence> run(const RaggedBatch& batch, std::span<const OutputOptions> options);
+  std::vector<EncodedSequence> run(const RaggedBatch& batch,
+                                   std::span<const OutputOptions> options);
   class Profiler;  // forward.cc
 
   std::shared_ptr<const Model> model_;

@@ -5,8 +5,8 @@
 #include <set>
 #include <sstream>
 
-#include "server/engine/error.h"
 #include "common/half.h"
+#include "server/engine/error.h"
 
 namespace fastformer::engine {
 namespace {
@@ -142,8 +142,8 @@ void check_model_file(const std::filesystem::path& path) {
   namespace fs = std::filesystem;
   std::error_code ec;
   if (fs::is_symlink(fs::symlink_status(path, ec)) && !fs::exists(path, ec)) {
-    throw ModelError(path.string() + ": cannot open: a symbolic link to " + fs::read_symlink(path, ec).string() +
-                     ", which does not exist");
+    throw ModelError(path.string() + ": cannot open: a symbolic link to " +
+                     fs::read_symlink(path, ec).string() + ", which does not exist");
   }
   const fs::file_status status = fs::status(path, ec);
   if (fs::exists(status) && !fs::is_regular_file(status)) {
@@ -199,7 +199,8 @@ std::shared_ptr<const Model> Model::load(const std::filesystem::path& dir) {
     l.output_layernorm = bind_layernorm(b, p + "output.LayerNorm", D);
     w.layers.push_back(l);
   }
-  while (static_cast<int64_t>(w.layers.size()) < c.num_hidden_layers) w.layers.push_back(w.layers[0]);
+  while (static_cast<int64_t>(w.layers.size()) < c.num_hidden_layers)
+    w.layers.push_back(w.layers[0]);
 
   w.pooler_fc1 = bind_linear(b, "poolers.0.att_fc1", D, D);
   w.pooler_fc2 = bind_linear(b, "poolers.0.att_fc2", 1, D);

@@ -42,10 +42,10 @@ struct ModelWeights {
   const float* word_embedding = nullptr;       ///< [vocab, D]; null when the model has none
   const float* position_embeddings = nullptr;  ///< [max_position_embeddings, D]
   LayerNorm embedding_layernorm;
-  std::vector<LayerWeights> layers;            ///< one per layer (shared: all alike)
-  Linear pooler_fc1;                           ///< poolers.0.att_fc1 [D, D]
-  Linear pooler_fc2;                           ///< poolers.0.att_fc2 [1, D]
-  Linear classifier;                           ///< dense_linear [num_labels, D]; weight null if absent
+  std::vector<LayerWeights> layers;  ///< one per layer (shared: all alike)
+  Linear pooler_fc1;                 ///< poolers.0.att_fc1 [D, D]
+  Linear pooler_fc2;                 ///< poolers.0.att_fc2 [1, D]
+  Linear classifier;                 ///< dense_linear [num_labels, D]; weight null if absent
 };
 
 class Model {
@@ -58,7 +58,9 @@ class Model {
   const ModelWeights& weights() const { return weights_; }
   bool has_word_embedding() const { return weights_.word_embedding != nullptr; }
   int64_t num_labels() const { return weights_.classifier.weight ? weights_.classifier.out : 0; }
-  const std::string& stored_dtype() const { return stored_dtype_; }  ///< "F32", "F16", "BF16" or "mixed"
+  const std::string& stored_dtype() const {
+    return stored_dtype_;
+  }  ///< "F32", "F16", "BF16" or "mixed"
   int64_t parameter_count() const { return parameter_count_; }
   // Bytes of the weights as this Model holds them: float32 host arrays whatever the file
   // stores (F16/BF16 tensors are widened at load). An engine serving float16 or bfloat16

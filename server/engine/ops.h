@@ -93,15 +93,16 @@ class Ops {
 
   // r_t = (K_t * pq) Wka'^T + bka';  b = masked softmax over t of r (per head);
   // pk_h = pq_h * sum_t b_{t,h} K_{t,h-slice}. Writes pk [B, D].
-  virtual void key_pool(const BatchRef& batch, const Mat& k, const Mat& pq, const WeightRef& key_att,
-                        Mat pk) = 0;
+  virtual void key_pool(const BatchRef& batch, const Mat& k, const Mat& pq,
+                        const WeightRef& key_att, Mat pk) = 0;
 
   // U_t = pk * Q_t (pk of the token's sequence).
   virtual void mix(const BatchRef& batch, const Mat& q, const Mat& pk, Mat u) = 0;
 
   // out = LN(c + bias + residual); `out` may alias `residual`.
   virtual void bias_residual_layernorm(const Mat& c, const void* bias, const Mat& residual,
-                                       const void* gamma, const void* beta, double eps, Mat out) = 0;
+                                       const void* gamma, const void* beta, double eps,
+                                       Mat out) = 0;
 
   // e_t = tanh(E_t) (E = X W1^T + b1, given);  z_t = e_t w2 + b2;  masked stable softmax
   // w_t with the reference's + 1e-8 in the denominator;  pooled = sum_t w_t X_t. Writes [B, D].

@@ -54,7 +54,8 @@ PreparedLayer prepare_layer(const LayerWeights& w, const ModelConfig& c) {
   p.attention_output = copy_linear(w.attention_output);
   for (int64_t i = 0; i < D; ++i) {
     double b = w.attention_output.bias[i];
-    for (int64_t j = 0; j < D; ++j) b += double(w.attention_output.weight[i * D + j]) * w.transform.bias[j];
+    for (int64_t j = 0; j < D; ++j)
+      b += double(w.attention_output.weight[i * D + j]) * w.transform.bias[j];
     p.attention_output.bias[i] = static_cast<float>(b);
   }
   p.ln1_gamma = copy(w.attention_layernorm.gamma, D);
@@ -77,8 +78,7 @@ PreparedWeights prepare_weights(const Model& model) {
   for (const LayerWeights& layer : w.layers) {
     auto& prepared = by_query_weight[layer.query.weight];
     if (!prepared) {
-      prepared = std::make_shared<const PreparedLayer>(
-          prepare_layer(layer, c));
+      prepared = std::make_shared<const PreparedLayer>(prepare_layer(layer, c));
     }
     p.layers.push_back(prepared);
   }

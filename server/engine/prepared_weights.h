@@ -27,13 +27,13 @@ struct PreparedLinear {
 };
 
 struct PreparedLayer {
-  PreparedLinear query_key_scores;   ///< [qks_width, D]: Q, K, the query scores s, zero rows
-  PreparedLinear key_att;            ///< [H, D], scaled by 1/sqrt(d)
-  PreparedLinear transform;          ///< [D, D], no bias (folded into attention_output)
-  PreparedLinear attention_output;   ///< [D, D], bias bo + Wo bt
+  PreparedLinear query_key_scores;  ///< [qks_width, D]: Q, K, the query scores s, zero rows
+  PreparedLinear key_att;           ///< [H, D], scaled by 1/sqrt(d)
+  PreparedLinear transform;         ///< [D, D], no bias (folded into attention_output)
+  PreparedLinear attention_output;  ///< [D, D], bias bo + Wo bt
   std::vector<float> ln1_gamma, ln1_beta;
-  PreparedLinear intermediate;       ///< [I, D]
-  PreparedLinear output;             ///< [D, I]
+  PreparedLinear intermediate;  ///< [I, D]
+  PreparedLinear output;        ///< [D, I]
   std::vector<float> ln2_gamma, ln2_beta;
 };
 
@@ -50,6 +50,8 @@ PreparedWeights prepare_weights(const Model& model);
 // 8 elements), so its rows are a multiple of 16 bytes in every dtype, as cuBLASLt's fastest
 // (Hopper) kernels need (base-long: 1,548 -> 1,552). The extra rows have zero weights and
 // bias; nothing reads their columns (the forward reads Q, K and s as column views).
-inline int64_t qks_width(const ModelConfig& c) { return padded_ld(2 * c.hidden_size + c.num_attention_heads); }
+inline int64_t qks_width(const ModelConfig& c) {
+  return padded_ld(2 * c.hidden_size + c.num_attention_heads);
+}
 
 }  // namespace fastformer::engine

@@ -39,7 +39,8 @@ std::optional<InputError> validate_sequence(const ModelConfig& c, bool has_word_
       const int32_t id = s.token_ids[t];
       if (id < 0 || id >= c.vocab_size) {
         return error("token_ids", "token " + std::to_string(t) + " has id " + std::to_string(id) +
-                                      ", outside [0, vocab_size " + std::to_string(c.vocab_size) + ")");
+                                      ", outside [0, vocab_size " + std::to_string(c.vocab_size) +
+                                      ")");
       }
       any_real |= id != c.pad_token_id;
     }
@@ -57,8 +58,8 @@ std::optional<InputError> validate_sequence(const ModelConfig& c, bool has_word_
   }
   const int64_t n = static_cast<int64_t>(s.input_embeddings.size()) / D;
   if (n > c.max_position_embeddings) {
-    return error("input_embeddings", std::to_string(n) + " rows exceed max_position_embeddings " +
-                                         max_len);
+    return error("input_embeddings",
+                 std::to_string(n) + " rows exceed max_position_embeddings " + max_len);
   }
   for (size_t i = 0; i < s.input_embeddings.size(); ++i) {
     if (!std::isfinite(s.input_embeddings[i])) {

@@ -8,10 +8,9 @@
 #include <algorithm>
 #include <cerrno>
 #include <cstring>
+#include <nlohmann/json.hpp>
 #include <tuple>
 #include <utility>
-
-#include <nlohmann/json.hpp>
 
 #include "server/engine/error.h"
 
@@ -24,10 +23,14 @@ using nlohmann::json;
 constexpr uint64_t kMaxHeaderBytes = 100'000'000;
 
 bool parse_dtype(const std::string& s, DType* out) {
-  if (s == "F32") *out = DType::kF32;
-  else if (s == "F16") *out = DType::kF16;
-  else if (s == "BF16") *out = DType::kBF16;
-  else return false;
+  if (s == "F32")
+    *out = DType::kF32;
+  else if (s == "F16")
+    *out = DType::kF16;
+  else if (s == "BF16")
+    *out = DType::kBF16;
+  else
+    return false;
   return true;
 }
 
@@ -35,9 +38,12 @@ bool parse_dtype(const std::string& s, DType* out) {
 
 const char* dtype_name(DType dtype) {
   switch (dtype) {
-    case DType::kF32: return "F32";
-    case DType::kF16: return "F16";
-    case DType::kBF16: return "BF16";
+    case DType::kF32:
+      return "F32";
+    case DType::kF16:
+      return "F16";
+    case DType::kBF16:
+      return "BF16";
   }
   return "?";
 }
@@ -102,7 +108,9 @@ SafetensorsFile::SafetensorsFile(const std::filesystem::path& path) : path_(path
     struct Range {
       size_t begin, end;
       std::string name;
-      bool operator<(const Range& o) const { return std::tie(begin, end) < std::tie(o.begin, o.end); }
+      bool operator<(const Range& o) const {
+        return std::tie(begin, end) < std::tie(o.begin, o.end);
+      }
     };
     std::vector<Range> ranges;  // every non-empty tensor's bytes
 
@@ -110,7 +118,8 @@ SafetensorsFile::SafetensorsFile(const std::filesystem::path& path) : path_(path
       if (name == "__metadata__") continue;
       const std::string where = "tensor \"" + name + "\": ";
       if (!entry.is_object()) fail(where + "entry is not a JSON object");
-      if (!entry.contains("dtype") || !entry["dtype"].is_string()) fail(where + "missing \"dtype\"");
+      if (!entry.contains("dtype") || !entry["dtype"].is_string())
+        fail(where + "missing \"dtype\"");
       if (!entry.contains("shape") || !entry["shape"].is_array()) fail(where + "missing \"shape\"");
       if (!entry.contains("data_offsets") || !entry["data_offsets"].is_array() ||
           entry["data_offsets"].size() != 2) {
@@ -124,9 +133,11 @@ SafetensorsFile::SafetensorsFile(const std::filesystem::path& path) : path_(path
       }
       uint64_t numel = 1;
       for (const json& d : entry["shape"]) {
-        if (!d.is_number_unsigned()) fail(where + "shape entries must be non-negative integers, found " + d.dump());
+        if (!d.is_number_unsigned())
+          fail(where + "shape entries must be non-negative integers, found " + d.dump());
         const uint64_t dim = d.get<uint64_t>();
-        if (dim != 0 && numel > (uint64_t{1} << 40) / dim) fail(where + "shape " + entry["shape"].dump() + " is too large");
+        if (dim != 0 && numel > (uint64_t{1} << 40) / dim)
+          fail(where + "shape " + entry["shape"].dump() + " is too large");
         numel *= dim;
         t.shape.push_back(static_cast<int64_t>(dim));
       }
@@ -137,8 +148,8 @@ SafetensorsFile::SafetensorsFile(const std::filesystem::path& path) : path_(path
       const uint64_t begin = off[0].get<uint64_t>();
       const uint64_t end = off[1].get<uint64_t>();
       if (begin > end || end > data_size) {
-        fail(where + "data_offsets " + off.dump() + " lie outside the " + std::to_string(data_size) +
-             " data bytes");
+        fail(where + "data_offsets " + off.dump() + " lie outside the " +
+             std::to_string(data_size) + " data bytes");
       }
       const uint64_t expected = numel * dtype_size(t.dtype);
       if (end - begin != expected) {

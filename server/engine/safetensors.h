@@ -23,11 +23,11 @@ const char* dtype_name(DType dtype);  // "F32", "F16", "BF16" as safetensors spe
 size_t dtype_size(DType dtype);
 
 struct TensorInfo {
-  std::string name;             ///< the state_dict name
-  DType dtype = DType::kF32;    ///< element type as stored
-  std::vector<int64_t> shape;   ///< dimensions, outermost first
+  std::string name;                 ///< the state_dict name
+  DType dtype = DType::kF32;        ///< element type as stored
+  std::vector<int64_t> shape;       ///< dimensions, outermost first
   const std::byte* data = nullptr;  ///< first byte, inside the mapping
-  size_t nbytes = 0;            ///< element count times element size
+  size_t nbytes = 0;                ///< element count times element size
   int64_t numel() const;
 };
 

@@ -25,7 +25,9 @@ namespace fastformer::engine {
 // leading dimensions are padded: the plan's buffers (plan_workspace) and the Q|K|s width
 // (qks_width, prepared_weights.h).
 inline constexpr int64_t kLdMultiple = 8;
-inline constexpr int64_t padded_ld(int64_t cols) { return (cols + kLdMultiple - 1) / kLdMultiple * kLdMultiple; }
+inline constexpr int64_t padded_ld(int64_t cols) {
+  return (cols + kLdMultiple - 1) / kLdMultiple * kLdMultiple;
+}
 
 // What cuBLASLt's fastest kernels ask of every GEMM operand (A, W, C and the bias): the
 // pointer and the leading dimension in bytes both multiples of 16.

@@ -1,14 +1,13 @@
 #include "server/metrics/metrics.h"
 
 #include <dirent.h>
+#include <prometheus/collectable.h>
+#include <prometheus/metric_family.h>
 #include <unistd.h>
 
 #include <fstream>
 #include <sstream>
 #include <vector>
-
-#include <prometheus/collectable.h>
-#include <prometheus/metric_family.h>
 
 namespace fastformer::metrics {
 namespace {
@@ -27,8 +26,9 @@ Histogram::BucketBoundaries exponential(double start, double factor, int count) 
 
 const Histogram::BucketBoundaries kSecondsBuckets = exponential(0.0001, 2, 18);  // 0.1 ms .. 13 s
 const Histogram::BucketBoundaries kTokenBuckets = exponential(16, 2, 14);        // 16 .. 131072
-const Histogram::BucketBoundaries kShortSecondsBuckets = exponential(0.00001, 2, 20);  // 10 us .. 5 s
-const Histogram::BucketBoundaries kSequenceBuckets = exponential(1, 2, 12);      // 1 .. 2048
+const Histogram::BucketBoundaries kShortSecondsBuckets =
+    exponential(0.00001, 2, 20);                                             // 10 us .. 5 s
+const Histogram::BucketBoundaries kSequenceBuckets = exponential(1, 2, 12);  // 1 .. 2048
 
 // process_resident_memory_bytes, process_cpu_seconds_total, process_open_fds from /proc,
 // read at scrape time (prometheus-cpp has no process collector).
@@ -36,14 +36,17 @@ class ProcessCollector : public prometheus::Collectable {
  public:
   std::vector<prometheus::MetricFamily> Collect() const override {
     std::vector<prometheus::MetricFamily> out;
-    auto gauge = [&](const char* name, const char* help, prometheus::MetricType type, double value) {
+    auto gauge = [&](const char* name, const char* help, prometheus::MetricType type,
+                     double value) {
       prometheus::MetricFamily f;
       f.name = name;
       f.help = help;
       f.type = type;
       prometheus::ClientMetric m;
-      if (type == prometheus::MetricType::Counter) m.counter.value = value;
-      else m.gauge.value = value;
+      if (type == prometheus::MetricType::Counter)
+        m.counter.value = value;
+      else
+        m.gauge.value = value;
       f.metric.push_back(m);
       out.push_back(std::move(f));
     };
@@ -68,7 +71,8 @@ class ProcessCollector : public prometheus::Collectable {
       closedir(dir);
       fds -= 1;  // the descriptor opendir itself holds
     }
-    gauge("process_open_fds", "Number of open file descriptors.", prometheus::MetricType::Gauge, fds);
+    gauge("process_open_fds", "Number of open file descriptors.", prometheus::MetricType::Gauge,
+          fds);
     return out;
   }
 };
@@ -85,10 +89,11 @@ Metrics::Metrics()
                             .Name("fastformer_request_duration_seconds")
                             .Help("Time from receiving a request to sending its answer.")
                             .Register(*registry_)),
-      dropped_(BuildCounter()
-                   .Name("fastformer_sequences_dropped_total")
-                   .Help("Queued sequences dropped before compute, by reason (deadline, cancelled).")
-                   .Register(*registry_)),
+      dropped_(
+          BuildCounter()
+              .Name("fastformer_sequences_dropped_total")
+              .Help("Queued sequences dropped before compute, by reason (deadline, cancelled).")
+              .Register(*registry_)),
       queue_duration(BuildHistogram()
                          .Name("fastformer_queue_duration_seconds")
                          .Help("Time a sequence waited from admission until its batch was formed.")
@@ -143,12 +148,14 @@ Metrics::Metrics()
                             .Add({})),
       open_streams(BuildGauge()
                        .Name("fastformer_open_streams")
-                       .Help("Streaming calls open, EncodeStream and ModelStreamInfer (bounded by --max-concurrent-streams).")
+                       .Help("Streaming calls open, EncodeStream and ModelStreamInfer (bounded by "
+                             "--max-concurrent-streams).")
                        .Register(*registry_)
                        .Add({})),
       tokenize_duration(BuildHistogram()
                             .Name("fastformer_tokenize_duration_seconds")
-                            .Help("Time a request's texts took to tokenize (on the request thread), per request with text.")
+                            .Help("Time a request's texts took to tokenize (on the request "
+                                  "thread), per request with text.")
                             .Register(*registry_)
                             .Add({}, kShortSecondsBuckets)),
       texts_total(BuildCounter()
@@ -172,7 +179,8 @@ Metrics::Metrics()
                                .Add({})) {
   // Every inference method and common code exists from start-up, at zero (the protocol's
   // metadata RPCs appear when first called).
-  for (const char* method : {"Encode", "EncodeStream", "GetModelInfo", "ModelInfer", "ModelStreamInfer"}) {
+  for (const char* method :
+       {"Encode", "EncodeStream", "GetModelInfo", "ModelInfer", "ModelStreamInfer"}) {
     request_duration_.Add({{"method", method}}, kSecondsBuckets);
     for (const char* code : {"OK", "INVALID_ARGUMENT", "RESOURCE_EXHAUSTED", "DEADLINE_EXCEEDED",
                              "CANCELLED", "UNAVAILABLE", "INTERNAL"}) {
@@ -208,7 +216,8 @@ QueueRecorders queue_recorders(Metrics& metrics) {
     metrics.queue_sequences.Set(double(sequences));
   };
   r.dropped = [&metrics](DropReason reason) {
-    (reason == DropReason::kDeadline ? metrics.dropped_deadline : metrics.dropped_cancelled).Increment();
+    (reason == DropReason::kDeadline ? metrics.dropped_deadline : metrics.dropped_cancelled)
+        .Increment();
   };
   r.batched = [&metrics](double queue_seconds) { metrics.queue_duration.Observe(queue_seconds); };
   return r;

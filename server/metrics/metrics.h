@@ -4,17 +4,17 @@
 // queue_recorders and batch_recorders below).
 #pragma once
 
-#include <cstdint>
-#include <functional>
-#include <memory>
-#include <string>
-
 #include <prometheus/counter.h>
 #include <prometheus/exposer.h>
 #include <prometheus/family.h>
 #include <prometheus/gauge.h>
 #include <prometheus/histogram.h>
 #include <prometheus/registry.h>
+
+#include <cstdint>
+#include <functional>
+#include <memory>
+#include <string>
 
 namespace fastformer::metrics {
 
@@ -46,17 +46,17 @@ class Metrics {
   prometheus::Histogram& batch_compute_duration;  ///< per batch
   prometheus::Histogram& batch_tokens;
   prometheus::Histogram& batch_sequences;
-  prometheus::Counter& sequences_total;           ///< computed sequences
-  prometheus::Counter& tokens_total;              ///< computed tokens
-  prometheus::Counter& dropped_deadline;          ///< fastformer_sequences_dropped_total{reason="deadline"}
-  prometheus::Counter& dropped_cancelled;         ///< ... {reason="cancelled"}
-  prometheus::Counter& batch_failures;            ///< fastformer_batch_failures_total
+  prometheus::Counter& sequences_total;   ///< computed sequences
+  prometheus::Counter& tokens_total;      ///< computed tokens
+  prometheus::Counter& dropped_deadline;  ///< fastformer_sequences_dropped_total{reason="deadline"}
+  prometheus::Counter& dropped_cancelled;  ///< ... {reason="cancelled"}
+  prometheus::Counter& batch_failures;     ///< fastformer_batch_failures_total
   prometheus::Gauge& queue_tokens;
   prometheus::Gauge& queue_sequences;
   prometheus::Gauge& inflight_requests;
-  prometheus::Gauge& open_streams;               ///< EncodeStream calls open
-  prometheus::Histogram& tokenize_duration;      ///< per request with text, all its texts
-  prometheus::Counter& texts_total;              ///< texts tokenized
+  prometheus::Gauge& open_streams;           ///< EncodeStream calls open
+  prometheus::Histogram& tokenize_duration;  ///< per request with text, all its texts
+  prometheus::Counter& texts_total;          ///< texts tokenized
 
  private:
   prometheus::Family<prometheus::Gauge>& model_info_;
@@ -71,9 +71,10 @@ enum class DropReason { kDeadline, kCancelled };
 // module depends on nothing above it: the server wraps them in the batching layer's
 // observers. Each may be called from any thread (prometheus-cpp metrics are thread-safe).
 struct QueueRecorders {
-  std::function<void(int64_t tokens, int64_t sequences)> depth;  ///< fastformer_queue_tokens, _sequences
-  std::function<void(DropReason reason)> dropped;                ///< fastformer_sequences_dropped_total
-  std::function<void(double queue_seconds)> batched;             ///< fastformer_queue_duration_seconds
+  std::function<void(int64_t tokens, int64_t sequences)>
+      depth;                                          ///< fastformer_queue_tokens, _sequences
+  std::function<void(DropReason reason)> dropped;     ///< fastformer_sequences_dropped_total
+  std::function<void(double queue_seconds)> batched;  ///< fastformer_queue_duration_seconds
 };
 struct BatchRecorders {
   // fastformer_batch_compute_duration_seconds, _batch_tokens, _batch_sequences,

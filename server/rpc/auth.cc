@@ -1,5 +1,7 @@
 #include "server/rpc/auth.h"
 
+#include <spdlog/spdlog.h>
+
 #include <algorithm>
 #include <cctype>
 #include <cerrno>
@@ -7,8 +9,6 @@
 #include <fstream>
 #include <sstream>
 #include <stdexcept>
-
-#include <spdlog/spdlog.h>
 
 namespace fastformer::rpc {
 namespace {

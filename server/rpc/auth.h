@@ -9,6 +9,11 @@
 // Tokens never leave this file: not in a log line, not in a status message, not in a metric.
 #pragma once
 
+#include <grpcpp/support/status.h>
+#include <prometheus/counter.h>
+#include <prometheus/family.h>
+#include <prometheus/registry.h>
+
 #include <cstddef>
 #include <memory>
 #include <mutex>
@@ -16,11 +21,6 @@
 #include <string>
 #include <string_view>
 #include <vector>
-
-#include <grpcpp/support/status.h>
-#include <prometheus/counter.h>
-#include <prometheus/family.h>
-#include <prometheus/registry.h>
 
 namespace fastformer::rpc {
 

@@ -16,13 +16,15 @@ namespace fastformer::rpc {
 // proto3 refuses a `text` that is not UTF-8, so such a message gets INVALID_ARGUMENT naming the
 // sequence and the byte (in-band on the stream, which goes on).
 class EncoderService final
-    : public v1::Encoder::WithRawCallbackMethod_Encode<v1::Encoder::WithRawCallbackMethod_EncodeStream<
-          v1::Encoder::WithCallbackMethod_GetModelInfo<v1::Encoder::Service>>> {
+    : public v1::Encoder::WithRawCallbackMethod_Encode<
+          v1::Encoder::WithRawCallbackMethod_EncodeStream<
+              v1::Encoder::WithCallbackMethod_GetModelInfo<v1::Encoder::Service>>> {
  public:
   // The service answers UNAVAILABLE from the moment the port opens until the intake serves.
   explicit EncoderService(Intake& intake) : intake_(intake), stream_protocol_{this} {}
 
-  grpc::ServerUnaryReactor* Encode(grpc::CallbackServerContext* context, const grpc::ByteBuffer* request,
+  grpc::ServerUnaryReactor* Encode(grpc::CallbackServerContext* context,
+                                   const grpc::ByteBuffer* request,
                                    grpc::ByteBuffer* response) override;
   grpc::ServerBidiReactor<grpc::ByteBuffer, grpc::ByteBuffer>* EncodeStream(
       grpc::CallbackServerContext* context) override;
@@ -42,7 +44,8 @@ class EncoderService final
     static constexpr const char* kMethod = "EncodeStream";
     grpc::Status admit(Message& message, grpc::CallbackServerContext* context,
                        const std::shared_ptr<batching::Request>& request);
-    grpc::ByteBuffer answer(Message& message, const batching::Request* done, const grpc::Status& status);
+    grpc::ByteBuffer answer(Message& message, const batching::Request* done,
+                            const grpc::Status& status);
     EncoderService* service;
   };
 

@@ -1,11 +1,11 @@
 #include "server/rpc/infer_conversion.h"
 
+#include <google/protobuf/io/coded_stream.h>
+#include <google/protobuf/wire_format_lite.h>
+
 #include <algorithm>
 #include <cstring>
 #include <optional>
-
-#include <google/protobuf/io/coded_stream.h>
-#include <google/protobuf/wire_format_lite.h>
 
 #include "server/rpc/raw_message.h"
 #include "server/rpc/text_input.h"
@@ -16,7 +16,9 @@ namespace {
 
 using InputTensorProto = inference::ModelInferRequest::InferInputTensor;
 
-grpc::Status invalid(std::string message) { return {grpc::StatusCode::INVALID_ARGUMENT, std::move(message)}; }
+grpc::Status invalid(std::string message) {
+  return {grpc::StatusCode::INVALID_ARGUMENT, std::move(message)};
+}
 
 std::string shape_string(const google::protobuf::RepeatedField<int64_t>& shape) {
   std::string s = "[";
@@ -34,13 +36,15 @@ struct Input {
 grpc::Status element_count(const Input& input, int dims, int64_t* count) {
   const InputTensorProto& t = *input.tensor;
   if (t.shape_size() != dims) {
-    return invalid(t.name() + ": shape " + shape_string(t.shape()) + " has " + std::to_string(t.shape_size()) +
-                   " dimensions; expected " + std::to_string(dims) +
+    return invalid(t.name() + ": shape " + shape_string(t.shape()) + " has " +
+                   std::to_string(t.shape_size()) + " dimensions; expected " +
+                   std::to_string(dims) +
                    (dims == 2 ? " ([batch, length])" : " ([batch, length, hidden])"));
   }
   int64_t n = 1;
   for (const int64_t d : t.shape()) {
-    if (d <= 0) return invalid(t.name() + ": shape " + shape_string(t.shape()) + " has a dimension below 1");
+    if (d <= 0)
+      return invalid(t.name() + ": shape " + shape_string(t.shape()) + " has a dimension below 1");
     if (__builtin_mul_overflow(n, d, &n) || n > (int64_t(1) << 40)) {
       return invalid(t.name() + ": shape " + shape_string(t.shape()) + " is too large");
     }
@@ -54,15 +58,17 @@ grpc::Status check_raw_size(const Input& input, int64_t count, size_t element_by
   const InputTensorProto& t = *input.tensor;
   const uint64_t want = uint64_t(count) * element_bytes;
   if (input.raw->size() != want) {
-    return invalid(t.name() + ": raw contents are " + std::to_string(input.raw->size()) + " bytes; shape " +
-                   shape_string(t.shape()) + " of " + t.datatype() + " needs " + std::to_string(want));
+    return invalid(t.name() + ": raw contents are " + std::to_string(input.raw->size()) +
+                   " bytes; shape " + shape_string(t.shape()) + " of " + t.datatype() + " needs " +
+                   std::to_string(want));
   }
   return grpc::Status::OK;
 }
 
-grpc::Status typed_count_mismatch(const InputTensorProto& t, const char* field, int64_t got, int64_t count) {
-  return invalid(t.name() + ": contents." + field + " holds " + std::to_string(got) + " values; shape " +
-                 shape_string(t.shape()) + " needs " + std::to_string(count));
+grpc::Status typed_count_mismatch(const InputTensorProto& t, const char* field, int64_t got,
+                                  int64_t count) {
+  return invalid(t.name() + ": contents." + field + " holds " + std::to_string(got) +
+                 " values; shape " + shape_string(t.shape()) + " needs " + std::to_string(count));
 }
 
 // The values of an INT64 or INT32 input.
@@ -88,10 +94,12 @@ grpc::Status read_integers(const Input& input, int64_t count, std::vector<int64_
   }
   const inference::InferTensorContents& c = t.contents();
   if (wide) {
-    if (c.int64_contents_size() != count) return typed_count_mismatch(t, "int64_contents", c.int64_contents_size(), count);
+    if (c.int64_contents_size() != count)
+      return typed_count_mismatch(t, "int64_contents", c.int64_contents_size(), count);
     std::copy(c.int64_contents().begin(), c.int64_contents().end(), out->begin());
   } else {
-    if (c.int_contents_size() != count) return typed_count_mismatch(t, "int_contents", c.int_contents_size(), count);
+    if (c.int_contents_size() != count)
+      return typed_count_mismatch(t, "int_contents", c.int_contents_size(), count);
     std::copy(c.int_contents().begin(), c.int_contents().end(), out->begin());
   }
   return grpc::Status::OK;
@@ -100,7 +108,8 @@ grpc::Status read_integers(const Input& input, int64_t count, std::vector<int64_
 // The values of an FP32 input.
 grpc::Status read_floats(const Input& input, int64_t count, std::vector<float>* out) {
   const InputTensorProto& t = *input.tensor;
-  if (t.datatype() != "FP32") return invalid(t.name() + ": datatype " + t.datatype() + "; expected FP32");
+  if (t.datatype() != "FP32")
+    return invalid(t.name() + ": datatype " + t.datatype() + "; expected FP32");
   out->resize(size_t(count));
   if (input.raw != nullptr) {
     if (grpc::Status s = check_raw_size(input, count, 4); !s.ok()) return s;
@@ -108,12 +117,14 @@ grpc::Status read_floats(const Input& input, int64_t count, std::vector<float>* 
     return grpc::Status::OK;
   }
   const inference::InferTensorContents& c = t.contents();
-  if (c.fp32_contents_size() != count) return typed_count_mismatch(t, "fp32_contents", c.fp32_contents_size(), count);
+  if (c.fp32_contents_size() != count)
+    return typed_count_mismatch(t, "fp32_contents", c.fp32_contents_size(), count);
   std::copy(c.fp32_contents().begin(), c.fp32_contents().end(), out->begin());
   return grpc::Status::OK;
 }
 
-grpc::Status read_parameters(const inference::ModelInferRequest& proto, OutputOptions* options, Truncate* truncate) {
+grpc::Status read_parameters(const inference::ModelInferRequest& proto, OutputOptions* options,
+                             Truncate* truncate) {
   // Parameters we do not know are ignored, as the protocol asks (clients add their own).
   for (const auto& [key, value] : proto.parameters()) {
     if (key == "normalize") {
@@ -150,12 +161,16 @@ grpc::Status read_outputs(const inference::ModelInferRequest& proto, const engin
   }
   for (int i = 0; i < proto.outputs_size(); ++i) {
     const std::string& name = proto.outputs(i).name();
-    const bool known = std::any_of(outputs.begin(), outputs.end(), [&](const TensorSpec& o) { return o.name == name; });
+    const bool known = std::any_of(outputs.begin(), outputs.end(),
+                                   [&](const TensorSpec& o) { return o.name == name; });
     if (!known) {
-      return invalid("outputs[" + std::to_string(i) + "]: unknown output '" + name + "' (this model has " + names + ")");
+      return invalid("outputs[" + std::to_string(i) + "]: unknown output '" + name +
+                     "' (this model has " + names + ")");
     }
-    if (std::find(call->output_order.begin(), call->output_order.end(), name) != call->output_order.end()) {
-      return invalid("outputs[" + std::to_string(i) + "]: output '" + name + "' is asked for twice");
+    if (std::find(call->output_order.begin(), call->output_order.end(), name) !=
+        call->output_order.end()) {
+      return invalid("outputs[" + std::to_string(i) + "]: output '" + name +
+                     "' is asked for twice");
     }
     want(name);
   }
@@ -163,23 +178,27 @@ grpc::Status read_outputs(const inference::ModelInferRequest& proto, const engin
 }
 
 // Row r's real length from the attention mask (1 + the last 1), checking its values.
-grpc::Status mask_length(const std::vector<int64_t>& mask, int64_t r, int64_t L, bool trailing_only, int64_t* n) {
+grpc::Status mask_length(const std::vector<int64_t>& mask, int64_t r, int64_t L, bool trailing_only,
+                         int64_t* n) {
   int64_t last = -1;
   for (int64_t t = 0; t < L; ++t) {
     const int64_t m = mask[size_t(r * L + t)];
     if (m != 0 && m != 1) {
-      return invalid("attention_mask: row " + std::to_string(r) + ", token " + std::to_string(t) + " is " +
-                     std::to_string(m) + "; expected 0 or 1");
+      return invalid("attention_mask: row " + std::to_string(r) + ", token " + std::to_string(t) +
+                     " is " + std::to_string(m) + "; expected 0 or 1");
     }
     if (m == 1) {
       if (trailing_only && last != t - 1) {
-        return invalid("attention_mask: row " + std::to_string(r) + " has a 0 before token " + std::to_string(t) +
+        return invalid("attention_mask: row " + std::to_string(r) + " has a 0 before token " +
+                       std::to_string(t) +
                        ", which is 1: with input_embeddings only trailing padding is allowed");
       }
       last = t;
     }
   }
-  if (last < 0) return invalid("attention_mask: row " + std::to_string(r) + " has no real token (every value is 0)");
+  if (last < 0)
+    return invalid("attention_mask: row " + std::to_string(r) +
+                   " has no real token (every value is 0)");
   *n = last + 1;
   return grpc::Status::OK;
 }
@@ -189,15 +208,19 @@ grpc::Status mask_length(const std::vector<int64_t>& mask, int64_t r, int64_t L,
 // bytes_contents.
 grpc::Status read_texts(const Input& input, std::vector<std::string_view>* out) {
   const InputTensorProto& t = *input.tensor;
-  if (t.datatype() != "BYTES") return invalid(t.name() + ": datatype " + t.datatype() + "; expected BYTES");
-  if (t.shape_size() < 1 || t.shape_size() > 2 || (t.shape_size() == 2 && t.shape(1) != 1) || t.shape(0) <= 0) {
-    return invalid(t.name() + ": shape " + shape_string(t.shape()) + "; expected [batch] or [batch, 1], batch >= 1");
+  if (t.datatype() != "BYTES")
+    return invalid(t.name() + ": datatype " + t.datatype() + "; expected BYTES");
+  if (t.shape_size() < 1 || t.shape_size() > 2 || (t.shape_size() == 2 && t.shape(1) != 1) ||
+      t.shape(0) <= 0) {
+    return invalid(t.name() + ": shape " + shape_string(t.shape()) +
+                   "; expected [batch] or [batch, 1], batch >= 1");
   }
   const int64_t count = t.shape(0);
   out->clear();
   if (input.raw == nullptr) {
     const inference::InferTensorContents& c = t.contents();
-    if (c.bytes_contents_size() != count) return typed_count_mismatch(t, "bytes_contents", c.bytes_contents_size(), count);
+    if (c.bytes_contents_size() != count)
+      return typed_count_mismatch(t, "bytes_contents", c.bytes_contents_size(), count);
     for (const std::string& b : c.bytes_contents()) out->emplace_back(b);
     return grpc::Status::OK;
   }
@@ -206,22 +229,24 @@ grpc::Status read_texts(const Input& input, std::vector<std::string_view>* out) 
   for (int64_t i = 0; i < count; ++i) {
     uint32_t n = 0;
     if (raw.size() - at < 4) {
-      return invalid(t.name() + ": raw contents end at byte " + std::to_string(raw.size()) + " before element " +
-                     std::to_string(i) + "'s 4-byte length; shape " + shape_string(t.shape()) + " needs " +
-                     std::to_string(count) + " elements");
+      return invalid(t.name() + ": raw contents end at byte " + std::to_string(raw.size()) +
+                     " before element " + std::to_string(i) + "'s 4-byte length; shape " +
+                     shape_string(t.shape()) + " needs " + std::to_string(count) + " elements");
     }
     std::memcpy(&n, raw.data() + at, 4);  // little-endian, as every host we build for
     at += 4;
     if (raw.size() - at < n) {
-      return invalid(t.name() + ": raw contents: element " + std::to_string(i) + " is " + std::to_string(n) +
-                     " bytes, but only " + std::to_string(raw.size() - at) + " remain");
+      return invalid(t.name() + ": raw contents: element " + std::to_string(i) + " is " +
+                     std::to_string(n) + " bytes, but only " + std::to_string(raw.size() - at) +
+                     " remain");
     }
     out->emplace_back(raw.data() + at, n);
     at += n;
   }
   if (at != raw.size()) {
-    return invalid(t.name() + ": raw contents have " + std::to_string(raw.size() - at) + " bytes after the " +
-                   std::to_string(count) + " elements of shape " + shape_string(t.shape()));
+    return invalid(t.name() + ": raw contents have " + std::to_string(raw.size() - at) +
+                   " bytes after the " + std::to_string(count) + " elements of shape " +
+                   shape_string(t.shape()));
   }
   return grpc::Status::OK;
 }
@@ -233,31 +258,39 @@ std::vector<TensorSpec> model_inputs(const engine::Model& model, const text::Tok
   const bool text = tokenizer != nullptr;
   std::vector<TensorSpec> inputs;
   if (text) inputs.push_back({"text", "BYTES", inference::TYPE_STRING, {-1}, true});
-  if (model.has_word_embedding()) inputs.push_back({"input_ids", "INT64", inference::TYPE_INT64, {-1, -1}, text});
+  if (model.has_word_embedding())
+    inputs.push_back({"input_ids", "INT64", inference::TYPE_INT64, {-1, -1}, text});
   inputs.push_back({"attention_mask", "INT64", inference::TYPE_INT64, {-1, -1}, true});
-  inputs.push_back({"input_embeddings", "FP32", inference::TYPE_FP32, {-1, -1, D}, model.has_word_embedding()});
+  inputs.push_back(
+      {"input_embeddings", "FP32", inference::TYPE_FP32, {-1, -1, D}, model.has_word_embedding()});
   return inputs;
 }
 
-std::vector<TensorSpec> model_outputs(const engine::Model& model, const text::Tokenizer* tokenizer) {
+std::vector<TensorSpec> model_outputs(const engine::Model& model,
+                                      const text::Tokenizer* tokenizer) {
   const int64_t D = model.config().hidden_size;
-  std::vector<TensorSpec> outputs{{"embedding", "FP32", inference::TYPE_FP32, {-1, D}, false},
-                                  {"token_embeddings", "FP32", inference::TYPE_FP32, {-1, -1, D}, false}};
+  std::vector<TensorSpec> outputs{
+      {"embedding", "FP32", inference::TYPE_FP32, {-1, D}, false},
+      {"token_embeddings", "FP32", inference::TYPE_FP32, {-1, -1, D}, false}};
   if (model.num_labels() > 0) {
-    outputs.push_back({"logits", "FP32", inference::TYPE_FP32, {-1, int64_t(model.num_labels())}, false});
+    outputs.push_back(
+        {"logits", "FP32", inference::TYPE_FP32, {-1, int64_t(model.num_labels())}, false});
   }
-  if (tokenizer != nullptr) outputs.push_back({"num_tokens", "INT64", inference::TYPE_INT64, {-1}, false});
+  if (tokenizer != nullptr)
+    outputs.push_back({"num_tokens", "INT64", inference::TYPE_INT64, {-1}, false});
   return outputs;
 }
 
-grpc::Status check_model(const engine::Model& model, const std::string& name, const std::string& version) {
+grpc::Status check_model(const engine::Model& model, const std::string& name,
+                         const std::string& version) {
   const std::string& served = model.config().model_name;
   if (name != served) {
-    return {grpc::StatusCode::NOT_FOUND, "model '" + name + "' is not served here (this server serves '" + served + "')"};
+    return {grpc::StatusCode::NOT_FOUND,
+            "model '" + name + "' is not served here (this server serves '" + served + "')"};
   }
   if (!version.empty() && version != kModelVersion) {
-    return {grpc::StatusCode::NOT_FOUND, "model '" + name + "' has no version '" + version + "' (it has version " +
-                                             kModelVersion + ")"};
+    return {grpc::StatusCode::NOT_FOUND, "model '" + name + "' has no version '" + version +
+                                             "' (it has version " + kModelVersion + ")"};
   }
   return grpc::Status::OK;
 }
@@ -265,14 +298,16 @@ grpc::Status check_model(const engine::Model& model, const std::string& name, co
 namespace {
 
 // The rows of a `text` input: one tokenized text each.
-grpc::Status convert_text_rows(const Input& text_in, const engine::Model& model, const text::Tokenizer* tokenizer,
-                               const RequestLimits& limits,
-                               int64_t max_batch_size, Truncate truncate, InferCall* call, batching::Request* out) {
+grpc::Status convert_text_rows(const Input& text_in, const engine::Model& model,
+                               const text::Tokenizer* tokenizer, const RequestLimits& limits,
+                               int64_t max_batch_size, Truncate truncate, InferCall* call,
+                               batching::Request* out) {
   std::vector<std::string_view> texts;
   if (grpc::Status s = read_texts(text_in, &texts); !s.ok()) return s;
   const int64_t B = int64_t(texts.size());
   if (max_batch_size > 0 && B > max_batch_size) {
-    return invalid("text: batch size " + std::to_string(B) + " exceeds max_batch_size " + std::to_string(max_batch_size));
+    return invalid("text: batch size " + std::to_string(B) + " exceeds max_batch_size " +
+                   std::to_string(max_batch_size));
   }
   call->rows = B;
   call->ids.resize(size_t(B));
@@ -281,13 +316,15 @@ grpc::Status convert_text_rows(const Input& text_in, const engine::Model& model,
   int64_t total = 0;
   for (int64_t r = 0; r < B; ++r) {
     std::vector<int32_t>& row = call->ids[size_t(r)];
-    if (auto error = tokenize_text(tokenizer, model.config(), texts[size_t(r)], truncate, &row, out)) {
+    if (auto error =
+            tokenize_text(tokenizer, model.config(), texts[size_t(r)], truncate, &row, out)) {
       return invalid("text: row " + std::to_string(r) + ": " + *error);
     }
     total += int64_t(row.size());
     if (total > limits.max_request_tokens) {
-      return invalid("text: the request has " + std::string(r + 1 < B ? "at least " : "") + std::to_string(total) +
-                     " tokens, over max_request_tokens " + std::to_string(limits.max_request_tokens));
+      return invalid("text: the request has " + std::string(r + 1 < B ? "at least " : "") +
+                     std::to_string(total) + " tokens, over max_request_tokens " +
+                     std::to_string(limits.max_request_tokens));
     }
     call->length = std::max(call->length, int64_t(row.size()));
     out->sequences.push_back(SequenceInput{row, {}});
@@ -297,17 +334,21 @@ grpc::Status convert_text_rows(const Input& text_in, const engine::Model& model,
 
 }  // namespace
 
-grpc::Status convert_infer_request(const inference::ModelInferRequest& proto, const engine::Model& model,
-                                   const text::Tokenizer* tokenizer, const RequestLimits& limits, int64_t max_batch_size, InferCall* call,
-                                   batching::Request* out) {
-  if (grpc::Status s = check_model(model, proto.model_name(), proto.model_version()); !s.ok()) return s;
+grpc::Status convert_infer_request(const inference::ModelInferRequest& proto,
+                                   const engine::Model& model, const text::Tokenizer* tokenizer,
+                                   const RequestLimits& limits, int64_t max_batch_size,
+                                   InferCall* call, batching::Request* out) {
+  if (grpc::Status s = check_model(model, proto.model_name(), proto.model_version()); !s.ok())
+    return s;
   const engine::ModelConfig& c = model.config();
   const int64_t D = c.hidden_size, max_len = c.max_position_embeddings;
 
   // The inputs by name.
-  if (proto.raw_input_contents_size() > 0 && proto.raw_input_contents_size() != proto.inputs_size()) {
-    return invalid("raw_input_contents: " + std::to_string(proto.raw_input_contents_size()) + " entries for " +
-                   std::to_string(proto.inputs_size()) + " inputs; send one per input, or typed contents");
+  if (proto.raw_input_contents_size() > 0 &&
+      proto.raw_input_contents_size() != proto.inputs_size()) {
+    return invalid("raw_input_contents: " + std::to_string(proto.raw_input_contents_size()) +
+                   " entries for " + std::to_string(proto.inputs_size()) +
+                   " inputs; send one per input, or typed contents");
   }
   std::optional<Input> ids_in, mask_in, embeddings_in, text_in;
   for (int i = 0; i < proto.inputs_size(); ++i) {
@@ -321,17 +362,21 @@ grpc::Status convert_infer_request(const inference::ModelInferRequest& proto, co
       return invalid("inputs[" + std::to_string(i) + "]: unknown input '" + t.name() +
                      "' (expected input_ids, attention_mask, input_embeddings or text)");
     }
-    if (slot->has_value()) return invalid("inputs[" + std::to_string(i) + "]: input '" + t.name() + "' is sent twice");
+    if (slot->has_value())
+      return invalid("inputs[" + std::to_string(i) + "]: input '" + t.name() + "' is sent twice");
     *slot = Input{&t, proto.raw_input_contents_size() > 0 ? &proto.raw_input_contents(i) : nullptr};
   }
   if (int(ids_in.has_value()) + int(embeddings_in.has_value()) + int(text_in.has_value()) != 1) {
-    return invalid(tokenizer != nullptr ? "inputs: send exactly one of input_ids, input_embeddings and text"
-                                                : "inputs: send exactly one of input_ids and input_embeddings");
+    return invalid(tokenizer != nullptr
+                       ? "inputs: send exactly one of input_ids, input_embeddings and text"
+                       : "inputs: send exactly one of input_ids and input_embeddings");
   }
   if (ids_in && !model.has_word_embedding()) {
-    return invalid("input_ids: this model has no word embedding table; send input_embeddings instead");
+    return invalid(
+        "input_ids: this model has no word embedding table; send input_embeddings instead");
   }
-  if (text_in && mask_in) return invalid("attention_mask: not used with text (each text is one row)");
+  if (text_in && mask_in)
+    return invalid("attention_mask: not used with text (each text is one row)");
 
   OutputOptions options;
   Truncate truncate = Truncate::kNone;
@@ -340,7 +385,9 @@ grpc::Status convert_infer_request(const inference::ModelInferRequest& proto, co
   options.token_embeddings = call->token_embeddings;
   options.logits = call->logits;
   if (text_in) {
-    if (grpc::Status s = convert_text_rows(*text_in, model, tokenizer, limits, max_batch_size, truncate, call, out); !s.ok()) {
+    if (grpc::Status s = convert_text_rows(*text_in, model, tokenizer, limits, max_batch_size,
+                                           truncate, call, out);
+        !s.ok()) {
       return s;
     }
     out->options = options;
@@ -357,8 +404,8 @@ grpc::Status convert_infer_request(const inference::ModelInferRequest& proto, co
                    ": the last dimension must be hidden_size " + std::to_string(D));
   }
   if (max_batch_size > 0 && B > max_batch_size) {
-    return invalid(main.tensor->name() + ": batch size " + std::to_string(B) + " exceeds max_batch_size " +
-                   std::to_string(max_batch_size));
+    return invalid(main.tensor->name() + ": batch size " + std::to_string(B) +
+                   " exceeds max_batch_size " + std::to_string(max_batch_size));
   }
   std::vector<int64_t> ids, mask;
   std::vector<float> embeddings;
@@ -371,7 +418,8 @@ grpc::Status convert_infer_request(const inference::ModelInferRequest& proto, co
     const auto& ms = mask_in->tensor->shape();
     if (ms.size() != 2 || ms[0] != B || ms[1] != L) {
       return invalid("attention_mask: shape " + shape_string(ms) + " must equal the rows of " +
-                     main.tensor->name() + ": [" + std::to_string(B) + ", " + std::to_string(L) + "]");
+                     main.tensor->name() + ": [" + std::to_string(B) + ", " + std::to_string(L) +
+                     "]");
     }
     if (grpc::Status s = read_integers(*mask_in, B * L, &mask); !s.ok()) return s;
   }
@@ -379,15 +427,18 @@ grpc::Status convert_infer_request(const inference::ModelInferRequest& proto, co
   // The rows: trimmed by the mask, truncated, validated.
   call->rows = B;
   call->length = truncate == Truncate::kNone ? L : std::min(L, max_len);
-  if (ids_in) call->ids.resize(size_t(B));
-  else call->embeddings.resize(size_t(B));
+  if (ids_in)
+    call->ids.resize(size_t(B));
+  else
+    call->embeddings.resize(size_t(B));
   out->sequences.clear();
   out->sequences.reserve(size_t(B));
   int64_t total = 0;
   for (int64_t r = 0; r < B; ++r) {
     int64_t n = L;
     if (mask_in) {
-      if (grpc::Status s = mask_length(mask, r, L, embeddings_in.has_value(), &n); !s.ok()) return s;
+      if (grpc::Status s = mask_length(mask, r, L, embeddings_in.has_value(), &n); !s.ok())
+        return s;
     }
     int64_t first = 0;  // the first token kept
     if (n > max_len && truncate != Truncate::kNone) {
@@ -405,9 +456,9 @@ grpc::Status convert_infer_request(const inference::ModelInferRequest& proto, co
           continue;
         }
         if (ids[at] < 0 || ids[at] >= c.vocab_size) {
-          return invalid("input_ids: row " + std::to_string(r) + ", token " + std::to_string(first + t) +
-                         " has id " + std::to_string(ids[at]) + ", outside [0, vocab_size " +
-                         std::to_string(c.vocab_size) + ")");
+          return invalid("input_ids: row " + std::to_string(r) + ", token " +
+                         std::to_string(first + t) + " has id " + std::to_string(ids[at]) +
+                         ", outside [0, vocab_size " + std::to_string(c.vocab_size) + ")");
         }
         row[size_t(t)] = int32_t(ids[at]);
       }
@@ -433,8 +484,8 @@ grpc::Status convert_infer_request(const inference::ModelInferRequest& proto, co
   return grpc::Status::OK;
 }
 
-void fill_infer_response(const InferCall& call, const batching::Request& request, const engine::Model& model,
-                         inference::ModelInferResponse* response) {
+void fill_infer_response(const InferCall& call, const batching::Request& request,
+                         const engine::Model& model, inference::ModelInferResponse* response) {
   const int64_t B = call.rows, D = model.config().hidden_size, labels = model.num_labels();
   for (const std::string& name : call.output_order) {
     inference::ModelInferResponse::InferOutputTensor* tensor = response->add_outputs();
@@ -452,7 +503,8 @@ void fill_infer_response(const InferCall& call, const batching::Request& request
     } else if (name == "token_embeddings") {
       tensor->add_shape(B), tensor->add_shape(call.length), tensor->add_shape(D);
       raw->assign(size_t(B * call.length * D) * 4, '\0');  // zero past each row's tokens
-      for (int64_t r = 0; r < B; ++r) put(r, request.results[size_t(r)].token_embeddings, call.length * D);
+      for (int64_t r = 0; r < B; ++r)
+        put(r, request.results[size_t(r)].token_embeddings, call.length * D);
     } else if (name == "logits") {
       tensor->add_shape(B), tensor->add_shape(labels);
       raw->assign(size_t(B * labels) * 4, '\0');
@@ -469,7 +521,8 @@ void fill_infer_response(const InferCall& call, const batching::Request& request
   }
 }
 
-grpc::Status parse_infer_request(const grpc::ByteBuffer& bytes, inference::ModelInferRequest* proto) {
+grpc::Status parse_infer_request(const grpc::ByteBuffer& bytes,
+                                 inference::ModelInferRequest* proto) {
   std::string flat;
   if (parse_raw_message(bytes, proto, &flat)) return grpc::Status::OK;
   return {grpc::StatusCode::INVALID_ARGUMENT, explain_infer_parse_failure(flat)};
@@ -477,7 +530,8 @@ grpc::Status parse_infer_request(const grpc::ByteBuffer& bytes, inference::Model
 
 std::string explain_infer_parse_failure(const std::string& bytes) {
   using google::protobuf::internal::WireFormatLite;
-  google::protobuf::io::CodedInputStream in(reinterpret_cast<const uint8_t*>(bytes.data()), int(bytes.size()));
+  google::protobuf::io::CodedInputStream in(reinterpret_cast<const uint8_t*>(bytes.data()),
+                                            int(bytes.size()));
   const std::string what = "the message is not an inference.ModelInferRequest: ";
   auto at = [](int byte) { return " at byte " + std::to_string(byte); };
   int inputs = 0, outputs = 0;
@@ -485,30 +539,37 @@ std::string explain_infer_parse_failure(const std::string& bytes) {
     const int start = in.CurrentPosition();
     const uint32_t tag = in.ReadTag();
     if (tag == 0) {
-      return in.CurrentPosition() < int(bytes.size()) ? what + "a field tag that does not parse" + at(start)
-                                                      : what + "its bytes do not parse as one (" +
-                                                            std::to_string(bytes.size()) + " bytes)";
+      return in.CurrentPosition() < int(bytes.size())
+                 ? what + "a field tag that does not parse" + at(start)
+                 : what + "its bytes do not parse as one (" + std::to_string(bytes.size()) +
+                       " bytes)";
     }
     const int field = WireFormatLite::GetTagFieldNumber(tag);
     if (field == 0) return what + "a field numbered 0" + at(start);
-    const bool delimited = WireFormatLite::GetTagWireType(tag) == WireFormatLite::WIRETYPE_LENGTH_DELIMITED;
+    const bool delimited =
+        WireFormatLite::GetTagWireType(tag) == WireFormatLite::WIRETYPE_LENGTH_DELIMITED;
     if (!delimited || field > 7) {
-      if (!WireFormatLite::SkipField(&in, tag)) return what + "field " + std::to_string(field) + " runs past the end" + at(start);
+      if (!WireFormatLite::SkipField(&in, tag))
+        return what + "field " + std::to_string(field) + " runs past the end" + at(start);
       continue;
     }
     std::string value;
     const int value_start = in.CurrentPosition();
     if (!WireFormatLite::ReadBytes(&in, &value)) {
-      return what + "field " + std::to_string(field) + " runs past the end of the message" + at(start);
+      return what + "field " + std::to_string(field) + " runs past the end of the message" +
+             at(start);
     }
-    const char* names[] = {"", "model_name", "model_version", "id", "parameters", "inputs", "outputs", "raw_input_contents"};
+    const char* names[] = {"",           "model_name", "model_version", "id",
+                           "parameters", "inputs",     "outputs",       "raw_input_contents"};
     if (field <= 3) {  // proto3 strings must be UTF-8
       try {
         tokenizer::decode_utf8(value);
       } catch (const tokenizer::TokenizerError& e) {
-        std::string why = e.what();  // "text is not valid UTF-8 (... at byte N)", N within the value
+        std::string why =
+            e.what();  // "text is not valid UTF-8 (... at byte N)", N within the value
         if (why.starts_with("text ")) why = "the value " + why.substr(5);
-        return std::string(names[field]) + " (bytes from " + std::to_string(value_start) + "): " + why;
+        return std::string(names[field]) + " (bytes from " + std::to_string(value_start) +
+               "): " + why;
       }
     } else if (field == 4) {
       inference::ModelInferRequest one;  // a map entry parses as part of a message with only it
@@ -518,15 +579,19 @@ std::string explain_infer_parse_failure(const std::string& bytes) {
     } else if (field == 5) {
       inference::ModelInferRequest::InferInputTensor tensor;
       if (!tensor.ParseFromString(value)) {
-        return "inputs[" + std::to_string(inputs) + "]: does not parse as an InferInputTensor (a name or datatype "
-               "that is not UTF-8, or a malformed field)" + at(value_start);
+        return "inputs[" + std::to_string(inputs) +
+               "]: does not parse as an InferInputTensor (a name or datatype "
+               "that is not UTF-8, or a malformed field)" +
+               at(value_start);
       }
       ++inputs;
     } else if (field == 6) {
       inference::ModelInferRequest::InferRequestedOutputTensor tensor;
       if (!tensor.ParseFromString(value)) {
-        return "outputs[" + std::to_string(outputs) + "]: does not parse as an InferRequestedOutputTensor (a name "
-               "that is not UTF-8, or a malformed field)" + at(value_start);
+        return "outputs[" + std::to_string(outputs) +
+               "]: does not parse as an InferRequestedOutputTensor (a name "
+               "that is not UTF-8, or a malformed field)" +
+               at(value_start);
       }
       ++outputs;
     }

@@ -13,12 +13,12 @@
 // Parameters (request): normalize (bool), truncation ("none", "right" or "left").
 #pragma once
 
+#include <grpcpp/support/byte_buffer.h>
+#include <grpcpp/support/status.h>
+
 #include <cstdint>
 #include <string>
 #include <vector>
-
-#include <grpcpp/support/byte_buffer.h>
-#include <grpcpp/support/status.h>
 
 #include "inference/grpc_service.pb.h"
 #include "server/batching/request.h"
@@ -45,7 +45,7 @@ std::vector<TensorSpec> model_outputs(const engine::Model& model, const text::To
 // One ModelInferRequest's rows, converted: what the batching::Request's sequences point into,
 // and what to answer with.
 struct InferCall {
-  std::vector<std::vector<int32_t>> ids;      ///< per row (token ids input)
+  std::vector<std::vector<int32_t>> ids;       ///< per row (token ids input)
   std::vector<std::vector<float>> embeddings;  ///< per row (embeddings input)
   int64_t rows = 0;
   int64_t length = 0;  ///< the token_embeddings output's length dimension
@@ -55,23 +55,26 @@ struct InferCall {
 
 // NOT_FOUND for another model or version; INVALID_ARGUMENT naming the tensor, the row and the
 // limit for anything else wrong. On OK, `out` holds one sequence per row (views into `call`).
-grpc::Status convert_infer_request(const inference::ModelInferRequest& proto, const engine::Model& model,
-                                   const text::Tokenizer* tokenizer, const RequestLimits& limits, int64_t max_batch_size, InferCall* call,
-                                   batching::Request* out);
+grpc::Status convert_infer_request(const inference::ModelInferRequest& proto,
+                                   const engine::Model& model, const text::Tokenizer* tokenizer,
+                                   const RequestLimits& limits, int64_t max_batch_size,
+                                   InferCall* call, batching::Request* out);
 
 // A ModelInferRequest read as bytes (ModelStreamInfer's raw messages): OK when it parses,
 // else INVALID_ARGUMENT from explain_infer_parse_failure.
-grpc::Status parse_infer_request(const grpc::ByteBuffer& bytes, inference::ModelInferRequest* proto);
+grpc::Status parse_infer_request(const grpc::ByteBuffer& bytes,
+                                 inference::ModelInferRequest* proto);
 // Why `bytes` is not a ModelInferRequest: the field and the byte where it fails (a string
 // field that is not UTF-8, a tensor or output that does not parse, a field that runs past
 // the end).
 std::string explain_infer_parse_failure(const std::string& bytes);
 
 // NOT_FOUND unless `name` is the model's and `version` is empty or kModelVersion.
-grpc::Status check_model(const engine::Model& model, const std::string& name, const std::string& version);
+grpc::Status check_model(const engine::Model& model, const std::string& name,
+                         const std::string& version);
 
 // The outputs of a finished request, raw little-endian FP32, in call.output_order.
-void fill_infer_response(const InferCall& call, const batching::Request& request, const engine::Model& model,
-                         inference::ModelInferResponse* response);
+void fill_infer_response(const InferCall& call, const batching::Request& request,
+                         const engine::Model& model, inference::ModelInferResponse* response);
 
 }  // namespace fastformer::rpc

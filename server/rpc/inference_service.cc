@@ -21,15 +21,17 @@ void set_duration(const InferenceStatistics::Duration& from, inference::Statisti
 
 }  // namespace
 
-grpc::ServerUnaryReactor* InferenceService::finish(grpc::CallbackServerContext* context, const char* method,
-                                                   Clock::time_point start, const grpc::Status& status) {
+grpc::ServerUnaryReactor* InferenceService::finish(grpc::CallbackServerContext* context,
+                                                   const char* method, Clock::time_point start,
+                                                   const grpc::Status& status) {
   intake_.record(method, status, start);
   grpc::ServerUnaryReactor* reactor = context->DefaultReactor();
   reactor->Finish(status);
   return reactor;
 }
 
-grpc::Status InferenceService::model_status(const std::string& name, const std::string& version) const {
+grpc::Status InferenceService::model_status(const std::string& name,
+                                            const std::string& version) const {
   if (grpc::Status unavailable = intake_.availability(); !unavailable.ok()) return unavailable;
   return check_model(intake_.engine().model(), name, version);
 }
@@ -57,9 +59,9 @@ grpc::ServerUnaryReactor* InferenceService::ModelReady(grpc::CallbackServerConte
   return finish(context, "ModelReady", Clock::now(), grpc::Status::OK);
 }
 
-grpc::ServerUnaryReactor* InferenceService::ServerMetadata(grpc::CallbackServerContext* context,
-                                                           const inference::ServerMetadataRequest*,
-                                                           inference::ServerMetadataResponse* response) {
+grpc::ServerUnaryReactor* InferenceService::ServerMetadata(
+    grpc::CallbackServerContext* context, const inference::ServerMetadataRequest*,
+    inference::ServerMetadataResponse* response) {
   const auto start = Clock::now();
   if (grpc::Status unavailable = intake_.availability(); !unavailable.ok()) {
     return finish(context, "ServerMetadata", start, unavailable);
@@ -70,9 +72,9 @@ grpc::ServerUnaryReactor* InferenceService::ServerMetadata(grpc::CallbackServerC
   return finish(context, "ServerMetadata", start, grpc::Status::OK);
 }
 
-grpc::ServerUnaryReactor* InferenceService::ModelMetadata(grpc::CallbackServerContext* context,
-                                                          const inference::ModelMetadataRequest* request,
-                                                          inference::ModelMetadataResponse* response) {
+grpc::ServerUnaryReactor* InferenceService::ModelMetadata(
+    grpc::CallbackServerContext* context, const inference::ModelMetadataRequest* request,
+    inference::ModelMetadataResponse* response) {
   const auto start = Clock::now();
   if (grpc::Status s = model_status(request->name(), request->version()); !s.ok()) {
     return finish(context, "ModelMetadata", start, s);
@@ -86,14 +88,16 @@ grpc::ServerUnaryReactor* InferenceService::ModelMetadata(grpc::CallbackServerCo
     tensor->set_datatype(spec.datatype);
     for (const int64_t d : spec.shape) tensor->add_shape(d);
   };
-  for (const TensorSpec& spec : model_inputs(model, intake_.tokenizer())) add(spec, response->add_inputs());
-  for (const TensorSpec& spec : model_outputs(model, intake_.tokenizer())) add(spec, response->add_outputs());
+  for (const TensorSpec& spec : model_inputs(model, intake_.tokenizer()))
+    add(spec, response->add_inputs());
+  for (const TensorSpec& spec : model_outputs(model, intake_.tokenizer()))
+    add(spec, response->add_outputs());
   return finish(context, "ModelMetadata", start, grpc::Status::OK);
 }
 
-grpc::ServerUnaryReactor* InferenceService::ModelConfig(grpc::CallbackServerContext* context,
-                                                        const inference::ModelConfigRequest* request,
-                                                        inference::ModelConfigResponse* response) {
+grpc::ServerUnaryReactor* InferenceService::ModelConfig(
+    grpc::CallbackServerContext* context, const inference::ModelConfigRequest* request,
+    inference::ModelConfigResponse* response) {
   const auto start = Clock::now();
   if (grpc::Status s = model_status(request->name(), request->version()); !s.ok()) {
     return finish(context, "ModelConfig", start, s);
@@ -119,7 +123,8 @@ grpc::ServerUnaryReactor* InferenceService::ModelConfig(grpc::CallbackServerCont
     output->set_data_type(spec.type);
     for (size_t d = 1; d < spec.shape.size(); ++d) output->add_dims(spec.shape[d]);
   }
-  config->mutable_dynamic_batching()->set_max_queue_delay_microseconds(uint64_t(service.max_queue_delay_us));
+  config->mutable_dynamic_batching()->set_max_queue_delay_microseconds(
+      uint64_t(service.max_queue_delay_us));
   inference::ModelInstanceGroup* group = config->add_instance_group();
   group->set_name(engine.backend_name());
   group->set_count(1);
@@ -129,15 +134,16 @@ grpc::ServerUnaryReactor* InferenceService::ModelConfig(grpc::CallbackServerCont
   parameters["dtype"].set_string_value(service.dtype);
   parameters["device"].set_string_value(engine.device_name());
   parameters["max_batch_tokens"].set_string_value(std::to_string(service.max_batch_tokens));
-  parameters["max_request_tokens"].set_string_value(std::to_string(service.limits.max_request_tokens));
+  parameters["max_request_tokens"].set_string_value(
+      std::to_string(service.limits.max_request_tokens));
   parameters["max_position_embeddings"].set_string_value(
       std::to_string(engine.model().config().max_position_embeddings));
   return finish(context, "ModelConfig", start, grpc::Status::OK);
 }
 
-grpc::ServerUnaryReactor* InferenceService::ModelStatistics(grpc::CallbackServerContext* context,
-                                                            const inference::ModelStatisticsRequest* request,
-                                                            inference::ModelStatisticsResponse* response) {
+grpc::ServerUnaryReactor* InferenceService::ModelStatistics(
+    grpc::CallbackServerContext* context, const inference::ModelStatisticsRequest* request,
+    inference::ModelStatisticsResponse* response) {
   const auto start = Clock::now();
   if (grpc::Status unavailable = intake_.availability(); !unavailable.ok()) {
     return finish(context, "ModelStatistics", start, unavailable);
@@ -171,8 +177,9 @@ grpc::Status InferenceService::admit(const inference::ModelInferRequest& proto, 
   return intake_.admit(
       context,
       [&] {
-        return convert_infer_request(proto, intake_.engine().model(), intake_.tokenizer(), intake_.config().limits,
-                                     intake_.config().max_batch_sequences, call, request.get());
+        return convert_infer_request(proto, intake_.engine().model(), intake_.tokenizer(),
+                                     intake_.config().limits, intake_.config().max_batch_sequences,
+                                     call, request.get());
       },
       request);
 }
@@ -207,8 +214,9 @@ grpc::ServerUnaryReactor* InferenceService::ModelInfer(grpc::CallbackServerConte
   return reactor;
 }
 
-grpc::Status InferenceService::StreamProtocol::admit(Message& message, grpc::CallbackServerContext* context,
-                                                    const std::shared_ptr<batching::Request>& request) {
+grpc::Status InferenceService::StreamProtocol::admit(
+    Message& message, grpc::CallbackServerContext* context,
+    const std::shared_ptr<batching::Request>& request) {
   if (grpc::Status invalid = parse_infer_request(message.proto, &message.parsed); !invalid.ok()) {
     message.parsed.Clear();  // a partial parse may hold the bad string: the answer must serialize
     return invalid;
@@ -217,8 +225,9 @@ grpc::Status InferenceService::StreamProtocol::admit(Message& message, grpc::Cal
   return service->admit(message.parsed, &message.call, context, request);
 }
 
-grpc::ByteBuffer InferenceService::StreamProtocol::answer(Message& message, const batching::Request* done,
-                                                         const grpc::Status& status) {
+grpc::ByteBuffer InferenceService::StreamProtocol::answer(Message& message,
+                                                          const batching::Request* done,
+                                                          const grpc::Status& status) {
   inference::ModelStreamInferResponse answer;
   inference::ModelInferResponse* response = answer.mutable_infer_response();
   response->set_model_name(message.parsed.model_name());

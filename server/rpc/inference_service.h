@@ -31,9 +31,11 @@ class InferenceService final : public InferenceServiceBase {
  public:
   explicit InferenceService(Intake& intake) : intake_(intake), stream_protocol_{this} {}
 
-  grpc::ServerUnaryReactor* ServerLive(grpc::CallbackServerContext* context, const inference::ServerLiveRequest*,
+  grpc::ServerUnaryReactor* ServerLive(grpc::CallbackServerContext* context,
+                                       const inference::ServerLiveRequest*,
                                        inference::ServerLiveResponse* response) override;
-  grpc::ServerUnaryReactor* ServerReady(grpc::CallbackServerContext* context, const inference::ServerReadyRequest*,
+  grpc::ServerUnaryReactor* ServerReady(grpc::CallbackServerContext* context,
+                                        const inference::ServerReadyRequest*,
                                         inference::ServerReadyResponse* response) override;
   grpc::ServerUnaryReactor* ModelReady(grpc::CallbackServerContext* context,
                                        const inference::ModelReadyRequest* request,
@@ -74,7 +76,8 @@ class InferenceService final : public InferenceServiceBase {
   };
 
   // Validates and admits one ModelInferRequest (Intake::admit with the v2 conversion).
-  grpc::Status admit(const inference::ModelInferRequest& proto, InferCall* call, grpc::CallbackServerContext* context,
+  grpc::Status admit(const inference::ModelInferRequest& proto, InferCall* call,
+                     grpc::CallbackServerContext* context,
                      const std::shared_ptr<batching::Request>& request);
   // Answers a unary call at once with `status` (recorded under `method`).
   grpc::ServerUnaryReactor* finish(grpc::CallbackServerContext* context, const char* method,

@@ -24,7 +24,8 @@ grpc::Status Intake::availability() const {
   return grpc::Status::OK;
 }
 
-void Intake::start_serving(ServiceConfig config, const engine::Engine& engine, batching::BatchQueue& queue) {
+void Intake::start_serving(ServiceConfig config, const engine::Engine& engine,
+                           batching::BatchQueue& queue) {
   config_ = std::move(config);
   engine_ = &engine;
   queue_ = &queue;
@@ -35,7 +36,8 @@ void Intake::record(const char* method, const grpc::Status& status, Clock::time_
   metrics_.record_request(method, status_code_name(status.error_code()),
                           std::chrono::duration<double>(Clock::now() - start).count());
   if (!status.ok() && status.error_code() != grpc::StatusCode::CANCELLED) {
-    spdlog::warn("{} failed: {}: {}", method, status_code_name(status.error_code()), status.error_message());
+    spdlog::warn("{} failed: {}: {}", method, status_code_name(status.error_code()),
+                 status.error_message());
   }
 }
 
@@ -44,8 +46,9 @@ grpc::Status Intake::open_stream(const char* method) {
   if (open_streams_.fetch_add(1) >= max_concurrent_streams_ && max_concurrent_streams_ > 0) {
     open_streams_.fetch_sub(1);
     return {grpc::StatusCode::RESOURCE_EXHAUSTED,
-            "too many open streams: max_concurrent_streams " + std::to_string(max_concurrent_streams_) + " " +
-                method + " and other streaming calls are open on this server; close one or retry later"};
+            "too many open streams: max_concurrent_streams " +
+                std::to_string(max_concurrent_streams_) + " " + method +
+                " and other streaming calls are open on this server; close one or retry later"};
   }
   metrics_.open_streams.Increment();
   return grpc::Status::OK;
@@ -60,8 +63,9 @@ void Intake::record_inference(const batching::Request& request, bool ok, Clock::
     return;
   }
   s.success.add(total);
-  s.queue.add(uint64_t(std::max<int64_t>(
-      0, std::chrono::duration_cast<std::chrono::nanoseconds>(request.first_compute - request.arrival).count())));
+  s.queue.add(uint64_t(std::max<int64_t>(0, std::chrono::duration_cast<std::chrono::nanoseconds>(
+                                                request.first_compute - request.arrival)
+                                                .count())));
   s.compute_input.add(request.input_ns);
   s.compute_infer.add(uint64_t(request.compute_us) * 1000);
   s.compute_output.add(output_ns);
@@ -72,8 +76,9 @@ void Intake::record_inference(const batching::Request& request, bool ok, Clock::
                             std::memory_order_relaxed);
 }
 
-grpc::Status Intake::admit(grpc::CallbackServerContext* context, const std::function<grpc::Status()>& convert,
-                              const std::shared_ptr<batching::Request>& request) {
+grpc::Status Intake::admit(grpc::CallbackServerContext* context,
+                           const std::function<grpc::Status()>& convert,
+                           const std::shared_ptr<batching::Request>& request) {
   // Counted in flight before the draining check: the drain (start_draining, then wait for
   // inflight() == 0) either sees this call or this call sees the drain; never neither.
   inflight_.fetch_add(1);
@@ -93,13 +98,17 @@ grpc::Status Intake::admit(grpc::CallbackServerContext* context, const std::func
   request->arrival = Clock::now();
   request->deadline = steady_deadline(context);
   switch (queue_->push(request)) {
-    case batching::Admission::kAdmitted: return grpc::Status::OK;
+    case batching::Admission::kAdmitted:
+      return grpc::Status::OK;
     case batching::Admission::kQueueFull:
       status = {grpc::StatusCode::RESOURCE_EXHAUSTED,
-                "queue full: " + std::to_string(request->tokens) + " more tokens would exceed max_queue_tokens " +
+                "queue full: " + std::to_string(request->tokens) +
+                    " more tokens would exceed max_queue_tokens " +
                     std::to_string(queue_->limits().max_queue_tokens) + "; retry later"};
       break;
-    case batching::Admission::kClosed: status = {grpc::StatusCode::UNAVAILABLE, "the server is shutting down"}; break;
+    case batching::Admission::kClosed:
+      status = {grpc::StatusCode::UNAVAILABLE, "the server is shutting down"};
+      break;
   }
   answered();
   return status;

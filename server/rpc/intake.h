@@ -4,14 +4,14 @@
 // waits for), admission to the one batch queue, and the per-call metrics.
 #pragma once
 
+#include <grpcpp/grpcpp.h>
+
 #include <algorithm>
 #include <atomic>
 #include <chrono>
 #include <functional>
 #include <memory>
 #include <string>
-
-#include <grpcpp/grpcpp.h>
 
 #include "server/batching/queue.h"
 #include "server/engine/engine.h"
@@ -22,8 +22,8 @@ namespace fastformer::rpc {
 
 struct ServiceConfig {
   RequestLimits limits;
-  std::string version;            ///< server_version in ModelInfo, version in ServerMetadata
-  int64_t max_batch_tokens = 0;   ///< reported in ModelInfo
+  std::string version;              ///< server_version in ModelInfo, version in ServerMetadata
+  int64_t max_batch_tokens = 0;     ///< reported in ModelInfo
   int64_t max_batch_sequences = 0;  ///< max_batch_size in the v2 ModelConfig
   int64_t max_queue_delay_us = 0;   ///< reported in the v2 ModelConfig
   std::string dtype = "float32";
@@ -42,8 +42,8 @@ struct InferenceStatistics {
     }
   };
   Duration success, fail, queue, compute_input, compute_infer, compute_output;
-  std::atomic<uint64_t> inference_count{0};  ///< sequences (batch rows) of successful requests
-  std::atomic<uint64_t> execution_count{0};  ///< engine batches run
+  std::atomic<uint64_t> inference_count{0};    ///< sequences (batch rows) of successful requests
+  std::atomic<uint64_t> execution_count{0};    ///< engine batches run
   std::atomic<uint64_t> last_inference_ms{0};  ///< milliseconds since the epoch
 };
 
@@ -53,7 +53,8 @@ class Intake {
 
   // Attaches the engine and queue (after the model loaded and warmed up) and starts
   // admitting requests. Until then every call is answered UNAVAILABLE.
-  void start_serving(ServiceConfig config, const engine::Engine& engine, batching::BatchQueue& queue);
+  void start_serving(ServiceConfig config, const engine::Engine& engine,
+                     batching::BatchQueue& queue);
   // Once draining, new calls and stream messages are answered UNAVAILABLE.
   void start_draining() { draining_.store(true); }
   // Admitted requests (unary calls and stream messages) not yet answered.
@@ -64,7 +65,8 @@ class Intake {
   // Counts the request in flight, runs `convert` (which fills `request` from the call) and
   // queues it. OK: queued, and request->on_complete will run once; it must call
   // answered(). Otherwise the status to answer with; nothing was queued.
-  grpc::Status admit(grpc::CallbackServerContext* context, const std::function<grpc::Status()>& convert,
+  grpc::Status admit(grpc::CallbackServerContext* context,
+                     const std::function<grpc::Status()>& convert,
                      const std::shared_ptr<batching::Request>& request);
   // An admitted request has been answered.
   void answered() {
@@ -87,8 +89,8 @@ class Intake {
 
   // Adds one finished inference request to the statistics: `start` is when its call arrived,
   // `output_ns` the time spent converting its results into the response.
-  void record_inference(const batching::Request& request, bool ok, batching::Clock::time_point start,
-                        uint64_t output_ns);
+  void record_inference(const batching::Request& request, bool ok,
+                        batching::Clock::time_point start, uint64_t output_ns);
   // One engine batch ran (the scheduler's observer calls this).
   void record_execution() { statistics_.execution_count.fetch_add(1, std::memory_order_relaxed); }
   const InferenceStatistics& statistics() const { return statistics_; }
@@ -117,7 +119,8 @@ class Intake {
 // Nanoseconds from `from` to now.
 inline uint64_t ns_since(batching::Clock::time_point from) {
   return uint64_t(std::max<int64_t>(
-      0, std::chrono::duration_cast<std::chrono::nanoseconds>(batching::Clock::now() - from).count()));
+      0,
+      std::chrono::duration_cast<std::chrono::nanoseconds>(batching::Clock::now() - from).count()));
 }
 
 // The call's deadline on the steady clock (max() when the client set none).

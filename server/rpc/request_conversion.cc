@@ -1,13 +1,13 @@
 #include "server/rpc/request_conversion.h"
 
+#include <google/protobuf/io/coded_stream.h>
+#include <google/protobuf/wire_format_lite.h>
+
 #include <algorithm>
 #include <chrono>
 #include <optional>
 #include <string>
 #include <vector>
-
-#include <google/protobuf/io/coded_stream.h>
-#include <google/protobuf/wire_format_lite.h>
 
 #include "server/rpc/raw_message.h"
 #include "server/rpc/text_input.h"
@@ -16,7 +16,8 @@
 namespace fastformer::rpc {
 
 grpc::Status convert_request(const v1::EncodeRequest& proto, const engine::Model& model,
-                             const text::Tokenizer* tokenizer, const RequestLimits& limits, batching::Request* out) {
+                             const text::Tokenizer* tokenizer, const RequestLimits& limits,
+                             batching::Request* out) {
   const engine::ModelConfig& c = model.config();
   if (proto.sequences_size() == 0) {
     return {grpc::StatusCode::INVALID_ARGUMENT, "sequences: the request has no sequences"};
@@ -43,23 +44,28 @@ grpc::Status convert_request(const v1::EncodeRequest& proto, const engine::Model
   out->sequences.reserve(size_t(proto.sequences_size()));
   // Views into text_ids must not move: one slot per text, reserved up front.
   out->text_ids.clear();
-  out->text_ids.reserve(size_t(std::count_if(proto.sequences().begin(), proto.sequences().end(),
-                                             [](const v1::Sequence& s) { return !s.text().empty(); })));
+  out->text_ids.reserve(
+      size_t(std::count_if(proto.sequences().begin(), proto.sequences().end(),
+                           [](const v1::Sequence& s) { return !s.text().empty(); })));
   for (int i = 0; i < proto.sequences_size(); ++i) {
     const v1::Sequence& s = proto.sequences(i);
     SequenceInput in{{s.token_ids().data(), size_t(s.token_ids_size())},
                      {s.input_embeddings().data(), size_t(s.input_embeddings_size())}};
     if (s.text().empty() && in.token_ids.empty() && in.input_embeddings.empty()) {
-      return invalid(i, "token_ids", "empty sequence: send at least one token id or embedding row, or a non-empty text");
+      return invalid(
+          i, "token_ids",
+          "empty sequence: send at least one token id or embedding row, or a non-empty text");
     }
     if (!s.text().empty()) {
       if (!in.token_ids.empty() || !in.input_embeddings.empty()) {
-        return invalid(i, "text", std::string("the sequence also has ") +
-                                      (in.token_ids.empty() ? "input_embeddings" : "token_ids") +
-                                      "; send exactly one of token_ids, input_embeddings and text");
+        return invalid(i, "text",
+                       std::string("the sequence also has ") +
+                           (in.token_ids.empty() ? "input_embeddings" : "token_ids") +
+                           "; send exactly one of token_ids, input_embeddings and text");
       }
       std::vector<int32_t>& ids = out->text_ids.emplace_back();
-      if (auto error = tokenize_text(tokenizer, c, s.text(), truncate, &ids, out)) return invalid(i, "text", *error);
+      if (auto error = tokenize_text(tokenizer, c, s.text(), truncate, &ids, out))
+        return invalid(i, "text", *error);
       in.token_ids = ids;
       total += int64_t(ids.size());
       if (total > limits.max_request_tokens) break;  // reported below, without tokenizing the rest
@@ -68,15 +74,18 @@ grpc::Status convert_request(const v1::EncodeRequest& proto, const engine::Model
     }
     // Truncation applies only to a well-formed single-kind sequence; anything else is left
     // for validate_sequence to reject with its own message.
-    if (proto.truncation() != v1::TRUNCATION_UNSPECIFIED && (in.token_ids.empty() != in.input_embeddings.empty())) {
+    if (proto.truncation() != v1::TRUNCATION_UNSPECIFIED &&
+        (in.token_ids.empty() != in.input_embeddings.empty())) {
       const bool keep_last = proto.truncation() == v1::TRUNCATION_LEFT;
       if (static_cast<int64_t>(in.token_ids.size()) > max_len) {
-        in.token_ids = keep_last ? in.token_ids.last(size_t(max_len)) : in.token_ids.first(size_t(max_len));
+        in.token_ids =
+            keep_last ? in.token_ids.last(size_t(max_len)) : in.token_ids.first(size_t(max_len));
       }
       if (!in.input_embeddings.empty() && in.input_embeddings.size() % size_t(D) == 0 &&
           static_cast<int64_t>(in.input_embeddings.size()) > max_len * D) {
         const size_t keep = size_t(max_len * D);
-        in.input_embeddings = keep_last ? in.input_embeddings.last(keep) : in.input_embeddings.first(keep);
+        in.input_embeddings =
+            keep_last ? in.input_embeddings.last(keep) : in.input_embeddings.first(keep);
       }
     }
     if (auto error = engine::validate_sequence(c, model.has_word_embedding(), in, size_t(i))) {
@@ -88,8 +97,11 @@ grpc::Status convert_request(const v1::EncodeRequest& proto, const engine::Model
   }
   if (total > limits.max_request_tokens) {
     return {grpc::StatusCode::INVALID_ARGUMENT,
-            "sequences: the request has " + std::string(out->sequences.size() + 1 < size_t(proto.sequences_size()) ? "at least " : "") +
-                std::to_string(total) + " tokens, over max_request_tokens " + std::to_string(limits.max_request_tokens)};
+            "sequences: the request has " +
+                std::string(out->sequences.size() + 1 < size_t(proto.sequences_size()) ? "at least "
+                                                                                       : "") +
+                std::to_string(total) + " tokens, over max_request_tokens " +
+                std::to_string(limits.max_request_tokens)};
   }
   out->options.token_embeddings = proto.return_token_embeddings();
   out->options.logits = proto.return_logits();
@@ -105,7 +117,8 @@ grpc::Status parse_encode_request(const grpc::ByteBuffer& bytes, v1::EncodeReque
 
 std::string explain_encode_parse_failure(const std::string& bytes) {
   using google::protobuf::internal::WireFormatLite;
-  const std::string not_protobuf = "the request is not a fastformer.v1.EncodeRequest (its bytes do not parse as one)";
+  const std::string not_protobuf =
+      "the request is not a fastformer.v1.EncodeRequest (its bytes do not parse as one)";
   auto utf8_error = [](const std::string& value) -> std::optional<std::string> {
     try {
       tokenizer::decode_utf8(value);
@@ -114,11 +127,13 @@ std::string explain_encode_parse_failure(const std::string& bytes) {
     }
     return std::nullopt;
   };
-  google::protobuf::io::CodedInputStream in(reinterpret_cast<const uint8_t*>(bytes.data()), int(bytes.size()));
+  google::protobuf::io::CodedInputStream in(reinterpret_cast<const uint8_t*>(bytes.data()),
+                                            int(bytes.size()));
   int sequence = 0;
   while (const uint32_t tag = in.ReadTag()) {
     const int field = WireFormatLite::GetTagFieldNumber(tag);
-    const bool delimited = WireFormatLite::GetTagWireType(tag) == WireFormatLite::WIRETYPE_LENGTH_DELIMITED;
+    const bool delimited =
+        WireFormatLite::GetTagWireType(tag) == WireFormatLite::WIRETYPE_LENGTH_DELIMITED;
     if (!delimited || (field != 1 && field != 2)) {
       if (!WireFormatLite::SkipField(&in, tag)) return not_protobuf;
       continue;
@@ -129,13 +144,15 @@ std::string explain_encode_parse_failure(const std::string& bytes) {
       if (auto e = utf8_error(value)) return "request_id: " + *e;
       continue;
     }
-    google::protobuf::io::CodedInputStream seq(reinterpret_cast<const uint8_t*>(value.data()), int(value.size()));
+    google::protobuf::io::CodedInputStream seq(reinterpret_cast<const uint8_t*>(value.data()),
+                                               int(value.size()));
     while (const uint32_t t = seq.ReadTag()) {
       if (WireFormatLite::GetTagFieldNumber(t) == 3 &&
           WireFormatLite::GetTagWireType(t) == WireFormatLite::WIRETYPE_LENGTH_DELIMITED) {
         std::string text;
         if (!WireFormatLite::ReadBytes(&seq, &text)) return not_protobuf;
-        if (auto e = utf8_error(text)) return engine::InputError{size_t(sequence), "text", *e}.to_string();
+        if (auto e = utf8_error(text))
+          return engine::InputError{size_t(sequence), "text", *e}.to_string();
       } else if (!WireFormatLite::SkipField(&seq, t)) {
         return not_protobuf;
       }
@@ -161,10 +178,13 @@ void fill_response(const batching::Request& request, v1::EncodeResponse* respons
 
 grpc::Status outcome_status(const batching::Request& request) {
   switch (request.outcome) {
-    case batching::Outcome::kOk: return grpc::Status::OK;
+    case batching::Outcome::kOk:
+      return grpc::Status::OK;
     case batching::Outcome::kDeadlineExceeded:
-      return {grpc::StatusCode::DEADLINE_EXCEEDED, "the deadline passed before the request was computed"};
-    case batching::Outcome::kCancelled: return {grpc::StatusCode::CANCELLED, "the call was cancelled"};
+      return {grpc::StatusCode::DEADLINE_EXCEEDED,
+              "the deadline passed before the request was computed"};
+    case batching::Outcome::kCancelled:
+      return {grpc::StatusCode::CANCELLED, "the call was cancelled"};
     case batching::Outcome::kEngineFailure:
       return {grpc::StatusCode::INTERNAL, "engine failure: " + request.error};
   }

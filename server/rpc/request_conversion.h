@@ -3,12 +3,12 @@
 // sequence index and the field; nothing of it is queued.
 #pragma once
 
+#include <grpcpp/support/byte_buffer.h>
+#include <grpcpp/support/status.h>
+
 #include <cstdint>
 #include <memory>
 #include <string>
-
-#include <grpcpp/support/byte_buffer.h>
-#include <grpcpp/support/status.h>
 
 #include "fastformer/v1/encoder.pb.h"
 #include "server/batching/request.h"
@@ -31,7 +31,8 @@ std::string explain_encode_parse_failure(const std::string& bytes);
 // Fills `out` (sequences are views into `proto`, which must outlive the request). `tokenizer`:
 // the model's (null when it takes no text).
 grpc::Status convert_request(const v1::EncodeRequest& proto, const engine::Model& model,
-                             const text::Tokenizer* tokenizer, const RequestLimits& limits, batching::Request* out);
+                             const text::Tokenizer* tokenizer, const RequestLimits& limits,
+                             batching::Request* out);
 
 // Copies the results of a finished request into `response` (encodings, timings).
 void fill_response(const batching::Request& request, v1::EncodeResponse* response);

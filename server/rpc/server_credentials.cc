@@ -1,17 +1,16 @@
 #include "server/rpc/server_credentials.h"
 
+#include <grpc/grpc.h>
+#include <grpc/grpc_security.h>
+#include <grpc/slice.h>
+#include <spdlog/spdlog.h>
+
 #include <cerrno>
 #include <cstring>
 #include <fstream>
 #include <sstream>
 #include <stdexcept>
 #include <vector>
-
-#include <grpc/grpc.h>
-#include <grpc/grpc_security.h>
-#include <grpc/slice.h>
-
-#include <spdlog/spdlog.h>
 
 namespace fastformer::rpc {
 namespace {

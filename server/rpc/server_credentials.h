@@ -9,11 +9,11 @@
 // call costs no handler, no request parsing and no queue slot.
 #pragma once
 
-#include <memory>
-#include <string>
-
 #include <grpcpp/security/server_credentials.h>
 #include <prometheus/registry.h>
+
+#include <memory>
+#include <string>
 
 #include "server/rpc/auth.h"
 

@@ -9,12 +9,12 @@
 // server memory; HTTP/2 flow control then holds the client.
 #pragma once
 
+#include <grpcpp/grpcpp.h>
+
 #include <atomic>
 #include <deque>
 #include <memory>
 #include <mutex>
-
-#include <grpcpp/grpcpp.h>
 
 #include "server/rpc/intake.h"
 
@@ -24,7 +24,8 @@ namespace fastformer::rpc {
 //   using Request, Response;          the stream's message types
 //   struct Message { Request proto; ... };  one message's state, kept until it is answered
 //   static constexpr const char* kMethod;   the metrics' method label
-//   grpc::Status admit(Message&, grpc::CallbackServerContext*, const std::shared_ptr<batching::Request>&);
+//   grpc::Status admit(Message&, grpc::CallbackServerContext*, const
+//   std::shared_ptr<batching::Request>&);
 //       Intake::admit with the API's conversion
 //   Response answer(Message&, const batching::Request* done, const grpc::Status&);
 //       the answer: from `done`'s results when the status is OK, else the in-band error
@@ -80,7 +81,8 @@ class StreamReactor final
       read_paused_ = !read_now;
     }
     if (read_now) this->StartRead(&incoming_);
-    if (!status.ok()) queue_answer(status, start, protocol_->answer(*message, nullptr, status));  // last
+    if (!status.ok())
+      queue_answer(status, start, protocol_->answer(*message, nullptr, status));  // last
   }
 
   void OnWriteDone(bool ok) override {
@@ -133,9 +135,12 @@ class StreamReactor final
   // Outside the lock, as the caller's last action: Finish may run OnDone (delete this) on
   // another thread at once.
   void run(const Step& step) {
-    if (step.read) this->StartRead(&incoming_);  // never with finish: reads are not done while paused
-    if (step.write != nullptr) this->StartWrite(step.write);
-    else if (step.finish) this->Finish(grpc::Status::OK);
+    if (step.read)
+      this->StartRead(&incoming_);  // never with finish: reads are not done while paused
+    if (step.write != nullptr)
+      this->StartWrite(step.write);
+    else if (step.finish)
+      this->Finish(grpc::Status::OK);
   }
 
   // Queues the answer to one message.
@@ -181,7 +186,8 @@ grpc::ServerBidiReactor<typename Protocol::Request, typename Protocol::Response>
   const auto start = batching::Clock::now();
   if (grpc::Status refused = intake->open_stream(Protocol::kMethod); !refused.ok()) {
     intake->record(Protocol::kMethod, refused, start);
-    return new RejectedStreamReactor<typename Protocol::Request, typename Protocol::Response>(refused);
+    return new RejectedStreamReactor<typename Protocol::Request, typename Protocol::Response>(
+        refused);
   }
   return new StreamReactor<Protocol>(protocol, intake, context);
 }

@@ -18,8 +18,9 @@ using text::Truncate;
 
 // text::tokenize_text, adding the time taken and the text to request->tokenize_ns and
 // request->texts (Intake::admit records them).
-std::optional<std::string> tokenize_text(const text::Tokenizer* tokenizer, const engine::ModelConfig& config,
-                                         std::string_view text, Truncate truncate, std::vector<int32_t>* ids,
+std::optional<std::string> tokenize_text(const text::Tokenizer* tokenizer,
+                                         const engine::ModelConfig& config, std::string_view text,
+                                         Truncate truncate, std::vector<int32_t>* ids,
                                          batching::Request* request);
 
 }  // namespace fastformer::rpc

@@ -2,7 +2,8 @@
 
 namespace fastformer::rpc {
 
-grpc::ServerGenericBidiReactor* UnimplementedMethods::CreateReactor(grpc::GenericCallbackServerContext* context) {
+grpc::ServerGenericBidiReactor* UnimplementedMethods::CreateReactor(
+    grpc::GenericCallbackServerContext* context) {
   class Reactor final : public grpc::ServerGenericBidiReactor {
    public:
     explicit Reactor(const grpc::Status& status) { Finish(status); }
@@ -11,8 +12,10 @@ grpc::ServerGenericBidiReactor* UnimplementedMethods::CreateReactor(grpc::Generi
   const grpc::Status status(
       grpc::StatusCode::UNIMPLEMENTED,
       "method " + context->method() +
-          " is not implemented by fastformer-server; it serves fastformer.v1.Encoder (Encode, EncodeStream, "
-          "GetModelInfo) and inference.GRPCInferenceService (ServerLive, ServerReady, ModelReady, ServerMetadata, "
+          " is not implemented by fastformer-server; it serves fastformer.v1.Encoder (Encode, "
+          "EncodeStream, "
+          "GetModelInfo) and inference.GRPCInferenceService (ServerLive, ServerReady, ModelReady, "
+          "ServerMetadata, "
           "ModelMetadata, ModelConfig, ModelStatistics, ModelInfer, ModelStreamInfer)");
   // One label for every unknown method: a client cannot grow the metrics' label set.
   intake_.record("Unimplemented", status, batching::Clock::now());

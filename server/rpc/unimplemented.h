@@ -12,7 +12,8 @@ namespace fastformer::rpc {
 class UnimplementedMethods final : public grpc::CallbackGenericService {
  public:
   explicit UnimplementedMethods(Intake& intake) : intake_(intake) {}
-  grpc::ServerGenericBidiReactor* CreateReactor(grpc::GenericCallbackServerContext* context) override;
+  grpc::ServerGenericBidiReactor* CreateReactor(
+      grpc::GenericCallbackServerContext* context) override;
 
  private:
   Intake& intake_;

@@ -6,7 +6,8 @@
 
 namespace fastformer::text {
 
-std::shared_ptr<const Tokenizer> load_tokenizer(const std::filesystem::path& dir, const engine::Model& model) {
+std::shared_ptr<const Tokenizer> load_tokenizer(const std::filesystem::path& dir,
+                                                const engine::Model& model) {
   const std::filesystem::path path = dir / "tokenizer.json";
   std::error_code ec;
   if (!std::filesystem::exists(std::filesystem::symlink_status(path, ec))) return nullptr;
@@ -18,19 +19,22 @@ std::shared_ptr<const Tokenizer> load_tokenizer(const std::filesystem::path& dir
     throw engine::ModelError(e.what());
   }
   if (!model.has_word_embedding()) {
-    throw engine::ModelError(path.string() +
-                             ": the model has no word embedding (word_embedding.weight), so it takes no text");
+    throw engine::ModelError(
+        path.string() +
+        ": the model has no word embedding (word_embedding.weight), so it takes no text");
   }
   const int64_t vocab = model.config().vocab_size;
   if (t->max_token_id() >= vocab) {
-    throw engine::ModelError(path.string() + ": the tokenizer produces token id " + std::to_string(t->max_token_id()) +
-                             ", over the model's vocab_size " + std::to_string(vocab) + " (ids must be below it)");
+    throw engine::ModelError(path.string() + ": the tokenizer produces token id " +
+                             std::to_string(t->max_token_id()) + ", over the model's vocab_size " +
+                             std::to_string(vocab) + " (ids must be below it)");
   }
   return t;
 }
 
-std::optional<std::string> tokenize_text(const Tokenizer* tok, const engine::ModelConfig& c, std::string_view text,
-                                         Truncate truncate, std::vector<int32_t>* ids) {
+std::optional<std::string> tokenize_text(const Tokenizer* tok, const engine::ModelConfig& c,
+                                         std::string_view text, Truncate truncate,
+                                         std::vector<int32_t>* ids) {
   if (tok == nullptr) {
     return "this model takes no text: its model directory has no tokenizer.json (send token_ids)";
   }
@@ -40,8 +44,8 @@ std::optional<std::string> tokenize_text(const Tokenizer* tok, const engine::Mod
   tokenizer::Truncation by_request;
   if (truncate != Truncate::kNone && (rule == nullptr || rule->max_length > max_len)) {
     by_request.max_length = max_len;
-    by_request.direction =
-        truncate == Truncate::kLeft ? tokenizer::TruncationDirection::kLeft : tokenizer::TruncationDirection::kRight;
+    by_request.direction = truncate == Truncate::kLeft ? tokenizer::TruncationDirection::kLeft
+                                                       : tokenizer::TruncationDirection::kRight;
     rule = &by_request;
   }
   try {
@@ -49,7 +53,8 @@ std::optional<std::string> tokenize_text(const Tokenizer* tok, const engine::Mod
   } catch (const tokenizer::TokenizerError& e) {
     return std::string(e.what());
   }
-  // Special tokens alone ([CLS] [SEP]) are no text: whitespace, or only characters the tokenizer drops.
+  // Special tokens alone ([CLS] [SEP]) are no text: whitespace, or only characters the tokenizer
+  // drops.
   if (ids->size() <= tok->num_special_tokens_added()) {
     return "the text tokenizes to no tokens (its " + std::to_string(text.size()) +
            " bytes are whitespace or characters the tokenizer drops)";

@@ -24,7 +24,8 @@ using tokenizer::Tokenizer;
 
 // `dir`/tokenizer.json when present, else null (the model takes no text). Every id it can
 // produce must be a row of the model's word embedding. Throws engine::ModelError naming the file.
-std::shared_ptr<const Tokenizer> load_tokenizer(const std::filesystem::path& dir, const engine::Model& model);
+std::shared_ptr<const Tokenizer> load_tokenizer(const std::filesystem::path& dir,
+                                                const engine::Model& model);
 
 // What to do with a sequence longer than max_position_embeddings: refuse it, or keep the first
 // (right) or last (left) positions.
@@ -35,7 +36,8 @@ enum class Truncate { kNone, kRight, kLeft };
 // training. With kNone a text still longer than the model's positions is refused; with
 // kRight/kLeft the tokenizer truncates it, keeping room for its special tokens.
 // Returns why the text is refused (without a field name), or nothing.
-std::optional<std::string> tokenize_text(const Tokenizer* tokenizer, const engine::ModelConfig& config,
-                                         std::string_view text, Truncate truncate, std::vector<int32_t>* ids);
+std::optional<std::string> tokenize_text(const Tokenizer* tokenizer,
+                                         const engine::ModelConfig& config, std::string_view text,
+                                         Truncate truncate, std::vector<int32_t>* ids);
 
 }  // namespace fastformer::text

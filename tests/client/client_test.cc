@@ -183,7 +183,8 @@ TEST_F(ClientTest, TextNeedsAModelWithATokenizer) {
   v1::EncodeResponse response;
   const grpc::Status status = client.EncodeTexts({"the quick fox"}, &response);
   EXPECT_EQ(status.error_code(), grpc::StatusCode::INVALID_ARGUMENT);
-  EXPECT_NE(status.error_message().find("sequence 0: text: this model takes no text"), std::string::npos)
+  EXPECT_NE(status.error_message().find("sequence 0: text: this model takes no text"),
+            std::string::npos)
       << status.error_message();
   EXPECT_NE(status.error_message().find("tokenizer.json"), std::string::npos)
       << status.error_message();

@@ -78,7 +78,11 @@ struct DeviceBatch {
   DeviceBuffer<uint8_t> mask;
   k::BatchArgs args;
   explicit DeviceBatch(const Batch& b)
-      : cu(b.cu), token_seq(b.token_seq), chunk_begin(b.chunk_begin), chunk_end(b.chunk_end), first(b.first),
+      : cu(b.cu),
+        token_seq(b.token_seq),
+        chunk_begin(b.chunk_begin),
+        chunk_end(b.chunk_end),
+        first(b.first),
         mask(b.mask) {
     args.num_tokens = b.tokens();
     args.num_sequences = b.sequences();
@@ -96,7 +100,9 @@ struct DeviceBatch {
 struct DevicePartials {
   DeviceBuffer<float> m, l, v;
   DevicePartials(const Batch& b, int32_t H, int32_t D)
-      : m(b.chunk_begin.size() * size_t(H)), l(b.chunk_begin.size() * size_t(H)), v(b.chunk_begin.size() * size_t(D)) {}
+      : m(b.chunk_begin.size() * size_t(H)),
+        l(b.chunk_begin.size() * size_t(H)),
+        v(b.chunk_begin.size() * size_t(D)) {}
   k::Partials get() const { return k::Partials{m.get(), l.get(), v.get()}; }
 };
 
@@ -117,8 +123,8 @@ double value(const T& x) {
 // j of head h = j / (D / heads), with `extra` added to the softmax denominator as the reference
 // pooler does (sum_t e^{z_t} + extra), times scale(j) when given.
 template <class Score, class Value>
-std::vector<double> reference_pool(const Batch& batch, int32_t b, int32_t heads, int32_t D, Score score, Value val,
-                                   double extra) {
+std::vector<double> reference_pool(const Batch& batch, int32_t b, int32_t heads, int32_t D,
+                                   Score score, Value val, double extra) {
   const int32_t d = D / heads;
   std::vector<double> out(size_t(D), 0.0);
   for (int32_t h = 0; h < heads; ++h) {
@@ -134,7 +140,8 @@ std::vector<double> reference_pool(const Batch& batch, int32_t b, int32_t heads,
       L += w;
       for (int32_t i = 0; i < d; ++i) acc[size_t(i)] += w * val(t, h * d + i);
     }
-    for (int32_t i = 0; i < d; ++i) out[size_t(h * d + i)] = acc[size_t(i)] / (L + extra * std::exp(-M));
+    for (int32_t i = 0; i < d; ++i)
+      out[size_t(h * d + i)] = acc[size_t(i)] / (L + extra * std::exp(-M));
   }
   return out;
 }
@@ -149,7 +156,8 @@ double tolerance() {
 
 template <class T>
 void expect_rows_near(const std::vector<T>& got, const Batch& batch, int32_t D,
-                      const std::function<std::vector<double>(int32_t)>& reference, const std::string& what) {
+                      const std::function<std::vector<double>(int32_t)>& reference,
+                      const std::string& what) {
   int failures = 0;
   for (int32_t b = 0; b < batch.sequences(); ++b) {
     const std::vector<double> want = reference(b);
@@ -159,7 +167,8 @@ void expect_rows_near(const std::vector<T>& got, const Batch& batch, int32_t D,
       const double g = value(got[size_t(b) * size_t(D) + size_t(j)]), w = want[size_t(j)];
       const double allowed = tolerance<T>() * (std::abs(w) + 0.01 * scale) + 1e-30;
       if (!(std::abs(g - w) <= allowed) && failures++ < 5) {
-        ADD_FAILURE() << what << ": sequence " << b << " column " << j << ": " << g << ", expected " << w;
+        ADD_FAILURE() << what << ": sequence " << b << " column " << j << ": " << g << ", expected "
+                      << w;
       }
     }
   }
@@ -187,7 +196,9 @@ struct QksBatch {
       for (int32_t h = 0; h < H; ++h) row[2 * D + h] = from_float<T>(score(rng) + shift);
     }
   }
-  double at(int32_t t, int32_t column) const { return value(qks[size_t(t) * size_t(shape.ld()) + size_t(column)]); }
+  double at(int32_t t, int32_t column) const {
+    return value(qks[size_t(t) * size_t(shape.ld()) + size_t(column)]);
+  }
 };
 
 template <class T>
@@ -201,7 +212,8 @@ TYPED_TEST_SUITE(PoolingTest, Dtypes);
 const Shape kShapes[] = {{768, 12, false}, {768, 12, true}, {40, 5, false},
                          {40, 5, true},    {40, 20, true},  {40, 40, false}};
 std::string name(const Shape& s) {
-  return "D " + std::to_string(s.D) + ", " + std::to_string(s.H) + " heads, ld " + std::to_string(s.ld());
+  return "D " + std::to_string(s.D) + ", " + std::to_string(s.H) + " heads, ld " +
+         std::to_string(s.ld());
 }
 
 // pq = pool(softmax(s), Q): the scores and Q both from the Q|K|s rows (S = T).
@@ -211,7 +223,8 @@ std::vector<T> run_query_pool(const QksBatch<T>& in, DeviceBuffer<T>& d_qks, con
   const int32_t D = in.shape.D, H = in.shape.H;
   const int64_t ld = in.shape.ld();
   DeviceBuffer<T> d_out(size_t(in.batch.sequences()) * size_t(D));
-  k::launch_pool_partials<T, T>(dev.args, d_qks.get() + 2 * D, ld, H, d_qks.get(), ld, D, partials.get(), nullptr);
+  k::launch_pool_partials<T, T>(dev.args, d_qks.get() + 2 * D, ld, H, d_qks.get(), ld, D,
+                                partials.get(), nullptr);
   k::launch_pool_combine<T>(dev.args, partials.get(), H, D, nullptr, 0.0f, d_out.get(), nullptr);
   return d_out.download();
 }
@@ -225,10 +238,14 @@ TYPED_TEST(PoolingTest, QueryPoolingMatchesTheReference) {
     DeviceBuffer<T> d_qks(in.qks);
     DevicePartials partials(in.batch, H, D);
     const std::vector<T> pq = run_query_pool(in, d_qks, dev, partials);
-    expect_rows_near<T>(pq, in.batch, D, [&](int32_t b) {
-      return reference_pool(in.batch, b, H, D, [&](int32_t t, int32_t h) { return in.at(t, 2 * D + h); },
-                            [&](int32_t t, int32_t j) { return in.at(t, j); }, 0.0);
-    }, "query pooling, " + name(shape));
+    expect_rows_near<T>(
+        pq, in.batch, D,
+        [&](int32_t b) {
+          return reference_pool(
+              in.batch, b, H, D, [&](int32_t t, int32_t h) { return in.at(t, 2 * D + h); },
+              [&](int32_t t, int32_t j) { return in.at(t, j); }, 0.0);
+        },
+        "query pooling, " + name(shape));
   }
 }
 
@@ -245,10 +262,12 @@ TYPED_TEST(PoolingTest, KeyScoresAndKeyPoolingMatchTheReference) {
     DeviceBuffer<T> d_qks(in.qks), d_pq(pq), d_wka(wka), d_bka(bka), d_pk(size_t(B) * size_t(D));
     DeviceBuffer<float> d_r(size_t(Tn) * size_t(H));
     DevicePartials partials(in.batch, H, D);
-    k::launch_key_scores<T>(dev.args, d_qks.get() + D, ld, d_pq.get(), d_wka.get(), d_bka.get(), H, D, d_r.get(),
-                            nullptr);
-    k::launch_pool_partials<T, float>(dev.args, d_r.get(), H, H, d_qks.get() + D, ld, D, partials.get(), nullptr);
-    k::launch_pool_combine<T>(dev.args, partials.get(), H, D, d_pq.get(), 0.0f, d_pk.get(), nullptr);
+    k::launch_key_scores<T>(dev.args, d_qks.get() + D, ld, d_pq.get(), d_wka.get(), d_bka.get(), H,
+                            D, d_r.get(), nullptr);
+    k::launch_pool_partials<T, float>(dev.args, d_r.get(), H, H, d_qks.get() + D, ld, D,
+                                      partials.get(), nullptr);
+    k::launch_pool_combine<T>(dev.args, partials.get(), H, D, d_pq.get(), 0.0f, d_pk.get(),
+                              nullptr);
 
     // r_t = (K_t * pq_b) . Wka[h] + bka[h], to float rounding of the sum of |terms|.
     auto r_ref = [&](int32_t t, int32_t h, double* magnitude) {
@@ -266,24 +285,31 @@ TYPED_TEST(PoolingTest, KeyScoresAndKeyPoolingMatchTheReference) {
     const std::vector<float> r = d_r.download();
     int bad = 0;
     for (int32_t t = 0; t < Tn; ++t) {
-      if (!in.batch.mask[size_t(t)]) continue;  // padding rows hold NaN: their scores are never read
+      if (!in.batch.mask[size_t(t)])
+        continue;  // padding rows hold NaN: their scores are never read
       for (int32_t h = 0; h < H; ++h) {
         double mag = 0.0;
         const double want = r_ref(t, h, &mag);
-        if (!(std::abs(double(r[size_t(t) * size_t(H) + size_t(h)]) - want) <= 1e-5 * mag + 1e-6) && bad++ < 5) {
-          ADD_FAILURE() << "key score token " << t << " head " << h << ": " << r[size_t(t) * size_t(H) + size_t(h)]
-                        << ", expected " << want << " (" << name(shape) << ")";
+        if (!(std::abs(double(r[size_t(t) * size_t(H) + size_t(h)]) - want) <= 1e-5 * mag + 1e-6) &&
+            bad++ < 5) {
+          ADD_FAILURE() << "key score token " << t << " head " << h << ": "
+                        << r[size_t(t) * size_t(H) + size_t(h)] << ", expected " << want << " ("
+                        << name(shape) << ")";
         }
       }
     }
     EXPECT_EQ(bad, 0);
-    expect_rows_near<T>(d_pk.download(), in.batch, D, [&](int32_t b) {
-      std::vector<double> pk =
-          reference_pool(in.batch, b, H, D, [&](int32_t t, int32_t h) { return r_ref(t, h, nullptr); },
-                         [&](int32_t t, int32_t j) { return in.at(t, D + j); }, 0.0);
-      for (int32_t j = 0; j < D; ++j) pk[size_t(j)] *= value(pq[size_t(b) * size_t(D) + size_t(j)]);
-      return pk;
-    }, "key pooling, " + name(shape));
+    expect_rows_near<T>(
+        d_pk.download(), in.batch, D,
+        [&](int32_t b) {
+          std::vector<double> pk = reference_pool(
+              in.batch, b, H, D, [&](int32_t t, int32_t h) { return r_ref(t, h, nullptr); },
+              [&](int32_t t, int32_t j) { return in.at(t, D + j); }, 0.0);
+          for (int32_t j = 0; j < D; ++j)
+            pk[size_t(j)] *= value(pq[size_t(b) * size_t(D) + size_t(j)]);
+          return pk;
+        },
+        "key pooling, " + name(shape));
   }
 }
 
@@ -299,19 +325,27 @@ TYPED_TEST(PoolingTest, AttentionPoolerMatchesTheReference) {
     std::vector<float> z(static_cast<size_t>(Tn));
     std::uniform_real_distribution<float> u(-2.0f, 2.0f);
     for (int32_t t = 0; t < Tn; ++t) {
-      z[size_t(t)] = batch.mask[size_t(t)] ? u(rng) + (batch.token_seq[size_t(t)] == 2 ? -25.0f : 0.0f) : NAN;
+      z[size_t(t)] =
+          batch.mask[size_t(t)] ? u(rng) + (batch.token_seq[size_t(t)] == 2 ? -25.0f : 0.0f) : NAN;
       if (!batch.mask[size_t(t)]) std::fill_n(x.begin() + ptrdiff_t(t) * D, D, from_float<T>(NAN));
     }
     DeviceBatch dev(batch);
     DeviceBuffer<T> d_x(x), d_pooled(size_t(batch.sequences()) * size_t(D));
     DeviceBuffer<float> d_z(z);
     DevicePartials partials(batch, 1, D);
-    k::launch_pool_partials<T, float>(dev.args, d_z.get(), 1, 1, d_x.get(), D, D, partials.get(), nullptr);
-    k::launch_pool_combine<T>(dev.args, partials.get(), 1, D, nullptr, 1e-8f, d_pooled.get(), nullptr);
-    expect_rows_near<T>(d_pooled.download(), batch, D, [&](int32_t b) {
-      return reference_pool(batch, b, 1, D, [&](int32_t t, int32_t) { return double(z[size_t(t)]); },
-                            [&](int32_t t, int32_t j) { return value(x[size_t(t) * size_t(D) + size_t(j)]); }, 1e-8);
-    }, "attention pooler, D " + std::to_string(D));
+    k::launch_pool_partials<T, float>(dev.args, d_z.get(), 1, 1, d_x.get(), D, D, partials.get(),
+                                      nullptr);
+    k::launch_pool_combine<T>(dev.args, partials.get(), 1, D, nullptr, 1e-8f, d_pooled.get(),
+                              nullptr);
+    expect_rows_near<T>(
+        d_pooled.download(), batch, D,
+        [&](int32_t b) {
+          return reference_pool(
+              batch, b, 1, D, [&](int32_t t, int32_t) { return double(z[size_t(t)]); },
+              [&](int32_t t, int32_t j) { return value(x[size_t(t) * size_t(D) + size_t(j)]); },
+              1e-8);
+        },
+        "attention pooler, D " + std::to_string(D));
   }
 }
 
@@ -327,11 +361,15 @@ TYPED_TEST(PoolingTest, CombineIsRightForAnyChunkSplit) {
     dev.args.max_sequence_chunks = hint;
     DevicePartials partials(in.batch, shape.H, shape.D);
     const std::vector<T> pq = run_query_pool(in, d_qks, dev, partials);
-    expect_rows_near<T>(pq, in.batch, shape.D, [&](int32_t b) {
-      return reference_pool(in.batch, b, shape.H, shape.D,
-                            [&](int32_t t, int32_t h) { return in.at(t, 2 * shape.D + h); },
-                            [&](int32_t t, int32_t j) { return in.at(t, j); }, 0.0);
-    }, "query pooling, chunk split hint " + std::to_string(hint));
+    expect_rows_near<T>(
+        pq, in.batch, shape.D,
+        [&](int32_t b) {
+          return reference_pool(
+              in.batch, b, shape.H, shape.D,
+              [&](int32_t t, int32_t h) { return in.at(t, 2 * shape.D + h); },
+              [&](int32_t t, int32_t j) { return in.at(t, j); }, 0.0);
+        },
+        "query pooling, chunk split hint " + std::to_string(hint));
   }
 }
 
@@ -359,14 +397,16 @@ TEST(PoolingRaceCheck, KeyPoolingAndQueryPoolingDoNotDependOnTheSchedule) {
     const ff_emu::RaceCheckResult result = ff_emu::racecheck(
         [&] {
           d_r.fill_zero();  // padding rows' scores are computed too (from NaN): zero them first
-          k::launch_pool_partials<T, T>(dev.args, d_qks.get() + 2 * D, ld, H, d_qks.get(), ld, D, partials.get(),
-                                        nullptr);
-          k::launch_pool_combine<T>(dev.args, partials.get(), H, D, nullptr, 0.0f, d_pq.get(), nullptr);
-          k::launch_key_scores<T>(dev.args, d_qks.get() + D, ld, d_pq.get(), d_wka.get(), d_bka.get(), H, D,
-                                  d_r.get(), nullptr);
-          k::launch_pool_partials<T, float>(dev.args, d_r.get(), H, H, d_qks.get() + D, ld, D, partials.get(),
-                                            nullptr);
-          k::launch_pool_combine<T>(dev.args, partials.get(), H, D, d_pq.get(), 0.0f, d_pk.get(), nullptr);
+          k::launch_pool_partials<T, T>(dev.args, d_qks.get() + 2 * D, ld, H, d_qks.get(), ld, D,
+                                        partials.get(), nullptr);
+          k::launch_pool_combine<T>(dev.args, partials.get(), H, D, nullptr, 0.0f, d_pq.get(),
+                                    nullptr);
+          k::launch_key_scores<T>(dev.args, d_qks.get() + D, ld, d_pq.get(), d_wka.get(),
+                                  d_bka.get(), H, D, d_r.get(), nullptr);
+          k::launch_pool_partials<T, float>(dev.args, d_r.get(), H, H, d_qks.get() + D, ld, D,
+                                            partials.get(), nullptr);
+          k::launch_pool_combine<T>(dev.args, partials.get(), H, D, d_pq.get(), 0.0f, d_pk.get(),
+                                    nullptr);
         },
         [&] {
           std::vector<float> floats = d_r.download();
@@ -396,8 +436,10 @@ TEST(PoolingRaceCheck, AttentionPoolerDoesNotDependOnTheSchedule) {
       [&] {
         partials.m.fill_zero();
         partials.l.fill_zero();
-        k::launch_pool_partials<T, float>(dev.args, d_z.get(), 1, 1, d_x.get(), D, D, partials.get(), nullptr);
-        k::launch_pool_combine<T>(dev.args, partials.get(), 1, D, nullptr, 1e-8f, d_pooled.get(), nullptr);
+        k::launch_pool_partials<T, float>(dev.args, d_z.get(), 1, 1, d_x.get(), D, D,
+                                          partials.get(), nullptr);
+        k::launch_pool_combine<T>(dev.args, partials.get(), 1, D, nullptr, 1e-8f, d_pooled.get(),
+                                  nullptr);
       },
       [&] {
         std::vector<float> floats = partials.m.download();

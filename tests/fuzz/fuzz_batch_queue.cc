@@ -51,7 +51,8 @@ class FakeEngine final : public engine::Engine {
                                       std::span<const OutputOptions>) override {
     if (fail) throw std::runtime_error("injected failure");
     std::vector<EncodedSequence> out(size_t(batch.num_sequences()));
-    for (size_t b = 0; b < out.size(); ++b) out[b].num_tokens = batch.cu_seqlens[b + 1] - batch.cu_seqlens[b];
+    for (size_t b = 0; b < out.size(); ++b)
+      out[b].num_tokens = batch.cu_seqlens[b + 1] - batch.cu_seqlens[b];
     return out;
   }
   std::string backend_name() const override { return "fake"; }
@@ -84,11 +85,11 @@ struct Req {
   std::vector<std::vector<float>> embeddings;
   std::shared_ptr<batching::Request> request = std::make_shared<batching::Request>();
   bool admitted = false, deadline_passed = false, cancelled = false;
-  int completions = 0;              // on_complete calls seen
-  Outcome outcome = Outcome::kOk;   // as on_complete saw it
-  bool finished = false;            // model: has it ended?
-  Outcome expected = Outcome::kOk;  // model: how it ended
-  int remaining = 0;                // model: sequences not yet computed
+  int completions = 0;                // on_complete calls seen
+  Outcome outcome = Outcome::kOk;     // as on_complete saw it
+  bool finished = false;              // model: has it ended?
+  Outcome expected = Outcome::kOk;    // model: how it ended
+  int remaining = 0;                  // model: sequences not yet computed
   std::vector<int> batched, dropped;  // model: per sequence
 };
 
@@ -120,23 +121,34 @@ class Harness {
     for (size_t op = 0; op < kMaxOps && !in_.empty(); ++op) {
       switch (in_.byte() % 8) {
         case 0:
-        case 1: arrive(); break;
-        case 2: if (Req* r = pick()) pass_deadline(*r); break;
-        case 3: if (Req* r = pick()) cancel(*r); break;
+        case 1:
+          arrive();
+          break;
+        case 2:
+          if (Req* r = pick()) pass_deadline(*r);
+          break;
+        case 3:
+          if (Req* r = pick()) cancel(*r);
+          break;
         case 4:
-        case 5: take(); break;
+        case 5:
+          take();
+          break;
         case 6: {
           const uint8_t which = in_.byte();  // two reads, in this order (not as arguments)
           complete(which, in_.byte() % 4 == 0);
           break;
         }
-        case 7: if (in_.byte() % 4 == 0) close(); break;
+        case 7:
+          if (in_.byte() % 4 == 0) close();
+          break;
       }
       check_accounting();
     }
     // Drain: close, take everything, complete everything.
     close();
-    while (take()) {}
+    while (take()) {
+    }
     while (!running_.empty()) complete(0, false);
     check_accounting();
     FUZZ_CHECK(queue_->queued_tokens() == 0 && queue_->queued_sequences() == 0);
@@ -181,14 +193,16 @@ class Harness {
     const bool fits = !closed_ && queued_tokens() + tokens <= limits_.max_queue_tokens;
     const batching::Admission got = queue_->push(r.request);
     FUZZ_CHECK(got == (closed_ ? batching::Admission::kClosed
-                               : fits ? batching::Admission::kAdmitted : batching::Admission::kQueueFull));
+                       : fits  ? batching::Admission::kAdmitted
+                               : batching::Admission::kQueueFull));
     if (!fits) return;  // nothing of it queued: check_accounting proves it
     r.admitted = true;
     r.remaining = n;
     r.batched.assign(size_t(n), 0);
     r.dropped.assign(size_t(n), 0);
     for (int i = 0; i < n; ++i) {
-      queued_.push_back({&r, i, engine::sequence_length(r.request->sequences[size_t(i)], kHidden), next_seq_no_++});
+      queued_.push_back({&r, i, engine::sequence_length(r.request->sequences[size_t(i)], kHidden),
+                         next_seq_no_++});
     }
     admitted_.push_back(&r);
   }
@@ -240,8 +254,9 @@ class Harness {
 
   // Takes one batch; false when the queue answered "closed and empty".
   bool take() {
-    const bool any_alive = std::any_of(queued_.begin(), queued_.end(),
-                                       [](const Entry& e) { return dead_reason(*e.req) == Outcome::kOk; });
+    const bool any_alive = std::any_of(queued_.begin(), queued_.end(), [](const Entry& e) {
+      return dead_reason(*e.req) == Outcome::kOk;
+    });
     if (!any_alive && !closed_) return true;  // next_batch would wait for an arrival
     // The model: drop dead entries at the head, then take in order within the budgets,
     // dropping dead entries met on the way; stop at the first live entry that does not fit.
@@ -260,7 +275,9 @@ class Harness {
         continue;
       }
       const auto count = int64_t(expected.size());
-      if (count == limits_.max_batch_sequences || (count > 0 && tokens + e.tokens > limits_.max_batch_tokens)) break;
+      if (count == limits_.max_batch_sequences ||
+          (count > 0 && tokens + e.tokens > limits_.max_batch_tokens))
+        break;
       tokens += e.tokens;
       expected.push_back(e);
       queued_.pop_front();
@@ -272,11 +289,13 @@ class Harness {
     // Drops for deadline or cancellation are observed, in queue order.
     std::vector<Drop> observed;
     for (const Drop& d : drops) {
-      if (d.reason == Outcome::kDeadlineExceeded || d.reason == Outcome::kCancelled) observed.push_back(d);
+      if (d.reason == Outcome::kDeadlineExceeded || d.reason == Outcome::kCancelled)
+        observed.push_back(d);
     }
     FUZZ_CHECK(seen_drops_.size() == observed.size());
     for (size_t i = 0; i < observed.size(); ++i) {
-      FUZZ_CHECK(seen_drops_[i].request == observed[i].request && seen_drops_[i].index == observed[i].index &&
+      FUZZ_CHECK(seen_drops_[i].request == observed[i].request &&
+                 seen_drops_[i].index == observed[i].index &&
                  seen_drops_[i].reason == observed[i].reason);
     }
     if (expected.empty()) {

@@ -40,7 +40,8 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
 
   rpc::InferCall call;
   auto request = std::make_shared<batching::Request>();
-  const grpc::Status status = rpc::convert_infer_request(proto, model, served.tokenizer.get(), limits, max_batch_size, &call, request.get());
+  const grpc::Status status = rpc::convert_infer_request(
+      proto, model, served.tokenizer.get(), limits, max_batch_size, &call, request.get());
   if (!status.ok()) {
     FUZZ_CHECK(status.error_code() == grpc::StatusCode::INVALID_ARGUMENT ||
                status.error_code() == grpc::StatusCode::NOT_FOUND);

@@ -21,7 +21,8 @@ class FuzzInput {
 
   // Whatever is left, as bytes.
   std::string_view rest() {
-    std::string_view out(reinterpret_cast<const char*>(data_ + pos_), pos_ < size_ ? size_ - pos_ : 0);
+    std::string_view out(reinterpret_cast<const char*>(data_ + pos_),
+                         pos_ < size_ ? size_ - pos_ : 0);
     pos_ = size_;
     return out;
   }

@@ -73,7 +73,8 @@ void encode_once(std::shared_ptr<const engine::Model> model) {
     embeddings.assign(size_t(n * c.hidden_size), 0.5f);
     input.input_embeddings = embeddings;
   }
-  if (engine::validate_sequence(c, model->has_word_embedding(), input, 0)) return;  // vocab 1, all pad
+  if (engine::validate_sequence(c, model->has_word_embedding(), input, 0))
+    return;  // vocab 1, all pad
   engine::RaggedBatch batch;
   batch.add(input, c);
   OutputOptions out;

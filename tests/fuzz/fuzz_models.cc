@@ -11,7 +11,8 @@
 namespace fastformer::fuzz {
 namespace {
 
-void check_batch(const batching::Batch& batch, const engine::ModelConfig& c, bool has_word_embedding) {
+void check_batch(const batching::Batch& batch, const engine::ModelConfig& c,
+                 bool has_word_embedding) {
   const engine::RaggedBatch& r = batch.ragged;
   const int32_t B = r.num_sequences(), T = r.num_tokens();
   FUZZ_CHECK(B == int32_t(batch.entries.size()) && B > 0);
@@ -73,12 +74,12 @@ std::vector<Served>& served_models() {
       s.max_positions = kMaxPositions;
       s.vocab = 12;
     }
-    specs[0].num_labels = 3;           // token ids, classifier head
-    specs[1].word_embedding = false;   // input embeddings only
-    specs[2].pad_token_id = 5;         // a pad id that is not 0, bare names, F16
+    specs[0].num_labels = 3;          // token ids, classifier head
+    specs[1].word_embedding = false;  // input embeddings only
+    specs[2].pad_token_id = 5;        // a pad id that is not 0, bare names, F16
     specs[2].bare = true;
     specs[2].dtype = engine::DType::kF16;
-    specs[3].shared_layers = true;     // shared layers, BF16, relu
+    specs[3].shared_layers = true;  // shared layers, BF16, relu
     specs[3].layers = 2;
     specs[3].dtype = engine::DType::kBF16;
     specs[3].activation = "relu";
@@ -86,7 +87,8 @@ std::vector<Served>& served_models() {
     std::vector<Served> out;
     for (size_t i = 0; i < specs.size(); ++i) {
       Served s;
-      const std::filesystem::path model_dir = test::write_tiny_model(dir.path(), kNames[i], specs[i]);
+      const std::filesystem::path model_dir =
+          test::write_tiny_model(dir.path(), kNames[i], specs[i]);
       if (kTokenizers[i] != nullptr) std::ofstream(model_dir / "tokenizer.json") << kTokenizers[i];
       s.model = engine::Model::load(model_dir);
       s.tokenizer = text::load_tokenizer(model_dir, *s.model);

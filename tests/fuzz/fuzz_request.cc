@@ -35,7 +35,8 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
   }
 
   auto request = std::make_shared<batching::Request>();
-  const grpc::Status status = rpc::convert_request(proto, model, served.tokenizer.get(), limits, request.get());
+  const grpc::Status status =
+      rpc::convert_request(proto, model, served.tokenizer.get(), limits, request.get());
   if (!status.ok()) {
     FUZZ_CHECK(status.error_code() == grpc::StatusCode::INVALID_ARGUMENT);
     FUZZ_CHECK(!status.error_message().empty());

@@ -36,14 +36,18 @@ constexpr std::string_view kDefaultJson = R"({
 extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
   const std::string_view input(reinterpret_cast<const char*>(data), size);
   const size_t marker = input.find(kMarker);
-  const std::string_view json = marker == std::string_view::npos ? kDefaultJson : input.substr(0, marker);
-  const std::string_view text = marker == std::string_view::npos ? input : input.substr(marker + kMarker.size());
+  const std::string_view json =
+      marker == std::string_view::npos ? kDefaultJson : input.substr(0, marker);
+  const std::string_view text =
+      marker == std::string_view::npos ? input : input.substr(marker + kMarker.size());
   try {
     const Tokenizer tokenizer = Tokenizer::from_json(json);
     const auto encoding = tokenizer.encode(text);
     for (int32_t id : encoding.ids) FUZZ_CHECK(id >= 0 && id <= tokenizer.max_token_id());
-    if (tokenizer.truncation()) FUZZ_CHECK(encoding.ids.size() <= tokenizer.truncation()->max_length);
-    FUZZ_CHECK(encoding.ids.size() == encoding.tokens.size() && encoding.ids.size() == encoding.type_ids.size());
+    if (tokenizer.truncation())
+      FUZZ_CHECK(encoding.ids.size() <= tokenizer.truncation()->max_length);
+    FUZZ_CHECK(encoding.ids.size() == encoding.tokens.size() &&
+               encoding.ids.size() == encoding.type_ids.size());
   } catch (const TokenizerError&) {
     // Rejected with a message: what the server turns into INVALID_ARGUMENT.
   }

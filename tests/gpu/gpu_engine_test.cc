@@ -35,8 +35,9 @@ std::shared_ptr<const engine::Model> tiny_model(test::TempDir& dir, int64_t posi
 // (create_engine's "backend cuda: ..." refusal: no GPU, no driver, no plugin) skips; an
 // engine that finds a GPU and then fails (the plugin's "CUDA engine: ...", an allocation or
 // a kernel) is a failure, never a skip.
-std::unique_ptr<engine::Engine> gpu_engine(std::shared_ptr<const engine::Model> model, const std::string& dtype,
-                                           int64_t tokens, std::string* skip_reason) {
+std::unique_ptr<engine::Engine> gpu_engine(std::shared_ptr<const engine::Model> model,
+                                           const std::string& dtype, int64_t tokens,
+                                           std::string* skip_reason) {
   engine::EngineOptions options;
   options.backend = engine::Backend::kCuda;
   options.dtype = dtype;
@@ -51,7 +52,7 @@ std::unique_ptr<engine::Engine> gpu_engine(std::shared_ptr<const engine::Model> 
 }
 
 std::vector<EncodedSequence> cpu_reference(std::shared_ptr<const engine::Model> model,
-                                                   const test::ParityInputs& in, int64_t tokens) {
+                                           const test::ParityInputs& in, int64_t tokens) {
   engine::EngineOptions options;
   options.backend = engine::Backend::kCpu;
   options.max_batch_tokens = tokens;
@@ -86,7 +87,8 @@ TEST_P(GpuEngineTest, LongSequenceMatchesTheCpuEngine) {
 // the real model's sizes (tests/unit/cuda_emulated_base_long_test.cc runs the same emulated).
 TEST_P(GpuEngineTest, BaseLongShapeMatchesTheCpuEngine) {
   test::TempDir dir;
-  auto model = engine::Model::load(test::write_tiny_model(dir.path(), "m", test::base_long_two_layers()));
+  auto model =
+      engine::Model::load(test::write_tiny_model(dir.path(), "m", test::base_long_two_layers()));
   std::string why;
   auto gpu = gpu_engine(model, GetParam(), 1024, &why);
   if (!gpu) GTEST_SKIP() << "no usable GPU: " << why;
@@ -107,10 +109,12 @@ TEST_P(GpuEngineTest, ProfileTimesEveryOpWithEvents) {
   gpu->set_profiling(true);
   const auto t0 = std::chrono::steady_clock::now();
   const auto profiled = test::encode_all(*gpu, in);
-  const double wall_ms = std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0).count();
+  const double wall_ms =
+      std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0).count();
   const auto rows = gpu->profile();
   ASSERT_EQ(profiled.size(), plain.size());
-  for (size_t s = 0; s < plain.size(); ++s) EXPECT_EQ(profiled[s].embedding, plain[s].embedding) << s;
+  for (size_t s = 0; s < plain.size(); ++s)
+    EXPECT_EQ(profiled[s].embedding, plain[s].embedding) << s;
   // begin_batch, embed, 10 a layer, the pooler's 2, the head and its download, the pooled and
   // token downloads (encode_all asks for logits and tokens, not normalisation).
   EXPECT_EQ(rows.size(), size_t(2 + 10 * 2 + 2 + 2 + 2));
@@ -125,7 +129,8 @@ TEST_P(GpuEngineTest, ProfileTimesEveryOpWithEvents) {
   EXPECT_LE(total_ms, wall_ms);
 }
 
-INSTANTIATE_TEST_SUITE_P(Dtypes, GpuEngineTest, ::testing::Values("float32", "float16", "bfloat16"));
+INSTANTIATE_TEST_SUITE_P(Dtypes, GpuEngineTest,
+                         ::testing::Values("float32", "float16", "bfloat16"));
 
 }  // namespace
 }  // namespace fastformer

@@ -21,7 +21,8 @@ struct ParityInputs {
   std::vector<std::vector<float>> embeddings;
 };
 
-inline ParityInputs make_parity_inputs(const engine::ModelConfig& c, std::vector<int> lengths = {1, 7, 64, 300, 700}) {
+inline ParityInputs make_parity_inputs(const engine::ModelConfig& c,
+                                       std::vector<int> lengths = {1, 7, 64, 300, 700}) {
   std::mt19937 rng(7);
   ParityInputs in;
   for (int n : lengths) {
@@ -61,7 +62,8 @@ inline double cosine(const std::vector<float>& a, const std::vector<float>& b) {
 inline double worst_relative_error(const std::vector<float>& x, const std::vector<float>& ref) {
   double worst = 0;
   for (size_t i = 0; i < x.size(); ++i) {
-    worst = std::max(worst, std::abs(double(x[i]) - ref[i]) / std::max(1.0, std::abs(double(ref[i]))));
+    worst =
+        std::max(worst, std::abs(double(x[i]) - ref[i]) / std::max(1.0, std::abs(double(ref[i]))));
   }
   return worst;
 }
@@ -78,8 +80,10 @@ inline void expect_parity(const std::vector<EncodedSequence>& ours,
     ASSERT_EQ(a.token_embeddings.size(), r.token_embeddings.size());
     ASSERT_EQ(a.logits.size(), r.logits.size());
     if (dtype == "float32") {
-      EXPECT_LE(worst_relative_error(a.embedding, r.embedding), 1e-4) << "pooled embedding of sequence " << s;
-      EXPECT_LE(worst_relative_error(a.token_embeddings, r.token_embeddings), 1e-4) << "tokens of sequence " << s;
+      EXPECT_LE(worst_relative_error(a.embedding, r.embedding), 1e-4)
+          << "pooled embedding of sequence " << s;
+      EXPECT_LE(worst_relative_error(a.token_embeddings, r.token_embeddings), 1e-4)
+          << "tokens of sequence " << s;
       EXPECT_LE(worst_relative_error(a.logits, r.logits), 1e-4) << "logits of sequence " << s;
     } else {
       EXPECT_GE(cosine(a.embedding, r.embedding), 0.999) << dtype << " sequence " << s;

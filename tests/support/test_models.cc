@@ -47,9 +47,12 @@ void write_safetensors_raw(const std::filesystem::path& path, const std::string&
 
 float round_to_dtype(float value, DType dtype) {
   switch (dtype) {
-    case DType::kF32: return value;
-    case DType::kF16: return half_to_float(float_to_half(value));
-    case DType::kBF16: return bfloat16_to_float(float_to_bfloat16(value));
+    case DType::kF32:
+      return value;
+    case DType::kF16:
+      return half_to_float(float_to_half(value));
+    case DType::kBF16:
+      return bfloat16_to_float(float_to_bfloat16(value));
   }
   return value;
 }
@@ -62,8 +65,7 @@ std::string encode_values(const std::vector<float>& values, DType dtype) {
       const uint32_t bits = std::bit_cast<uint32_t>(v);
       for (int i = 0; i < 4; ++i) out.push_back(static_cast<char>((bits >> (8 * i)) & 0xff));
     } else {
-      const uint16_t bits =
-          dtype == DType::kF16 ? float_to_half(v) : float_to_bfloat16(v);
+      const uint16_t bits = dtype == DType::kF16 ? float_to_half(v) : float_to_bfloat16(v);
       out.push_back(static_cast<char>(bits & 0xff));
       out.push_back(static_cast<char>(bits >> 8));
     }

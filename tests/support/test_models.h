@@ -6,10 +6,9 @@
 #include <cstdint>
 #include <filesystem>
 #include <map>
+#include <nlohmann/json.hpp>
 #include <string>
 #include <vector>
-
-#include <nlohmann/json.hpp>
 
 #include "server/engine/safetensors.h"
 
@@ -57,10 +56,10 @@ void write_safetensors(const std::filesystem::path& path,
                        const std::map<std::string, TensorSpec>& tensors, bool align = true);
 
 struct TinyModelSpec {
-  int64_t hidden = 32;         ///< D
-  int64_t heads = 4;           ///< H
+  int64_t hidden = 32;  ///< D
+  int64_t heads = 4;    ///< H
   int64_t layers = 2;
-  int64_t intermediate = 48;   ///< I
+  int64_t intermediate = 48;  ///< I
   int64_t max_positions = 64;
   int64_t vocab = 100;
   std::string activation = "gelu";
@@ -86,7 +85,8 @@ struct TinyModel {
   std::map<std::string, TensorSpec> tensors;
 };
 
-// Random weights for every tensor name of docs/model-format.md ("Tensor names") that `spec` calls for.
+// Random weights for every tensor name of docs/model-format.md ("Tensor names") that `spec` calls
+// for.
 TinyModel make_tiny_model(const TinyModelSpec& spec);
 
 // Writes dir/config.json and dir/model.safetensors (creating dir).

@@ -2,6 +2,10 @@
 // comparison, the Bearer header, the per-call decision, and reloading.
 #include "server/rpc/auth.h"
 
+#include <gmock/gmock.h>
+#include <gtest/gtest.h>
+#include <prometheus/registry.h>
+#include <spdlog/spdlog.h>
 #include <unistd.h>
 
 #include <atomic>
@@ -10,11 +14,6 @@
 #include <string>
 #include <thread>
 #include <vector>
-
-#include <gmock/gmock.h>
-#include <gtest/gtest.h>
-#include <prometheus/registry.h>
-#include <spdlog/spdlog.h>
 
 namespace fastformer::rpc {
 namespace {

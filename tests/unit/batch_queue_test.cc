@@ -50,7 +50,8 @@ struct TestRequest {
   }
 };
 
-QueueLimits limits(int64_t batch_tokens, int64_t batch_sequences = 100, int64_t queue_tokens = 100000) {
+QueueLimits limits(int64_t batch_tokens, int64_t batch_sequences = 100,
+                   int64_t queue_tokens = 100000) {
   QueueLimits l;
   l.max_batch_tokens = batch_tokens;
   l.max_batch_sequences = batch_sequences;
@@ -72,7 +73,8 @@ TEST(BatchQueueTest, SequencesOfSeveralRequestsShareABatchInArrivalOrder) {
   auto batch = queue.next_batch();
   ASSERT_TRUE(batch);
   using P = std::pair<Request*, int32_t>;
-  EXPECT_EQ(members(*batch), (std::vector<P>{{a.request.get(), 0}, {a.request.get(), 1}, {b.request.get(), 0}}));
+  EXPECT_EQ(members(*batch),
+            (std::vector<P>{{a.request.get(), 0}, {a.request.get(), 1}, {b.request.get(), 0}}));
   EXPECT_EQ(batch->tokens, 60);
   EXPECT_EQ(batch->ragged.num_sequences(), 3);
   EXPECT_EQ(batch->ragged.cu_seqlens, (std::vector<int32_t>{0, 10, 30, 60}));
@@ -296,7 +298,6 @@ TEST(SchedulerTest, AnEngineFailureFailsOnlyItsBatch) {
   EXPECT_EQ(a.completions + b.completions + c.completions, 3);
 }
 
-
 // The server's batching path with every thread it has: producers pushing (the gRPC handlers),
 // a canceller flipping is_cancelled (clients going away), deadlines passing, the scheduler's
 // forming and compute threads, a non-zero queue delay, an engine that fails now and then.
@@ -329,13 +330,16 @@ TEST(SchedulerTest, ConcurrentProducersCancellationsAndDeadlinesEndEveryRequestO
         for (int i = 0; i < kPerProducer; ++i) {
           Tracked t;
           const int n_seq = 1 + int(rng() % 3);
-          for (int s = 0; s < n_seq; ++s) t.lengths.push_back(1 + int(rng() % 90));  // some > 64: alone
+          for (int s = 0; s < n_seq; ++s)
+            t.lengths.push_back(1 + int(rng() % 90));  // some > 64: alone
           t.req = std::make_unique<TestRequest>(t.lengths);
           auto flag = t.cancel;
           t.req->request->is_cancelled = [flag] { return flag->load(); };
-          if (rng() % 10 == 0) t.req->request->deadline = Clock::now() + std::chrono::microseconds(rng() % 500);
+          if (rng() % 10 == 0)
+            t.req->request->deadline = Clock::now() + std::chrono::microseconds(rng() % 500);
           Admission a;
-          while ((a = queue.push(t.req->request)) == Admission::kQueueFull) std::this_thread::sleep_for(50us);
+          while ((a = queue.push(t.req->request)) == Admission::kQueueFull)
+            std::this_thread::sleep_for(50us);
           ASSERT_EQ(a, Admission::kAdmitted);
           if (rng() % 5 == 0) {
             std::lock_guard lock(cancel_mu);
@@ -364,17 +368,25 @@ TEST(SchedulerTest, ConcurrentProducersCancellationsAndDeadlinesEndEveryRequestO
   int ok = 0, ended = 0;
   for (const auto& per : admitted) {
     for (const Tracked& t : per) {
-      ASSERT_EQ(t.req->completions.load(), 1) << "a request ended " << t.req->completions.load() << " times";
+      ASSERT_EQ(t.req->completions.load(), 1)
+          << "a request ended " << t.req->completions.load() << " times";
       ++ended;
       switch (t.req->outcome) {
         case Outcome::kOk:
           ++ok;
           ASSERT_EQ(t.req->request->results.size(), t.lengths.size());
-          for (size_t s = 0; s < t.lengths.size(); ++s) EXPECT_EQ(t.req->request->results[s].num_tokens, t.lengths[s]);
+          for (size_t s = 0; s < t.lengths.size(); ++s)
+            EXPECT_EQ(t.req->request->results[s].num_tokens, t.lengths[s]);
           break;
-        case Outcome::kCancelled: EXPECT_TRUE(t.cancel->load()); break;
-        case Outcome::kDeadlineExceeded: EXPECT_NE(t.req->request->deadline, Clock::time_point::max()); break;
-        case Outcome::kEngineFailure: EXPECT_EQ(t.req->request->error, "injected failure"); break;
+        case Outcome::kCancelled:
+          EXPECT_TRUE(t.cancel->load());
+          break;
+        case Outcome::kDeadlineExceeded:
+          EXPECT_NE(t.req->request->deadline, Clock::time_point::max());
+          break;
+        case Outcome::kEngineFailure:
+          EXPECT_EQ(t.req->request->error, "injected failure");
+          break;
       }
     }
   }

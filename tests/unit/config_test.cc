@@ -11,9 +11,9 @@
 namespace fastformer::engine {
 namespace {
 
-using ::testing::HasSubstr;
 using nlohmann::json;
 using test::error_of;
+using ::testing::HasSubstr;
 
 // The official repository's fastformer.json, verbatim.
 constexpr const char* kOfficialConfig = R"({
@@ -99,16 +99,17 @@ TEST(ConfigTest, HiddenNotDivisibleByHeads) {
 TEST(ConfigTest, ZeroNegativeAndNonIntegerSizes) {
   for (const char* key : {"hidden_size", "num_hidden_layers", "num_attention_heads",
                           "intermediate_size", "max_position_embeddings", "vocab_size"}) {
-    for (const json& bad : {json(0), json(-3), json(256.5), json(256.0), json("256"), json(nullptr),
-                            json(true)}) {
+    for (const json& bad :
+         {json(0), json(-3), json(256.5), json(256.0), json("256"), json(nullptr), json(true)}) {
       json j = official();
       j[key] = bad;
       const std::string msg = config_error(j);
       EXPECT_THAT(msg, HasSubstr(kOrigin)) << key << " = " << bad;
       EXPECT_THAT(msg, HasSubstr(std::string("key \"") + key + "\"")) << key << " = " << bad;
       EXPECT_THAT(msg, HasSubstr("expected a positive integer")) << key << " = " << bad;
-      EXPECT_THAT(msg, HasSubstr("found " + (bad.is_number_integer() ? std::to_string(bad.get<int64_t>())
-                                                                     : bad.dump())))
+      EXPECT_THAT(msg,
+                  HasSubstr("found " + (bad.is_number_integer() ? std::to_string(bad.get<int64_t>())
+                                                                : bad.dump())))
           << key << " = " << bad;
     }
   }
@@ -130,7 +131,8 @@ TEST(ConfigTest, LayerCountBounded) {
   EXPECT_EQ(parse_config(j.dump(), kOrigin).num_hidden_layers, 1024);
   j["num_hidden_layers"] = 2000000000;
   j["share_layer_parameters"] = true;
-  EXPECT_THAT(config_error(j), HasSubstr("key \"num_hidden_layers\": 2000000000 layers, more than the 1024"));
+  EXPECT_THAT(config_error(j),
+              HasSubstr("key \"num_hidden_layers\": 2000000000 layers, more than the 1024"));
 }
 
 // Disabled: config.cc positive_int() rejects only n > 2^31, so 2^31 itself passes although
@@ -169,9 +171,12 @@ TEST(ConfigTest, UnknownActivationListsAcceptedOnes) {
 
 TEST(ConfigTest, ActivationNamesMap) {
   const std::pair<const char*, Activation> cases[] = {
-      {"gelu", Activation::kGeluErf},         {"gelu_new", Activation::kGeluTanh},
-      {"gelu_pytorch_tanh", Activation::kGeluTanh}, {"relu", Activation::kRelu},
-      {"silu", Activation::kSilu},            {"swish", Activation::kSilu},
+      {"gelu", Activation::kGeluErf},
+      {"gelu_new", Activation::kGeluTanh},
+      {"gelu_pytorch_tanh", Activation::kGeluTanh},
+      {"relu", Activation::kRelu},
+      {"silu", Activation::kSilu},
+      {"swish", Activation::kSilu},
   };
   for (const auto& [name, act] : cases) {
     Activation parsed = Activation::kRelu;
@@ -190,7 +195,8 @@ TEST(ConfigTest, ActivationNamesMap) {
   EXPECT_FALSE(parse_activation("", &unused));
 
   // activation_name round-trips through parse_activation.
-  for (Activation act : {Activation::kGeluErf, Activation::kGeluTanh, Activation::kRelu, Activation::kSilu}) {
+  for (Activation act :
+       {Activation::kGeluErf, Activation::kGeluTanh, Activation::kRelu, Activation::kSilu}) {
     Activation back;
     ASSERT_TRUE(parse_activation(activation_name(act), &back));
     EXPECT_EQ(back, act);

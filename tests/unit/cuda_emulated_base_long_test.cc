@@ -20,8 +20,8 @@ class EmulatedCudaBaseLongTest : public ::testing::TestWithParam<std::string> {
  protected:
   static void SetUpTestSuite() {
     dir_ = new test::TempDir();
-    model_ = new std::shared_ptr<const engine::Model>(
-        engine::Model::load(test::write_tiny_model(dir_->path(), "base_long_2l", test::base_long_two_layers())));
+    model_ = new std::shared_ptr<const engine::Model>(engine::Model::load(
+        test::write_tiny_model(dir_->path(), "base_long_2l", test::base_long_two_layers())));
     engine::EngineOptions cpu;
     cpu.backend = engine::Backend::kCpu;
     cpu.threads = 2;

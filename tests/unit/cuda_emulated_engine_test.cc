@@ -64,8 +64,8 @@ TEST_P(EmulatedCudaEngineTest, MatchesTheCpuEngine) {
   options.max_batch_tokens = 2048;
   auto cuda = engine::cuda::create_emulated_cuda_engine(*model_, options);
   EXPECT_EQ(cuda->backend_name(), "cuda");
-  test::expect_parity(test::encode_all(*cuda, test::make_parity_inputs((*model_)->config())), *reference_,
-                      GetParam());
+  test::expect_parity(test::encode_all(*cuda, test::make_parity_inputs((*model_)->config())),
+                      *reference_, GetParam());
 }
 
 TEST(EmulatedCudaEngine, BatchOverItsBuffersIsAClearError) {
@@ -79,15 +79,19 @@ TEST(EmulatedCudaEngine, BatchOverItsBuffersIsAClearError) {
   const std::vector<int32_t> ids(20, 1);
   batch.add({ids, {}}, model->config());
   const OutputOptions out;
-  EXPECT_THAT(test::error_of<engine::EngineError>([&] { cuda->encode(batch, {&out, 1}); }),
+  EXPECT_THAT(test::error_of<engine::EngineError>([&] {
+                cuda->encode(batch, {&out, 1});
+              }),
               ::testing::HasSubstr("exceeds max_batch_tokens 8"));
 }
 
-INSTANTIATE_TEST_SUITE_P(Dtypes, EmulatedCudaEngineTest, ::testing::Values("float32", "float16", "bfloat16"));
+INSTANTIATE_TEST_SUITE_P(Dtypes, EmulatedCudaEngineTest,
+                         ::testing::Values("float32", "float16", "bfloat16"));
 
 // The emulated CUDA engine in `dtype` against the CPU engine (float32, one thread) on three
 // sequences of 1, 9 and 300 tokens (two pooling chunks).
-void expect_emulated_matches_cpu(const std::shared_ptr<const engine::Model>& model, const std::string& dtype) {
+void expect_emulated_matches_cpu(const std::shared_ptr<const engine::Model>& model,
+                                 const std::string& dtype) {
   const test::ParityInputs inputs = test::make_parity_inputs(model->config(), {1, 9, 300});
   engine::EngineOptions cpu;
   cpu.backend = engine::Backend::kCpu;
@@ -105,7 +109,8 @@ void expect_emulated_matches_cpu(const std::shared_ptr<const engine::Model>& mod
 // fused into the GEMM (the tanh-GELU and ReLU epilogues), gelu and silu keep the bias +
 // activation pass; every model also runs the plain bias epilogue (Q|K|s, the pooler, the
 // head) and the accumulate one (the transform).
-class EmulatedCudaActivationTest : public ::testing::TestWithParam<std::tuple<std::string, std::string>> {};
+class EmulatedCudaActivationTest
+    : public ::testing::TestWithParam<std::tuple<std::string, std::string>> {};
 
 TEST_P(EmulatedCudaActivationTest, MatchesTheCpuEngine) {
   const auto& [activation, dtype] = GetParam();
@@ -131,8 +136,9 @@ INSTANTIATE_TEST_SUITE_P(Activations, EmulatedCudaActivationTest,
 
 // A hidden and an intermediate size that are not multiples of 4 (D 34, I 42) leave rows that
 // no padding of the plan makes 16 bytes in any dtype (the activations and the weights are
-// dense), so the bias GEMMs run as a plain store and the bias pass adds the bias (cuda_ops.cc, linear); the
-// head's 3 logits sit in padded rows. The engine still matches the CPU engine in every dtype.
+// dense), so the bias GEMMs run as a plain store and the bias pass adds the bias (cuda_ops.cc,
+// linear); the head's 3 logits sit in padded rows. The engine still matches the CPU engine in every
+// dtype.
 class EmulatedCudaUnalignedTest : public ::testing::TestWithParam<std::string> {};
 
 TEST_P(EmulatedCudaUnalignedTest, MatchesTheCpuEngine) {
@@ -147,7 +153,8 @@ TEST_P(EmulatedCudaUnalignedTest, MatchesTheCpuEngine) {
   expect_emulated_matches_cpu(model, GetParam());
 }
 
-INSTANTIATE_TEST_SUITE_P(Dtypes, EmulatedCudaUnalignedTest, ::testing::Values("float32", "float16", "bfloat16"));
+INSTANTIATE_TEST_SUITE_P(Dtypes, EmulatedCudaUnalignedTest,
+                         ::testing::Values("float32", "float16", "bfloat16"));
 
 // The feed-forward weights scaled by 1e4 put the activations past float16's 65504 (and
 // nowhere near float32's or bfloat16's range): the float16 batch fails with an EngineError
@@ -159,8 +166,9 @@ TEST(EmulatedCudaEngine, Float16OverflowFailsTheBatch) {
   test::TinyModel tiny = test::make_tiny_model(spec);
   int scaled = 0;
   for (auto& [name, tensor] : tiny.tensors) {
-    const bool feed_forward = name.ends_with("intermediate.dense.weight") ||
-                              (name.ends_with("output.dense.weight") && name.find("attention") == std::string::npos);
+    const bool feed_forward =
+        name.ends_with("intermediate.dense.weight") ||
+        (name.ends_with("output.dense.weight") && name.find("attention") == std::string::npos);
     if (!feed_forward) continue;
     for (float& v : tensor.values) v *= 1e4f;
     ++scaled;

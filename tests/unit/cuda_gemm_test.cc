@@ -5,8 +5,6 @@
 // 16-byte row in every dtype, and CPU GEMM columns bit-identical to the unpadded weight's;
 // the logits' padded leading dimension (server/engine/workspace.h, padded_ld); and every
 // GEMM site of the forward graph, recorded as the engine runs it, 16-byte aligned.
-#include "server/engine/cuda/gemm.h"
-
 #include <gmock/gmock.h>
 #include <gtest/gtest.h>
 
@@ -25,6 +23,7 @@
 #include "server/engine/cpu/cpu_ops.h"
 #include "server/engine/cpu/onednn_gemm.h"
 #include "server/engine/cuda/cuda_ops.h"
+#include "server/engine/cuda/gemm.h"
 #include "server/engine/error.h"
 #include "server/engine/forward.h"
 #include "server/engine/model.h"
@@ -59,7 +58,8 @@ struct Stored {
       if (type == StorageType::kF32) {
         std::memcpy(bytes.data() + 4 * i, &values[i], 4);
       } else {
-        const uint16_t bits = type == StorageType::kF16 ? float_to_half(values[i]) : float_to_bfloat16(values[i]);
+        const uint16_t bits =
+            type == StorageType::kF16 ? float_to_half(values[i]) : float_to_bfloat16(values[i]);
         std::memcpy(bytes.data() + 2 * i, &bits, 2);
       }
     }
@@ -116,15 +116,20 @@ TEST_P(EmulatedGemmTest, EpilogueMatchesDoubleReference) {
       for (int64_t k = 0; k < K; ++k) v += double(a[size_t(i * lda + k)]) * w[size_t(j * K + k)];
       if (has_bias) v += bias[size_t(j)];
       if (epilogue == GemmEpilogue::kAccumulate) v += c0[at];
-      if (epilogue == GemmEpilogue::kBiasRelu) v = test::reference_activation(v, engine::Activation::kRelu);
-      if (epilogue == GemmEpilogue::kBiasGeluTanh) v = test::reference_activation(v, engine::Activation::kGeluTanh);
+      if (epilogue == GemmEpilogue::kBiasRelu)
+        v = test::reference_activation(v, engine::Activation::kRelu);
+      if (epilogue == GemmEpilogue::kBiasGeluTanh)
+        v = test::reference_activation(v, engine::Activation::kGeluTanh);
       const float expected = Stored(type, {float(v)})[0];
-      worst = std::max(worst, std::abs(double(c[at]) - expected) / std::max(1.0, std::abs(double(expected))));
+      worst = std::max(
+          worst, std::abs(double(c[at]) - expected) / std::max(1.0, std::abs(double(expected))));
     }
   }
   // float32: accumulation order only. 16-bit types: one rounding, so at most one unit in the
   // last place where float32 accumulation lands on the other side of a rounding boundary.
-  const double tolerance = type == StorageType::kF32 ? 1e-5 : type == StorageType::kF16 ? 1.0 / 1024 : 1.0 / 128;
+  const double tolerance = type == StorageType::kF32   ? 1e-5
+                           : type == StorageType::kF16 ? 1.0 / 1024
+                                                       : 1.0 / 128;
   EXPECT_LE(worst, tolerance) << cuda::gemm_epilogue_name(epilogue);
 }
 
@@ -158,7 +163,8 @@ TEST(EmulatedGemm, GeluEpilogueIsTheTanhForm) {
   gemm.run({N, K, K, N, GemmEpilogue::kBiasGeluTanh}, M, a.data(), w.data(), bias.data(), c.data());
   for (size_t j = 0; j < 4; ++j) {
     EXPECT_NEAR(c[j], test::reference_activation(w[j], engine::Activation::kGeluTanh), 1e-6);
-    EXPECT_GT(std::abs(c[j] - test::reference_activation(w[j], engine::Activation::kGeluErf)), 1e-5);
+    EXPECT_GT(std::abs(c[j] - test::reference_activation(w[j], engine::Activation::kGeluErf)),
+              1e-5);
   }
 }
 
@@ -166,9 +172,12 @@ TEST(EmulatedGemm, MoreRowsThanPlannedIsAnEngineError) {
   std::vector<float> a(8), w(4), c(8);
   cuda::Gemm gemm(StorageType::kF32, false, nullptr);
   gemm.set_max_rows(4);
-  EXPECT_THAT(test::error_of<engine::EngineError>(
-                  [&] { gemm.run({1, 1, 1, 1, GemmEpilogue::kStore}, 8, a.data(), w.data(), nullptr, c.data()); }),
-              ::testing::HasSubstr("GEMM of 8 rows over the 4 it was planned for (N 1, K 1, lda 1, ldc 1, store)"));
+  EXPECT_THAT(
+      test::error_of<engine::EngineError>([&] {
+        gemm.run({1, 1, 1, 1, GemmEpilogue::kStore}, 8, a.data(), w.data(), nullptr, c.data());
+      }),
+      ::testing::HasSubstr(
+          "GEMM of 8 rows over the 4 it was planned for (N 1, K 1, lda 1, ldc 1, store)"));
 }
 
 TEST(GemmRowsBucket, IsTheSmallestPowerOfTwoAtLeastM) {
@@ -190,7 +199,8 @@ engine::ModelConfig config_of(int64_t D, int64_t H) {
 }
 
 TEST(QksPadding, WidthIsTwoDPlusHRoundedUpToEight) {
-  EXPECT_EQ(engine::qks_width(config_of(768, 12)), 1552);  // base-long: 1,548 -> 3,104 bytes in 16 bits
+  EXPECT_EQ(engine::qks_width(config_of(768, 12)),
+            1552);  // base-long: 1,548 -> 3,104 bytes in 16 bits
   EXPECT_EQ(engine::qks_width(config_of(32, 4)), 72);
   EXPECT_EQ(engine::qks_width(config_of(64, 8)), 136);  // already a multiple of 8
   for (int64_t D : {32, 64, 96, 768, 1024}) {
@@ -231,7 +241,8 @@ TEST(QksPadding, CpuGemmColumnsAreBitIdentical) {
       const int64_t used = 2 * D + H, padded = engine::qks_width(config_of(D, H)), M = 96;
       ASSERT_GT(padded, used);
       const auto x = random_values(size_t(M * D), 5, 1.0f);
-      std::vector<float> w = random_values(size_t(used * D), 6, 0.05f), bias = random_values(size_t(used), 7, 0.1f);
+      std::vector<float> w = random_values(size_t(used * D), 6, 0.05f),
+                         bias = random_values(size_t(used), 7, 0.1f);
       std::vector<float> w_padded = w, bias_padded = bias;
       w_padded.resize(size_t(padded * D), 0.0f);
       bias_padded.resize(size_t(padded), 0.0f);
@@ -240,22 +251,24 @@ TEST(QksPadding, CpuGemmColumnsAreBitIdentical) {
         for (size_t i = 0; i < weight.size(); ++i) rounded[i] = float_to_bfloat16(weight[i]);
         std::vector<float> c(size_t(M * N));
         engine::CpuMatmul({N, D, D, N, engine::Epilogue::kBias, engine::Activation::kGeluErf, bf16})
-            .run(M, x.data(), bf16 ? static_cast<const void*>(rounded.data()) : weight.data(), b.data(), c.data());
+            .run(M, x.data(), bf16 ? static_cast<const void*>(rounded.data()) : weight.data(),
+                 b.data(), c.data());
         return c;
       };
-      const std::vector<float> c = run(used, w, bias), c_padded = run(padded, w_padded, bias_padded);
+      const std::vector<float> c = run(used, w, bias),
+                               c_padded = run(padded, w_padded, bias_padded);
       int64_t differing = 0;
       for (int64_t i = 0; i < M; ++i) {
         for (int64_t j = 0; j < padded; ++j) {
           const float expected = j < used ? c[size_t(i * used + j)] : 0.0f;
-          differing += std::memcmp(&c_padded[size_t(i * padded + j)], &expected, sizeof(float)) != 0;
+          differing +=
+              std::memcmp(&c_padded[size_t(i * padded + j)], &expected, sizeof(float)) != 0;
         }
       }
       EXPECT_EQ(differing, 0) << "D " << D << ", H " << H << (bf16 ? ", bfloat16" : ", float32");
     }
   }
 }
-
 
 // ---- the logits' leading dimension -----------------------------------------------------------
 
@@ -295,14 +308,16 @@ TEST(LogitsPadding, CpuGemmColumnsAreBitIdentical) {
       for (const int64_t D : {int64_t(32), int64_t(64), int64_t(768)}) {
         const int64_t M = 40, ldc = engine::padded_ld(N);
         const auto x = random_values(size_t(M * D), 8, 1.0f);
-        const auto w = random_values(size_t(N * D), 9, 0.05f), bias = random_values(size_t(N), 10, 0.1f);
+        const auto w = random_values(size_t(N * D), 9, 0.05f),
+                   bias = random_values(size_t(N), 10, 0.1f);
         std::vector<uint16_t> rounded(w.size());
         for (size_t i = 0; i < w.size(); ++i) rounded[i] = float_to_bfloat16(w[i]);
         const void* weight = bf16 ? static_cast<const void*>(rounded.data()) : w.data();
         std::vector<float> dense(size_t(M * N)), padded(size_t(M * ldc), -7.0f);
         engine::CpuMatmul({N, D, D, N, engine::Epilogue::kBias, engine::Activation::kGeluErf, bf16})
             .run(M, x.data(), weight, bias.data(), dense.data());
-        engine::CpuMatmul({N, D, D, ldc, engine::Epilogue::kBias, engine::Activation::kGeluErf, bf16})
+        engine::CpuMatmul(
+            {N, D, D, ldc, engine::Epilogue::kBias, engine::Activation::kGeluErf, bf16})
             .run(M, x.data(), weight, bias.data(), padded.data());
         int64_t differing = 0, written_past_n = 0;
         for (int64_t i = 0; i < M; ++i) {
@@ -348,12 +363,12 @@ class RecordingOps final : public engine::Ops {
                                const engine::PoolingChunks& chunks) override {
     return inner_->begin_batch(batch, plan, chunks);
   }
-  void embed(const engine::BatchRef& batch, const void* word, const void* position, const void* gamma,
-             const void* beta, double eps, engine::Mat x) override {
+  void embed(const engine::BatchRef& batch, const void* word, const void* position,
+             const void* gamma, const void* beta, double eps, engine::Mat x) override {
     inner_->embed(batch, word, position, gamma, beta, eps, x);
   }
-  void linear(const engine::Mat& a, const engine::WeightRef& w, engine::Mat c, engine::Epilogue epilogue,
-              engine::Activation act) override {
+  void linear(const engine::Mat& a, const engine::WeightRef& w, engine::Mat c,
+              engine::Epilogue epilogue, engine::Activation act) override {
     sites_->push_back({a, c, w, epilogue, static_cast<const char*>(inner_->workspace())});
     inner_->linear(a, w, c, epilogue, act);
   }
@@ -365,15 +380,18 @@ class RecordingOps final : public engine::Ops {
                 const engine::WeightRef& key_att, engine::Mat pk) override {
     inner_->key_pool(batch, k, pq, key_att, pk);
   }
-  void mix(const engine::BatchRef& batch, const engine::Mat& q, const engine::Mat& pk, engine::Mat u) override {
+  void mix(const engine::BatchRef& batch, const engine::Mat& q, const engine::Mat& pk,
+           engine::Mat u) override {
     inner_->mix(batch, q, pk, u);
   }
   void bias_residual_layernorm(const engine::Mat& c, const void* bias, const engine::Mat& residual,
-                               const void* gamma, const void* beta, double eps, engine::Mat out) override {
+                               const void* gamma, const void* beta, double eps,
+                               engine::Mat out) override {
     inner_->bias_residual_layernorm(c, bias, residual, gamma, beta, eps, out);
   }
-  void attention_pool(const engine::BatchRef& batch, const engine::Mat& e, const engine::WeightRef& fc2,
-                      const engine::Mat& x, engine::Mat pooled) override {
+  void attention_pool(const engine::BatchRef& batch, const engine::Mat& e,
+                      const engine::WeightRef& fc2, const engine::Mat& x,
+                      engine::Mat pooled) override {
     inner_->attention_pool(batch, e, fc2, x, pooled);
   }
   void l2_normalize(engine::Mat rows) override { inner_->l2_normalize(rows); }
@@ -421,8 +439,8 @@ std::vector<SiteModel> site_models() {
       {"emulated and GPU engine tests (5 labels)", spec(64, 4, 96, 5)},
       {"client_test", spec(128, 4, 512, 3)},
       {"fuzz models", spec(8, 2, 8, 3)},
-      {"base_long_two_layers", spec(base_long_2l.hidden, base_long_2l.heads, base_long_2l.intermediate,
-                                    base_long_2l.num_labels)},
+      {"base_long_two_layers", spec(base_long_2l.hidden, base_long_2l.heads,
+                                    base_long_2l.intermediate, base_long_2l.num_labels)},
   };
 }
 
@@ -440,8 +458,10 @@ TEST(GemmSites, EveryLeadingDimensionAndPointerIs16ByteAligned) {
   const std::vector<SiteModel> models = site_models();
   for (size_t index = 0; index < models.size(); ++index) {
     const SiteModel& m = models[index];
-    const auto model = engine::Model::load(test::write_tiny_model(dir.path(), "m" + std::to_string(index), m.spec));
-    for (const std::string backend : {"cpu float32", "cuda float32", "cuda float16", "cuda bfloat16"}) {
+    const auto model = engine::Model::load(
+        test::write_tiny_model(dir.path(), "m" + std::to_string(index), m.spec));
+    for (const std::string backend :
+         {"cpu float32", "cuda float32", "cuda float16", "cuda bfloat16"}) {
       SCOPED_TRACE(m.name + ", " + backend);
       std::vector<GemmSite> sites;
       std::unique_ptr<engine::Ops> inner;
@@ -455,31 +475,35 @@ TEST(GemmSites, EveryLeadingDimensionAndPointerIs16ByteAligned) {
         ASSERT_TRUE(inner) << why;
       }
       const size_t e = inner->element_size();
-      engine::ForwardEngine eng(model, std::make_unique<RecordingOps>(std::move(inner), &sites), 32, "test",
-                                backend);
+      engine::ForwardEngine eng(model, std::make_unique<RecordingOps>(std::move(inner), &sites), 32,
+                                "test", backend);
       eng.set_profiling(true);
       engine::RaggedBatch batch;
-      for (const int n : {1, 5, 11}) batch.add({std::vector<int32_t>(size_t(n), 3), {}}, model->config());
+      for (const int n : {1, 5, 11})
+        batch.add({std::vector<int32_t>(size_t(n), 3), {}}, model->config());
       OutputOptions options;
       options.logits = true;
       const auto out = eng.encode(batch, {&options, 1});
       ASSERT_EQ(out.size(), 3u);
       EXPECT_EQ(out[0].logits.size(), size_t(m.spec.num_labels));
 
-      std::vector<std::string> names;  // the graph's GEMM ops, in issue order (one batch: one call each)
+      std::vector<std::string>
+          names;  // the graph's GEMM ops, in issue order (one batch: one call each)
       for (const engine::OpProfile& row : eng.profile()) {
         if (!row.name.ends_with("_gemm")) continue;
         EXPECT_EQ(row.calls, 1.0) << row.name;
-        names.push_back(row.name + (row.layer >= 0 ? " of layer " + std::to_string(row.layer) : ""));
+        names.push_back(row.name +
+                        (row.layer >= 0 ? " of layer " + std::to_string(row.layer) : ""));
       }
       ASSERT_EQ(sites.size(), names.size());
-      EXPECT_EQ(std::count(names.begin(), names.end(), std::string("classifier_gemm")), m.spec.num_labels > 0);
+      EXPECT_EQ(std::count(names.begin(), names.end(), std::string("classifier_gemm")),
+                m.spec.num_labels > 0);
       for (size_t i = 0; i < sites.size(); ++i) {
         const GemmSite& s = sites[i];
         const int64_t E = int64_t(e);
-        SCOPED_TRACE(names[i] + ": N " + std::to_string(s.w.out) + ", K " + std::to_string(s.w.in) + ", lda " +
-                     std::to_string(s.a.ld) + ", ldc " + std::to_string(s.c.ld) + ", " + std::to_string(e) +
-                     "-byte elements");
+        SCOPED_TRACE(names[i] + ": N " + std::to_string(s.w.out) + ", K " + std::to_string(s.w.in) +
+                     ", lda " + std::to_string(s.a.ld) + ", ldc " + std::to_string(s.c.ld) + ", " +
+                     std::to_string(e) + "-byte elements");
         EXPECT_EQ(s.a.ld * E % 16, 0) << "lda";
         EXPECT_EQ(s.c.ld * E % 16, 0) << "ldc";
         EXPECT_EQ(s.w.in * E % 16, 0) << "the weight's ld (K)";
@@ -487,8 +511,10 @@ TEST(GemmSites, EveryLeadingDimensionAndPointerIs16ByteAligned) {
         EXPECT_GE(s.c.ld, s.w.out);
         EXPECT_EQ(s.a.cols, s.w.in);
         EXPECT_EQ(s.c.cols, s.w.out);
-        EXPECT_EQ((static_cast<const char*>(s.a.data) - s.workspace) % 16, 0) << "A's offset in the workspace";
-        EXPECT_EQ((static_cast<const char*>(s.c.data) - s.workspace) % 16, 0) << "C's offset in the workspace";
+        EXPECT_EQ((static_cast<const char*>(s.a.data) - s.workspace) % 16, 0)
+            << "A's offset in the workspace";
+        EXPECT_EQ((static_cast<const char*>(s.c.data) - s.workspace) % 16, 0)
+            << "C's offset in the workspace";
         EXPECT_TRUE(aligned16(s.a.data)) << "A";
         EXPECT_TRUE(aligned16(s.c.data)) << "C";
         EXPECT_TRUE(aligned16(s.w.weight)) << "W";

@@ -18,12 +18,12 @@
 namespace fastformer::engine {
 namespace {
 
+using test::error_of;
+using test::TinyModelSpec;
 using ::testing::AllOf;
 using ::testing::HasSubstr;
 using ::testing::MatchesRegex;
 using ::testing::Not;
-using test::error_of;
-using test::TinyModelSpec;
 
 // ---- helpers -------------------------------------------------------------------------------
 
@@ -62,7 +62,8 @@ std::vector<EncodedSequence> encode(Engine& engine, const std::vector<Input>& in
   const Model& model = engine.model();
   RaggedBatch batch;
   for (size_t i = 0; i < inputs.size(); ++i) {
-    const auto err = validate_sequence(model.config(), model.has_word_embedding(), inputs[i].view(), i);
+    const auto err =
+        validate_sequence(model.config(), model.has_word_embedding(), inputs[i].view(), i);
     EXPECT_FALSE(err) << err->to_string();
     batch.add(inputs[i].view(), model.config());
   }
@@ -92,8 +93,8 @@ double max_diff(const std::vector<float>& a, const std::vector<float>& b) {
   return max_diff(a, b, std::min(a.size(), b.size()));
 }
 
-std::unique_ptr<Engine> cpu_engine(std::shared_ptr<const Model> model, int64_t max_batch_tokens = 4096,
-                                   int threads = 2) {
+std::unique_ptr<Engine> cpu_engine(std::shared_ptr<const Model> model,
+                                   int64_t max_batch_tokens = 4096, int threads = 2) {
   EngineOptions options;
   options.backend = Backend::kCpu;
   options.threads = threads;
@@ -139,12 +140,14 @@ Vec layer_norm(const Vec& x, const LayerNorm& ln, double eps) {
 
 // Softmax over t of score[t][h] + (1 - m_t) * -10000, per head, exactly as the reference
 // masks (the max subtraction does not change the result).
-std::vector<Vec> masked_softmax(const std::vector<Vec>& score, const std::vector<int>& mask, int64_t H) {
+std::vector<Vec> masked_softmax(const std::vector<Vec>& score, const std::vector<int>& mask,
+                                int64_t H) {
   const size_t n = score.size();
   std::vector<Vec> a(n, Vec(size_t(H)));
   for (int64_t h = 0; h < H; ++h) {
     double mx = -INFINITY;
-    for (size_t t = 0; t < n; ++t) mx = std::max(mx, score[t][size_t(h)] + (1 - mask[t]) * -10000.0);
+    for (size_t t = 0; t < n; ++t)
+      mx = std::max(mx, score[t][size_t(h)] + (1 - mask[t]) * -10000.0);
     double sum = 0;
     for (size_t t = 0; t < n; ++t) {
       a[t][size_t(h)] = std::exp(score[t][size_t(h)] + (1 - mask[t]) * -10000.0 - mx);
@@ -155,7 +158,8 @@ std::vector<Vec> masked_softmax(const std::vector<Vec>& score, const std::vector
   return a;
 }
 
-// One sequence through the model, straight from the formulas of docs/design.md, "The model contract".
+// One sequence through the model, straight from the formulas of docs/design.md, "The model
+// contract".
 Reference reference_forward(const Model& model, const Input& in) {
   const ModelConfig& c = model.config();
   const ModelWeights& w = model.weights();
@@ -228,7 +232,8 @@ Reference reference_forward(const Model& model, const Input& in) {
   }
   ref.pooled.assign(size_t(D), 0.0);
   for (size_t t = 0; t < n; ++t) {
-    for (int64_t j = 0; j < D; ++j) ref.pooled[size_t(j)] += alpha[t] / (total + 1e-8) * X[t][size_t(j)];
+    for (int64_t j = 0; j < D; ++j)
+      ref.pooled[size_t(j)] += alpha[t] / (total + 1e-8) * X[t][size_t(j)];
   }
   for (const Vec& x : X) ref.tokens.insert(ref.tokens.end(), x.begin(), x.end());
   if (w.classifier.weight != nullptr) ref.logits = affine(w.classifier, ref.pooled);
@@ -240,9 +245,11 @@ void expect_close(const std::vector<float>& got, const std::vector<double>& want
                   const std::string& what) {
   ASSERT_EQ(got.size(), want.size()) << what;
   double diff = 0;
-  for (size_t i = 0; i < got.size(); ++i) diff = std::max(diff, std::fabs(double(got[i]) - want[i]));
+  for (size_t i = 0; i < got.size(); ++i)
+    diff = std::max(diff, std::fabs(double(got[i]) - want[i]));
   const double scale = std::max(max_abs(want), 1e-30);
-  EXPECT_LE(diff / scale, tol) << what << ": max abs diff " << diff << ", max |reference| " << scale;
+  EXPECT_LE(diff / scale, tol) << what << ": max abs diff " << diff << ", max |reference| "
+                               << scale;
 }
 
 // ---- tests ---------------------------------------------------------------------------------
@@ -284,8 +291,9 @@ TEST_F(EngineTest, CreateCpuEngine) {
   const auto engine = create_engine(model_, options, &why);
   EXPECT_EQ(engine->backend_name(), "cpu");
   // The device names the dtype, oneDNN's version and the instruction set it runs.
-  EXPECT_THAT(engine->device_name(),
-              MatchesRegex(R"(cpu \(2 threads, float32, oneDNN [0-9]+\.[0-9]+\.[0-9]+ [a-z0-9_]+\))"));
+  EXPECT_THAT(
+      engine->device_name(),
+      MatchesRegex(R"(cpu \(2 threads, float32, oneDNN [0-9]+\.[0-9]+\.[0-9]+ [a-z0-9_]+\))"));
   EXPECT_THAT(engine->device_name(), HasSubstr(cpu_gemm_info().isa));
   EXPECT_EQ(engine->max_batch_tokens(), 16384);
   EXPECT_EQ(&engine->model(), model_.get());
@@ -317,7 +325,8 @@ TEST_F(EngineTest, CpuBfloat16MatchesFloat32OrIsRefused) {
   if (!gemm.has_bf16) {
     EXPECT_THAT(error_of<EngineError>([&] { create_engine(model_, options); }),
                 AllOf(HasSubstr("AVX512_BF16 or AMX"), HasSubstr(gemm.isa)));
-    GTEST_SKIP() << "oneDNN finds " << gemm.isa << " here (no AVX512_BF16 or AMX): the refusal was checked, "
+    GTEST_SKIP() << "oneDNN finds " << gemm.isa
+                 << " here (no AVX512_BF16 or AMX): the refusal was checked, "
                  << "bfloat16 parity needs such a CPU";
   }
   const auto bf16 = create_engine(model_, options);
@@ -349,7 +358,8 @@ TEST_F(EngineTest, CpuBfloat16EmulatedMatchesFloat32) {
   EXPECT_GT(bf16->packed_weight_bytes(), size_t(0));
   EXPECT_EQ(f32->packed_weight_bytes(), size_t(0));
   // Every GEMM site reports the kernel that ran it.
-  for (const std::string& line : bf16->gemm_report()) EXPECT_THAT(line, Not(HasSubstr("not reported"))) << line;
+  for (const std::string& line : bf16->gemm_report())
+    EXPECT_THAT(line, Not(HasSubstr("not reported"))) << line;
   EXPECT_FALSE(bf16->gemm_report().empty());
 }
 
@@ -380,7 +390,8 @@ TEST_F(EngineTest, BatchInvariance) {
     ASSERT_EQ(together[i].token_embeddings.size(), size_t(n * 32));
     ASSERT_EQ(together[i].logits.size(), 3u);
     EXPECT_LE(max_diff(together[i].embedding, alone[0].embedding), 1e-5) << "sequence " << i;
-    EXPECT_LE(max_diff(together[i].token_embeddings, alone[0].token_embeddings), 1e-5) << "sequence " << i;
+    EXPECT_LE(max_diff(together[i].token_embeddings, alone[0].token_embeddings), 1e-5)
+        << "sequence " << i;
     EXPECT_LE(max_diff(together[i].logits, alone[0].logits), 1e-5) << "sequence " << i;
   }
 
@@ -394,7 +405,8 @@ TEST_F(EngineTest, BatchInvariance) {
 
 TEST_F(EngineTest, ThreadCountDoesNotChangeResults) {
   std::vector<Input> inputs;
-  for (int64_t n : {3, 40, 600}) inputs.push_back(ids_input(random_ids(n, 200, 0, 50 + uint64_t(n))));
+  for (int64_t n : {3, 40, 600})
+    inputs.push_back(ids_input(random_ids(n, 200, 0, 50 + uint64_t(n))));
   OutputOptions o;
   o.token_embeddings = true;
   const auto one = encode(*cpu_engine(model_, 4096, 1), inputs, o);
@@ -468,7 +480,8 @@ TEST_F(EngineTest, BatchOverMaxBatchTokensThrows) {
   const auto engine = cpu_engine(model_, 64);
   EXPECT_EQ(engine->max_batch_tokens(), 64);
   // Exactly at the limit works.
-  const auto ok = encode(*engine, {ids_input(random_ids(40, 200, 0, 1)), ids_input(random_ids(24, 200, 0, 2))});
+  const auto ok =
+      encode(*engine, {ids_input(random_ids(40, 200, 0, 1)), ids_input(random_ids(24, 200, 0, 2))});
   EXPECT_EQ(ok.size(), 2u);
 
   RaggedBatch batch;
@@ -485,7 +498,9 @@ TEST_F(EngineTest, BatchOverMaxBatchTokensThrows) {
   RaggedBatch single;
   const Input c = ids_input(random_ids(17, 200, 0, 3));
   single.add(c.view(), model_->config());
-  EXPECT_THAT(error_of<EngineError>([&] { engine_small->encode(single, {&o, 1}); }),
+  EXPECT_THAT(error_of<EngineError>([&] {
+                engine_small->encode(single, {&o, 1});
+              }),
               HasSubstr("17 tokens"));
 
   // The engine still works after refusing a batch.
@@ -503,7 +518,9 @@ TEST_F(EngineTest, EmptySequencesAreAnErrorNotAnOverrun) {
   ASSERT_EQ(batch.num_sequences(), 41);
   ASSERT_EQ(batch.num_tokens(), 1);
   const OutputOptions o;
-  EXPECT_THAT(error_of<EngineError>([&] { engine->encode(batch, {&o, 1}); }),
+  EXPECT_THAT(error_of<EngineError>([&] {
+                engine->encode(batch, {&o, 1});
+              }),
               HasSubstr("41 sequences and 1 tokens"));
   EXPECT_EQ(encode(*engine, {ids_input(random_ids(10, 200, 0, 4))}).size(), 1u);
 }
@@ -572,7 +589,8 @@ TEST_F(EngineTest, WideClassifierHeadFitsAnyBatch) {
   const auto model = Model::load(test::write_tiny_model(dir_->path(), "wide", s));
   const auto engine = cpu_engine(model, 16);
   std::vector<Input> inputs;
-  for (int i = 0; i < 16; ++i) inputs.push_back(ids_input(random_ids(1, 100, 0, 100 + uint64_t(i))));
+  for (int i = 0; i < 16; ++i)
+    inputs.push_back(ids_input(random_ids(1, 100, 0, 100 + uint64_t(i))));
   OutputOptions o;
   o.logits = true;
   const auto out = encode(*engine, inputs, o);
@@ -619,7 +637,8 @@ TEST_P(EngineReferenceTest, MatchesDoublePrecisionReference) {
     interior.ids[3] = rc.pad;  // interior pad tokens
     interior.ids[11] = rc.pad;
     inputs.push_back(interior);
-    inputs.push_back(ids_input({rc.pad, rc.pad == 0 ? 1 : 0, rc.pad}));  // pads around one real token
+    inputs.push_back(
+        ids_input({rc.pad, rc.pad == 0 ? 1 : 0, rc.pad}));  // pads around one real token
     // 530 tokens whose middle pooling chunk (256..511) is all padding.
     Input gap = ids_input(random_ids(530, 60, rc.pad, 2));
     std::fill(gap.ids.begin() + 5, gap.ids.begin() + 515, rc.pad);
@@ -648,12 +667,14 @@ TEST_P(EngineReferenceTest, MatchesDoublePrecisionReference) {
 
 INSTANTIATE_TEST_SUITE_P(
     Activations, EngineReferenceTest,
-    ::testing::Values(ReferenceCase{"gelu", 1, false, true, 0}, ReferenceCase{"relu", 1, false, true, 0},
-                      ReferenceCase{"gelu_new", 1, false, true, 0}, ReferenceCase{"silu", 1, false, true, 0},
-                      ReferenceCase{"gelu", 1, false, true, 5},   // a non-zero pad id
-                      ReferenceCase{"relu", 2, false, true, 0},   // two distinct layers
-                      ReferenceCase{"gelu", 3, true, true, 0},    // shared layers
-                      ReferenceCase{"gelu", 1, false, false, 0}), // bare, embeddings only
+    ::testing::Values(ReferenceCase{"gelu", 1, false, true, 0},
+                      ReferenceCase{"relu", 1, false, true, 0},
+                      ReferenceCase{"gelu_new", 1, false, true, 0},
+                      ReferenceCase{"silu", 1, false, true, 0},
+                      ReferenceCase{"gelu", 1, false, true, 5},    // a non-zero pad id
+                      ReferenceCase{"relu", 2, false, true, 0},    // two distinct layers
+                      ReferenceCase{"gelu", 3, true, true, 0},     // shared layers
+                      ReferenceCase{"gelu", 1, false, false, 0}),  // bare, embeddings only
     [](const auto& info) {
       const ReferenceCase& c = info.param;
       std::string name = c.activation + "_" + std::to_string(c.layers) + "layers";

@@ -25,9 +25,9 @@ TEST(HalfTest, FloatToHalfBitPatterns) {
   EXPECT_EQ(float_to_half(0.5f), 0x3800);
   EXPECT_EQ(float_to_half(0.0f), 0x0000);
   EXPECT_EQ(float_to_half(-0.0f), 0x8000);
-  EXPECT_EQ(float_to_half(65504.0f), 0x7BFF);              // largest finite half
+  EXPECT_EQ(float_to_half(65504.0f), 0x7BFF);  // largest finite half
   EXPECT_EQ(float_to_half(-65504.0f), 0xFBFF);
-  EXPECT_EQ(float_to_half(65520.0f), 0x7C00);              // halfway to 65536: ties to even = Inf
+  EXPECT_EQ(float_to_half(65520.0f), 0x7C00);  // halfway to 65536: ties to even = Inf
   EXPECT_EQ(float_to_half(-65520.0f), 0xFC00);
   EXPECT_EQ(float_to_half(std::nextafter(65520.0f, 0.0f)), 0x7BFF);  // just below the tie
   EXPECT_EQ(float_to_half(1e10f), 0x7C00);
@@ -35,15 +35,15 @@ TEST(HalfTest, FloatToHalfBitPatterns) {
   EXPECT_EQ(float_to_half(-std::numeric_limits<float>::infinity()), 0xFC00);
   EXPECT_EQ(float_to_half(0.1f), 0x2E66);
   EXPECT_EQ(float_to_half(1.0f / 3.0f), 0x3555);
-  EXPECT_EQ(float_to_half(std::ldexp(1.0f, -14)), 0x0400);  // smallest normal
+  EXPECT_EQ(float_to_half(std::ldexp(1.0f, -14)), 0x0400);            // smallest normal
   EXPECT_EQ(float_to_half(1023.0f * std::ldexp(1.0f, -24)), 0x03FF);  // largest subnormal
-  EXPECT_EQ(float_to_half(std::ldexp(1.0f, -24)), 0x0001);  // smallest subnormal
+  EXPECT_EQ(float_to_half(std::ldexp(1.0f, -24)), 0x0001);            // smallest subnormal
   EXPECT_EQ(float_to_half(-std::ldexp(1.0f, -24)), 0x8001);
   EXPECT_EQ(float_to_half(std::ldexp(1.0f, -25)), 0x0000);  // tie between 0 and 2^-24: even
   EXPECT_EQ(float_to_half(std::nextafter(std::ldexp(1.0f, -25), 1.0f)), 0x0001);
   EXPECT_EQ(float_to_half(3.0f * std::ldexp(1.0f, -25)), 0x0002);  // tie between 1 and 2: even
-  EXPECT_EQ(float_to_half(std::ldexp(1.0f, -30)), 0x0000);  // underflows to zero
-  EXPECT_EQ(float_to_half(from_bits(0x00000001)), 0x0000); // float subnormal
+  EXPECT_EQ(float_to_half(std::ldexp(1.0f, -30)), 0x0000);         // underflows to zero
+  EXPECT_EQ(float_to_half(from_bits(0x00000001)), 0x0000);         // float subnormal
   // Normal-range ties: 1 + 2^-11 lies between 0x3C00 and 0x3C01 (even: 0x3C00);
   // 1 + 3*2^-11 between 0x3C01 and 0x3C02 (even: 0x3C02).
   EXPECT_EQ(float_to_half(1.0f + std::ldexp(1.0f, -11)), 0x3C00);
@@ -76,9 +76,12 @@ TEST(HalfTest, HalfToFloatBitPatterns) {
 }
 
 TEST(HalfTest, NanStaysNan) {
-  const float nans[] = {std::numeric_limits<float>::quiet_NaN(), -std::numeric_limits<float>::quiet_NaN(),
+  const float nans[] = {std::numeric_limits<float>::quiet_NaN(),
+                        -std::numeric_limits<float>::quiet_NaN(),
                         from_bits(0x7F800001u),  // signalling, payload only in the low bits
-                        from_bits(0xFF800001u), from_bits(0x7FFFFFFFu), from_bits(0x7F802000u)};
+                        from_bits(0xFF800001u),
+                        from_bits(0x7FFFFFFFu),
+                        from_bits(0x7F802000u)};
   for (float nan : nans) {
     EXPECT_TRUE(half_is_nan(float_to_half(nan))) << std::hex << bits_of(nan);
     EXPECT_TRUE(bf16_is_nan(float_to_bfloat16(nan))) << std::hex << bits_of(nan);
@@ -190,16 +193,19 @@ TEST(HalfTest, Bfloat16MatchesNearestEvenOracle) {
     const double lo_v = double(from_bits(lo << 16));
     const double hi_v = lo + 1 == 0x7F80 ? std::ldexp(1.0, 128) : double(from_bits((lo + 1) << 16));
     uint32_t r;
-    if (v - lo_v < hi_v - v) r = lo;
-    else if (v - lo_v > hi_v - v) r = lo + 1;
-    else r = (lo & 1) ? lo + 1 : lo;
+    if (v - lo_v < hi_v - v)
+      r = lo;
+    else if (v - lo_v > hi_v - v)
+      r = lo + 1;
+    else
+      r = (lo & 1) ? lo + 1 : lo;
     return static_cast<uint16_t>((sign >> 16) | r);
   };
   std::mt19937 rng(11);
   for (int i = 0; i < 1'000'000; ++i) {
     uint32_t x = rng();
     if (i % 4 == 0) x = (x & 0xFFFF0000u) | 0x8000u;  // exact ties
-    if ((x & 0x7FFFFFFFu) >= 0x7F800000u) continue;  // Inf / NaN covered above
+    if ((x & 0x7FFFFFFFu) >= 0x7F800000u) continue;   // Inf / NaN covered above
     ASSERT_EQ(float_to_bfloat16(from_bits(x)), oracle(x)) << std::hex << "float bits 0x" << x;
   }
 }

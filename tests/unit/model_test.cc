@@ -14,12 +14,12 @@
 namespace fastformer::engine {
 namespace {
 
+using test::error_of;
+using test::TensorSpec;
+using test::TinyModel;
+using test::TinyModelSpec;
 using ::testing::HasSubstr;
 using ::testing::Not;
-using test::error_of;
-using test::TinyModel;
-using test::TensorSpec;
-using test::TinyModelSpec;
 
 class ModelTest : public ::testing::Test {
  protected:
@@ -105,12 +105,12 @@ TEST_P(ModelDtypeTest, CompleteModelLoads) {
   const float exact[] = {1.0f, -2.0f, 0.5f, -0.375f, 0.0f, -0.0f, 3.0f, 0.25f};
   std::copy(std::begin(exact), std::end(exact), we.begin());
   if (s.dtype == DType::kF16) {
-    we[8] = 0.333251953125f;     // 0x3555
+    we[8] = 0.333251953125f;        // 0x3555
     we[9] = std::ldexp(1.0f, -24);  // the smallest subnormal half, 0x0001
-    we[10] = 65504.0f;           // 0x7BFF
+    we[10] = 65504.0f;              // 0x7BFF
   } else if (s.dtype == DType::kBF16) {
-    we[8] = 0.333984375f;        // 0x3EAB
-    we[9] = std::ldexp(1.0f, -133);  // the smallest subnormal bfloat16, 0x0001
+    we[8] = 0.333984375f;             // 0x3EAB
+    we[9] = std::ldexp(1.0f, -133);   // the smallest subnormal bfloat16, 0x0001
     we[10] = 3.3895313892515355e38f;  // largest finite bfloat16, 0x7F7F
   }
   const auto dir = root_ / "m";
@@ -220,9 +220,13 @@ TEST_F(ModelTest, SharedLayersPointAtLayerZero) {
   for (size_t i = 1; i < layers.size(); ++i) {
     const LayerWeights& a = layers[0];
     const LayerWeights& b = layers[i];
-    for (auto [x, y] : {std::pair{a.query, b.query}, {a.query_att, b.query_att}, {a.key, b.key},
-                        {a.key_att, b.key_att}, {a.transform, b.transform},
-                        {a.attention_output, b.attention_output}, {a.intermediate, b.intermediate},
+    for (auto [x, y] : {std::pair{a.query, b.query},
+                        {a.query_att, b.query_att},
+                        {a.key, b.key},
+                        {a.key_att, b.key_att},
+                        {a.transform, b.transform},
+                        {a.attention_output, b.attention_output},
+                        {a.intermediate, b.intermediate},
                         {a.output, b.output}}) {
       EXPECT_EQ(x.weight, y.weight) << i;
       EXPECT_EQ(x.bias, y.bias) << i;
@@ -263,7 +267,8 @@ TEST_F(ModelTest, MissingMisshapedAndUnexpectedAreAllListed) {
   const std::string msg = load_error(dir);
   EXPECT_THAT(msg, HasSubstr((dir / "model.safetensors").string()));
   EXPECT_THAT(msg, HasSubstr("missing tensors (2)"));
-  EXPECT_THAT(msg, HasSubstr("fastformer_model.encoders.1.attention.self.key.bias (expected shape [32])"));
+  EXPECT_THAT(
+      msg, HasSubstr("fastformer_model.encoders.1.attention.self.key.bias (expected shape [32])"));
   EXPECT_THAT(msg, HasSubstr("fastformer_model.poolers.0.att_fc2.weight (expected shape [1, 32])"));
   EXPECT_THAT(msg, HasSubstr("mis-shaped tensors (1)"));
   EXPECT_THAT(msg, HasSubstr("fastformer_model.encoders.0.attention.output.dense.weight: "

@@ -9,15 +9,15 @@
 
 #include <atomic>
 #include <bit>
-#include <cstring>
-#include <thread>
 #include <cmath>
-#include <limits>
 #include <cstdlib>
+#include <cstring>
 #include <fstream>
+#include <limits>
 #include <random>
 #include <sstream>
 #include <string>
+#include <thread>
 #include <vector>
 
 #include "common/half.h"
@@ -55,28 +55,35 @@ void check(const Case& c, bool bf16) {
 
   std::vector<uint16_t> w16(w.size());
   for (size_t i = 0; i < w.size(); ++i) w16[i] = float_to_bfloat16(w[i]);
-  auto in = [&](float x) { return bf16 ? double(bfloat16_to_float(float_to_bfloat16(x))) : double(x); };
+  auto in = [&](float x) {
+    return bf16 ? double(bfloat16_to_float(float_to_bfloat16(x))) : double(x);
+  };
 
   const CpuMatmul mm({c.n, c.k, c.lda, c.ldc, c.epilogue, c.act, bf16});
-  mm.run(c.m, a.data(), bf16 ? static_cast<const void*>(w16.data()) : w.data(), bias.data(), out.data());
+  mm.run(c.m, a.data(), bf16 ? static_cast<const void*>(w16.data()) : w.data(), bias.data(),
+         out.data());
 
   double worst = 0;
   for (int64_t i = 0; i < c.m; ++i) {
     for (int64_t j = 0; j < c.n; ++j) {
       double acc = 0;
-      for (int64_t p = 0; p < c.k; ++p) acc += in(a[size_t(i * c.lda + p)]) * in(w[size_t(j * c.k + p)]);
+      for (int64_t p = 0; p < c.k; ++p)
+        acc += in(a[size_t(i * c.lda + p)]) * in(w[size_t(j * c.k + p)]);
       double want = acc;
       if (c.epilogue == Epilogue::kBias) want = acc + bias[size_t(j)];
-      if (c.epilogue == Epilogue::kBiasAct) want = test::reference_activation(acc + bias[size_t(j)], c.act);
+      if (c.epilogue == Epilogue::kBiasAct)
+        want = test::reference_activation(acc + bias[size_t(j)], c.act);
       if (c.epilogue == Epilogue::kAccumulate) want = c0[size_t(i * c.ldc + j)] + acc;
       const double got = out[size_t(i * c.ldc + j)];
       worst = std::max(worst, std::abs(got - want) / std::max(1.0, std::abs(want)));
     }
     // Columns beyond n (ldc > n) are not C's: left as they were.
-    for (int64_t j = c.n; j < c.ldc; ++j) ASSERT_EQ(out[size_t(i * c.ldc + j)], c0[size_t(i * c.ldc + j)]);
+    for (int64_t j = c.n; j < c.ldc; ++j)
+      ASSERT_EQ(out[size_t(i * c.ldc + j)], c0[size_t(i * c.ldc + j)]);
   }
-  EXPECT_LE(worst, 2e-5) << "m " << c.m << " n " << c.n << " k " << c.k << " epilogue " << int(c.epilogue)
-                         << " act " << int(c.act) << (bf16 ? " bfloat16" : " float32");
+  EXPECT_LE(worst, 2e-5) << "m " << c.m << " n " << c.n << " k " << c.k << " epilogue "
+                         << int(c.epilogue) << " act " << int(c.act)
+                         << (bf16 ? " bfloat16" : " float32");
 }
 
 const Case kCases[] = {
@@ -95,7 +102,8 @@ TEST(OneDnnGemm, Float32MatchesDoubleForEveryEpilogue) {
 
 TEST(OneDnnGemm, Bfloat16MatchesDoubleOnRoundedInputs) {
   if (!cpu_gemm_info().has_bf16) {
-    GTEST_SKIP() << "oneDNN finds " << cpu_gemm_info().isa << " here: no AVX512_BF16 or AMX for bfloat16 GEMMs";
+    GTEST_SKIP() << "oneDNN finds " << cpu_gemm_info().isa
+                 << " here: no AVX512_BF16 or AMX for bfloat16 GEMMs";
   }
   for (const Case& c : kCases) check(c, true);
 }
@@ -133,10 +141,13 @@ TEST(OneDnnGemm, ReportsTheInstructionSetOfThisCpu) {
   EXPECT_THAT(info.version, ::testing::MatchesRegex("[23]\\.[0-9]+\\.[0-9]+"));
   const std::string flags = cpuinfo_flags();
   if (flags.empty() || std::getenv("ONEDNN_MAX_CPU_ISA") != nullptr) {
-    GTEST_SKIP() << "no /proc/cpuinfo flags, or ONEDNN_MAX_CPU_ISA set: oneDNN reports " << info.isa;
+    GTEST_SKIP() << "no /proc/cpuinfo flags, or ONEDNN_MAX_CPU_ISA set: oneDNN reports "
+                 << info.isa;
   }
-  const bool avx512 = flags.find(" avx512f ") != std::string::npos && flags.find(" avx512bw ") != std::string::npos &&
-                      flags.find(" avx512vl ") != std::string::npos && flags.find(" avx512dq ") != std::string::npos;
+  const bool avx512 = flags.find(" avx512f ") != std::string::npos &&
+                      flags.find(" avx512bw ") != std::string::npos &&
+                      flags.find(" avx512vl ") != std::string::npos &&
+                      flags.find(" avx512dq ") != std::string::npos;
   const bool bf16 = avx512 && flags.find(" avx512_bf16 ") != std::string::npos;
   const bool amx = flags.find(" amx_bf16 ") != std::string::npos;
   if (avx512) {
@@ -191,9 +202,12 @@ void check_packed(const Case& c, PackedKind kind) {
   const auto w = random_values(size_t(c.n * c.k), 12 + uint32_t(c.n), 0.1f);
   const auto bias = random_values(size_t(c.n), 13);
   const auto c0 = random_values(size_t(c.m * c.ldc), 14);
-  auto in = [&](float x) { return bf16 ? double(bfloat16_to_float(float_to_bfloat16(x))) : double(x); };
+  auto in = [&](float x) {
+    return bf16 ? double(bfloat16_to_float(float_to_bfloat16(x))) : double(x);
+  };
 
-  const PackedMatmul mm({c.n, c.k, c.lda, c.ldc, c.epilogue, c.act, bf16, kind == PackedKind::kBfloat16Emulated});
+  const PackedMatmul mm(
+      {c.n, c.k, c.lda, c.ldc, c.epilogue, c.act, bf16, kind == PackedKind::kBfloat16Emulated});
   const PackedMatmul::Weights packed = mm.pack(w.data());
   EXPECT_GE(packed.bytes(), size_t(c.n * c.k) * (bf16 ? 2 : 4));
   std::vector<std::pair<int64_t, int64_t>> pieces;
@@ -203,31 +217,37 @@ void check_packed(const Case& c, PackedKind kind) {
     std::vector<uint16_t> a16(a.size()), c16(c0.size());
     for (size_t i = 0; i < a.size(); ++i) a16[i] = float_to_bfloat16(a[i]);
     for (size_t i = 0; i < c0.size(); ++i) c16[i] = float_to_bfloat16(c0[i]);
-    for (const auto& [r0, m] : pieces) mm.run(m, a16.data() + r0 * c.lda, packed, bias.data(), c16.data() + r0 * c.ldc);
+    for (const auto& [r0, m] : pieces)
+      mm.run(m, a16.data() + r0 * c.lda, packed, bias.data(), c16.data() + r0 * c.ldc);
     for (uint16_t v : c16) out.push_back(bfloat16_to_float(v));
   } else {
     out = c0;
-    for (const auto& [r0, m] : pieces) mm.run(m, a.data() + r0 * c.lda, packed, bias.data(), out.data() + r0 * c.ldc);
+    for (const auto& [r0, m] : pieces)
+      mm.run(m, a.data() + r0 * c.lda, packed, bias.data(), out.data() + r0 * c.ldc);
   }
   double worst = 0;
   for (int64_t i = 0; i < c.m; ++i) {
     for (int64_t j = 0; j < c.n; ++j) {
       double acc = 0;
-      for (int64_t p = 0; p < c.k; ++p) acc += in(a[size_t(i * c.lda + p)]) * in(w[size_t(j * c.k + p)]);
+      for (int64_t p = 0; p < c.k; ++p)
+        acc += in(a[size_t(i * c.lda + p)]) * in(w[size_t(j * c.k + p)]);
       double want = acc;
       if (c.epilogue == Epilogue::kBias) want = acc + bias[size_t(j)];
-      if (c.epilogue == Epilogue::kBiasAct) want = test::reference_activation(acc + bias[size_t(j)], c.act);
+      if (c.epilogue == Epilogue::kBiasAct)
+        want = test::reference_activation(acc + bias[size_t(j)], c.act);
       if (c.epilogue == Epilogue::kAccumulate) want = in(c0[size_t(i * c.ldc + j)]) + acc;
       const double got = out[size_t(i * c.ldc + j)];
       worst = std::max(worst, std::abs(got - want) / std::max(1.0, std::abs(want)));
     }
     for (int64_t j = c.n; j < c.ldc; ++j) {
-      ASSERT_EQ(out[size_t(i * c.ldc + j)], float(in(c0[size_t(i * c.ldc + j)]))) << "column " << j << " past n";
+      ASSERT_EQ(out[size_t(i * c.ldc + j)], float(in(c0[size_t(i * c.ldc + j)])))
+          << "column " << j << " past n";
     }
   }
   // bfloat16 C: one rounding of the result (2^-8 relative) on top of float32 accumulation.
-  EXPECT_LE(worst, bf16 ? 4.5e-3 : 2e-5) << "m " << c.m << " n " << c.n << " k " << c.k << " epilogue "
-                                         << int(c.epilogue) << " act " << int(c.act) << " kind " << int(kind);
+  EXPECT_LE(worst, bf16 ? 4.5e-3 : 2e-5)
+      << "m " << c.m << " n " << c.n << " k " << c.k << " epilogue " << int(c.epilogue) << " act "
+      << int(c.act) << " kind " << int(kind);
   if (kind != PackedKind::kBfloat16Emulated) {
     EXPECT_FALSE(mm.implementation().empty());
   }
@@ -243,7 +263,8 @@ TEST(PackedMatmul, EmulatedBfloat16MatchesDoubleOnRoundedInputs) {
 
 TEST(PackedMatmul, Bfloat16MatchesDoubleOnRoundedInputs) {
   if (!cpu_gemm_info().has_bf16) {
-    GTEST_SKIP() << "oneDNN finds " << cpu_gemm_info().isa << " here: no AVX512_BF16 or AMX for bfloat16 GEMMs "
+    GTEST_SKIP() << "oneDNN finds " << cpu_gemm_info().isa
+                 << " here: no AVX512_BF16 or AMX for bfloat16 GEMMs "
                  << "(the emulated bfloat16 test ran the same storage and rounding)";
   }
   for (const Case& c : kCases) check_packed(c, PackedKind::kBfloat16);
@@ -251,17 +272,19 @@ TEST(PackedMatmul, Bfloat16MatchesDoubleOnRoundedInputs) {
   // where the CPU has it), and no row count falls to a reference kernel.
   const int64_t qks = 1552;
   const PackedMatmul::Shape sites[] = {
-      {qks, 768, 768, qks, Epilogue::kBias, Activation::kGeluErf, true, false},          // Q|K|s
-      {768, 768, qks, qks, Epilogue::kAccumulate, Activation::kGeluErf, true, false},    // transform
-      {768, 768, qks, 768, Epilogue::kStore, Activation::kGeluErf, true, false},         // attention output
-      {3072, 768, 768, 3072, Epilogue::kBiasAct, Activation::kGeluErf, true, false},     // ffn in
-      {768, 3072, 3072, 768, Epilogue::kStore, Activation::kGeluErf, true, false},       // ffn out
+      {qks, 768, 768, qks, Epilogue::kBias, Activation::kGeluErf, true, false},        // Q|K|s
+      {768, 768, qks, qks, Epilogue::kAccumulate, Activation::kGeluErf, true, false},  // transform
+      {768, 768, qks, 768, Epilogue::kStore, Activation::kGeluErf, true,
+       false},  // attention output
+      {3072, 768, 768, 3072, Epilogue::kBiasAct, Activation::kGeluErf, true, false},  // ffn in
+      {768, 3072, 3072, 768, Epilogue::kStore, Activation::kGeluErf, true, false},    // ffn out
   };
   for (const auto& shape : sites) {
     const PackedMatmul mm(shape);
     const std::string kernel = mm.implementation();
     const std::string main = kernel.substr(0, kernel.find(';'));
-    EXPECT_THAT(main, HasSubstr(cpu_gemm_info().has_amx ? "amx" : "brg")) << shape.n << " x " << shape.k;
+    EXPECT_THAT(main, HasSubstr(cpu_gemm_info().has_amx ? "amx" : "brg"))
+        << shape.n << " x " << shape.k;
     EXPECT_THAT(kernel, Not(HasSubstr("ref"))) << shape.n << " x " << shape.k << ": " << kernel;
   }
 }
@@ -291,7 +314,8 @@ TEST(PackedMatmul, ThreadsShareAPrimitive) {
       c[size_t(t)].resize(size_t(m * n) * element);
     }
     std::vector<std::vector<std::byte>> want = c;
-    for (int t = 0; t < 4; ++t) mm.run(m, a[size_t(t)].data(), packed, bias.data(), want[size_t(t)].data());
+    for (int t = 0; t < 4; ++t)
+      mm.run(m, a[size_t(t)].data(), packed, bias.data(), want[size_t(t)].data());
     std::vector<std::thread> threads;
     std::atomic<int> mismatches{0};
     for (int t = 0; t < 4; ++t) {
@@ -313,7 +337,8 @@ TEST(PackedMatmul, SplitCoversEveryRowOnceInPrimitiveSizes) {
   PackedMatmul::split(0, 256, pieces);
   EXPECT_TRUE(pieces.empty());
   PackedMatmul::split(600, 256, pieces);  // 256 + 256 + 64 + 16 + 8
-  const std::vector<std::pair<int64_t, int64_t>> want{{0, 256}, {256, 256}, {512, 64}, {576, 16}, {592, 8}};
+  const std::vector<std::pair<int64_t, int64_t>> want{
+      {0, 256}, {256, 256}, {512, 64}, {576, 16}, {592, 8}};
   EXPECT_EQ(pieces, want);
   for (int64_t rows : {1, 2, 15, 16, 17, 255, 256, 257, 1000, 4097}) {
     for (int64_t block : {16, 64, 256}) {
@@ -341,17 +366,29 @@ TEST(PackedMatmul, RefusesRowCountsWithoutAPrimitive) {
 }
 
 TEST(Bfloat16Rows, MatchTheScalarRoundingBitForBit) {
-  std::vector<float> values = {0.0f, -0.0f, 1.0f, 1.00390625f, 1.01171875f, 3.14159f, -2.5e-39f, 1e-45f,
-                               3.4e38f, -3.4e38f, std::numeric_limits<float>::infinity(),
-                               -std::numeric_limits<float>::infinity(), std::numeric_limits<float>::quiet_NaN()};
-  for (uint32_t bits = 0x3f800000u; bits < 0x3f800000u + 70000u; bits += 7) values.push_back(std::bit_cast<float>(bits));
+  std::vector<float> values = {0.0f,
+                               -0.0f,
+                               1.0f,
+                               1.00390625f,
+                               1.01171875f,
+                               3.14159f,
+                               -2.5e-39f,
+                               1e-45f,
+                               3.4e38f,
+                               -3.4e38f,
+                               std::numeric_limits<float>::infinity(),
+                               -std::numeric_limits<float>::infinity(),
+                               std::numeric_limits<float>::quiet_NaN()};
+  for (uint32_t bits = 0x3f800000u; bits < 0x3f800000u + 70000u; bits += 7)
+    values.push_back(std::bit_cast<float>(bits));
   std::vector<uint16_t> rounded(values.size());
   float_to_bfloat16_row(values.data(), rounded.data(), int64_t(values.size()));
   std::vector<float> widened(values.size());
   bfloat16_to_float_row(rounded.data(), widened.data(), int64_t(values.size()));
   for (size_t i = 0; i < values.size(); ++i) {
     ASSERT_EQ(rounded[i], float_to_bfloat16(values[i])) << values[i];
-    ASSERT_EQ(std::bit_cast<uint32_t>(widened[i]), std::bit_cast<uint32_t>(bfloat16_to_float(rounded[i])));
+    ASSERT_EQ(std::bit_cast<uint32_t>(widened[i]),
+              std::bit_cast<uint32_t>(bfloat16_to_float(rounded[i])));
   }
 }
 
@@ -371,8 +408,9 @@ TEST(OneDnnGemm, Bfloat16SelfCheckSaysWhatItRanOn) {
 
 TEST(OneDnnGemm, ProbeTimesAFixedShape) {
   std::string kernel;
-  const double gflops = probe_gflops({256, 256, 256, 256, Epilogue::kBias, Activation::kGeluErf, false, false}, 512,
-                                     1, 0.05, &kernel);
+  const double gflops =
+      probe_gflops({256, 256, 256, 256, Epilogue::kBias, Activation::kGeluErf, false, false}, 512,
+                   1, 0.05, &kernel);
   EXPECT_GT(gflops, 1.0);
   EXPECT_FALSE(kernel.empty());
 }

@@ -35,10 +35,12 @@ struct Shape {
   // any_width: the kernel ends a row with single columns past its last whole vector.
   template <class T>
   bool vector_path(bool any_width = false) const {
-    return (any_width || width % k::kVecSize<T> == 0) && ld() % k::kVecSize<T> == 0 && offset % k::kVecSize<T> == 0;
+    return (any_width || width % k::kVecSize<T> == 0) && ld() % k::kVecSize<T> == 0 &&
+           offset % k::kVecSize<T> == 0;
   }
   std::string name() const {
-    return "width " + std::to_string(width) + ", ld " + std::to_string(ld()) + ", offset " + std::to_string(offset);
+    return "width " + std::to_string(width) + ", ld " + std::to_string(ld()) + ", offset " +
+           std::to_string(offset);
   }
 };
 const std::vector<Shape> kShapes = {{768}, {256, 8}, {36}, {36, 4}, {768, 1}, {256, 0, 1}, {3072}};
@@ -47,7 +49,9 @@ const std::vector<Shape> kShapes = {{768}, {256, 8}, {36}, {36, 4}, {768, 1}, {2
 // half an ulp: 2^-11 relative in float16, 2^-8 in bfloat16), with a quarter to spare.
 template <class T>
 double tolerance(double want) {
-  const double relative = std::is_same_v<T, float> ? 1e-5 : std::is_same_v<T, ff_half> ? 0x1p-11 : 0x1p-8;
+  const double relative = std::is_same_v<T, float>     ? 1e-5
+                          : std::is_same_v<T, ff_half> ? 0x1p-11
+                                                       : 0x1p-8;
   return 1.25 * relative * std::abs(want) + 1e-5;
 }
 
@@ -81,7 +85,10 @@ struct DeviceRows {
   HostValues<T> host;
   DeviceBuffer<T> buffer;
   DeviceRows(Shape s, int32_t r, float lo, float hi, uint32_t seed)
-      : shape(s), rows(r), host(size_t(s.offset + r * s.ld()), lo, hi, seed), buffer(host.stored.size()) {
+      : shape(s),
+        rows(r),
+        host(size_t(s.offset + r * s.ld()), lo, hi, seed),
+        buffer(host.stored.size()) {
     for (int32_t i = 0; i < r; ++i) {
       for (int64_t j = s.width; j < s.ld(); ++j) {
         host.stored[size_t(s.offset + i * s.ld() + j)] = from_float<T>(kPadding);
@@ -90,7 +97,9 @@ struct DeviceRows {
     buffer.upload(host.stored);
   }
   T* get() const { return buffer.get() + shape.offset; }
-  double at(int32_t r, int32_t j) const { return host.exact[size_t(shape.offset + r * shape.ld() + j)]; }
+  double at(int32_t r, int32_t j) const {
+    return host.exact[size_t(shape.offset + r * shape.ld() + j)];
+  }
   // The device values, checking the padding is untouched.
   std::vector<std::vector<double>> download() const {
     const std::vector<T> all = buffer.download();
@@ -101,7 +110,8 @@ struct DeviceRows {
         if (j < shape.width) {
           out[size_t(r)].push_back(x);
         } else {
-          EXPECT_EQ(x, to_float(from_float<T>(kPadding))) << "padding overwritten at row " << r << ", column " << j;
+          EXPECT_EQ(x, to_float(from_float<T>(kPadding)))
+              << "padding overwritten at row " << r << ", column " << j;
         }
       }
     }
@@ -113,21 +123,23 @@ struct DeviceRows {
 class LaunchedKernels {
  public:
   LaunchedKernels() {
-    ff_emu::set_launch_observer([this](const ff_emu::LaunchInfo& info) { names_.emplace_back(info.kernel_name); });
+    ff_emu::set_launch_observer(
+        [this](const ff_emu::LaunchInfo& info) { names_.emplace_back(info.kernel_name); });
   }
   ~LaunchedKernels() { ff_emu::set_launch_observer(nullptr); }
   // Exactly one launch, of the scalar kernel or not as `vector` says.
   void expect_one(bool vector, const std::string& context) const {
     ASSERT_EQ(names_.size(), 1u) << context;
-    EXPECT_EQ(names_[0].find("scalar") == std::string::npos, vector) << context << ": launched " << names_[0];
+    EXPECT_EQ(names_[0].find("scalar") == std::string::npos, vector)
+        << context << ": launched " << names_[0];
   }
 
  private:
   std::vector<std::string> names_;
 };
 
-std::vector<double> layernorm(std::vector<double> x, const std::vector<double>& gamma, const std::vector<double>& beta,
-                              double eps) {
+std::vector<double> layernorm(std::vector<double> x, const std::vector<double>& gamma,
+                              const std::vector<double>& beta, double eps) {
   double mean = 0.0, var = 0.0;
   for (const double v : x) mean += v;
   mean /= double(x.size());
@@ -144,7 +156,9 @@ class DtypeNames {
  public:
   template <class T>
   static std::string GetName(int) {
-    return std::is_same_v<T, float> ? "float32" : std::is_same_v<T, ff_half> ? "float16" : "bfloat16";
+    return std::is_same_v<T, float>     ? "float32"
+           : std::is_same_v<T, ff_half> ? "float16"
+                                        : "bfloat16";
   }
 };
 TYPED_TEST_SUITE(RowKernels, Dtypes, DtypeNames);
@@ -156,9 +170,11 @@ TYPED_TEST(RowKernels, EmbeddingLayerNormMatchesTheReference) {
     const int32_t D = shape.width, vocab = 11, positions = 13, tokens = 9;
     const Shape dense{D, 0, shape.offset};
     DeviceRows<T> word(dense, vocab, -1.0f, 1.0f, 1), position(dense, positions, -0.5f, 0.5f, 2);
-    DeviceRows<T> gamma(dense, 1, 0.5f, 1.5f, 3), beta(dense, 1, -0.2f, 0.2f, 4), x(dense, tokens, 0.0f, 0.0f, 5);
+    DeviceRows<T> gamma(dense, 1, 0.5f, 1.5f, 3), beta(dense, 1, -0.2f, 0.2f, 4),
+        x(dense, tokens, 0.0f, 0.0f, 5);
     const std::vector<float> input = random_floats(size_t(2 * D), -1.0f, 1.0f, 6);
-    const std::vector<int32_t> ids = {3, 0, -1, 10, 7, -1, 3, 5, 1}, index = {-1, -1, 1, -1, -1, 0, -1, -1, -1};
+    const std::vector<int32_t> ids = {3, 0, -1, 10, 7, -1, 3, 5, 1},
+                               index = {-1, -1, 1, -1, -1, 0, -1, -1, -1};
     const std::vector<int32_t> position_ids = {0, 1, 2, 3, 12, 0, 1, 2, 4};
     DeviceBuffer<int32_t> d_ids(ids), d_index(index), d_positions(position_ids);
     DeviceBuffer<float> d_input(input);
@@ -171,8 +187,8 @@ TYPED_TEST(RowKernels, EmbeddingLayerNormMatchesTheReference) {
     const float eps = 1e-12f;
     {
       LaunchedKernels launched;
-      k::launch_embedding_layernorm<T>(batch, word.get(), position.get(), gamma.get(), beta.get(), eps, D, x.get(),
-                                       nullptr);
+      k::launch_embedding_layernorm<T>(batch, word.get(), position.get(), gamma.get(), beta.get(),
+                                       eps, D, x.get(), nullptr);
       launched.expect_one(shape.vector_path<T>(), shape.name());
     }
     const std::vector<double> g(gamma.host.exact.begin() + shape.offset, gamma.host.exact.end());
@@ -181,7 +197,8 @@ TYPED_TEST(RowKernels, EmbeddingLayerNormMatchesTheReference) {
     for (int32_t t = 0; t < tokens; ++t) {
       std::vector<double> sum(static_cast<size_t>(D));
       for (int32_t j = 0; j < D; ++j) {
-        const double e = ids[size_t(t)] >= 0 ? word.at(ids[size_t(t)], j) : input[size_t(index[size_t(t)] * D + j)];
+        const double e = ids[size_t(t)] >= 0 ? word.at(ids[size_t(t)], j)
+                                             : input[size_t(index[size_t(t)] * D + j)];
         sum[size_t(j)] = e + position.at(position_ids[size_t(t)], j);
       }
       const std::vector<double> want = layernorm(sum, g, b, eps);
@@ -201,19 +218,23 @@ TYPED_TEST(RowKernels, BiasResidualLayerNormMatchesTheReference) {
         const int32_t D = shape.width, rows = 7;
         const Shape dense{D, 0, shape.offset};
         DeviceRows<T> c(shape, rows, -2.0f, 2.0f, 10), residual(shape, rows, -1.0f, 1.0f, 11);
-        DeviceRows<T> bias(dense, 1, -0.5f, 0.5f, 12), gamma(dense, 1, 0.5f, 1.5f, 13), beta(dense, 1, -0.2f, 0.2f, 14);
+        DeviceRows<T> bias(dense, 1, -0.5f, 0.5f, 12), gamma(dense, 1, 0.5f, 1.5f, 13),
+            beta(dense, 1, -0.2f, 0.2f, 14);
         DeviceRows<T> separate_out(shape, rows, 0.0f, 0.0f, 15);
         const DeviceRows<T>& out = in_place ? residual : separate_out;
-        const std::string context = shape.name() + (in_place ? ", in place" : "") + (with_bias ? "" : ", no bias");
+        const std::string context =
+            shape.name() + (in_place ? ", in place" : "") + (with_bias ? "" : ", no bias");
         const float eps = 1e-5f;
         {
           LaunchedKernels launched;
-          k::launch_bias_residual_layernorm<T>(c.get(), c.shape.ld(), with_bias ? bias.get() : nullptr,
-                                               residual.get(), residual.shape.ld(), gamma.get(), beta.get(), eps,
+          k::launch_bias_residual_layernorm<T>(c.get(), c.shape.ld(),
+                                               with_bias ? bias.get() : nullptr, residual.get(),
+                                               residual.shape.ld(), gamma.get(), beta.get(), eps,
                                                rows, D, out.get(), out.shape.ld(), nullptr);
           launched.expect_one(shape.vector_path<T>(), context);
         }
-        const std::vector<double> g(gamma.host.exact.begin() + shape.offset, gamma.host.exact.end());
+        const std::vector<double> g(gamma.host.exact.begin() + shape.offset,
+                                    gamma.host.exact.end());
         const std::vector<double> b(beta.host.exact.begin() + shape.offset, beta.host.exact.end());
         const auto got = out.download();
         for (int32_t r = 0; r < rows; ++r) {
@@ -234,10 +255,14 @@ TYPED_TEST(RowKernels, BiasResidualLayerNormMatchesTheReference) {
 
 double activate(double x, k::Act act) {
   switch (act) {
-    case k::Act::kGeluErf: return 0.5 * x * (1.0 + std::erf(x / std::sqrt(2.0)));
-    case k::Act::kGeluTanh: return 0.5 * x * (1.0 + std::tanh(std::sqrt(2.0 / M_PI) * (x + 0.044715 * x * x * x)));
-    case k::Act::kRelu: return x > 0.0 ? x : 0.0;
-    case k::Act::kSilu: return x / (1.0 + std::exp(-x));
+    case k::Act::kGeluErf:
+      return 0.5 * x * (1.0 + std::erf(x / std::sqrt(2.0)));
+    case k::Act::kGeluTanh:
+      return 0.5 * x * (1.0 + std::tanh(std::sqrt(2.0 / M_PI) * (x + 0.044715 * x * x * x)));
+    case k::Act::kRelu:
+      return x > 0.0 ? x : 0.0;
+    case k::Act::kSilu:
+      return x / (1.0 + std::exp(-x));
   }
   return x;
 }
@@ -258,12 +283,13 @@ TYPED_TEST(RowKernels, BiasActivationMatchesTheReferenceForEveryActivation) {
   for (const Shape& shape : kShapes) {
     for (const Mode& mode : modes) {
       const int32_t rows = 5;
-      DeviceRows<T> c(shape, rows, -4.0f, 4.0f, 20), bias(Shape{shape.width, 0, shape.offset}, 1, -1.0f, 1.0f, 21);
+      DeviceRows<T> c(shape, rows, -4.0f, 4.0f, 20),
+          bias(Shape{shape.width, 0, shape.offset}, 1, -1.0f, 1.0f, 21);
       const std::string context = shape.name() + ", " + mode.name;
       {
         LaunchedKernels launched;
-        k::launch_bias_activation<T>(c.get(), shape.ld(), mode.bias ? bias.get() : nullptr, rows, shape.width,
-                                     mode.apply, mode.act, nullptr);
+        k::launch_bias_activation<T>(c.get(), shape.ld(), mode.bias ? bias.get() : nullptr, rows,
+                                     shape.width, mode.apply, mode.act, nullptr);
         launched.expect_one(shape.vector_path<T>(/*any_width=*/true), context);
       }
       const auto got = c.download();
@@ -290,7 +316,8 @@ TYPED_TEST(RowKernels, MixMatchesTheReference) {
     batch.num_tokens = tokens;
     batch.num_sequences = sequences;
     batch.token_seq = d_token_seq.get();
-    DeviceRows<T> q(shape, tokens, -2.0f, 2.0f, 30), pk(Shape{D, 0, shape.offset}, sequences, -2.0f, 2.0f, 31);
+    DeviceRows<T> q(shape, tokens, -2.0f, 2.0f, 30),
+        pk(Shape{D, 0, shape.offset}, sequences, -2.0f, 2.0f, 31);
     DeviceRows<T> u(shape, tokens, 0.0f, 0.0f, 32);
     {
       LaunchedKernels launched;
@@ -301,7 +328,8 @@ TYPED_TEST(RowKernels, MixMatchesTheReference) {
     for (int32_t t = 0; t < tokens; ++t) {
       for (int32_t j = 0; j < D; ++j) {
         const double want = q.at(t, j) * pk.at(token_seq[size_t(t)], j);
-        ASSERT_NEAR(got[size_t(t)][size_t(j)], want, tolerance<T>(want)) << shape.name() << ", token " << t;
+        ASSERT_NEAR(got[size_t(t)][size_t(j)], want, tolerance<T>(want))
+            << shape.name() << ", token " << t;
       }
     }
   }
@@ -313,12 +341,14 @@ TYPED_TEST(RowKernels, PoolerScoresMatchTheReference) {
     const int32_t D = shape.width, tokens = 9;
     k::BatchArgs batch;
     batch.num_tokens = tokens;
-    DeviceRows<T> e(shape, tokens, -3.0f, 3.0f, 40), w2(Shape{D, 0, shape.offset}, 1, -1.0f, 1.0f, 41);
+    DeviceRows<T> e(shape, tokens, -3.0f, 3.0f, 40),
+        w2(Shape{D, 0, shape.offset}, 1, -1.0f, 1.0f, 41);
     DeviceRows<T> b2(Shape{1, 0, 0}, 1, -1.0f, 1.0f, 42);
     DeviceBuffer<float> z(static_cast<size_t>(tokens));
     {
       LaunchedKernels launched;
-      k::launch_pooler_scores<T>(batch, e.get(), shape.ld(), w2.get(), b2.get(), D, z.get(), nullptr);
+      k::launch_pooler_scores<T>(batch, e.get(), shape.ld(), w2.get(), b2.get(), D, z.get(),
+                                 nullptr);
       launched.expect_one(shape.vector_path<T>(), shape.name());
     }
     const std::vector<float> got = z.download();
@@ -352,7 +382,8 @@ TYPED_TEST(RowKernels, L2NormalizeMatchesTheReference) {
       norm = std::sqrt(norm);
       for (int32_t j = 0; j < D; ++j) {
         const double want = x.at(r, j) / norm;
-        ASSERT_NEAR(got[size_t(r)][size_t(j)], want, tolerance<T>(want)) << shape.name() << ", row " << r;
+        ASSERT_NEAR(got[size_t(r)][size_t(j)], want, tolerance<T>(want))
+            << shape.name() << ", row " << r;
       }
     }
   }
@@ -372,7 +403,8 @@ TYPED_TEST(RowKernels, DtypeConversionsAreExactAndRoundToNearestEven) {
     const std::vector<float> floats = dense.download();
     for (int32_t r = 0; r < rows; ++r) {
       for (int32_t j = 0; j < shape.width; ++j) {
-        ASSERT_EQ(floats[size_t(r * shape.width + j)], src.at(r, j)) << shape.name() << ", row " << r;
+        ASSERT_EQ(floats[size_t(r * shape.width + j)], src.at(r, j))
+            << shape.name() << ", row " << r;
       }
     }
   }
@@ -391,7 +423,8 @@ TYPED_TEST(RowKernels, DtypeConversionsAreExactAndRoundToNearestEven) {
     const std::vector<T> got = out.download();
     for (int64_t i = 0; i < count; ++i) {
       const T want = from_float<T>(input[size_t(i)]);
-      ASSERT_EQ(std::memcmp(&got[size_t(offset + i)], &want, sizeof(T)), 0) << "element " << i << ", offset " << offset;
+      ASSERT_EQ(std::memcmp(&got[size_t(offset + i)], &want, sizeof(T)), 0)
+          << "element " << i << ", offset " << offset;
     }
   }
 }

@@ -14,11 +14,11 @@
 namespace fastformer::engine {
 namespace {
 
+using nlohmann::json;
+using test::error_of;
 using ::testing::ElementsAre;
 using ::testing::HasSubstr;
 using ::testing::Not;
-using test::error_of;
-using nlohmann::json;
 
 class SafetensorsTest : public ::testing::Test {
  protected:
@@ -179,7 +179,8 @@ TEST_F(SafetensorsTest, EntryNotAnObjectOrMissingFields) {
                               std::string(4, '\0'));
   EXPECT_THAT(open_error(file()), HasSubstr("tensor \"t\": missing \"shape\""));
 
-  test::write_safetensors_raw(file(), R"({"t": {"dtype": "F32", "shape": [1], "data_offsets": [0]}})",
+  test::write_safetensors_raw(file(),
+                              R"({"t": {"dtype": "F32", "shape": [1], "data_offsets": [0]}})",
                               std::string(4, '\0'));
   EXPECT_THAT(open_error(file()), HasSubstr("tensor \"t\": missing \"data_offsets\""));
 }
@@ -227,15 +228,16 @@ TEST_F(SafetensorsTest, NegativeOrNonIntegerShape) {
 
 TEST_F(SafetensorsTest, HugeShapeIsRejectedWithoutOverflow) {
   // 2^32 * 2^32 elements would wrap a 64-bit product to 0.
-  test::write_safetensors_raw(
-      file(), one_tensor("w", "F32", {4294967296ull, 4294967296ull}, {0, 0}), "");
+  test::write_safetensors_raw(file(),
+                              one_tensor("w", "F32", {4294967296ull, 4294967296ull}, {0, 0}), "");
   const std::string msg = open_error(file());
   EXPECT_THAT(msg, HasSubstr("tensor \"w\""));
   EXPECT_THAT(msg, HasSubstr("too large"));
 }
 
 TEST_F(SafetensorsTest, DataOffsetsBeyondTheData) {
-  test::write_safetensors_raw(file(), one_tensor("big", "F32", {4}, {0, 16}), std::string(12, '\0'));
+  test::write_safetensors_raw(file(), one_tensor("big", "F32", {4}, {0, 16}),
+                              std::string(12, '\0'));
   const std::string msg = open_error(file());
   EXPECT_THAT(msg, HasSubstr(file().string()));
   EXPECT_THAT(msg, HasSubstr("tensor \"big\""));
@@ -251,7 +253,8 @@ TEST_F(SafetensorsTest, DataOffsetsBeginAfterEnd) {
 
 TEST_F(SafetensorsTest, DataOffsetsNotNonNegativeIntegers) {
   test::write_safetensors_raw(file(), one_tensor("neg", "F32", {1}, {-4, 0}), std::string(4, '\0'));
-  EXPECT_THAT(open_error(file()), HasSubstr("tensor \"neg\": data_offsets must be non-negative integers"));
+  EXPECT_THAT(open_error(file()),
+              HasSubstr("tensor \"neg\": data_offsets must be non-negative integers"));
 }
 
 TEST_F(SafetensorsTest, OverlappingTensorsNameBoth) {

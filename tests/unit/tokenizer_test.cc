@@ -1,13 +1,14 @@
 // The tokenizer's components on hand-made cases; the expected values are what the
 // `tokenizers` Python package (0.23) gives for the same inputs. The whole-pipeline parity over
 // real texts is tests/tokenizer/compare_hf.py.
+#include "server/text/tokenizer/tokenizer.h"
+
 #include <gtest/gtest.h>
 
 #include <string>
 #include <vector>
 
 #include "server/text/tokenizer/components.h"
-#include "server/text/tokenizer/tokenizer.h"
 #include "server/text/tokenizer/unicode.h"
 
 namespace fastformer::tokenizer {
@@ -31,7 +32,8 @@ using Words = std::vector<std::string>;
 
 TEST(TokenizerUtf8, RejectsInvalidSequences) {
   EXPECT_EQ(decode_utf8("a\xC3\xA9\xF0\x9F\x98\x80"), (std::u32string{U'a', 0xE9, 0x1F600}));
-  for (const std::string bad : {"\xC3", "\xC0\x80", "\xED\xA0\x80", "\xF4\x90\x80\x80", "a\xFF", "\x80"}) {
+  for (const std::string bad :
+       {"\xC3", "\xC0\x80", "\xED\xA0\x80", "\xF4\x90\x80\x80", "a\xFF", "\x80"}) {
     EXPECT_THROW(decode_utf8(bad), TokenizerError) << bad;
   }
   try {
@@ -61,7 +63,8 @@ TEST(TokenizerNormalizers, BertNormalizer) {
   // clean_text: controls and U+FFFD dropped, whitespace -> ' '; CJK padded; accents (Mn only,
   // after NFD) stripped because lowercase is on and strip_accents is null; lowercased.
   const BertNormalizer bert(true, true, true, true);
-  EXPECT_EQ(normalize(bert, "Caf\u00E9\tA\u0001\uFFFD\u4E2Dx \u0A15\u0A40"), "cafe a \u4E2D x \u0A15\u0A40");
+  EXPECT_EQ(normalize(bert, "Caf\u00E9\tA\u0001\uFFFD\u4E2Dx \u0A15\u0A40"),
+            "cafe a \u4E2D x \u0A15\u0A40");
   const BertNormalizer cased(false, false, false, false);
   EXPECT_EQ(normalize(cased, "Caf\u00E9\t\u4E2D"), "Caf\u00E9\t\u4E2D");
 }
@@ -76,7 +79,8 @@ TEST(TokenizerNormalizers, SequenceAppliesInOrder) {
 
 TEST(TokenizerPreTokenizers, Bert) {
   const CharSplitPreTokenizer bert(CharSplitPreTokenizer::Kind::kBert);
-  EXPECT_EQ(pre_tokenize(bert, "Hello, world!  a$b\u00BFc"), (Words{"Hello", ",", "world", "!", "a", "$", "b", "\u00BF", "c"}));
+  EXPECT_EQ(pre_tokenize(bert, "Hello, world!  a$b\u00BFc"),
+            (Words{"Hello", ",", "world", "!", "a", "$", "b", "\u00BF", "c"}));
 }
 
 TEST(TokenizerPreTokenizers, WhitespaceUsesRustRegexClasses) {
@@ -95,7 +99,8 @@ TEST(TokenizerPreTokenizers, WhitespaceSplit) {
 TEST(TokenizerPreTokenizers, PunctuationBehaviors) {
   using B = SplitBehavior;
   auto run = [](B b) {
-    return pre_tokenize(CharSplitPreTokenizer(CharSplitPreTokenizer::Kind::kPunctuation, b), "a..b!c");
+    return pre_tokenize(CharSplitPreTokenizer(CharSplitPreTokenizer::Kind::kPunctuation, b),
+                        "a..b!c");
   };
   EXPECT_EQ(run(B::kIsolated), (Words{"a", ".", ".", "b", "!", "c"}));
   EXPECT_EQ(run(B::kRemoved), (Words{"a", "b", "c"}));
@@ -107,7 +112,8 @@ TEST(TokenizerPreTokenizers, PunctuationBehaviors) {
 TEST(TokenizerPreTokenizers, SplitRegexUsesOnigurumaClasses) {
   // The notebook's wordpunct: matches kept (removed + invert). Oniguruma's \w has ² but not ⁰.
   const RegexSplitPreTokenizer wordpunct("\\w+|[^\\w\\s]+", true, SplitBehavior::kRemoved, true);
-  EXPECT_EQ(pre_tokenize(wordpunct, "(2\u00B9\u2070) Don't!"), (Words{"(", "2\u00B9", "\u2070)", "Don", "'", "t", "!"}));
+  EXPECT_EQ(pre_tokenize(wordpunct, "(2\u00B9\u2070) Don't!"),
+            (Words{"(", "2\u00B9", "\u2070)", "Don", "'", "t", "!"}));
   // Inside a bracket class Oniguruma's \w lacks ¹ ² ³ ¼ ½ ¾: [^\w\s]+ takes "-¹" whole.
   EXPECT_EQ(pre_tokenize(wordpunct, "x\u00B9 x-\u00B9b"), (Words{"x\u00B9", "x", "-\u00B9", "b"}));
   const RegexSplitPreTokenizer isolated("\\w+|[^\\w\\s]+", true, SplitBehavior::kIsolated, false);
@@ -120,7 +126,8 @@ TEST(TokenizerPreTokenizers, SplitLiteralStringAndInvert) {
   const RegexSplitPreTokenizer dot(".", false, SplitBehavior::kRemoved, false);  // a literal '.'
   EXPECT_EQ(pre_tokenize(dot, "a.bc"), (Words{"a", "bc"}));
   const RegexSplitPreTokenizer vowels("[aeiou]+", true, SplitBehavior::kIsolated, true);
-  EXPECT_EQ(pre_tokenize(vowels, "tokenizer"), (Words{"t", "o", "k", "e", "n", "i", "z", "e", "r"}));
+  EXPECT_EQ(pre_tokenize(vowels, "tokenizer"),
+            (Words{"t", "o", "k", "e", "n", "i", "z", "e", "r"}));
   const RegexSplitPreTokenizer contiguous("\\d", true, SplitBehavior::kContiguous, false);
   EXPECT_EQ(pre_tokenize(contiguous, "ab123c4"), (Words{"ab", "123", "c", "4"}));
 }
@@ -135,8 +142,15 @@ TEST(TokenizerModels, WordLevel) {
 }
 
 TEST(TokenizerModels, WordPieceGreedyLongestMatch) {
-  const WordPieceModel m({{"[UNK]", 0}, {"un", 1}, {"##aff", 2}, {"##able", 3}, {"u", 4}, {"##n", 5}, {"##a", 6},
-                          {"\u00E9", 7}, {"##\u00E9", 8}},
+  const WordPieceModel m({{"[UNK]", 0},
+                          {"un", 1},
+                          {"##aff", 2},
+                          {"##able", 3},
+                          {"u", 4},
+                          {"##n", 5},
+                          {"##a", 6},
+                          {"\u00E9", 7},
+                          {"##\u00E9", 8}},
                          "[UNK]", "##", 6);
   auto ids = [&](const std::string& w) {
     Encoding e;
@@ -183,9 +197,15 @@ TEST(TokenizerPipeline, BertEndToEnd) {
   EXPECT_EQ(t.num_special_tokens_added(), 2u);
   EXPECT_EQ(t.max_token_id(), 9);
   // The post-processor's ids count: they may lie outside the vocabulary.
-  EXPECT_EQ(Tokenizer::from_json(R"({"post_processor": {"type": "BertProcessing", "sep": ["[SEP]", 7], "cls": ["[CLS]", 2]},
-      "model": {"type": "WordLevel", "vocab": {"a": 0}, "unk_token": "a"}})").max_token_id(), 7);
-  expect_load_error(R"({"post_processor": {"type": "BertProcessing", "sep": ["[SEP]", -1], "cls": ["[CLS]", 2]}, "model": {"type": "WordLevel", "vocab": {"a": 0}, "unk_token": "a"}})", "post_processor.sep[1] is not a token id");
+  EXPECT_EQ(
+      Tokenizer::from_json(
+          R"({"post_processor": {"type": "BertProcessing", "sep": ["[SEP]", 7], "cls": ["[CLS]", 2]},
+      "model": {"type": "WordLevel", "vocab": {"a": 0}, "unk_token": "a"}})")
+          .max_token_id(),
+      7);
+  expect_load_error(
+      R"({"post_processor": {"type": "BertProcessing", "sep": ["[SEP]", -1], "cls": ["[CLS]", 2]}, "model": {"type": "WordLevel", "vocab": {"a": 0}, "unk_token": "a"}})",
+      "post_processor.sep[1] is not a token id");
   EXPECT_EQ(t.description(), "WordPiece (BertNormalizer, BertPreTokenizer, BertProcessing)");
   EXPECT_THROW(t.encode("bad \xFF"), TokenizerError);
 }
@@ -196,7 +216,8 @@ TEST(TokenizerPipeline, TruncationLeavesRoomForSpecialTokens) {
   EXPECT_EQ(t.encode("hello world hello world").ids, (std::vector<int32_t>{2, 4, 5, 3}));
   t.set_truncation({4, TruncationDirection::kLeft});
   EXPECT_EQ(t.encode("hello world hello cafe").ids, (std::vector<int32_t>{2, 4, 9, 3}));
-  EXPECT_EQ(t.encode("hello world hello cafe", false).ids, (std::vector<int32_t>{4, 5, 4, 9}));  // no room taken
+  EXPECT_EQ(t.encode("hello world hello cafe", false).ids,
+            (std::vector<int32_t>{4, 5, 4, 9}));  // no room taken
 }
 
 TEST(TokenizerPipeline, TemplateProcessingAndWordLevel) {
@@ -216,25 +237,35 @@ TEST(TokenizerPipeline, TemplateProcessingAndWordLevel) {
 }
 
 TEST(TokenizerLoading, UnsupportedComponentsNameThePathAndType) {
-  expect_load_error(R"({"model": {"type": "BPE", "vocab": {}, "merges": []}})",
-                    "tokenizer.json: model.type BPE is not supported (supported: WordLevel, WordPiece)");
-  const std::string model = R"("model": {"type": "WordLevel", "vocab": {"a": 0}, "unk_token": "a"})";
-  expect_load_error(R"({"normalizer": {"type": "Sequence", "normalizers": [{"type": "Lowercase"}, {"type": "Replace"}]}, )" + model + "}",
-                    "normalizer.normalizers[1].type Replace is not supported");
-  expect_load_error(R"({"pre_tokenizer": {"type": "ByteLevel"}, )" + model + "}", "pre_tokenizer.type ByteLevel is not supported");
+  expect_load_error(
+      R"({"model": {"type": "BPE", "vocab": {}, "merges": []}})",
+      "tokenizer.json: model.type BPE is not supported (supported: WordLevel, WordPiece)");
+  const std::string model =
+      R"("model": {"type": "WordLevel", "vocab": {"a": 0}, "unk_token": "a"})";
+  expect_load_error(
+      R"({"normalizer": {"type": "Sequence", "normalizers": [{"type": "Lowercase"}, {"type": "Replace"}]}, )" +
+          model + "}",
+      "normalizer.normalizers[1].type Replace is not supported");
+  expect_load_error(R"({"pre_tokenizer": {"type": "ByteLevel"}, )" + model + "}",
+                    "pre_tokenizer.type ByteLevel is not supported");
   expect_load_error(R"({"post_processor": {"type": "RobertaProcessing"}, )" + model + "}",
                     "post_processor.type RobertaProcessing is not supported");
-  expect_load_error(R"({"pre_tokenizer": {"type": "Split", "pattern": {"Regex": "("}, "behavior": "Isolated", "invert": false}, )" +
-                        model + "}",
-                    "pre_tokenizer.pattern invalid regular expression");
-  expect_load_error(R"({"pre_tokenizer": {"type": "Split", "pattern": {"Regex": "a"}, "behavior": "Sideways", "invert": false}, )" +
-                        model + "}",
-                    "pre_tokenizer.behavior Sideways is not a split behavior");
-  expect_load_error(R"({"added_tokens": [{"id": 0, "content": "a", "lstrip": true, "normalized": false}], )" + model + "}",
-                    "added_tokens[0].lstrip true is not supported");
+  expect_load_error(
+      R"({"pre_tokenizer": {"type": "Split", "pattern": {"Regex": "("}, "behavior": "Isolated", "invert": false}, )" +
+          model + "}",
+      "pre_tokenizer.pattern invalid regular expression");
+  expect_load_error(
+      R"({"pre_tokenizer": {"type": "Split", "pattern": {"Regex": "a"}, "behavior": "Sideways", "invert": false}, )" +
+          model + "}",
+      "pre_tokenizer.behavior Sideways is not a split behavior");
+  expect_load_error(
+      R"({"added_tokens": [{"id": 0, "content": "a", "lstrip": true, "normalized": false}], )" +
+          model + "}",
+      "added_tokens[0].lstrip true is not supported");
   expect_load_error("{}", "(top level).model is missing");
   expect_load_error("{", "not valid JSON");
-  expect_load_error(R"({"model": {"type": "WordLevel", "vocab": {"a": "x"}, "unk_token": "a"}})", "model.vocab[\"a\"] must be an integer");
+  expect_load_error(R"({"model": {"type": "WordLevel", "vocab": {"a": "x"}, "unk_token": "a"}})",
+                    "model.vocab[\"a\"] must be an integer");
 }
 
 }  // namespace

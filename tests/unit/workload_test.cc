@@ -41,9 +41,9 @@ TEST(ParseLengthsTest, Accepts) {
 }
 
 TEST(ParseLengthsTest, Rejects) {
-  for (const char* text : {"fixed:0", "fixed:-5", "fixed:", "fixed:12x", "fixed:1.5", "uniform:5:3",
-                           "uniform:0:3", "uniform:5", "uniform:a:b", "uniform:1:2:3", "foo", "",
-                           "FIXED:4", " fixed:4"}) {
+  for (const char* text :
+       {"fixed:0", "fixed:-5", "fixed:", "fixed:12x", "fixed:1.5", "uniform:5:3", "uniform:0:3",
+        "uniform:5", "uniform:a:b", "uniform:1:2:3", "foo", "", "FIXED:4", " fixed:4"}) {
     LengthSpec spec;
     std::string error;
     EXPECT_FALSE(parse_lengths(text, &spec, &error)) << text;
@@ -87,9 +87,10 @@ TEST(MakeWorkloadTest, FollowsTheDocumentedRule) {
 }
 
 TEST(MakeWorkloadTest, BatchesRespectBatchTokens) {
-  for (const auto& [lengths, batch_tokens] :
-       {std::pair{LengthSpec{1, 300, true}, int64_t{512}}, {LengthSpec{64, 64, false}, int64_t{256}},
-        {LengthSpec{100, 400, true}, int64_t{200}}, {LengthSpec{5, 5, false}, int64_t{3}}}) {
+  for (const auto& [lengths, batch_tokens] : {std::pair{LengthSpec{1, 300, true}, int64_t{512}},
+                                              {LengthSpec{64, 64, false}, int64_t{256}},
+                                              {LengthSpec{100, 400, true}, int64_t{200}},
+                                              {LengthSpec{5, 5, false}, int64_t{3}}}) {
     const auto pool = make_workload(lengths, 300, 0, batch_tokens, 20, 5);
     ASSERT_EQ(pool.size(), 20u);
     for (size_t i = 0; i < pool.size(); ++i) {

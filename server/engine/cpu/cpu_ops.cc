@@ -23,9 +23,13 @@ float* f(void* p) { return static_cast<float*>(p); }
 const float* f(const void* p) { return static_cast<const float*>(p); }
 float* row(const Mat& m, int64_t r) { return f(m.data) + r * m.ld; }
 // Row r of a buffer of elements E (float, or uint16_t holding bfloat16).
-template <class E> E* row_of(const Mat& m, int64_t r) { return static_cast<E*>(m.data) + r * m.ld; }
+template <class E>
+E* row_of(const Mat& m, int64_t r) {
+  return static_cast<E*>(m.data) + r * m.ld;
+}
 
-template <class E> constexpr bool kFloat = std::is_same_v<E, float>;
+template <class E>
+constexpr bool kFloat = std::is_same_v<E, float>;
 inline float to_float(float x) { return x; }
 inline float to_float(uint16_t x) { return bfloat16_to_float(x); }
 inline void store(float* p, float v) { *p = v; }
@@ -97,12 +101,14 @@ const CpuMatmul& CpuOps::matmul(const CpuMatmul::Shape& shape) {
   return *it->second;
 }
 
-const CpuOps::PackedSite& CpuOps::packed_site(const WeightRef& w, const PackedMatmul::Shape& shape) {
+const CpuOps::PackedSite& CpuOps::packed_site(const WeightRef& w,
+                                              const PackedMatmul::Shape& shape) {
   const auto key = std::make_pair(w.weight, shape);
   auto it = packed_sites_.find(key);
   if (it == packed_sites_.end()) {
     std::unique_ptr<PackedMatmul>& mm = packed_matmuls_[shape];
-    if (!mm) mm = std::make_unique<PackedMatmul>(shape);  // every row count's primitive, once per shape
+    if (!mm)
+      mm = std::make_unique<PackedMatmul>(shape);  // every row count's primitive, once per shape
     it = packed_sites_.emplace(key, PackedSite{mm.get(), mm->pack(f(w.weight))}).first;
     kernels_[w.weight] = mm->implementation();
   }
@@ -141,7 +147,7 @@ const void* CpuOps::upload(std::span<const float> host) {
 void CpuOps::reserve(const WorkspacePlan& largest) {
   // Left uninitialised: untouched pages cost no memory. Aligned as the plan's offsets are.
   arena_.reset(static_cast<std::byte*>(
-      ::operator new(std::max<size_t>(largest.bytes, 1), std::align_val_t{kWorkspaceAlignment})));
+      ::operator new (std::max<size_t>(largest.bytes, 1), std::align_val_t{kWorkspaceAlignment})));
 }
 
 BatchRef CpuOps::begin_batch(const RaggedBatch& batch, const WorkspacePlan& plan,
@@ -151,22 +157,24 @@ BatchRef CpuOps::begin_batch(const RaggedBatch& batch, const WorkspacePlan& plan
   auto floats = [&](const WorkspacePlan::Buffer& buffer) {
     return reinterpret_cast<float*>(arena_.get() + buffer.offset);
   };
-  partials_ = Partials{floats(plan.partial_max), floats(plan.partial_sum), floats(plan.partial_values)};
+  partials_ =
+      Partials{floats(plan.partial_max), floats(plan.partial_sum), floats(plan.partial_values)};
   token_scores_ = floats(plan.token_scores);
   return BatchRef{batch.num_sequences(), batch.num_tokens()};
 }
 
 template <class E>
-void CpuOps::embed_rows(const BatchRef& ref, const float* word, const float* pos_table, const float* gamma,
-                        const float* beta, float eps, Mat x) {
+void CpuOps::embed_rows(const BatchRef& ref, const float* word, const float* pos_table,
+                        const float* gamma, const float* beta, float eps, Mat x) {
   const RaggedBatch& batch = *batch_;
   const int64_t D = config_.hidden_size;
   pool_.parallel_for(ref.num_tokens, kRowGrain, [&](int64_t begin, int64_t end) {
     std::vector<float> sum(static_cast<size_t>(D)), out(kFloat<E> ? 0 : size_t(D));
     for (int64_t t = begin; t < end; ++t) {
       const int32_t id = batch.token_ids[size_t(t)];
-      const float* src = id >= 0 ? word + int64_t(id) * D
-                                 : batch.input_embeddings.data() + int64_t(batch.embedding_index[size_t(t)]) * D;
+      const float* src =
+          id >= 0 ? word + int64_t(id) * D
+                  : batch.input_embeddings.data() + int64_t(batch.embedding_index[size_t(t)]) * D;
       const float* pos = pos_table + int64_t(batch.position_ids[size_t(t)]) * D;
       for (int64_t j = 0; j < D; ++j) sum[size_t(j)] = src[j] + pos[j];
       E* dst = row_of<E>(x, t);
@@ -179,9 +187,11 @@ void CpuOps::embed_rows(const BatchRef& ref, const float* word, const float* pos
 void CpuOps::embed(const BatchRef& ref, const void* word_embedding, const void* position_embeddings,
                    const void* ln_gamma, const void* ln_beta, double eps, Mat x) {
   if (bf16_) {
-    embed_rows<uint16_t>(ref, f(word_embedding), f(position_embeddings), f(ln_gamma), f(ln_beta), float(eps), x);
+    embed_rows<uint16_t>(ref, f(word_embedding), f(position_embeddings), f(ln_gamma), f(ln_beta),
+                         float(eps), x);
   } else {
-    embed_rows<float>(ref, f(word_embedding), f(position_embeddings), f(ln_gamma), f(ln_beta), float(eps), x);
+    embed_rows<float>(ref, f(word_embedding), f(position_embeddings), f(ln_gamma), f(ln_beta),
+                      float(eps), x);
   }
 }
 
@@ -206,7 +216,8 @@ void CpuOps::linear(const Mat& a, const WeightRef& w, Mat c, Epilogue epilogue, 
   });
 }
 
-void CpuOps::linear_bf16(const Mat& a, const WeightRef& w, Mat c, Epilogue epilogue, Activation act) {
+void CpuOps::linear_bf16(const Mat& a, const WeightRef& w, Mat c, Epilogue epilogue,
+                         Activation act) {
   const PackedSite& site = packed_site(
       w, {w.out, w.in, a.ld, c.ld, epilogue, act, true, dtype_ == CpuDtype::kBfloat16Emulated});
   // Blocks of the largest power of two that still gives every worker two pieces, then the
@@ -272,7 +283,8 @@ void CpuOps::combine(int64_t heads, Mat out, const E* scale_by, float denominato
       E* o = row_of<E>(out, b);
       for (int64_t h = 0; h < heads; ++h) {
         double M = -std::numeric_limits<double>::infinity();
-        for (int32_t c = c0; c < c1; ++c) M = std::max(M, double(partials_.m[size_t(c * heads + h)]));
+        for (int32_t c = c0; c < c1; ++c)
+          M = std::max(M, double(partials_.m[size_t(c * heads + h)]));
         double L = 0.0;
         std::fill(acc.begin(), acc.end(), 0.0);
         for (int32_t c = c0; c < c1; ++c) {
@@ -306,7 +318,8 @@ void CpuOps::query_pool(const BatchRef&, const Mat& scores, const Mat& q, Mat pq
 }
 
 template <class E>
-void CpuOps::key_pool_rows(const BatchRef& ref, const Mat& k, const Mat& pq, const WeightRef& key_att, Mat pk) {
+void CpuOps::key_pool_rows(const BatchRef& ref, const Mat& k, const Mat& pq,
+                           const WeightRef& key_att, Mat pk) {
   const RaggedBatch& batch = *batch_;
   const int64_t D = config_.hidden_size, H = config_.num_attention_heads;
   const float* wka = f(key_att.weight);
@@ -334,9 +347,12 @@ void CpuOps::key_pool_rows(const BatchRef& ref, const Mat& k, const Mat& pq, con
   combine<E>(H, pk, static_cast<const E*>(pq.data), 0.0f);
 }
 
-void CpuOps::key_pool(const BatchRef& ref, const Mat& k, const Mat& pq, const WeightRef& key_att, Mat pk) {
-  if (bf16_) key_pool_rows<uint16_t>(ref, k, pq, key_att, pk);
-  else key_pool_rows<float>(ref, k, pq, key_att, pk);
+void CpuOps::key_pool(const BatchRef& ref, const Mat& k, const Mat& pq, const WeightRef& key_att,
+                      Mat pk) {
+  if (bf16_)
+    key_pool_rows<uint16_t>(ref, k, pq, key_att, pk);
+  else
+    key_pool_rows<float>(ref, k, pq, key_att, pk);
 }
 
 template <class E>
@@ -354,20 +370,23 @@ void CpuOps::mix_rows(const BatchRef& ref, const Mat& q, const Mat& pk, Mat u) {
         pk_row = widen(row_of<E>(pk, b), pk_scratch.data(), D);
       }
       E* dst = row_of<E>(u, t);
-      multiply_rows(widen(row_of<E>(q, t), q_scratch.data(), D), pk_row, target(dst, out.data()), D);
+      multiply_rows(widen(row_of<E>(q, t), q_scratch.data(), D), pk_row, target(dst, out.data()),
+                    D);
       narrow(out.data(), dst, D);
     }
   });
 }
 
 void CpuOps::mix(const BatchRef& ref, const Mat& q, const Mat& pk, Mat u) {
-  if (bf16_) mix_rows<uint16_t>(ref, q, pk, u);
-  else mix_rows<float>(ref, q, pk, u);
+  if (bf16_)
+    mix_rows<uint16_t>(ref, q, pk, u);
+  else
+    mix_rows<float>(ref, q, pk, u);
 }
 
 template <class E>
-void CpuOps::layernorm_rows(const Mat& c, const float* bias, const Mat& residual, const float* gamma,
-                            const float* beta, float eps, Mat out) {
+void CpuOps::layernorm_rows(const Mat& c, const float* bias, const Mat& residual,
+                            const float* gamma, const float* beta, float eps, Mat out) {
   const int64_t D = c.cols;
   pool_.parallel_for(c.rows, kRowGrain, [&](int64_t begin, int64_t end) {
     std::vector<float> sum(static_cast<size_t>(D));
@@ -386,20 +405,23 @@ void CpuOps::layernorm_rows(const Mat& c, const float* bias, const Mat& residual
 
 void CpuOps::bias_residual_layernorm(const Mat& c, const void* bias, const Mat& residual,
                                      const void* gamma, const void* beta, double eps, Mat out) {
-  if (bf16_) layernorm_rows<uint16_t>(c, f(bias), residual, f(gamma), f(beta), float(eps), out);
-  else layernorm_rows<float>(c, f(bias), residual, f(gamma), f(beta), float(eps), out);
+  if (bf16_)
+    layernorm_rows<uint16_t>(c, f(bias), residual, f(gamma), f(beta), float(eps), out);
+  else
+    layernorm_rows<float>(c, f(bias), residual, f(gamma), f(beta), float(eps), out);
 }
 
 template <class E>
-void CpuOps::attention_pool_rows(const BatchRef& ref, const Mat& e, const WeightRef& fc2, const Mat& x,
-                                 Mat pooled) {
+void CpuOps::attention_pool_rows(const BatchRef& ref, const Mat& e, const WeightRef& fc2,
+                                 const Mat& x, Mat pooled) {
   const int64_t D = config_.hidden_size;
   const float* w2 = f(fc2.weight);
   const float b2 = f(fc2.bias)[0];
   float* z = token_scores_;
   pool_.parallel_for(ref.num_tokens, kRowGrain, [&](int64_t begin, int64_t end) {
     std::vector<float> scratch(kFloat<E> ? 0 : size_t(D));
-    for (int64_t t = begin; t < end; ++t) z[t] = tanh_dot(widen(row_of<E>(e, t), scratch.data(), D), w2, D) + b2;
+    for (int64_t t = begin; t < end; ++t)
+      z[t] = tanh_dot(widen(row_of<E>(e, t), scratch.data(), D), w2, D) + b2;
   });
   // w_t = m_t exp(z_t) / (sum_u m_u exp(z_u) + 1e-8), as a stable softmax: the 1e-8 term
   // becomes 1e-8 exp(-M) after subtracting the max M, so results equal the reference.
@@ -409,8 +431,10 @@ void CpuOps::attention_pool_rows(const BatchRef& ref, const Mat& e, const Weight
 
 void CpuOps::attention_pool(const BatchRef& ref, const Mat& e, const WeightRef& fc2, const Mat& x,
                             Mat pooled) {
-  if (bf16_) attention_pool_rows<uint16_t>(ref, e, fc2, x, pooled);
-  else attention_pool_rows<float>(ref, e, fc2, x, pooled);
+  if (bf16_)
+    attention_pool_rows<uint16_t>(ref, e, fc2, x, pooled);
+  else
+    attention_pool_rows<float>(ref, e, fc2, x, pooled);
 }
 
 template <class E>
@@ -425,22 +449,28 @@ void CpuOps::l2_normalize_rows(Mat rows) {
 }
 
 void CpuOps::l2_normalize(Mat rows) {
-  if (bf16_) l2_normalize_rows<uint16_t>(rows);
-  else l2_normalize_rows<float>(rows);
+  if (bf16_)
+    l2_normalize_rows<uint16_t>(rows);
+  else
+    l2_normalize_rows<float>(rows);
 }
 
 template <class E>
 void CpuOps::download_rows(const Mat& src, float* dst) {
   for (int64_t r = 0; r < src.rows; ++r) {
     const E* in = row_of<E>(src, r);
-    if constexpr (kFloat<E>) std::memcpy(dst + r * src.cols, in, size_t(src.cols) * sizeof(float));
-    else bfloat16_to_float_row(in, dst + r * src.cols, src.cols);
+    if constexpr (kFloat<E>)
+      std::memcpy(dst + r * src.cols, in, size_t(src.cols) * sizeof(float));
+    else
+      bfloat16_to_float_row(in, dst + r * src.cols, src.cols);
   }
 }
 
 void CpuOps::download(const Mat& src, float* dst) {
-  if (bf16_) download_rows<uint16_t>(src, dst);
-  else download_rows<float>(src, dst);
+  if (bf16_)
+    download_rows<uint16_t>(src, dst);
+  else
+    download_rows<float>(src, dst);
 }
 
 }  // namespace fastformer::engine

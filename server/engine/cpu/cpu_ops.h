@@ -51,8 +51,8 @@ class CpuOps final : public Ops {
   void key_pool(const BatchRef& batch, const Mat& k, const Mat& pq, const WeightRef& key_att,
                 Mat pk) override;
   void mix(const BatchRef& batch, const Mat& q, const Mat& pk, Mat u) override;
-  void bias_residual_layernorm(const Mat& c, const void* bias, const Mat& residual, const void* gamma,
-                               const void* beta, double eps, Mat out) override;
+  void bias_residual_layernorm(const Mat& c, const void* bias, const Mat& residual,
+                               const void* gamma, const void* beta, double eps, Mat out) override;
   void attention_pool(const BatchRef& batch, const Mat& e, const WeightRef& fc2, const Mat& x,
                       Mat pooled) override;
   void l2_normalize(Mat rows) override;
@@ -60,9 +60,13 @@ class CpuOps final : public Ops {
   void synchronize() override {}
   // The wall clock: every op has finished when its call returns.
   void reserve_timers(int count) override { timers_.assign(size_t(count), {}); }
-  void timestamp(int index) override { timers_.at(size_t(index)) = std::chrono::steady_clock::now(); }
+  void timestamp(int index) override {
+    timers_.at(size_t(index)) = std::chrono::steady_clock::now();
+  }
   double elapsed_ms(int from, int to) override {
-    return std::chrono::duration<double, std::milli>(timers_.at(size_t(to)) - timers_.at(size_t(from))).count();
+    return std::chrono::duration<double, std::milli>(timers_.at(size_t(to)) -
+                                                     timers_.at(size_t(from)))
+        .count();
   }
   SpeedCheck speed_check() override;
   std::string gemm_kernel(const WeightRef& w) const override;
@@ -76,17 +80,24 @@ class CpuOps final : public Ops {
     float *m = nullptr, *l = nullptr, *v = nullptr;
   };
   // The ops in the buffers' element type E (float, or uint16_t holding bfloat16).
-  template <class E> void embed_rows(const BatchRef& batch, const float* word, const float* pos,
-                                     const float* gamma, const float* beta, float eps, Mat x);
-  template <class E> void key_pool_rows(const BatchRef& batch, const Mat& k, const Mat& pq,
-                                        const WeightRef& key_att, Mat pk);
-  template <class E> void mix_rows(const BatchRef& batch, const Mat& q, const Mat& pk, Mat u);
-  template <class E> void layernorm_rows(const Mat& c, const float* bias, const Mat& residual,
-                                         const float* gamma, const float* beta, float eps, Mat out);
-  template <class E> void attention_pool_rows(const BatchRef& batch, const Mat& e, const WeightRef& fc2,
-                                              const Mat& x, Mat pooled);
-  template <class E> void l2_normalize_rows(Mat rows);
-  template <class E> void download_rows(const Mat& src, float* dst);
+  template <class E>
+  void embed_rows(const BatchRef& batch, const float* word, const float* pos, const float* gamma,
+                  const float* beta, float eps, Mat x);
+  template <class E>
+  void key_pool_rows(const BatchRef& batch, const Mat& k, const Mat& pq, const WeightRef& key_att,
+                     Mat pk);
+  template <class E>
+  void mix_rows(const BatchRef& batch, const Mat& q, const Mat& pk, Mat u);
+  template <class E>
+  void layernorm_rows(const Mat& c, const float* bias, const Mat& residual, const float* gamma,
+                      const float* beta, float eps, Mat out);
+  template <class E>
+  void attention_pool_rows(const BatchRef& batch, const Mat& e, const WeightRef& fc2, const Mat& x,
+                           Mat pooled);
+  template <class E>
+  void l2_normalize_rows(Mat rows);
+  template <class E>
+  void download_rows(const Mat& src, float* dst);
   // Scores (S: float, or E) are per (token, head) in `scores` ([T, heads], ld score_ld);
   // values [T, D] in E.
   template <class S, class E>
@@ -113,11 +124,13 @@ class CpuOps final : public Ops {
   std::map<CpuMatmul::Shape, std::unique_ptr<CpuMatmul>> matmuls_;
   std::map<PackedMatmul::Shape, std::unique_ptr<PackedMatmul>> packed_matmuls_;
   std::map<std::pair<const void*, PackedMatmul::Shape>, PackedSite> packed_sites_;
-  std::map<const void*, std::string> kernels_;  // weight -> oneDNN's kernel, for profiles
+  std::map<const void*, std::string> kernels_;       // weight -> oneDNN's kernel, for profiles
   std::vector<std::pair<int64_t, int64_t>> pieces_;  // the current GEMM's row pieces
   // The workspace, sized at start-up, kWorkspaceAlignment-aligned.
   struct AlignedDelete {
-    void operator()(std::byte* p) const { ::operator delete(p, std::align_val_t{kWorkspaceAlignment}); }
+    void operator()(std::byte* p) const {
+      ::operator delete (p, std::align_val_t{kWorkspaceAlignment});
+    }
   };
   std::unique_ptr<std::byte, AlignedDelete> arena_;
 

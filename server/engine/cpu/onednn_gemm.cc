@@ -5,13 +5,12 @@
 #include <algorithm>
 #include <bit>
 #include <chrono>
-#include <cstring>
 #include <cstdio>
+#include <cstring>
 #include <map>
+#include <oneapi/dnnl/dnnl.hpp>
 #include <unordered_map>
 #include <vector>
-
-#include <oneapi/dnnl/dnnl.hpp>
 
 #include "common/half.h"
 #include "server/engine/cpu/vector_math.h"  // FASTFORMER_VECTOR_CLONES
@@ -51,7 +50,8 @@ dnnl::stream& thread_stream() {
 }
 
 bool isa_has(dnnl_cpu_isa_t isa, dnnl_cpu_isa_t feature) {
-  return (static_cast<unsigned>(isa) & static_cast<unsigned>(feature)) == static_cast<unsigned>(feature);
+  return (static_cast<unsigned>(isa) & static_cast<unsigned>(feature)) ==
+         static_cast<unsigned>(feature);
 }
 
 std::string isa_name(dnnl_cpu_isa_t isa) {
@@ -70,10 +70,15 @@ std::string isa_name(dnnl_cpu_isa_t isa) {
 dnnl::algorithm eltwise_of(Activation act, float* alpha) {
   *alpha = 0.0f;
   switch (act) {
-    case Activation::kGeluErf: return dnnl::algorithm::eltwise_gelu_erf;
-    case Activation::kGeluTanh: return dnnl::algorithm::eltwise_gelu_tanh;
-    case Activation::kRelu: return dnnl::algorithm::eltwise_relu;
-    case Activation::kSilu: *alpha = 1.0f; return dnnl::algorithm::eltwise_swish;  // x * sigmoid(1 x)
+    case Activation::kGeluErf:
+      return dnnl::algorithm::eltwise_gelu_erf;
+    case Activation::kGeluTanh:
+      return dnnl::algorithm::eltwise_gelu_tanh;
+    case Activation::kRelu:
+      return dnnl::algorithm::eltwise_relu;
+    case Activation::kSilu:
+      *alpha = 1.0f;
+      return dnnl::algorithm::eltwise_swish;  // x * sigmoid(1 x)
   }
   throw EngineError("unknown activation");
 }
@@ -85,7 +90,8 @@ const CpuGemmInfo& cpu_gemm_info() {
     CpuGemmInfo i;
     single_threaded();
     const dnnl_version_t* v = dnnl_version();
-    i.version = std::to_string(v->major) + "." + std::to_string(v->minor) + "." + std::to_string(v->patch);
+    i.version =
+        std::to_string(v->major) + "." + std::to_string(v->minor) + "." + std::to_string(v->patch);
     const dnnl_cpu_isa_t isa = dnnl_get_effective_cpu_isa();
     i.isa = isa_name(isa);
     i.has_bf16 = isa_has(isa, dnnl_cpu_isa_avx512_core_bf16);
@@ -109,7 +115,8 @@ CpuMatmul::CpuMatmul(const Shape& shape) : shape_(shape) {
   const memory::desc weights({K, N}, in_type, {1, K});  // W [N, K] row-major is W^T [K, N]
   const memory::desc dst({M, N}, memory::data_type::f32, {shape.ldc, 1});
   const bool has_bias = shape.epilogue == Epilogue::kBias || shape.epilogue == Epilogue::kBiasAct;
-  const memory::desc bias = has_bias ? memory::desc({1, N}, memory::data_type::f32, {N, 1}) : memory::desc();
+  const memory::desc bias =
+      has_bias ? memory::desc({1, N}, memory::data_type::f32, {N, 1}) : memory::desc();
   dnnl::post_ops post;
   if (shape.epilogue == Epilogue::kBiasAct) {
     float alpha = 0;
@@ -129,13 +136,15 @@ CpuMatmul::CpuMatmul(const Shape& shape) : shape_(shape) {
 #if DNNL_VERSION_MAJOR >= 3
     dnnl::matmul::primitive_desc pd(cpu_engine(), src, weights, bias, dst, attr);
 #else
-    dnnl::matmul::primitive_desc pd(dnnl::matmul::desc(src, weights, bias, dst), attr, cpu_engine());
+    dnnl::matmul::primitive_desc pd(dnnl::matmul::desc(src, weights, bias, dst), attr,
+                                    cpu_engine());
 #endif
     impl_ = std::make_unique<Impl>(Impl{pd, dnnl::matmul(pd)});
   } catch (const dnnl::error& e) {
-    throw EngineError(std::string("oneDNN has no ") + (shape.bf16 ? "bfloat16" : "float32") + " matmul for [M, " +
-                      std::to_string(K) + "] x [" + std::to_string(N) + ", " + std::to_string(K) +
-                      "]^T on this CPU (" + cpu_gemm_info().isa + "): " + e.what());
+    throw EngineError(std::string("oneDNN has no ") + (shape.bf16 ? "bfloat16" : "float32") +
+                      " matmul for [M, " + std::to_string(K) + "] x [" + std::to_string(N) + ", " +
+                      std::to_string(K) + "]^T on this CPU (" + cpu_gemm_info().isa +
+                      "): " + e.what());
   }
 }
 
@@ -153,7 +162,8 @@ void CpuMatmul::run(int64_t m, const float* a, const void* w, const float* bias,
   thread_local std::vector<uint16_t> rounded;
   if (shape_.bf16) {
     rounded.resize(size_t(m * K));
-    for (int64_t r = 0; r < m; ++r) float_to_bfloat16_row(a + r * shape_.lda, rounded.data() + r * K, K);
+    for (int64_t r = 0; r < m; ++r)
+      float_to_bfloat16_row(a + r * shape_.lda, rounded.data() + r * K, K);
     src_data = rounded.data();
     lda = K;
   }
@@ -164,12 +174,14 @@ void CpuMatmul::run(int64_t m, const float* a, const void* w, const float* bias,
   thread_local std::vector<std::byte> scratchpad;
   const memory::desc scratch_desc = impl_->pd.scratchpad_desc();
   if (scratchpad.size() < scratch_desc.get_size()) scratchpad.resize(scratch_desc.get_size());
-  std::unordered_map<int, memory> args{{DNNL_ARG_SRC, src},
-                                       {DNNL_ARG_WEIGHTS, weights},
-                                       {DNNL_ARG_DST, dst},
-                                       {DNNL_ARG_SCRATCHPAD, memory(scratch_desc, engine, scratchpad.data())}};
+  std::unordered_map<int, memory> args{
+      {DNNL_ARG_SRC, src},
+      {DNNL_ARG_WEIGHTS, weights},
+      {DNNL_ARG_DST, dst},
+      {DNNL_ARG_SCRATCHPAD, memory(scratch_desc, engine, scratchpad.data())}};
   if (shape_.epilogue == Epilogue::kBias || shape_.epilogue == Epilogue::kBiasAct) {
-    args.emplace(DNNL_ARG_BIAS, memory({{1, N}, memory::data_type::f32, {N, 1}}, engine, const_cast<float*>(bias)));
+    args.emplace(DNNL_ARG_BIAS, memory({{1, N}, memory::data_type::f32, {N, 1}}, engine,
+                                       const_cast<float*>(bias)));
   }
   impl_->primitive.execute(stream, args);
   stream.wait();
@@ -185,14 +197,17 @@ double gemm_floor_gflops(const std::string& isa) {
 
 std::string GemmSelfCheck::message() const {
   std::string line = "GEMM self-check: " + format_double("%.1f", gflops) +
-                     " GFLOP/s on one thread (float32 256x512x512, oneDNN " + cpu_gemm_info().version +
-                     ", kernel " + implementation + "; expected at least " + format_double("%.0f", floor_gflops) +
-                     " for " + isa + "; bfloat16 GEMMs here: " + bf16_hardware(isa) + ")";
+                     " GFLOP/s on one thread (float32 256x512x512, oneDNN " +
+                     cpu_gemm_info().version + ", kernel " + implementation +
+                     "; expected at least " + format_double("%.0f", floor_gflops) + " for " + isa +
+                     "; bfloat16 GEMMs here: " + bf16_hardware(isa) + ")";
   if (below_floor()) {
-    line += "; below the floor: this CPU runs slower than its instruction set allows. Likely causes: "
-            "ONEDNN_MAX_CPU_ISA or a hypervisor hiding CPU features (oneDNN sees " + isa +
-            "), other processes on these cores (set --threads to the cores this server owns), or a "
-            "throttled CPU";
+    line +=
+        "; below the floor: this CPU runs slower than its instruction set allows. Likely causes: "
+        "ONEDNN_MAX_CPU_ISA or a hypervisor hiding CPU features (oneDNN sees " +
+        isa +
+        "), other processes on these cores (set --threads to the cores this server owns), or a "
+        "throttled CPU";
   }
   return line;
 }
@@ -240,14 +255,16 @@ namespace {
 // matmul takes only dense rows; run() stages strided operands); `weights` is a packed layout
 // or any (oneDNN picks). Emulated shapes are float32 throughout. The scratchpad is the
 // caller's (user mode), so pool threads may run one primitive at once.
-dnnl::matmul::primitive_desc packed_pd(const PackedMatmul::Shape& shape, int64_t m, const memory::desc& weights) {
+dnnl::matmul::primitive_desc packed_pd(const PackedMatmul::Shape& shape, int64_t m,
+                                       const memory::desc& weights) {
   const bool bf16 = shape.bf16 && !shape.emulate;
   const auto type = bf16 ? memory::data_type::bf16 : memory::data_type::f32;
   const memory::dim M = m, N = shape.n, K = shape.k;
   const memory::desc src({M, K}, type, {K, 1});
   const memory::desc dst({M, N}, type, {N, 1});
   const bool has_bias = shape.epilogue == Epilogue::kBias || shape.epilogue == Epilogue::kBiasAct;
-  const memory::desc bias = has_bias ? memory::desc({1, N}, memory::data_type::f32, {N, 1}) : memory::desc();
+  const memory::desc bias =
+      has_bias ? memory::desc({1, N}, memory::data_type::f32, {N, 1}) : memory::desc();
   dnnl::post_ops post;
   if (shape.epilogue == Epilogue::kBiasAct) {
     float alpha = 0;
@@ -267,12 +284,14 @@ dnnl::matmul::primitive_desc packed_pd(const PackedMatmul::Shape& shape, int64_t
 #if DNNL_VERSION_MAJOR >= 3
     return dnnl::matmul::primitive_desc(cpu_engine(), src, weights, bias, dst, attr);
 #else
-    return dnnl::matmul::primitive_desc(dnnl::matmul::desc(src, weights, bias, dst), attr, cpu_engine());
+    return dnnl::matmul::primitive_desc(dnnl::matmul::desc(src, weights, bias, dst), attr,
+                                        cpu_engine());
 #endif
   } catch (const dnnl::error& e) {
-    throw EngineError(std::string("oneDNN has no ") + (bf16 ? "bfloat16" : "float32") + " matmul for [" +
-                      std::to_string(M) + ", " + std::to_string(K) + "] x [" + std::to_string(N) + ", " +
-                      std::to_string(K) + "]^T on this CPU (" + cpu_gemm_info().isa + "): " + e.what());
+    throw EngineError(std::string("oneDNN has no ") + (bf16 ? "bfloat16" : "float32") +
+                      " matmul for [" + std::to_string(M) + ", " + std::to_string(K) + "] x [" +
+                      std::to_string(N) + ", " + std::to_string(K) + "]^T on this CPU (" +
+                      cpu_gemm_info().isa + "): " + e.what());
   }
 }
 
@@ -283,7 +302,8 @@ memory::desc any_weights(const PackedMatmul::Shape& shape) {
 }
 
 // W [n, k] float32, rounded as the shape takes it, reordered into `packed`'s layout.
-dnnl::memory pack_weights(const PackedMatmul::Shape& shape, const memory::desc& packed, const float* weight) {
+dnnl::memory pack_weights(const PackedMatmul::Shape& shape, const memory::desc& packed,
+                          const float* weight) {
   single_threaded();
   const memory::dim N = shape.n, K = shape.k;
   dnnl::engine& engine = cpu_engine();
@@ -296,8 +316,10 @@ dnnl::memory pack_weights(const PackedMatmul::Shape& shape, const memory::desc& 
     dnnl::reorder(plain, out).execute(stream, plain, out);
   } else {
     std::vector<float> values(size_t(N * K));
-    if (shape.bf16) bfloat16_to_float_row(rounded.data(), values.data(), N * K);
-    else std::copy(weight, weight + N * K, values.begin());
+    if (shape.bf16)
+      bfloat16_to_float_row(rounded.data(), values.data(), N * K);
+    else
+      std::copy(weight, weight + N * K, values.begin());
     dnnl::memory plain({{K, N}, memory::data_type::f32, {1, K}}, engine, values.data());
     dnnl::reorder(plain, out).execute(stream, plain, out);
   }
@@ -313,11 +335,13 @@ void execute(const dnnl::matmul::primitive_desc& pd, const dnnl::matmul& primiti
   thread_local std::vector<std::byte> scratchpad;
   const memory::desc scratch_desc = pd.scratchpad_desc();
   if (scratchpad.size() < scratch_desc.get_size()) scratchpad.resize(scratch_desc.get_size());
-  std::unordered_map<int, memory> args{{DNNL_ARG_SRC, memory(pd.src_desc(), engine, const_cast<void*>(a))},
-                                       {DNNL_ARG_WEIGHTS, w},
-                                       {DNNL_ARG_DST, memory(pd.dst_desc(), engine, c)},
-                                       {DNNL_ARG_SCRATCHPAD, memory(scratch_desc, engine, scratchpad.data())}};
-  if (has_bias) args.emplace(DNNL_ARG_BIAS, memory(pd.bias_desc(), engine, const_cast<float*>(bias)));
+  std::unordered_map<int, memory> args{
+      {DNNL_ARG_SRC, memory(pd.src_desc(), engine, const_cast<void*>(a))},
+      {DNNL_ARG_WEIGHTS, w},
+      {DNNL_ARG_DST, memory(pd.dst_desc(), engine, c)},
+      {DNNL_ARG_SCRATCHPAD, memory(scratch_desc, engine, scratchpad.data())}};
+  if (has_bias)
+    args.emplace(DNNL_ARG_BIAS, memory(pd.bias_desc(), engine, const_cast<float*>(bias)));
   primitive.execute(stream, args);
   stream.wait();
 }
@@ -362,7 +386,8 @@ struct PackedMatmul::Impl {
 
 PackedMatmul::PackedMatmul(const Shape& shape) : shape_(shape), impl_(std::make_unique<Impl>()) {
   single_threaded();
-  if (!shape.bf16 && shape.emulate) throw EngineError("PackedMatmul: emulate is for bfloat16 shapes");
+  if (!shape.bf16 && shape.emulate)
+    throw EngineError("PackedMatmul: emulate is for bfloat16 shapes");
   impl_->kernels.resize(size_t(log2_exact(kMaxRows) + 1));
   // Each row count lets oneDNN pick its weights' layout (brgemm's blocking may depend on M);
   // the weights are packed once per distinct layout, almost always one.
@@ -381,13 +406,17 @@ PackedMatmul::~PackedMatmul() = default;
 PackedMatmul::Weights PackedMatmul::pack(const float* weight) const {
   Weights w;
   w.impl_ = std::make_shared<Weights::Impl>();
-  for (const memory::desc& layout : impl_->layouts) w.impl_->layouts.push_back(pack_weights(shape_, layout, weight));
+  for (const memory::desc& layout : impl_->layouts)
+    w.impl_->layouts.push_back(pack_weights(shape_, layout, weight));
   return w;
 }
 
-void PackedMatmul::run(int64_t m, const void* a, const Weights& w, const float* bias, void* c) const {
+void PackedMatmul::run(int64_t m, const void* a, const Weights& w, const float* bias,
+                       void* c) const {
   const int index = log2_exact(m);
-  if (index < 0) throw EngineError("PackedMatmul: " + std::to_string(m) + " rows is not a power of two up to 256");
+  if (index < 0)
+    throw EngineError("PackedMatmul: " + std::to_string(m) +
+                      " rows is not a power of two up to 256");
   const Impl::Kernel& kernel = impl_->kernels[size_t(index)];
   const dnnl::memory& weights = w.impl_->layouts.at(kernel.layout);
   const bool has_bias = shape_.epilogue == Epilogue::kBias || shape_.epilogue == Epilogue::kBiasAct;
@@ -400,12 +429,15 @@ void PackedMatmul::run(int64_t m, const void* a, const Weights& w, const float* 
     c32.resize(size_t(m * N));
     const auto* a16 = static_cast<const uint16_t*>(a);
     auto* c16 = static_cast<uint16_t*>(c);
-    for (int64_t r = 0; r < m; ++r) bfloat16_to_float_row(a16 + r * shape_.lda, a32.data() + r * K, K);
+    for (int64_t r = 0; r < m; ++r)
+      bfloat16_to_float_row(a16 + r * shape_.lda, a32.data() + r * K, K);
     if (accumulate) {
-      for (int64_t r = 0; r < m; ++r) bfloat16_to_float_row(c16 + r * shape_.ldc, c32.data() + r * N, N);
+      for (int64_t r = 0; r < m; ++r)
+        bfloat16_to_float_row(c16 + r * shape_.ldc, c32.data() + r * N, N);
     }
     execute(kernel.pd, kernel.primitive, a32.data(), weights, bias, c32.data(), has_bias);
-    for (int64_t r = 0; r < m; ++r) float_to_bfloat16_row(c32.data() + r * N, c16 + r * shape_.ldc, N);
+    for (int64_t r = 0; r < m; ++r)
+      float_to_bfloat16_row(c32.data() + r * N, c16 + r * shape_.ldc, N);
     return;
   }
   // Strided A or C (column views of a wider buffer) through dense per-thread copies.
@@ -417,7 +449,8 @@ void PackedMatmul::run(int64_t m, const void* a, const Weights& w, const float* 
   if (stage_a) {
     a_dense.resize(size_t(m * K) * element);
     for (int64_t r = 0; r < m; ++r) {
-      std::memcpy(a_dense.data() + size_t(r * K) * element, static_cast<const std::byte*>(a) + size_t(r * shape_.lda) * element,
+      std::memcpy(a_dense.data() + size_t(r * K) * element,
+                  static_cast<const std::byte*>(a) + size_t(r * shape_.lda) * element,
                   size_t(K) * element);
     }
     a_run = a_dense.data();
@@ -426,7 +459,8 @@ void PackedMatmul::run(int64_t m, const void* a, const Weights& w, const float* 
     c_dense.resize(size_t(m * N) * element);
     if (accumulate) {
       for (int64_t r = 0; r < m; ++r) {
-        std::memcpy(c_dense.data() + size_t(r * N) * element, static_cast<const std::byte*>(c) + size_t(r * shape_.ldc) * element,
+        std::memcpy(c_dense.data() + size_t(r * N) * element,
+                    static_cast<const std::byte*>(c) + size_t(r * shape_.ldc) * element,
                     size_t(N) * element);
       }
     }
@@ -435,13 +469,14 @@ void PackedMatmul::run(int64_t m, const void* a, const Weights& w, const float* 
   execute(kernel.pd, kernel.primitive, a_run, weights, bias, c_run, has_bias);
   if (stage_c) {
     for (int64_t r = 0; r < m; ++r) {
-      std::memcpy(static_cast<std::byte*>(c) + size_t(r * shape_.ldc) * element, c_dense.data() + size_t(r * N) * element,
-                  size_t(N) * element);
+      std::memcpy(static_cast<std::byte*>(c) + size_t(r * shape_.ldc) * element,
+                  c_dense.data() + size_t(r * N) * element, size_t(N) * element);
     }
   }
 }
 
-void PackedMatmul::split(int64_t rows, int64_t block, std::vector<std::pair<int64_t, int64_t>>& pieces) {
+void PackedMatmul::split(int64_t rows, int64_t block,
+                         std::vector<std::pair<int64_t, int64_t>>& pieces) {
   pieces.clear();
   int64_t r = 0;
   for (; rows - r >= block; r += block) pieces.emplace_back(r, block);
@@ -482,10 +517,13 @@ double bf16_floor_gflops(const std::string& isa) {
 
 std::string Bf16SelfCheck::message() const {
   const std::string& isa = cpu_gemm_info().isa;
-  if (!ran) return "bfloat16 GEMM self-check: not run (" + bf16_hardware(isa) + " on this CPU, oneDNN sees " + isa + ")";
+  if (!ran)
+    return "bfloat16 GEMM self-check: not run (" + bf16_hardware(isa) +
+           " on this CPU, oneDNN sees " + isa + ")";
   std::string line = "bfloat16 GEMM self-check: " + format_double("%.1f", gflops) +
-                     " GFLOP/s on one thread (256x512x512, M fixed, packed weights, kernel " + implementation +
-                     ", " + bf16_hardware(isa) + "; expected at least " + format_double("%.0f", floor_gflops) + ")";
+                     " GFLOP/s on one thread (256x512x512, M fixed, packed weights, kernel " +
+                     implementation + ", " + bf16_hardware(isa) + "; expected at least " +
+                     format_double("%.0f", floor_gflops) + ")";
   if (gflops < floor_gflops) line += "; below the floor: see the float32 check's causes";
   return line;
 }

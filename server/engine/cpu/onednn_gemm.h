@@ -23,8 +23,8 @@ namespace fastformer::engine {
 
 // What oneDNN runs on this machine (honours ONEDNN_MAX_CPU_ISA).
 struct CpuGemmInfo {
-  std::string version;  ///< e.g. "2.6.3"
-  std::string isa;      ///< the effective instruction set, e.g. "avx512_core_bf16"
+  std::string version;    ///< e.g. "2.6.3"
+  std::string isa;        ///< the effective instruction set, e.g. "avx512_core_bf16"
   bool has_bf16 = false;  ///< AVX512_BF16 or AMX: bfloat16 matrix products in hardware
   bool has_amx = false;   ///< AMX tiles (Sapphire Rapids and later)
 };

@@ -11,14 +11,15 @@
 #include <cmath>
 #include <cstdint>
 
-#if defined(__x86_64__) && defined(__GNUC__) && !defined(__clang__) && !defined(__SANITIZE_ADDRESS__) && \
-    !defined(__SANITIZE_THREAD__)
+#if defined(__x86_64__) && defined(__GNUC__) && !defined(__clang__) && \
+    !defined(__SANITIZE_ADDRESS__) && !defined(__SANITIZE_THREAD__)
 // An AVX-512 clone (x86-64-v4), an AVX2+FMA one (x86-64-v3) and a baseline one; the loader
 // picks by the CPU's features at start-up. (Not "arch=haswell": GCC picks such a clone by CPU
 // model, so every AMD and every later Intel CPU ran the baseline SSE2 code.) (Not under the
 // sanitizers: the picking function, an ifunc resolver, is instrumented too and runs during
 // relocation, before the sanitizer's runtime is up; under TSan every binary crashed there.)
-#define FASTFORMER_VECTOR_CLONES __attribute__((target_clones("arch=x86-64-v4", "arch=x86-64-v3", "default")))
+#define FASTFORMER_VECTOR_CLONES \
+  __attribute__((target_clones("arch=x86-64-v4", "arch=x86-64-v3", "default")))
 #else
 #define FASTFORMER_VECTOR_CLONES
 #endif

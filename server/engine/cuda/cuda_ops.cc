@@ -48,12 +48,14 @@ DeviceInfo probe_device(int ordinal) {
     return info;
   }
   if (ordinal >= count) {
-    info.why = "device " + std::to_string(ordinal) + " requested, " + std::to_string(count) + " present";
+    info.why =
+        "device " + std::to_string(ordinal) + " requested, " + std::to_string(count) + " present";
     return info;
   }
   cudaDeviceProp prop{};
   size_t free_bytes = 0;
-  if (cudaGetDeviceProperties(&prop, ordinal) != cudaSuccess || cudaSetDevice(ordinal) != cudaSuccess ||
+  if (cudaGetDeviceProperties(&prop, ordinal) != cudaSuccess ||
+      cudaSetDevice(ordinal) != cudaSuccess ||
       cudaMemGetInfo(&free_bytes, &info.total_bytes) != cudaSuccess) {
     info.why = "device " + std::to_string(ordinal) + " present but no context could be created";
     cudaGetLastError();
@@ -67,10 +69,14 @@ DeviceInfo probe_device(int ordinal) {
 
 k::Act to_kernel(Activation act) {
   switch (act) {
-    case Activation::kGeluErf: return k::Act::kGeluErf;
-    case Activation::kGeluTanh: return k::Act::kGeluTanh;
-    case Activation::kRelu: return k::Act::kRelu;
-    case Activation::kSilu: return k::Act::kSilu;
+    case Activation::kGeluErf:
+      return k::Act::kGeluErf;
+    case Activation::kGeluTanh:
+      return k::Act::kGeluTanh;
+    case Activation::kRelu:
+      return k::Act::kRelu;
+    case Activation::kSilu:
+      return k::Act::kSilu;
   }
   return k::Act::kGeluErf;
 }
@@ -78,10 +84,13 @@ k::Act to_kernel(Activation act) {
 // The epilogue computing bias + `act`, kStore where cuBLASLt has none.
 GemmEpilogue gemm_activation(Activation act) {
   switch (act) {
-    case Activation::kRelu: return GemmEpilogue::kBiasRelu;
-    case Activation::kGeluTanh: return GemmEpilogue::kBiasGeluTanh;  // cuBLASLt's GELU is the tanh form
+    case Activation::kRelu:
+      return GemmEpilogue::kBiasRelu;
+    case Activation::kGeluTanh:
+      return GemmEpilogue::kBiasGeluTanh;  // cuBLASLt's GELU is the tanh form
     case Activation::kGeluErf:
-    case Activation::kSilu: return GemmEpilogue::kStore;
+    case Activation::kSilu:
+      return GemmEpilogue::kStore;
   }
   return GemmEpilogue::kStore;
 }
@@ -104,7 +113,8 @@ bool copy_finite(const float* src, float* dst, size_t count) {
 template <class T>
 std::string non_finite_outputs() {
   if constexpr (std::is_same_v<T, ff_half>) {
-    return "the batch's outputs are not finite: the model overflows float16 (an activation beyond 65504); "
+    return "the batch's outputs are not finite: the model overflows float16 (an activation beyond "
+           "65504); "
            "serve it in bfloat16 or float32 (--dtype)";
   } else {
     return std::string("the batch's outputs are not finite (NaN or infinity) in ") +
@@ -116,11 +126,17 @@ std::string non_finite_outputs() {
 template <class T>
 StorageType storage_type();
 template <>
-StorageType storage_type<float>() { return StorageType::kF32; }
+StorageType storage_type<float>() {
+  return StorageType::kF32;
+}
 template <>
-StorageType storage_type<ff_half>() { return StorageType::kF16; }
+StorageType storage_type<ff_half>() {
+  return StorageType::kF16;
+}
 template <>
-StorageType storage_type<ff_bfloat16>() { return StorageType::kBF16; }
+StorageType storage_type<ff_bfloat16>() {
+  return StorageType::kBF16;
+}
 
 // The profile's timestamps (Ops::reserve_timers), made once when profiling is turned on: CUDA
 // events recorded on the stream, read after the batch's synchronize. The emulation runs each
@@ -134,9 +150,13 @@ class Timers {
 
 #if defined(FF_EMULATION)
   void reserve(int count) { times_.assign(size_t(count), {}); }
-  void record(int index, ff_stream_t) { times_.at(size_t(index)) = std::chrono::steady_clock::now(); }
+  void record(int index, ff_stream_t) {
+    times_.at(size_t(index)) = std::chrono::steady_clock::now();
+  }
   double elapsed_ms(int from, int to) const {
-    return std::chrono::duration<double, std::milli>(times_.at(size_t(to)) - times_.at(size_t(from))).count();
+    return std::chrono::duration<double, std::milli>(times_.at(size_t(to)) -
+                                                     times_.at(size_t(from)))
+        .count();
   }
 
  private:
@@ -196,7 +216,8 @@ class CudaOps final : public Ops {
     T* dst = static_cast<T*>(ff_malloc(std::max<size_t>(host.size(), 1) * sizeof(T)));
     uploads_.push_back(dst);
     weight_bytes_ += std::max<size_t>(host.size(), 1) * sizeof(T);
-    float* staging = static_cast<float*>(ff_malloc(std::max<size_t>(host.size(), 1) * sizeof(float)));
+    float* staging =
+        static_cast<float*>(ff_malloc(std::max<size_t>(host.size(), 1) * sizeof(float)));
     ff_memcpy_async(staging, host.data(), host.size() * sizeof(float), ff_host_to_device, stream_);
     k::launch_from_float<T>(staging, int64_t(host.size()), dst, stream_);
     ff_check_launch("from_float");
@@ -210,7 +231,8 @@ class CudaOps final : public Ops {
   void reserve(const WorkspacePlan& largest) override {
     const size_t T_max = size_t(largest.tokens), B_max = size_t(largest.sequences);
     const size_t chunks = size_t(largest.chunks), D = size_t(config_.hidden_size);
-    const size_t staging = size_t(std::max(largest.x.rows * largest.x.cols, largest.logits.rows * largest.logits.cols));
+    const size_t staging = size_t(
+        std::max(largest.x.rows * largest.x.cols, largest.logits.rows * largest.logits.cols));
     // The same list places the pieces twice: first from address 0 to learn the size, then
     // in the allocation.
     size_t used = 0;
@@ -218,8 +240,8 @@ class CudaOps final : public Ops {
       used = largest.bytes;
       auto take = [&]<class U>(U*& piece, size_t count) {
         piece = reinterpret_cast<U*>(reinterpret_cast<uintptr_t>(base) + used);  // base may be null
-        used += (std::max<size_t>(count, 1) * sizeof(U) + kWorkspaceAlignment - 1) / kWorkspaceAlignment *
-                kWorkspaceAlignment;
+        used += (std::max<size_t>(count, 1) * sizeof(U) + kWorkspaceAlignment - 1) /
+                kWorkspaceAlignment * kWorkspaceAlignment;
       };
       take(token_seq_, T_max);
       take(token_ids_, T_max);
@@ -243,7 +265,8 @@ class CudaOps final : public Ops {
   }
   void* workspace() override { return memory_; }
 
-  BatchRef begin_batch(const RaggedBatch& batch, const WorkspacePlan& plan, const PoolingChunks& chunks) override {
+  BatchRef begin_batch(const RaggedBatch& batch, const WorkspacePlan& plan,
+                       const PoolingChunks& chunks) override {
     use_device();
     const int32_t T_count = batch.num_tokens(), B = batch.num_sequences();
     token_seq_host_.resize(size_t(T_count));
@@ -263,28 +286,36 @@ class CudaOps final : public Ops {
     up(chunk_end_, chunks.end.data(), chunks.end.size() * 4);
     up(seq_first_chunk_, chunks.first.data(), chunks.first.size() * 4);
     up(mask_, batch.mask.data(), batch.mask.size());
-    up(input_embeddings_, batch.input_embeddings.data(), batch.input_embeddings.size() * sizeof(float));
+    up(input_embeddings_, batch.input_embeddings.data(),
+       batch.input_embeddings.size() * sizeof(float));
     // The host vectors above (ours and the chunks) stay untouched until the next
     // begin_batch, which comes after this batch's synchronize(), so the asynchronous copies
     // read stable memory.
     int32_t max_sequence_chunks = 0;  // sizes the combine's split of a sequence's chunks
     for (int32_t b = 0; b < B; ++b) {
-      max_sequence_chunks = std::max(max_sequence_chunks, chunks.first[size_t(b) + 1] - chunks.first[size_t(b)]);
+      max_sequence_chunks =
+          std::max(max_sequence_chunks, chunks.first[size_t(b) + 1] - chunks.first[size_t(b)]);
     }
-    args_ = k::BatchArgs{T_count,          B,           cu_seqlens_, token_seq_,
-                         token_ids_,       embedding_index_, position_ids_, mask_,
-                         input_embeddings_, chunks.count(), chunk_begin_, chunk_end_,
-                         seq_first_chunk_, max_sequence_chunks};
-    auto floats = [&](const WorkspacePlan::Buffer& buffer) { return reinterpret_cast<float*>(memory_ + buffer.offset); };
-    partials_ = k::Partials{floats(plan.partial_max), floats(plan.partial_sum), floats(plan.partial_values)};
+    args_ = k::BatchArgs{T_count,           B,
+                         cu_seqlens_,       token_seq_,
+                         token_ids_,        embedding_index_,
+                         position_ids_,     mask_,
+                         input_embeddings_, chunks.count(),
+                         chunk_begin_,      chunk_end_,
+                         seq_first_chunk_,  max_sequence_chunks};
+    auto floats = [&](const WorkspacePlan::Buffer& buffer) {
+      return reinterpret_cast<float*>(memory_ + buffer.offset);
+    };
+    partials_ = k::Partials{floats(plan.partial_max), floats(plan.partial_sum),
+                            floats(plan.partial_values)};
     scores_ = floats(plan.token_scores);
     return BatchRef{B, T_count};
   }
 
-  void embed(const BatchRef&, const void* word_embedding, const void* position_embeddings, const void* ln_gamma,
-             const void* ln_beta, double eps, Mat x) override {
-    k::launch_embedding_layernorm<T>(args_, t(word_embedding), t(position_embeddings), t(ln_gamma), t(ln_beta),
-                                     float(eps), D(), t(x.data), stream_);
+  void embed(const BatchRef&, const void* word_embedding, const void* position_embeddings,
+             const void* ln_gamma, const void* ln_beta, double eps, Mat x) override {
+    k::launch_embedding_layernorm<T>(args_, t(word_embedding), t(position_embeddings), t(ln_gamma),
+                                     t(ln_beta), float(eps), D(), t(x.data), stream_);
     ff_check_launch("embedding_layernorm");
   }
 
@@ -300,10 +331,10 @@ class CudaOps final : public Ops {
   // 16-bit types).
   void linear(const Mat& a, const WeightRef& w, Mat c, Epilogue epilogue, Activation act) override {
     const bool biased = epilogue == Epilogue::kBias || epilogue == Epilogue::kBiasAct;
-    const bool aligned = gemm_aligned(a.data, a.ld) && gemm_aligned(w.weight, w.in) && gemm_aligned(c.data, c.ld) &&
-                         gemm_aligned(w.bias, 0);
-    const bool pass =
-        biased && (!aligned || (epilogue == Epilogue::kBiasAct && gemm_activation(act) == GemmEpilogue::kStore));
+    const bool aligned = gemm_aligned(a.data, a.ld) && gemm_aligned(w.weight, w.in) &&
+                         gemm_aligned(c.data, c.ld) && gemm_aligned(w.bias, 0);
+    const bool pass = biased && (!aligned || (epilogue == Epilogue::kBiasAct &&
+                                              gemm_activation(act) == GemmEpilogue::kStore));
     const GemmEpilogue fused = pass                                ? GemmEpilogue::kStore
                                : epilogue == Epilogue::kStore      ? GemmEpilogue::kStore
                                : epilogue == Epilogue::kAccumulate ? GemmEpilogue::kAccumulate
@@ -318,15 +349,18 @@ class CudaOps final : public Ops {
   }
 
   void query_pool(const BatchRef&, const Mat& scores, const Mat& q, Mat pq) override {
-    k::launch_pool_partials<T, T>(args_, t(scores.data), scores.ld, H(), t(q.data), q.ld, D(), partials_, stream_);
+    k::launch_pool_partials<T, T>(args_, t(scores.data), scores.ld, H(), t(q.data), q.ld, D(),
+                                  partials_, stream_);
     k::launch_pool_combine<T>(args_, partials_, H(), D(), nullptr, 0.0f, t(pq.data), stream_);
     ff_check_launch("query pooling");
   }
 
-  void key_pool(const BatchRef&, const Mat& key, const Mat& pq, const WeightRef& key_att, Mat pk) override {
-    k::launch_key_scores<T>(args_, t(key.data), key.ld, t(pq.data), t(key_att.weight), t(key_att.bias), H(), D(),
-                            scores_, stream_);
-    k::launch_pool_partials<T, float>(args_, scores_, H(), H(), t(key.data), key.ld, D(), partials_, stream_);
+  void key_pool(const BatchRef&, const Mat& key, const Mat& pq, const WeightRef& key_att,
+                Mat pk) override {
+    k::launch_key_scores<T>(args_, t(key.data), key.ld, t(pq.data), t(key_att.weight),
+                            t(key_att.bias), H(), D(), scores_, stream_);
+    k::launch_pool_partials<T, float>(args_, scores_, H(), H(), t(key.data), key.ld, D(), partials_,
+                                      stream_);
     k::launch_pool_combine<T>(args_, partials_, H(), D(), t(pq.data), 0.0f, t(pk.data), stream_);
     ff_check_launch("key pooling");
   }
@@ -336,16 +370,20 @@ class CudaOps final : public Ops {
     ff_check_launch("mix");
   }
 
-  void bias_residual_layernorm(const Mat& c, const void* bias, const Mat& residual, const void* gamma,
-                               const void* beta, double eps, Mat out) override {
-    k::launch_bias_residual_layernorm<T>(t(c.data), c.ld, t(bias), t(residual.data), residual.ld, t(gamma), t(beta),
-                                         float(eps), int32_t(c.rows), int32_t(c.cols), t(out.data), out.ld, stream_);
+  void bias_residual_layernorm(const Mat& c, const void* bias, const Mat& residual,
+                               const void* gamma, const void* beta, double eps, Mat out) override {
+    k::launch_bias_residual_layernorm<T>(t(c.data), c.ld, t(bias), t(residual.data), residual.ld,
+                                         t(gamma), t(beta), float(eps), int32_t(c.rows),
+                                         int32_t(c.cols), t(out.data), out.ld, stream_);
     ff_check_launch("bias_residual_layernorm");
   }
 
-  void attention_pool(const BatchRef&, const Mat& e, const WeightRef& fc2, const Mat& x, Mat pooled) override {
-    k::launch_pooler_scores<T>(args_, t(e.data), e.ld, t(fc2.weight), t(fc2.bias), D(), scores_, stream_);
-    k::launch_pool_partials<T, float>(args_, scores_, 1, 1, t(x.data), x.ld, D(), partials_, stream_);
+  void attention_pool(const BatchRef&, const Mat& e, const WeightRef& fc2, const Mat& x,
+                      Mat pooled) override {
+    k::launch_pooler_scores<T>(args_, t(e.data), e.ld, t(fc2.weight), t(fc2.bias), D(), scores_,
+                               stream_);
+    k::launch_pool_partials<T, float>(args_, scores_, 1, 1, t(x.data), x.ld, D(), partials_,
+                                      stream_);
     k::launch_pool_combine<T>(args_, partials_, 1, D(), nullptr, 1e-8f, t(pooled.data), stream_);
     ff_check_launch("attention pooler");
   }
@@ -362,7 +400,8 @@ class CudaOps final : public Ops {
       throw std::runtime_error("download of " + std::to_string(bytes) + " bytes exceeds the " +
                                std::to_string(host_staging_bytes_) + "-byte staging buffer");
     }
-    k::launch_to_float<T>(t(src.data), src.ld, int32_t(src.rows), int32_t(src.cols), download_staging_, stream_);
+    k::launch_to_float<T>(t(src.data), src.ld, int32_t(src.rows), int32_t(src.cols),
+                          download_staging_, stream_);
     ff_check_launch("to_float");
     // Through pinned memory: a copy to pageable `dst` would be staged by the driver anyway.
     ff_memcpy_async(host_staging_, download_staging_, bytes, ff_device_to_host, stream_);
@@ -385,7 +424,9 @@ class CudaOps final : public Ops {
  private:
   // A GEMM operand at `p` with rows `ld` elements apart (0: a vector) is 16-byte aligned.
   static bool gemm_aligned(const void* p, int64_t ld) {
-    return (uint64_t(reinterpret_cast<uintptr_t>(p)) | uint64_t(ld) * sizeof(T)) % kGemmOperandAlignment == 0;
+    return (uint64_t(reinterpret_cast<uintptr_t>(p)) | uint64_t(ld) * sizeof(T)) %
+               kGemmOperandAlignment ==
+           0;
   }
   static T* t(void* p) { return static_cast<T*>(p); }
   static const T* t(const void* p) { return static_cast<const T*>(p); }
@@ -411,8 +452,8 @@ class CudaOps final : public Ops {
   size_t memory_bytes_ = 0;
   char* host_staging_ = nullptr;
   size_t host_staging_bytes_ = 0;
-  int32_t *token_seq_, *token_ids_, *embedding_index_, *position_ids_, *cu_seqlens_, *chunk_begin_, *chunk_end_,
-      *seq_first_chunk_;
+  int32_t *token_seq_, *token_ids_, *embedding_index_, *position_ids_, *cu_seqlens_, *chunk_begin_,
+      *chunk_end_, *seq_first_chunk_;
   uint8_t* mask_;
   float *input_embeddings_, *scores_ = nullptr, *download_staging_;
   k::Partials partials_;
@@ -423,8 +464,8 @@ class CudaOps final : public Ops {
 
 }  // namespace
 
-std::unique_ptr<Ops> make_cuda_ops(const Model& model, const CudaOpsOptions& options, std::string* device_name,
-                                   std::string* why) {
+std::unique_ptr<Ops> make_cuda_ops(const Model& model, const CudaOpsOptions& options,
+                                   std::string* device_name, std::string* why) {
   const DeviceInfo info = probe_device(options.device);
   if (!info.usable) {
     if (why) *why = info.why;
@@ -432,9 +473,12 @@ std::unique_ptr<Ops> make_cuda_ops(const Model& model, const CudaOpsOptions& opt
   }
   if (device_name) *device_name = info.name;
   const ModelConfig& c = model.config();
-  if (options.dtype == "float32") return std::make_unique<CudaOps<float>>(c, options, info.total_bytes);
-  if (options.dtype == "float16") return std::make_unique<CudaOps<ff_half>>(c, options, info.total_bytes);
-  if (options.dtype == "bfloat16") return std::make_unique<CudaOps<ff_bfloat16>>(c, options, info.total_bytes);
+  if (options.dtype == "float32")
+    return std::make_unique<CudaOps<float>>(c, options, info.total_bytes);
+  if (options.dtype == "float16")
+    return std::make_unique<CudaOps<ff_half>>(c, options, info.total_bytes);
+  if (options.dtype == "bfloat16")
+    return std::make_unique<CudaOps<ff_bfloat16>>(c, options, info.total_bytes);
   throw EngineError("dtype " + options.dtype + ": expected float32, float16 or bfloat16");
 }
 

@@ -19,19 +19,19 @@ namespace fastformer::engine::cuda {
 struct CudaOpsOptions {
   std::string dtype = "float32";  ///< float32, float16 or bfloat16
   int device = 0;
-  bool allow_tf32 = false;        ///< TF32 tensor-core GEMMs for float32
+  bool allow_tf32 = false;  ///< TF32 tensor-core GEMMs for float32
 };
 
 namespace device {
 // Null (and `why` set) when no usable device exists; throws when one exists but
 // the engine cannot be built on it (out of memory, ...).
-std::unique_ptr<Ops> make_cuda_ops(const Model& model, const CudaOpsOptions& options, std::string* device_name,
-                                   std::string* why);
+std::unique_ptr<Ops> make_cuda_ops(const Model& model, const CudaOpsOptions& options,
+                                   std::string* device_name, std::string* why);
 }  // namespace device
 
 namespace emulated {
-std::unique_ptr<Ops> make_cuda_ops(const Model& model, const CudaOpsOptions& options, std::string* device_name,
-                                   std::string* why);
+std::unique_ptr<Ops> make_cuda_ops(const Model& model, const CudaOpsOptions& options,
+                                   std::string* device_name, std::string* why);
 }  // namespace emulated
 
 }  // namespace fastformer::engine::cuda

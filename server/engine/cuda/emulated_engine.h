@@ -9,6 +9,7 @@
 
 namespace fastformer::engine::cuda {
 
-std::unique_ptr<Engine> create_emulated_cuda_engine(std::shared_ptr<const Model> model, const EngineOptions& options);
+std::unique_ptr<Engine> create_emulated_cuda_engine(std::shared_ptr<const Model> model,
+                                                    const EngineOptions& options);
 
 }  // namespace fastformer::engine::cuda

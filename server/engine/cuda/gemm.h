@@ -34,11 +34,16 @@ enum class GemmEpilogue {
 };
 inline const char* gemm_epilogue_name(GemmEpilogue epilogue) {
   switch (epilogue) {
-    case GemmEpilogue::kStore: return "store";
-    case GemmEpilogue::kAccumulate: return "accumulate";
-    case GemmEpilogue::kBias: return "bias";
-    case GemmEpilogue::kBiasRelu: return "bias+relu";
-    case GemmEpilogue::kBiasGeluTanh: return "bias+gelu_tanh";
+    case GemmEpilogue::kStore:
+      return "store";
+    case GemmEpilogue::kAccumulate:
+      return "accumulate";
+    case GemmEpilogue::kBias:
+      return "bias";
+    case GemmEpilogue::kBiasRelu:
+      return "bias+relu";
+    case GemmEpilogue::kBiasGeluTanh:
+      return "bias+gelu_tanh";
   }
   return "?";
 }
@@ -50,8 +55,8 @@ struct GemmShape {
   GemmEpilogue epilogue = GemmEpilogue::kStore;
   auto operator<=>(const GemmShape&) const = default;
   std::string to_string() const {  ///< for errors: "N 1552, K 768, lda 768, ldc 1552, bias"
-    return "N " + std::to_string(N) + ", K " + std::to_string(K) + ", lda " + std::to_string(lda) + ", ldc " +
-           std::to_string(ldc) + ", " + gemm_epilogue_name(epilogue);
+    return "N " + std::to_string(N) + ", K " + std::to_string(K) + ", lda " + std::to_string(lda) +
+           ", ldc " + std::to_string(ldc) + ", " + gemm_epilogue_name(epilogue);
   }
 };
 
@@ -81,7 +86,8 @@ class Gemm {
   // c = epilogue(a w^T) for `M` rows; `bias` ([N], storage type) for the kBias* epilogues.
   // Throws EngineError naming the shape when cuBLASLt has no algorithm for it (on the
   // shape's first run).
-  void run(const GemmShape& shape, int64_t M, const void* a, const void* w, const void* bias, void* c);
+  void run(const GemmShape& shape, int64_t M, const void* a, const void* w, const void* bias,
+           void* c);
 
  private:
   struct Impl;

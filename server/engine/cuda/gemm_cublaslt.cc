@@ -39,7 +39,8 @@ namespace {
 
 void check(cublasStatus_t status, const char* what) {
   if (status != CUBLAS_STATUS_SUCCESS) {
-    throw EngineError(std::string("cuBLASLt ") + what + " failed with status " + std::to_string(int(status)));
+    throw EngineError(std::string("cuBLASLt ") + what + " failed with status " +
+                      std::to_string(int(status)));
   }
 }
 
@@ -119,14 +120,17 @@ template <class Opaque, auto CublasLt::*destroy>
 struct Destroy {
   void operator()(Opaque* p) const { (cublaslt().*destroy)(p); }
 };
-using Handle = std::unique_ptr<cublasLtContext, Destroy<cublasLtContext, &CublasLt::cublasLtDestroy>>;
-using MatmulDesc = std::unique_ptr<cublasLtMatmulDescOpaque_t,
-                                   Destroy<cublasLtMatmulDescOpaque_t, &CublasLt::cublasLtMatmulDescDestroy>>;
-using Layout = std::unique_ptr<cublasLtMatrixLayoutOpaque_t,
-                               Destroy<cublasLtMatrixLayoutOpaque_t, &CublasLt::cublasLtMatrixLayoutDestroy>>;
-using Preference =
-    std::unique_ptr<cublasLtMatmulPreferenceOpaque_t,
-                    Destroy<cublasLtMatmulPreferenceOpaque_t, &CublasLt::cublasLtMatmulPreferenceDestroy>>;
+using Handle =
+    std::unique_ptr<cublasLtContext, Destroy<cublasLtContext, &CublasLt::cublasLtDestroy>>;
+using MatmulDesc =
+    std::unique_ptr<cublasLtMatmulDescOpaque_t,
+                    Destroy<cublasLtMatmulDescOpaque_t, &CublasLt::cublasLtMatmulDescDestroy>>;
+using Layout =
+    std::unique_ptr<cublasLtMatrixLayoutOpaque_t,
+                    Destroy<cublasLtMatrixLayoutOpaque_t, &CublasLt::cublasLtMatrixLayoutDestroy>>;
+using Preference = std::unique_ptr<
+    cublasLtMatmulPreferenceOpaque_t,
+    Destroy<cublasLtMatmulPreferenceOpaque_t, &CublasLt::cublasLtMatmulPreferenceDestroy>>;
 struct CudaFree {
   void operator()(void* p) const { cudaFree(p); }
 };
@@ -137,19 +141,23 @@ void set(cublasLtMatmulDesc_t desc, cublasLtMatmulDescAttributes_t attribute, co
   check(cublaslt().cublasLtMatmulDescSetAttribute(desc, attribute, &value, sizeof value), what);
 }
 template <class Value>
-void set(cublasLtMatmulPreference_t preference, cublasLtMatmulPreferenceAttributes_t attribute, const Value& value,
-         const char* what) {
-  check(cublaslt().cublasLtMatmulPreferenceSetAttribute(preference, attribute, &value, sizeof value), what);
+void set(cublasLtMatmulPreference_t preference, cublasLtMatmulPreferenceAttributes_t attribute,
+         const Value& value, const char* what) {
+  check(
+      cublaslt().cublasLtMatmulPreferenceSetAttribute(preference, attribute, &value, sizeof value),
+      what);
 }
 void set_columns(cublasLtMatrixLayout_t layout, int64_t columns) {
   const uint64_t value = uint64_t(columns);
-  check(cublaslt().cublasLtMatrixLayoutSetAttribute(layout, CUBLASLT_MATRIX_LAYOUT_COLS, &value, sizeof value),
+  check(cublaslt().cublasLtMatrixLayoutSetAttribute(layout, CUBLASLT_MATRIX_LAYOUT_COLS, &value,
+                                                    sizeof value),
         "layout columns");
 }
 
 Layout make_layout(cudaDataType_t type, int64_t rows, int64_t columns, int64_t ld) {
   cublasLtMatrixLayout_t layout = nullptr;
-  check(cublaslt().cublasLtMatrixLayoutCreate(&layout, type, uint64_t(rows), uint64_t(columns), ld), "layout");
+  check(cublaslt().cublasLtMatrixLayoutCreate(&layout, type, uint64_t(rows), uint64_t(columns), ld),
+        "layout");
   return Layout(layout);
 }
 
@@ -163,10 +171,14 @@ uint32_t alignment(const void* p, int64_t ld_bytes) {
 cublasLtEpilogue_t lt_epilogue(GemmEpilogue epilogue) {
   switch (epilogue) {
     case GemmEpilogue::kStore:
-    case GemmEpilogue::kAccumulate: return CUBLASLT_EPILOGUE_DEFAULT;
-    case GemmEpilogue::kBias: return CUBLASLT_EPILOGUE_BIAS;
-    case GemmEpilogue::kBiasRelu: return CUBLASLT_EPILOGUE_RELU_BIAS;
-    case GemmEpilogue::kBiasGeluTanh: return CUBLASLT_EPILOGUE_GELU_BIAS;  // the tanh form
+    case GemmEpilogue::kAccumulate:
+      return CUBLASLT_EPILOGUE_DEFAULT;
+    case GemmEpilogue::kBias:
+      return CUBLASLT_EPILOGUE_BIAS;
+    case GemmEpilogue::kBiasRelu:
+      return CUBLASLT_EPILOGUE_RELU_BIAS;
+    case GemmEpilogue::kBiasGeluTanh:
+      return CUBLASLT_EPILOGUE_GELU_BIAS;  // the tanh form
   }
   return CUBLASLT_EPILOGUE_DEFAULT;
 }
@@ -185,7 +197,7 @@ struct PlanKey {
 
 struct Plan {
   MatmulDesc op;
-  Layout w_layout, a_layout, c_layout;  // a's and c's column count is set to M per run
+  Layout w_layout, a_layout, c_layout;      // a's and c's column count is set to M per run
   std::vector<cublasLtMatmulAlgo_t> algos;  // [log2 of the bucket of M]
 };
 
@@ -201,10 +213,14 @@ struct Gemm::Impl {
   std::map<PlanKey, Plan> plans{};  // after `handle`: destroyed before it
 
   cudaDataType_t data_type() const {
-    return type == StorageType::kF32 ? CUDA_R_32F : type == StorageType::kF16 ? CUDA_R_16F : CUDA_R_16BF;
+    return type == StorageType::kF32   ? CUDA_R_32F
+           : type == StorageType::kF16 ? CUDA_R_16F
+                                       : CUDA_R_16BF;
   }
   const char* dtype_name() const {
-    return type == StorageType::kF32 ? "float32" : type == StorageType::kF16 ? "float16" : "bfloat16";
+    return type == StorageType::kF32   ? "float32"
+           : type == StorageType::kF16 ? "float16"
+                                       : "bfloat16";
   }
   Plan make_plan(const PlanKey& key, const void* bias) const;
 };
@@ -244,8 +260,8 @@ Plan Gemm::Impl::make_plan(const PlanKey& key, const void* bias) const {
     set_columns(plan.c_layout.get(), M);
     cublasLtMatmulHeuristicResult_t result{};
     return lt.cublasLtMatmulAlgoCheck(handle.get(), op, plan.w_layout.get(), plan.a_layout.get(),
-                                      plan.c_layout.get(), plan.c_layout.get(), &algo, &result) ==
-               CUBLAS_STATUS_SUCCESS &&
+                                      plan.c_layout.get(), plan.c_layout.get(), &algo,
+                                      &result) == CUBLAS_STATUS_SUCCESS &&
            result.workspaceSize <= kGemmWorkspaceBytes;
   };
   constexpr int kCandidates = 8;
@@ -256,8 +272,8 @@ Plan Gemm::Impl::make_plan(const PlanKey& key, const void* bias) const {
     cublasLtMatmulHeuristicResult_t candidates[kCandidates] = {};
     int found = 0;
     const cublasStatus_t status = lt.cublasLtMatmulAlgoGetHeuristic(
-        handle.get(), op, plan.w_layout.get(), plan.a_layout.get(), plan.c_layout.get(), plan.c_layout.get(),
-        preference.get(), kCandidates, candidates, &found);
+        handle.get(), op, plan.w_layout.get(), plan.a_layout.get(), plan.c_layout.get(),
+        plan.c_layout.get(), preference.get(), kCandidates, candidates, &found);
     const cublasLtMatmulAlgo_t* chosen = nullptr;
     for (int i = 0; status == CUBLAS_STATUS_SUCCESS && i < found && chosen == nullptr; ++i) {
       if (candidates[i].state == CUBLAS_STATUS_SUCCESS && runs_at(candidates[i].algo, smallest)) {
@@ -265,11 +281,12 @@ Plan Gemm::Impl::make_plan(const PlanKey& key, const void* bias) const {
       }
     }
     if (chosen == nullptr) {
-      throw EngineError("cuBLASLt offers no algorithm for the " + std::string(dtype_name()) + " GEMM " +
-                        shape.to_string() + " at M " + std::to_string(smallest) + ".." + std::to_string(largest) +
-                        " (operand alignments W " + std::to_string(key.align_w) + ", A " +
-                        std::to_string(key.align_a) + ", C " + std::to_string(key.align_c) +
-                        " bytes; heuristic status " + std::to_string(int(status)) + ", " + std::to_string(found) +
+      throw EngineError("cuBLASLt offers no algorithm for the " + std::string(dtype_name()) +
+                        " GEMM " + shape.to_string() + " at M " + std::to_string(smallest) + ".." +
+                        std::to_string(largest) + " (operand alignments W " +
+                        std::to_string(key.align_w) + ", A " + std::to_string(key.align_a) +
+                        ", C " + std::to_string(key.align_c) + " bytes; heuristic status " +
+                        std::to_string(int(status)) + ", " + std::to_string(found) +
                         " candidates)");
     }
     plan.algos.push_back(*chosen);
@@ -278,7 +295,8 @@ Plan Gemm::Impl::make_plan(const PlanKey& key, const void* bias) const {
   return plan;
 }
 
-Gemm::Gemm(StorageType type, bool allow_tf32, ff_stream_t stream) : impl_(new Impl{type, allow_tf32, stream}) {
+Gemm::Gemm(StorageType type, bool allow_tf32, ff_stream_t stream)
+    : impl_(new Impl{type, allow_tf32, stream}) {
   cublasLtHandle_t handle = nullptr;
   check(cublaslt().cublasLtCreate(&handle), "create");
   impl_->handle.reset(handle);
@@ -297,16 +315,19 @@ void Gemm::set_max_rows(int64_t max_rows) {
   impl_->plans.clear();  // planned for the old bound
 }
 
-void Gemm::run(const GemmShape& shape, int64_t M, const void* a, const void* w, const void* bias, void* c) {
+void Gemm::run(const GemmShape& shape, int64_t M, const void* a, const void* w, const void* bias,
+               void* c) {
   Impl& impl = *impl_;
   if (M > impl.max_rows) {
-    throw EngineError("GEMM of " + std::to_string(M) + " rows over the " + std::to_string(impl.max_rows) +
-                      " it was planned for (" + shape.to_string() + ")");
+    throw EngineError("GEMM of " + std::to_string(M) + " rows over the " +
+                      std::to_string(impl.max_rows) + " it was planned for (" + shape.to_string() +
+                      ")");
   }
   if (M == 0) return;
   const int64_t element = impl.type == StorageType::kF32 ? 4 : 2;
   const PlanKey key{shape, alignment(w, shape.K * element), alignment(a, shape.lda * element),
-                    alignment(c, shape.ldc * element), has_bias(shape.epilogue) ? alignment(bias, 0) : 0};
+                    alignment(c, shape.ldc * element),
+                    has_bias(shape.epilogue) ? alignment(bias, 0) : 0};
   auto it = impl.plans.find(key);
   if (it == impl.plans.end()) it = impl.plans.emplace(key, impl.make_plan(key, bias)).first;
   Plan& plan = it->second;
@@ -314,10 +335,12 @@ void Gemm::run(const GemmShape& shape, int64_t M, const void* a, const void* w, 
   set_columns(plan.c_layout.get(), M);
   if (has_bias(shape.epilogue)) set(plan.op.get(), CUBLASLT_MATMUL_DESC_BIAS_POINTER, bias, "bias");
   const float alpha = 1.0f, beta = shape.epilogue == GemmEpilogue::kAccumulate ? 1.0f : 0.0f;
-  const cublasLtMatmulAlgo_t& algo = plan.algos[size_t(std::countr_zero(uint64_t(gemm_rows_bucket(M))))];
-  check(cublaslt().cublasLtMatmul(impl.handle.get(), plan.op.get(), &alpha, w, plan.w_layout.get(), a,
-                                  plan.a_layout.get(), &beta, c, plan.c_layout.get(), c, plan.c_layout.get(), &algo,
-                                  impl.workspace.get(), kGemmWorkspaceBytes, impl.stream),
+  const cublasLtMatmulAlgo_t& algo =
+      plan.algos[size_t(std::countr_zero(uint64_t(gemm_rows_bucket(M))))];
+  check(cublaslt().cublasLtMatmul(impl.handle.get(), plan.op.get(), &alpha, w, plan.w_layout.get(),
+                                  a, plan.a_layout.get(), &beta, c, plan.c_layout.get(), c,
+                                  plan.c_layout.get(), &algo, impl.workspace.get(),
+                                  kGemmWorkspaceBytes, impl.stream),
         "matmul");
 }
 

@@ -45,23 +45,35 @@ void store(void* base, int64_t i, float v, StorageType type) {
 
 // The CPU matmul computing `shape` on dense float operands.
 CpuMatmul::Shape cpu_shape(const GemmShape& shape) {
-  CpuMatmul::Shape s{shape.N, shape.K, shape.K, shape.N, Epilogue::kStore, Activation::kGeluErf, false};
+  CpuMatmul::Shape s{shape.N, shape.K, shape.K, shape.N, Epilogue::kStore, Activation::kGeluErf,
+                     false};
   switch (shape.epilogue) {
-    case GemmEpilogue::kStore: break;
-    case GemmEpilogue::kAccumulate: s.epilogue = Epilogue::kAccumulate; break;
-    case GemmEpilogue::kBias: s.epilogue = Epilogue::kBias; break;
-    case GemmEpilogue::kBiasRelu: s.epilogue = Epilogue::kBiasAct, s.act = Activation::kRelu; break;
-    case GemmEpilogue::kBiasGeluTanh: s.epilogue = Epilogue::kBiasAct, s.act = Activation::kGeluTanh; break;
+    case GemmEpilogue::kStore:
+      break;
+    case GemmEpilogue::kAccumulate:
+      s.epilogue = Epilogue::kAccumulate;
+      break;
+    case GemmEpilogue::kBias:
+      s.epilogue = Epilogue::kBias;
+      break;
+    case GemmEpilogue::kBiasRelu:
+      s.epilogue = Epilogue::kBiasAct, s.act = Activation::kRelu;
+      break;
+    case GemmEpilogue::kBiasGeluTanh:
+      s.epilogue = Epilogue::kBiasAct, s.act = Activation::kGeluTanh;
+      break;
   }
   return s;
 }
 
 }  // namespace
 
-void Gemm::run(const GemmShape& shape, int64_t M, const void* a, const void* w, const void* bias, void* c) {
+void Gemm::run(const GemmShape& shape, int64_t M, const void* a, const void* w, const void* bias,
+               void* c) {
   if (M > impl_->max_rows) {
-    throw EngineError("GEMM of " + std::to_string(M) + " rows over the " + std::to_string(impl_->max_rows) +
-                      " it was planned for (" + shape.to_string() + ")");
+    throw EngineError("GEMM of " + std::to_string(M) + " rows over the " +
+                      std::to_string(impl_->max_rows) + " it was planned for (" +
+                      shape.to_string() + ")");
   }
   if (M == 0) return;
   std::unique_ptr<CpuMatmul>& matmul = impl_->plans[shape];
@@ -76,7 +88,8 @@ void Gemm::run(const GemmShape& shape, int64_t M, const void* a, const void* w, 
     for (int64_t r = 0; r < M; ++r)
       for (int64_t n = 0; n < N; ++n) cf[size_t(r * N + n)] = load(c, r * shape.ldc + n, type);
   }
-  if (matmul->shape().epilogue == Epilogue::kBias || matmul->shape().epilogue == Epilogue::kBiasAct) {
+  if (matmul->shape().epilogue == Epilogue::kBias ||
+      matmul->shape().epilogue == Epilogue::kBiasAct) {
     bf.resize(size_t(N));
     for (int64_t n = 0; n < N; ++n) bf[size_t(n)] = load(bias, n, type);
   }

@@ -4,11 +4,12 @@
 // server) runs its workers on 100 KiB stacks, from which every linked library's static TLS
 // is taken (cudart's overflowed them); the plugin also lets a CUDA build start on machines
 // with no CUDA libraries at all.
+#include "server/engine/cuda/plugin.h"
+
 #include <exception>
 #include <string>
 
 #include "server/engine/cuda/cuda_ops.h"
-#include "server/engine/cuda/plugin.h"
 
 extern "C" __attribute__((visibility("default"))) int fastformer_make_cuda_ops_v2(
     const fastformer::engine::Model* model, const fastformer::engine::cuda::CudaOpsOptions* options,

@@ -69,7 +69,8 @@ class BertNormalizer : public Normalizer {
 
 class SequenceNormalizer : public Normalizer {
  public:
-  explicit SequenceNormalizer(std::vector<std::unique_ptr<Normalizer>> parts) : parts_(std::move(parts)) {}
+  explicit SequenceNormalizer(std::vector<std::unique_ptr<Normalizer>> parts)
+      : parts_(std::move(parts)) {}
   void normalize(std::u32string& text) const override;
   std::string name() const override;
 
@@ -117,8 +118,9 @@ class CharSplitPreTokenizer : public PreTokenizer {
 class RegexSplitPreTokenizer : public PreTokenizer {
  public:
   enum class Flavor { kOniguruma, kRustRegex };  // \w \s \d as Split (onig) or Whitespace (regex)
-  RegexSplitPreTokenizer(const std::string& pattern, bool is_regex, SplitBehavior behavior, bool invert,
-                         Flavor flavor = Flavor::kOniguruma, std::string name = "Split");
+  RegexSplitPreTokenizer(const std::string& pattern, bool is_regex, SplitBehavior behavior,
+                         bool invert, Flavor flavor = Flavor::kOniguruma,
+                         std::string name = "Split");
   void pre_tokenize(std::vector<std::u32string>& words) const override;
   std::string name() const override { return name_; }
 
@@ -133,7 +135,8 @@ std::unique_ptr<PreTokenizer> make_whitespace_pre_tokenizer();
 
 class SequencePreTokenizer : public PreTokenizer {
  public:
-  explicit SequencePreTokenizer(std::vector<std::unique_ptr<PreTokenizer>> parts) : parts_(std::move(parts)) {}
+  explicit SequencePreTokenizer(std::vector<std::unique_ptr<PreTokenizer>> parts)
+      : parts_(std::move(parts)) {}
   void pre_tokenize(std::vector<std::u32string>& words) const override;
   std::string name() const override;
 
@@ -191,7 +194,9 @@ class PostProcessor {
   // `before` go in front of the sequence, `after` behind it; the sequence's type id.
   PostProcessor(std::string name, std::vector<SpecialPiece> before, std::vector<SpecialPiece> after,
                 int32_t sequence_type_id)
-      : name_(std::move(name)), before_(std::move(before)), after_(std::move(after)),
+      : name_(std::move(name)),
+        before_(std::move(before)),
+        after_(std::move(after)),
         sequence_type_id_(sequence_type_id) {}
   void process(Encoding& enc) const;
   size_t added_tokens() const;

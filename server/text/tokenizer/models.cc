@@ -1,10 +1,9 @@
 // The models of tokenizer.json: WordLevel and WordPiece (components.h).
-#include "server/text/tokenizer/components.h"
-
 #include <algorithm>
 #include <string>
 #include <utility>
 
+#include "server/text/tokenizer/components.h"
 #include "server/text/tokenizer/unicode.h"
 
 namespace fastformer::tokenizer {
@@ -17,7 +16,8 @@ void WordLevelModel::tokenize(const std::string& word, Encoding& out) const {
   if (it == vocab_.end()) {
     it = vocab_.find(unk_token_);
     if (it == vocab_.end()) {
-      throw TokenizerError("WordLevel: word '" + word + "' is not in the vocabulary and unk_token '" + unk_token_ +
+      throw TokenizerError("WordLevel: word '" + word +
+                           "' is not in the vocabulary and unk_token '" + unk_token_ +
                            "' is not in it either");
     }
   }
@@ -25,14 +25,18 @@ void WordLevelModel::tokenize(const std::string& word, Encoding& out) const {
   out.tokens.push_back(it->first);
 }
 
-WordPieceModel::WordPieceModel(Vocab vocab, std::string unk_token, std::string continuing_subword_prefix,
+WordPieceModel::WordPieceModel(Vocab vocab, std::string unk_token,
+                               std::string continuing_subword_prefix,
                                size_t max_input_chars_per_word)
-    : vocab_(std::move(vocab)), unk_token_(std::move(unk_token)), prefix_(std::move(continuing_subword_prefix)),
+    : vocab_(std::move(vocab)),
+      unk_token_(std::move(unk_token)),
+      prefix_(std::move(continuing_subword_prefix)),
       max_chars_(max_input_chars_per_word) {}
 
 void WordPieceModel::push_unk(Encoding& out) const {
   const auto it = vocab_.find(unk_token_);
-  if (it == vocab_.end()) throw TokenizerError("WordPiece: unk_token '" + unk_token_ + "' is not in the vocabulary");
+  if (it == vocab_.end())
+    throw TokenizerError("WordPiece: unk_token '" + unk_token_ + "' is not in the vocabulary");
   out.ids.push_back(it->second);
   out.tokens.push_back(it->first);
 }

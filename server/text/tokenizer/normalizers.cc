@@ -1,7 +1,5 @@
 // The normalizers of tokenizer.json: Lowercase, NFC/NFD/NFKC/NFKD, StripAccents, BertNormalizer,
 // Sequence (components.h).
-#include "server/text/tokenizer/components.h"
-
 #include <unicode/normalizer2.h>
 #include <unicode/uniset.h>
 #include <unicode/unistr.h>
@@ -10,6 +8,7 @@
 #include <string>
 #include <utility>
 
+#include "server/text/tokenizer/components.h"
 #include "server/text/tokenizer/unicode.h"
 
 namespace fastformer::tokenizer {
@@ -24,12 +23,21 @@ void LowercaseNormalizer::normalize(std::u32string& text) const {
 UnicodeNormalizer::UnicodeNormalizer(NormalForm form) : form_(form) {
   UErrorCode status = U_ZERO_ERROR;
   switch (form) {
-    case NormalForm::kNFC: normalizer_ = icu::Normalizer2::getNFCInstance(status); break;
-    case NormalForm::kNFD: normalizer_ = icu::Normalizer2::getNFDInstance(status); break;
-    case NormalForm::kNFKC: normalizer_ = icu::Normalizer2::getNFKCInstance(status); break;
-    case NormalForm::kNFKD: normalizer_ = icu::Normalizer2::getNFKDInstance(status); break;
+    case NormalForm::kNFC:
+      normalizer_ = icu::Normalizer2::getNFCInstance(status);
+      break;
+    case NormalForm::kNFD:
+      normalizer_ = icu::Normalizer2::getNFDInstance(status);
+      break;
+    case NormalForm::kNFKC:
+      normalizer_ = icu::Normalizer2::getNFKCInstance(status);
+      break;
+    case NormalForm::kNFKD:
+      normalizer_ = icu::Normalizer2::getNFKDInstance(status);
+      break;
   }
-  if (U_FAILURE(status)) throw TokenizerError(std::string("ICU normalizer unavailable: ") + u_errorName(status));
+  if (U_FAILURE(status))
+    throw TokenizerError(std::string("ICU normalizer unavailable: ") + u_errorName(status));
   // The crate's normalization tables are Unicode 11.0: later characters are left as they are.
   static const icu::UnicodeSet* const unicode_11 = [] {
     UErrorCode s = U_ZERO_ERROR;
@@ -47,26 +55,32 @@ void UnicodeNormalizer::normalize(std::u32string& text) const {
   if (ascii) return;  // ASCII is invariant under every normal form
   UErrorCode status = U_ZERO_ERROR;
   const icu::UnicodeString out = normalizer_->normalize(to_icu(text), status);
-  if (U_FAILURE(status)) throw TokenizerError(std::string("ICU normalization failed: ") + u_errorName(status));
+  if (U_FAILURE(status))
+    throw TokenizerError(std::string("ICU normalization failed: ") + u_errorName(status));
   text = from_icu(out);
 }
 
 std::string UnicodeNormalizer::name() const {
   switch (form_) {
-    case NormalForm::kNFC: return "NFC";
-    case NormalForm::kNFD: return "NFD";
-    case NormalForm::kNFKC: return "NFKC";
-    case NormalForm::kNFKD: return "NFKD";
+    case NormalForm::kNFC:
+      return "NFC";
+    case NormalForm::kNFD:
+      return "NFD";
+    case NormalForm::kNFKC:
+      return "NFKC";
+    case NormalForm::kNFKD:
+      return "NFKD";
   }
   return "?";
 }
 
-void StripAccentsNormalizer::normalize(std::u32string& text) const {
-  std::erase_if(text, is_mark);
-}
+void StripAccentsNormalizer::normalize(std::u32string& text) const { std::erase_if(text, is_mark); }
 
-BertNormalizer::BertNormalizer(bool clean_text, bool handle_chinese_chars, bool strip_accents, bool lowercase)
-    : clean_text_(clean_text), handle_chinese_chars_(handle_chinese_chars), strip_accents_(strip_accents),
+BertNormalizer::BertNormalizer(bool clean_text, bool handle_chinese_chars, bool strip_accents,
+                               bool lowercase)
+    : clean_text_(clean_text),
+      handle_chinese_chars_(handle_chinese_chars),
+      strip_accents_(strip_accents),
       lowercase_(lowercase) {}
 
 void BertNormalizer::normalize(std::u32string& text) const {

@@ -1,11 +1,10 @@
 // The post-processors of tokenizer.json: BertProcessing and TemplateProcessing, as one
 // PostProcessor of special pieces (components.h).
-#include "server/text/tokenizer/components.h"
-
 #include <algorithm>
 #include <string>
 #include <utility>
 
+#include "server/text/tokenizer/components.h"
 #include "server/text/tokenizer/unicode.h"
 
 namespace fastformer::tokenizer {

@@ -1,7 +1,5 @@
 // The pre-tokenizers of tokenizer.json: BertPreTokenizer, Whitespace, WhitespaceSplit,
 // Punctuation, Split (on ICU's regex) and Sequence (components.h).
-#include "server/text/tokenizer/components.h"
-
 #include <unicode/regex.h>
 #include <unicode/unistr.h>
 
@@ -9,6 +7,7 @@
 #include <string>
 #include <utility>
 
+#include "server/text/tokenizer/components.h"
 #include "server/text/tokenizer/unicode.h"
 
 namespace fastformer::tokenizer {
@@ -73,8 +72,8 @@ CharSplitPreTokenizer::CharSplitPreTokenizer(Kind kind, SplitBehavior punctuatio
 namespace {
 // tokenizers' Pattern for Fn(char) -> bool: each matching char is a delimiter of its own.
 template <typename Pred>
-void split_on_chars(const std::u32string& word, Pred pred, SplitBehavior behavior, std::vector<Span>& spans,
-                    std::vector<std::u32string>& out) {
+void split_on_chars(const std::u32string& word, Pred pred, SplitBehavior behavior,
+                    std::vector<Span>& spans, std::vector<std::u32string>& out) {
   spans.clear();
   size_t last = 0;
   for (size_t i = 0; i < word.size(); ++i) {
@@ -103,7 +102,8 @@ void CharSplitPreTokenizer::pre_tokenize(std::vector<std::u32string>& words) con
       case Kind::kBert: {
         std::vector<std::u32string> parts;
         split_on_chars(word, is_whitespace, SplitBehavior::kRemoved, spans, parts);
-        for (const auto& part : parts) split_on_chars(part, is_punctuation, SplitBehavior::kIsolated, spans, out);
+        for (const auto& part : parts)
+          split_on_chars(part, is_punctuation, SplitBehavior::kIsolated, spans, out);
         break;
       }
     }
@@ -113,9 +113,12 @@ void CharSplitPreTokenizer::pre_tokenize(std::vector<std::u32string>& words) con
 
 std::string CharSplitPreTokenizer::name() const {
   switch (kind_) {
-    case Kind::kWhitespaceSplit: return "WhitespaceSplit";
-    case Kind::kPunctuation: return "Punctuation";
-    case Kind::kBert: return "BertPreTokenizer";
+    case Kind::kWhitespaceSplit:
+      return "WhitespaceSplit";
+    case Kind::kPunctuation:
+      return "Punctuation";
+    case Kind::kBert:
+      return "BertPreTokenizer";
   }
   return "?";
 }
@@ -145,13 +148,26 @@ std::string translate_classes(const std::string& pattern, RegexSplitPreTokenizer
     const char next = pattern[++i];
     const std::string w = class_depth > 0 ? word : word + latin1_word;
     switch (next) {
-      case 'w': out += "[" + w + "]"; break;
-      case 'W': out += "[^" + w + "]"; break;
-      case 's': out += "\\p{White_Space}"; break;
-      case 'S': out += "\\P{White_Space}"; break;
-      case 'd': out += "\\p{Nd}"; break;
-      case 'D': out += "\\P{Nd}"; break;
-      default: out += '\\', out += next;
+      case 'w':
+        out += "[" + w + "]";
+        break;
+      case 'W':
+        out += "[^" + w + "]";
+        break;
+      case 's':
+        out += "\\p{White_Space}";
+        break;
+      case 'S':
+        out += "\\P{White_Space}";
+        break;
+      case 'd':
+        out += "\\p{Nd}";
+        break;
+      case 'D':
+        out += "\\P{Nd}";
+        break;
+      default:
+        out += '\\', out += next;
     }
   }
   return out;
@@ -159,17 +175,18 @@ std::string translate_classes(const std::string& pattern, RegexSplitPreTokenizer
 
 }  // namespace
 
-RegexSplitPreTokenizer::RegexSplitPreTokenizer(const std::string& pattern, bool is_regex, SplitBehavior behavior,
-                                               bool invert, Flavor flavor, std::string name)
+RegexSplitPreTokenizer::RegexSplitPreTokenizer(const std::string& pattern, bool is_regex,
+                                               SplitBehavior behavior, bool invert, Flavor flavor,
+                                               std::string name)
     : behavior_(behavior), invert_(invert), name_(std::move(name)) {
   UErrorCode status = U_ZERO_ERROR;
   UParseError parse_error{};
   const std::string icu_pattern = is_regex ? translate_classes(pattern, flavor) : pattern;
-  regex_.reset(icu::RegexPattern::compile(icu::UnicodeString::fromUTF8(icu_pattern), is_regex ? 0 : UREGEX_LITERAL,
-                                          parse_error, status));
+  regex_.reset(icu::RegexPattern::compile(icu::UnicodeString::fromUTF8(icu_pattern),
+                                          is_regex ? 0 : UREGEX_LITERAL, parse_error, status));
   if (U_FAILURE(status)) {
-    throw TokenizerError("invalid regular expression '" + pattern + "' (" + u_errorName(status) + " at offset " +
-                         std::to_string(parse_error.offset) + ")");
+    throw TokenizerError("invalid regular expression '" + pattern + "' (" + u_errorName(status) +
+                         " at offset " + std::to_string(parse_error.offset) + ")");
   }
 }
 
@@ -178,13 +195,15 @@ void RegexSplitPreTokenizer::pre_tokenize(std::vector<std::u32string>& words) co
   std::vector<Span> spans;
   UErrorCode status = U_ZERO_ERROR;
   std::unique_ptr<icu::RegexMatcher> matcher(regex_->matcher(status));
-  if (U_FAILURE(status)) throw TokenizerError(std::string("ICU regex matcher: ") + u_errorName(status));
+  if (U_FAILURE(status))
+    throw TokenizerError(std::string("ICU regex matcher: ") + u_errorName(status));
   for (const auto& word : words) {
     if (word.empty()) continue;
     const icu::UnicodeString text = to_icu(word);
     const bool bmp_only = static_cast<size_t>(text.length()) == word.size();
     auto to_cp = [&](int32_t utf16_index) {
-      return bmp_only ? static_cast<size_t>(utf16_index) : static_cast<size_t>(text.countChar32(0, utf16_index));
+      return bmp_only ? static_cast<size_t>(utf16_index)
+                      : static_cast<size_t>(text.countChar32(0, utf16_index));
     };
     matcher->reset(text);
     spans.clear();
@@ -196,7 +215,8 @@ void RegexSplitPreTokenizer::pre_tokenize(std::vector<std::u32string>& words) co
       spans.push_back({start, end, !invert_});
       prev = end;
     }
-    if (U_FAILURE(status)) throw TokenizerError(std::string("ICU regex search: ") + u_errorName(status));
+    if (U_FAILURE(status))
+      throw TokenizerError(std::string("ICU regex search: ") + u_errorName(status));
     if (prev != word.size()) spans.push_back({prev, word.size(), invert_});
     split_spans(word, spans, behavior_, out);
   }
@@ -204,8 +224,9 @@ void RegexSplitPreTokenizer::pre_tokenize(std::vector<std::u32string>& words) co
 }
 
 std::unique_ptr<PreTokenizer> make_whitespace_pre_tokenizer() {
-  return std::make_unique<RegexSplitPreTokenizer>("\\w+|[^\\w\\s]+", true, SplitBehavior::kRemoved, true,
-                                                  RegexSplitPreTokenizer::Flavor::kRustRegex, "Whitespace");
+  return std::make_unique<RegexSplitPreTokenizer>("\\w+|[^\\w\\s]+", true, SplitBehavior::kRemoved,
+                                                  true, RegexSplitPreTokenizer::Flavor::kRustRegex,
+                                                  "Whitespace");
 }
 
 void SequencePreTokenizer::pre_tokenize(std::vector<std::u32string>& words) const {

@@ -52,7 +52,8 @@ class Parser {
     if (i < 0 || i > INT32_MAX) fail(path, "is not a token id in [0, 2^31)");
     return static_cast<int32_t>(i);
   }
-  std::string type(const json& obj, const std::string& path, std::initializer_list<const char*> supported) const {
+  std::string type(const json& obj, const std::string& path,
+                   std::initializer_list<const char*> supported) const {
     const std::string t = str(obj, path, "type");
     for (const char* s : supported) {
       if (t == s) return t;
@@ -74,8 +75,9 @@ class Parser {
   }
 
   std::unique_ptr<Normalizer> normalizer(const json& j, const std::string& path) const {
-    const std::string t =
-        type(j, path, {"BertNormalizer", "Lowercase", "NFC", "NFD", "NFKC", "NFKD", "StripAccents", "Sequence"});
+    const std::string t = type(
+        j, path,
+        {"BertNormalizer", "Lowercase", "NFC", "NFD", "NFKC", "NFKD", "StripAccents", "Sequence"});
     if (t == "Lowercase") return std::make_unique<LowercaseNormalizer>();
     if (t == "NFC") return std::make_unique<UnicodeNormalizer>(NormalForm::kNFC);
     if (t == "NFD") return std::make_unique<UnicodeNormalizer>(NormalForm::kNFD);
@@ -84,9 +86,9 @@ class Parser {
     if (t == "StripAccents") return std::make_unique<StripAccentsNormalizer>();
     if (t == "BertNormalizer") {
       const bool lowercase = boolean(j, path, "lowercase", true);
-      return std::make_unique<BertNormalizer>(boolean(j, path, "clean_text", true),
-                                              boolean(j, path, "handle_chinese_chars", true),
-                                              boolean(j, path, "strip_accents", lowercase), lowercase);
+      return std::make_unique<BertNormalizer>(
+          boolean(j, path, "clean_text", true), boolean(j, path, "handle_chinese_chars", true),
+          boolean(j, path, "strip_accents", lowercase), lowercase);
     }
     const json& list = field(j, path, "normalizers");
     if (!list.is_array()) fail(path + ".normalizers", "must be an array");
@@ -99,11 +101,13 @@ class Parser {
 
   std::unique_ptr<PreTokenizer> pre_tokenizer(const json& j, const std::string& path) const {
     const std::string t = type(
-        j, path, {"BertPreTokenizer", "Whitespace", "WhitespaceSplit", "Punctuation", "Split", "Sequence"});
+        j, path,
+        {"BertPreTokenizer", "Whitespace", "WhitespaceSplit", "Punctuation", "Split", "Sequence"});
     using Kind = CharSplitPreTokenizer::Kind;
     if (t == "BertPreTokenizer") return std::make_unique<CharSplitPreTokenizer>(Kind::kBert);
     if (t == "Whitespace") return make_whitespace_pre_tokenizer();
-    if (t == "WhitespaceSplit") return std::make_unique<CharSplitPreTokenizer>(Kind::kWhitespaceSplit);
+    if (t == "WhitespaceSplit")
+      return std::make_unique<CharSplitPreTokenizer>(Kind::kWhitespaceSplit);
     if (t == "Punctuation") {
       const SplitBehavior b = j.contains("behavior") ? behavior(j, path) : SplitBehavior::kIsolated;
       return std::make_unique<CharSplitPreTokenizer>(Kind::kPunctuation, b);
@@ -148,14 +152,16 @@ class Parser {
     }
     const std::string unk = str(j, path, "unk_token");
     if (t == "WordLevel") return std::make_unique<WordLevelModel>(std::move(vocab), unk);
-    const std::string prefix = j.contains("continuing_subword_prefix") ? str(j, path, "continuing_subword_prefix")
-                                                                       : std::string("##");
+    const std::string prefix = j.contains("continuing_subword_prefix")
+                                   ? str(j, path, "continuing_subword_prefix")
+                                   : std::string("##");
     int64_t max_chars = 100;
     if (j.contains("max_input_chars_per_word")) {
       max_chars = integer(j["max_input_chars_per_word"], path + ".max_input_chars_per_word");
       if (max_chars < 0) fail(path + ".max_input_chars_per_word", "must not be negative");
     }
-    return std::make_unique<WordPieceModel>(std::move(vocab), unk, prefix, static_cast<size_t>(max_chars));
+    return std::make_unique<WordPieceModel>(std::move(vocab), unk, prefix,
+                                            static_cast<size_t>(max_chars));
   }
 
   // [token, id] of BertProcessing's cls and sep.
@@ -187,7 +193,8 @@ class Parser {
           fail(p, "must be the one sequence $A of a single-sequence template");
         }
         seen_sequence = true;
-        sequence_type_id = static_cast<int32_t>(integer(field(s, p + ".Sequence", "type_id"), p + ".Sequence.type_id"));
+        sequence_type_id = static_cast<int32_t>(
+            integer(field(s, p + ".Sequence", "type_id"), p + ".Sequence.type_id"));
       } else if (piece.is_object() && piece.contains("SpecialToken")) {
         const json& s = piece["SpecialToken"];
         const std::string id = str(s, p + ".SpecialToken", "id");
@@ -201,17 +208,19 @@ class Parser {
         }
         for (size_t k = 0; k < ids.size(); ++k) {
           sp_piece.ids.push_back(this->id(ids[k], sp + ".ids[" + std::to_string(k) + "]"));
-          sp_piece.tokens.push_back(tokens[k].is_string() ? tokens[k].get<std::string>() : std::string());
+          sp_piece.tokens.push_back(tokens[k].is_string() ? tokens[k].get<std::string>()
+                                                          : std::string());
         }
-        sp_piece.type_id = static_cast<int32_t>(integer(field(s, p + ".SpecialToken", "type_id"),
-                                                        p + ".SpecialToken.type_id"));
+        sp_piece.type_id = static_cast<int32_t>(
+            integer(field(s, p + ".SpecialToken", "type_id"), p + ".SpecialToken.type_id"));
         (seen_sequence ? after : before).push_back(std::move(sp_piece));
       } else {
         fail(p, "must be {\"Sequence\": ...} or {\"SpecialToken\": ...}");
       }
     }
     if (!seen_sequence) fail(path + ".single", "has no $A sequence");
-    return std::make_unique<PostProcessor>(t, std::move(before), std::move(after), sequence_type_id);
+    return std::make_unique<PostProcessor>(t, std::move(before), std::move(after),
+                                           sequence_type_id);
   }
 
   std::unique_ptr<Truncation> truncation(const json& j, const std::string& path) const {
@@ -227,7 +236,9 @@ class Parser {
     }
     const std::string strategy = j.contains("strategy") ? str(j, path, "strategy") : "LongestFirst";
     if (strategy != "LongestFirst" && strategy != "OnlyFirst") {
-      fail(path + ".strategy", strategy + " is not supported for a single sequence (supported: LongestFirst, OnlyFirst)");
+      fail(path + ".strategy",
+           strategy +
+               " is not supported for a single sequence (supported: LongestFirst, OnlyFirst)");
     }
     return t;
   }
@@ -247,7 +258,8 @@ class Parser {
         if (boolean(t, p, flag, false)) fail(p + "." + flag, "true is not supported");
       }
       if (boolean(t, p, "normalized", !a.special)) {
-        fail(p + ".normalized", "true is not supported (only added tokens matched in the raw text)");
+        fail(p + ".normalized",
+             "true is not supported (only added tokens matched in the raw text)");
       }
       out.push_back(std::move(a));
     }
@@ -275,9 +287,11 @@ Tokenizer Tokenizer::from_json(std::string_view json_text, const std::string& so
   const Parser p(source);
   if (!j.is_object()) p.fail("(top level)", "must be an object");
   Tokenizer t;
-  if (j.contains("added_tokens") && !j["added_tokens"].is_null()) t.added_tokens_ = p.added_tokens(j["added_tokens"], "added_tokens");
+  if (j.contains("added_tokens") && !j["added_tokens"].is_null())
+    t.added_tokens_ = p.added_tokens(j["added_tokens"], "added_tokens");
   for (const auto& a : t.added_tokens_) t.added_text_.push_back(decode_utf8(a.content));
-  if (j.contains("normalizer") && !j["normalizer"].is_null()) t.normalizer_ = p.normalizer(j["normalizer"], "normalizer");
+  if (j.contains("normalizer") && !j["normalizer"].is_null())
+    t.normalizer_ = p.normalizer(j["normalizer"], "normalizer");
   if (j.contains("pre_tokenizer") && !j["pre_tokenizer"].is_null()) {
     t.pre_tokenizer_ = p.pre_tokenizer(j["pre_tokenizer"], "pre_tokenizer");
   }
@@ -285,7 +299,8 @@ Tokenizer Tokenizer::from_json(std::string_view json_text, const std::string& so
   if (j.contains("post_processor") && !j["post_processor"].is_null()) {
     t.post_processor_ = p.post_processor(j["post_processor"], "post_processor");
   }
-  if (j.contains("truncation") && !j["truncation"].is_null()) t.truncation_ = p.truncation(j["truncation"], "truncation");
+  if (j.contains("truncation") && !j["truncation"].is_null())
+    t.truncation_ = p.truncation(j["truncation"], "truncation");
   // "padding" and "decoder" are not used: the server pads batches itself and returns no text.
   return t;
 }
@@ -304,7 +319,8 @@ Encoding Tokenizer::encode(std::string_view utf8_text, bool add_special_tokens) 
   return encode(utf8_text, truncation_.get(), add_special_tokens);
 }
 
-Encoding Tokenizer::encode(std::string_view utf8_text, const Truncation* truncation, bool add_special_tokens) const {
+Encoding Tokenizer::encode(std::string_view utf8_text, const Truncation* truncation,
+                           bool add_special_tokens) const {
   const std::u32string text = decode_utf8(utf8_text);
   Encoding enc;
   std::vector<std::u32string> words;
@@ -352,8 +368,9 @@ Encoding Tokenizer::encode(std::string_view utf8_text, const Truncation* truncat
   const size_t n_special = add_special_tokens ? num_special_tokens_added() : 0;
   if (truncation) {
     if (truncation->max_length < n_special) {
-      throw TokenizerError("truncation max_length " + std::to_string(truncation->max_length) + " is less than the " +
-                           std::to_string(n_special) + " special tokens the post-processor adds");
+      throw TokenizerError("truncation max_length " + std::to_string(truncation->max_length) +
+                           " is less than the " + std::to_string(n_special) +
+                           " special tokens the post-processor adds");
     }
     const size_t keep = truncation->max_length - n_special;
     if (enc.ids.size() > keep) {
@@ -374,7 +391,9 @@ Encoding Tokenizer::encode(std::string_view utf8_text, const Truncation* truncat
   return enc;
 }
 
-size_t Tokenizer::num_special_tokens_added() const { return post_processor_ ? post_processor_->added_tokens() : 0; }
+size_t Tokenizer::num_special_tokens_added() const {
+  return post_processor_ ? post_processor_->added_tokens() : 0;
+}
 
 size_t Tokenizer::vocab_size() const {
   size_t n = model_->vocab().size();

@@ -52,7 +52,8 @@ struct AddedToken {
 class Tokenizer {
  public:
   // Parses tokenizer.json text; `source` names it in errors (e.g. the file path).
-  static Tokenizer from_json(std::string_view json_text, const std::string& source = "tokenizer.json");
+  static Tokenizer from_json(std::string_view json_text,
+                             const std::string& source = "tokenizer.json");
   static Tokenizer from_file(const std::string& path);
 
   Tokenizer(Tokenizer&&) noexcept;
@@ -62,7 +63,8 @@ class Tokenizer {
   // Throws TokenizerError on invalid UTF-8. Truncates by truncation() (tokenizer.json's).
   Encoding encode(std::string_view utf8_text, bool add_special_tokens = true) const;
   // The same with another truncation rule for this call (null: none), e.g. a request's.
-  Encoding encode(std::string_view utf8_text, const Truncation* truncation, bool add_special_tokens = true) const;
+  Encoding encode(std::string_view utf8_text, const Truncation* truncation,
+                  bool add_special_tokens = true) const;
 
   // tokenizer.json's "truncation" (nullptr when absent); set_truncation replaces it (e.g. with
   // the model's number of positions), clear_truncation removes it.
@@ -70,9 +72,10 @@ class Tokenizer {
   void set_truncation(Truncation t);
   void clear_truncation() { truncation_.reset(); }
 
-  size_t vocab_size() const;               // the model's vocabulary plus added tokens not in it
-  int32_t max_token_id() const;            // the largest id encode() can return
-  std::string description() const;         // e.g. "WordPiece (BertNormalizer, BertPreTokenizer, BertProcessing)"
+  size_t vocab_size() const;     // the model's vocabulary plus added tokens not in it
+  int32_t max_token_id() const;  // the largest id encode() can return
+  std::string description()
+      const;  // e.g. "WordPiece (BertNormalizer, BertPreTokenizer, BertProcessing)"
   size_t num_special_tokens_added() const;  // by the post-processor to a single sequence
 
  private:

@@ -48,7 +48,8 @@ std::u32string decode_utf8(std::string_view s) {
       }
     }
     if (!ok || c < min || c > 0x10FFFF || (c >= 0xD800 && c <= 0xDFFF)) {
-      throw TokenizerError("text is not valid UTF-8 (invalid byte sequence at byte " + std::to_string(i) + ")");
+      throw TokenizerError("text is not valid UTF-8 (invalid byte sequence at byte " +
+                           std::to_string(i) + ")");
     }
     out.push_back(c);
     i += len;
@@ -94,7 +95,8 @@ bool is_bert_control(char32_t c) {
   // Unassigned code points (Cn) are not "other" in the crate either (unicode_categories has
   // no Cn table); its tables are Unicode 8.0.
   const auto mask = U_GET_GC_MASK(static_cast<UChar32>(c));
-  return (mask & (U_GC_CC_MASK | U_GC_CF_MASK | U_GC_CO_MASK | U_GC_CS_MASK)) != 0 && assigned_by(c, 8, 0);
+  return (mask & (U_GC_CC_MASK | U_GC_CF_MASK | U_GC_CO_MASK | U_GC_CS_MASK)) != 0 &&
+         assigned_by(c, 8, 0);
 }
 
 bool is_mark(char32_t c) {
@@ -123,8 +125,9 @@ bool is_punctuation(char32_t c) {
 }
 
 bool is_chinese_char(char32_t c) {
-  return (c >= 0x4E00 && c <= 0x9FFF) || (c >= 0x3400 && c <= 0x4DBF) || (c >= 0x20000 && c <= 0x2A6DF) ||
-         (c >= 0x2A700 && c <= 0x2B73F) || (c >= 0x2B740 && c <= 0x2B81F) || (c >= 0x2B920 && c <= 0x2CEAF) ||
+  return (c >= 0x4E00 && c <= 0x9FFF) || (c >= 0x3400 && c <= 0x4DBF) ||
+         (c >= 0x20000 && c <= 0x2A6DF) || (c >= 0x2A700 && c <= 0x2B73F) ||
+         (c >= 0x2B740 && c <= 0x2B81F) || (c >= 0x2B920 && c <= 0x2CEAF) ||
          (c >= 0xF900 && c <= 0xFAFF) || (c >= 0x2F800 && c <= 0x2FA1F);
 }
 

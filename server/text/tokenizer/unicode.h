@@ -25,13 +25,13 @@ std::u32string from_icu(const icu::UnicodeString& text);
 
 // Whether the code point was assigned by Unicode major.minor (ICU's u_charAge).
 bool assigned_by(char32_t c, uint8_t major, uint8_t minor);
-bool is_whitespace(char32_t c);        // Rust char::is_whitespace: the White_Space property
-bool is_bert_whitespace(char32_t c);   // BertNormalizer: \t \n \r or White_Space
-bool is_bert_control(char32_t c);      // BertNormalizer: general category C*, but not \t \n \r
-bool is_mark(char32_t c);              // unicode-normalization is_combining_mark: M*
-bool is_nonspacing_mark(char32_t c);   // unicode_categories is_mark_nonspacing: Mn
-bool is_punctuation(char32_t c);       // is_ascii_punctuation || unicode_categories P*
-bool is_chinese_char(char32_t c);      // BertNormalizer's CJK ideograph blocks
+bool is_whitespace(char32_t c);       // Rust char::is_whitespace: the White_Space property
+bool is_bert_whitespace(char32_t c);  // BertNormalizer: \t \n \r or White_Space
+bool is_bert_control(char32_t c);     // BertNormalizer: general category C*, but not \t \n \r
+bool is_mark(char32_t c);             // unicode-normalization is_combining_mark: M*
+bool is_nonspacing_mark(char32_t c);  // unicode_categories is_mark_nonspacing: Mn
+bool is_punctuation(char32_t c);      // is_ascii_punctuation || unicode_categories P*
+bool is_chinese_char(char32_t c);     // BertNormalizer's CJK ideograph blocks
 // Rust char::to_lowercase (full, context-free mapping) appended to `out`.
 void append_lowercase(std::u32string& out, char32_t c);
 
