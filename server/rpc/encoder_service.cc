@@ -62,8 +62,9 @@ grpc::ServerUnaryReactor* EncoderService::Encode(grpc::CallbackServerContext* co
 grpc::Status EncoderService::StreamProtocol::admit(
     Message& message, grpc::CallbackServerContext* context,
     const std::shared_ptr<batching::Request>& request) {
-  if (grpc::Status invalid = parse_encode_request(message.proto, &message.parsed); !invalid.ok()) {
-    message.parsed.Clear();  // a partial parse may hold the bad string: the answer must serialize
+  if (grpc::Status invalid =
+          parse_stream_message(message.proto, &message.parsed, parse_encode_request);
+      !invalid.ok()) {
     return invalid;
   }
   message.proto.Clear();

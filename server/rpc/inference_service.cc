@@ -217,8 +217,9 @@ grpc::ServerUnaryReactor* InferenceService::ModelInfer(grpc::CallbackServerConte
 grpc::Status InferenceService::StreamProtocol::admit(
     Message& message, grpc::CallbackServerContext* context,
     const std::shared_ptr<batching::Request>& request) {
-  if (grpc::Status invalid = parse_infer_request(message.proto, &message.parsed); !invalid.ok()) {
-    message.parsed.Clear();  // a partial parse may hold the bad string: the answer must serialize
+  if (grpc::Status invalid =
+          parse_stream_message(message.proto, &message.parsed, parse_infer_request);
+      !invalid.ok()) {
     return invalid;
   }
   message.proto.Clear();

@@ -7,6 +7,7 @@
 #include <grpcpp/support/byte_buffer.h>
 #include <grpcpp/support/proto_buffer_reader.h>
 #include <grpcpp/support/proto_buffer_writer.h>
+#include <grpcpp/support/status.h>
 
 #include <cstddef>
 #include <string>
@@ -28,6 +29,16 @@ bool parse_raw_message(const grpc::ByteBuffer& bytes, Proto* proto, std::string*
       flat->append(reinterpret_cast<const char*>(slice.begin()), slice.size());
   }
   return false;
+}
+
+// A stream message's bytes parsed by `parse` (parse_encode_request, parse_infer_request):
+// on failure the partial parse is cleared, since it may hold the bad string and the in-band
+// answer, which echoes its id, must serialize.
+template <class Proto, class Parse>
+grpc::Status parse_stream_message(const grpc::ByteBuffer& bytes, Proto* parsed, Parse parse) {
+  grpc::Status status = parse(bytes, parsed);
+  if (!status.ok()) parsed->Clear();
+  return status;
 }
 
 // Logs that an answer of `bytes` bytes to `method` did not serialize (raw_message.cc: the

@@ -83,6 +83,47 @@ dnnl::algorithm eltwise_of(Activation act, float* alpha) {
   throw EngineError("unknown activation");
 }
 
+// C = A W^T as a matmul primitive descriptor: the epilogue as post-ops (the bias, an
+// activation, a sum for kAccumulate), the scratchpad the caller's (user mode: each call
+// brings its own, so pool threads may share a primitive). EngineError naming the shape and
+// the ISA where oneDNN has no kernel; `rows` is M as the message gives it.
+dnnl::matmul::primitive_desc make_matmul_pd(const memory::desc& src, const memory::desc& weights,
+                                            const memory::desc& dst, memory::dim N, memory::dim K,
+                                            bool bf16, Epilogue epilogue, Activation act,
+                                            const std::string& rows) {
+  const bool has_bias = epilogue == Epilogue::kBias || epilogue == Epilogue::kBiasAct;
+  const memory::desc bias =
+      has_bias ? memory::desc({1, N}, memory::data_type::f32, {N, 1}) : memory::desc();
+  dnnl::post_ops post;
+  if (epilogue == Epilogue::kBiasAct) {
+    float alpha = 0;
+    const dnnl::algorithm alg = eltwise_of(act, &alpha);
+#if DNNL_VERSION_MAJOR >= 3
+    post.append_eltwise(alg, alpha, 0.0f);
+#else
+    post.append_eltwise(1.0f, alg, alpha, 0.0f);
+#endif
+  } else if (epilogue == Epilogue::kAccumulate) {
+    post.append_sum(1.0f);
+  }
+  dnnl::primitive_attr attr;
+  attr.set_post_ops(post);
+  attr.set_scratchpad_mode(dnnl::scratchpad_mode::user);
+  try {
+#if DNNL_VERSION_MAJOR >= 3
+    return dnnl::matmul::primitive_desc(cpu_engine(), src, weights, bias, dst, attr);
+#else
+    return dnnl::matmul::primitive_desc(dnnl::matmul::desc(src, weights, bias, dst), attr,
+                                        cpu_engine());
+#endif
+  } catch (const dnnl::error& e) {
+    throw EngineError(std::string("oneDNN has no ") + (bf16 ? "bfloat16" : "float32") +
+                      " matmul for [" + rows + ", " + std::to_string(K) + "] x [" +
+                      std::to_string(N) + ", " + std::to_string(K) + "]^T on this CPU (" +
+                      cpu_gemm_info().isa + "): " + e.what());
+  }
+}
+
 }  // namespace
 
 const CpuGemmInfo& cpu_gemm_info() {
@@ -114,38 +155,10 @@ CpuMatmul::CpuMatmul(const Shape& shape) : shape_(shape) {
   const memory::desc src({M, K}, in_type, {shape.bf16 ? K : shape.lda, 1});
   const memory::desc weights({K, N}, in_type, {1, K});  // W [N, K] row-major is W^T [K, N]
   const memory::desc dst({M, N}, memory::data_type::f32, {shape.ldc, 1});
-  const bool has_bias = shape.epilogue == Epilogue::kBias || shape.epilogue == Epilogue::kBiasAct;
-  const memory::desc bias =
-      has_bias ? memory::desc({1, N}, memory::data_type::f32, {N, 1}) : memory::desc();
-  dnnl::post_ops post;
-  if (shape.epilogue == Epilogue::kBiasAct) {
-    float alpha = 0;
-    const dnnl::algorithm alg = eltwise_of(shape.act, &alpha);
-#if DNNL_VERSION_MAJOR >= 3
-    post.append_eltwise(alg, alpha, 0.0f);
-#else
-    post.append_eltwise(1.0f, alg, alpha, 0.0f);
-#endif
-  } else if (shape.epilogue == Epilogue::kAccumulate) {
-    post.append_sum(1.0f);
-  }
-  dnnl::primitive_attr attr;
-  attr.set_post_ops(post);
-  attr.set_scratchpad_mode(dnnl::scratchpad_mode::user);  // each call brings its own (run)
-  try {
-#if DNNL_VERSION_MAJOR >= 3
-    dnnl::matmul::primitive_desc pd(cpu_engine(), src, weights, bias, dst, attr);
-#else
-    dnnl::matmul::primitive_desc pd(dnnl::matmul::desc(src, weights, bias, dst), attr,
-                                    cpu_engine());
-#endif
-    impl_ = std::make_unique<Impl>(Impl{pd, dnnl::matmul(pd)});
-  } catch (const dnnl::error& e) {
-    throw EngineError(std::string("oneDNN has no ") + (shape.bf16 ? "bfloat16" : "float32") +
-                      " matmul for [M, " + std::to_string(K) + "] x [" + std::to_string(N) + ", " +
-                      std::to_string(K) + "]^T on this CPU (" + cpu_gemm_info().isa +
-                      "): " + e.what());
-  }
+  const dnnl::matmul::primitive_desc pd =
+      make_matmul_pd(src, weights, dst, N, K, shape.bf16, shape.epilogue, shape.act, "M");
+  impl_ = std::make_unique<Impl>(Impl{pd, dnnl::matmul(pd)});
+}
 }
 
 CpuMatmul::~CpuMatmul() = default;
@@ -262,37 +275,9 @@ dnnl::matmul::primitive_desc packed_pd(const PackedMatmul::Shape& shape, int64_t
   const memory::dim M = m, N = shape.n, K = shape.k;
   const memory::desc src({M, K}, type, {K, 1});
   const memory::desc dst({M, N}, type, {N, 1});
-  const bool has_bias = shape.epilogue == Epilogue::kBias || shape.epilogue == Epilogue::kBiasAct;
-  const memory::desc bias =
-      has_bias ? memory::desc({1, N}, memory::data_type::f32, {N, 1}) : memory::desc();
-  dnnl::post_ops post;
-  if (shape.epilogue == Epilogue::kBiasAct) {
-    float alpha = 0;
-    const dnnl::algorithm alg = eltwise_of(shape.act, &alpha);
-#if DNNL_VERSION_MAJOR >= 3
-    post.append_eltwise(alg, alpha, 0.0f);
-#else
-    post.append_eltwise(1.0f, alg, alpha, 0.0f);
-#endif
-  } else if (shape.epilogue == Epilogue::kAccumulate) {
-    post.append_sum(1.0f);
-  }
-  dnnl::primitive_attr attr;
-  attr.set_post_ops(post);
-  attr.set_scratchpad_mode(dnnl::scratchpad_mode::user);
-  try {
-#if DNNL_VERSION_MAJOR >= 3
-    return dnnl::matmul::primitive_desc(cpu_engine(), src, weights, bias, dst, attr);
-#else
-    return dnnl::matmul::primitive_desc(dnnl::matmul::desc(src, weights, bias, dst), attr,
-                                        cpu_engine());
-#endif
-  } catch (const dnnl::error& e) {
-    throw EngineError(std::string("oneDNN has no ") + (bf16 ? "bfloat16" : "float32") +
-                      " matmul for [" + std::to_string(M) + ", " + std::to_string(K) + "] x [" +
-                      std::to_string(N) + ", " + std::to_string(K) + "]^T on this CPU (" +
-                      cpu_gemm_info().isa + "): " + e.what());
-  }
+  return make_matmul_pd(src, weights, dst, N, K, bf16, shape.epilogue, shape.act,
+                        std::to_string(M));
+}
 }
 
 memory::desc any_weights(const PackedMatmul::Shape& shape) {
