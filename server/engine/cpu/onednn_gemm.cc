@@ -159,7 +159,6 @@ CpuMatmul::CpuMatmul(const Shape& shape) : shape_(shape) {
       make_matmul_pd(src, weights, dst, N, K, shape.bf16, shape.epilogue, shape.act, "M");
   impl_ = std::make_unique<Impl>(Impl{pd, dnnl::matmul(pd)});
 }
-}
 
 CpuMatmul::~CpuMatmul() = default;
 
@@ -277,7 +276,6 @@ dnnl::matmul::primitive_desc packed_pd(const PackedMatmul::Shape& shape, int64_t
   const memory::desc dst({M, N}, type, {N, 1});
   return make_matmul_pd(src, weights, dst, N, K, bf16, shape.epilogue, shape.act,
                         std::to_string(M));
-}
 }
 
 memory::desc any_weights(const PackedMatmul::Shape& shape) {
