@@ -44,6 +44,22 @@ struct Case {
   Activation act;
 };
 
+// C[i][j] in double from the inputs as `in` takes them (as they are, or rounded to bfloat16);
+// for kAccumulate, C's old value as `c_in` takes it (CpuMatmul's C is float32 whatever A is).
+template <class In, class CIn>
+double expected(const Case& c, int64_t i, int64_t j, const std::vector<float>& a,
+                const std::vector<float>& w, const std::vector<float>& bias,
+                const std::vector<float>& c0, In in, CIn c_in) {
+  double acc = 0;
+  for (int64_t p = 0; p < c.k; ++p)
+    acc += in(a[size_t(i * c.lda + p)]) * in(w[size_t(j * c.k + p)]);
+  if (c.epilogue == Epilogue::kBias) return acc + bias[size_t(j)];
+  if (c.epilogue == Epilogue::kBiasAct)
+    return test::reference_activation(acc + bias[size_t(j)], c.act);
+  if (c.epilogue == Epilogue::kAccumulate) return c_in(c0[size_t(i * c.ldc + j)]) + acc;
+  return acc;
+}
+
 // C as oneDNN leaves it, and C computed in double from the same inputs (rounded to bfloat16
 // first when `bf16`); compared with a tolerance for float32 accumulation.
 void check(const Case& c, bool bf16) {
@@ -66,14 +82,7 @@ void check(const Case& c, bool bf16) {
   double worst = 0;
   for (int64_t i = 0; i < c.m; ++i) {
     for (int64_t j = 0; j < c.n; ++j) {
-      double acc = 0;
-      for (int64_t p = 0; p < c.k; ++p)
-        acc += in(a[size_t(i * c.lda + p)]) * in(w[size_t(j * c.k + p)]);
-      double want = acc;
-      if (c.epilogue == Epilogue::kBias) want = acc + bias[size_t(j)];
-      if (c.epilogue == Epilogue::kBiasAct)
-        want = test::reference_activation(acc + bias[size_t(j)], c.act);
-      if (c.epilogue == Epilogue::kAccumulate) want = c0[size_t(i * c.ldc + j)] + acc;
+      const double want = expected(c, i, j, a, w, bias, c0, in, [](float x) { return double(x); });
       const double got = out[size_t(i * c.ldc + j)];
       worst = std::max(worst, std::abs(got - want) / std::max(1.0, std::abs(want)));
     }
@@ -228,14 +237,7 @@ void check_packed(const Case& c, PackedKind kind) {
   double worst = 0;
   for (int64_t i = 0; i < c.m; ++i) {
     for (int64_t j = 0; j < c.n; ++j) {
-      double acc = 0;
-      for (int64_t p = 0; p < c.k; ++p)
-        acc += in(a[size_t(i * c.lda + p)]) * in(w[size_t(j * c.k + p)]);
-      double want = acc;
-      if (c.epilogue == Epilogue::kBias) want = acc + bias[size_t(j)];
-      if (c.epilogue == Epilogue::kBiasAct)
-        want = test::reference_activation(acc + bias[size_t(j)], c.act);
-      if (c.epilogue == Epilogue::kAccumulate) want = in(c0[size_t(i * c.ldc + j)]) + acc;
+      const double want = expected(c, i, j, a, w, bias, c0, in, in);
       const double got = out[size_t(i * c.ldc + j)];
       worst = std::max(worst, std::abs(got - want) / std::max(1.0, std::abs(want)));
     }
