@@ -3,6 +3,7 @@
 // gRPC; the rpc layer fills a Request from the proto and converts the results back.
 #pragma once
 
+#include <algorithm>
 #include <atomic>
 #include <chrono>
 #include <cstdint>
@@ -19,6 +20,12 @@ namespace fastformer::batching {
 
 using Clock = std::chrono::steady_clock;
 
+// Nanoseconds from `from` to now (0 if the clock has not moved past it).
+inline uint64_t ns_since(Clock::time_point from) {
+  return uint64_t(std::max<int64_t>(
+      0, std::chrono::duration_cast<std::chrono::nanoseconds>(Clock::now() - from).count()));
+}
+
 // How a request ended. There is no "shutting down": the drain answers every admitted request
 // (or, at the shutdown timeout, the process exits without them), and calls refused while
 // draining never reach the queue.
@@ -29,7 +36,7 @@ struct Request {
   OutputOptions options;                       ///< what to return for every sequence
   Clock::time_point arrival{};                 ///< when the request was admitted
   uint64_t input_ns = 0;                       ///< time the API layer took to convert the call
-  std::vector<std::vector<int32_t>> text_ids;  ///< the ids of text sequences (sequences view them)
+  std::vector<std::vector<int32_t>> text_ids;  ///< ids made by the intake (texts, narrowed ids)
   int64_t texts = 0;                           ///< text sequences tokenized by the API layer
   uint64_t tokenize_ns = 0;                    ///< the time that took
   Clock::time_point deadline = Clock::time_point::max();  ///< the call's deadline

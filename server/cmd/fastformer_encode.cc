@@ -11,6 +11,7 @@
 #include <cstdio>
 #include <fstream>
 #include <iostream>
+#include <limits>
 #include <memory>
 #include <optional>
 #include <string>
@@ -21,7 +22,7 @@
 #include "server/engine/engine.h"
 #include "server/engine/error.h"
 #include "server/engine/model.h"
-#include "server/text/text.h"
+#include "server/request/encode_input.h"
 
 namespace {
 
@@ -29,37 +30,32 @@ using namespace fastformer;
 
 constexpr int kExitBadInput = 2;
 
-// Turns a text line into token ids with the model's tokenizer (text::tokenize_text, as the
-// server does), and shortens any line longer than max_position_embeddings by `truncation`
-// ("none", "right", "left"). Returns the line's error (without
-// its number), if any.
+// One parsed line and the request the request layer built from it (its sequence views the
+// line's storage, or the request's own for a text).
+struct Pending {
+  jsonl::InputLine line;
+  std::unique_ptr<batching::Request> request;
+};
+
+// The line through the server's request rules (server/request/encode_input.h): text, truncation,
+// the vocabulary and position checks. Returns the line's error (without its number), if any.
 std::optional<std::string> prepare_line(const engine::Model& model,
                                         const text::Tokenizer* tokenizer,
-                                        const std::string& truncation, jsonl::InputLine* line) {
-  const engine::ModelConfig& c = model.config();
-  const int64_t max_len = c.max_position_embeddings, D = c.hidden_size;
-  const bool keep_last = truncation == "left";
-  if (line->text) {
-    const text::Truncate rule = truncation == "none" ? text::Truncate::kNone
-                                : keep_last          ? text::Truncate::kLeft
-                                                     : text::Truncate::kRight;
-    if (auto refused = text::tokenize_text(tokenizer, c, *line->text, rule, &line->token_ids)) {
-      return "text: " + *refused;
-    }
-    return std::nullopt;
+                                        request::Truncate truncate, const OutputOptions& options,
+                                        Pending* pending) {
+  const jsonl::InputLine& line = pending->line;
+  request::EncodeInput input;
+  input.truncate = truncate;
+  input.options = options;
+  input.rows.push_back(line.text                ? request::Row::from_text(*line.text)
+                       : line.token_ids.empty() ? request::Row::embeddings(line.input_embeddings)
+                                                : request::Row::ids(line.token_ids));
+  pending->request = std::make_unique<batching::Request>();
+  const request::Limits one_line{std::numeric_limits<int64_t>::max()};  // --max-batch-tokens
+  if (auto problem =
+          request::build_request(input, model, tokenizer, one_line, pending->request.get())) {
+    return request::describe(*problem);
   }
-  if (truncation == "none") return std::nullopt;  // validate_sequence rejects what is too long
-  auto keep = [keep_last](auto& values, int64_t n) {
-    if (int64_t(values.size()) <= n) return;
-    if (keep_last) {
-      values.erase(values.begin(), values.end() - n);
-    } else {
-      values.resize(size_t(n));
-    }
-  };
-  keep(line->token_ids, max_len);
-  keep(line->input_embeddings, max_len * D);
-  line->rows = std::min<int64_t>(line->rows, max_len);
   return std::nullopt;
 }
 
@@ -123,10 +119,13 @@ int main(int argc, char** argv) {
     spdlog::error("{}", e.what());
     return 1;
   }
-  if (out_options.logits && model->num_labels() == 0) {
-    spdlog::error("--return-logits: this model has no classifier head (dense_linear)");
+  if (auto refused = request::check_options(out_options, *model)) {
+    spdlog::error("--return-logits: {}", *refused);
     return kExitBadInput;
   }
+  const request::Truncate truncate = truncation == "right"  ? request::Truncate::kRight
+                                     : truncation == "left" ? request::Truncate::kLeft
+                                                            : request::Truncate::kNone;
   const engine::ModelConfig& config = model->config();
   const int64_t D = config.hidden_size;
 
@@ -149,13 +148,13 @@ int main(int argc, char** argv) {
     }
   }
 
-  std::vector<jsonl::InputLine> pending;  // lines of the batch being formed
+  std::vector<Pending> pending;  // lines of the batch being formed
   int64_t pending_tokens = 0;
   std::string buffer;
   auto flush = [&]() {
     if (pending.empty()) return;
     engine::RaggedBatch batch;
-    for (const auto& line : pending) batch.add(line.view(), config);
+    for (const Pending& p : pending) batch.add(p.request->sequences.front(), config);
     const auto encoded = eng->encode(batch, {&out_options, 1});
     buffer.clear();
     for (const auto& seq : encoded) jsonl::append_output_line(seq, D, &buffer);
@@ -172,21 +171,15 @@ int main(int argc, char** argv) {
       ++line_number;
       if (line.find_first_not_of(" \t\r") == std::string::npos) continue;  // blank line
       std::string error;
-      auto parsed = jsonl::parse_input_line(line, D, &error);
-      if (parsed) {
-        if (auto bad = prepare_line(*model, tokenizer.get(), truncation, &*parsed)) {
+      std::optional<Pending> parsed;
+      if (auto read = jsonl::parse_input_line(line, D, &error)) {
+        parsed = Pending{std::move(*read), nullptr};
+        if (auto bad = prepare_line(*model, tokenizer.get(), truncate, out_options, &*parsed)) {
           error = *bad;
           parsed.reset();
         }
       }
-      if (parsed) {
-        if (auto bad =
-                engine::validate_sequence(config, model->has_word_embedding(), parsed->view(), 0)) {
-          error = bad->field + ": " + bad->message;
-          parsed.reset();
-        }
-      }
-      const int64_t n = parsed ? engine::sequence_length(parsed->view(), D) : 0;
+      const int64_t n = parsed ? engine::sequence_length(parsed->request->sequences.front(), D) : 0;
       if (parsed && n > eng->max_batch_tokens()) {
         error = "sequence of " + std::to_string(n) + " tokens exceeds --max-batch-tokens " +
                 std::to_string(eng->max_batch_tokens());

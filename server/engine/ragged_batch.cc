@@ -11,6 +11,11 @@ int64_t sequence_length(const SequenceInput& s, int64_t hidden_size) {
   return static_cast<int64_t>(s.input_embeddings.size()) / std::max<int64_t>(hidden_size, 1);
 }
 
+std::string id_outside_vocabulary(int64_t id, int64_t vocab_size) {
+  return "has id " + std::to_string(id) + ", outside [0, vocab_size " + std::to_string(vocab_size) +
+         ")";
+}
+
 std::optional<InputError> validate_sequence(const ModelConfig& c, bool has_word_embedding,
                                             const SequenceInput& s, size_t index) {
   auto error = [&](const char* field, std::string message) {
@@ -38,9 +43,8 @@ std::optional<InputError> validate_sequence(const ModelConfig& c, bool has_word_
     for (size_t t = 0; t < s.token_ids.size(); ++t) {
       const int32_t id = s.token_ids[t];
       if (id < 0 || id >= c.vocab_size) {
-        return error("token_ids", "token " + std::to_string(t) + " has id " + std::to_string(id) +
-                                      ", outside [0, vocab_size " + std::to_string(c.vocab_size) +
-                                      ")");
+        return error("token_ids",
+                     "token " + std::to_string(t) + " " + id_outside_vocabulary(id, c.vocab_size));
       }
       any_real |= id != c.pad_token_id;
     }

@@ -8,6 +8,7 @@
 #include <cstdint>
 #include <optional>
 #include <span>
+#include <string>
 #include <vector>
 
 #include "common/sequence.h"  // SequenceInput, OutputOptions, EncodedSequence
@@ -19,6 +20,10 @@ namespace fastformer::engine {
 // Checks one sequence against the model's limits. `index` names it in the error.
 std::optional<InputError> validate_sequence(const ModelConfig& config, bool has_word_embedding,
                                             const SequenceInput& sequence, size_t index);
+
+// The words for a token id outside the vocabulary: "has id 1000, outside [0, vocab_size 1000)"
+// (validate_sequence and the request layer put the token's position before it).
+std::string id_outside_vocabulary(int64_t id, int64_t vocab_size);
 
 // Number of tokens of a sequence (valid or not): ids, or embedding rows of width hidden_size.
 int64_t sequence_length(const SequenceInput& sequence, int64_t hidden_size);

@@ -46,9 +46,7 @@ grpc::ServerUnaryReactor* EncoderService::Encode(grpc::CallbackServerContext* co
       bool own = false;
       status = grpc::SerializationTraits<v1::EncodeResponse>::Serialize(call->response, out, &own);
     }
-    intake_.record_inference(r, status.ok(), start, ns_since(filling));
-    intake_.record("Encode", status, start);
-    intake_.answered();
+    intake_.complete("Encode", r, status, start, ns_since(filling));
     reactor->Finish(status);
   };
   const grpc::Status status = admit(call->proto, context, request);

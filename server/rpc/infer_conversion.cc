@@ -8,13 +8,13 @@
 #include <optional>
 
 #include "server/rpc/raw_message.h"
-#include "server/rpc/text_input.h"
 #include "server/text/tokenizer/unicode.h"
 
 namespace fastformer::rpc {
 namespace {
 
 using InputTensorProto = inference::ModelInferRequest::InferInputTensor;
+using request::Truncate;
 
 grpc::Status invalid(std::string message) {
   return {grpc::StatusCode::INVALID_ARGUMENT, std::move(message)};
@@ -297,46 +297,27 @@ grpc::Status check_model(const engine::Model& model, const std::string& name,
 
 namespace {
 
-// The rows of a `text` input: one tokenized text each.
-grpc::Status convert_text_rows(const Input& text_in, const engine::Model& model,
-                               const text::Tokenizer* tokenizer, const RequestLimits& limits,
-                               int64_t max_batch_size, Truncate truncate, InferCall* call,
-                               batching::Request* out) {
-  std::vector<std::string_view> texts;
-  if (grpc::Status s = read_texts(text_in, &texts); !s.ok()) return s;
-  const int64_t B = int64_t(texts.size());
-  if (max_batch_size > 0 && B > max_batch_size) {
-    return invalid("text: batch size " + std::to_string(B) + " exceeds max_batch_size " +
-                   std::to_string(max_batch_size));
+// A refusal of the request layer in the protocol's words: "input_ids: row 2, token 5 has id
+// ...", "text: row 0: the text is empty", "input_ids: the request has ... tokens".
+grpc::Status refuse(const request::Problem& p) {
+  const char* tensor = p.field == request::Field::kTokenIds          ? "input_ids"
+                       : p.field == request::Field::kInputEmbeddings ? "input_embeddings"
+                                                                     : "text";
+  std::string where = tensor;
+  if (p.row) {
+    where += ": row " + std::to_string(*p.row);
+    where += p.token ? ", token " + std::to_string(*p.token) + " " : ": ";
+  } else {
+    where += ": ";
   }
-  call->rows = B;
-  call->ids.resize(size_t(B));
-  out->sequences.clear();
-  out->sequences.reserve(size_t(B));
-  int64_t total = 0;
-  for (int64_t r = 0; r < B; ++r) {
-    std::vector<int32_t>& row = call->ids[size_t(r)];
-    if (auto error =
-            tokenize_text(tokenizer, model.config(), texts[size_t(r)], truncate, &row, out)) {
-      return invalid("text: row " + std::to_string(r) + ": " + *error);
-    }
-    total += int64_t(row.size());
-    if (total > limits.max_request_tokens) {
-      return invalid("text: the request has " + std::string(r + 1 < B ? "at least " : "") +
-                     std::to_string(total) + " tokens, over max_request_tokens " +
-                     std::to_string(limits.max_request_tokens));
-    }
-    call->length = std::max(call->length, int64_t(row.size()));
-    out->sequences.push_back(SequenceInput{row, {}});
-  }
-  return grpc::Status::OK;
+  return invalid(where + p.message);
 }
 
 }  // namespace
 
 grpc::Status convert_infer_request(const inference::ModelInferRequest& proto,
                                    const engine::Model& model, const text::Tokenizer* tokenizer,
-                                   const RequestLimits& limits, int64_t max_batch_size,
+                                   const request::Limits& limits, int64_t max_batch_size,
                                    InferCall* call, batching::Request* out) {
   if (grpc::Status s = check_model(model, proto.model_name(), proto.model_version()); !s.ok())
     return s;
@@ -371,26 +352,31 @@ grpc::Status convert_infer_request(const inference::ModelInferRequest& proto,
                        ? "inputs: send exactly one of input_ids, input_embeddings and text"
                        : "inputs: send exactly one of input_ids and input_embeddings");
   }
-  if (ids_in && !model.has_word_embedding()) {
-    return invalid(
-        "input_ids: this model has no word embedding table; send input_embeddings instead");
-  }
   if (text_in && mask_in)
     return invalid("attention_mask: not used with text (each text is one row)");
 
-  OutputOptions options;
-  Truncate truncate = Truncate::kNone;
-  if (grpc::Status s = read_parameters(proto, &options, &truncate); !s.ok()) return s;
+  request::EncodeInput input;
+  if (grpc::Status s = read_parameters(proto, &input.options, &input.truncate); !s.ok()) return s;
   if (grpc::Status s = read_outputs(proto, model, tokenizer, call); !s.ok()) return s;
-  options.token_embeddings = call->token_embeddings;
-  options.logits = call->logits;
-  if (text_in) {
-    if (grpc::Status s = convert_text_rows(*text_in, model, tokenizer, limits, max_batch_size,
-                                           truncate, call, out);
-        !s.ok()) {
-      return s;
+  input.options.token_embeddings = call->token_embeddings;
+  input.options.logits = call->logits;
+  auto check_batch = [&](const std::string& tensor, int64_t B) {
+    if (max_batch_size > 0 && B > max_batch_size) {
+      return invalid(tensor + ": batch size " + std::to_string(B) + " exceeds max_batch_size " +
+                     std::to_string(max_batch_size));
     }
-    out->options = options;
+    return grpc::Status::OK;
+  };
+  if (text_in) {
+    std::vector<std::string_view> texts;
+    if (grpc::Status s = read_texts(*text_in, &texts); !s.ok()) return s;
+    if (grpc::Status s = check_batch("text", int64_t(texts.size())); !s.ok()) return s;
+    for (const std::string_view t : texts) input.rows.push_back(request::Row::from_text(t));
+    if (auto problem = request::build_request(input, model, tokenizer, limits, out))
+      return refuse(*problem);
+    call->rows = int64_t(texts.size());
+    for (const SequenceInput& row : out->sequences)
+      call->length = std::max(call->length, int64_t(row.token_ids.size()));
     return grpc::Status::OK;
   }
 
@@ -403,17 +389,13 @@ grpc::Status convert_infer_request(const inference::ModelInferRequest& proto,
     return invalid("input_embeddings: shape " + shape_string(main.tensor->shape()) +
                    ": the last dimension must be hidden_size " + std::to_string(D));
   }
-  if (max_batch_size > 0 && B > max_batch_size) {
-    return invalid(main.tensor->name() + ": batch size " + std::to_string(B) +
-                   " exceeds max_batch_size " + std::to_string(max_batch_size));
-  }
-  std::vector<int64_t> ids, mask;
-  std::vector<float> embeddings;
+  if (grpc::Status s = check_batch(main.tensor->name(), B); !s.ok()) return s;
   if (ids_in) {
-    if (grpc::Status s = read_integers(*ids_in, count, &ids); !s.ok()) return s;
+    if (grpc::Status s = read_integers(*ids_in, count, &call->ids); !s.ok()) return s;
   } else {
-    if (grpc::Status s = read_floats(*embeddings_in, count, &embeddings); !s.ok()) return s;
+    if (grpc::Status s = read_floats(*embeddings_in, count, &call->embeddings); !s.ok()) return s;
   }
+  std::vector<int64_t> mask;
   if (mask_in) {
     const auto& ms = mask_in->tensor->shape();
     if (ms.size() != 2 || ms[0] != B || ms[1] != L) {
@@ -424,63 +406,30 @@ grpc::Status convert_infer_request(const inference::ModelInferRequest& proto,
     if (grpc::Status s = read_integers(*mask_in, B * L, &mask); !s.ok()) return s;
   }
 
-  // The rows: trimmed by the mask, truncated, validated.
+  // The rows, trimmed by the mask (masked ids become the pad token, which the engine skips);
+  // the request layer truncates and checks them.
   call->rows = B;
-  call->length = truncate == Truncate::kNone ? L : std::min(L, max_len);
-  if (ids_in)
-    call->ids.resize(size_t(B));
-  else
-    call->embeddings.resize(size_t(B));
-  out->sequences.clear();
-  out->sequences.reserve(size_t(B));
-  int64_t total = 0;
+  call->length = input.truncate == Truncate::kNone ? L : std::min(L, max_len);
+  input.rows.reserve(size_t(B));
   for (int64_t r = 0; r < B; ++r) {
     int64_t n = L;
     if (mask_in) {
       if (grpc::Status s = mask_length(mask, r, L, embeddings_in.has_value(), &n); !s.ok())
         return s;
     }
-    int64_t first = 0;  // the first token kept
-    if (n > max_len && truncate != Truncate::kNone) {
-      if (truncate == Truncate::kLeft) first = n - max_len;
-      n = max_len;
-    }
-    SequenceInput in;
     if (ids_in) {
-      std::vector<int32_t>& row = call->ids[size_t(r)];
-      row.resize(size_t(n));
-      for (int64_t t = 0; t < n; ++t) {
-        const size_t at = size_t(r * L + first + t);
-        if (mask_in && mask[at] == 0) {
-          row[size_t(t)] = int32_t(c.pad_token_id);  // masked: the engine skips pad tokens
-          continue;
-        }
-        if (ids[at] < 0 || ids[at] >= c.vocab_size) {
-          return invalid("input_ids: row " + std::to_string(r) + ", token " +
-                         std::to_string(first + t) + " has id " + std::to_string(ids[at]) +
-                         ", outside [0, vocab_size " + std::to_string(c.vocab_size) + ")");
-        }
-        row[size_t(t)] = int32_t(ids[at]);
+      const std::span<int64_t> row(call->ids.data() + r * L, size_t(n));
+      for (int64_t t = 0; t < n && mask_in; ++t) {
+        if (mask[size_t(r * L + t)] == 0) row[size_t(t)] = c.pad_token_id;
       }
-      in.token_ids = row;
+      input.rows.push_back(request::Row::wide_ids(row));
     } else {
-      std::vector<float>& row = call->embeddings[size_t(r)];
-      const float* from = embeddings.data() + (r * L + first) * D;
-      row.assign(from, from + n * D);
-      in.input_embeddings = row;
+      input.rows.push_back(request::Row::embeddings(
+          std::span<const float>(call->embeddings.data() + r * L * D, size_t(n * D))));
     }
-    if (auto error = engine::validate_sequence(c, model.has_word_embedding(), in, size_t(r))) {
-      const std::string tensor = ids_in ? "input_ids" : "input_embeddings";
-      return invalid(tensor + ": row " + std::to_string(r) + ": " + error->message);
-    }
-    total += n;
-    out->sequences.push_back(in);
   }
-  if (total > limits.max_request_tokens) {
-    return invalid(main.tensor->name() + ": the request has " + std::to_string(total) +
-                   " tokens, over max_request_tokens " + std::to_string(limits.max_request_tokens));
-  }
-  out->options = options;
+  if (auto problem = request::build_request(input, model, tokenizer, limits, out))
+    return refuse(*problem);
   return grpc::Status::OK;
 }
 

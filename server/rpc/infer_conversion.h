@@ -45,8 +45,8 @@ std::vector<TensorSpec> model_outputs(const engine::Model& model, const text::To
 // One ModelInferRequest's rows, converted: what the batching::Request's sequences point into,
 // and what to answer with.
 struct InferCall {
-  std::vector<std::vector<int32_t>> ids;       ///< per row (token ids input)
-  std::vector<std::vector<float>> embeddings;  ///< per row (embeddings input)
+  std::vector<int64_t> ids;       ///< the input_ids tensor, [rows, length] (masked ids: pad)
+  std::vector<float> embeddings;  ///< the input_embeddings tensor, [rows, length, hidden]
   int64_t rows = 0;
   int64_t length = 0;  ///< the token_embeddings output's length dimension
   bool embedding = false, token_embeddings = false, logits = false;  ///< outputs asked for
@@ -57,7 +57,7 @@ struct InferCall {
 // limit for anything else wrong. On OK, `out` holds one sequence per row (views into `call`).
 grpc::Status convert_infer_request(const inference::ModelInferRequest& proto,
                                    const engine::Model& model, const text::Tokenizer* tokenizer,
-                                   const RequestLimits& limits, int64_t max_batch_size,
+                                   const request::Limits& limits, int64_t max_batch_size,
                                    InferCall* call, batching::Request* out);
 
 // A ModelInferRequest read as bytes (ModelStreamInfer's raw messages): OK when it parses,

@@ -201,9 +201,7 @@ grpc::ServerUnaryReactor* InferenceService::ModelInfer(grpc::CallbackServerConte
       response->set_id(proto->id());
       fill_infer_response(*call, r, intake_.engine().model(), response);
     }
-    intake_.record_inference(r, status.ok(), start, ns_since(filling));
-    intake_.record("ModelInfer", status, start);
-    intake_.answered();
+    intake_.complete("ModelInfer", r, status, start, ns_since(filling));
     reactor->Finish(status);
   };
   const grpc::Status status = admit(*proto, call.get(), context, request);

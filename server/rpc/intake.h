@@ -21,7 +21,7 @@
 namespace fastformer::rpc {
 
 struct ServiceConfig {
-  RequestLimits limits;
+  request::Limits limits;
   std::string version;              ///< server_version in ModelInfo, version in ServerMetadata
   int64_t max_batch_tokens = 0;     ///< reported in ModelInfo
   int64_t max_batch_sequences = 0;  ///< max_batch_size in the v2 ModelConfig
@@ -91,6 +91,15 @@ class Intake {
   // `output_ns` the time spent converting its results into the response.
   void record_inference(const batching::Request& request, bool ok,
                         batching::Clock::time_point start, uint64_t output_ns);
+  // Closes an admitted call once its answer is ready: the statistics (record_inference), the
+  // request metrics (record) and the drain count (answered). Every API's completion calls it.
+  void complete(const char* method, const batching::Request& request, const grpc::Status& status,
+                batching::Clock::time_point start, uint64_t output_ns) {
+    record_inference(request, status.ok(), start, output_ns);
+    record(method, status, start);
+    answered();
+  }
+
   // One engine batch ran (the scheduler's observer calls this).
   void record_execution() { statistics_.execution_count.fetch_add(1, std::memory_order_relaxed); }
   const InferenceStatistics& statistics() const { return statistics_; }
@@ -116,12 +125,7 @@ class Intake {
   std::atomic<int64_t> open_streams_{0};
 };
 
-// Nanoseconds from `from` to now.
-inline uint64_t ns_since(batching::Clock::time_point from) {
-  return uint64_t(std::max<int64_t>(
-      0,
-      std::chrono::duration_cast<std::chrono::nanoseconds>(batching::Clock::now() - from).count()));
-}
+using batching::ns_since;
 
 // The call's deadline on the steady clock (max() when the client set none).
 batching::Clock::time_point steady_deadline(const grpc::CallbackServerContext* context);

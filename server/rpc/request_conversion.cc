@@ -6,106 +6,61 @@
 #include <algorithm>
 #include <chrono>
 #include <optional>
+#include <span>
 #include <string>
-#include <vector>
 
 #include "server/rpc/raw_message.h"
-#include "server/rpc/text_input.h"
 #include "server/text/tokenizer/unicode.h"
 
 namespace fastformer::rpc {
 
 grpc::Status convert_request(const v1::EncodeRequest& proto, const engine::Model& model,
-                             const text::Tokenizer* tokenizer, const RequestLimits& limits,
+                             const text::Tokenizer* tokenizer, const request::Limits& limits,
                              batching::Request* out) {
-  const engine::ModelConfig& c = model.config();
-  if (proto.sequences_size() == 0) {
-    return {grpc::StatusCode::INVALID_ARGUMENT, "sequences: the request has no sequences"};
-  }
-  if (!v1::Truncation_IsValid(proto.truncation())) {
-    return {grpc::StatusCode::INVALID_ARGUMENT,
-            "truncation: unknown value " + std::to_string(proto.truncation()) +
-                " (expected TRUNCATION_UNSPECIFIED, TRUNCATION_RIGHT or TRUNCATION_LEFT)"};
-  }
-  if (proto.return_logits() && model.num_labels() == 0) {
-    return {grpc::StatusCode::INVALID_ARGUMENT,
-            "return_logits: this model has no classifier head (dense_linear)"};
-  }
-  const int64_t max_len = c.max_position_embeddings, D = c.hidden_size;
-  const Truncate truncate = proto.truncation() == v1::TRUNCATION_RIGHT  ? Truncate::kRight
-                            : proto.truncation() == v1::TRUNCATION_LEFT ? Truncate::kLeft
-                                                                        : Truncate::kNone;
-  auto invalid = [](int i, const char* field, const std::string& message) {
-    return grpc::Status(grpc::StatusCode::INVALID_ARGUMENT,
-                        engine::InputError{size_t(i), field, message}.to_string());
+  auto invalid = [](std::string message) {
+    return grpc::Status(grpc::StatusCode::INVALID_ARGUMENT, std::move(message));
   };
-  int64_t total = 0;
-  out->sequences.clear();
-  out->sequences.reserve(size_t(proto.sequences_size()));
-  // Views into text_ids must not move: one slot per text, reserved up front.
-  out->text_ids.clear();
-  out->text_ids.reserve(
-      size_t(std::count_if(proto.sequences().begin(), proto.sequences().end(),
-                           [](const v1::Sequence& s) { return !s.text().empty(); })));
+  if (!v1::Truncation_IsValid(proto.truncation())) {
+    return invalid("truncation: unknown value " + std::to_string(proto.truncation()) +
+                   " (expected TRUNCATION_UNSPECIFIED, TRUNCATION_RIGHT or TRUNCATION_LEFT)");
+  }
+  request::EncodeInput input;
+  input.truncate = proto.truncation() == v1::TRUNCATION_RIGHT  ? request::Truncate::kRight
+                   : proto.truncation() == v1::TRUNCATION_LEFT ? request::Truncate::kLeft
+                                                               : request::Truncate::kNone;
+  input.options = {proto.return_token_embeddings(), proto.return_logits(), proto.normalize()};
+  if (auto refused = request::check_options(input.options, model))
+    return invalid("return_logits: " + *refused);
+  // The wire's shape: a Sequence holds any of its three inputs, and must hold exactly one.
+  input.rows.reserve(size_t(proto.sequences_size()));
   for (int i = 0; i < proto.sequences_size(); ++i) {
     const v1::Sequence& s = proto.sequences(i);
-    SequenceInput in{{s.token_ids().data(), size_t(s.token_ids_size())},
-                     {s.input_embeddings().data(), size_t(s.input_embeddings_size())}};
-    if (s.text().empty() && in.token_ids.empty() && in.input_embeddings.empty()) {
-      return invalid(
-          i, "token_ids",
-          "empty sequence: send at least one token id or embedding row, or a non-empty text");
-    }
+    const std::span<const int32_t> ids{s.token_ids().data(), size_t(s.token_ids_size())};
+    const std::span<const float> embeddings{s.input_embeddings().data(),
+                                            size_t(s.input_embeddings_size())};
+    auto refuse = [&](const char* field, std::string message) {
+      return invalid(engine::InputError{size_t(i), field, std::move(message)}.to_string());
+    };
     if (!s.text().empty()) {
-      if (!in.token_ids.empty() || !in.input_embeddings.empty()) {
-        return invalid(i, "text",
-                       std::string("the sequence also has ") +
-                           (in.token_ids.empty() ? "input_embeddings" : "token_ids") +
-                           "; send exactly one of token_ids, input_embeddings and text");
+      if (!ids.empty() || !embeddings.empty()) {
+        return refuse("text", std::string("the sequence also has ") +
+                                  (ids.empty() ? "input_embeddings" : "token_ids") +
+                                  "; send exactly one of token_ids, input_embeddings and text");
       }
-      std::vector<int32_t>& ids = out->text_ids.emplace_back();
-      if (auto error = tokenize_text(tokenizer, c, s.text(), truncate, &ids, out))
-        return invalid(i, "text", *error);
-      in.token_ids = ids;
-      total += int64_t(ids.size());
-      if (total > limits.max_request_tokens) break;  // reported below, without tokenizing the rest
-      out->sequences.push_back(in);
-      continue;
+      input.rows.push_back(request::Row::from_text(s.text()));
+    } else if (ids.empty() && embeddings.empty()) {
+      return refuse("token_ids",
+                    "empty sequence: send at least one token id or embedding row, or a non-empty "
+                    "text");
+    } else if (!ids.empty() && !embeddings.empty()) {
+      return refuse("token_ids", "set either token_ids or input_embeddings, not both");
+    } else {
+      input.rows.push_back(ids.empty() ? request::Row::embeddings(embeddings)
+                                       : request::Row::ids(ids));
     }
-    // Truncation applies only to a well-formed single-kind sequence; anything else is left
-    // for validate_sequence to reject with its own message.
-    if (proto.truncation() != v1::TRUNCATION_UNSPECIFIED &&
-        (in.token_ids.empty() != in.input_embeddings.empty())) {
-      const bool keep_last = proto.truncation() == v1::TRUNCATION_LEFT;
-      if (static_cast<int64_t>(in.token_ids.size()) > max_len) {
-        in.token_ids =
-            keep_last ? in.token_ids.last(size_t(max_len)) : in.token_ids.first(size_t(max_len));
-      }
-      if (!in.input_embeddings.empty() && in.input_embeddings.size() % size_t(D) == 0 &&
-          static_cast<int64_t>(in.input_embeddings.size()) > max_len * D) {
-        const size_t keep = size_t(max_len * D);
-        in.input_embeddings =
-            keep_last ? in.input_embeddings.last(keep) : in.input_embeddings.first(keep);
-      }
-    }
-    if (auto error = engine::validate_sequence(c, model.has_word_embedding(), in, size_t(i))) {
-      return {grpc::StatusCode::INVALID_ARGUMENT, error->to_string()};
-    }
-    total += engine::sequence_length(in, D);
-    if (total > limits.max_request_tokens) break;
-    out->sequences.push_back(in);
   }
-  if (total > limits.max_request_tokens) {
-    return {grpc::StatusCode::INVALID_ARGUMENT,
-            "sequences: the request has " +
-                std::string(out->sequences.size() + 1 < size_t(proto.sequences_size()) ? "at least "
-                                                                                       : "") +
-                std::to_string(total) + " tokens, over max_request_tokens " +
-                std::to_string(limits.max_request_tokens)};
-  }
-  out->options.token_embeddings = proto.return_token_embeddings();
-  out->options.logits = proto.return_logits();
-  out->options.normalize = proto.normalize();
+  if (auto problem = request::build_request(input, model, tokenizer, limits, out))
+    return invalid(request::format_v1(*problem));
   return grpc::Status::OK;
 }
 

@@ -1,6 +1,6 @@
-// EncodeRequest (proto) -> validated batching::Request, applying truncation and the
-// request limits. A request that can never succeed gets INVALID_ARGUMENT naming the
-// sequence index and the field; nothing of it is queued.
+// EncodeRequest (proto) -> validated batching::Request: the wire's shape here, the request
+// rules in server/request/encode_input.h. A request that can never succeed gets INVALID_ARGUMENT
+// naming the sequence index and the field; nothing of it is queued.
 #pragma once
 
 #include <grpcpp/support/byte_buffer.h>
@@ -13,13 +13,9 @@
 #include "fastformer/v1/encoder.pb.h"
 #include "server/batching/request.h"
 #include "server/engine/model.h"
-#include "server/text/text.h"
+#include "server/request/encode_input.h"
 
 namespace fastformer::rpc {
-
-struct RequestLimits {
-  int64_t max_request_tokens = 0;  ///< tokens over all sequences of one request
-};
 
 // Parses an EncodeRequest from gRPC's bytes; INVALID_ARGUMENT explaining why it does not parse.
 grpc::Status parse_encode_request(const grpc::ByteBuffer& bytes, v1::EncodeRequest* proto);
@@ -31,7 +27,7 @@ std::string explain_encode_parse_failure(const std::string& bytes);
 // Fills `out` (sequences are views into `proto`, which must outlive the request). `tokenizer`:
 // the model's (null when it takes no text).
 grpc::Status convert_request(const v1::EncodeRequest& proto, const engine::Model& model,
-                             const text::Tokenizer* tokenizer, const RequestLimits& limits,
+                             const text::Tokenizer* tokenizer, const request::Limits& limits,
                              batching::Request* out);
 
 // Copies the results of a finished request into `response` (encodings, timings).

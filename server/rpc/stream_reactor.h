@@ -68,9 +68,8 @@ class StreamReactor final
       const grpc::Status status = outcome_status(r);
       const auto filling = Clock::now();
       Response response = protocol_->answer(*message, &r, status);
-      intake_->record_inference(r, status.ok(), start, ns_since(filling));
-      intake_->answered();
-      queue_answer(status, start, std::move(response));  // last: may end the call
+      intake_->complete(Protocol::kMethod, r, status, start, ns_since(filling));
+      queue_answer(std::move(response));  // last: may end the call
     };
     const grpc::Status status = protocol_->admit(*message, context_, request);
     incoming_.Clear();
@@ -81,8 +80,10 @@ class StreamReactor final
       read_paused_ = !read_now;
     }
     if (read_now) this->StartRead(&incoming_);
-    if (!status.ok())
-      queue_answer(status, start, protocol_->answer(*message, nullptr, status));  // last
+    if (!status.ok()) {
+      intake_->record(Protocol::kMethod, status, start);
+      queue_answer(protocol_->answer(*message, nullptr, status));  // last
+    }
   }
 
   void OnWriteDone(bool ok) override {
@@ -144,8 +145,7 @@ class StreamReactor final
   }
 
   // Queues the answer to one message.
-  void queue_answer(const grpc::Status& status, Clock::time_point start, Response response) {
-    intake_->record(Protocol::kMethod, status, start);
+  void queue_answer(Response response) {
     Step step;
     {
       std::lock_guard lock(mu_);

@@ -1,7 +1,7 @@
 // Text for a model: the model directory's tokenizer.json, loaded beside the weights and checked
 // against them, and a sequence given as UTF-8 text turned into token ids under a request's
 // truncation rule, refused with a reason when it cannot be encoded. The server's request
-// threads (server/rpc/text_input.h, which adds the metrics) and fastformer-encode both call
+// threads (through server/request/encode_input.h, which times it) and fastformer-encode both call
 // this, so text means the same everywhere. The engine below knows token ids only: this layer
 // (and ICU, through the tokenizer) stays out of the engine core, the CUDA plugin and the
 // benchmark.

@@ -26,7 +26,7 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
   fuzz::Served& served = fuzz::served_models()[choice & 3];
   const engine::Model& model = *served.model;
   const engine::ModelConfig& c = model.config();
-  rpc::RequestLimits limits;
+  request::Limits limits;
   limits.max_request_tokens = std::array<int64_t, 4>{1, 16, 40, 64}[(choice >> 2) & 3];
   const int64_t max_batch_size = std::array<int64_t, 4>{0, 1, 3, 8}[(choice >> 4) & 3];
 

@@ -2,7 +2,7 @@
 """The dependency rule: every include points down.
 
     client -> common
-    server/cmd -> server/rpc -> server/batching -> server/engine -> kernels -> common
+    server/cmd -> server/rpc -> server/request -> server/batching -> server/engine -> kernels -> common
     server/rpc, server/cmd -> server/text -> server/engine (the tokenizer, on ICU, and the text
                                                           rules: beside the batching, above the engine)
     server/rpc, server/cmd -> server/metrics -> common
@@ -27,8 +27,8 @@ import sys
 import tempfile
 
 # Bottom first. A file's layer is the longest of these prefixes its path starts with.
-SERVER_LAYERS = ["common", "kernels", "server/engine", "server/text", "server/batching", "server/rpc",
-                 "server/cmd"]
+SERVER_LAYERS = ["common", "kernels", "server/engine", "server/text", "server/batching", "server/request",
+                 "server/rpc", "server/cmd"]
 # Generated from proto/ (the public API and gRPC health): usable by the RPC layers and clients.
 PROTO = ["fastformer/v1/", "grpc/health/"]
 # The client library's public header directory (client/include).

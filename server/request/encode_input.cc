@@ -1,0 +1,151 @@
+#include "server/request/encode_input.h"
+
+#include <string>
+#include <type_traits>
+
+#include "server/engine/error.h"
+#include "server/engine/ragged_batch.h"
+
+namespace fastformer::request {
+namespace {
+
+Field field_of(const std::string& engine_field) {
+  return engine_field == "input_embeddings" ? Field::kInputEmbeddings : Field::kTokenIds;
+}
+
+// The token ids of `row` kept under `truncate` (the first or last max_len of a longer row),
+// each inside the vocabulary; `first` is the position of the first kept one in the row as sent.
+// 64-bit ids are narrowed into `storage`.
+template <class Id>
+std::optional<Problem> keep_ids(std::span<const Id> ids, size_t row, const engine::Model& model,
+                                Truncate truncate, std::vector<std::vector<int32_t>>* storage,
+                                std::span<const int32_t>* kept) {
+  const engine::ModelConfig& c = model.config();
+  const size_t max_len = size_t(c.max_position_embeddings);
+  size_t first = 0, n = ids.size();
+  if (truncate != Truncate::kNone && n > max_len) {
+    if (truncate == Truncate::kLeft) first = n - max_len;
+    n = max_len;
+  }
+  const std::span<const Id> keep = ids.subspan(first, n);
+  if (model.has_word_embedding()) {  // else validate_sequence says there is no word table
+    for (size_t t = 0; t < keep.size(); ++t) {
+      if (keep[t] < 0 || keep[t] >= c.vocab_size) {
+        return Problem{row, Field::kTokenIds, int64_t(first + t),
+                       engine::id_outside_vocabulary(int64_t(keep[t]), c.vocab_size)};
+      }
+    }
+  }
+  if constexpr (std::is_same_v<Id, int32_t>) {
+    *kept = keep;
+  } else {
+    std::vector<int32_t>& narrow = storage->emplace_back(keep.begin(), keep.end());
+    *kept = narrow;
+  }
+  return std::nullopt;
+}
+
+}  // namespace
+
+const char* field_name(Field field) {
+  switch (field) {
+    case Field::kTokenIds:
+      return "token_ids";
+    case Field::kInputEmbeddings:
+      return "input_embeddings";
+    case Field::kText:
+      return "text";
+  }
+  return "?";
+}
+
+namespace {
+std::string what(const Problem& p) {
+  return (p.token ? "token " + std::to_string(*p.token) + " " : "") + p.message;
+}
+}  // namespace
+
+std::string describe(const Problem& p) { return std::string(field_name(p.field)) + ": " + what(p); }
+
+std::string format_v1(const Problem& p) {
+  if (!p.row) return "sequences: " + what(p);
+  return engine::InputError{*p.row, field_name(p.field), what(p)}.to_string();
+}
+
+std::optional<std::string> check_options(const OutputOptions& options, const engine::Model& model) {
+  if (options.logits && model.num_labels() == 0) {
+    return "this model has no classifier head (dense_linear)";
+  }
+  return std::nullopt;
+}
+
+std::optional<Problem> build_request(const EncodeInput& input, const engine::Model& model,
+                                     const text::Tokenizer* tokenizer, const Limits& limits,
+                                     batching::Request* out) {
+  const engine::ModelConfig& c = model.config();
+  const int64_t D = c.hidden_size, max_len = c.max_position_embeddings;
+  const size_t rows = input.rows.size();
+  if (rows == 0) return Problem{std::nullopt, Field::kTokenIds, {}, "the request has no sequences"};
+  out->sequences.clear();
+  out->sequences.reserve(rows);
+  // Views into text_ids must not move: one slot per row that may need one, reserved up front.
+  out->text_ids.clear();
+  out->text_ids.reserve(rows);
+  int64_t total = 0;
+  for (size_t i = 0; i < rows; ++i) {
+    const Row& row = input.rows[i];
+    SequenceInput in;
+    switch (row.field) {
+      case Field::kText: {
+        std::vector<int32_t>& ids = out->text_ids.emplace_back();
+        const auto start = batching::Clock::now();
+        std::optional<std::string> refused =
+            text::tokenize_text(tokenizer, c, row.text, input.truncate, &ids);
+        out->tokenize_ns += batching::ns_since(start);
+        ++out->texts;
+        if (refused) return Problem{i, Field::kText, {}, std::move(*refused)};
+        in.token_ids = ids;
+        break;
+      }
+      case Field::kTokenIds: {
+        std::optional<Problem> p =
+            row.wide_token_ids.empty()
+                ? keep_ids(row.token_ids, i, model, input.truncate, &out->text_ids, &in.token_ids)
+                : keep_ids(row.wide_token_ids, i, model, input.truncate, &out->text_ids,
+                           &in.token_ids);
+        if (p) return p;
+        break;
+      }
+      case Field::kInputEmbeddings: {
+        in.input_embeddings = row.input_embeddings;
+        // Only whole rows are cut; anything else is left for validate_sequence's message.
+        const size_t keep = size_t(max_len * D);
+        if (input.truncate != Truncate::kNone && in.input_embeddings.size() % size_t(D) == 0 &&
+            in.input_embeddings.size() > keep) {
+          in.input_embeddings = input.truncate == Truncate::kLeft ? in.input_embeddings.last(keep)
+                                                                  : in.input_embeddings.first(keep);
+        }
+        break;
+      }
+    }
+    if (row.field != Field::kText) {
+      if (auto error = engine::validate_sequence(c, model.has_word_embedding(), in, i)) {
+        return Problem{i, field_of(error->field), {}, std::move(error->message)};
+      }
+    }
+    total += engine::sequence_length(in, D);
+    if (total > limits.max_request_tokens) {
+      return Problem{std::nullopt,
+                     row.field,
+                     {},
+                     "the request has " + std::string(i + 1 < rows ? "at least " : "") +
+                         std::to_string(total) + " tokens, over max_request_tokens " +
+                         std::to_string(limits.max_request_tokens)};
+    }
+    out->sequences.push_back(in);
+  }
+  out->options = input.options;
+  return std::nullopt;
+}
+
+}  // namespace fastformer::request

@@ -1,0 +1,91 @@
+// The protocol-neutral request layer: every protocol (fastformer.v1, KServe v2, the offline
+// encoder's JSON lines) maps its wire format into one EncodeInput, and build_request turns that
+// into the rows the batch queue takes. The request rules live here once: text through the
+// model's tokenizer, truncation, the vocabulary and position checks, the per-request token
+// budget and the classifier-head check. A refusal is a Problem that says where (which row,
+// which input, which token) and what, with the limit; each protocol words the "where" its own
+// way (format_v1, or its own), so its clients' messages stay what they were.
+//
+// Adding a request option or limit: a field of EncodeInput or Limits, its rule here, one
+// mapping line per protocol, the docs (docs/api.md) and a case in
+// tests/unit/encode_input_test.cc.
+#pragma once
+
+#include <cstdint>
+#include <optional>
+#include <span>
+#include <string>
+#include <string_view>
+#include <vector>
+
+#include "server/batching/request.h"
+#include "server/engine/model.h"
+#include "server/text/text.h"
+
+namespace fastformer::request {
+
+using text::Truncate;
+
+// Which input of a row a rule speaks of.
+enum class Field { kTokenIds, kInputEmbeddings, kText };
+
+// One row (sequence) of a request, as its protocol decoded it: exactly one input is set.
+// The spans view storage the protocol keeps alive for as long as the request.
+struct Row {
+  Field field = Field::kTokenIds;
+  std::span<const int32_t> token_ids;       ///< kTokenIds, as sent (fastformer.v1, JSON lines)
+  std::span<const int64_t> wide_token_ids;  ///< kTokenIds from a 64-bit tensor (KServe v2)
+  std::span<const float> input_embeddings;  ///< kInputEmbeddings: rows of hidden_size
+  std::string_view text;                    ///< kText: UTF-8, tokenized here
+
+  static Row ids(std::span<const int32_t> v) { return {Field::kTokenIds, v, {}, {}, {}}; }
+  static Row wide_ids(std::span<const int64_t> v) { return {Field::kTokenIds, {}, v, {}, {}}; }
+  static Row embeddings(std::span<const float> v) {
+    return {Field::kInputEmbeddings, {}, {}, v, {}};
+  }
+  static Row from_text(std::string_view v) { return {Field::kText, {}, {}, {}, v}; }
+};
+
+// One request in neutral form.
+struct EncodeInput {
+  std::vector<Row> rows;
+  Truncate truncate = Truncate::kNone;  ///< rows over max_position_embeddings: refuse or cut
+  OutputOptions options;                ///< what to return for every row
+};
+
+struct Limits {
+  int64_t max_request_tokens = 0;  ///< tokens over all rows of one request
+};
+
+// Why a request is refused. `row` empty: the request as a whole (the token budget, no rows);
+// `token`: the position in the row as sent. `message` says what is wrong and the limit.
+struct Problem {
+  std::optional<size_t> row;
+  Field field = Field::kTokenIds;
+  std::optional<int64_t> token;
+  std::string message;
+};
+
+// The field's name in fastformer.v1 and the JSON lines: token_ids, input_embeddings, text.
+const char* field_name(Field field);
+
+// The problem without its row: "token_ids: token 5 has id 1000, outside [0, vocab_size 1000)".
+std::string describe(const Problem& problem);
+
+// fastformer.v1's wording (engine::InputError's): "sequence 2: token_ids: token 5 has id ...",
+// "sequences: the request has ...".
+std::string format_v1(const Problem& problem);
+
+// Fills `out`: its sequences (views into the rows' storage, or into out->text_ids for what
+// was tokenized or narrowed here), its options and the tokenizer's time and count. Rows are
+// checked in order; the first refusal is returned and `out` must not be queued.
+// `tokenizer`: the model's (null when it takes no text).
+std::optional<Problem> build_request(const EncodeInput& input, const engine::Model& model,
+                                     const text::Tokenizer* tokenizer, const Limits& limits,
+                                     batching::Request* out);
+
+// The output options the model can answer: asking for logits of a model with no classifier
+// head is refused (the message, without the option's name, which differs per protocol).
+std::optional<std::string> check_options(const OutputOptions& options, const engine::Model& model);
+
+}  // namespace fastformer::request

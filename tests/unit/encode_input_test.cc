@@ -1,0 +1,395 @@
+// The request layer (server/request/encode_input.h): every rule, one table of cases, each
+// with the message written out by hand (in fastformer.v1's wording, format_v1, and the offline
+// encoder's, describe) or the rows it must keep. The e2e and KServe suites assert the same
+// messages through each protocol's own wording.
+#include "server/request/encode_input.h"
+
+#include <gtest/gtest.h>
+
+#include <cctype>
+#include <cmath>
+#include <fstream>
+#include <limits>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "tests/support/test_models.h"
+
+namespace fastformer::request {
+namespace {
+
+// Model "words": ids (vocab 100, pad 0), 8 positions, hidden 4, a 2-label head, a WordLevel
+// tokenizer.json. Model "embeddings": no word embedding, no head, no tokenizer.
+struct Served {
+  std::shared_ptr<const engine::Model> model;
+  std::shared_ptr<const text::Tokenizer> tokenizer;
+};
+
+const char* const kTokenizer = R"({"truncation": null,
+  "pre_tokenizer": {"type": "WhitespaceSplit"},
+  "model": {"type": "WordLevel", "unk_token": "[UNK]",
+            "vocab": {"PADDING": 0, "[UNK]": 1, "a": 2, "b": 3, "c": 4}}})";
+
+const Served& served(bool words) {
+  static test::TempDir dir;
+  static const Served models[2] = {[] {
+                                     test::TinyModelSpec s;
+                                     s.hidden = 4, s.heads = 2, s.layers = 1, s.intermediate = 4;
+                                     s.max_positions = 8, s.vocab = 100;
+                                     s.word_embedding = false;
+                                     const auto d = test::write_tiny_model(dir.path(), "emb", s);
+                                     return Served{engine::Model::load(d), nullptr};
+                                   }(),
+                                   [] {
+                                     test::TinyModelSpec s;
+                                     s.hidden = 4, s.heads = 2, s.layers = 1, s.intermediate = 4;
+                                     s.max_positions = 8, s.vocab = 100, s.num_labels = 2;
+                                     const auto d = test::write_tiny_model(dir.path(), "words", s);
+                                     std::ofstream(d / "tokenizer.json") << kTokenizer;
+                                     auto m = engine::Model::load(d);
+                                     auto t = text::load_tokenizer(d, *m);
+                                     return Served{m, t};
+                                   }()};
+  return models[words ? 1 : 0];
+}
+
+// One row of a case, owning its values.
+struct RowSpec {
+  Field field = Field::kTokenIds;
+  std::vector<int32_t> ids;
+  std::vector<int64_t> wide;  ///< a 64-bit id row (KServe v2's tensors)
+  std::vector<float> embeddings;
+  std::string text;
+
+  Row row() const {
+    switch (field) {
+      case Field::kText:
+        return Row::from_text(text);
+      case Field::kInputEmbeddings:
+        return Row::embeddings(embeddings);
+      case Field::kTokenIds:
+        break;
+    }
+    return wide.empty() ? Row::ids(ids) : Row::wide_ids(wide);
+  }
+};
+
+RowSpec ids(std::vector<int32_t> v) { return {Field::kTokenIds, std::move(v), {}, {}, {}}; }
+RowSpec wide(std::vector<int64_t> v) { return {Field::kTokenIds, {}, std::move(v), {}, {}}; }
+RowSpec emb(std::vector<float> v) { return {Field::kInputEmbeddings, {}, {}, std::move(v), {}}; }
+RowSpec txt(std::string v) { return {Field::kText, {}, {}, {}, std::move(v)}; }
+
+std::vector<int32_t> count(int32_t from, int32_t to) {  // from, from + 1, ..., to - 1
+  std::vector<int32_t> v;
+  for (int32_t i = from; i < to; ++i) v.push_back(i);
+  return v;
+}
+
+std::vector<float> rows_of(int64_t rows) {  // rows x hidden 4: row r holds r*4 .. r*4+3
+  std::vector<float> v(size_t(rows * 4));
+  for (size_t i = 0; i < v.size(); ++i) v[i] = float(i);
+  return v;
+}
+
+// What an accepted row must be: its length and its first and last value (a token id, or an
+// embedding value).
+struct Kept {
+  int64_t length;
+  float first, last;
+};
+
+struct Case {
+  const char* name;
+  bool words;  ///< the "words" model, else "embeddings"
+  std::vector<RowSpec> rows;
+  Truncate truncate = Truncate::kNone;
+  int64_t max_request_tokens = 1000;
+  std::string v1;            ///< format_v1 of the refusal; empty: accepted
+  std::string described;     ///< describe() of the refusal (fastformer-encode's words)
+  std::vector<Kept> kept{};  ///< accepted: per row
+};
+
+constexpr auto kNone = Truncate::kNone, kRight = Truncate::kRight, kLeft = Truncate::kLeft;
+
+std::vector<float> with_nan() {
+  std::vector<float> v = rows_of(2);
+  v[6] = std::nanf("");  // row 1, column 2
+  return v;
+}
+
+const std::vector<Case>& cases() {
+  static const std::vector<Case> all = {
+      {"no rows",
+       true,
+       {},
+       kNone,
+       1000,
+       "sequences: the request has no sequences",
+       "token_ids: the request has no sequences"},
+      {"id over the vocabulary",
+       true,
+       {ids({5, 100, 3})},
+       kNone,
+       1000,
+       "sequence 0: token_ids: token 1 has id 100, outside [0, vocab_size 100)",
+       "token_ids: token 1 has id 100, outside [0, vocab_size 100)"},
+      {"negative id, second row",
+       true,
+       {ids({1}), ids({5, 6, -1})},
+       kNone,
+       1000,
+       "sequence 1: token_ids: token 2 has id -1, outside [0, vocab_size 100)",
+       "token_ids: token 2 has id -1, outside [0, vocab_size 100)"},
+      {"64-bit id checked before narrowing",
+       true,
+       {wide({3, int64_t(1) << 32})},
+       kNone,
+       1000,
+       "sequence 0: token_ids: token 1 has id 4294967296, outside [0, vocab_size 100)",
+       "token_ids: token 1 has id 4294967296, outside [0, vocab_size 100)"},
+      {"64-bit ids accepted", true, {wide({7, 8, 99})}, kNone, 1000, "", "", {{3, 7, 99}}},
+      {"too many ids",
+       true,
+       {ids(count(1, 10))},
+       kNone,
+       1000,
+       "sequence 0: token_ids: 9 tokens exceed max_position_embeddings 8",
+       "token_ids: 9 tokens exceed max_position_embeddings 8"},
+      {"truncation right keeps the first 8",
+       true,
+       {ids(count(1, 11))},
+       kRight,
+       1000,
+       "",
+       "",
+       {{8, 1, 8}}},
+      {"truncation left keeps the last 8",
+       true,
+       {ids(count(1, 11))},
+       kLeft,
+       1000,
+       "",
+       "",
+       {{8, 3, 10}}},
+      {"a bad id cut off by truncation is not checked",
+       true,
+       {ids({-5, 1, 2, 3, 4, 5, 6, 7, 8})},
+       kLeft,
+       1000,
+       "",
+       "",
+       {{8, 1, 8}}},
+      {"a bad id kept is named at its position as sent",
+       true,
+       {ids({1, 2, 3, 4, 5, 6, 7, 8, 9, 500})},
+       kLeft,
+       1000,
+       "sequence 0: token_ids: token 9 has id 500, outside [0, vocab_size 100)",
+       "token_ids: token 9 has id 500, outside [0, vocab_size 100)"},
+      {"64-bit ids truncated",
+       true,
+       {wide({1, 2, 3, 4, 5, 6, 7, 8, 9})},
+       kRight,
+       1000,
+       "",
+       "",
+       {{8, 1, 8}}},
+      {"every id the pad",
+       true,
+       {ids({0, 0, 0})},
+       kNone,
+       1000,
+       "sequence 0: token_ids: every token is the pad token (pad_token_id 0): nothing to encode",
+       "token_ids: every token is the pad token (pad_token_id 0): nothing to encode"},
+      {"an empty id row",
+       true,
+       {ids({})},
+       kNone,
+       1000,
+       "sequence 0: token_ids: empty sequence: send at least one token id or embedding row",
+       "token_ids: empty sequence: send at least one token id or embedding row"},
+      {"ids for a model with no word embedding",
+       false,
+       {ids({1, 2})},
+       kNone,
+       1000,
+       "sequence 0: token_ids: this model has no word embedding table; send input_embeddings "
+       "instead",
+       "token_ids: this model has no word embedding table; send input_embeddings instead"},
+      {"embeddings not whole rows",
+       false,
+       {emb({1, 2, 3, 4, 5})},
+       kNone,
+       1000,
+       "sequence 0: input_embeddings: 5 values is not a whole number of rows of hidden_size 4",
+       "input_embeddings: 5 values is not a whole number of rows of hidden_size 4"},
+      {"embeddings not whole rows are not truncated",
+       false,
+       {emb(std::vector<float>(37, 1))},
+       kLeft,
+       1000,
+       "sequence 0: input_embeddings: 37 values is not a whole number of rows of hidden_size 4",
+       "input_embeddings: 37 values is not a whole number of rows of hidden_size 4"},
+      {"embeddings not finite",
+       false,
+       {emb(with_nan())},
+       kNone,
+       1000,
+       "sequence 0: input_embeddings: row 1 column 2 is not finite (NaN or Inf)",
+       "input_embeddings: row 1 column 2 is not finite (NaN or Inf)"},
+      {"too many embedding rows",
+       false,
+       {emb(rows_of(9))},
+       kNone,
+       1000,
+       "sequence 0: input_embeddings: 9 rows exceed max_position_embeddings 8",
+       "input_embeddings: 9 rows exceed max_position_embeddings 8"},
+      {"embeddings truncated right", false, {emb(rows_of(9))}, kRight, 1000, "", "", {{8, 0, 31}}},
+      {"embeddings truncated left", false, {emb(rows_of(9))}, kLeft, 1000, "", "", {{8, 4, 35}}},
+      {"text for a model with no tokenizer",
+       false,
+       {txt("a b")},
+       kNone,
+       1000,
+       "sequence 0: text: this model takes no text: its model directory has no tokenizer.json "
+       "(send token_ids)",
+       "text: this model takes no text: its model directory has no tokenizer.json (send "
+       "token_ids)"},
+      {"an empty text",
+       true,
+       {ids({1}), txt("")},
+       kNone,
+       1000,
+       "sequence 1: text: the text is empty",
+       "text: the text is empty"},
+      {"a text of no tokens",
+       true,
+       {txt(" \t  ")},
+       kNone,
+       1000,
+       "sequence 0: text: the text tokenizes to no tokens (its 4 bytes are whitespace or "
+       "characters the tokenizer drops)",
+       "text: the text tokenizes to no tokens (its 4 bytes are whitespace or characters the "
+       "tokenizer drops)"},
+      {"a text of pads",
+       true,
+       {txt("PADDING PADDING")},
+       kNone,
+       1000,
+       "sequence 0: text: the text's tokens are all the pad token (id 0), which the model skips",
+       "text: the text's tokens are all the pad token (id 0), which the model skips"},
+      {"a text over the positions",
+       true,
+       {txt("a b c a b c a b c")},
+       kNone,
+       1000,
+       "sequence 0: text: the text is 9 tokens, over max_position_embeddings 8 (truncation right "
+       "or left keeps the first or last 8)",
+       "text: the text is 9 tokens, over max_position_embeddings 8 (truncation right or left "
+       "keeps the first or last 8)"},
+      {"a text truncated left", true, {txt("a b c a b c a b c")}, kLeft, 1000, "", "", {{8, 3, 4}}},
+      {"a text, ids and embeddings rows",
+       true,
+       {txt("c a"), ids({9}), emb(rows_of(2))},
+       kNone,
+       1000,
+       "",
+       "",
+       {{2, 4, 2}, {1, 9, 9}, {2, 0, 7}}},
+      {"the token budget, rows left",
+       true,
+       {ids({1, 2, 3, 4}), ids({1, 2, 3, 4}), ids({1, 2, 3, 4}), ids({1})},
+       kNone,
+       10,
+       "sequences: the request has at least 12 tokens, over max_request_tokens 10",
+       "token_ids: the request has at least 12 tokens, over max_request_tokens 10"},
+      {"the token budget, the last row",
+       true,
+       {ids({1, 2, 3, 4}), txt("a b c a b c a")},
+       kNone,
+       10,
+       "sequences: the request has 11 tokens, over max_request_tokens 10",
+       "text: the request has 11 tokens, over max_request_tokens 10"},
+      {"the token budget counts kept tokens",
+       true,
+       {ids(count(1, 11)), ids({1, 2})},
+       kRight,
+       10,
+       "",
+       "",
+       {{8, 1, 8}, {2, 1, 2}}},
+  };
+  return all;
+}
+
+class EncodeInputRules : public testing::TestWithParam<Case> {};
+
+TEST_P(EncodeInputRules, AnswersAsTheRuleSays) {
+  const Case& c = GetParam();
+  const Served& s = served(c.words);
+  EncodeInput input;
+  for (const RowSpec& r : c.rows) input.rows.push_back(r.row());
+  input.truncate = c.truncate;
+  input.options.normalize = true;
+  batching::Request out;
+  const std::optional<Problem> problem =
+      build_request(input, *s.model, s.tokenizer.get(), Limits{c.max_request_tokens}, &out);
+  if (!c.v1.empty()) {
+    ASSERT_TRUE(problem.has_value()) << "accepted";
+    EXPECT_EQ(format_v1(*problem), c.v1);
+    EXPECT_EQ(describe(*problem), c.described);
+    return;
+  }
+  ASSERT_FALSE(problem.has_value()) << format_v1(*problem);
+  ASSERT_EQ(out.sequences.size(), c.kept.size());
+  EXPECT_TRUE(out.options.normalize);
+  for (size_t i = 0; i < c.kept.size(); ++i) {
+    const SequenceInput& seq = out.sequences[i];
+    SCOPED_TRACE("row " + std::to_string(i));
+    EXPECT_EQ(engine::sequence_length(seq, 4), c.kept[i].length);
+    if (!seq.token_ids.empty()) {
+      EXPECT_EQ(seq.token_ids.front(), int32_t(c.kept[i].first));
+      EXPECT_EQ(seq.token_ids.back(), int32_t(c.kept[i].last));
+    } else {
+      EXPECT_EQ(seq.input_embeddings.front(), c.kept[i].first);
+      EXPECT_EQ(seq.input_embeddings.back(), c.kept[i].last);
+    }
+  }
+}
+
+INSTANTIATE_TEST_SUITE_P(EveryRule, EncodeInputRules, testing::ValuesIn(cases()),
+                         [](const testing::TestParamInfo<Case>& info) {
+                           std::string name;
+                           for (const char ch : std::string(info.param.name))
+                             name += std::isalnum(static_cast<unsigned char>(ch)) ? ch : '_';
+                           return name;
+                         });
+
+TEST(EncodeInput, TextsAreCountedAndTheirIdsOwnedByTheRequest) {
+  const Served& s = served(true);
+  const std::string first = "a b", second = "c";
+  EncodeInput input;
+  input.rows = {Row::from_text(first), Row::ids(std::vector<int32_t>{}), Row::from_text(second)};
+  const std::vector<int32_t> nine{9};
+  input.rows[1] = Row::ids(nine);
+  batching::Request out;
+  ASSERT_FALSE(build_request(input, *s.model, s.tokenizer.get(), Limits{100}, &out));
+  EXPECT_EQ(out.texts, 2);
+  ASSERT_EQ(out.text_ids.size(), 2u);
+  EXPECT_EQ(out.sequences[0].token_ids.data(), out.text_ids[0].data());
+  EXPECT_EQ(out.sequences[1].token_ids.data(), nine.data());  // ids as sent are viewed, not copied
+  EXPECT_EQ(out.text_ids[1], std::vector<int32_t>{4});
+}
+
+TEST(EncodeInput, LogitsNeedAClassifierHead) {
+  OutputOptions logits;
+  logits.logits = true;
+  EXPECT_EQ(check_options(logits, *served(false).model),
+            std::optional<std::string>("this model has no classifier head (dense_linear)"));
+  EXPECT_EQ(check_options(logits, *served(true).model), std::nullopt);
+  EXPECT_EQ(check_options(OutputOptions{}, *served(false).model), std::nullopt);
+}
+
+}  // namespace
+}  // namespace fastformer::request
