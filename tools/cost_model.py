@@ -2,7 +2,7 @@
 """Cost model of the CUDA engine: base-long in bfloat16 on one H200 (docs/kernels.md, "Cost model").
 
 For every kernel and GEMM of one batch, the bytes it must move and the FLOPs it must do (the
-formulas of server/engine/forward.cc, namespace `cost`, which fastformer-bench --profile reports),
+formulas of server/engine/profiling_ops.cc, namespace `cost`, which fastformer-bench --profile reports),
 the floor at the measured ceilings (4.3 TB/s device-to-device copy, 790 TFLOP/s bf16 matrix
 product), and the expected time of the kernels as this issue writes them: the floor's bytes plus
 what each kernel moves beyond them (pooling partials, token scores, the erf-GELU pass), at an
@@ -53,7 +53,7 @@ def chunks(B, T):
     return B * -(-(T // B) // CHUNK)  # B equal sequences of T / B tokens, 256 tokens a chunk
 
 
-# ---- the formulas of forward.cc (namespace cost): (bytes, flops) per batch, `e` bytes an element
+# ---- the formulas of profiling_ops.cc (namespace cost): (bytes, flops) per batch, `e` bytes an element
 def linear(e, M, N, K, bias=False, accumulate=False):
     return e * (M * K + N * K + (2 if accumulate else 1) * M * N + (N if bias else 0)), 2 * M * N * K
 

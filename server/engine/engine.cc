@@ -131,6 +131,7 @@ std::unique_ptr<Engine> create_engine(std::shared_ptr<const Model> model,
                          : emulate_bf16             ? CpuDtype::kBfloat16Emulated
                                                     : CpuDtype::kBfloat16;
   auto ops = std::make_unique<CpuOps>(threads, model->config(), dtype);
+  OpsReport* report = ops.get();
   const std::string bf16_note =
       dtype == CpuDtype::kBfloat16Emulated ? ", bfloat16 emulated over float32 GEMMs (tests)"
       : dtype == CpuDtype::kBfloat16       ? ", bfloat16 GEMMs on " + bf16_hardware(gemm.isa)
@@ -138,7 +139,7 @@ std::unique_ptr<Engine> create_engine(std::shared_ptr<const Model> model,
   const std::string device = "cpu (" + std::to_string(threads) + " threads, " + options.dtype +
                              ", oneDNN " + gemm.version + " " + gemm.isa + bf16_note + ")";
   return std::make_unique<ForwardEngine>(std::move(model), std::move(ops), options.max_batch_tokens,
-                                         "cpu", device);
+                                         "cpu", device, report);
 }
 
 }  // namespace fastformer::engine

@@ -17,17 +17,11 @@
 #include "common/sequence.h"  // SequenceInput, OutputOptions, EncodedSequence
 #include "server/engine/model.h"
 #include "server/engine/ragged_batch.h"
+#include "server/engine/speed_check.h"
 
 namespace fastformer::engine {
 
 enum class Backend { kAuto, kCpu, kCuda };
-
-// A start-up check of the engine's speed against what its hardware should reach.
-struct SpeedCheck {
-  bool ran = false;      ///< false where the engine has no such check
-  bool warning = false;  ///< below the floor: `message` names the likely causes
-  std::string message;   ///< one line for the log
-};
 
 // One op of the forward graph in a profile (fastformer-bench --profile), per batch, averaged
 // over the batches profiled. `bytes` and `flops` are what the op must move and compute, by the

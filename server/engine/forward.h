@@ -1,5 +1,6 @@
-// The Fastformer forward graph over a ragged batch, written once over the Ops interface, and
-// the plan of its per-batch buffers (workspace.h; plan_workspace is defined in forward.cc).
+// The Fastformer forward graph over a ragged batch, written once over the Ops interface
+// (forward.cc holds the graph only: the buffers' plan is workspace.cc, the profile
+// profiling_ops.h).
 #pragma once
 
 #include <memory>
@@ -11,7 +12,9 @@
 
 #include "server/engine/engine.h"
 #include "server/engine/ops.h"
+#include "server/engine/ops_report.h"
 #include "server/engine/prepared_weights.h"
+#include "server/engine/profiling_ops.h"
 #include "server/engine/workspace.h"
 
 namespace fastformer::engine {
@@ -20,6 +23,7 @@ namespace fastformer::engine {
 // and epilogue (the GEMM probe of fastformer-bench times the same shapes alone).
 struct GemmSite {
   const char* name;  ///< as the profile names the op, e.g. "qks_gemm"
+  int layer;         ///< the encoder layer, -1 outside the layers
   const WeightRef* weight;
   int64_t lda, ldc;
   Epilogue epilogue;
@@ -29,8 +33,9 @@ struct GemmSite {
 class ForwardEngine final : public Engine {
  public:
   ForwardEngine(std::shared_ptr<const Model> model, std::unique_ptr<Ops> ops,
-                int64_t max_batch_tokens, std::string backend, std::string device);
-  ~ForwardEngine() override;  // where Profiler is complete
+                int64_t max_batch_tokens, std::string backend, std::string device,
+                OpsReport* report = nullptr);
+  ~ForwardEngine() override;
 
   std::vector<EncodedSequence> encode(const RaggedBatch& batch,
                                       std::span<const OutputOptions> options) override;
@@ -39,8 +44,8 @@ class ForwardEngine final : public Engine {
   int64_t max_batch_tokens() const override { return max_batch_tokens_; }
   const Model& model() const override { return *model_; }
   std::pair<size_t, size_t> device_memory() const override { return ops_->device_memory(); }
-  SpeedCheck speed_check() override { return ops_->speed_check(); }
-  size_t packed_weight_bytes() const override { return ops_->packed_weight_bytes(); }
+  SpeedCheck speed_check() override;
+  size_t packed_weight_bytes() const override;
   std::vector<std::string> gemm_report() const override;
   // The GEMM sites the batches so far ran, each (name, weight) once, in the order first run.
   const std::vector<GemmSite>& gemm_sites() const { return gemm_sites_; }
@@ -59,11 +64,11 @@ class ForwardEngine final : public Engine {
   // encode() without turning the ops' failures into EngineError.
   std::vector<EncodedSequence> run(const RaggedBatch& batch,
                                    std::span<const OutputOptions> options);
-  class Profiler;  // forward.cc
 
   std::shared_ptr<const Model> model_;
   PreparedWeights prepared_;  // host copies the ops may serve in place
   std::unique_ptr<Ops> ops_;
+  OpsReport* report_;  // the ops' own report (the CPU ops'), or null
   int64_t max_batch_tokens_;
   size_t reserved_bytes_ = 0;  // the workspace reserved for the largest batch
   PoolingChunks chunks_;  // the current batch's; kept so asynchronous copies read stable memory
@@ -74,7 +79,7 @@ class ForwardEngine final : public Engine {
   const void* embedding_ln_beta_ = nullptr;
   std::vector<LayerRefs> layers_;
   WeightRef pooler_fc1_, pooler_fc2_, classifier_;
-  std::unique_ptr<Profiler> profiler_;  // null while profiling is off
+  std::unique_ptr<ProfilingOps> profiling_;  // over ops_; null while profiling is off
   std::vector<GemmSite> gemm_sites_;
   std::set<std::pair<const char*, const void*>> site_keys_;  // (name, weight) of gemm_sites_
 };

@@ -11,11 +11,9 @@
 #include <cstddef>
 #include <cstdint>
 #include <span>
-#include <string>
 #include <utility>
 
 #include "server/engine/config.h"
-#include "server/engine/engine.h"  // SpeedCheck
 #include "server/engine/ragged_batch.h"
 #include "server/engine/workspace.h"
 
@@ -117,25 +115,17 @@ class Ops {
   // Waits until every queued operation is done.
   virtual void synchronize() = 0;
 
-  // Timing for a profile (Engine::set_profiling). reserve_timers(n) readies n timestamps
-  // once, outside any batch; timestamp(i) takes timestamp i when the queue reaches it (after
-  // every op issued before it); after synchronize(), elapsed_ms(i, j) is the time from
-  // timestamp i to timestamp j. The CPU ops read the wall clock (their ops are synchronous),
-  // the CUDA ops record events on their stream.
+  // Timing for a profile (profiling_ops.h). reserve_timers(n) readies at least n timestamps,
+  // keeping those already taken (it may be called within a batch); timestamp(i) takes timestamp i
+  // when the queue reaches it (after every op issued before it); after synchronize(), elapsed_ms(i,
+  // j) is the time from timestamp i to timestamp j. The CPU ops read the wall clock (their ops are
+  // synchronous), the CUDA ops record events on their stream.
   virtual void reserve_timers(int count) = 0;
   virtual void timestamp(int index) = 0;
   virtual double elapsed_ms(int from, int to) = 0;
 
   // Device memory this ops holds and the device's total (0, 0 for host engines).
   virtual std::pair<size_t, size_t> device_memory() const { return {0, 0}; }
-  // A short timing of the ops' GEMMs against the floor for the hardware; {} where none.
-  virtual SpeedCheck speed_check() { return {}; }
-  // The kernel the GEMMs over `w` ran (oneDNN's implementation name), once they have run;
-  // "" where the ops do not know.
-  virtual std::string gemm_kernel(const WeightRef& /*w*/) const { return {}; }
-  // Bytes of weight copies the ops keep beside the model's arrays (the CPU's packed
-  // bfloat16 weights); 0 where the weights are served in place or counted elsewhere.
-  virtual size_t packed_weight_bytes() const { return 0; }
 };
 
 }  // namespace fastformer::engine

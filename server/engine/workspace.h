@@ -1,11 +1,10 @@
 // The memory plan of one batch of the forward graph: where each per-batch buffer lives in
 // the engine's workspace, and how the batch's sequences split into pooling chunks.
 //
-// plan_workspace() and plan_chunks() are defined in forward.cc, beside the graph that uses
-// the buffers, and are the only place their sizes are written down: the engine sizes its
-// workspace once from the plan of the largest batch (max_batch_tokens one-token sequences,
-// every buffer at its largest) and lays out every batch with the plan of that batch, so a
-// buffer added to the graph is sized everywhere at once.
+// plan_workspace() and plan_chunks() are defined in workspace.cc, and are the only place their
+// sizes are written down: the engine sizes its workspace once from the plan of the largest batch
+// (max_batch_tokens one-token sequences, every buffer at its largest) and lays out every batch with
+// the plan of that batch, so a buffer added to the graph is sized everywhere at once.
 #pragma once
 
 #include <cstddef>

@@ -1,5 +1,5 @@
 """tools/cost_model.py counts what fastformer-bench --profile reports: on a small model, op by op
-and layer by layer, the same bytes and FLOPs (the formulas of server/engine/forward.cc), so the
+and layer by layer, the same bytes and FLOPs (the formulas of server/engine/profiling_ops.cc), so the
 cost model of docs/kernels.md and a profile on a GPU compare like with like."""
 
 import json

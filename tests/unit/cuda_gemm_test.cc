@@ -26,6 +26,7 @@
 #include "server/engine/cuda/gemm.h"
 #include "server/engine/error.h"
 #include "server/engine/forward.h"
+#include "server/engine/forwarding_ops.h"
 #include "server/engine/model.h"
 #include "server/engine/ops.h"
 #include "server/engine/prepared_weights.h"
@@ -350,59 +351,19 @@ struct GemmSite {
 // The ops of an engine with every linear() recorded on its way through: the sites are those
 // the forward graph (server/engine/forward.cc) really issues, with the operands it really
 // passes (plan offsets, column views, uploaded weights), so this list cannot drift from it.
-class RecordingOps final : public engine::Ops {
+class RecordingOps final : public engine::ForwardingOps {
  public:
   RecordingOps(std::unique_ptr<engine::Ops> inner, std::vector<GemmSite>* sites)
-      : inner_(std::move(inner)), sites_(sites) {}
+      : ForwardingOps(*inner), owned_(std::move(inner)), sites_(sites) {}
 
-  size_t element_size() const override { return inner_->element_size(); }
-  const void* upload(std::span<const float> host) override { return inner_->upload(host); }
-  void reserve(const engine::WorkspacePlan& largest) override { inner_->reserve(largest); }
-  void* workspace() override { return inner_->workspace(); }
-  engine::BatchRef begin_batch(const engine::RaggedBatch& batch, const engine::WorkspacePlan& plan,
-                               const engine::PoolingChunks& chunks) override {
-    return inner_->begin_batch(batch, plan, chunks);
-  }
-  void embed(const engine::BatchRef& batch, const void* word, const void* position,
-             const void* gamma, const void* beta, double eps, engine::Mat x) override {
-    inner_->embed(batch, word, position, gamma, beta, eps, x);
-  }
   void linear(const engine::Mat& a, const engine::WeightRef& w, engine::Mat c,
               engine::Epilogue epilogue, engine::Activation act) override {
-    sites_->push_back({a, c, w, epilogue, static_cast<const char*>(inner_->workspace())});
-    inner_->linear(a, w, c, epilogue, act);
+    sites_->push_back({a, c, w, epilogue, static_cast<const char*>(inner_.workspace())});
+    inner_.linear(a, w, c, epilogue, act);
   }
-  void query_pool(const engine::BatchRef& batch, const engine::Mat& scores, const engine::Mat& q,
-                  engine::Mat pq) override {
-    inner_->query_pool(batch, scores, q, pq);
-  }
-  void key_pool(const engine::BatchRef& batch, const engine::Mat& k, const engine::Mat& pq,
-                const engine::WeightRef& key_att, engine::Mat pk) override {
-    inner_->key_pool(batch, k, pq, key_att, pk);
-  }
-  void mix(const engine::BatchRef& batch, const engine::Mat& q, const engine::Mat& pk,
-           engine::Mat u) override {
-    inner_->mix(batch, q, pk, u);
-  }
-  void bias_residual_layernorm(const engine::Mat& c, const void* bias, const engine::Mat& residual,
-                               const void* gamma, const void* beta, double eps,
-                               engine::Mat out) override {
-    inner_->bias_residual_layernorm(c, bias, residual, gamma, beta, eps, out);
-  }
-  void attention_pool(const engine::BatchRef& batch, const engine::Mat& e,
-                      const engine::WeightRef& fc2, const engine::Mat& x,
-                      engine::Mat pooled) override {
-    inner_->attention_pool(batch, e, fc2, x, pooled);
-  }
-  void l2_normalize(engine::Mat rows) override { inner_->l2_normalize(rows); }
-  void download(const engine::Mat& src, float* dst) override { inner_->download(src, dst); }
-  void synchronize() override { inner_->synchronize(); }
-  void reserve_timers(int count) override { inner_->reserve_timers(count); }
-  void timestamp(int index) override { inner_->timestamp(index); }
-  double elapsed_ms(int from, int to) override { return inner_->elapsed_ms(from, to); }
 
  private:
-  std::unique_ptr<engine::Ops> inner_;
+  std::unique_ptr<engine::Ops> owned_;  // what inner_ refers to
   std::vector<GemmSite>* sites_;
 };
 

@@ -167,5 +167,51 @@ INSTANTIATE_TEST_SUITE_P(Engines, EngineProfileTest,
                            return info.param.name;
                          });
 
+// A profile has no fixed count of timestamps: a 12-layer model issues 2 + 10 x 12 + 8 = 130 ops a
+// batch, over the first reservation (64), on both engines, and still gets every op once per
+// layer with the ops' times inside the batch's.
+TEST(EngineProfileDeep, TimestampsGrowWithTheGraph) {
+  test::TempDir dir;
+  test::TinyModelSpec spec;
+  spec.hidden = 8, spec.heads = 2, spec.layers = 12, spec.intermediate = 8, spec.vocab = 50;
+  spec.num_labels = 2;
+  auto model = engine::Model::load(test::write_tiny_model(dir.path(), "deep", spec));
+  engine::RaggedBatch batch;
+  const std::vector<int32_t> ids{3, 4, 5, 6, 7};
+  batch.add({ids, {}}, model->config());
+  OutputOptions all;
+  all.logits = all.normalize = all.token_embeddings = true;
+  engine::EngineOptions options;
+  options.backend = engine::Backend::kCpu;
+  options.threads = 1;
+  options.max_batch_tokens = 64;
+  std::vector<std::unique_ptr<engine::Engine>> engines;
+  engines.push_back(engine::create_engine(model, options));
+  engines.push_back(engine::cuda::create_emulated_cuda_engine(model, options));
+  for (auto& eng : engines) {
+    SCOPED_TRACE(eng->device_name());
+    const auto plain = eng->encode(batch, {&all, 1});
+    eng->set_profiling(true);
+    const auto t0 = std::chrono::steady_clock::now();
+    expect_identical(eng->encode(batch, {&all, 1}), plain);
+    const double wall_ms =
+        std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0).count();
+    const std::vector<engine::OpProfile> rows = eng->profile();
+    ASSERT_EQ(rows.size(), size_t(2 + 10 * spec.layers + 8));
+    EXPECT_EQ(rows[2].name, "qks_gemm");
+    EXPECT_EQ(rows[2 + 10 * 11].name, "qks_gemm");
+    EXPECT_EQ(rows[2 + 10 * 11].layer, 11);
+    EXPECT_EQ(rows[2 + 10 * 11 + 9].name, "ffn_ln");
+    EXPECT_EQ(rows.back().name, "download_tokens");
+    double total_ms = 0;
+    for (const engine::OpProfile& row : rows) {
+      EXPECT_EQ(row.calls, 1.0) << row.name << " layer " << row.layer;
+      total_ms += row.ms;
+    }
+    EXPECT_GT(total_ms, 0.0);
+    EXPECT_LE(total_ms, wall_ms);
+  }
+}
+
 }  // namespace
 }  // namespace fastformer

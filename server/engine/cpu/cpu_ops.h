@@ -24,6 +24,7 @@
 #include "server/engine/cpu/onednn_gemm.h"
 #include "server/engine/cpu/thread_pool.h"
 #include "server/engine/ops.h"
+#include "server/engine/ops_report.h"
 
 namespace fastformer::engine {
 
@@ -33,7 +34,7 @@ enum class CpuDtype {
   kBfloat16Emulated,  ///< bfloat16 buffers over float32 GEMMs (PackedMatmul::Shape::emulate): tests
 };
 
-class CpuOps final : public Ops {
+class CpuOps final : public Ops, public OpsReport {
  public:
   // `threads` workers share every pass.
   CpuOps(int threads, const ModelConfig& config, CpuDtype dtype = CpuDtype::kFloat32);
@@ -59,7 +60,9 @@ class CpuOps final : public Ops {
   void download(const Mat& src, float* dst) override;
   void synchronize() override {}
   // The wall clock: every op has finished when its call returns.
-  void reserve_timers(int count) override { timers_.assign(size_t(count), {}); }
+  void reserve_timers(int count) override {
+    if (timers_.size() < size_t(count)) timers_.resize(size_t(count));
+  }
   void timestamp(int index) override {
     timers_.at(size_t(index)) = std::chrono::steady_clock::now();
   }

@@ -138,7 +138,7 @@ StorageType storage_type<ff_bfloat16>() {
   return StorageType::kBF16;
 }
 
-// The profile's timestamps (Ops::reserve_timers), made once when profiling is turned on: CUDA
+// The profile's timestamps (Ops::reserve_timers), made as the profile needs more: CUDA
 // events recorded on the stream, read after the batch's synchronize. The emulation runs each
 // launch as it is issued, so there the host clock stands in for the events.
 class Timers {
@@ -149,7 +149,9 @@ class Timers {
   ~Timers() { clear(); }
 
 #if defined(FF_EMULATION)
-  void reserve(int count) { times_.assign(size_t(count), {}); }
+  void reserve(int count) {
+    if (times_.size() < size_t(count)) times_.resize(size_t(count));
+  }
   void record(int index, ff_stream_t) {
     times_.at(size_t(index)) = std::chrono::steady_clock::now();
   }
@@ -163,10 +165,9 @@ class Timers {
   void clear() { times_.clear(); }
   std::vector<std::chrono::steady_clock::time_point> times_;
 #else
-  void reserve(int count) {
-    clear();
+  void reserve(int count) {  // keeps the events already recorded
     events_.reserve(size_t(count));
-    for (int i = 0; i < count; ++i) {
+    for (int i = int(events_.size()); i < count; ++i) {
       cudaEvent_t event = nullptr;
       ff_check(cudaEventCreate(&event), "cudaEventCreate");
       events_.push_back(event);

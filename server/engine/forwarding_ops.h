@@ -1,0 +1,63 @@
+// An Ops that passes every call to another: the base of the ops that watch the graph's calls on
+// their way through (the profile, profiling_ops.h; the tests' recorders), each overriding only
+// the calls it watches.
+#pragma once
+
+#include <cstddef>
+#include <span>
+#include <utility>
+
+#include "server/engine/ops.h"
+
+namespace fastformer::engine {
+
+class ForwardingOps : public Ops {
+ public:
+  explicit ForwardingOps(Ops& inner) : inner_(inner) {}
+
+  size_t element_size() const override { return inner_.element_size(); }
+  const void* upload(std::span<const float> host) override { return inner_.upload(host); }
+  void reserve(const WorkspacePlan& largest) override { inner_.reserve(largest); }
+  void* workspace() override { return inner_.workspace(); }
+  BatchRef begin_batch(const RaggedBatch& batch, const WorkspacePlan& plan,
+                       const PoolingChunks& chunks) override {
+    return inner_.begin_batch(batch, plan, chunks);
+  }
+  void embed(const BatchRef& batch, const void* word_embedding, const void* position_embeddings,
+             const void* ln_gamma, const void* ln_beta, double eps, Mat x) override {
+    inner_.embed(batch, word_embedding, position_embeddings, ln_gamma, ln_beta, eps, x);
+  }
+  void linear(const Mat& a, const WeightRef& w, Mat c, Epilogue epilogue, Activation act) override {
+    inner_.linear(a, w, c, epilogue, act);
+  }
+  void query_pool(const BatchRef& batch, const Mat& scores, const Mat& q, Mat pq) override {
+    inner_.query_pool(batch, scores, q, pq);
+  }
+  void key_pool(const BatchRef& batch, const Mat& k, const Mat& pq, const WeightRef& key_att,
+                Mat pk) override {
+    inner_.key_pool(batch, k, pq, key_att, pk);
+  }
+  void mix(const BatchRef& batch, const Mat& q, const Mat& pk, Mat u) override {
+    inner_.mix(batch, q, pk, u);
+  }
+  void bias_residual_layernorm(const Mat& c, const void* bias, const Mat& residual,
+                               const void* gamma, const void* beta, double eps, Mat out) override {
+    inner_.bias_residual_layernorm(c, bias, residual, gamma, beta, eps, out);
+  }
+  void attention_pool(const BatchRef& batch, const Mat& e, const WeightRef& fc2, const Mat& x,
+                      Mat pooled) override {
+    inner_.attention_pool(batch, e, fc2, x, pooled);
+  }
+  void l2_normalize(Mat rows) override { inner_.l2_normalize(rows); }
+  void download(const Mat& src, float* dst) override { inner_.download(src, dst); }
+  void synchronize() override { inner_.synchronize(); }
+  void reserve_timers(int count) override { inner_.reserve_timers(count); }
+  void timestamp(int index) override { inner_.timestamp(index); }
+  double elapsed_ms(int from, int to) override { return inner_.elapsed_ms(from, to); }
+  std::pair<size_t, size_t> device_memory() const override { return inner_.device_memory(); }
+
+ protected:
+  Ops& inner_;
+};
+
+}  // namespace fastformer::engine

@@ -1,0 +1,65 @@
+#include "server/engine/workspace.h"
+
+#include <algorithm>
+
+#include "kernels/pooling_chunks.h"
+#include "server/engine/prepared_weights.h"  // qks_width
+#include "server/engine/ragged_batch.h"
+
+namespace fastformer::engine {
+
+WorkspacePlan plan_workspace(const ModelConfig& c, int64_t num_labels, int64_t tokens,
+                             int64_t sequences, size_t element_size) {
+  const int64_t T = tokens, B = sequences;
+  const int64_t D = c.hidden_size, H = c.num_attention_heads, I = c.intermediate_size;
+  WorkspacePlan plan;
+  plan.tokens = T;
+  plan.sequences = B;
+  // Each sequence has one chunk plus one per further kChunkTokens of its tokens.
+  plan.chunks = B + std::max<int64_t>(T - B, 0) / kernels::kChunkTokens;
+  size_t end = 0;
+  // Every buffer starts at a multiple of kWorkspaceAlignment; `ld` is cols unless given.
+  auto place = [&](int64_t rows, int64_t cols, size_t element, int64_t ld = 0) {
+    const WorkspacePlan::Buffer buffer{end, rows, cols, ld > 0 ? ld : cols};
+    const size_t bytes = size_t(rows * buffer.ld) * element;
+    end += (bytes + kWorkspaceAlignment - 1) / kWorkspaceAlignment * kWorkspaceAlignment;
+    return buffer;
+  };
+  plan.x = place(T, D, element_size);
+  plan.qks = place(T, qks_width(c), element_size);
+  plan.y = place(T, D, element_size);
+  plan.h = place(T, I, element_size);
+  plan.pq = place(B, D, element_size);
+  plan.pk = place(B, D, element_size);
+  plan.pooled = place(B, D, element_size);
+  // The head's GEMM writes its num_labels columns into rows of padded_ld(num_labels): a
+  // 16-byte C/D row for cuBLASLt whatever the label count (workspace.h). N stays num_labels
+  // (the weight is not padded): the alignment cuBLASLt assumes comes from ldc and the
+  // pointers, not from N, so padding N would only compute and store columns nobody reads.
+  // The download reads the num_labels columns of each row (Ops::download honours ld).
+  plan.logits = place(B, num_labels, element_size, padded_ld(num_labels));
+  plan.partial_max = place(plan.chunks, H, sizeof(float));
+  plan.partial_sum = place(plan.chunks, H, sizeof(float));
+  plan.partial_values = place(plan.chunks, D, sizeof(float));
+  plan.token_scores = place(T, H, sizeof(float));
+  plan.bytes = end;
+  return plan;
+}
+
+void plan_chunks(const RaggedBatch& batch, PoolingChunks& chunks) {
+  chunks.begin.clear();
+  chunks.end.clear();
+  chunks.sequence.clear();
+  chunks.first.assign(1, 0);
+  for (int32_t b = 0; b < batch.num_sequences(); ++b) {
+    const int32_t end = batch.cu_seqlens[size_t(b) + 1];
+    for (int32_t t = batch.cu_seqlens[size_t(b)]; t < end; t += kernels::kChunkTokens) {
+      chunks.begin.push_back(t);
+      chunks.end.push_back(std::min(t + kernels::kChunkTokens, end));
+      chunks.sequence.push_back(b);
+    }
+    chunks.first.push_back(chunks.count());
+  }
+}
+
+}  // namespace fastformer::engine
