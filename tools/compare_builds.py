@@ -1,0 +1,100 @@
+#!/usr/bin/env python3
+"""Two builds side by side: engine and server throughput of an old and a new tree, in one run.
+
+    compare_builds.py --old OLD/build/bin --new build/bin [--model-dir models/official]
+                      [--rounds 3] [--seconds 8] [--threads 2] [--concurrency 8]
+
+For a change that must leave speed alone (a refactor): the two builds' fastformer-bench (tokens/s
+on the same seeded workload) and fastformer-server under fastformer-loadgen (closed loop, 8
+sequences of uniform:16:256 tokens a request), alternating old and new each round so that drift
+of the machine hits both alike. Prints one table: each round's figures, the median of each, and
+new / old. Each side uses its own fastformer-client, fastformer-loadgen and fastformer-bench.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import platform
+import signal
+import socket
+import statistics
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parents[1]
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def bench(bin_dir: Path, args) -> float:
+    out = subprocess.run([str(bin_dir / "fastformer-bench"), "--backend", "cpu", "--model-dir", args.model_dir,
+                          "--threads", str(args.threads), "--seconds", str(args.seconds), "--seed", "1", "--json"],
+                         check=True, capture_output=True, text=True).stdout
+    return float(json.loads(out.strip().splitlines()[-1])["tokens_per_second"])
+
+
+def serve(bin_dir: Path, args) -> float:
+    port = free_port()
+    target = f"127.0.0.1:{port}"
+    server = subprocess.Popen([str(bin_dir / "fastformer-server"), "--model-dir", args.model_dir,
+                               "--listen", target, "--metrics-listen", f"127.0.0.1:{free_port()}",
+                               "--threads", str(args.threads), "--log-level", "warn"])
+    try:
+        for _ in range(600):
+            if subprocess.run([str(bin_dir / "fastformer-client"), "health", "--target", target],
+                              capture_output=True).returncode == 0:
+                break
+            time.sleep(0.1)
+        else:
+            raise SystemExit(f"{bin_dir}: the server did not become SERVING")
+        out = subprocess.run([str(bin_dir / "fastformer-loadgen"), "--target", target,
+                              "--concurrency", str(args.concurrency), "--duration", str(args.seconds),
+                              "--warmup", "2", "--sequences-per-request", "8", "--json"],
+                             check=True, capture_output=True, text=True).stdout
+        return float(json.loads(out.strip().splitlines()[-1])["tokens_per_second"])
+    finally:
+        server.send_signal(signal.SIGTERM)
+        server.wait(timeout=60)
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--old", type=Path, required=True, help="the old build's bin directory")
+    ap.add_argument("--new", type=Path, default=REPO / "build/bin", help="the new build's bin directory")
+    ap.add_argument("--model-dir", default=str(REPO / "models/official"))
+    ap.add_argument("--rounds", type=int, default=3)
+    ap.add_argument("--seconds", type=float, default=8)
+    ap.add_argument("--threads", type=int, default=2)
+    ap.add_argument("--concurrency", type=int, default=8)
+    args = ap.parse_args()
+
+    figures: dict[tuple[str, str], list[float]] = {}
+    for r in range(args.rounds):
+        for what, measure in (("fastformer-bench", bench), ("server + loadgen", serve)):
+            for side, bin_dir in (("old", args.old), ("new", args.new)):
+                value = measure(bin_dir, args)
+                figures.setdefault((what, side), []).append(value)
+                print(f"round {r + 1}: {what} {side}: {value:,.0f} tokens/s", file=sys.stderr, flush=True)
+    cpu = next((line.split(":", 1)[1].strip() for line in open("/proc/cpuinfo") if line.startswith("model name")),
+               platform.machine())
+    print(f"{time.strftime('%Y-%m-%d')}, {cpu}, {args.threads} threads, model {args.model_dir}, "
+          f"{args.rounds} rounds of {args.seconds:g} s, old {args.old}, new {args.new}")
+    print("| tokens/s | old (each round) | new (each round) | old median | new median | new / old |")
+    print("| --- | --- | --- | ---: | ---: | ---: |")
+    for what in ("fastformer-bench", "server + loadgen"):
+        old, new = figures[(what, "old")], figures[(what, "new")]
+        mo, mn = statistics.median(old), statistics.median(new)
+        print(f"| {what} | {', '.join(f'{v:,.0f}' for v in old)} | {', '.join(f'{v:,.0f}' for v in new)} | "
+              f"{mo:,.0f} | {mn:,.0f} | {mn / mo:.3f} |")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
