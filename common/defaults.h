@@ -22,6 +22,12 @@ inline constexpr int64_t kMaxQueueTokens = 262144;
 inline constexpr int64_t kMaxRequestTokens =
     0;  ///< 0 = max(max_batch_tokens, max_position_embeddings)
 inline constexpr int64_t kMaxMessageBytes = int64_t(64) << 20;
+inline constexpr int64_t kMaxRequestInputs = 2048;  ///< OpenAI's own limit on inputs
+inline constexpr const char* kHttpListen = "0.0.0.0:8000";
+inline constexpr int kHttpThreads = 2;
+inline constexpr int64_t kHttpMaxConnections = 1024;
+inline constexpr double kHttpIdleTimeoutS = 60;
+inline constexpr double kHttpHeaderTimeoutS = 10;
 inline constexpr int64_t kMaxConcurrentStreams = 1024;
 inline constexpr double kShutdownTimeoutS = 30;
 

@@ -95,7 +95,7 @@ Server::Server(ServerOptions options, std::optional<TestFaults> test_faults)
 bool Server::start() {
   // Metrics and the port come first: health answers NOT_SERVING (and Encode UNAVAILABLE)
   // while the model loads and warms up.
-  if (!open_metrics() || !secure() || !listen() || !load_engine()) return false;
+  if (!open_metrics() || !secure() || !listen() || !listen_http() || !load_engine()) return false;
   start_serving();
   return true;
 }
@@ -151,6 +151,38 @@ bool Server::listen() {
   set_health(false);
   spdlog::info("listening on {} (port {}), health NOT_SERVING until the model is loaded and warm",
                options_.listen, port);
+  return true;
+}
+
+bool Server::listen_http() {
+  const ServerOptions& f = options_;
+  if (f.http_listen.empty()) {
+    spdlog::info("HTTP: off (--http-listen is empty)");
+    return true;
+  }
+  http::ApiOptions api;
+  api.served_model_names = f.served_model_names;
+  api.labels = http::HttpApi::read_labels(f.model_dir);
+  api.authenticator = security_->authenticator();
+  http_api_ = std::make_unique<http::HttpApi>(intake_, std::move(api));
+  http::HttpOptions o;
+  o.listen = f.http_listen;
+  o.threads = f.http_threads;
+  o.max_body_bytes = f.http_max_body_bytes;
+  o.max_connections = f.http_max_connections;
+  o.idle_timeout = std::chrono::milliseconds(int64_t(f.http_idle_timeout_s * 1000));
+  o.header_timeout = std::chrono::milliseconds(int64_t(f.http_header_timeout_s * 1000));
+  o.tls = f.security;
+  try {
+    http_server_ = std::make_unique<http::HttpServer>(o, *http_api_);
+  } catch (const std::exception& e) {
+    const std::string problem = listen_problem(f.http_listen);
+    fail_start(problem.empty() ? e.what() : "cannot listen on " + f.http_listen + " (--http-listen): " + problem);
+    return false;
+  }
+  spdlog::info("HTTP{} on {} (port {}): /v1/embeddings, TEI routes, KServe v2 REST; 503 until "
+               "the model is loaded and warm",
+               http_server_->tls() ? "S" : "", f.http_listen, http_server_->port());
   return true;
 }
 
@@ -218,9 +250,11 @@ void Server::start_serving() {
   spdlog::info(
       "limits: max-batch-tokens {}, max-batch-sequences {}, max-queue-delay-us {}, "
       "max-queue-tokens {}, "
-      "max-request-tokens {}, max-message-bytes {}, max-concurrent-streams {}",
+      "max-request-tokens {}, max-request-inputs {}, max-message-bytes {}, "
+      "max-concurrent-streams {}, http-max-body-bytes {}, http-max-connections {}",
       f.max_batch_tokens, f.max_batch_sequences, f.max_queue_delay_us, f.max_queue_tokens,
-      max_request_tokens_, f.max_message_bytes, f.max_concurrent_streams);
+      max_request_tokens_, f.max_request_inputs, f.max_message_bytes, f.max_concurrent_streams,
+      f.http_max_body_bytes, f.http_max_connections);
   metrics_.set_model_info({model_->config().model_name, f.dtype, engine_->backend_name(),
                            engine_->device_name(), FASTFORMER_VERSION});
   // Device buffers are sized at start-up and never grow, so one reading stays true.
@@ -239,6 +273,7 @@ void Server::start_serving() {
 
   rpc::ServiceConfig config;
   config.limits.max_request_tokens = max_request_tokens_;
+  config.limits.max_request_inputs = f.max_request_inputs;
   config.version = FASTFORMER_VERSION;
   config.max_batch_tokens = f.max_batch_tokens;
   config.max_batch_sequences = f.max_batch_sequences;
@@ -278,6 +313,8 @@ int Server::drain(const std::string& cause) {
     grpc_server_->Shutdown(std::chrono::system_clock::now());
     std::_Exit(1);
   }
+  // Every admitted request is answered: HTTP writes what it was handed, then closes.
+  if (http_server_) http_server_->stop(std::chrono::milliseconds(1000));
   queue_->close();
   grpc_server_->Shutdown(std::chrono::system_clock::now() + std::chrono::seconds(1));
   scheduler_->join();
@@ -293,6 +330,7 @@ void Server::set_health(bool serving) {
 
 void Server::fail_start(const std::string& what) {
   spdlog::error("start-up failed: {}", what);
+  if (http_server_) http_server_->stop(std::chrono::milliseconds(0));
   grpc_server_->Shutdown(std::chrono::system_clock::now());
 }
 

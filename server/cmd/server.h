@@ -17,6 +17,8 @@
 #include "server/cmd/test_faults.h"
 #include "server/engine/engine.h"
 #include "server/engine/model.h"
+#include "server/http/api.h"
+#include "server/http/http_server.h"
 #include "server/metrics/metrics.h"
 #include "server/rpc/auth.h"
 #include "server/rpc/encoder_service.h"
@@ -57,6 +59,7 @@ class Server {
   bool open_metrics();
   bool secure();
   bool listen();
+  bool listen_http();
   bool load_engine();
   void start_serving();
   void set_health(bool serving);
@@ -76,6 +79,8 @@ class Server {
   rpc::InferenceService inference_service_;
   rpc::UnimplementedMethods unimplemented_;
   std::unique_ptr<grpc::Server> grpc_server_;
+  std::unique_ptr<http::HttpApi> http_api_;        // the HTTP routes, over intake_
+  std::unique_ptr<http::HttpServer> http_server_;  // null without --http-listen
   grpc::HealthCheckServiceInterface* health_ = nullptr;  // owned by grpc_server_
   std::shared_ptr<const engine::Model> model_;
   std::shared_ptr<const text::Tokenizer> tokenizer_;  // null: the model takes no text

@@ -18,6 +18,31 @@ std::optional<ServerOptions> parse_server_options(int argc, char** argv, int& ex
       "FASTFORMER_LISTEN");
   opt("--metrics-listen", f.metrics_listen, "Prometheus /metrics address host:port",
       "FASTFORMER_METRICS_LISTEN");
+  opt("--http-listen", f.http_listen,
+      "HTTP address host:port: OpenAI /v1/embeddings, TEI routes, KServe v2 REST (empty: off)",
+      "FASTFORMER_HTTP_LISTEN");
+  opt("--http-threads", f.http_threads, "HTTP I/O threads (JSON parsing and printing run on them)",
+      "FASTFORMER_HTTP_THREADS")
+      ->check(CLI::PositiveNumber);
+  opt("--http-max-body-bytes", f.http_max_body_bytes,
+      "largest HTTP request body accepted; beyond: 413", "FASTFORMER_HTTP_MAX_BODY_BYTES")
+      ->check(CLI::PositiveNumber);
+  opt("--http-max-connections", f.http_max_connections,
+      "HTTP connections open at once; one more is answered 503 and closed (0 = no limit)",
+      "FASTFORMER_HTTP_MAX_CONNECTIONS")
+      ->check(CLI::NonNegativeNumber);
+  opt("--http-idle-timeout-s", f.http_idle_timeout_s,
+      "an idle kept-alive HTTP connection, or a body in flight, is closed after this long",
+      "FASTFORMER_HTTP_IDLE_TIMEOUT_S")
+      ->check(CLI::PositiveNumber);
+  opt("--http-header-timeout-s", f.http_header_timeout_s,
+      "time a client has to send a request's headers, from its first byte",
+      "FASTFORMER_HTTP_HEADER_TIMEOUT_S")
+      ->check(CLI::PositiveNumber);
+  opt("--served-model-name", f.served_model_names,
+      "names the model also answers to (HTTP's model field, /v1/models); repeat or comma-separate",
+      "FASTFORMER_SERVED_MODEL_NAME")
+      ->delimiter(',');
   opt("--backend", f.backend, "auto, cpu or cuda", "FASTFORMER_BACKEND")
       ->check(CLI::IsMember({"auto", "cpu", "cuda"}));
   opt("--device", f.device, "CUDA device ordinal", "FASTFORMER_DEVICE")
@@ -51,6 +76,11 @@ std::optional<ServerOptions> parse_server_options(int argc, char** argv, int& ex
   opt("--max-message-bytes", f.max_message_bytes, "largest request message accepted",
       "FASTFORMER_MAX_MESSAGE_BYTES")
       ->check(CLI::PositiveNumber);
+  opt("--max-request-inputs", f.max_request_inputs,
+      "sequences (texts) in one request, every protocol; beyond: INVALID_ARGUMENT / 400 (0 = no "
+      "limit)",
+      "FASTFORMER_MAX_REQUEST_INPUTS")
+      ->check(CLI::NonNegativeNumber);
   opt("--max-concurrent-streams", f.max_concurrent_streams,
       "streaming calls (EncodeStream, ModelStreamInfer) open at once, server-wide; beyond: "
       "RESOURCE_EXHAUSTED (0 = no limit)",

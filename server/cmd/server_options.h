@@ -5,6 +5,7 @@
 #include <cstdint>
 #include <optional>
 #include <string>
+#include <vector>
 
 #include "common/defaults.h"
 #include "server/rpc/server_credentials.h"
@@ -15,6 +16,13 @@ struct ServerOptions {
   std::string model_dir;
   std::string listen = defaults::kListen;
   std::string metrics_listen = defaults::kMetricsListen;
+  std::string http_listen = defaults::kHttpListen;  ///< empty: no HTTP listener
+  int http_threads = defaults::kHttpThreads;
+  int64_t http_max_body_bytes = defaults::kMaxMessageBytes;
+  int64_t http_max_connections = defaults::kHttpMaxConnections;
+  double http_idle_timeout_s = defaults::kHttpIdleTimeoutS;
+  double http_header_timeout_s = defaults::kHttpHeaderTimeoutS;
+  std::vector<std::string> served_model_names;  ///< names the model answers to besides its own
   std::string backend = defaults::kBackend;
   int device = defaults::kDevice;
   std::string dtype = defaults::kDtype;
@@ -27,6 +35,7 @@ struct ServerOptions {
   int64_t max_request_tokens =
       defaults::kMaxRequestTokens;  ///< 0: max(max_batch_tokens, max_position_embeddings)
   int64_t max_message_bytes = defaults::kMaxMessageBytes;
+  int64_t max_request_inputs = defaults::kMaxRequestInputs;
   int64_t max_concurrent_streams = defaults::kMaxConcurrentStreams;
   double shutdown_timeout_s = defaults::kShutdownTimeoutS;
   std::string log_level = "info";

@@ -55,6 +55,7 @@ struct EncodeInput {
 
 struct Limits {
   int64_t max_request_tokens = 0;  ///< tokens over all rows of one request
+  int64_t max_request_inputs = 0;  ///< rows (sequences, texts) in one request; 0: no limit
 };
 
 // Why a request is refused. `row` empty: the request as a whole (the token budget, no rows);

@@ -140,9 +140,9 @@ std::shared_ptr<const std::vector<std::string>> TokenAuthenticator::tokens() con
 
 size_t TokenAuthenticator::token_count() const { return tokens()->size(); }
 
-grpc::Status TokenAuthenticator::check(std::string_view path,
+grpc::Status TokenAuthenticator::check(std::string_view path, bool open,
                                        std::span<const std::string_view> authorization) const {
-  if (!protect_health_ && is_health_or_reflection(path)) return grpc::Status::OK;
+  if (!protect_health_ && open) return grpc::Status::OK;
   const auto tokens = this->tokens();
   bool presented = false;
   bool accepted = false;

@@ -1,5 +1,7 @@
 #include "server/rpc/inference_service.h"
 
+#include "server/rpc/model_view.h"
+
 #include "common/status_names.h"
 #include "server/rpc/raw_message.h"
 #include "server/rpc/stream_reactor.h"
@@ -8,18 +10,6 @@ namespace fastformer::rpc {
 
 using batching::Clock;
 
-namespace {
-
-// The protocol's extensions this server implements (ServerMetadata.extensions).
-constexpr const char* kExtensions[] = {"model_configuration", "statistics", "parameters"};
-constexpr const char* kPlatform = "fastformer";
-
-void set_duration(const InferenceStatistics::Duration& from, inference::StatisticDuration* to) {
-  to->set_count(from.count.load(std::memory_order_relaxed));
-  to->set_ns(from.ns.load(std::memory_order_relaxed));
-}
-
-}  // namespace
 
 grpc::ServerUnaryReactor* InferenceService::finish(grpc::CallbackServerContext* context,
                                                    const char* method, Clock::time_point start,
@@ -32,8 +22,7 @@ grpc::ServerUnaryReactor* InferenceService::finish(grpc::CallbackServerContext* 
 
 grpc::Status InferenceService::model_status(const std::string& name,
                                             const std::string& version) const {
-  if (grpc::Status unavailable = intake_.availability(); !unavailable.ok()) return unavailable;
-  return check_model(intake_.engine().model(), name, version);
+  return rpc::model_status(intake_, name, version);
 }
 
 grpc::ServerUnaryReactor* InferenceService::ServerLive(grpc::CallbackServerContext* context,
@@ -66,9 +55,7 @@ grpc::ServerUnaryReactor* InferenceService::ServerMetadata(
   if (grpc::Status unavailable = intake_.availability(); !unavailable.ok()) {
     return finish(context, "ServerMetadata", start, unavailable);
   }
-  response->set_name("fastformer-server");
-  response->set_version(intake_.config().version);
-  for (const char* extension : kExtensions) response->add_extensions(extension);
+  fill_server_metadata(intake_, response);
   return finish(context, "ServerMetadata", start, grpc::Status::OK);
 }
 
@@ -79,19 +66,7 @@ grpc::ServerUnaryReactor* InferenceService::ModelMetadata(
   if (grpc::Status s = model_status(request->name(), request->version()); !s.ok()) {
     return finish(context, "ModelMetadata", start, s);
   }
-  const engine::Model& model = intake_.engine().model();
-  response->set_name(model.config().model_name);
-  response->add_versions(kModelVersion);
-  response->set_platform(kPlatform);
-  auto add = [](const TensorSpec& spec, inference::ModelMetadataResponse::TensorMetadata* tensor) {
-    tensor->set_name(spec.name);
-    tensor->set_datatype(spec.datatype);
-    for (const int64_t d : spec.shape) tensor->add_shape(d);
-  };
-  for (const TensorSpec& spec : model_inputs(model, intake_.tokenizer()))
-    add(spec, response->add_inputs());
-  for (const TensorSpec& spec : model_outputs(model, intake_.tokenizer()))
-    add(spec, response->add_outputs());
+  fill_model_metadata(intake_, response);
   return finish(context, "ModelMetadata", start, grpc::Status::OK);
 }
 
@@ -102,42 +77,7 @@ grpc::ServerUnaryReactor* InferenceService::ModelConfig(
   if (grpc::Status s = model_status(request->name(), request->version()); !s.ok()) {
     return finish(context, "ModelConfig", start, s);
   }
-  const engine::Engine& engine = intake_.engine();
-  const ServiceConfig& service = intake_.config();
-  inference::ModelConfig* config = response->mutable_config();
-  config->set_name(engine.model().config().model_name);
-  config->set_platform(kPlatform);
-  config->set_backend(kPlatform);
-  // Dims leave out the batch dimension, as they do in Triton when max_batch_size > 0.
-  config->set_max_batch_size(int32_t(std::min<int64_t>(service.max_batch_sequences, INT32_MAX)));
-  for (const TensorSpec& spec : model_inputs(engine.model(), intake_.tokenizer())) {
-    inference::ModelInput* input = config->add_input();
-    input->set_name(spec.name);
-    input->set_data_type(spec.type);
-    for (size_t d = 1; d < spec.shape.size(); ++d) input->add_dims(spec.shape[d]);
-    input->set_optional(spec.optional);
-  }
-  for (const TensorSpec& spec : model_outputs(engine.model(), intake_.tokenizer())) {
-    inference::ModelOutput* output = config->add_output();
-    output->set_name(spec.name);
-    output->set_data_type(spec.type);
-    for (size_t d = 1; d < spec.shape.size(); ++d) output->add_dims(spec.shape[d]);
-  }
-  config->mutable_dynamic_batching()->set_max_queue_delay_microseconds(
-      uint64_t(service.max_queue_delay_us));
-  inference::ModelInstanceGroup* group = config->add_instance_group();
-  group->set_name(engine.backend_name());
-  group->set_count(1);
-  group->set_kind(engine.backend_name() == "cpu" ? inference::ModelInstanceGroup::KIND_CPU
-                                                 : inference::ModelInstanceGroup::KIND_GPU);
-  auto& parameters = *config->mutable_parameters();
-  parameters["dtype"].set_string_value(service.dtype);
-  parameters["device"].set_string_value(engine.device_name());
-  parameters["max_batch_tokens"].set_string_value(std::to_string(service.max_batch_tokens));
-  parameters["max_request_tokens"].set_string_value(
-      std::to_string(service.limits.max_request_tokens));
-  parameters["max_position_embeddings"].set_string_value(
-      std::to_string(engine.model().config().max_position_embeddings));
+  fill_model_config(intake_, response->mutable_config());
   return finish(context, "ModelConfig", start, grpc::Status::OK);
 }
 
@@ -154,20 +94,7 @@ grpc::ServerUnaryReactor* InferenceService::ModelStatistics(
       return finish(context, "ModelStatistics", start, s);
     }
   }
-  const InferenceStatistics& from = intake_.statistics();
-  inference::ModelStatistics* stats = response->add_model_stats();
-  stats->set_name(intake_.engine().model().config().model_name);
-  stats->set_version(kModelVersion);
-  stats->set_last_inference(from.last_inference_ms.load(std::memory_order_relaxed));
-  stats->set_inference_count(from.inference_count.load(std::memory_order_relaxed));
-  stats->set_execution_count(from.execution_count.load(std::memory_order_relaxed));
-  inference::InferStatistics* infer = stats->mutable_inference_stats();
-  set_duration(from.success, infer->mutable_success());
-  set_duration(from.fail, infer->mutable_fail());
-  set_duration(from.queue, infer->mutable_queue());
-  set_duration(from.compute_input, infer->mutable_compute_input());
-  set_duration(from.compute_infer, infer->mutable_compute_infer());
-  set_duration(from.compute_output, infer->mutable_compute_output());
+  fill_model_statistics(intake_, response->add_model_stats());
   return finish(context, "ModelStatistics", start, grpc::Status::OK);
 }
 

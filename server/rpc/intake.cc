@@ -79,6 +79,11 @@ void Intake::record_inference(const batching::Request& request, bool ok, Clock::
 grpc::Status Intake::admit(grpc::CallbackServerContext* context,
                            const std::function<grpc::Status()>& convert,
                            const std::shared_ptr<batching::Request>& request) {
+  return admit(steady_deadline(context), convert, request);
+}
+
+grpc::Status Intake::admit(Clock::time_point deadline, const std::function<grpc::Status()>& convert,
+                           const std::shared_ptr<batching::Request>& request) {
   // Counted in flight before the draining check: the drain (start_draining, then wait for
   // inflight() == 0) either sees this call or this call sees the drain; never neither.
   inflight_.fetch_add(1);
@@ -96,7 +101,7 @@ grpc::Status Intake::admit(grpc::CallbackServerContext* context,
     return status;
   }
   request->arrival = Clock::now();
-  request->deadline = steady_deadline(context);
+  request->deadline = deadline;
   switch (queue_->push(request)) {
     case batching::Admission::kAdmitted:
       return grpc::Status::OK;

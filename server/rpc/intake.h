@@ -68,6 +68,10 @@ class Intake {
   grpc::Status admit(grpc::CallbackServerContext* context,
                      const std::function<grpc::Status()>& convert,
                      const std::shared_ptr<batching::Request>& request);
+  // The same for a call whose deadline is given on the steady clock (HTTP: max() for none).
+  grpc::Status admit(batching::Clock::time_point deadline,
+                     const std::function<grpc::Status()>& convert,
+                     const std::shared_ptr<batching::Request>& request);
   // An admitted request has been answered.
   void answered() {
     inflight_.fetch_sub(1);

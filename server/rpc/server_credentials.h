@@ -43,6 +43,10 @@ class ServerSecurity {
   // required (health and reflection open)".
   std::string describe() const;
 
+  // The bearer-token check (null without --auth-token-file), for the HTTP listener.
+  const TokenAuthenticator* authenticator() const { return authenticator_.get(); }
+  const SecurityOptions& options() const { return options_; }
+
  private:
   SecurityOptions options_;
   std::shared_ptr<TokenAuthenticator> authenticator_;  // null without --auth-token-file

@@ -418,4 +418,11 @@ std::string Tokenizer::description() const {
   return model_->name() + (parts.empty() ? "" : " (" + parts + ")");
 }
 
+bool Tokenizer::is_special(int32_t id) const {
+  for (const AddedToken& t : added_tokens_) {
+    if (t.id == id && t.special) return true;
+  }
+  return false;
+}
+
 }  // namespace fastformer::tokenizer

@@ -77,6 +77,7 @@ class Tokenizer {
   std::string description()
       const;  // e.g. "WordPiece (BertNormalizer, BertPreTokenizer, BertProcessing)"
   size_t num_special_tokens_added() const;  // by the post-processor to a single sequence
+  bool is_special(int32_t id) const;        // an added token marked "special" in tokenizer.json
 
  private:
   Tokenizer();

@@ -1,0 +1,115 @@
+// The HTTP routes over the one intake (server/rpc/intake.h): the OpenAI embeddings API
+// (openai.cc), text-embeddings-inference's routes (tei.cc) and KServe v2 REST as Triton serves
+// it (kserve_rest.cc). Each route maps its JSON into request::EncodeInput (or, for KServe, the
+// same ModelInferRequest the gRPC service converts), so every request rule, limit, metric and
+// the drain are the gRPC services'. docs/api.md ("HTTP") is the contract.
+//
+// Errors come in each API's own shape: OpenAI's {"error":{message,type,param,code}}, TEI's
+// {"error","error_type"} and KServe's {"error"}; the status codes are each API's (api.cc,
+// http_status).
+#pragma once
+
+#include <chrono>
+#include <functional>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "server/http/http_server.h"
+#include "server/http/json.h"
+#include "server/request/encode_input.h"
+#include "server/rpc/auth.h"
+#include "server/rpc/intake.h"
+
+namespace fastformer::http {
+
+struct ApiOptions {
+  std::vector<std::string> served_model_names;  ///< accepted besides the model's own name
+  std::vector<std::string> labels;  ///< class names of the classifier head (empty: LABEL_i)
+  const rpc::TokenAuthenticator* authenticator = nullptr;  ///< null: no token needed
+};
+
+// Which API a route belongs to: its error shape and status codes.
+enum class Api { kOpenAI, kTei, kKServe };
+
+class HttpApi final : public Handler {
+ public:
+  HttpApi(rpc::Intake& intake, ApiOptions options);
+
+  void handle(Request& request, std::shared_ptr<Responder> responder) override;
+  Response refuse(std::string_view target, bhttp::status status,
+                  const std::string& message) override;
+
+  // The labels of the classifier head from a model directory: config.json's id2label (as
+  // Hugging Face writes it) or labels.json's "labels" (the demo model's); empty when neither.
+  static std::vector<std::string> read_labels(const std::string& model_dir);
+
+  // One call in flight: when it arrived, its route (the `method` label) and API, and where
+  // its answer goes.
+  struct Call {
+    const char* method;
+    Api api;
+    batching::Clock::time_point start;
+    std::shared_ptr<Responder> responder;
+    batching::Clock::time_point deadline = batching::Clock::time_point::max();
+  };
+  // What a finished request's answer is made of (runs on an I/O thread).
+  using Format = std::function<Response(const batching::Request&)>;
+
+ private:
+  // Routes (each answers through call.responder exactly once).
+  void openai_embeddings(const Request& request, Call call);
+  void openai_models(Call call);
+  void tei_embed(const Request& request, Call call, bool all_tokens);
+  void tei_predict(const Request& request, Call call);
+  void tei_tokenize(const Request& request, Call call);
+  void tei_info(Call call);
+  void tei_health(Call call);
+  void kserve_get(const Request& request, Call call, const std::vector<std::string>& path);
+  void kserve_infer(const Request& request, Call call, const std::string& model,
+                    const std::string& version);
+
+  // Answers at once (and records the call with the status the answer stands for).
+  void answer(Call& call, Response response, const grpc::Status& status);
+  void fail(Call& call, const grpc::Status& status, const std::string& param = {});
+  // Queues `input` (rows viewing storage `keep` owns) and answers with format(), or with the
+  // error in call.api's shape. `convert` runs inside admission (counted in flight).
+  void submit(Call call, std::shared_ptr<void> keep,
+              std::function<grpc::Status(batching::Request*)> convert, Format format);
+  // build_request on `input`, the refusal worded "<param>[row]: ..." as INVALID_ARGUMENT.
+  // `single`: the input was one value, not an array (no row index in the message).
+  grpc::Status build(const request::EncodeInput& input, const char* param, bool single,
+                     batching::Request* out) const;
+
+  // Whether `name` is the served model (its own name or a --served-model-name).
+  bool serves(std::string_view name) const;
+  std::string label(size_t index) const;
+
+  rpc::Intake& intake_;
+  const ApiOptions options_;
+  const int64_t created_ = 0;  // /v1/models' "created": when the server started (Unix s)
+};
+
+// The text or token-id inputs of OpenAI's `input` and TEI's `inputs`: a string, an array of
+// strings, an array of ids or an array of arrays of ids. `single`: a lone string or id array.
+struct Inputs {
+  std::vector<std::string> texts;
+  std::vector<std::vector<int64_t>> ids;
+  bool single = false;
+  size_t size() const { return texts.size() + ids.size(); }
+};
+// Why `value` is not such an input (naming `field`), or nothing.
+std::optional<std::string> read_inputs(const simdjson::dom::element& value, const char* field,
+                                       Inputs* out);
+// The rows of `inputs` (views into it).
+request::EncodeInput encode_input(const Inputs& inputs);
+
+// The response of `status` with `body` as application/json.
+Response json_response(bhttp::status status, std::string body);
+// The error body in `api`'s shape; `param` is OpenAI's param (the field), may be empty.
+Response error_response(Api api, bhttp::status status, const std::string& message,
+                        const std::string& param = {});
+// The HTTP status that a gRPC status stands for in `api`.
+bhttp::status http_status(Api api, const grpc::Status& status);
+
+}  // namespace fastformer::http

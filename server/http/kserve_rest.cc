@@ -1,0 +1,522 @@
+// KServe v2 REST as Triton serves it, over the same model view (server/rpc/model_view.h) and
+// the same ModelInferRequest conversion (server/rpc/infer_conversion.h) as the gRPC service:
+// an infer body's JSON becomes a ModelInferRequest with raw input contents, and the response's
+// raw outputs become JSON data or, with the binary tensor extension, bytes after the JSON.
+#include <google/protobuf/descriptor.h>
+#include <google/protobuf/message.h>
+#include <openssl/evp.h>
+
+#include <cstring>
+
+#include "server/http/api.h"
+#include "server/rpc/infer_conversion.h"
+#include "server/rpc/model_view.h"
+
+namespace fastformer::http {
+
+using batching::Clock;
+namespace pb = google::protobuf;
+
+namespace {
+
+grpc::Status invalid(std::string message) {
+  return {grpc::StatusCode::INVALID_ARGUMENT, std::move(message)};
+}
+
+constexpr const char* kHeaderLength = "Inference-Header-Content-Length";
+
+// A protobuf message as JSON the way Triton's REST API prints it: proto field names, enums by
+// name, 64-bit integers as numbers (protobuf's own JSON printer quotes them, which Triton's
+// clients and perf_analyzer do not read), maps as objects, unset fields left out.
+void proto_json(const pb::Message& message, json::Writer& w);
+
+void scalar_json(const pb::Message& m, const pb::FieldDescriptor* f, int index, json::Writer& w) {
+  const pb::Reflection* r = m.GetReflection();
+  const bool rep = index >= 0;
+  switch (f->cpp_type()) {
+    case pb::FieldDescriptor::CPPTYPE_INT32:
+      w.number(int64_t(rep ? r->GetRepeatedInt32(m, f, index) : r->GetInt32(m, f)));
+      break;
+    case pb::FieldDescriptor::CPPTYPE_INT64:
+      w.number(int64_t(rep ? r->GetRepeatedInt64(m, f, index) : r->GetInt64(m, f)));
+      break;
+    case pb::FieldDescriptor::CPPTYPE_UINT32:
+      w.number(int64_t(rep ? r->GetRepeatedUInt32(m, f, index) : r->GetUInt32(m, f)));
+      break;
+    case pb::FieldDescriptor::CPPTYPE_UINT64: {
+      const uint64_t v = rep ? r->GetRepeatedUInt64(m, f, index) : r->GetUInt64(m, f);
+      w.raw(std::to_string(v));
+      break;
+    }
+    case pb::FieldDescriptor::CPPTYPE_DOUBLE:
+      w.number(rep ? r->GetRepeatedDouble(m, f, index) : r->GetDouble(m, f));
+      break;
+    case pb::FieldDescriptor::CPPTYPE_FLOAT:
+      w.f32(rep ? r->GetRepeatedFloat(m, f, index) : r->GetFloat(m, f));
+      break;
+    case pb::FieldDescriptor::CPPTYPE_BOOL:
+      w.boolean(rep ? r->GetRepeatedBool(m, f, index) : r->GetBool(m, f));
+      break;
+    case pb::FieldDescriptor::CPPTYPE_ENUM:
+      w.string((rep ? r->GetRepeatedEnum(m, f, index) : r->GetEnum(m, f))->name());
+      break;
+    case pb::FieldDescriptor::CPPTYPE_STRING: {
+      const std::string v = rep ? r->GetRepeatedString(m, f, index) : r->GetString(m, f);
+      if (f->type() == pb::FieldDescriptor::TYPE_BYTES) {
+        std::string out(4 * ((v.size() + 2) / 3) + 1, '\0');
+        const int n = EVP_EncodeBlock(reinterpret_cast<unsigned char*>(out.data()),
+                                      reinterpret_cast<const unsigned char*>(v.data()), int(v.size()));
+        w.string(std::string_view(out.data(), size_t(n)));
+      } else {
+        w.string(v);
+      }
+      break;
+    }
+    case pb::FieldDescriptor::CPPTYPE_MESSAGE:
+      proto_json(rep ? r->GetRepeatedMessage(m, f, index) : r->GetMessage(m, f), w);
+      break;
+  }
+}
+
+void proto_json(const pb::Message& message, json::Writer& w) {
+  const pb::Reflection* r = message.GetReflection();
+  std::vector<const pb::FieldDescriptor*> fields;
+  r->ListFields(message, &fields);  // the set fields, in field-number order
+  w.ch('{');
+  for (size_t i = 0; i < fields.size(); ++i) {
+    const pb::FieldDescriptor* f = fields[i];
+    if (i > 0) w.ch(',');
+    w.key(f->name());
+    if (f->is_map()) {
+      // A map is a repeated message of {key, value}: an object here.
+      w.ch('{');
+      const int n = r->FieldSize(message, f);
+      for (int k = 0; k < n; ++k) {
+        const pb::Message& entry = r->GetRepeatedMessage(message, f, k);
+        const pb::FieldDescriptor* key = entry.GetDescriptor()->map_key();
+        const pb::FieldDescriptor* value = entry.GetDescriptor()->map_value();
+        if (k > 0) w.ch(',');
+        if (key->cpp_type() == pb::FieldDescriptor::CPPTYPE_STRING) {
+          w.key(entry.GetReflection()->GetString(entry, key));
+        } else {
+          json::Writer number;
+          scalar_json(entry, key, -1, number);
+          w.key(number.str());
+        }
+        scalar_json(entry, value, -1, w);
+      }
+      w.ch('}');
+    } else if (f->is_repeated()) {
+      w.ch('[');
+      const int n = r->FieldSize(message, f);
+      for (int k = 0; k < n; ++k) {
+        if (k > 0) w.ch(',');
+        scalar_json(message, f, k, w);
+      }
+      w.ch(']');
+    } else {
+      scalar_json(message, f, -1, w);
+    }
+  }
+  w.ch('}');
+}
+
+// A JSON parameter value into an InferParameter, or why it cannot be one.
+std::optional<std::string> read_parameter(const simdjson::dom::element& v, const std::string& where,
+                                          inference::InferParameter* p) {
+  bool b = false;
+  int64_t i = 0;
+  double d = 0;
+  std::string_view s;
+  if (!v.get_bool().get(b)) {
+    p->set_bool_param(b);
+  } else if (!v.get_int64().get(i)) {
+    p->set_int64_param(i);
+  } else if (!v.get_double().get(d)) {
+    p->set_double_param(d);
+  } else if (!v.get_string().get(s)) {
+    p->set_string_param(std::string(s));
+  } else {
+    return where + ": expected a boolean, a number or a string, got " + json::type_name(v);
+  }
+  return std::nullopt;
+}
+
+// Appends `data` (nested arrays of elements) to `raw` as little-endian `datatype` elements.
+std::optional<std::string> flatten(const simdjson::dom::element& data, const std::string& datatype,
+                                   const std::string& where, std::string* raw, int64_t* count) {
+  simdjson::dom::array array;
+  if (!data.get_array().get(array)) {
+    for (const simdjson::dom::element item : array) {
+      if (auto e = flatten(item, datatype, where, raw, count)) return e;
+    }
+    return std::nullopt;
+  }
+  auto put = [&](const auto value) {
+    raw->append(reinterpret_cast<const char*>(&value), sizeof value);
+    ++*count;
+  };
+  if (datatype == "INT64" || datatype == "INT32") {
+    int64_t v = 0;
+    if (data.get_int64().get(v)) return where + ": expected integers, got " + json::type_name(data);
+    if (datatype == "INT64") {
+      put(v);
+    } else {
+      if (v < INT32_MIN || v > INT32_MAX) return where + ": " + std::to_string(v) + " is not an INT32";
+      put(int32_t(v));
+    }
+  } else if (datatype == "FP32") {
+    double v = 0;
+    if (data.get_double().get(v)) return where + ": expected numbers, got " + json::type_name(data);
+    put(float(v));
+  } else if (datatype == "BYTES") {
+    std::string_view v;
+    if (data.get_string().get(v)) return where + ": expected strings, got " + json::type_name(data);
+    put(uint32_t(v.size()));
+    --*count;
+    raw->append(v);
+  } else {
+    return where + ": datatype " + datatype +
+           " cannot be sent as JSON data here (this model's inputs are INT64, INT32, FP32 and BYTES)";
+  }
+  return std::nullopt;
+}
+
+// The raw bytes of an output tensor as JSON data.
+void data_json(const std::string& datatype, const std::string& raw, json::Writer& w) {
+  if (datatype == "FP32") {
+    std::vector<float> values(raw.size() / 4);
+    std::memcpy(values.data(), raw.data(), values.size() * 4);
+    w.floats(values);
+    return;
+  }
+  w.ch('[');
+  if (datatype == "INT64") {
+    for (size_t i = 0; i + 8 <= raw.size(); i += 8) {
+      int64_t v;
+      std::memcpy(&v, raw.data() + i, 8);
+      if (i > 0) w.ch(',');
+      w.number(v);
+    }
+  } else if (datatype == "INT32") {
+    for (size_t i = 0; i + 4 <= raw.size(); i += 4) {
+      int32_t v;
+      std::memcpy(&v, raw.data() + i, 4);
+      if (i > 0) w.ch(',');
+      w.number(int64_t(v));
+    }
+  }
+  w.ch(']');
+}
+
+}  // namespace
+
+void HttpApi::kserve_get(const Request&, Call call, const std::vector<std::string>& parts) {
+  // parts: "v2", then the rest of the path.
+  const auto ok = [&](std::string body) {
+    answer(call, json_response(bhttp::status::ok, std::move(body)), grpc::Status::OK);
+  };
+  if (parts.size() == 1) {
+    call.method = "GET /v2";
+    if (grpc::Status s = intake_.availability(); !s.ok()) return fail(call, s);
+    inference::ServerMetadataResponse metadata;
+    rpc::fill_server_metadata(intake_, &metadata);
+    metadata.add_extensions("binary_tensor_data");
+    json::Writer w;
+    proto_json(metadata, w);
+    return ok(w.take());
+  }
+  if (parts.size() == 3 && parts[1] == "health" && (parts[2] == "live" || parts[2] == "ready")) {
+    const bool live = parts[2] == "live";
+    call.method = live ? "GET /v2/health/live" : "GET /v2/health/ready";
+    // Live while the process answers; ready once warm and until draining (400 otherwise, as
+    // Triton answers).
+    const bool up = live || intake_.availability().ok();
+    Response response{up ? bhttp::status::ok : bhttp::status::bad_request, 11};
+    return answer(call, std::move(response), grpc::Status::OK);
+  }
+  if (parts.size() == 3 && parts[1] == "models" && parts[2] == "stats") {
+    call.method = "GET /v2/models/{model}/stats";
+    if (grpc::Status s = intake_.availability(); !s.ok()) return fail(call, s);
+    inference::ModelStatisticsResponse stats;
+    rpc::fill_model_statistics(intake_, stats.add_model_stats());
+    json::Writer w;
+    proto_json(stats, w);
+    return ok(w.take());
+  }
+  if (parts.size() >= 3 && parts[1] == "models") {
+    // /v2/models/{m}[/versions/{v}][/ready|/config|/stats]
+    size_t at = 3;
+    std::string version;
+    if (parts.size() >= 5 && parts[3] == "versions") {
+      version = parts[4];
+      at = 5;
+    }
+    const std::string what = at < parts.size() ? parts[at] : "";
+    if (at + 1 < parts.size() || (what != "" && what != "ready" && what != "config" && what != "stats")) {
+      call.method = "HTTP (no route)";
+      return fail(call, {grpc::StatusCode::NOT_FOUND, "no route GET /" + [&] {
+                           std::string p;
+                           for (size_t i = 0; i < parts.size(); ++i) p += (i ? "/" : "") + parts[i];
+                           return p;
+                         }()});
+    }
+    const grpc::Status status = rpc::model_status(intake_, parts[2], version);
+    if (what == "ready") {
+      call.method = "GET /v2/models/{model}/ready";
+      Response response{status.ok() ? bhttp::status::ok : bhttp::status::bad_request, 11};
+      return answer(call, std::move(response), grpc::Status::OK);
+    }
+    call.method = what.empty()      ? "GET /v2/models/{model}"
+                  : what == "config" ? "GET /v2/models/{model}/config"
+                                     : "GET /v2/models/{model}/stats";
+    if (!status.ok()) return fail(call, status);
+    json::Writer w;
+    if (what.empty()) {
+      inference::ModelMetadataResponse metadata;
+      rpc::fill_model_metadata(intake_, &metadata);
+      proto_json(metadata, w);
+    } else if (what == "config") {
+      inference::ModelConfig config;  // Triton answers the config itself, not its wrapper
+      rpc::fill_model_config(intake_, &config);
+      proto_json(config, w);
+    } else {
+      inference::ModelStatisticsResponse stats;
+      rpc::fill_model_statistics(intake_, stats.add_model_stats());
+      proto_json(stats, w);
+    }
+    return ok(w.take());
+  }
+  call.method = "HTTP (no route)";
+  fail(call, {grpc::StatusCode::NOT_FOUND, "no route under /v2 for this path"});
+}
+
+void HttpApi::kserve_infer(const Request& http_request, Call call, const std::string& model_name,
+                           const std::string& version) {
+  if (grpc::Status s = intake_.availability(); !s.ok()) return fail(call, s);
+  // The JSON header, then (binary tensor extension) the tensors' bytes.
+  std::string_view body = http_request.body();
+  std::string_view binary;
+  if (const auto length = http_request.find(kHeaderLength); length != http_request.end()) {
+    const std::string value(length->value());
+    char* end = nullptr;
+    const unsigned long long n = std::strtoull(value.c_str(), &end, 10);
+    if (end == value.c_str() || *end != '\0' || n > body.size()) {
+      return fail(call, invalid(std::string(kHeaderLength) + ": '" + value +
+                                "' is not a length within the body's " +
+                                std::to_string(body.size()) + " bytes"));
+    }
+    binary = body.substr(size_t(n));
+    body = body.substr(0, size_t(n));
+  }
+  thread_local simdjson::dom::parser parser;
+  simdjson::dom::element root;
+  if (auto e = json::parse(parser, body, &root)) return fail(call, invalid(*e));
+  simdjson::dom::object object;
+  if (root.get_object().get(object)) {
+    return fail(call, invalid(std::string("the request body must be a JSON object, got ") +
+                              json::type_name(root)));
+  }
+  struct Keep {
+    inference::ModelInferRequest proto;
+    rpc::InferCall call;
+    std::vector<bool> binary_output;  // per proto output, or all when none were named
+    bool binary_default = false;
+  };
+  auto keep = std::make_shared<Keep>();
+  inference::ModelInferRequest& proto = keep->proto;
+  proto.set_model_name(model_name);
+  proto.set_model_version(version);
+  simdjson::dom::element v;
+  if (!object["id"].get(v)) {
+    std::string_view id;
+    if (v.get_string().get(id)) return fail(call, invalid("id: expected a string"));
+    proto.set_id(std::string(id));
+  }
+  if (!object["parameters"].get(v)) {
+    simdjson::dom::object parameters;
+    if (v.get_object().get(parameters)) return fail(call, invalid("parameters: expected an object"));
+    for (const auto [key, value] : parameters) {
+      if (key == "binary_data_output") {
+        if (value.get_bool().get(keep->binary_default)) {
+          return fail(call, invalid("parameters.binary_data_output: expected true or false"));
+        }
+        continue;
+      }
+      if (key == "timeout") {  // microseconds, as Triton's
+        int64_t us = 0;
+        if (value.get_int64().get(us) || us <= 0) {
+          return fail(call, invalid("parameters.timeout: expected a positive number of microseconds"));
+        }
+        call.deadline = std::min(call.deadline, Clock::now() + std::chrono::microseconds(us));
+        continue;
+      }
+      inference::InferParameter p;
+      if (auto e = read_parameter(value, "parameters." + std::string(key), &p)) {
+        return fail(call, invalid(*e));
+      }
+      (*proto.mutable_parameters())[std::string(key)] = p;
+    }
+  }
+  simdjson::dom::array inputs;
+  if (object["inputs"].get(v)) return fail(call, invalid("inputs: is required"));
+  if (v.get_array().get(inputs)) return fail(call, invalid("inputs: expected an array"));
+  size_t offset = 0;
+  size_t i = 0;
+  for (const simdjson::dom::element item : inputs) {
+    const std::string where = "inputs[" + std::to_string(i++) + "]";
+    simdjson::dom::object in;
+    if (item.get_object().get(in)) return fail(call, invalid(where + ": expected an object"));
+    inference::ModelInferRequest::InferInputTensor* tensor = proto.add_inputs();
+    std::string_view s;
+    if (in["name"].get(v) || v.get_string().get(s)) {
+      return fail(call, invalid(where + ".name: is required (a string)"));
+    }
+    tensor->set_name(std::string(s));
+    const std::string named = where + " (" + tensor->name() + ")";
+    if (in["datatype"].get(v) || v.get_string().get(s)) {
+      return fail(call, invalid(named + ".datatype: is required (a string)"));
+    }
+    tensor->set_datatype(std::string(s));
+    simdjson::dom::array shape;
+    if (in["shape"].get(v) || v.get_array().get(shape)) {
+      return fail(call, invalid(named + ".shape: is required (an array of integers)"));
+    }
+    for (const simdjson::dom::element d : shape) {
+      int64_t n = 0;
+      if (d.get_int64().get(n)) return fail(call, invalid(named + ".shape: expected integers"));
+      tensor->add_shape(n);
+    }
+    std::string* raw = proto.add_raw_input_contents();
+    int64_t binary_size = -1;
+    if (!in["parameters"].get(v)) {
+      simdjson::dom::object parameters;
+      if (v.get_object().get(parameters)) {
+        return fail(call, invalid(named + ".parameters: expected an object"));
+      }
+      for (const auto [key, value] : parameters) {
+        if (key == "binary_data_size") {
+          if (value.get_int64().get(binary_size) || binary_size < 0) {
+            return fail(call, invalid(named + ".parameters.binary_data_size: expected a size"));
+          }
+          continue;
+        }
+        inference::InferParameter p;
+        if (auto e = read_parameter(value, named + ".parameters." + std::string(key), &p)) {
+          return fail(call, invalid(*e));
+        }
+        (*tensor->mutable_parameters())[std::string(key)] = p;
+      }
+    }
+    if (binary_size >= 0) {
+      if (offset + size_t(binary_size) > binary.size()) {
+        return fail(call, invalid(named + ".parameters.binary_data_size: " +
+                                  std::to_string(binary_size) + " bytes at offset " +
+                                  std::to_string(offset) + " run past the " +
+                                  std::to_string(binary.size()) + " binary bytes after the JSON (" +
+                                  kHeaderLength + ")"));
+      }
+      raw->assign(binary.substr(offset, size_t(binary_size)));
+      offset += size_t(binary_size);
+      continue;
+    }
+    if (in["data"].get(v)) {
+      return fail(call, invalid(named + ".data: is required (or parameters.binary_data_size)"));
+    }
+    int64_t count = 0;
+    if (auto e = flatten(v, tensor->datatype(), named + ".data", raw, &count)) {
+      return fail(call, invalid(*e));
+    }
+  }
+  if (offset != binary.size()) {
+    return fail(call, invalid("the body has " + std::to_string(binary.size() - offset) +
+                              " binary bytes after the JSON that no input's binary_data_size "
+                              "claims"));
+  }
+  if (!object["outputs"].get(v)) {
+    simdjson::dom::array outputs;
+    if (v.get_array().get(outputs)) return fail(call, invalid("outputs: expected an array"));
+    size_t k = 0;
+    for (const simdjson::dom::element item : outputs) {
+      const std::string where = "outputs[" + std::to_string(k++) + "]";
+      simdjson::dom::object out;
+      std::string_view s;
+      if (item.get_object().get(out) || out["name"].get(v) || v.get_string().get(s)) {
+        return fail(call, invalid(where + ".name: is required (a string)"));
+      }
+      proto.add_outputs()->set_name(std::string(s));
+      bool binary_output = keep->binary_default;
+      if (!out["parameters"].get(v)) {
+        simdjson::dom::object parameters;
+        if (v.get_object().get(parameters)) {
+          return fail(call, invalid(where + ".parameters: expected an object"));
+        }
+        for (const auto [key, value] : parameters) {
+          if (key == "binary_data") {
+            if (value.get_bool().get(binary_output)) {
+              return fail(call, invalid(where + ".parameters.binary_data: expected true or false"));
+            }
+          } else if (key == "classification") {
+            return fail(call, invalid(where + ".parameters.classification: the classification "
+                                              "extension is not supported; ask for logits"));
+          }
+        }
+      }
+      keep->binary_output.push_back(binary_output);
+    }
+  }
+  const auto intake = &intake_;
+  submit(
+      call, keep,
+      [this, keep](batching::Request* out) {
+        return rpc::convert_infer_request(keep->proto, intake_.engine().model(), intake_.tokenizer(),
+                                          intake_.config().limits,
+                                          intake_.config().max_batch_sequences, &keep->call, out);
+      },
+      [keep, intake](const batching::Request& r) {
+        inference::ModelInferResponse response;
+        rpc::fill_infer_response(keep->call, r, intake->engine().model(), &response);
+        json::Writer w;
+        w.raw("{\"model_name\":").string(intake->engine().model().config().model_name);
+        w.raw(",\"model_version\":").string(rpc::kModelVersion);
+        if (!keep->proto.id().empty()) w.raw(",\"id\":").string(keep->proto.id());
+        w.raw(",\"outputs\":[");
+        std::string tail;
+        for (int k = 0; k < response.outputs_size(); ++k) {
+          const auto& out = response.outputs(k);
+          const std::string& raw = response.raw_output_contents(k);
+          // Outputs named in the request answer in its order (fill_infer_response keeps it).
+          const bool binary = keep->binary_output.empty()
+                                  ? keep->binary_default
+                                  : (size_t(k) < keep->binary_output.size() &&
+                                     keep->binary_output[size_t(k)]);
+          if (k > 0) w.ch(',');
+          w.raw("{\"name\":").string(out.name()).raw(",\"datatype\":").string(out.datatype());
+          w.raw(",\"shape\":[");
+          for (int d = 0; d < out.shape_size(); ++d) {
+            if (d > 0) w.ch(',');
+            w.number(out.shape(d));
+          }
+          w.ch(']');
+          if (binary) {
+            w.raw(",\"parameters\":{\"binary_data_size\":").number(int64_t(raw.size())).raw("}}");
+            tail.append(raw);
+          } else {
+            w.raw(",\"data\":");
+            data_json(out.datatype(), raw, w);
+            w.ch('}');
+          }
+        }
+        w.raw("]}");
+        if (tail.empty()) return json_response(bhttp::status::ok, w.take());
+        const size_t header = w.str().size();
+        Response http{bhttp::status::ok, 11};
+        http.set(bhttp::field::content_type, "application/octet-stream");
+        http.set(kHeaderLength, std::to_string(header));
+        http.body() = w.take();
+        http.body().append(tail);
+        return http;
+      });
+}
+
+}  // namespace fastformer::http

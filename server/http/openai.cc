@@ -1,0 +1,225 @@
+// POST /v1/embeddings and GET /v1/models, as the openai SDK calls them (docs/api.md, "HTTP").
+#include <openssl/evp.h>
+
+#include <bit>
+#include <cmath>
+
+#include "server/http/api.h"
+
+namespace fastformer::http {
+
+using batching::Clock;
+
+namespace {
+
+grpc::Status invalid(std::string message) {
+  return {grpc::StatusCode::INVALID_ARGUMENT, std::move(message)};
+}
+
+// Real tokens of a finished request (pads are not counted), for `usage`.
+int64_t real_tokens(const batching::Request& r, int32_t pad) {
+  int64_t n = 0;
+  for (size_t i = 0; i < r.sequences.size(); ++i) {
+    const SequenceInput& s = r.sequences[i];
+    if (s.token_ids.empty()) {
+      n += r.results[i].num_tokens;
+      continue;
+    }
+    for (const int32_t id : s.token_ids) n += id != pad;
+  }
+  return n;
+}
+
+}  // namespace
+
+std::optional<std::string> read_inputs(const simdjson::dom::element& value, const char* field,
+                                       Inputs* out) {
+  const std::string f = field;
+  auto read_ids = [&](const simdjson::dom::array& array, const std::string& where,
+                      std::vector<int64_t>* ids) -> std::optional<std::string> {
+    for (const simdjson::dom::element id : array) {
+      int64_t v = 0;
+      if (id.get_int64().get(v)) {
+        return where + ": expected token ids (integers), got " + json::type_name(id);
+      }
+      ids->push_back(v);
+    }
+    return std::nullopt;
+  };
+  std::string_view text;
+  if (!value.get_string().get(text)) {
+    out->texts.emplace_back(text);
+    out->single = true;
+    return std::nullopt;
+  }
+  simdjson::dom::array array;
+  if (value.get_array().get(array)) {
+    return f + ": expected a string, an array of strings, an array of token ids or an array of "
+               "arrays of token ids, got " + json::type_name(value);
+  }
+  if (array.size() == 0) return f + ": is empty; send at least one input";
+  const simdjson::dom::element first = array.at(0).value_unsafe();
+  if (first.is_int64() || first.is_uint64()) {
+    out->single = true;
+    return read_ids(array, f, &out->ids.emplace_back());
+  }
+  size_t i = 0;
+  for (const simdjson::dom::element item : array) {
+    const std::string where = f + "[" + std::to_string(i++) + "]";
+    if (!item.get_string().get(text)) {
+      if (!out->ids.empty()) return where + ": mixes text with token ids; send one kind";
+      out->texts.emplace_back(text);
+      continue;
+    }
+    simdjson::dom::array ids;
+    if (!item.get_array().get(ids)) {
+      if (!out->texts.empty()) return where + ": mixes token ids with text; send one kind";
+      if (auto e = read_ids(ids, where, &out->ids.emplace_back())) return e;
+      continue;
+    }
+    return where + ": expected a string or an array of token ids, got " + json::type_name(item);
+  }
+  return std::nullopt;
+}
+
+request::EncodeInput encode_input(const Inputs& inputs) {
+  request::EncodeInput input;
+  input.rows.reserve(inputs.size());
+  for (const std::string& text : inputs.texts) input.rows.push_back(request::Row::from_text(text));
+  for (const std::vector<int64_t>& ids : inputs.ids)
+    input.rows.push_back(request::Row::wide_ids(ids));
+  return input;
+}
+
+void HttpApi::openai_models(Call call) {
+  if (grpc::Status s = intake_.availability(); !s.ok()) return fail(call, s);
+  json::Writer w;
+  w.raw("{\"object\":\"list\",\"data\":[");
+  std::vector<std::string> names{intake_.engine().model().config().model_name};
+  names.insert(names.end(), options_.served_model_names.begin(), options_.served_model_names.end());
+  for (size_t i = 0; i < names.size(); ++i) {
+    if (i > 0) w.ch(',');
+    w.raw("{\"id\":").string(names[i]).raw(",\"object\":\"model\",\"created\":").number(created_);
+    w.raw(",\"owned_by\":\"fastformer\"}");
+  }
+  w.raw("]}");
+  answer(call, json_response(bhttp::status::ok, w.take()), grpc::Status::OK);
+}
+
+void HttpApi::openai_embeddings(const Request& http_request, Call call) {
+  if (grpc::Status s = intake_.availability(); !s.ok()) return fail(call, s);
+  thread_local simdjson::dom::parser parser;
+  simdjson::dom::element root;
+  if (auto e = json::parse(parser, http_request.body(), &root)) return fail(call, invalid(*e));
+  simdjson::dom::object body;
+  if (root.get_object().get(body)) {
+    return fail(call, invalid(std::string("the request body must be a JSON object, got ") +
+                              json::type_name(root)));
+  }
+  struct Keep {
+    Inputs inputs;
+    request::EncodeInput input;
+    std::string model;
+    bool base64 = false;
+    int64_t dimensions = 0;
+  };
+  auto keep = std::make_shared<Keep>();
+  const engine::Model& model = intake_.engine().model();
+  keep->model = model.config().model_name;
+  simdjson::dom::element v;
+  if (!body["model"].get(v) && !v.is_null()) {
+    std::string_view name;
+    if (v.get_string().get(name)) {
+      return fail(call, invalid(std::string("model: expected a string, got ") + json::type_name(v)),
+                  "model");
+    }
+    if (!serves(name)) {
+      std::string served = "'" + model.config().model_name + "'";
+      for (const std::string& alias : options_.served_model_names) served += ", '" + alias + "'";
+      return fail(call,
+                  {grpc::StatusCode::NOT_FOUND, "model: '" + std::string(name) +
+                                                    "' is not served here; this server serves " +
+                                                    served + " (GET /v1/models)"},
+                  "model");
+    }
+    keep->model = name;
+  }
+  if (body["input"].get(v)) return fail(call, invalid("input: is required"), "input");
+  if (auto e = read_inputs(v, "input", &keep->inputs)) return fail(call, invalid(*e), "input");
+  if (!body["encoding_format"].get(v) && !v.is_null()) {
+    std::string_view format;
+    if (v.get_string().get(format) || (format != "float" && format != "base64")) {
+      return fail(call, invalid("encoding_format: expected \"float\" or \"base64\""),
+                  "encoding_format");
+    }
+    keep->base64 = format == "base64";
+  }
+  if (!body["dimensions"].get(v) && !v.is_null()) {
+    int64_t d = 0;
+    if (v.get_int64().get(d) || d < 1) {
+      return fail(call, invalid("dimensions: expected a positive integer"), "dimensions");
+    }
+    if (d > model.config().hidden_size) {
+      return fail(call,
+                  invalid("dimensions: " + std::to_string(d) + " is over the model's hidden_size " +
+                          std::to_string(model.config().hidden_size)),
+                  "dimensions");
+    }
+    keep->dimensions = d;
+  }
+  if (!body["user"].get(v) && !v.is_null() && !v.is_string()) {
+    return fail(call, invalid(std::string("user: expected a string, got ") + json::type_name(v)),
+                "user");
+  }
+  keep->input = encode_input(keep->inputs);
+  keep->input.options.normalize = true;  // OpenAI's embeddings have length 1
+  const bool single = keep->inputs.single;
+  const int32_t pad = model.config().pad_token_id;
+  submit(
+      call, keep,
+      [this, keep, single](batching::Request* out) {
+        return build(keep->input, "input", single, out);
+      },
+      [keep, pad](const batching::Request& r) {
+        json::Writer w;
+        const size_t D = r.results.empty() ? 0 : r.results[0].embedding.size();
+        const size_t dims = keep->dimensions > 0 ? size_t(keep->dimensions) : D;
+        w.reserve(64 + r.results.size() * (48 + dims * (keep->base64 ? 6 : 12)));
+        w.raw("{\"object\":\"list\",\"data\":[");
+        std::vector<float> cut;
+        std::string encoded;
+        for (size_t i = 0; i < r.results.size(); ++i) {
+          std::span<const float> e = r.results[i].embedding;
+          if (dims < e.size()) {
+            // Matryoshka-style: the first `dimensions` values, re-normalised.
+            cut.assign(e.begin(), e.begin() + ptrdiff_t(dims));
+            double norm = 0;
+            for (const float x : cut) norm += double(x) * x;
+            norm = std::sqrt(norm);
+            if (norm > 0) {
+              for (float& x : cut) x = float(x / norm);
+            }
+            e = cut;
+          }
+          if (i > 0) w.ch(',');
+          w.raw("{\"object\":\"embedding\",\"index\":").number(int64_t(i)).raw(",\"embedding\":");
+          if (keep->base64) {
+            static_assert(std::endian::native == std::endian::little);
+            encoded.resize(4 * ((e.size_bytes() + 2) / 3) + 1);
+            const int n = EVP_EncodeBlock(reinterpret_cast<unsigned char*>(encoded.data()),
+                                          reinterpret_cast<const unsigned char*>(e.data()),
+                                          int(e.size_bytes()));
+            w.ch('"').raw(std::string_view(encoded.data(), size_t(n))).ch('"');
+          } else {
+            w.floats(e);
+          }
+          w.ch('}');
+        }
+        const int64_t tokens = real_tokens(r, pad);
+        w.raw("],\"model\":").string(keep->model).raw(",\"usage\":{\"prompt_tokens\":");
+        w.number(tokens).raw(",\"total_tokens\":").number(tokens).raw("}}");
+        return json_response(bhttp::status::ok, w.take());
+      });
+}
+
+}  // namespace fastformer::http

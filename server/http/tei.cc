@@ -1,0 +1,328 @@
+// text-embeddings-inference's routes: POST /embed, /embed_all, /predict, /tokenize and /, GET
+// /info and /health, with TEI's fields, defaults, error shape and timing headers.
+#include <algorithm>
+#include <cmath>
+#include <numeric>
+
+#include "server/http/api.h"
+#include "server/text/tokenizer/tokenizer.h"
+
+namespace fastformer::http {
+
+using batching::Clock;
+
+namespace {
+
+grpc::Status invalid(std::string message) {
+  return {grpc::StatusCode::INVALID_ARGUMENT, std::move(message)};
+}
+
+int64_t ms(uint64_t ns) { return int64_t(ns / 1000000); }
+
+// TEI's timing headers (milliseconds, as TEI writes them) and x-compute-tokens.
+void set_timing(Response& response, const batching::Request& r, Clock::time_point start,
+                size_t characters) {
+  const uint64_t queue = uint64_t(std::max<int64_t>(
+      0, std::chrono::duration_cast<std::chrono::nanoseconds>(r.first_compute - r.arrival).count()));
+  const uint64_t inference = uint64_t(r.compute_us) * 1000;
+  response.set("x-total-time", std::to_string(ms(batching::ns_since(start))));
+  response.set("x-tokenization-time", std::to_string(ms(r.tokenize_ns)));
+  response.set("x-queue-time", std::to_string(ms(queue)));
+  response.set("x-inference-time", std::to_string(ms(inference)));
+  response.set("x-compute-time", std::to_string(ms(r.tokenize_ns + inference)));
+  response.set("x-compute-tokens", std::to_string(r.tokens));
+  response.set("x-compute-characters", std::to_string(characters));
+}
+
+// The body as a JSON object, or why not.
+std::optional<std::string> read_object(simdjson::dom::parser& parser, const Request& request,
+                                       simdjson::dom::object* body) {
+  simdjson::dom::element root;
+  if (auto e = json::parse(parser, request.body(), &root)) return e;
+  if (root.get_object().get(*body)) {
+    return std::string("the request body must be a JSON object, got ") + json::type_name(root);
+  }
+  return std::nullopt;
+}
+
+// An optional boolean field: its value, `fallback` when absent or null, or an error.
+std::optional<std::string> read_bool(const simdjson::dom::object& body, const char* name,
+                                     bool* value) {
+  simdjson::dom::element v;
+  if (body[name].get(v) || v.is_null()) return std::nullopt;
+  if (v.get_bool().get(*value)) {
+    return std::string(name) + ": expected true or false, got " + json::type_name(v);
+  }
+  return std::nullopt;
+}
+
+// truncate (bool, default false) and truncation_direction ("right" or "left", any case).
+std::optional<std::string> read_truncation(const simdjson::dom::object& body,
+                                           request::Truncate* truncate) {
+  bool cut = false;
+  if (auto e = read_bool(body, "truncate", &cut)) return e;
+  bool left = false;
+  simdjson::dom::element v;
+  if (!body["truncation_direction"].get(v) && !v.is_null()) {
+    std::string_view d;
+    if (v.get_string().get(d)) return std::string("truncation_direction: expected \"right\" or \"left\"");
+    std::string lower(d);
+    std::transform(lower.begin(), lower.end(), lower.begin(), ::tolower);
+    if (lower != "right" && lower != "left") {
+      return "truncation_direction: expected \"right\" or \"left\", got \"" + std::string(d) + "\"";
+    }
+    left = lower == "left";
+  }
+  *truncate = !cut ? request::Truncate::kNone
+              : left ? request::Truncate::kLeft
+                     : request::Truncate::kRight;
+  return std::nullopt;
+}
+
+size_t characters(const Inputs& inputs) {
+  size_t n = 0;
+  for (const std::string& t : inputs.texts) n += t.size();
+  return n;
+}
+
+}  // namespace
+
+void HttpApi::tei_embed(const Request& http_request, Call call, bool all_tokens) {
+  if (grpc::Status s = intake_.availability(); !s.ok()) return fail(call, s);
+  thread_local simdjson::dom::parser parser;
+  simdjson::dom::object body;
+  if (auto e = read_object(parser, http_request, &body)) return fail(call, invalid(*e));
+  struct Keep {
+    Inputs inputs;
+    request::EncodeInput input;
+  };
+  auto keep = std::make_shared<Keep>();
+  simdjson::dom::element v;
+  if (body["inputs"].get(v)) return fail(call, invalid("inputs: is required"));
+  if (auto e = read_inputs(v, "inputs", &keep->inputs)) return fail(call, invalid(*e));
+  keep->input = encode_input(keep->inputs);
+  bool normalize = true;
+  if (auto e = read_bool(body, "normalize", &normalize)) return fail(call, invalid(*e));
+  if (auto e = read_truncation(body, &keep->input.truncate)) return fail(call, invalid(*e));
+  if (!body["prompt_name"].get(v) && !v.is_null()) {
+    return fail(call, invalid("prompt_name: this model has no prompts (config_sentence_transformers"
+                              ".json); leave it out"));
+  }
+  keep->input.options.normalize = normalize && !all_tokens;
+  keep->input.options.token_embeddings = all_tokens;
+  const int64_t D = intake_.engine().model().config().hidden_size;
+  const bool single = keep->inputs.single;
+  const auto start = call.start;
+  submit(
+      call, keep,
+      [this, keep, single](batching::Request* out) {
+        return build(keep->input, "inputs", single, out);
+      },
+      [keep, all_tokens, D, start](const batching::Request& r) {
+        json::Writer w;
+        w.reserve(16 + r.results.size() * size_t(D) * 12);
+        w.ch('[');
+        for (size_t i = 0; i < r.results.size(); ++i) {
+          if (i > 0) w.ch(',');
+          if (!all_tokens) {
+            w.floats(r.results[i].embedding);
+            continue;
+          }
+          const std::vector<float>& t = r.results[i].token_embeddings;
+          w.ch('[');
+          for (size_t row = 0; row * size_t(D) < t.size(); ++row) {
+            if (row > 0) w.ch(',');
+            w.floats(std::span<const float>(t).subspan(row * size_t(D), size_t(D)));
+          }
+          w.ch(']');
+        }
+        w.ch(']');
+        Response response = json_response(bhttp::status::ok, w.take());
+        set_timing(response, r, start, characters(keep->inputs));
+        return response;
+      });
+}
+
+void HttpApi::tei_predict(const Request& http_request, Call call) {
+  if (grpc::Status s = intake_.availability(); !s.ok()) return fail(call, s);
+  const engine::Model& model = intake_.engine().model();
+  if (model.num_labels() == 0) {
+    return fail(call, invalid("this model has no classifier head: /predict needs one (use /embed)"));
+  }
+  thread_local simdjson::dom::parser parser;
+  simdjson::dom::object body;
+  if (auto e = read_object(parser, http_request, &body)) return fail(call, invalid(*e));
+  struct Keep {
+    Inputs inputs;
+    request::EncodeInput input;
+  };
+  auto keep = std::make_shared<Keep>();
+  simdjson::dom::element v;
+  if (body["inputs"].get(v)) return fail(call, invalid("inputs: is required"));
+  // TEI's shapes: "text" (one), [["a"], ["b"]] or ["a", "b", "c"] (a batch); a two-text array
+  // is a pair, which this encoder (one text a row) cannot classify.
+  const std::string pair_error =
+      ": is a pair of texts; this model classifies one text a row (send [[\"a\"], [\"b\"]] for "
+      "a batch)";
+  std::string_view text;
+  simdjson::dom::array array;
+  if (!v.get_string().get(text)) {
+    keep->inputs.texts.emplace_back(text);
+    keep->inputs.single = true;
+  } else if (!v.get_array().get(array)) {
+    if (array.size() == 0) return fail(call, invalid("inputs: is empty; send at least one text"));
+    bool all_strings = true;
+    for (const simdjson::dom::element item : array) all_strings &= item.is_string();
+    if (all_strings && array.size() == 2) return fail(call, invalid("inputs" + pair_error));
+    size_t i = 0;
+    for (const simdjson::dom::element item : array) {
+      const std::string where = "inputs[" + std::to_string(i++) + "]";
+      simdjson::dom::array inner;
+      if (!item.get_string().get(text)) {
+        keep->inputs.texts.emplace_back(text);
+      } else if (!item.get_array().get(inner) && inner.size() == 1 &&
+                 !inner.at(0).get_string().get(text)) {
+        keep->inputs.texts.emplace_back(text);
+      } else if (!item.get_array().get(inner) && inner.size() == 2) {
+        return fail(call, invalid(where + pair_error));
+      } else {
+        return fail(call, invalid(where + ": expected a text or [text], got " +
+                                  std::string(json::type_name(item))));
+      }
+    }
+  } else {
+    return fail(call, invalid(std::string("inputs: expected a text or a list of texts, got ") +
+                              json::type_name(v)));
+  }
+  bool raw_scores = false;
+  if (auto e = read_bool(body, "raw_scores", &raw_scores)) return fail(call, invalid(*e));
+  keep->input = encode_input(keep->inputs);
+  if (auto e = read_truncation(body, &keep->input.truncate)) return fail(call, invalid(*e));
+  keep->input.options.logits = true;
+  const bool single = keep->inputs.single;
+  const auto start = call.start;
+  submit(
+      call, keep,
+      [this, keep, single](batching::Request* out) {
+        return build(keep->input, "inputs", single, out);
+      },
+      [this, keep, single, raw_scores, start](const batching::Request& r) {
+        json::Writer w;
+        if (!single) w.ch('[');
+        for (size_t i = 0; i < r.results.size(); ++i) {
+          if (i > 0) w.ch(',');
+          std::vector<float> scores = r.results[i].logits;
+          if (!raw_scores && !scores.empty()) {
+            const float top = *std::max_element(scores.begin(), scores.end());
+            double sum = 0;
+            for (float& s : scores) sum += (s = std::exp(s - top));
+            for (float& s : scores) s = float(s / sum);
+          }
+          std::vector<size_t> order(scores.size());
+          std::iota(order.begin(), order.end(), 0);
+          std::stable_sort(order.begin(), order.end(),
+                           [&](size_t a, size_t b) { return scores[a] > scores[b]; });
+          w.ch('[');
+          for (size_t k = 0; k < order.size(); ++k) {
+            if (k > 0) w.ch(',');
+            w.raw("{\"score\":").f32(scores[order[k]]).raw(",\"label\":").string(label(order[k]));
+            w.ch('}');
+          }
+          w.ch(']');
+        }
+        if (!single) w.ch(']');
+        Response response = json_response(bhttp::status::ok, w.take());
+        set_timing(response, r, start, characters(keep->inputs));
+        return response;
+      });
+}
+
+void HttpApi::tei_tokenize(const Request& http_request, Call call) {
+  if (grpc::Status s = intake_.availability(); !s.ok()) return fail(call, s);
+  const text::Tokenizer* tokenizer = intake_.tokenizer();
+  if (tokenizer == nullptr) {
+    return fail(call, invalid("this model has no tokenizer.json: it takes token ids, not text"));
+  }
+  thread_local simdjson::dom::parser parser;
+  simdjson::dom::object body;
+  if (auto e = read_object(parser, http_request, &body)) return fail(call, invalid(*e));
+  simdjson::dom::element v;
+  Inputs inputs;
+  if (body["inputs"].get(v)) return fail(call, invalid("inputs: is required"));
+  if (auto e = read_inputs(v, "inputs", &inputs)) return fail(call, invalid(*e));
+  if (!inputs.ids.empty()) return fail(call, invalid("inputs: expected text, got token ids"));
+  const int64_t max_inputs = intake_.config().limits.max_request_inputs;
+  if (max_inputs > 0 && int64_t(inputs.size()) > max_inputs) {
+    return fail(call, invalid("inputs: the request has " + std::to_string(inputs.size()) +
+                              " texts, over max_request_inputs " + std::to_string(max_inputs)));
+  }
+  bool special = true;
+  if (auto e = read_bool(body, "add_special_tokens", &special)) return fail(call, invalid(*e));
+  json::Writer w;
+  w.ch('[');
+  for (size_t i = 0; i < inputs.texts.size(); ++i) {
+    tokenizer::Encoding encoding;
+    try {
+      encoding = tokenizer->encode(inputs.texts[i], special);
+    } catch (const std::exception& e) {
+      return fail(call, invalid((inputs.single ? std::string("inputs")
+                                               : "inputs[" + std::to_string(i) + "]") +
+                                ": " + e.what()));
+    }
+    if (i > 0) w.ch(',');
+    w.ch('[');
+    for (size_t k = 0; k < encoding.ids.size(); ++k) {
+      if (k > 0) w.ch(',');
+      w.raw("{\"id\":").number(int64_t(encoding.ids[k])).raw(",\"text\":").string(encoding.tokens[k]);
+      w.raw(",\"special\":").boolean(tokenizer->is_special(encoding.ids[k]));
+      w.raw(",\"start\":null,\"stop\":null}");  // offsets are not tracked (docs/api.md)
+    }
+    w.ch(']');
+  }
+  w.ch(']');
+  answer(call, json_response(bhttp::status::ok, w.take()), grpc::Status::OK);
+}
+
+void HttpApi::tei_info(Call call) {
+  if (grpc::Status s = intake_.availability(); !s.ok()) return fail(call, s);
+  const engine::Engine& engine = intake_.engine();
+  const engine::Model& model = engine.model();
+  const rpc::ServiceConfig& config = intake_.config();
+  json::Writer w;
+  w.raw("{\"model_id\":").string(model.config().model_name).raw(",\"model_sha\":null");
+  w.raw(",\"model_dtype\":").string(config.dtype).raw(",\"model_type\":");
+  if (model.num_labels() > 0) {
+    w.raw("{\"classifier\":{\"id2label\":{");
+    for (int64_t i = 0; i < model.num_labels(); ++i) {
+      if (i > 0) w.ch(',');
+      w.key(std::to_string(i)).string(label(size_t(i)));
+    }
+    w.raw("},\"label2id\":{");
+    for (int64_t i = 0; i < model.num_labels(); ++i) {
+      if (i > 0) w.ch(',');
+      w.key(label(size_t(i))).number(i);
+    }
+    w.raw("}}}");
+  } else {
+    w.raw("{\"embedding\":{\"pooling\":\"attention\"}}");
+  }
+  w.raw(",\"max_concurrent_requests\":").number(int64_t(0));
+  w.raw(",\"max_input_length\":").number(model.config().max_position_embeddings);
+  w.raw(",\"max_batch_tokens\":").number(config.max_batch_tokens);
+  w.raw(",\"max_batch_requests\":").number(config.max_batch_sequences);
+  w.raw(",\"max_client_batch_size\":").number(config.limits.max_request_inputs);
+  w.raw(",\"auto_truncate\":false,\"tokenization_workers\":").number(int64_t(0));
+  w.raw(",\"backend\":").string(engine.backend_name());
+  w.raw(",\"device\":").string(engine.device_name());
+  w.raw(",\"accepts_text\":").boolean(intake_.tokenizer() != nullptr);
+  w.raw(",\"version\":").string(config.version).raw(",\"sha\":null,\"docker_label\":null}");
+  answer(call, json_response(bhttp::status::ok, w.take()), grpc::Status::OK);
+}
+
+void HttpApi::tei_health(Call call) {
+  if (grpc::Status s = intake_.availability(); !s.ok()) return fail(call, s);
+  Response response{bhttp::status::ok, 11};
+  answer(call, std::move(response), grpc::Status::OK);
+}
+
+}  // namespace fastformer::http
