@@ -4,7 +4,7 @@
 #
 # CUDA image (the defaults: NVIDIA CUDA 13 on Ubuntu 24.04, kernels for sm_80, sm_90, sm_100):
 #   docker build -t fastformer-serving:cuda .
-#   docker run --gpus all -p 50051:50051 -p 8002:8002 -v $PWD/models/demo:/models:ro fastformer-serving:cuda
+#   docker run --gpus all -p 50051:50051 -p 8000:8000 -p 8002:8002 -v $PWD/models/demo:/models:ro fastformer-serving:cuda
 # CPU image (Debian 12), from this same file:
 #   docker build --build-arg BUILD_IMAGE=debian:bookworm --build-arg RUNTIME_IMAGE=debian:bookworm-slim \
 #                --build-arg FASTFORMER_CUDA=OFF -t fastformer-serving:cpu .
@@ -48,9 +48,11 @@ COPY --from=build /out/lib/ /usr/local/lib/
 # what is reachable. The model is read from the /models volume.
 ENV FASTFORMER_MODEL_DIR=/models \
     FASTFORMER_LISTEN=0.0.0.0:50051 \
-    FASTFORMER_METRICS_LISTEN=0.0.0.0:8002
+    FASTFORMER_METRICS_LISTEN=0.0.0.0:8002 \
+    FASTFORMER_HTTP_LISTEN=0.0.0.0:8000
 VOLUME ["/models"]
-EXPOSE 50051 8002
+# gRPC, HTTP (OpenAI, TEI, KServe v2 REST), /metrics.
+EXPOSE 50051 8000 8002
 USER 10001:10001
 # grpc.health.v1 on the gRPC port this container listens on (taken from FASTFORMER_LISTEN).
 HEALTHCHECK --interval=15s --timeout=5s --start-period=60s --retries=3 \

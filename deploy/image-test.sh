@@ -291,15 +291,16 @@ with open(sys.argv[2], "w") as f:
 EOF
 chmod -R a+rX "$MODEL" "$IO"
 
-read -r GRPC_PORT METRICS_PORT < <("$PYTHON" - <<'EOF'
+read -r GRPC_PORT METRICS_PORT HTTP_PORT < <("$PYTHON" - <<'EOF'
 import socket
-socks = [socket.socket() for _ in range(2)]
+socks = [socket.socket() for _ in range(3)]
 for s in socks:
     s.bind(("127.0.0.1", 0))
 print(*(s.getsockname()[1] for s in socks))
 EOF
 )
-ENV_ARGS=(-e "FASTFORMER_LISTEN=127.0.0.1:$GRPC_PORT" -e "FASTFORMER_METRICS_LISTEN=127.0.0.1:$METRICS_PORT")
+ENV_ARGS=(-e "FASTFORMER_LISTEN=127.0.0.1:$GRPC_PORT" -e "FASTFORMER_METRICS_LISTEN=127.0.0.1:$METRICS_PORT"
+  -e "FASTFORMER_HTTP_LISTEN=127.0.0.1:$HTTP_PORT")
 mapfile -t entrypoint <"$WORK/entrypoint"
 log "run: ${entrypoint[*]} (image entry point) with /models = demo model (tiny), gRPC 127.0.0.1:$GRPC_PORT, metrics 127.0.0.1:$METRICS_PORT"
 R "${ENV_ARGS[@]}" -v "$MODEL:/models:ro" "$CTR" -- "${entrypoint[@]}" >"$WORK/server.log" 2>&1 &
@@ -316,6 +317,18 @@ $(cat "$WORK/server.log")"
 done
 grep -q SERVING "$WORK/health.out" || fail "HEALTHCHECK command succeeded without printing SERVING: $(cat "$WORK/health.out")"
 log "run: HEALTHCHECK command ($healthcheck) says SERVING after $((SECONDS - t0)) s"
+
+# The HTTP listener (its runtime libraries are in the image): TEI's /health and one /embed.
+"$PYTHON" - "$HTTP_PORT" <<'EOF' || fail "the image's HTTP listener did not answer /health and /embed (server log: $WORK/server.log)"
+import json, sys, urllib.request
+base = f"http://127.0.0.1:{sys.argv[1]}"
+assert urllib.request.urlopen(base + "/health", timeout=10).status == 200
+req = urllib.request.Request(base + "/embed", data=json.dumps({"inputs": [[5, 6, 7]]}).encode(),
+                             headers={"Content-Type": "application/json"})
+out = json.load(urllib.request.urlopen(req, timeout=30))
+assert len(out) == 1 and len(out[0]) > 0 and all(isinstance(x, float) for x in out[0]), out
+EOF
+log "run: HTTP /health 200 and /embed answered on port $HTTP_PORT"
 
 server_pid=""
 for pid in $(descendants "$SERVER_RUN_PID"); do

@@ -27,6 +27,9 @@ build_pkgs=(
   libgtest-dev libgmock-dev libbenchmark-dev
   libgrpc++-dev libprotobuf-dev protobuf-compiler protobuf-compiler-grpc
   prometheus-cpp-dev
+  # The HTTP listener: Boost.Beast (header-only; Boost 1.74 on Debian 12, 1.83 on Ubuntu 24.04),
+  # simdjson for request bodies, OpenSSL for HTTPS.
+  libboost-dev libsimdjson-dev libssl-dev
 )
 test_pkgs=(
   python3 python3-numpy python3-torch python3-pytest
@@ -62,12 +65,17 @@ case "$os_id:$os_version" in
     runtime_pkgs=(
       libdnnl2 libspdlog1.10 libfmt9 libicu72
       libgrpc++1.51 libprotobuf32 libprometheus-cpp-pull1.0 libprometheus-cpp-core1.0
+      libsimdjson14 libssl3
     ) ;;
   ubuntu:24.04)
     runtime_pkgs=(
       libdnnl3 libspdlog1.12 libfmt9 libicu74
       libgrpc++1.51t64 libprotobuf32t64 libprometheus-cpp-pull1.0 libprometheus-cpp-core1.0
+      libssl3t64
     )
+    # simdjson's library, by the soname Ubuntu's libsimdjson-dev depends on (not pinned here).
+    simdjson_lib=$(apt-cache depends libsimdjson-dev 2>/dev/null | awk '/Depends: libsimdjson[0-9]/ {print $2; exit}')
+    runtime_pkgs+=("${simdjson_lib:-libsimdjson-dev}")
     # Ubuntu 24.04 has no python3-torch package: PyTorch comes from pip there (see below).
     not_packaged=(python3-torch) ;;
   *)

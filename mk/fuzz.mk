@@ -13,7 +13,7 @@
 
 FUZZ_DIR ?= build-fuzz
 FUZZ_SECONDS ?= 60
-FUZZ_TARGETS ?= fuzz_model_load fuzz_request fuzz_infer_request fuzz_batch_queue fuzz_tokenizer
+FUZZ_TARGETS ?= fuzz_model_load fuzz_request fuzz_infer_request fuzz_http fuzz_batch_queue fuzz_tokenizer
 
 build-fuzz: deps
 	CC=clang CXX=clang++ cmake -S . -B $(FUZZ_DIR) -DCMAKE_BUILD_TYPE=RelWithDebInfo \

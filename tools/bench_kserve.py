@@ -114,7 +114,7 @@ def main() -> int:
     port, metrics_port = free_port(), free_port()
     target = f"127.0.0.1:{port}"
     server = subprocess.Popen([str(bin_dir / "fastformer-server"), "--model-dir", args.model_dir, "--listen", target,
-                               "--metrics-listen", f"127.0.0.1:{metrics_port}", "--backend", "cpu",
+                               "--metrics-listen", f"127.0.0.1:{metrics_port}", "--http-listen", "127.0.0.1:0", "--backend", "cpu",
                                "--threads", str(args.threads)], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     rows = []
     try:

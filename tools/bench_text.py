@@ -128,7 +128,7 @@ def main() -> int:
     port, metrics_port = free_port(), free_port()
     server = subprocess.Popen([str(bin_dir / "fastformer-server"), "--model-dir", str(model_dir),
                                "--listen", f"127.0.0.1:{port}", "--metrics-listen", f"127.0.0.1:{metrics_port}",
-                               "--backend", "cpu", "--threads", str(args.threads)],
+                               "--http-listen", "127.0.0.1:0", "--backend", "cpu", "--threads", str(args.threads)],
                               stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     channel = grpc.insecure_channel(f"127.0.0.1:{port}")
     stub = pb_grpc.EncoderStub(channel)

@@ -17,6 +17,7 @@ import argparse
 import json
 import platform
 import signal
+import os
 import socket
 import statistics
 import subprocess
@@ -43,9 +44,11 @@ def bench(bin_dir: Path, args) -> float:
 def serve(bin_dir: Path, args) -> float:
     port = free_port()
     target = f"127.0.0.1:{port}"
+    # FASTFORMER_HTTP_LISTEN, not the flag: an older build ignores the variable but not a flag.
     server = subprocess.Popen([str(bin_dir / "fastformer-server"), "--model-dir", args.model_dir,
                                "--listen", target, "--metrics-listen", f"127.0.0.1:{free_port()}",
-                               "--threads", str(args.threads), "--log-level", "warn"])
+                               "--threads", str(args.threads), "--log-level", "warn"],
+                              env={**os.environ, "FASTFORMER_HTTP_LISTEN": "127.0.0.1:0"})
     try:
         for _ in range(600):
             if subprocess.run([str(bin_dir / "fastformer-client"), "health", "--target", target],

@@ -164,7 +164,8 @@ def main() -> int:
     target = f"127.0.0.1:{grpc_port}"
     server_log = tempfile.NamedTemporaryFile(prefix="soak-server-", suffix=".log", delete=False)
     server_cmd = [str(bin_dir / "fastformer-server"), "--model-dir", args.model_dir, "--listen", target,
-                  "--metrics-listen", f"127.0.0.1:{metrics_port}", "--threads", str(args.threads),
+                  "--metrics-listen", f"127.0.0.1:{metrics_port}", "--http-listen", "127.0.0.1:0",
+                  "--threads", str(args.threads),
                   "--max-queue-tokens", str(args.max_queue_tokens)]
     log("+ " + " ".join(server_cmd) + f"  (log: {server_log.name})")
     env = {k: v for k, v in os.environ.items() if not k.startswith("FASTFORMER_")}

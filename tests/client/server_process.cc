@@ -74,6 +74,8 @@ ServerProcess::ServerProcess(const std::filesystem::path& model_dir,
                                    target(),
                                    "--metrics-listen",
                                    "127.0.0.1:" + std::to_string(metrics_port_),
+                                   "--http-listen",
+                                   "127.0.0.1:0",
                                    "--backend",
                                    "cpu"};
   args.insert(args.end(), flags.begin(), flags.end());

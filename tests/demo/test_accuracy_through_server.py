@@ -55,7 +55,7 @@ def _serve(demo_model_dir, require_binary, stubs, log_dir, *flags, env=None):
     log = log_dir / "server.log"
     with open(log, "w") as out:
         proc = subprocess.Popen([str(require_binary("fastformer-server")), "--model-dir", str(demo_model_dir),
-                                 "--listen", f"127.0.0.1:{port}", "--metrics-listen", f"127.0.0.1:{_free_port()}",
+                                 "--listen", f"127.0.0.1:{port}", "--metrics-listen", f"127.0.0.1:{_free_port()}", "--http-listen", "127.0.0.1:0",
                                  *flags], stdout=out, stderr=subprocess.STDOUT,
                                 env=dict(os.environ, **env) if env else None)
     channel = grpc.insecure_channel(f"127.0.0.1:{port}")

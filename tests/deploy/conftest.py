@@ -85,10 +85,11 @@ class _Server:
     """fastformer-server on 127.0.0.1 with ephemeral ports; env = the FASTFORMER_* variables to run with."""
 
     def __init__(self, model_dir: Path, log_path: Path, env=None):
-        self.port, self.metrics_port = _free_ports(2)
+        self.port, self.metrics_port, self.http_port = _free_ports(3)
         env = dict(env or {})
         env.update({"FASTFORMER_MODEL_DIR": str(model_dir), "FASTFORMER_LISTEN": f"127.0.0.1:{self.port}",
-                    "FASTFORMER_METRICS_LISTEN": f"127.0.0.1:{self.metrics_port}"})
+                    "FASTFORMER_METRICS_LISTEN": f"127.0.0.1:{self.metrics_port}",
+                    "FASTFORMER_HTTP_LISTEN": f"127.0.0.1:{self.http_port}"})
         env.setdefault("FASTFORMER_BACKEND", "cpu")
         env.setdefault("FASTFORMER_THREADS", "1")
         self.env = env
@@ -250,7 +251,7 @@ def run_server_env(tiny_model, tmp_path_factory):
     def run(env):
         count[0] += 1
         env = {k: v for k, v in env.items() if k.startswith("FASTFORMER_")}
-        for k in ("FASTFORMER_MODEL_DIR", "FASTFORMER_LISTEN", "FASTFORMER_METRICS_LISTEN"):
+        for k in ("FASTFORMER_MODEL_DIR", "FASTFORMER_LISTEN", "FASTFORMER_METRICS_LISTEN", "FASTFORMER_HTTP_LISTEN"):
             env.pop(k, None)
         env["FASTFORMER_BACKEND"] = "cpu"
         env["FASTFORMER_DTYPE"] = "float32"

@@ -143,7 +143,9 @@ def test_compose_server_matches_flags(compose, flags, service, run_server_env):
     metrics_port = deploy_flags.port_of(eff["metrics-listen"])
     assert grpc_port == deploy_flags.port_of(flags["listen"].default) == 50051
     assert metrics_port == deploy_flags.port_of(flags["metrics-listen"].default) == 8002
-    assert _container_ports(svc) == {grpc_port, metrics_port}, svc.get("ports")
+    http_port = deploy_flags.port_of(eff["http-listen"])
+    assert http_port == deploy_flags.port_of(flags["http-listen"].default) == 8000
+    assert _container_ports(svc) == {grpc_port, http_port, metrics_port}, svc.get("ports")
     # The model volume is mounted where FASTFORMER_MODEL_DIR points.
     targets = [deploy_flags.compose_value(v).split(":")[1] for v in svc.get("volumes") or []]
     assert eff["model-dir"] in targets, f"model dir {eff['model-dir']} not mounted: {svc.get('volumes')}"
@@ -285,8 +287,9 @@ def test_k8s_deployment_matches_flags(deployment, flags, run_server_env):
     eff = deploy_flags.effective(flags, env)
     grpc_port = deploy_flags.port_of(eff["listen"])
     metrics_port = deploy_flags.port_of(eff["metrics-listen"])
+    http_port = deploy_flags.port_of(eff["http-listen"])
     ports = {p["name"]: p["containerPort"] for p in c["ports"]}
-    assert ports == {"grpc": grpc_port, "metrics": metrics_port}, ports
+    assert ports == {"grpc": grpc_port, "http": http_port, "metrics": metrics_port}, ports
     # Native gRPC probes on the health service (service "" or the Encoder's name).
     for probe in ("readinessProbe", "livenessProbe"):
         assert probe in c, f"no {probe}"
@@ -340,6 +343,8 @@ def test_k8s_services_podmonitor_pdb(k8s, deployment, flags, deploy_files):
         grpc = [p for p in svc["spec"]["ports"] if p["name"] == "grpc"]
         assert grpc and resolve(grpc[0].get("targetPort", grpc[0]["port"])) == deploy_flags.port_of(eff["listen"])
         assert grpc[0]["port"] == deploy_flags.port_of(flags["listen"].default)
+    http = [p for p in plain["spec"]["ports"] if p["name"] == "http"]
+    assert http and resolve(http[0].get("targetPort", http[0]["port"])) == deploy_flags.port_of(eff["http-listen"])
     pm = _one(k8s, "PodMonitor")
     assert _selects(pm["spec"]["selector"]["matchLabels"], labels)
     eps = pm["spec"]["podMetricsEndpoints"]
@@ -439,7 +444,8 @@ def test_dockerfile_matches_flags(deploy_files, flags, client_health_flags):
     assert runs_server, f"the runtime stage's ENTRYPOINT/CMD does not run fastformer-server: {stage[-3:]}"
     eff = deploy_flags.effective(flags, server_env)
     ports = {int(p.split("/")[0]) for w, r in stage if w == "EXPOSE" for p in r.split()}
-    assert ports == {deploy_flags.port_of(eff["listen"]), deploy_flags.port_of(eff["metrics-listen"])}, ports
+    assert ports == {deploy_flags.port_of(eff["listen"]), deploy_flags.port_of(eff["http-listen"]),
+                     deploy_flags.port_of(eff["metrics-listen"])}, ports
     volumes = " ".join(r for w, r in stage if w == "VOLUME")
     assert eff["model-dir"] and eff["model-dir"] in volumes, (eff["model-dir"], volumes)
     hc = " ".join(r for w, r in stage if w == "HEALTHCHECK")

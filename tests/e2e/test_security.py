@@ -359,7 +359,7 @@ def _run_server(e2e, models, *args, timeout=60):
     binary = e2e.require_binary("fastformer-server")
     port, metrics_port = e2e.free_ports(2)
     cmd = [str(binary), "--model-dir", str(models.get(MODEL).dir), "--listen", f"127.0.0.1:{port}",
-           "--metrics-listen", f"127.0.0.1:{metrics_port}", "--backend", "cpu", "--threads", "1", *map(str, args)]
+           "--metrics-listen", f"127.0.0.1:{metrics_port}", "--http-listen", "127.0.0.1:0", "--backend", "cpu", "--threads", "1", *map(str, args)]
     env = {k: v for k, v in os.environ.items() if not k.startswith("FASTFORMER_")}
     p = subprocess.run(e2e.die_with_parent(cmd), capture_output=True, text=True, timeout=timeout, env=env,
                        stdin=subprocess.DEVNULL)

@@ -10,6 +10,8 @@ with fixed seeds). Input formats are those of the targets:
   fuzz_infer_request  one byte (bits 0-1 model, 2-3 max_request_tokens, 4-5 max_batch_size),
                     then an inference.ModelInferRequest
   fuzz_batch_queue  three limit bytes, then operations (see fuzz_batch_queue.cc)
+  fuzz_http         one byte (bits 0-1 model, 2-3 max_request_tokens, 4-5 max_request_inputs),
+                    then an HTTP/1.1 request: one seed for every route
 """
 
 from __future__ import annotations
@@ -317,12 +319,63 @@ def queue_seeds():
     }
 
 
+def http_seeds() -> dict:
+    """One request for every HTTP route, on model 0 ("ids_head": ids, text, a classifier head)."""
+    def req(method, path, body=None, headers=(), model=0):
+        b = b"" if body is None else (body if isinstance(body, bytes) else json.dumps(body).encode())
+        head = [f"{method} {path} HTTP/1.1", "Host: fuzz"] + list(headers)
+        if body is not None:
+            head += ["Content-Type: application/json", f"Content-Length: {len(b)}"]
+        return bytes([0x3C | model]) + ("\r\n".join(head) + "\r\n\r\n").encode() + b
+
+    binary_ids = struct.pack("<3q", 1, 2, 3)
+    binary_header = json.dumps({"inputs": [{"name": "input_ids", "shape": [1, 3], "datatype": "INT64",
+                                            "parameters": {"binary_data_size": len(binary_ids)}}],
+                                "outputs": [{"name": "embedding", "parameters": {"binary_data": True}}]}).encode()
+    return {
+        "openai_text": req("POST", "/v1/embeddings", {"input": ["a b", "c"], "model": "ids_head"}),
+        "openai_ids_base64": req("POST", "/v1/embeddings", {"input": [[1, 2, 3]], "encoding_format": "base64",
+                                                             "dimensions": 4, "model": "alias"}),
+        "openai_models": req("GET", "/v1/models"),
+        "openai_model": req("GET", "/v1/models/alias"),
+        "tei_embed": req("POST", "/embed", {"inputs": "a b c", "normalize": False, "truncate": True,
+                                            "truncation_direction": "left"}),
+        "tei_embed_all": req("POST", "/embed_all", {"inputs": [[1, 2], [3]]}),
+        "tei_predict": req("POST", "/predict", {"inputs": [["a"], ["b c"]], "raw_scores": True}),
+        "tei_tokenize": req("POST", "/tokenize", {"inputs": ["a b"], "add_special_tokens": False}),
+        "tei_root": req("POST", "/", {"inputs": "a"}),
+        "tei_info": req("GET", "/info"),
+        "tei_health": req("GET", "/health"),
+        "kserve_server": req("GET", "/v2"),
+        "kserve_live": req("GET", "/v2/health/live"),
+        "kserve_ready": req("GET", "/v2/health/ready"),
+        "kserve_metadata": req("GET", "/v2/models/ids_head/versions/1"),
+        "kserve_config": req("GET", "/v2/models/ids_head/config"),
+        "kserve_stats": req("GET", "/v2/models/ids_head/stats"),
+        "kserve_infer_json": req("POST", "/v2/models/ids_head/infer",
+                                 {"id": "x", "parameters": {"normalize": True},
+                                  "inputs": [{"name": "input_ids", "shape": [2, 2], "datatype": "INT64",
+                                              "data": [[1, 2], [3, 4]]}],
+                                  "outputs": [{"name": "embedding"}, {"name": "logits"}]}),
+        "kserve_infer_text": req("POST", "/v2/models/ids_head/infer",
+                                 {"inputs": [{"name": "text", "shape": [1], "datatype": "BYTES", "data": ["a b"]}]}),
+        "kserve_infer_binary": req("POST", "/v2/models/ids_head/infer", binary_header + binary_ids,
+                                   [f"Inference-Header-Content-Length: {len(binary_header)}"]),
+        "embeddings_model": req("POST", "/v2/models/embeddings_only/infer",
+                                {"inputs": [{"name": "input_embeddings", "shape": [1, 1, 8], "datatype": "FP32",
+                                             "data": [0.5] * 8}]}, model=1),
+        "chunked": bytes([0x3C]) + b"POST /embed HTTP/1.1\r\nHost: fuzz\r\nTransfer-Encoding: chunked\r\n\r\n"
+                                   b"e\r\n{\"inputs\":\"a\"}\r\n0\r\n\r\n",
+    }
+
+
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--out", default=os.path.join(HERE, "corpus"))
     args = ap.parse_args(argv)
     for target, seeds in (("fuzz_request", request_seeds()), ("fuzz_infer_request", infer_seeds()),
-                          ("fuzz_batch_queue", queue_seeds()), ("fuzz_model_load", model_seeds())):
+                          ("fuzz_batch_queue", queue_seeds()), ("fuzz_model_load", model_seeds()),
+                          ("fuzz_http", http_seeds())):
         d = os.path.join(args.out, target)
         shutil.rmtree(d, ignore_errors=True)
         os.makedirs(d)

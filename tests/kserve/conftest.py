@@ -75,6 +75,7 @@ class Server:
         self.port, self.metrics_port = free_ports(2)
         self.url = f"127.0.0.1:{self.port}"
         opts = {"model-dir": model_dir, "listen": self.url, "metrics-listen": f"127.0.0.1:{self.metrics_port}",
+                "http-listen": "127.0.0.1:0",
                 "backend": "cpu", "threads": 2}
         opts.update({k.replace("_", "-"): v for k, v in flags.items()})
         self.cmd = [str(binary("fastformer-server"))]

@@ -2,10 +2,10 @@
 """The dependency rule: every include points down.
 
     client -> common
-    server/cmd -> server/rpc -> server/request -> server/batching -> server/engine -> kernels -> common
+    server/cmd -> server/http -> server/rpc -> server/request -> server/batching -> server/engine -> kernels -> common
     server/rpc, server/cmd -> server/text -> server/engine (the tokenizer, on ICU, and the text
                                                           rules: beside the batching, above the engine)
-    server/rpc, server/cmd -> server/metrics -> common
+    server/rpc, server/http, server/cmd -> server/metrics -> common
 
 A layer may include itself and any layer below it, never one above or beside it;
 server/metrics knows none of the others (the batching reports to it through callbacks that
@@ -28,7 +28,7 @@ import tempfile
 
 # Bottom first. A file's layer is the longest of these prefixes its path starts with.
 SERVER_LAYERS = ["common", "kernels", "server/engine", "server/text", "server/batching", "server/request",
-                 "server/rpc", "server/cmd"]
+                 "server/rpc", "server/http", "server/cmd"]
 # Generated from proto/ (the public API and gRPC health): usable by the RPC layers and clients.
 PROTO = ["fastformer/v1/", "grpc/health/"]
 # The client library's public header directory (client/include).
@@ -39,6 +39,7 @@ ALLOWED = {layer: SERVER_LAYERS[: i + 1] for i, layer in enumerate(SERVER_LAYERS
 ALLOWED["server/batching"] = [l for l in ALLOWED["server/batching"] if l != "server/text"]
 ALLOWED["server/metrics"] = ["common", "server/metrics"]
 ALLOWED["server/rpc"] = ALLOWED["server/rpc"] + ["server/metrics"] + PROTO
+ALLOWED["server/http"] = ALLOWED["server/http"] + ["server/metrics"] + PROTO
 ALLOWED["server/cmd"] = ALLOWED["server/cmd"] + ["server/metrics"] + PROTO
 ALLOWED["client"] = ["client", "common"] + PROTO + CLIENT_PUBLIC
 
