@@ -220,6 +220,13 @@ void HttpApi::submit(Call call, std::shared_ptr<void> keep,
           status.ok() ? format(done)
                       : error_response(call.api, http_status(call.api, status), status.error_message());
       const uint64_t output_ns = ns_since(filling);
+      if (status.ok()) {
+        // Microseconds, for overhead measurements (TEI's x-*-time headers are whole ms).
+        const auto queued = std::chrono::duration_cast<std::chrono::microseconds>(
+            done.first_compute - done.arrival);
+        response.set("x-fastformer-queue-us", std::to_string(std::max<int64_t>(0, queued.count())));
+        response.set("x-fastformer-compute-us", std::to_string(done.compute_us));
+      }
       call.responder->send(std::move(response));
       intake_.complete(call.method, done, status, call.start, output_ns);
     };

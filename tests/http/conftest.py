@@ -381,7 +381,7 @@ class Recorder:
         self.httpd.daemon_threads = True
         self.port = self.httpd.server_address[1]
         self.base = f"http://127.0.0.1:{self.port}"
-        self.thread = threading.Thread(target=self.httpd.serve_forever, daemon=True)
+        self.thread = threading.Thread(target=self.httpd.serve_forever, kwargs={"poll_interval": 0.05}, daemon=True)
         self.thread.start()
 
     def close(self):
@@ -411,7 +411,7 @@ class Load:
     else: each answer must be 200 and the expected embedding."""
 
     srv: Server
-    text: str
+    input: object  # the /v1/embeddings input: one text or one id sequence
     want: np.ndarray
     threads: int = 4
     headers: dict = field(default_factory=dict)
@@ -427,7 +427,7 @@ class Load:
         n = 0
         while not self._stop.is_set():
             try:
-                r = self.srv.call("POST", "/v1/embeddings", {"input": self.text}, self.headers, timeout=20)
+                r = self.srv.call("POST", "/v1/embeddings", {"input": self.input}, self.headers, timeout=20)
                 if r.status != 200:
                     self.failures.append(f"thread {k}: HTTP {r.status} {r.body[:300]!r}")
                 else:

@@ -39,6 +39,18 @@ def test_one_text_is_the_reference_and_grpc(client, server, text_model, grpc_enc
     assert r.usage.prompt_tokens == len(TEXTS[TEXT]) == r.usage.total_tokens
 
 
+def test_the_sdk_asks_for_base64_unless_told(server, text_model, recorder):
+    proxy = recorder(server.http_port)
+    with openai.OpenAI(base_url=f"{proxy.base}/v1", api_key="dummy", max_retries=0) as c:
+        c.embeddings.create(model=text_model.name, input=TEXT)
+        c.embeddings.create(model=text_model.name, input=TEXT, encoding_format="float")
+    sent = [r.json() for r in proxy.requests]
+    assert [r.path for r in proxy.requests] == ["/v1/embeddings"] * 2
+    assert sent == [{"model": text_model.name, "input": TEXT, "encoding_format": "base64"},
+                    {"model": text_model.name, "input": TEXT, "encoding_format": "float"}], sent
+    assert proxy.requests[0].headers["authorization"] == "Bearer dummy"
+
+
 def test_base64_and_float_are_the_same_floats(client, text_model):
     texts = list(TEXTS)
     b64 = client.embeddings.create(model=text_model.name, input=texts)  # decoded by the SDK

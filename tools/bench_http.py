@@ -1,0 +1,146 @@
+#!/usr/bin/env python3
+"""HTTP beside gRPC on one server, for docs/benchmarks.md (issue: HTTP).
+
+    /usr/bin/python3 tools/bench_http.py [--build-dir build] [--seconds 10] [--rounds 2] [--json OUT]
+
+Makes the `official` demo model (tools/make_demo_model.py --preset official --seed 1), starts one
+fastformer-server (gRPC, HTTP, --threads = all cores) and measures, alternating the protocols in
+each round so that drift hits them alike:
+
+  saturation  16 clients, closed loop, one 128-token sequence a request, the same token ids
+              (common/workload.h, seed 1): fastformer-loadgen over gRPC Encode, and
+              fastformer-http-load over OpenAI JSON floats, OpenAI base64, TEI /embed, KServe v2
+              REST binary and KServe v2 REST JSON;
+  low load    one client, one 64-token sequence a request: server overhead = end-to-end latency
+              less the server's compute time (gRPC: tools/bench_serve.py with the response's
+              compute_time_us; HTTP: fastformer-http-load with x-fastformer-compute-us).
+
+Prints a Markdown table and, with --json, writes every raw result.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import platform
+import socket
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parents[1]
+HTTP_MODES = ["openai-float", "openai-base64", "tei", "kserve-binary", "kserve-json"]
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def cpu_model() -> str:
+    for line in Path("/proc/cpuinfo").read_text().splitlines():
+        if line.startswith("model name"):
+            return line.split(":", 1)[1].strip()
+    return platform.processor()
+
+
+def run_json(cmd) -> dict:
+    out = subprocess.run(cmd, capture_output=True, text=True, timeout=600)
+    lines = [l for l in out.stdout.splitlines() if l.startswith("{")]
+    if not lines:
+        raise RuntimeError(f"{cmd[0]} printed no JSON (rc {out.returncode}): {out.stderr[-2000:]}")
+    return json.loads(lines[-1])
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--build-dir", default=str(REPO / "build"))
+    ap.add_argument("--seconds", type=float, default=10)
+    ap.add_argument("--warmup", type=float, default=2)
+    ap.add_argument("--rounds", type=int, default=2)
+    ap.add_argument("--concurrency", type=int, default=16)
+    ap.add_argument("--threads", type=int, default=0)
+    ap.add_argument("--json", default=None)
+    args = ap.parse_args()
+    bin_dir = Path(args.build_dir) / "bin"
+    python = "/usr/bin/python3"
+    work = Path(tempfile.mkdtemp(prefix="bench-http-"))
+    model = work / "official"
+    subprocess.run([python, str(REPO / "tools/make_demo_model.py"), "--preset", "official", "--seed", "1",
+                    "--out", str(model)], check=True, capture_output=True)
+    config = json.loads((model / "config.json").read_text())
+    grpc_port, http_port = free_port(), free_port()
+    server = subprocess.Popen([str(bin_dir / "fastformer-server"), "--model-dir", str(model),
+                               "--listen", f"127.0.0.1:{grpc_port}", "--metrics-listen", f"127.0.0.1:{free_port()}",
+                               "--http-listen", f"127.0.0.1:{http_port}", "--threads", str(args.threads),
+                               "--log-level", "warn"], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    results = {"saturation": {}, "low_load": {}}
+    try:
+        for _ in range(600):
+            if subprocess.run([str(bin_dir / "fastformer-client"), "health", "--target", f"127.0.0.1:{grpc_port}"],
+                              capture_output=True).returncode == 0:
+                break
+            time.sleep(0.1)
+        common = ["--vocab-size", str(config["vocab_size"]), "--pad-token-id", str(config["pad_token_id"])]
+
+        def grpc_run(concurrency, lengths):
+            r = run_json([str(bin_dir / "fastformer-loadgen"), "--target", f"127.0.0.1:{grpc_port}", "--concurrency",
+                          str(concurrency), "--duration", str(args.seconds), "--warmup", str(args.warmup),
+                          "--lengths", lengths, "--pool-requests", "64", "--json", "--pad-token-id",
+                          str(config["pad_token_id"])])
+            return {"requests_per_s": r["requests_per_second"], "p50_ms": r["latency_ms"]["p50"],
+                    "p99_ms": r["latency_ms"]["p99"], "errors": r["errors"], "requests": r["requests"]}
+
+        def http_run(mode, concurrency, lengths):
+            return run_json([str(bin_dir / "fastformer-http-load"), "--target", f"127.0.0.1:{http_port}", "--mode",
+                             mode, "--model", config["model_name"], "--concurrency", str(concurrency),
+                             "--duration-s", str(args.seconds), "--warmup-s", str(args.warmup), "--lengths", lengths,
+                             "--pool-requests", "64", *common])
+
+        for rnd in range(args.rounds):
+            results["saturation"].setdefault("grpc-encode", []).append(grpc_run(args.concurrency, "fixed:128"))
+            for mode in HTTP_MODES:
+                results["saturation"].setdefault(mode, []).append(http_run(mode, args.concurrency, "fixed:128"))
+        for rnd in range(args.rounds):
+            g = run_json([python, str(REPO / "tools/bench_serve.py"), "--target", f"127.0.0.1:{grpc_port}",
+                          "--concurrency", "1", "--sequences-per-request", "1", "--lengths", "fixed:64",
+                          "--seconds", str(args.seconds), "--json"])
+            results["low_load"].setdefault("grpc-encode", []).append(
+                {"overhead_p50_ms": g["overhead_ms"]["p50"], "overhead_p99_ms": g["overhead_ms"]["p99"],
+                 "p50_ms": g["latency_ms"]["p50"], "p99_ms": g["latency_ms"]["p99"], "requests": g.get("requests")})
+            for mode in ("openai-float", "openai-base64", "kserve-binary"):
+                results["low_load"].setdefault(mode, []).append(http_run(mode, 1, "fixed:64"))
+    finally:
+        server.terminate()
+        server.wait(timeout=60)
+
+    def med(rows, key):
+        return statistics.median(r[key] for r in rows)
+
+    base = med(results["saturation"]["grpc-encode"], "requests_per_s")
+    print(f"# {time.strftime('%Y-%m-%d')}, {cpu_model()}, {os.cpu_count()} cores, official model, "
+          f"{args.concurrency} clients, fixed:128, {args.seconds:g} s x {args.rounds} rounds (medians)\n")
+    print("| protocol | requests/s | vs gRPC Encode | p50 / p99 ms | errors |")
+    print("| --- | --- | --- | --- | --- |")
+    for name, rows in results["saturation"].items():
+        rps = med(rows, "requests_per_s")
+        errors = sum(sum(r.get("errors", {}).values()) for r in rows)
+        print(f"| {name} | {rps:.1f} | {100 * rps / base:.0f}% | {med(rows, 'p50_ms'):.1f} / "
+              f"{med(rows, 'p99_ms'):.1f} | {errors} |")
+    print("\n| protocol (1 client, fixed:64) | overhead p50 ms | overhead p99 ms | end-to-end p50 / p99 ms |")
+    print("| --- | --- | --- | --- |")
+    for name, rows in results["low_load"].items():
+        print(f"| {name} | {med(rows, 'overhead_p50_ms'):.2f} | {med(rows, 'overhead_p99_ms'):.2f} | "
+              f"{med(rows, 'p50_ms'):.2f} / {med(rows, 'p99_ms'):.2f} |")
+    if args.json:
+        Path(args.json).write_text(json.dumps(results, indent=2))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
