@@ -382,6 +382,25 @@ TEST(EncodeInput, TextsAreCountedAndTheirIdsOwnedByTheRequest) {
   EXPECT_EQ(out.text_ids[1], std::vector<int32_t>{4});
 }
 
+TEST(EncodeInput, InputsPerRequestAreLimited) {
+  const Served& s = served(true);
+  const std::vector<int32_t> a{5}, b{6}, c{7};
+  EncodeInput input;
+  input.rows = {Row::ids(a), Row::ids(b), Row::ids(c)};
+  Limits limits{100};
+  limits.max_request_inputs = 2;
+  batching::Request out;
+  const std::optional<Problem> problem = build_request(input, *s.model, s.tokenizer.get(), limits, &out);
+  ASSERT_TRUE(problem.has_value());
+  EXPECT_FALSE(problem->row.has_value());
+  EXPECT_EQ(format_v1(*problem), "sequences: the request has 3 sequences, over max_request_inputs 2");
+  limits.max_request_inputs = 3;  // at the limit
+  EXPECT_FALSE(build_request(input, *s.model, s.tokenizer.get(), limits, &out));
+  EXPECT_EQ(out.sequences.size(), 3u);
+  limits.max_request_inputs = 0;  // no limit
+  EXPECT_FALSE(build_request(input, *s.model, s.tokenizer.get(), limits, &out));
+}
+
 TEST(EncodeInput, LogitsNeedAClassifierHead) {
   OutputOptions logits;
   logits.logits = true;

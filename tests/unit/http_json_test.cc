@@ -1,0 +1,132 @@
+// The HTTP layer's JSON (server/http/json.h) and the input and error shapes every route
+// shares (server/http/api.h), against hand-written expectations.
+#include <gtest/gtest.h>
+
+#include <cmath>
+#include <cstring>
+#include <limits>
+#include <random>
+
+#include "server/http/api.h"
+#include "server/http/json.h"
+
+namespace fastformer::http {
+namespace {
+
+TEST(HttpJson, FloatsPrintShortestAndReadBackExactly) {
+  json::Writer w;
+  const std::vector<float> v{0.1f, -2.5f, 1e-38f, 3.4028235e38f, 0.0f, 16777216.0f};
+  w.floats(v);
+  EXPECT_EQ(w.str(), "[0.1,-2.5,1e-38,3.4028235e+38,0,16777216]");
+  // Random floats: simdjson reads every printed value back as the same float32.
+  std::mt19937 rng(7);
+  std::normal_distribution<float> normal(0, 3);
+  std::vector<float> many(4096);
+  for (float& x : many) x = normal(rng) * std::pow(10.0f, float(int(rng() % 20) - 10));
+  json::Writer big;
+  big.floats(many);
+  simdjson::dom::parser parser;
+  simdjson::dom::element root;
+  ASSERT_FALSE(json::parse(parser, big.str(), &root).has_value());
+  size_t i = 0;
+  for (double x : root.get_array()) EXPECT_EQ(float(x), many[i++]) << i;
+  EXPECT_EQ(i, many.size());
+}
+
+TEST(HttpJson, NonFiniteIsNull) {
+  json::Writer w;
+  w.floats(std::vector<float>{std::numeric_limits<float>::quiet_NaN(), 1.0f,
+                              std::numeric_limits<float>::infinity()});
+  EXPECT_EQ(w.str(), "[null,1,null]");
+}
+
+TEST(HttpJson, StringsAreEscaped) {
+  json::Writer w;
+  w.string("a\"b\\c\nd\te\x01 é");
+  EXPECT_EQ(w.str(), "\"a\\\"b\\\\c\\nd\\te\\u0001 é\"");
+}
+
+TEST(HttpJson, InvalidUtf8IsLocated) {
+  EXPECT_EQ(json::invalid_utf8_at("plain"), std::string_view::npos);
+  EXPECT_EQ(json::invalid_utf8_at("h\xc3\xa9llo"), std::string_view::npos);
+  EXPECT_EQ(json::invalid_utf8_at("ab\xff"), 2u);
+  EXPECT_EQ(json::invalid_utf8_at("a\xc0\xaf"), 1u);          // overlong '/'
+  EXPECT_EQ(json::invalid_utf8_at("x\xed\xa0\x80"), 1u);      // a surrogate
+  EXPECT_EQ(json::invalid_utf8_at("\xe2\x82"), 0u);            // cut short
+  simdjson::dom::parser parser;
+  simdjson::dom::element root;
+  const std::optional<std::string> e = json::parse(parser, "{\"input\":\"ab\xff\"}", &root);
+  ASSERT_TRUE(e.has_value());
+  EXPECT_EQ(*e, "the request body is not UTF-8 (byte 12 is not part of a UTF-8 character); JSON "
+                "text must be UTF-8");
+}
+
+Inputs read(const char* text, std::optional<std::string>* error) {
+  static simdjson::dom::parser parser;
+  simdjson::dom::element root;
+  EXPECT_FALSE(json::parse(parser, text, &root).has_value()) << text;
+  Inputs inputs;
+  *error = read_inputs(root, "input", &inputs);
+  return inputs;
+}
+
+TEST(HttpInputs, EveryShapeOpenAITakes) {
+  std::optional<std::string> e;
+  Inputs one = read("\"a text\"", &e);
+  EXPECT_FALSE(e);
+  EXPECT_TRUE(one.single);
+  EXPECT_EQ(one.texts, std::vector<std::string>{"a text"});
+  Inputs texts = read("[\"a\", \"b\"]", &e);
+  EXPECT_FALSE(e);
+  EXPECT_FALSE(texts.single);
+  EXPECT_EQ(texts.size(), 2u);
+  Inputs ids = read("[1, 2, 3]", &e);
+  EXPECT_FALSE(e);
+  EXPECT_TRUE(ids.single);
+  EXPECT_EQ(ids.ids, (std::vector<std::vector<int64_t>>{{1, 2, 3}}));
+  Inputs rows = read("[[1], [2, 5000000000]]", &e);
+  EXPECT_FALSE(e);
+  EXPECT_EQ(rows.ids, (std::vector<std::vector<int64_t>>{{1}, {2, 5000000000}}));
+}
+
+TEST(HttpInputs, RefusalsNameTheField) {
+  std::optional<std::string> e;
+  read("5", &e);
+  EXPECT_EQ(*e, "input: expected a string, an array of strings, an array of token ids or an array "
+                "of arrays of token ids, got an integer");
+  read("[]", &e);
+  EXPECT_EQ(*e, "input: is empty; send at least one input");
+  read("[\"a\", [1]]", &e);
+  EXPECT_EQ(*e, "input[1]: mixes token ids with text; send one kind");
+  read("[[1, 2.5]]", &e);
+  EXPECT_EQ(*e, "input[0]: expected token ids (integers), got a number");
+  read("[\"a\", {}]", &e);
+  EXPECT_EQ(*e, "input[1]: expected a string or an array of token ids, got an object");
+}
+
+TEST(HttpErrors, EachApiItsShapeAndStatus) {
+  EXPECT_EQ(error_response(Api::kOpenAI, bhttp::status::not_found, "no \"x\"", "model").body(),
+            "{\"error\":{\"message\":\"no \\\"x\\\"\",\"type\":\"not_found_error\",\"param\":\"model\","
+            "\"code\":\"model_not_found\"}}");
+  EXPECT_EQ(error_response(Api::kTei, bhttp::status::unprocessable_entity, "bad").body(),
+            "{\"error\":\"bad\",\"error_type\":\"Validation\"}");
+  EXPECT_EQ(error_response(Api::kKServe, bhttp::status::bad_request, "bad").body(), "{\"error\":\"bad\"}");
+  const Response busy = error_response(Api::kOpenAI, bhttp::status::too_many_requests, "full");
+  EXPECT_EQ(busy[bhttp::field::retry_after], "1");
+  const Response denied = error_response(Api::kTei, bhttp::status::unauthorized, "token");
+  EXPECT_EQ(denied[bhttp::field::www_authenticate], "Bearer");
+  const grpc::Status invalid{grpc::StatusCode::INVALID_ARGUMENT, "x"};
+  EXPECT_EQ(http_status(Api::kOpenAI, invalid), bhttp::status::bad_request);
+  EXPECT_EQ(http_status(Api::kTei, invalid), bhttp::status::unprocessable_entity);
+  EXPECT_EQ(http_status(Api::kKServe, invalid), bhttp::status::bad_request);
+  EXPECT_EQ(http_status(Api::kTei, {grpc::StatusCode::RESOURCE_EXHAUSTED, ""}),
+            bhttp::status::too_many_requests);
+  EXPECT_EQ(http_status(Api::kOpenAI, {grpc::StatusCode::UNAVAILABLE, ""}),
+            bhttp::status::service_unavailable);
+  EXPECT_EQ(http_status(Api::kKServe, {grpc::StatusCode::DEADLINE_EXCEEDED, ""}),
+            bhttp::status::gateway_timeout);
+  EXPECT_EQ(http_status(Api::kKServe, {grpc::StatusCode::NOT_FOUND, ""}), bhttp::status::not_found);
+}
+
+}  // namespace
+}  // namespace fastformer::http
