@@ -209,7 +209,8 @@ grpc::Status HttpApi::build(const request::EncodeInput& input, const char* param
 }
 
 void HttpApi::submit(Call call, std::shared_ptr<void> keep,
-                     std::function<grpc::Status(batching::Request*)> convert, Format format) {
+                     std::function<grpc::Status(batching::Request*)> convert, Format format,
+                     const std::string& param) {
   auto request = std::make_shared<batching::Request>();
   std::weak_ptr<batching::Request> weak = request;
   request->on_complete = [this, call, keep, format, weak](batching::Request& r) {
@@ -240,7 +241,9 @@ void HttpApi::submit(Call call, std::shared_ptr<void> keep,
   };
   const grpc::Status status =
       intake_.admit(call.deadline, [&] { return convert(request.get()); }, request);
-  if (!status.ok()) fail(call, status);
+  if (!status.ok()) {
+    fail(call, status, status.error_code() == grpc::StatusCode::INVALID_ARGUMENT ? param : "");
+  }
 }
 
 void HttpApi::handle(Request& request, std::shared_ptr<Responder> responder) {

@@ -74,8 +74,10 @@ class HttpApi final : public Handler {
   void fail(Call& call, const grpc::Status& status, const std::string& param = {});
   // Queues `input` (rows viewing storage `keep` owns) and answers with format(), or with the
   // error in call.api's shape. `convert` runs inside admission (counted in flight).
+  // `param`: the field a refusal by `convert` is about (OpenAI's error param).
   void submit(Call call, std::shared_ptr<void> keep,
-              std::function<grpc::Status(batching::Request*)> convert, Format format);
+              std::function<grpc::Status(batching::Request*)> convert, Format format,
+              const std::string& param = {});
   // build_request on `input`, the refusal worded "<param>[row]: ..." as INVALID_ARGUMENT.
   // `single`: the input was one value, not an array (no row index in the message).
   grpc::Status build(const request::EncodeInput& input, const char* param, bool single,

@@ -27,7 +27,7 @@ constexpr const char* kHeaderLength = "Inference-Header-Content-Length";
 
 // A protobuf message as JSON the way Triton's REST API prints it: proto field names, enums by
 // name, 64-bit integers as numbers (protobuf's own JSON printer quotes them, which Triton's
-// clients and perf_analyzer do not read), maps as objects, unset fields left out.
+// clients and perf_analyzer do not read), maps as objects, zero values printed.
 void proto_json(const pb::Message& message, json::Writer& w);
 
 void scalar_json(const pb::Message& m, const pb::FieldDescriptor* f, int index, json::Writer& w) {
@@ -80,8 +80,19 @@ void scalar_json(const pb::Message& m, const pb::FieldDescriptor* f, int index, 
 
 void proto_json(const pb::Message& message, json::Writer& w) {
   const pb::Reflection* r = message.GetReflection();
+  const pb::Descriptor* d = message.GetDescriptor();
+  // Every field, zeros and empty lists included (Triton prints "fail":{"count":0,"ns":0}), but
+  // not a message or oneof member that is not set.
   std::vector<const pb::FieldDescriptor*> fields;
-  r->ListFields(message, &fields);  // the set fields, in field-number order
+  for (int i = 0; i < d->field_count(); ++i) {
+    const pb::FieldDescriptor* f = d->field(i);
+    if (!f->is_repeated() && (f->cpp_type() == pb::FieldDescriptor::CPPTYPE_MESSAGE ||
+                              f->containing_oneof() != nullptr) &&
+        !r->HasField(message, f)) {
+      continue;
+    }
+    fields.push_back(f);
+  }
   w.ch('{');
   for (size_t i = 0; i < fields.size(); ++i) {
     const pb::FieldDescriptor* f = fields[i];

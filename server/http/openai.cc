@@ -219,7 +219,8 @@ void HttpApi::openai_embeddings(const Request& http_request, Call call) {
         w.raw("],\"model\":").string(keep->model).raw(",\"usage\":{\"prompt_tokens\":");
         w.number(tokens).raw(",\"total_tokens\":").number(tokens).raw("}}");
         return json_response(bhttp::status::ok, w.take());
-      });
+      },
+      "input");
 }
 
 }  // namespace fastformer::http

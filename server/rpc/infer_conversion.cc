@@ -257,7 +257,7 @@ std::vector<TensorSpec> model_inputs(const engine::Model& model, const text::Tok
   const int64_t D = model.config().hidden_size;
   const bool text = tokenizer != nullptr;
   std::vector<TensorSpec> inputs;
-  if (text) inputs.push_back({"text", "BYTES", inference::TYPE_STRING, {-1}, true});
+  if (text) inputs.push_back({"text", "BYTES", inference::TYPE_STRING, {-1, 1}, true});
   if (model.has_word_embedding())
     inputs.push_back({"input_ids", "INT64", inference::TYPE_INT64, {-1, -1}, text});
   inputs.push_back({"attention_mask", "INT64", inference::TYPE_INT64, {-1, -1}, true});

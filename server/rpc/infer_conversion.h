@@ -4,7 +4,7 @@
 // Inputs  input_ids       INT64 or INT32 [batch, length]
 //         attention_mask  INT64 or INT32 [batch, length], optional: 1 real, 0 padding
 //         input_embeddings FP32 [batch, length, hidden], instead of input_ids
-//         text            BYTES [batch] or [batch, 1], instead of both, when the model has a
+//         text            BYTES [batch, 1] (or [batch]), instead of both, when the model has a
 //                         tokenizer.json: one UTF-8 text a row, tokenized by the server
 // Outputs embedding        FP32 [batch, hidden]
 //         token_embeddings FP32 [batch, length, hidden], zero past each row's tokens

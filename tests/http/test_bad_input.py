@@ -345,3 +345,31 @@ def test_one_connection_over_the_limit_is_503(start, text_model):
         assert time.monotonic() < deadline, "still 503 after the held connections closed"
         time.sleep(0.05)
     assert r.status == 200
+
+
+# ----------------------------------------------------------------------------- OpenAI's param
+
+
+def test_openai_param_names_the_field_for_every_input_error(server, ids_server, limited):
+    """docs/api.md: OpenAI's `param` is the field when one is at fault. Every refusal of `input`
+    must say param "input", those found while the rows are built (empty text, a token outside
+    the vocabulary, no tokenizer, a request limit) as well as those of its JSON type."""
+    cases = [
+        (server, {"input": 5}),
+        (server, {"input": []}),
+        (server, {"input": ""}),
+        (server, {"input": ["the dog", ""]}),
+        (server, {"input": [[5, 6], [7, 1000]]}),
+        (ids_server, {"input": "hello"}),
+        (limited, {"input": ["the dog"] * 5}),
+        (limited, {"input": BIG_TEXT}),
+    ]
+    wrong = []
+    for srv, req in cases:
+        r = srv.call("POST", "/v1/embeddings", req)
+        assert r.status == 400, (req, r.status, r.body[:300])
+        err = r.json()["error"]
+        assert err["message"].startswith("input"), err
+        if err["param"] != "input":
+            wrong.append(f"{json.dumps(req)[:60]} -> param {err['param']!r} ({err['message']!r})")
+    assert not wrong, "param is not \"input\" for: " + "; ".join(wrong)

@@ -187,3 +187,69 @@ def test_langchain_openai_embeddings(server, text_model):
     cut = OpenAIEmbeddings(model=ALIASES[1], base_url=f"{server.base}/v1", api_key="dummy",
                            check_embedding_ctx_length=False, dimensions=16, max_retries=0)
     assert_close(cut.embed_query(TEXT), unit(text_model.unit(TEXTS[TEXT])[:16]))
+
+
+# ----------------------------------------------------------------------------- TLS
+
+
+def test_tls_with_the_sdk(start, text_model, tmp_path):
+    """With --tls-cert/--tls-key the HTTP listener speaks HTTPS: the SDK trusting the server's
+    certificate gets the embedding; a plaintext request gets no HTTP answer."""
+    import http.client
+    import shutil
+    import ssl
+    import subprocess
+    import time
+
+    import httpx
+
+    if shutil.which("openssl") is None:
+        pytest.fail("openssl not found: it makes the test certificate (apt-get install openssl)", pytrace=False)
+    subprocess.run(["openssl", "req", "-x509", "-newkey", "ec", "-pkeyopt", "ec_paramgen_curve:prime256v1", "-nodes",
+                    "-keyout", "server.key", "-out", "server.pem", "-days", "2", "-subj", "/CN=fastformer http test",
+                    "-addext", "subjectAltName=IP:127.0.0.1"], cwd=tmp_path, check=True, capture_output=True)
+    pem = str(tmp_path / "server.pem")
+    srv = start(text_model, wait=False, tls_cert=pem, tls_key=tmp_path / "server.key")
+    ctx = ssl.create_default_context(cafile=pem)
+    deadline = time.monotonic() + 30
+    while True:
+        assert srv.proc.poll() is None, srv.log()
+        try:
+            c = http.client.HTTPSConnection("127.0.0.1", srv.http_port, context=ctx, timeout=5)
+            c.request("GET", "/health")
+            if c.getresponse().status == 200:
+                c.close()
+                break
+            c.close()
+        except OSError:
+            pass
+        assert time.monotonic() < deadline, f"no HTTPS /health after 30 s\n{srv.log()}"
+        time.sleep(0.05)
+    with openai.OpenAI(base_url=f"https://127.0.0.1:{srv.http_port}/v1", api_key="dummy", max_retries=0,
+                       http_client=httpx.Client(verify=ctx)) as client:
+        r = client.embeddings.create(model=text_model.name, input=TEXT)
+    assert_close(r.data[0].embedding, text_model.unit(TEXTS[TEXT]))
+    with pytest.raises((OSError, http.client.HTTPException)):
+        c = http.client.HTTPConnection("127.0.0.1", srv.http_port, timeout=5)
+        try:
+            c.request("GET", "/health")
+            c.getresponse()
+        finally:
+            c.close()
+
+
+def test_pad_ids_are_not_counted_in_usage(client, server, text_model, grpc_encode):
+    """pad_token_id (0) in an id input is padding: not in usage, masked as the reference masks it."""
+    seqs = [[5, 6, 7, 0, 0], [8, 0, 9, 10]]
+    r = client.embeddings.create(model=text_model.name, input=seqs, encoding_format="float")
+    assert r.usage.prompt_tokens == 6, r.usage
+    via_grpc = grpc_encode(server, seqs)
+    for seq, d, g in zip(seqs, r.data, via_grpc):
+        assert_close(d.embedding, text_model.unit(seq))
+        np.testing.assert_allclose(d.embedding, g["embedding"], rtol=0, atol=GRPC_TOL)
+
+
+def test_unknown_fields_are_ignored(server, text_model):
+    r = server.call("POST", "/v1/embeddings?trace=1", {"input": TEXT, "some_future_field": {"a": [1]}, "model": None})
+    assert r.status == 200 and r.json()["model"] == text_model.name
+    assert_close(r.json()["data"][0]["embedding"], text_model.unit(TEXTS[TEXT]))

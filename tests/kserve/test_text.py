@@ -50,7 +50,7 @@ def test_metadata_lists_text_and_num_tokens(text_server, text_model):
         meta = c.get_model_metadata(text_model.name, as_json=True)
         config = c.get_model_config(text_model.name, as_json=True)["config"]
     inputs = {i["name"]: i for i in meta["inputs"]}
-    assert inputs["text"]["datatype"] == "BYTES" and inputs["text"]["shape"] == ["-1"]
+    assert inputs["text"]["datatype"] == "BYTES" and inputs["text"]["shape"] == ["-1", "1"]
     assert {o["name"]: o["datatype"] for o in meta["outputs"]}["num_tokens"] == "INT64"
     assert {i["name"]: i.get("optional", False) for i in config["input"]}["input_ids"] is True
 
