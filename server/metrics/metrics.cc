@@ -180,7 +180,10 @@ Metrics::Metrics()
   // Every inference method and common code exists from start-up, at zero (the protocol's
   // metadata RPCs appear when first called).
   for (const char* method :
-       {"Encode", "EncodeStream", "GetModelInfo", "ModelInfer", "ModelStreamInfer"}) {
+       {"Encode", "EncodeStream", "GetModelInfo", "ModelInfer", "ModelStreamInfer",
+        // The HTTP routes that infer (server/http/api.cc names them so).
+        "POST /v1/embeddings", "POST /embed", "POST /embed_all", "POST /predict", "POST /",
+        "POST /v2/models/{model}/infer"}) {
     request_duration_.Add({{"method", method}}, kSecondsBuckets);
     for (const char* code : {"OK", "INVALID_ARGUMENT", "RESOURCE_EXHAUSTED", "DEADLINE_EXCEEDED",
                              "CANCELLED", "UNAVAILABLE", "INTERNAL"}) {

@@ -143,7 +143,7 @@ class Server:
     """One fastformer-server subprocess: gRPC on `port` (`url`), /metrics on `metrics_port`, the
     HTTP listener on `http_port` (`base`: its http:// root)."""
 
-    def __init__(self, model_dir: Path, log_dir: Path, name: str, **flags):
+    def __init__(self, model_dir: Path, log_dir: Path, name: str, env_extra=None, **flags):
         self.port, self.metrics_port, self.http_port = free_ports(3)
         self.url = f"127.0.0.1:{self.port}"
         self.base = f"http://127.0.0.1:{self.http_port}"
@@ -155,6 +155,7 @@ class Server:
             self.cmd += [f"--{k}", str(v)]
         self.log_path = log_dir / f"{name}.log"
         env = {k: v for k, v in os.environ.items() if not k.startswith("FASTFORMER_")}
+        env.update(env_extra or {})
         setpriv = shutil.which("setpriv")  # the server dies with the test runner
         cmd = [setpriv, "--pdeathsig", "SIGKILL", "--"] + self.cmd if setpriv else self.cmd
         with open(self.log_path, "wb") as log:
@@ -294,8 +295,8 @@ def ids_server(ids_model, logs):
 def start(logs, request):
     started = []
 
-    def _start(model, wait=True, **flags):
-        srv = Server(model.dir, logs, f"{request.node.name}-{len(started)}", **flags)
+    def _start(model, wait=True, env_extra=None, **flags):
+        srv = Server(model.dir, logs, f"{request.node.name}-{len(started)}", env_extra=env_extra, **flags)
         started.append(srv)
         return srv.wait_ready() if wait else srv
 
