@@ -39,9 +39,10 @@ std::optional<ServerOptions> parse_server_options(int argc, char** argv, int& ex
       "time a client has to send a request's headers, from its first byte",
       "FASTFORMER_HTTP_HEADER_TIMEOUT_S")
       ->check(CLI::PositiveNumber);
-  opt("--served-model-name", f.served_model_names,
-      "names the model also answers to (HTTP's model field, /v1/models); repeat or comma-separate",
-      "FASTFORMER_SERVED_MODEL_NAME")
+  app.add_option("--served-model-name", f.served_model_names,
+                 "names the model also answers to (HTTP's model field, /v1/models); repeat or "
+                 "comma-separate")
+      ->envname("FASTFORMER_SERVED_MODEL_NAME")
       ->delimiter(',');
   opt("--backend", f.backend, "auto, cpu or cuda", "FASTFORMER_BACKEND")
       ->check(CLI::IsMember({"auto", "cpu", "cuda"}));
