@@ -131,10 +131,18 @@ HttpApi::HttpApi(rpc::Intake& intake, ApiOptions options)
 
 std::vector<std::string> HttpApi::read_labels(const std::string& model_dir) {
   namespace fs = std::filesystem;
+  // Labels are a courtesy: a file that is missing, not a regular file or not JSON gives none
+  // (the model's own load reports a broken config.json, naming it).
   auto read = [](const fs::path& path) -> nlohmann::json {
-    std::ifstream in(path);
-    if (!in) return nullptr;
-    return nlohmann::json::parse(in, nullptr, /*allow_exceptions=*/false);
+    std::error_code ec;
+    if (!fs::is_regular_file(path, ec)) return nullptr;
+    try {
+      std::ifstream in(path);
+      if (!in) return nullptr;
+      return nlohmann::json::parse(in, nullptr, /*allow_exceptions=*/false);
+    } catch (const std::exception&) {
+      return nullptr;
+    }
   };
   std::vector<std::string> labels;
   const nlohmann::json config = read(fs::path(model_dir) / "config.json");
