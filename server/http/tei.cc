@@ -269,12 +269,26 @@ void HttpApi::tei_tokenize(const Request& http_request, Call call) {
                                                : "inputs[" + std::to_string(i) + "]") +
                                 ": " + e.what()));
     }
+    // "special" as Hugging Face's special-tokens mask has it: the tokens the post-processor
+    // added ([CLS], [SEP]), found as what lies around the text's own encoding; an [UNK] the
+    // model made from an unknown word is not special.
+    size_t first = 0, last = encoding.ids.size();
+    if (special) {
+      const tokenizer::Encoding bare = tokenizer->encode(inputs.texts[i], false);
+      for (size_t o = 0; o + bare.ids.size() <= encoding.ids.size(); ++o) {
+        if (std::equal(bare.ids.begin(), bare.ids.end(), encoding.ids.begin() + ptrdiff_t(o))) {
+          first = o;
+          last = o + bare.ids.size();
+          break;
+        }
+      }
+    }
     if (i > 0) w.ch(',');
     w.ch('[');
     for (size_t k = 0; k < encoding.ids.size(); ++k) {
       if (k > 0) w.ch(',');
       w.raw("{\"id\":").number(int64_t(encoding.ids[k])).raw(",\"text\":").string(encoding.tokens[k]);
-      w.raw(",\"special\":").boolean(tokenizer->is_special(encoding.ids[k]));
+      w.raw(",\"special\":").boolean((k < first || k >= last) && tokenizer->is_special(encoding.ids[k]));
       w.raw(",\"start\":null,\"stop\":null}");  // offsets are not tracked (docs/api.md)
     }
     w.ch(']');
