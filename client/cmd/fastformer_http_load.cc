@@ -59,8 +59,8 @@ Built build(const std::string& mode, const std::string& model,
   Built b;
   if (mode == "openai-float" || mode == "openai-base64") {
     b.target = "/v1/embeddings";
-    b.body = "{\"model\":\"" + model + "\",\"input\":" + ids_json(seqs) + ",\"encoding_format\":\"" +
-             (mode == "openai-float" ? "float" : "base64") + "\"}";
+    b.body = "{\"model\":\"" + model + "\",\"input\":" + ids_json(seqs) +
+             ",\"encoding_format\":\"" + (mode == "openai-float" ? "float" : "base64") + "\"}";
   } else if (mode == "tei") {
     b.target = "/embed";
     b.body = "{\"inputs\":" + ids_json(seqs) + ",\"normalize\":false}";
@@ -134,7 +134,8 @@ int main(int argc, char** argv) {
   }
   // fastformer-loadgen's pool: a batch budget of 1 token makes every batch one sequence.
   std::vector<fastformer::TokenSequence> sequences;
-  for (auto& batch : fastformer::make_workload(spec, vocab, pad, 1, per_request * pool_requests, seed))
+  for (auto& batch :
+       fastformer::make_workload(spec, vocab, pad, 1, per_request * pool_requests, seed))
     sequences.push_back(std::move(batch.front()));
   std::vector<Built> pool;
   for (int r = 0; r < pool_requests; ++r) {
@@ -152,8 +153,8 @@ int main(int argc, char** argv) {
   int64_t requests = 0, warmup = 0;
   std::atomic<uint64_t> next{0};
   const auto start = Clock::now();
-  const auto measure_from = start + std::chrono::duration_cast<Clock::duration>(
-                                        std::chrono::duration<double>(warmup_s));
+  const auto measure_from =
+      start + std::chrono::duration_cast<Clock::duration>(std::chrono::duration<double>(warmup_s));
   const auto stop_at = measure_from + std::chrono::duration_cast<Clock::duration>(
                                           std::chrono::duration<double>(duration_s));
   Clock::time_point last_answer = measure_from;
@@ -185,7 +186,8 @@ int main(int argc, char** argv) {
           bhttp::write(stream, req);
           bhttp::response<bhttp::string_body> res;
           bhttp::read(stream, buffer, res);
-          if (res.result() != bhttp::status::ok) outcome = "HTTP " + std::to_string(res.result_int());
+          if (res.result() != bhttp::status::ok)
+            outcome = "HTTP " + std::to_string(res.result_int());
           const auto compute = res.find("x-fastformer-compute-us");
           compute_us = compute == res.end() ? -1 : std::stod(std::string(compute->value()));
           if (!res.keep_alive()) {
@@ -218,7 +220,8 @@ int main(int argc, char** argv) {
     });
   }
   for (auto& t : threads) t.join();
-  const double elapsed = std::chrono::duration<double>(std::max(stop_at, last_answer) - measure_from).count();
+  const double elapsed =
+      std::chrono::duration<double>(std::max(stop_at, last_answer) - measure_from).count();
   std::sort(latencies_ms.begin(), latencies_ms.end());
   std::sort(overheads_ms.begin(), overheads_ms.end());
   auto pick = [](const std::vector<double>& v, double p) {
@@ -227,14 +230,15 @@ int main(int argc, char** argv) {
   };
   auto pct = [&](double p) { return pick(latencies_ms, p); };
   const double ok = double(latencies_ms.size());
-  std::printf("{\"mode\":\"%s\",\"concurrency\":%d,\"sequences_per_request\":%d,\"lengths\":\"%s\","
-              "\"requests\":%lld,\"succeeded\":%lld,\"warmup_requests\":%lld,\"elapsed_s\":%.3f,"
-              "\"requests_per_s\":%.2f,\"sequences_per_s\":%.2f,\"p50_ms\":%.3f,\"p90_ms\":%.3f,"
-              "\"p99_ms\":%.3f,\"overhead_p50_ms\":%.3f,\"overhead_p99_ms\":%.3f,\"errors\":{",
-              mode.c_str(), concurrency, per_request, lengths.c_str(), (long long)requests,
-              (long long)latencies_ms.size(), (long long)warmup, elapsed, ok / elapsed,
-              ok * per_request / elapsed, pct(0.5), pct(0.9), pct(0.99), pick(overheads_ms, 0.5),
-              pick(overheads_ms, 0.99));
+  std::printf(
+      "{\"mode\":\"%s\",\"concurrency\":%d,\"sequences_per_request\":%d,\"lengths\":\"%s\","
+      "\"requests\":%lld,\"succeeded\":%lld,\"warmup_requests\":%lld,\"elapsed_s\":%.3f,"
+      "\"requests_per_s\":%.2f,\"sequences_per_s\":%.2f,\"p50_ms\":%.3f,\"p90_ms\":%.3f,"
+      "\"p99_ms\":%.3f,\"overhead_p50_ms\":%.3f,\"overhead_p99_ms\":%.3f,\"errors\":{",
+      mode.c_str(), concurrency, per_request, lengths.c_str(), (long long)requests,
+      (long long)latencies_ms.size(), (long long)warmup, elapsed, ok / elapsed,
+      ok * per_request / elapsed, pct(0.5), pct(0.9), pct(0.99), pick(overheads_ms, 0.5),
+      pick(overheads_ms, 0.99));
   bool first = true;
   for (const auto& [what, n] : errors) {
     std::printf("%s\"%s\":%lld", first ? "" : ",", what.c_str(), (long long)n);

@@ -177,12 +177,15 @@ bool Server::listen_http() {
     http_server_ = std::make_unique<http::HttpServer>(o, *http_api_);
   } catch (const std::exception& e) {
     const std::string problem = listen_problem(f.http_listen);
-    fail_start(problem.empty() ? e.what() : "cannot listen on " + f.http_listen + " (--http-listen): " + problem);
+    fail_start(problem.empty()
+                   ? e.what()
+                   : "cannot listen on " + f.http_listen + " (--http-listen): " + problem);
     return false;
   }
-  spdlog::info("HTTP{} on {} (port {}): /v1/embeddings, TEI routes, KServe v2 REST; 503 until "
-               "the model is loaded and warm",
-               http_server_->tls() ? "S" : "", f.http_listen, http_server_->port());
+  spdlog::info(
+      "HTTP{} on {} (port {}): /v1/embeddings, TEI routes, KServe v2 REST; 503 until "
+      "the model is loaded and warm",
+      http_server_->tls() ? "S" : "", f.http_listen, http_server_->port());
   return true;
 }
 

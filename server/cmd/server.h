@@ -79,8 +79,8 @@ class Server {
   rpc::InferenceService inference_service_;
   rpc::UnimplementedMethods unimplemented_;
   std::unique_ptr<grpc::Server> grpc_server_;
-  std::unique_ptr<http::HttpApi> http_api_;        // the HTTP routes, over intake_
-  std::unique_ptr<http::HttpServer> http_server_;  // null without --http-listen
+  std::unique_ptr<http::HttpApi> http_api_;              // the HTTP routes, over intake_
+  std::unique_ptr<http::HttpServer> http_server_;        // null without --http-listen
   grpc::HealthCheckServiceInterface* health_ = nullptr;  // owned by grpc_server_
   std::shared_ptr<const engine::Model> model_;
   std::shared_ptr<const text::Tokenizer> tokenizer_;  // null: the model takes no text

@@ -3,7 +3,6 @@
 #include <spdlog/spdlog.h>
 
 #include <boost/beast/core/string.hpp>
-
 #include <filesystem>
 #include <fstream>
 #include <nlohmann/json.hpp>
@@ -23,21 +22,30 @@ grpc::Status invalid(std::string message) {
 
 const char* openai_type(bhttp::status status) {
   switch (status) {
-    case bhttp::status::unauthorized: return "authentication_error";
-    case bhttp::status::not_found: return "not_found_error";
-    case bhttp::status::too_many_requests: return "rate_limit_error";
-    default: break;
+    case bhttp::status::unauthorized:
+      return "authentication_error";
+    case bhttp::status::not_found:
+      return "not_found_error";
+    case bhttp::status::too_many_requests:
+      return "rate_limit_error";
+    default:
+      break;
   }
   return unsigned(status) >= 500 ? "server_error" : "invalid_request_error";
 }
 
 const char* tei_type(bhttp::status status) {
   switch (status) {
-    case bhttp::status::too_many_requests: return "Overloaded";
-    case bhttp::status::service_unavailable: return "Unhealthy";
-    case bhttp::status::unauthorized: return "Unauthorized";
-    case bhttp::status::not_found: return "NotFound";
-    default: break;
+    case bhttp::status::too_many_requests:
+      return "Overloaded";
+    case bhttp::status::service_unavailable:
+      return "Unhealthy";
+    case bhttp::status::unauthorized:
+      return "Unauthorized";
+    case bhttp::status::not_found:
+      return "NotFound";
+    default:
+      break;
   }
   return unsigned(status) >= 500 ? "Backend" : "Validation";
 }
@@ -75,7 +83,10 @@ Response error_response(Api api, bhttp::status status, const std::string& messag
   json::Writer w;
   switch (api) {
     case Api::kOpenAI:
-      w.raw("{\"error\":{\"message\":").string(message).raw(",\"type\":").string(openai_type(status));
+      w.raw("{\"error\":{\"message\":")
+          .string(message)
+          .raw(",\"type\":")
+          .string(openai_type(status));
       w.raw(",\"param\":");
       param.empty() ? w.null() : w.string(param);
       w.raw(",\"code\":");
@@ -105,20 +116,30 @@ Response error_response(Api api, bhttp::status status, const std::string& messag
 
 bhttp::status http_status(Api api, const grpc::Status& status) {
   switch (status.error_code()) {
-    case grpc::StatusCode::OK: return bhttp::status::ok;
+    case grpc::StatusCode::OK:
+      return bhttp::status::ok;
     case grpc::StatusCode::INVALID_ARGUMENT:
     case grpc::StatusCode::FAILED_PRECONDITION:
     case grpc::StatusCode::OUT_OF_RANGE:
       return api == Api::kTei ? bhttp::status::unprocessable_entity : bhttp::status::bad_request;
-    case grpc::StatusCode::NOT_FOUND: return bhttp::status::not_found;
-    case grpc::StatusCode::RESOURCE_EXHAUSTED: return bhttp::status::too_many_requests;
-    case grpc::StatusCode::UNAVAILABLE: return bhttp::status::service_unavailable;
-    case grpc::StatusCode::DEADLINE_EXCEEDED: return bhttp::status::gateway_timeout;
-    case grpc::StatusCode::UNAUTHENTICATED: return bhttp::status::unauthorized;
-    case grpc::StatusCode::PERMISSION_DENIED: return bhttp::status::forbidden;
-    case grpc::StatusCode::UNIMPLEMENTED: return bhttp::status::not_implemented;
-    case grpc::StatusCode::CANCELLED: return bhttp::status::bad_request;
-    default: return bhttp::status::internal_server_error;
+    case grpc::StatusCode::NOT_FOUND:
+      return bhttp::status::not_found;
+    case grpc::StatusCode::RESOURCE_EXHAUSTED:
+      return bhttp::status::too_many_requests;
+    case grpc::StatusCode::UNAVAILABLE:
+      return bhttp::status::service_unavailable;
+    case grpc::StatusCode::DEADLINE_EXCEEDED:
+      return bhttp::status::gateway_timeout;
+    case grpc::StatusCode::UNAUTHENTICATED:
+      return bhttp::status::unauthorized;
+    case grpc::StatusCode::PERMISSION_DENIED:
+      return bhttp::status::forbidden;
+    case grpc::StatusCode::UNIMPLEMENTED:
+      return bhttp::status::not_implemented;
+    case grpc::StatusCode::CANCELLED:
+      return bhttp::status::bad_request;
+    default:
+      return bhttp::status::internal_server_error;
   }
 }
 
@@ -186,20 +207,21 @@ void HttpApi::answer(Call& call, Response response, const grpc::Status& status) 
 }
 
 void HttpApi::fail(Call& call, const grpc::Status& status, const std::string& param) {
-  answer(call, error_response(call.api, http_status(call.api, status), status.error_message(), param),
+  answer(call,
+         error_response(call.api, http_status(call.api, status), status.error_message(), param),
          status);
 }
 
 Response HttpApi::refuse(std::string_view target, bhttp::status status,
                          const std::string& message) {
   const std::string_view path = target.substr(0, target.find('?'));
-  const grpc::StatusCode code =
-      status == bhttp::status::service_unavailable ? grpc::StatusCode::UNAVAILABLE
-      : status == bhttp::status::payload_too_large ||
-              status == bhttp::status::request_header_fields_too_large
-          ? grpc::StatusCode::RESOURCE_EXHAUSTED
-      : unsigned(status) >= 500 ? grpc::StatusCode::INTERNAL
-                                : grpc::StatusCode::INVALID_ARGUMENT;
+  const grpc::StatusCode code = status == bhttp::status::service_unavailable
+                                    ? grpc::StatusCode::UNAVAILABLE
+                                : status == bhttp::status::payload_too_large ||
+                                        status == bhttp::status::request_header_fields_too_large
+                                    ? grpc::StatusCode::RESOURCE_EXHAUSTED
+                                : unsigned(status) >= 500 ? grpc::StatusCode::INTERNAL
+                                                          : grpc::StatusCode::INVALID_ARGUMENT;
   intake_.record("HTTP (refused before routing)", {code, message}, Clock::now());
   Response response = error_response(api_of(path), status, message);
   response.keep_alive(false);
@@ -225,9 +247,9 @@ void HttpApi::submit(Call call, std::shared_ptr<void> keep,
     auto finish = [this, call, keep, format](batching::Request& done) {
       const grpc::Status status = rpc::outcome_status(done);
       const auto filling = Clock::now();
-      Response response =
-          status.ok() ? format(done)
-                      : error_response(call.api, http_status(call.api, status), status.error_message());
+      Response response = status.ok() ? format(done)
+                                      : error_response(call.api, http_status(call.api, status),
+                                                       status.error_message());
       const uint64_t output_ns = ns_since(filling);
       if (status.ok()) {
         // Microseconds, for overhead measurements (TEI's x-*-time headers are whole ms).
@@ -247,8 +269,8 @@ void HttpApi::submit(Call call, std::shared_ptr<void> keep,
       finish(r);
     }
   };
-  const grpc::Status status =
-      intake_.admit(call.deadline, [&] { return convert(request.get()); }, request);
+  const grpc::Status status = intake_.admit(
+      call.deadline, [&] { return convert(request.get()); }, request);
   if (!status.ok()) {
     fail(call, status, status.error_code() == grpc::StatusCode::INVALID_ARGUMENT ? param : "");
   }
@@ -279,7 +301,8 @@ void HttpApi::handle(Request& request, std::shared_ptr<Responder> responder) {
     const double ms = std::strtod(value.c_str(), &end);
     if (end == value.c_str() || *end != '\0' || !(ms > 0)) {
       return fail(call, invalid("x-request-timeout-ms: expected a positive number of "
-                                "milliseconds, got '" + value + "'"));
+                                "milliseconds, got '" +
+                                value + "'"));
     }
     call.deadline = Clock::now() + std::chrono::duration_cast<Clock::duration>(
                                        std::chrono::duration<double, std::milli>(ms));
@@ -292,9 +315,9 @@ void HttpApi::handle(Request& request, std::shared_ptr<Responder> responder) {
   }
 
   auto wrong_method = [&](const char* allowed) {
-    Response response = error_response(call.api, bhttp::status::method_not_allowed,
-                                       std::string(request.method_string()) + " " +
-                                           std::string(path) + ": use " + allowed);
+    Response response = error_response(
+        call.api, bhttp::status::method_not_allowed,
+        std::string(request.method_string()) + " " + std::string(path) + ": use " + allowed);
     response.set(bhttp::field::allow, allowed);
     answer(call, std::move(response), invalid("method not allowed"));
   };

@@ -106,7 +106,8 @@ class Session final : public Responder, public std::enable_shared_from_this<Sess
   // The header within --http-header-timeout-s of its first byte (a slow client is cut off).
   void read_header() {
     parser_.emplace();
-    parser_->header_limit(uint32_t(std::min<int64_t>(server_.options.max_header_bytes, UINT32_MAX)));
+    parser_->header_limit(
+        uint32_t(std::min<int64_t>(server_.options.max_header_bytes, UINT32_MAX)));
     parser_->body_limit(uint64_t(server_.options.max_body_bytes));
     lowest().expires_after(server_.options.header_timeout);
     bhttp::async_read_header(stream_, buffer_, *parser_,
@@ -216,9 +217,8 @@ class Session final : public Responder, public std::enable_shared_from_this<Sess
   void close_gracefully() {
     if constexpr (kIsTls<Stream>) {
       lowest().expires_after(std::chrono::seconds(1));
-      stream_.async_shutdown([self = this->shared_from_this()](beast::error_code) {
-        self->close_now();
-      });
+      stream_.async_shutdown(
+          [self = this->shared_from_this()](beast::error_code) { self->close_now(); });
     } else {
       beast::error_code ec;
       lowest().socket().shutdown(tcp::socket::shutdown_send, ec);
@@ -295,7 +295,7 @@ void HttpServer::Impl::accept() {
         connections.fetch_add(1) >= options.max_connections && options.max_connections > 0;
     if (tls) {
       std::make_shared<Session<beast::ssl_stream<beast::tcp_stream>>>(*this, over_limit,
-                                                                       std::move(socket), *tls)
+                                                                      std::move(socket), *tls)
           ->start();
     } else {
       std::make_shared<Session<beast::tcp_stream>>(*this, over_limit, std::move(socket))->start();

@@ -12,7 +12,6 @@
 
 #include <boost/beast/http/message.hpp>
 #include <boost/beast/http/string_body.hpp>
-
 #include <chrono>
 #include <cstdint>
 #include <functional>

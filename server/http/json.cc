@@ -16,11 +16,21 @@ Writer& Writer::string(std::string_view text) {
     out_.append(text.substr(run, i - run));
     run = i + 1;
     switch (c) {
-      case '"': out_.append("\\\""); break;
-      case '\\': out_.append("\\\\"); break;
-      case '\n': out_.append("\\n"); break;
-      case '\r': out_.append("\\r"); break;
-      case '\t': out_.append("\\t"); break;
+      case '"':
+        out_.append("\\\"");
+        break;
+      case '\\':
+        out_.append("\\\\");
+        break;
+      case '\n':
+        out_.append("\\n");
+        break;
+      case '\r':
+        out_.append("\\r");
+        break;
+      case '\t':
+        out_.append("\\t");
+        break;
       default:
         out_.append("\\u00");
         out_.push_back(kHex[c >> 4]);
@@ -129,14 +139,21 @@ std::optional<std::string> parse(simdjson::dom::parser& parser, std::string_view
 
 const char* type_name(const simdjson::dom::element& value) {
   switch (value.type()) {
-    case simdjson::dom::element_type::ARRAY: return "an array";
-    case simdjson::dom::element_type::OBJECT: return "an object";
+    case simdjson::dom::element_type::ARRAY:
+      return "an array";
+    case simdjson::dom::element_type::OBJECT:
+      return "an object";
     case simdjson::dom::element_type::INT64:
-    case simdjson::dom::element_type::UINT64: return "an integer";
-    case simdjson::dom::element_type::DOUBLE: return "a number";
-    case simdjson::dom::element_type::STRING: return "a string";
-    case simdjson::dom::element_type::BOOL: return "a boolean";
-    case simdjson::dom::element_type::NULL_VALUE: return "null";
+    case simdjson::dom::element_type::UINT64:
+      return "an integer";
+    case simdjson::dom::element_type::DOUBLE:
+      return "a number";
+    case simdjson::dom::element_type::STRING:
+      return "a string";
+    case simdjson::dom::element_type::BOOL:
+      return "a boolean";
+    case simdjson::dom::element_type::NULL_VALUE:
+      return "null";
   }
   return "a value";
 }

@@ -31,8 +31,8 @@ class Writer {
     return ch(':');
   }
   Writer& number(int64_t v);
-  Writer& number(double v);  // shortest round-trip; non-finite: null
-  Writer& f32(float v);      // shortest round-trip float32; non-finite: null
+  Writer& number(double v);                  // shortest round-trip; non-finite: null
+  Writer& f32(float v);                      // shortest round-trip float32; non-finite: null
   Writer& floats(std::span<const float> v);  // [a,b,...]
   Writer& boolean(bool v) { return raw(v ? "true" : "false"); }
   Writer& null() { return raw("null"); }

@@ -64,8 +64,9 @@ void scalar_json(const pb::Message& m, const pb::FieldDescriptor* f, int index, 
       const std::string v = rep ? r->GetRepeatedString(m, f, index) : r->GetString(m, f);
       if (f->type() == pb::FieldDescriptor::TYPE_BYTES) {
         std::string out(4 * ((v.size() + 2) / 3) + 1, '\0');
-        const int n = EVP_EncodeBlock(reinterpret_cast<unsigned char*>(out.data()),
-                                      reinterpret_cast<const unsigned char*>(v.data()), int(v.size()));
+        const int n =
+            EVP_EncodeBlock(reinterpret_cast<unsigned char*>(out.data()),
+                            reinterpret_cast<const unsigned char*>(v.data()), int(v.size()));
         w.string(std::string_view(out.data(), size_t(n)));
       } else {
         w.string(v);
@@ -86,8 +87,9 @@ void proto_json(const pb::Message& message, json::Writer& w) {
   std::vector<const pb::FieldDescriptor*> fields;
   for (int i = 0; i < d->field_count(); ++i) {
     const pb::FieldDescriptor* f = d->field(i);
-    if (!f->is_repeated() && (f->cpp_type() == pb::FieldDescriptor::CPPTYPE_MESSAGE ||
-                              f->containing_oneof() != nullptr) &&
+    if (!f->is_repeated() &&
+        (f->cpp_type() == pb::FieldDescriptor::CPPTYPE_MESSAGE ||
+         f->containing_oneof() != nullptr) &&
         !r->HasField(message, f)) {
       continue;
     }
@@ -173,7 +175,8 @@ std::optional<std::string> flatten(const simdjson::dom::element& data, const std
     if (datatype == "INT64") {
       put(v);
     } else {
-      if (v < INT32_MIN || v > INT32_MAX) return where + ": " + std::to_string(v) + " is not an INT32";
+      if (v < INT32_MIN || v > INT32_MAX)
+        return where + ": " + std::to_string(v) + " is not an INT32";
       put(int32_t(v));
     }
   } else if (datatype == "FP32") {
@@ -188,7 +191,8 @@ std::optional<std::string> flatten(const simdjson::dom::element& data, const std
     raw->append(v);
   } else {
     return where + ": datatype " + datatype +
-           " cannot be sent as JSON data here (this model's inputs are INT64, INT32, FP32 and BYTES)";
+           " cannot be sent as JSON data here (this model's inputs are INT64, INT32, FP32 and "
+           "BYTES)";
   }
   return std::nullopt;
 }
@@ -264,7 +268,8 @@ void HttpApi::kserve_get(const Request&, Call call, const std::vector<std::strin
       at = 5;
     }
     const std::string what = at < parts.size() ? parts[at] : "";
-    if (at + 1 < parts.size() || (what != "" && what != "ready" && what != "config" && what != "stats")) {
+    if (at + 1 < parts.size() ||
+        (what != "" && what != "ready" && what != "config" && what != "stats")) {
       call.method = "HTTP (no route)";
       return fail(call, {grpc::StatusCode::NOT_FOUND, "no route GET /" + [&] {
                            std::string p;
@@ -278,7 +283,7 @@ void HttpApi::kserve_get(const Request&, Call call, const std::vector<std::strin
       Response response{status.ok() ? bhttp::status::ok : bhttp::status::bad_request, 11};
       return answer(call, std::move(response), grpc::Status::OK);
     }
-    call.method = what.empty()      ? "GET /v2/models/{model}"
+    call.method = what.empty()       ? "GET /v2/models/{model}"
                   : what == "config" ? "GET /v2/models/{model}/config"
                                      : "GET /v2/models/{model}/stats";
     if (!status.ok()) return fail(call, status);
@@ -346,7 +351,8 @@ void HttpApi::kserve_infer(const Request& http_request, Call call, const std::st
   }
   if (!object["parameters"].get(v)) {
     simdjson::dom::object parameters;
-    if (v.get_object().get(parameters)) return fail(call, invalid("parameters: expected an object"));
+    if (v.get_object().get(parameters))
+      return fail(call, invalid("parameters: expected an object"));
     for (const auto [key, value] : parameters) {
       if (key == "binary_data_output") {
         if (value.get_bool().get(keep->binary_default)) {
@@ -357,7 +363,8 @@ void HttpApi::kserve_infer(const Request& http_request, Call call, const std::st
       if (key == "timeout") {  // microseconds, as Triton's
         int64_t us = 0;
         if (value.get_int64().get(us) || us <= 0) {
-          return fail(call, invalid("parameters.timeout: expected a positive number of microseconds"));
+          return fail(call,
+                      invalid("parameters.timeout: expected a positive number of microseconds"));
         }
         call.deadline = std::min(call.deadline, Clock::now() + std::chrono::microseconds(us));
         continue;
@@ -421,11 +428,11 @@ void HttpApi::kserve_infer(const Request& http_request, Call call, const std::st
     }
     if (binary_size >= 0) {
       if (offset + size_t(binary_size) > binary.size()) {
-        return fail(call, invalid(named + ".parameters.binary_data_size: " +
-                                  std::to_string(binary_size) + " bytes at offset " +
-                                  std::to_string(offset) + " run past the " +
-                                  std::to_string(binary.size()) + " binary bytes after the JSON (" +
-                                  kHeaderLength + ")"));
+        return fail(call,
+                    invalid(named + ".parameters.binary_data_size: " + std::to_string(binary_size) +
+                            " bytes at offset " + std::to_string(offset) + " run past the " +
+                            std::to_string(binary.size()) + " binary bytes after the JSON (" +
+                            kHeaderLength + ")"));
       }
       raw->assign(binary.substr(offset, size_t(binary_size)));
       offset += size_t(binary_size);
@@ -480,8 +487,8 @@ void HttpApi::kserve_infer(const Request& http_request, Call call, const std::st
   submit(
       call, keep,
       [this, keep](batching::Request* out) {
-        return rpc::convert_infer_request(keep->proto, intake_.engine().model(), intake_.tokenizer(),
-                                          intake_.config().limits,
+        return rpc::convert_infer_request(keep->proto, intake_.engine().model(),
+                                          intake_.tokenizer(), intake_.config().limits,
                                           intake_.config().max_batch_sequences, &keep->call, out);
       },
       [keep, intake](const batching::Request& r) {
@@ -497,10 +504,10 @@ void HttpApi::kserve_infer(const Request& http_request, Call call, const std::st
           const auto& out = response.outputs(k);
           const std::string& raw = response.raw_output_contents(k);
           // Outputs named in the request answer in its order (fill_infer_response keeps it).
-          const bool binary = keep->binary_output.empty()
-                                  ? keep->binary_default
-                                  : (size_t(k) < keep->binary_output.size() &&
-                                     keep->binary_output[size_t(k)]);
+          const bool binary =
+              keep->binary_output.empty()
+                  ? keep->binary_default
+                  : (size_t(k) < keep->binary_output.size() && keep->binary_output[size_t(k)]);
           if (k > 0) w.ch(',');
           w.raw("{\"name\":").string(out.name()).raw(",\"datatype\":").string(out.datatype());
           w.raw(",\"shape\":[");

@@ -54,8 +54,10 @@ std::optional<std::string> read_inputs(const simdjson::dom::element& value, cons
   }
   simdjson::dom::array array;
   if (value.get_array().get(array)) {
-    return f + ": expected a string, an array of strings, an array of token ids or an array of "
-               "arrays of token ids, got " + json::type_name(value);
+    return f +
+           ": expected a string, an array of strings, an array of token ids or an array of "
+           "arrays of token ids, got " +
+           json::type_name(value);
   }
   if (array.size() == 0) return f + ": is empty; send at least one input";
   const simdjson::dom::element first = array.at(0).value_unsafe();

@@ -23,7 +23,8 @@ int64_t ms(uint64_t ns) { return int64_t(ns / 1000000); }
 void set_timing(Response& response, const batching::Request& r, Clock::time_point start,
                 size_t characters) {
   const uint64_t queue = uint64_t(std::max<int64_t>(
-      0, std::chrono::duration_cast<std::chrono::nanoseconds>(r.first_compute - r.arrival).count()));
+      0,
+      std::chrono::duration_cast<std::chrono::nanoseconds>(r.first_compute - r.arrival).count()));
   const uint64_t inference = uint64_t(r.compute_us) * 1000;
   response.set("x-total-time", std::to_string(ms(batching::ns_since(start))));
   response.set("x-tokenization-time", std::to_string(ms(r.tokenize_ns)));
@@ -65,7 +66,8 @@ std::optional<std::string> read_truncation(const simdjson::dom::object& body,
   simdjson::dom::element v;
   if (!body["truncation_direction"].get(v) && !v.is_null()) {
     std::string_view d;
-    if (v.get_string().get(d)) return std::string("truncation_direction: expected \"right\" or \"left\"");
+    if (v.get_string().get(d))
+      return std::string("truncation_direction: expected \"right\" or \"left\"");
     std::string lower(d);
     std::transform(lower.begin(), lower.end(), lower.begin(), ::tolower);
     if (lower != "right" && lower != "left") {
@@ -73,7 +75,7 @@ std::optional<std::string> read_truncation(const simdjson::dom::object& body,
     }
     left = lower == "left";
   }
-  *truncate = !cut ? request::Truncate::kNone
+  *truncate = !cut   ? request::Truncate::kNone
               : left ? request::Truncate::kLeft
                      : request::Truncate::kRight;
   return std::nullopt;
@@ -147,7 +149,8 @@ void HttpApi::tei_predict(const Request& http_request, Call call) {
   if (grpc::Status s = intake_.availability(); !s.ok()) return fail(call, s);
   const engine::Model& model = intake_.engine().model();
   if (model.num_labels() == 0) {
-    return fail(call, invalid("this model has no classifier head: /predict needs one (use /embed)"));
+    return fail(call,
+                invalid("this model has no classifier head: /predict needs one (use /embed)"));
   }
   thread_local simdjson::dom::parser parser;
   simdjson::dom::object body;
@@ -287,8 +290,12 @@ void HttpApi::tei_tokenize(const Request& http_request, Call call) {
     w.ch('[');
     for (size_t k = 0; k < encoding.ids.size(); ++k) {
       if (k > 0) w.ch(',');
-      w.raw("{\"id\":").number(int64_t(encoding.ids[k])).raw(",\"text\":").string(encoding.tokens[k]);
-      w.raw(",\"special\":").boolean((k < first || k >= last) && tokenizer->is_special(encoding.ids[k]));
+      w.raw("{\"id\":")
+          .number(int64_t(encoding.ids[k]))
+          .raw(",\"text\":")
+          .string(encoding.tokens[k]);
+      w.raw(",\"special\":")
+          .boolean((k < first || k >= last) && tokenizer->is_special(encoding.ids[k]));
       w.raw(",\"start\":null,\"stop\":null}");  // offsets are not tracked (docs/api.md)
     }
     w.ch(']');

@@ -87,7 +87,9 @@ std::optional<Problem> build_request(const EncodeInput& input, const engine::Mod
   const size_t rows = input.rows.size();
   if (rows == 0) return Problem{std::nullopt, Field::kTokenIds, {}, "the request has no sequences"};
   if (limits.max_request_inputs > 0 && int64_t(rows) > limits.max_request_inputs) {
-    return Problem{std::nullopt, input.rows[0].field, {},
+    return Problem{std::nullopt,
+                   input.rows[0].field,
+                   {},
                    "the request has " + std::to_string(rows) +
                        " sequences, over max_request_inputs " +
                        std::to_string(limits.max_request_inputs)};

@@ -1,15 +1,13 @@
 #include "server/rpc/inference_service.h"
 
-#include "server/rpc/model_view.h"
-
 #include "common/status_names.h"
+#include "server/rpc/model_view.h"
 #include "server/rpc/raw_message.h"
 #include "server/rpc/stream_reactor.h"
 
 namespace fastformer::rpc {
 
 using batching::Clock;
-
 
 grpc::ServerUnaryReactor* InferenceService::finish(grpc::CallbackServerContext* context,
                                                    const char* method, Clock::time_point start,

@@ -30,7 +30,8 @@ void fill_server_metadata(const Intake& intake, inference::ServerMetadataRespons
 void fill_model_metadata(const Intake& intake, inference::ModelMetadataResponse* response) {
   const engine::Model& model = intake.engine().model();
   response->set_name(model.config().model_name);
-  static const std::string version = kModelVersion;  // (GCC 12 misreads a literal assign here: -Wrestrict)
+  static const std::string version =
+      kModelVersion;  // (GCC 12 misreads a literal assign here: -Wrestrict)
   *response->add_versions() = version;
   response->set_platform(kPlatform);
   auto add = [](const TensorSpec& spec, inference::ModelMetadataResponse::TensorMetadata* tensor) {

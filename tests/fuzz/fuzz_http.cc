@@ -51,7 +51,8 @@ struct Completer {
 
 Completer& completer(size_t model) {
   static std::array<std::unique_ptr<Completer>, 4> completers;
-  if (!completers[model]) completers[model] = std::make_unique<Completer>(fuzz::served_models()[model]);
+  if (!completers[model])
+    completers[model] = std::make_unique<Completer>(fuzz::served_models()[model]);
   return *completers[model];
 }
 

@@ -390,10 +390,12 @@ TEST(EncodeInput, InputsPerRequestAreLimited) {
   Limits limits{100};
   limits.max_request_inputs = 2;
   batching::Request out;
-  const std::optional<Problem> problem = build_request(input, *s.model, s.tokenizer.get(), limits, &out);
+  const std::optional<Problem> problem =
+      build_request(input, *s.model, s.tokenizer.get(), limits, &out);
   ASSERT_TRUE(problem.has_value());
   EXPECT_FALSE(problem->row.has_value());
-  EXPECT_EQ(format_v1(*problem), "sequences: the request has 3 sequences, over max_request_inputs 2");
+  EXPECT_EQ(format_v1(*problem),
+            "sequences: the request has 3 sequences, over max_request_inputs 2");
   limits.max_request_inputs = 3;  // at the limit
   EXPECT_FALSE(build_request(input, *s.model, s.tokenizer.get(), limits, &out));
   EXPECT_EQ(out.sequences.size(), 3u);

@@ -50,15 +50,16 @@ TEST(HttpJson, InvalidUtf8IsLocated) {
   EXPECT_EQ(json::invalid_utf8_at("plain"), std::string_view::npos);
   EXPECT_EQ(json::invalid_utf8_at("h\xc3\xa9llo"), std::string_view::npos);
   EXPECT_EQ(json::invalid_utf8_at("ab\xff"), 2u);
-  EXPECT_EQ(json::invalid_utf8_at("a\xc0\xaf"), 1u);          // overlong '/'
-  EXPECT_EQ(json::invalid_utf8_at("x\xed\xa0\x80"), 1u);      // a surrogate
-  EXPECT_EQ(json::invalid_utf8_at("\xe2\x82"), 0u);            // cut short
+  EXPECT_EQ(json::invalid_utf8_at("a\xc0\xaf"), 1u);      // overlong '/'
+  EXPECT_EQ(json::invalid_utf8_at("x\xed\xa0\x80"), 1u);  // a surrogate
+  EXPECT_EQ(json::invalid_utf8_at("\xe2\x82"), 0u);       // cut short
   simdjson::dom::parser parser;
   simdjson::dom::element root;
   const std::optional<std::string> e = json::parse(parser, "{\"input\":\"ab\xff\"}", &root);
   ASSERT_TRUE(e.has_value());
-  EXPECT_EQ(*e, "the request body is not UTF-8 (byte 12 is not part of a UTF-8 character); JSON "
-                "text must be UTF-8");
+  EXPECT_EQ(*e,
+            "the request body is not UTF-8 (byte 12 is not part of a UTF-8 character); JSON "
+            "text must be UTF-8");
 }
 
 Inputs read(const char* text, std::optional<std::string>* error) {
@@ -92,8 +93,9 @@ TEST(HttpInputs, EveryShapeOpenAITakes) {
 TEST(HttpInputs, RefusalsNameTheField) {
   std::optional<std::string> e;
   read("5", &e);
-  EXPECT_EQ(*e, "input: expected a string, an array of strings, an array of token ids or an array "
-                "of arrays of token ids, got an integer");
+  EXPECT_EQ(*e,
+            "input: expected a string, an array of strings, an array of token ids or an array "
+            "of arrays of token ids, got an integer");
   read("[]", &e);
   EXPECT_EQ(*e, "input: is empty; send at least one input");
   read("[\"a\", [1]]", &e);
@@ -105,12 +107,14 @@ TEST(HttpInputs, RefusalsNameTheField) {
 }
 
 TEST(HttpErrors, EachApiItsShapeAndStatus) {
-  EXPECT_EQ(error_response(Api::kOpenAI, bhttp::status::not_found, "no \"x\"", "model").body(),
-            "{\"error\":{\"message\":\"no \\\"x\\\"\",\"type\":\"not_found_error\",\"param\":\"model\","
-            "\"code\":\"model_not_found\"}}");
+  EXPECT_EQ(
+      error_response(Api::kOpenAI, bhttp::status::not_found, "no \"x\"", "model").body(),
+      "{\"error\":{\"message\":\"no \\\"x\\\"\",\"type\":\"not_found_error\",\"param\":\"model\","
+      "\"code\":\"model_not_found\"}}");
   EXPECT_EQ(error_response(Api::kTei, bhttp::status::unprocessable_entity, "bad").body(),
             "{\"error\":\"bad\",\"error_type\":\"Validation\"}");
-  EXPECT_EQ(error_response(Api::kKServe, bhttp::status::bad_request, "bad").body(), "{\"error\":\"bad\"}");
+  EXPECT_EQ(error_response(Api::kKServe, bhttp::status::bad_request, "bad").body(),
+            "{\"error\":\"bad\"}");
   const Response busy = error_response(Api::kOpenAI, bhttp::status::too_many_requests, "full");
   EXPECT_EQ(busy[bhttp::field::retry_after], "1");
   const Response denied = error_response(Api::kTei, bhttp::status::unauthorized, "token");
