@@ -6,12 +6,62 @@
 
 namespace fastformer::http::json {
 
+namespace {
+
+// The length of the UTF-8 character at s[i] (i < n), or 0 when the bytes there are not one
+// (a stray continuation byte, a sequence cut short, an overlong form, a surrogate, past
+// U+10FFFF).
+size_t utf8_length_at(const unsigned char* s, size_t n, size_t i) {
+  const unsigned char c = s[i];
+  if (c < 0x80) return 1;
+  size_t len = 0;
+  uint32_t cp = 0;
+  if ((c & 0xE0) == 0xC0) {
+    len = 2;
+    cp = c & 0x1F;
+  } else if ((c & 0xF0) == 0xE0) {
+    len = 3;
+    cp = c & 0x0F;
+  } else if ((c & 0xF8) == 0xF0) {
+    len = 4;
+    cp = c & 0x07;
+  } else {
+    return 0;
+  }
+  if (i + len > n) return 0;
+  for (size_t k = 1; k < len; ++k) {
+    if ((s[i + k] & 0xC0) != 0x80) return 0;
+    cp = (cp << 6) | (s[i + k] & 0x3F);
+  }
+  if ((len == 2 && cp < 0x80) || (len == 3 && cp < 0x800) || (len == 4 && cp < 0x10000) ||
+      (cp >= 0xD800 && cp <= 0xDFFF) || cp > 0x10FFFF) {
+    return 0;
+  }
+  return len;
+}
+
+}  // namespace
+
 Writer& Writer::string(std::string_view text) {
   static constexpr char kHex[] = "0123456789abcdef";
+  const auto* bytes = reinterpret_cast<const unsigned char*>(text.data());
   out_.push_back('"');
   size_t run = 0;  // start of the bytes not yet copied
   for (size_t i = 0; i < text.size(); ++i) {
-    const unsigned char c = static_cast<unsigned char>(text[i]);
+    const unsigned char c = bytes[i];
+    if (c >= 0x80) {
+      // A message may quote what a client sent (a model name from the path): bytes that are
+      // not UTF-8 become U+FFFD, so the answer stays valid JSON.
+      const size_t len = utf8_length_at(bytes, text.size(), i);
+      if (len > 0) {
+        i += len - 1;
+        continue;
+      }
+      out_.append(text.substr(run, i - run));
+      out_.append("\\ufffd");
+      run = i + 1;
+      continue;
+    }
     if (c >= 0x20 && c != '"' && c != '\\') continue;
     out_.append(text.substr(run, i - run));
     run = i + 1;
@@ -88,38 +138,9 @@ Writer& Writer::floats(std::span<const float> v) {
 
 size_t invalid_utf8_at(std::string_view text) {
   const auto* s = reinterpret_cast<const unsigned char*>(text.data());
-  const size_t n = text.size();
-  size_t i = 0;
-  while (i < n) {
-    const unsigned char c = s[i];
-    if (c < 0x80) {
-      ++i;
-      continue;
-    }
-    size_t len = 0;
-    uint32_t cp = 0;
-    if ((c & 0xE0) == 0xC0) {
-      len = 2;
-      cp = c & 0x1F;
-    } else if ((c & 0xF0) == 0xE0) {
-      len = 3;
-      cp = c & 0x0F;
-    } else if ((c & 0xF8) == 0xF0) {
-      len = 4;
-      cp = c & 0x07;
-    } else {
-      return i;
-    }
-    if (i + len > n) return i;
-    for (size_t k = 1; k < len; ++k) {
-      if ((s[i + k] & 0xC0) != 0x80) return i;
-      cp = (cp << 6) | (s[i + k] & 0x3F);
-    }
-    // Overlong forms, surrogates and code points past U+10FFFF are not UTF-8 either.
-    if ((len == 2 && cp < 0x80) || (len == 3 && cp < 0x800) || (len == 4 && cp < 0x10000) ||
-        (cp >= 0xD800 && cp <= 0xDFFF) || cp > 0x10FFFF) {
-      return i;
-    }
+  for (size_t i = 0; i < text.size();) {
+    const size_t len = utf8_length_at(s, text.size(), i);
+    if (len == 0) return i;
     i += len;
   }
   return std::string_view::npos;

@@ -25,7 +25,7 @@ class Writer {
     out_.push_back(c);
     return *this;
   }
-  Writer& string(std::string_view text);  // quoted, escaped (UTF-8 passes through)
+  Writer& string(std::string_view text);  // quoted, escaped; bytes that are not UTF-8: U+FFFD
   Writer& key(std::string_view name) {    // "name":
     string(name);
     return ch(':');

@@ -46,6 +46,16 @@ TEST(HttpJson, StringsAreEscaped) {
   EXPECT_EQ(w.str(), "\"a\\\"b\\\\c\\nd\\te\\u0001 é\"");
 }
 
+TEST(HttpJson, BytesThatAreNotUtf8BecomeReplacementCharacters) {
+  json::Writer w;
+  w.string("id\x8d\xa9head \xc3\xa9 \xe2\x82");
+  EXPECT_EQ(w.str(), "\"id\\ufffd\\ufffdhead \xc3\xa9 \\ufffd\\ufffd\"");
+  simdjson::dom::parser parser;
+  simdjson::dom::element root;
+  ASSERT_FALSE(json::parse(parser, w.str(), &root).has_value());
+  EXPECT_EQ(std::string_view(root.get_string().value()), "id\ufffd\ufffdhead \u00e9 \ufffd\ufffd");
+}
+
 TEST(HttpJson, InvalidUtf8IsLocated) {
   EXPECT_EQ(json::invalid_utf8_at("plain"), std::string_view::npos);
   EXPECT_EQ(json::invalid_utf8_at("h\xc3\xa9llo"), std::string_view::npos);
