@@ -42,13 +42,16 @@ ASAN_E2E_DESELECT := \
   --deselect tests/e2e/test_faults.py::test_sigterm_under_continuous_load
 
 # Unit (incl. the emulated CUDA engine), emulation, fuzz-corpus replay, client and sanitizer-gate
-# tests (ctest); the bad-input golden tests; the end-to-end suite and Triton's clients
-# (tests/kserve, perf_analyzer included) against the ASan/UBSan server.
-test-asan: $(TRITON_VENV)/.installed
+# tests (ctest); the bad-input golden tests; the end-to-end suite, Triton's clients
+# (tests/kserve, perf_analyzer included) and the HTTP suite (tests/http: the listener under
+# every third-party client, bad input and slow clients; about 1 min) against the ASan/UBSan server.
+test-asan: $(TRITON_VENV)/.installed $(HTTP_VENV)/.installed
 	$(SANITIZER_ENV) ctest --test-dir $(ASAN_DIR) --output-on-failure -j$(JOBS) -E '$(ASAN_CTEST_EXCLUDE)'
 	$(SANITIZER_ENV) FASTFORMER_BIN_DIR=$(CURDIR)/$(ASAN_DIR)/bin $(PYTHON) -m pytest tests/golden -q -m asan
 	$(SANITIZER_ENV) FASTFORMER_BIN_DIR=$(CURDIR)/$(ASAN_DIR)/bin $(PYTHON) -m pytest tests/e2e -q $(ASAN_E2E_DESELECT)
 	$(SANITIZER_ENV) FASTFORMER_BIN_DIR=$(CURDIR)/$(ASAN_DIR)/bin $(TRITON_VENV)/bin/python -m pytest tests/kserve -q
+	$(SANITIZER_ENV) FASTFORMER_BIN_DIR=$(CURDIR)/$(ASAN_DIR)/bin PERF_ANALYZER=$(CURDIR)/$(TRITON_VENV)/bin/perf_analyzer \
+	  $(HTTP_VENV)/bin/python -m pytest tests/http -q
 
 # ---- ThreadSanitizer -----------------------------------------------------------------------
 
