@@ -1,5 +1,5 @@
 # Fastformer Serving image, multi-stage: the builder compiles with the same CMake commands
-# as CI (`make build`, less the unit tests), the runtime stage holds only the binaries and
+# as CI (`make build`, only the shipped programs), the runtime stage holds only the binaries and
 # their runtime libraries. docs/deploy.md ("Images") describes both flavours.
 #
 # CUDA image (the defaults: NVIDIA CUDA 13 on Ubuntu 24.04, kernels for sm_80, sm_90, sm_100):
@@ -23,9 +23,13 @@ WORKDIR /src
 COPY deploy/install-deps.sh deploy/install-deps.sh
 RUN deploy/install-deps.sh --build
 COPY . .
+# Only what the image ships (not the benchmarks' and tests' helpers): the five programs and,
+# in CUDA builds, the engine plugin.
 RUN cmake -S . -B build -DCMAKE_BUILD_TYPE=Release -DFASTFORMER_SERVER=ON -DFASTFORMER_TESTS=OFF \
       -DFASTFORMER_CUDA="${FASTFORMER_CUDA}" -DCMAKE_CUDA_ARCHITECTURES="${CUDA_ARCHS}" \
- && cmake --build build -j"$(nproc)" \
+ && targets="fastformer-server fastformer-client fastformer-encode fastformer-bench fastformer-loadgen" \
+ && if [ "${FASTFORMER_CUDA}" = ON ]; then targets="$targets fastformer_cuda_engine"; fi \
+ && cmake --build build -j"$(nproc)" --target $targets \
  && mkdir -p /out/bin /out/lib \
  && for exe in fastformer-server fastformer-client fastformer-encode fastformer-bench fastformer-loadgen; do \
       install -m 0755 -s "build/bin/$exe" /out/bin/ || exit 1; \
