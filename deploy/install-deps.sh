@@ -42,6 +42,7 @@ test_pkgs=(
   python3-grpcio python3-grpc-tools
   prometheus python3-matplotlib python3-yaml
   openssl  # the TLS tests make their certificates with it
+  curl  # make test-http: curl on every HTTP route
   libb64-0d  # make test-kserve: Triton's perf_analyzer links it (mk/kserve.mk)
   clang libclang-rt-dev  # make fuzz: libFuzzer (-fsanitize=fuzzer) of the default clang
   manpages manpages-dev  # make demo-trained: the corpus of tools/train_demo_model.py
