@@ -16,10 +16,6 @@ using batching::ns_since;
 
 namespace {
 
-grpc::Status invalid(std::string message) {
-  return {grpc::StatusCode::INVALID_ARGUMENT, std::move(message)};
-}
-
 const char* openai_type(bhttp::status status) {
   switch (status) {
     case bhttp::status::unauthorized:

@@ -106,6 +106,11 @@ std::optional<std::string> read_inputs(const simdjson::dom::element& value, cons
 // The rows of `inputs` (views into it).
 request::EncodeInput encode_input(const Inputs& inputs);
 
+// INVALID_ARGUMENT with `message`: what every route's refusal of a field is.
+inline grpc::Status invalid(std::string message) {
+  return {grpc::StatusCode::INVALID_ARGUMENT, std::move(message)};
+}
+
 // The response of `status` with `body` as application/json.
 Response json_response(bhttp::status status, std::string body);
 // The error body in `api`'s shape; `param` is OpenAI's param (the field), may be empty.

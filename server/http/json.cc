@@ -1,5 +1,7 @@
 #include "server/http/json.h"
 
+#include <openssl/evp.h>
+
 #include <charconv>
 #include <cmath>
 #include <cstring>
@@ -133,6 +135,18 @@ Writer& Writer::floats(std::span<const float> v) {
   }
   *p++ = ']';
   out_.resize(size_t(p - out_.data()));
+  return *this;
+}
+
+Writer& Writer::base64(std::string_view bytes) {
+  const size_t at = out_.size();
+  out_.resize(at + 2 + 4 * ((bytes.size() + 2) / 3) + 1);  // quotes, text, EVP's NUL
+  out_[at] = '"';
+  const int n =
+      EVP_EncodeBlock(reinterpret_cast<unsigned char*>(out_.data() + at + 1),
+                      reinterpret_cast<const unsigned char*>(bytes.data()), int(bytes.size()));
+  out_[at + 1 + size_t(n)] = '"';
+  out_.resize(at + 2 + size_t(n));
   return *this;
 }
 

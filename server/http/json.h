@@ -34,6 +34,7 @@ class Writer {
   Writer& number(double v);                  // shortest round-trip; non-finite: null
   Writer& f32(float v);                      // shortest round-trip float32; non-finite: null
   Writer& floats(std::span<const float> v);  // [a,b,...]
+  Writer& base64(std::string_view bytes);    // "<base64 of the bytes>" (OpenSSL's encoder)
   Writer& boolean(bool v) { return raw(v ? "true" : "false"); }
   Writer& null() { return raw("null"); }
   void reserve(size_t n) { out_.reserve(n); }

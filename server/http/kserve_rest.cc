@@ -4,7 +4,6 @@
 // raw outputs become JSON data or, with the binary tensor extension, bytes after the JSON.
 #include <google/protobuf/descriptor.h>
 #include <google/protobuf/message.h>
-#include <openssl/evp.h>
 
 #include <cstring>
 
@@ -18,10 +17,6 @@ using batching::Clock;
 namespace pb = google::protobuf;
 
 namespace {
-
-grpc::Status invalid(std::string message) {
-  return {grpc::StatusCode::INVALID_ARGUMENT, std::move(message)};
-}
 
 constexpr const char* kHeaderLength = "Inference-Header-Content-Length";
 
@@ -63,11 +58,7 @@ void scalar_json(const pb::Message& m, const pb::FieldDescriptor* f, int index, 
     case pb::FieldDescriptor::CPPTYPE_STRING: {
       const std::string v = rep ? r->GetRepeatedString(m, f, index) : r->GetString(m, f);
       if (f->type() == pb::FieldDescriptor::TYPE_BYTES) {
-        std::string out(4 * ((v.size() + 2) / 3) + 1, '\0');
-        const int n =
-            EVP_EncodeBlock(reinterpret_cast<unsigned char*>(out.data()),
-                            reinterpret_cast<const unsigned char*>(v.data()), int(v.size()));
-        w.string(std::string_view(out.data(), size_t(n)));
+        w.base64(v);
       } else {
         w.string(v);
       }

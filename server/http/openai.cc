@@ -1,6 +1,4 @@
 // POST /v1/embeddings and GET /v1/models, as the openai SDK calls them (docs/api.md, "HTTP").
-#include <openssl/evp.h>
-
 #include <bit>
 #include <cmath>
 
@@ -11,10 +9,6 @@ namespace fastformer::http {
 using batching::Clock;
 
 namespace {
-
-grpc::Status invalid(std::string message) {
-  return {grpc::StatusCode::INVALID_ARGUMENT, std::move(message)};
-}
 
 // Real tokens of a finished request (pads are not counted), for `usage`.
 int64_t real_tokens(const batching::Request& r, int32_t pad) {
@@ -189,7 +183,6 @@ void HttpApi::openai_embeddings(const Request& http_request, Call call) {
         w.reserve(64 + r.results.size() * (48 + dims * (keep->base64 ? 6 : 12)));
         w.raw("{\"object\":\"list\",\"data\":[");
         std::vector<float> cut;
-        std::string encoded;
         for (size_t i = 0; i < r.results.size(); ++i) {
           std::span<const float> e = r.results[i].embedding;
           if (dims < e.size()) {
@@ -207,11 +200,7 @@ void HttpApi::openai_embeddings(const Request& http_request, Call call) {
           w.raw("{\"object\":\"embedding\",\"index\":").number(int64_t(i)).raw(",\"embedding\":");
           if (keep->base64) {
             static_assert(std::endian::native == std::endian::little);
-            encoded.resize(4 * ((e.size_bytes() + 2) / 3) + 1);
-            const int n = EVP_EncodeBlock(reinterpret_cast<unsigned char*>(encoded.data()),
-                                          reinterpret_cast<const unsigned char*>(e.data()),
-                                          int(e.size_bytes()));
-            w.ch('"').raw(std::string_view(encoded.data(), size_t(n))).ch('"');
+            w.base64(std::string_view(reinterpret_cast<const char*>(e.data()), e.size_bytes()));
           } else {
             w.floats(e);
           }

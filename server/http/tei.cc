@@ -13,10 +13,6 @@ using batching::Clock;
 
 namespace {
 
-grpc::Status invalid(std::string message) {
-  return {grpc::StatusCode::INVALID_ARGUMENT, std::move(message)};
-}
-
 int64_t ms(uint64_t ns) { return int64_t(ns / 1000000); }
 
 // TEI's timing headers (milliseconds, as TEI writes them) and x-compute-tokens.

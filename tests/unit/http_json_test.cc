@@ -33,6 +33,12 @@ TEST(HttpJson, FloatsPrintShortestAndReadBackExactly) {
   EXPECT_EQ(i, many.size());
 }
 
+TEST(HttpJson, Base64IsQuotedAndPadded) {
+  json::Writer w;
+  w.base64("").ch(',').base64("f").ch(',').base64("foob");
+  EXPECT_EQ(w.str(), "\"\",\"Zg==\",\"Zm9vYg==\"");  // RFC 4648's test vectors
+}
+
 TEST(HttpJson, NonFiniteIsNull) {
   json::Writer w;
   w.floats(std::vector<float>{std::numeric_limits<float>::quiet_NaN(), 1.0f,
