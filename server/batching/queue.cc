@@ -31,8 +31,16 @@ Outcome dead_reason(const QueueEntry& entry, Clock::time_point now) {
 }  // namespace
 
 BatchQueue::BatchQueue(QueueLimits limits, const engine::ModelConfig& config,
-                       QueueObserver observer)
-    : limits_(limits), config_(config), observer_(std::move(observer)) {}
+                       QueueObserver observer, std::shared_ptr<QueueBudget> budget)
+    : limits_(limits),
+      config_(config),
+      budget_(std::move(budget)),
+      observer_(std::move(observer)) {}
+
+void BatchQueue::release_locked(int64_t tokens) {
+  tokens_ -= tokens;
+  if (budget_) budget_->tokens.fetch_sub(tokens);
+}
 
 Admission BatchQueue::push(std::shared_ptr<Request> request) {
   int64_t tokens = 0;
@@ -46,6 +54,10 @@ Admission BatchQueue::push(std::shared_ptr<Request> request) {
     std::lock_guard lock(mu_);
     if (closed_) return Admission::kClosed;
     if (tokens_ + tokens > limits_.max_queue_tokens) return Admission::kQueueFull;
+    if (budget_ && budget_->tokens.fetch_add(tokens) + tokens > budget_->max_tokens) {
+      budget_->tokens.fetch_sub(tokens);
+      return Admission::kServerFull;
+    }
     const auto now = Clock::now();
     for (size_t i = 0; i < request->sequences.size(); ++i) {
       const int64_t n = engine::sequence_length(request->sequences[i], config_.hidden_size);
@@ -117,7 +129,7 @@ void BatchQueue::drop_dead_head(Clock::time_point now,
   while (!entries_.empty()) {
     const Outcome reason = dead_reason(entries_.front(), now);
     if (reason == Outcome::kOk) break;
-    tokens_ -= entries_.front().tokens;
+    release_locked(entries_.front().tokens);
     dropped->emplace_back(std::move(entries_.front()), reason);
     entries_.pop_front();
   }
@@ -187,7 +199,7 @@ std::optional<Batch> BatchQueue::next_batch() {
     QueueEntry& e = entries_.front();
     if (!fits(static_cast<int64_t>(batch.entries.size()), batch.tokens, e.tokens)) break;
     batch.tokens += e.tokens;
-    tokens_ -= e.tokens;
+    release_locked(e.tokens);
     batch.entries.push_back(std::move(e));
     entries_.pop_front();
   }

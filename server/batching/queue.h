@@ -7,6 +7,7 @@
 // Nothing overtakes an earlier sequence: an entry that does not fit stays at the head.
 #pragma once
 
+#include <atomic>
 #include <condition_variable>
 #include <cstdint>
 #include <deque>
@@ -55,11 +56,22 @@ struct QueueObserver {
   std::function<void(const QueueEntry&, double queue_seconds)> on_batched;
 };
 
-enum class Admission { kAdmitted, kQueueFull, kClosed };
+// kQueueFull: this queue's max_queue_tokens; kServerFull: the budget shared by every queue.
+enum class Admission { kAdmitted, kQueueFull, kServerFull, kClosed };
+
+// A token budget several queues share (--max-queue-tokens over every model's queue): tokens
+// admitted and not yet batched, in any of them.
+struct QueueBudget {
+  explicit QueueBudget(int64_t max) : max_tokens(max) {}
+  const int64_t max_tokens;
+  std::atomic<int64_t> tokens{0};
+};
 
 class BatchQueue {
  public:
-  BatchQueue(QueueLimits limits, const engine::ModelConfig& config, QueueObserver observer = {});
+  // `budget`, if any, is shared with other queues: a request is admitted only within both.
+  BatchQueue(QueueLimits limits, const engine::ModelConfig& config, QueueObserver observer = {},
+             std::shared_ptr<QueueBudget> budget = nullptr);
 
   // Admits every sequence of `request` or none: kQueueFull when its tokens would push the
   // queue over max_queue_tokens, kClosed once draining started.
@@ -75,6 +87,7 @@ class BatchQueue {
   int64_t queued_tokens() const;
   int64_t queued_sequences() const;
   const QueueLimits& limits() const { return limits_; }
+  int64_t budget_limit() const { return budget_ ? budget_->max_tokens : limits_.max_queue_tokens; }
 
  private:
   struct Depth {
@@ -94,8 +107,12 @@ class BatchQueue {
   // Without mu_: calls on_depth with the newest recorded depth until none is pending.
   void report_depths();
 
+  // Under mu_: takes `tokens` off this queue's depth and the shared budget.
+  void release_locked(int64_t tokens);
+
   const QueueLimits limits_;
   const engine::ModelConfig config_;
+  const std::shared_ptr<QueueBudget> budget_;
   QueueObserver observer_;
   mutable std::mutex mu_;
   std::condition_variable cv_;

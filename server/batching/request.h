@@ -43,6 +43,9 @@ struct Request {
   std::function<bool()> is_cancelled;  ///< true once the client gave up (may be empty)
   // Called exactly once, from the engine or batcher thread, when the request ends.
   std::function<void(Request&)> on_complete;
+  // What the request was admitted to (the model version), kept alive until its answer is
+  // made: the API layer releases it then (rpc::Intake::complete), or finish_request does.
+  mutable std::shared_ptr<const void> owner;
 
   // Filled in as the request runs.
   std::vector<EncodedSequence> results;  ///< one per sequence, in order

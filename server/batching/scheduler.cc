@@ -6,17 +6,81 @@
 
 namespace fastformer::batching {
 
-Scheduler::Scheduler(BatchQueue& queue, engine::Engine& engine, BatchObserver observer)
-    : queue_(queue), engine_(engine), observer_(std::move(observer)) {
-  former_ = std::thread([this] { form_loop(); });
+ComputePool::ComputePool() {
   worker_ = std::thread([this] { compute_loop(); });
+}
+
+ComputePool::~ComputePool() {
+  {
+    std::lock_guard lock(mu_);
+    stopping_ = true;
+  }
+  cv_.notify_all();
+  worker_.join();
+}
+
+void ComputePool::compute_loop() {
+  std::unique_lock lock(mu_);
+  for (;;) {
+    // The staged batch whose oldest sequence has waited longest: a batch's entries are in
+    // queue order, so its first entry is its oldest.
+    Scheduler* pick = nullptr;
+    for (Scheduler* lane : lanes_) {
+      if (!lane->staged_ || lane->staged_->entries.empty()) continue;
+      if (pick == nullptr ||
+          lane->staged_->entries.front().queued_at < pick->staged_->entries.front().queued_at) {
+        pick = lane;
+      }
+    }
+    if (pick == nullptr) {
+      if (stopping_) return;
+      cv_.wait(lock);
+      continue;
+    }
+    Batch batch = std::move(*pick->staged_);
+    pick->staged_.reset();
+    pick->running_ = true;
+    cv_.notify_all();  // the lane's former may stage its next batch
+    lock.unlock();
+    pick->run_batch(batch);
+    lock.lock();
+    pick->running_ = false;
+    cv_.notify_all();  // join() may be waiting for this batch
+  }
+}
+
+Scheduler::Scheduler(ComputePool& pool, BatchQueue& queue, engine::Engine& engine,
+                     BatchObserver observer)
+    : pool_(pool), queue_(queue), engine_(engine), observer_(std::move(observer)) {
+  {
+    std::lock_guard lock(pool_.mu_);
+    pool_.lanes_.push_back(this);
+  }
+  former_ = std::thread([this] { form_loop(); });
+}
+
+Scheduler::Scheduler(BatchQueue& queue, engine::Engine& engine, BatchObserver observer)
+    : own_pool_(std::make_unique<ComputePool>()),
+      pool_(*own_pool_),
+      queue_(queue),
+      engine_(engine),
+      observer_(std::move(observer)) {
+  {
+    std::lock_guard lock(pool_.mu_);
+    pool_.lanes_.push_back(this);
+  }
+  former_ = std::thread([this] { form_loop(); });
 }
 
 Scheduler::~Scheduler() { join(); }
 
 void Scheduler::join() {
   if (former_.joinable()) former_.join();
-  if (worker_.joinable()) worker_.join();
+  std::unique_lock lock(pool_.mu_);
+  if (joined_) return;
+  pool_.cv_.wait(lock, [&] { return forming_done_ && !staged_.has_value() && !running_; });
+  std::erase(pool_.lanes_, this);
+  joined_ = true;
 }
 
 void Scheduler::form_loop() {
@@ -24,33 +88,18 @@ void Scheduler::form_loop() {
     {
       // Form the next batch only once the previous one is taken: at most one batch waits
       // beside the one computing, so batches stay full and deadlines are checked late.
-      std::unique_lock lock(mu_);
-      cv_.wait(lock, [&] { return !staged_.has_value(); });
+      std::unique_lock lock(pool_.mu_);
+      pool_.cv_.wait(lock, [&] { return !staged_.has_value(); });
     }
     std::optional<Batch> batch = queue_.next_batch();
-    std::lock_guard lock(mu_);
+    std::lock_guard lock(pool_.mu_);
     if (!batch) {
       forming_done_ = true;
-      cv_.notify_all();
+      pool_.cv_.notify_all();
       return;
     }
     staged_ = std::move(batch);
-    cv_.notify_all();
-  }
-}
-
-void Scheduler::compute_loop() {
-  for (;;) {
-    Batch batch;
-    {
-      std::unique_lock lock(mu_);
-      cv_.wait(lock, [&] { return staged_.has_value() || forming_done_; });
-      if (!staged_) return;
-      batch = std::move(*staged_);
-      staged_.reset();
-      cv_.notify_all();
-    }
-    run_batch(batch);
+    pool_.cv_.notify_all();
   }
 }
 

@@ -1,12 +1,20 @@
-// Runs batches from the queue through the engine, one at a time, while the next batch is
-// formed and staged on a second thread, so the engine never idles while work is queued.
+// Runs batches through the engine, one at a time, while the next batch is formed and staged
+// on a second thread, so the engine never idles while work is queued.
+//
+// Several models share one ComputePool: each served model version has its own queue and its
+// own Scheduler (a lane), whose forming thread stages at most one batch; the pool's single
+// compute thread runs the staged batches one at a time, always taking the one whose oldest
+// sequence has waited longest. A busy model therefore delays another model's ready batch by at
+// most the batch computing when it became ready (docs/design.md: the scheduler).
 #pragma once
 
 #include <condition_variable>
 #include <functional>
+#include <memory>
 #include <mutex>
 #include <optional>
 #include <thread>
+#include <vector>
 
 #include "server/batching/queue.h"
 #include "server/engine/engine.h"
@@ -24,30 +32,62 @@ struct BatchObserver {
   std::function<void(const Batch& batch)> before_compute;
 };
 
+class Scheduler;
+
+// The one compute thread that the lanes' staged batches run on, oldest first.
+class ComputePool {
+ public:
+  ComputePool();
+  ~ComputePool();  // every lane must have been joined
+
+  ComputePool(const ComputePool&) = delete;
+  ComputePool& operator=(const ComputePool&) = delete;
+
+ private:
+  friend class Scheduler;
+  void compute_loop();
+
+  std::mutex mu_;  // guards every lane's staged batch and state, and lanes_
+  std::condition_variable cv_;
+  std::vector<Scheduler*> lanes_;
+  bool stopping_ = false;
+  std::thread worker_;
+};
+
 class Scheduler {
  public:
+  // A lane of `pool`: forms batches from `queue` and runs them on `engine`.
+  Scheduler(ComputePool& pool, BatchQueue& queue, engine::Engine& engine,
+            BatchObserver observer = {});
+  // One model alone: a lane of a pool of its own.
   Scheduler(BatchQueue& queue, engine::Engine& engine, BatchObserver observer = {});
   ~Scheduler();  // joins; call queue.close() first to drain
+
+  Scheduler(const Scheduler&) = delete;
+  Scheduler& operator=(const Scheduler&) = delete;
 
   // Runs one batch synchronously on the calling thread and completes its requests: what the
   // compute thread does with every batch (the batch-queue fuzzer calls it directly).
   void run_batch(Batch& batch);
 
-  // Waits until the queue is closed and every batch has run.
+  // Waits until the queue is closed and every batch of it has run; then leaves the pool.
   void join();
 
  private:
+  friend class ComputePool;
   void form_loop();
-  void compute_loop();
 
+  std::unique_ptr<ComputePool> own_pool_;  // the second constructor's; destroyed last
+  ComputePool& pool_;
   BatchQueue& queue_;
   engine::Engine& engine_;
   BatchObserver observer_;
-  std::mutex mu_;
-  std::condition_variable cv_;
-  std::optional<Batch> staged_;  // the next batch, formed while the current one computes
-  bool forming_done_ = false;
-  std::thread former_, worker_;
+  // Under pool_.mu_:
+  std::optional<Batch> staged_;  // the next batch, formed while another one computes
+  bool forming_done_ = false;    // the queue is closed and empty: no more batches
+  bool running_ = false;         // the pool is computing one of this lane's batches
+  bool joined_ = false;
+  std::thread former_;
 };
 
 }  // namespace fastformer::batching

@@ -26,61 +26,6 @@ using Clock = std::chrono::steady_clock;
 const std::string kService = "fastformer.v1.Encoder";
 const std::string kInferenceService = "inference.GRPCInferenceService";
 
-// One short sequence through the engine, so the first request does not pay for cold
-// caches and lazy initialisation; health says SERVING only after it. Every output is asked
-// for, so every op and GEMM shape runs (the CUDA engine plans its GEMMs on their first run,
-// and a shape cuBLASLt cannot run fails here, not mid-serving).
-void warm_up(engine::Engine& eng) {
-  const engine::Model& model = eng.model();
-  const auto& c = model.config();
-  const int64_t n = std::min<int64_t>(16, c.max_position_embeddings);
-  std::vector<int32_t> ids(size_t(n), (c.pad_token_id + 1) % int32_t(c.vocab_size));
-  std::vector<float> embeddings(size_t(n * c.hidden_size), 0.5f);
-  engine::RaggedBatch batch;
-  if (model.has_word_embedding())
-    batch.add({ids, {}}, c);
-  else
-    batch.add({{}, embeddings}, c);
-  OutputOptions options;
-  options.token_embeddings = options.logits = options.normalize = true;
-  eng.encode(batch, {&options, 1});
-}
-
-// The metrics' recorders as the batching layer's observers (the metrics module does not
-// know the batching types).
-batching::QueueObserver queue_observer(metrics::Metrics& metrics) {
-  metrics::QueueRecorders record = metrics::queue_recorders(metrics);
-  batching::QueueObserver observer;
-  observer.on_depth = std::move(record.depth);
-  observer.on_dropped = [dropped = std::move(record.dropped)](const batching::QueueEntry&,
-                                                              batching::Outcome reason) {
-    // The queue reports only these two reasons.
-    dropped(reason == batching::Outcome::kDeadlineExceeded ? metrics::DropReason::kDeadline
-                                                           : metrics::DropReason::kCancelled);
-  };
-  observer.on_batched = [batched = std::move(record.batched)](const batching::QueueEntry&,
-                                                              double seconds) { batched(seconds); };
-  return observer;
-}
-
-batching::BatchObserver batch_observer(metrics::Metrics& metrics, rpc::Intake& intake,
-                                       const std::optional<TestFaults>& test_faults) {
-  metrics::BatchRecorders record = metrics::batch_recorders(metrics);
-  batching::BatchObserver observer;
-  observer.on_batch = [computed = std::move(record.computed), &intake](
-                          int64_t tokens, int64_t sequences, double seconds) {
-    computed(tokens, sequences, seconds);
-    intake.record_execution();  // ModelStatistics.execution_count
-  };
-  observer.on_failure = [failed = std::move(record.failed)](const std::string& reason,
-                                                            int64_t sequences) {
-    failed();
-    spdlog::warn("engine failed on a batch of {} sequences: {}", sequences, reason);
-  };
-  if (test_faults) observer.before_compute = test_fault_hook(*test_faults);
-  return observer;
-}
-
 }  // namespace
 
 Server::Server(ServerOptions options, std::optional<TestFaults> test_faults)
@@ -95,7 +40,7 @@ Server::Server(ServerOptions options, std::optional<TestFaults> test_faults)
 bool Server::start() {
   // Metrics and the port come first: health answers NOT_SERVING (and Encode UNAVAILABLE)
   // while the model loads and warms up.
-  if (!open_metrics() || !secure() || !listen() || !listen_http() || !load_engine()) return false;
+  if (!open_metrics() || !secure() || !listen() || !listen_http() || !load_models()) return false;
   start_serving();
   return true;
 }
@@ -162,7 +107,6 @@ bool Server::listen_http() {
   }
   http::ApiOptions api;
   api.served_model_names = f.served_model_names;
-  api.labels = http::HttpApi::read_labels(f.model_dir);
   api.authenticator = security_->authenticator();
   http_api_ = std::make_unique<http::HttpApi>(intake_, std::move(api));
   http::HttpOptions o;
@@ -189,111 +133,74 @@ bool Server::listen_http() {
   return true;
 }
 
-bool Server::load_engine() {
+bool Server::load_models() {
   const ServerOptions& f = options_;
-  try {
-    model_ = engine::Model::load(f.model_dir);
-    tokenizer_ = text::load_tokenizer(f.model_dir, *model_);
-    const auto& c = model_->config();
-    max_request_tokens_ = f.max_request_tokens > 0
-                              ? f.max_request_tokens
-                              : std::max(f.max_batch_tokens, c.max_position_embeddings);
-    spdlog::info(
-        "model {} from {}: hidden {}, {} layers, {} heads, {} positions, {} parameters stored as "
-        "{}{}",
-        c.model_name, f.model_dir, c.hidden_size, c.num_hidden_layers, c.num_attention_heads,
-        c.max_position_embeddings, model_->parameter_count(), model_->stored_dtype(),
-        model_->num_labels()
-            ? ", classifier head with " + std::to_string(model_->num_labels()) + " labels"
-            : "");
-    if (max_request_tokens_ > f.max_queue_tokens) {
-      fail_start("--max-request-tokens " + std::to_string(max_request_tokens_) +
-                 " exceeds --max-queue-tokens " + std::to_string(f.max_queue_tokens) +
-                 ": such requests could never be admitted");
-      return false;
-    }
-    engine::EngineOptions options;
-    engine::parse_backend(f.backend, &options.backend);
-    options.threads = f.threads;
-    options.dtype = f.dtype;
-    options.device = f.device;
-    options.allow_tf32 = f.allow_tf32;
-    // The buffers hold a full batch, or the longest sequence a request may bring, which
-    // runs in a batch of its own.
-    options.max_batch_tokens =
-        std::max(f.max_batch_tokens, std::min(max_request_tokens_, c.max_position_embeddings));
-    std::string why;
-    engine_ = engine::create_engine(model_, options, &why);
-    spdlog::info("backend {} on {} ({}); engine buffers for {} tokens", engine_->backend_name(),
-                 engine_->device_name(), why, engine_->max_batch_tokens());
-    warm_up(*engine_);
-    // Which kernel runs each GEMM site (oneDNN's implementation on the CPU), now that the
-    // warm-up batch has made them; and the packed weight copies, if any.
-    for (const std::string& site : engine_->gemm_report()) spdlog::info("GEMM {}", site);
-    if (const size_t packed = engine_->packed_weight_bytes(); packed > 0) {
-      spdlog::info("packed GEMM weights: {:.1f} MiB beside the model's {:.1f} MiB",
-                   double(packed) / (1 << 20), double(model_->weight_bytes()) / (1 << 20));
-    }
-    // A mis-detected CPU (a BLAS or oneDNN on generic kernels) shows here, not in production.
-    if (const engine::SpeedCheck speed = engine_->speed_check(); speed.ran) {
-      if (speed.warning)
-        spdlog::warn("{}", speed.message);
-      else
-        spdlog::info("{}", speed.message);
-    }
-  } catch (const std::exception& e) {
-    fail_start(e.what());
+  repository::RepositoryOptions o;
+  o.root = f.model_repository;
+  o.model_dir = f.model_dir;
+  repository::parse_control_mode(f.model_control_mode, &o.mode);
+  o.load_models = f.load_models;
+  o.poll_secs = f.repository_poll_secs;
+  o.default_model = f.default_model;
+  o.defaults.backend = f.backend;
+  o.defaults.dtype = f.dtype;
+  o.defaults.device = f.device;
+  o.defaults.threads = f.threads;
+  o.defaults.allow_tf32 = f.allow_tf32;
+  o.defaults.max_batch_tokens = f.max_batch_tokens;
+  o.defaults.max_batch_sequences = f.max_batch_sequences;
+  o.defaults.max_queue_delay_us = f.max_queue_delay_us;
+  o.defaults.max_queue_tokens = f.max_queue_tokens;
+  o.defaults.max_request_tokens = f.max_request_tokens;
+  o.defaults.max_request_inputs = f.max_request_inputs;
+  o.max_server_queue_tokens = f.max_queue_tokens;
+  o.server_version = FASTFORMER_VERSION;
+  if (test_faults_) o.before_compute = test_fault_hook(*test_faults_);
+  o.on_batch_failure = [](const std::string& model, const std::string& reason, int64_t sequences) {
+    spdlog::warn("engine failed on a batch of {} sequences of model {}: {}", sequences, model,
+                 reason);
+  };
+  o.on_change = [this] { update_health(); };
+  spdlog::info(
+      "limits: max-batch-tokens {}, max-batch-sequences {}, max-queue-delay-us {}, "
+      "max-queue-tokens {} (per model and over all), max-request-tokens {}, "
+      "max-request-inputs {}, max-message-bytes {}, max-concurrent-streams {}, "
+      "http-max-body-bytes {}, http-max-connections {} (a model's config.pbtxt may set its own)",
+      f.max_batch_tokens, f.max_batch_sequences, f.max_queue_delay_us, f.max_queue_tokens,
+      f.max_request_tokens, f.max_request_inputs, f.max_message_bytes, f.max_concurrent_streams,
+      f.http_max_body_bytes, f.http_max_connections);
+  repository_ = std::make_unique<repository::Repository>(std::move(o), metrics_);
+  std::string why;
+  if (!repository_->start(&why)) {
+    fail_start(why);
     return false;
   }
   return true;
 }
 
 void Server::start_serving() {
-  const ServerOptions& f = options_;
+  intake_.start_serving(*repository_, FASTFORMER_VERSION);
+  update_health();
+  std::string models;
+  for (const auto& served : repository_->serving())
+    models += (models.empty() ? "" : ", ") + served->name + " version " + served->version;
   spdlog::info(
-      "limits: max-batch-tokens {}, max-batch-sequences {}, max-queue-delay-us {}, "
-      "max-queue-tokens {}, "
-      "max-request-tokens {}, max-request-inputs {}, max-message-bytes {}, "
-      "max-concurrent-streams {}, http-max-body-bytes {}, http-max-connections {}",
-      f.max_batch_tokens, f.max_batch_sequences, f.max_queue_delay_us, f.max_queue_tokens,
-      max_request_tokens_, f.max_request_inputs, f.max_message_bytes, f.max_concurrent_streams,
-      f.http_max_body_bytes, f.http_max_connections);
-  metrics_.set_model_info({model_->config().model_name, f.dtype, engine_->backend_name(),
-                           engine_->device_name(), FASTFORMER_VERSION});
-  // Device buffers are sized at start-up and never grow, so one reading stays true.
-  const auto [device_used, device_total] = engine_->device_memory();
-  metrics_.set_device_memory(double(device_used), double(device_total));
+      "SERVING fastformer.v1.Encoder and inference.GRPCInferenceService ({}{}), version {}",
+      models.empty() ? "no model loaded yet" : models,
+      repository_->root().empty() ? "" : " from " + repository_->root(), FASTFORMER_VERSION);
+}
 
-  batching::QueueLimits limits;
-  limits.max_batch_tokens = f.max_batch_tokens;
-  limits.max_batch_sequences = f.max_batch_sequences;
-  limits.max_queue_tokens = f.max_queue_tokens;
-  limits.max_queue_delay = std::chrono::microseconds(f.max_queue_delay_us);
-  queue_ =
-      std::make_unique<batching::BatchQueue>(limits, model_->config(), queue_observer(metrics_));
-  scheduler_ = std::make_unique<batching::Scheduler>(
-      *queue_, *engine_, batch_observer(metrics_, intake_, test_faults_));
-
-  rpc::ServiceConfig config;
-  config.limits.max_request_tokens = max_request_tokens_;
-  config.limits.max_request_inputs = f.max_request_inputs;
-  config.version = FASTFORMER_VERSION;
-  config.max_batch_tokens = f.max_batch_tokens;
-  config.max_batch_sequences = f.max_batch_sequences;
-  config.max_queue_delay_us = f.max_queue_delay_us;
-  config.dtype = f.dtype;
-  config.tokenizer = tokenizer_;
-  intake_.start_serving(config, *engine_, *queue_);
-  set_health(true);
-  spdlog::info(
-      "SERVING fastformer.v1.Encoder and inference.GRPCInferenceService (model {}, version {}), "
-      "version {}",
-      model_->config().model_name, rpc::kModelVersion, FASTFORMER_VERSION);
+void Server::reload() {
+  security_->reload_tokens();
+  if (repository_ && repository_->mode() == repository::ControlMode::kPoll) {
+    spdlog::info("SIGHUP: rescanning the model repository {}", repository_->root());
+    repository_->rescan();
+  }
 }
 
 int Server::serve(const std::function<int()>& next_signal) {
   int signal = next_signal();
-  for (; signal == SIGHUP; signal = next_signal()) reload_tokens();
+  for (; signal == SIGHUP; signal = next_signal()) reload();
   return drain(strsignal(signal));
 }
 
@@ -304,6 +211,10 @@ int Server::drain(const std::string& cause) {
   const auto give_up =
       Clock::now() + std::chrono::duration_cast<Clock::duration>(
                          std::chrono::duration<double>(options_.shutdown_timeout_s));
+  {
+    std::lock_guard lock(health_mu_);
+    draining_ = true;
+  }
   set_health(false);
   intake_.start_draining();
   while (intake_.inflight() > 0 && Clock::now() < give_up) {
@@ -318,9 +229,8 @@ int Server::drain(const std::string& cause) {
   }
   // Every admitted request is answered: HTTP writes what it was handed, then closes.
   if (http_server_) http_server_->stop(std::chrono::milliseconds(1000));
-  queue_->close();
   grpc_server_->Shutdown(std::chrono::system_clock::now() + std::chrono::seconds(1));
-  scheduler_->join();
+  repository_->close();  // each model's queue closes and its lane joins
   spdlog::info("drained; exiting");
   return 0;
 }
@@ -329,6 +239,14 @@ void Server::set_health(bool serving) {
   health_->SetServingStatus("", serving);
   health_->SetServingStatus(kService, serving);
   health_->SetServingStatus(kInferenceService, serving);
+}
+
+void Server::update_health() {
+  // SERVING once every model this server was started to serve has a READY version, and not
+  // while draining: what the readiness probes ask.
+  std::lock_guard lock(health_mu_);
+  if (draining_ || health_ == nullptr || !intake_.availability().ok()) return;
+  set_health(repository_->ready());
 }
 
 void Server::fail_start(const std::string& what) {

@@ -1,6 +1,8 @@
 // fastformer-server's parts, in the order they start: /metrics, transport security, the gRPC
-// port (health NOT_SERVING), the model and engine with one warm-up batch, the queue and the
-// scheduler, then SERVING. Signals are main's: it calls reload_tokens and drain.
+// port (health NOT_SERVING), the HTTP port, the model repository (each start-up model version
+// loaded and warmed up, with its queue and its lane on the compute pool), then SERVING.
+// Signals are main's: SIGHUP re-reads the tokens (and rescans the repository in poll mode),
+// the others drain.
 #pragma once
 
 #include <grpcpp/grpcpp.h>
@@ -11,15 +13,12 @@
 #include <optional>
 #include <string>
 
-#include "server/batching/queue.h"
-#include "server/batching/scheduler.h"
 #include "server/cmd/server_options.h"
 #include "server/cmd/test_faults.h"
-#include "server/engine/engine.h"
-#include "server/engine/model.h"
 #include "server/http/api.h"
 #include "server/http/http_server.h"
 #include "server/metrics/metrics.h"
+#include "server/repository/repository.h"
 #include "server/rpc/auth.h"
 #include "server/rpc/encoder_service.h"
 #include "server/rpc/inference_service.h"
@@ -45,8 +44,8 @@ class Server {
   // drains and returns drain()'s exit code.
   [[nodiscard]] int serve(const std::function<int()>& next_signal);
 
-  // SIGHUP: re-reads --auth-token-file.
-  void reload_tokens() { security_->reload_tokens(); }
+  // SIGHUP: re-reads --auth-token-file; rescans the repository in poll mode.
+  void reload();
 
   // After start: health NOT_SERVING, new calls UNAVAILABLE, and waits up to
   // --shutdown-timeout-s until every admitted request is answered; then stops gRPC and the
@@ -60,9 +59,10 @@ class Server {
   bool secure();
   bool listen();
   bool listen_http();
-  bool load_engine();
+  bool load_models();
   void start_serving();
   void set_health(bool serving);
+  void update_health();  // after a repository change
   // Logs a start-up failure after the port opened and closes it.
   void fail_start(const std::string& what);
 
@@ -82,12 +82,10 @@ class Server {
   std::unique_ptr<http::HttpApi> http_api_;              // the HTTP routes, over intake_
   std::unique_ptr<http::HttpServer> http_server_;        // null without --http-listen
   grpc::HealthCheckServiceInterface* health_ = nullptr;  // owned by grpc_server_
-  std::shared_ptr<const engine::Model> model_;
-  std::shared_ptr<const text::Tokenizer> tokenizer_;  // null: the model takes no text
-  std::unique_ptr<engine::Engine> engine_;
-  int64_t max_request_tokens_ = 0;  // --max-request-tokens, or its default for the model
-  std::unique_ptr<batching::BatchQueue> queue_;
-  std::unique_ptr<batching::Scheduler> scheduler_;
+  // Its models' queues and lanes, over the compute pool it owns; closed by the drain.
+  std::unique_ptr<repository::Repository> repository_;
+  std::mutex health_mu_;
+  bool draining_ = false;  // under health_mu_
 };
 
 }  // namespace fastformer

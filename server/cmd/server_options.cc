@@ -11,9 +11,31 @@ std::optional<ServerOptions> parse_server_options(int argc, char** argv, int& ex
   auto opt = [&](const char* name, auto& value, const char* help, const char* env) {
     return app.add_option(name, value, help)->envname(env)->capture_default_str();
   };
-  opt("--model-dir", f.model_dir, "model directory (config.json + model.safetensors)",
-      "FASTFORMER_MODEL_DIR")
-      ->required();
+  auto* model_dir = opt("--model-dir", f.model_dir,
+                        "model directory (config.json + model.safetensors): a repository of "
+                        "this one model, version 1",
+                        "FASTFORMER_MODEL_DIR");
+  auto* repository = opt("--model-repository", f.model_repository,
+                         "model repository <dir>/<model>/<version>/ (Triton's layout; optional "
+                         "<dir>/<model>/config.pbtxt)",
+                         "FASTFORMER_MODEL_REPOSITORY");
+  model_dir->excludes(repository);
+  opt("--model-control-mode", f.model_control_mode,
+      "none: serve what the repository holds at start; explicit: --load-model at start, then "
+      "the load/unload RPCs; poll: rescan every --repository-poll-secs and on SIGHUP",
+      "FASTFORMER_MODEL_CONTROL_MODE")
+      ->check(CLI::IsMember({"none", "explicit", "poll"}));
+  opt("--load-model", f.load_models,
+      "explicit mode: a model to load at start (repeatable; * = every model)",
+      "FASTFORMER_LOAD_MODEL")
+      ->delimiter(',');
+  opt("--repository-poll-secs", f.repository_poll_secs,
+      "poll mode: seconds between repository scans (0: on SIGHUP only)",
+      "FASTFORMER_REPOSITORY_POLL_SECS")
+      ->check(CLI::NonNegativeNumber);
+  opt("--default-model", f.default_model,
+      "the model a request that names none goes to (default: the only one)",
+      "FASTFORMER_DEFAULT_MODEL");
   opt("--listen", f.listen, "gRPC address host:port (port 0 picks a free one)",
       "FASTFORMER_LISTEN");
   opt("--metrics-listen", f.metrics_listen, "Prometheus /metrics address host:port",
@@ -116,6 +138,14 @@ std::optional<ServerOptions> parse_server_options(int argc, char** argv, int& ex
       ->needs(token_file);
   try {
     app.parse(argc, argv);
+    if (f.model_dir.empty() == f.model_repository.empty())
+      throw CLI::RequiredError("--model-dir or --model-repository (exactly one)");
+    if (!f.model_dir.empty() && f.model_control_mode != "none") {
+      throw CLI::ValidationError("--model-control-mode",
+                                 "needs --model-repository (--model-dir serves one fixed model)");
+    }
+    if (!f.load_models.empty() && f.model_control_mode != "explicit")
+      throw CLI::ValidationError("--load-model", "needs --model-control-mode explicit");
   } catch (const CLI::ParseError& e) {
     exit_code = app.exit(e);  // what CLI11_PARSE does: prints the help or the error
     return std::nullopt;

@@ -13,7 +13,12 @@
 namespace fastformer {
 
 struct ServerOptions {
-  std::string model_dir;
+  std::string model_dir;         ///< --model-dir: a repository of one model
+  std::string model_repository;  ///< --model-repository
+  std::string model_control_mode = "none";
+  std::vector<std::string> load_models;
+  double repository_poll_secs = 15;
+  std::string default_model;
   std::string listen = defaults::kListen;
   std::string metrics_listen = defaults::kMetricsListen;
   std::string http_listen = defaults::kHttpListen;  ///< empty: no HTTP listener

@@ -183,18 +183,28 @@ std::vector<std::string> HttpApi::read_labels(const std::string& model_dir) {
   return labels;
 }
 
-std::string HttpApi::label(size_t index) const {
-  if (index < options_.labels.size() && !options_.labels[index].empty())
-    return options_.labels[index];
+std::string HttpApi::label(const rpc::ServedModel& model, size_t index) const {
+  std::lock_guard lock(labels_mu_);
+  auto it = labels_.find(model.dir);
+  if (it == labels_.end()) it = labels_.emplace(model.dir, read_labels(model.dir)).first;
+  if (index < it->second.size() && !it->second[index].empty()) return it->second[index];
   return "LABEL_" + std::to_string(index);  // as Hugging Face names labels it was not told
 }
 
-bool HttpApi::serves(std::string_view name) const {
-  if (name == intake_.engine().model().config().model_name) return true;
+std::string HttpApi::model_name(std::string_view name) const {
   for (const std::string& alias : options_.served_model_names) {
-    if (name == alias) return true;
+    if (name == alias) return "";
   }
-  return false;
+  return std::string(name);
+}
+
+std::shared_ptr<const rpc::ServedModel> HttpApi::find(Call& call, std::string_view name,
+                                                      const std::string& version,
+                                                      const std::string& param) {
+  grpc::Status status;
+  auto served = intake_.find(model_name(name), version, &status);
+  if (!served) fail(call, status, status.error_code() == grpc::StatusCode::NOT_FOUND ? param : "");
+  return served;
 }
 
 void HttpApi::answer(Call& call, Response response, const grpc::Status& status) {
@@ -224,17 +234,18 @@ Response HttpApi::refuse(std::string_view target, bhttp::status status,
   return response;
 }
 
-grpc::Status HttpApi::build(const request::EncodeInput& input, const char* param, bool single,
-                            batching::Request* out) const {
-  const std::optional<request::Problem> problem = request::build_request(
-      input, intake_.engine().model(), intake_.tokenizer(), intake_.config().limits, out);
+grpc::Status HttpApi::build(const rpc::ServedModel& model, const request::EncodeInput& input,
+                            const char* param, bool single, batching::Request* out) const {
+  const std::optional<request::Problem> problem =
+      request::build_request(input, *model.model, model.tokenizer(), model.config.limits, out);
   if (!problem) return grpc::Status::OK;
   std::string where = param;
   if (problem->row && !single) where += "[" + std::to_string(*problem->row) + "]";
   return invalid(where + ": " + (problem->row ? request::describe(*problem) : problem->message));
 }
 
-void HttpApi::submit(Call call, std::shared_ptr<void> keep,
+void HttpApi::submit(Call call, std::shared_ptr<const rpc::ServedModel> model,
+                     std::shared_ptr<void> keep,
                      std::function<grpc::Status(batching::Request*)> convert, Format format,
                      const std::string& param) {
   auto request = std::make_shared<batching::Request>();
@@ -253,6 +264,9 @@ void HttpApi::submit(Call call, std::shared_ptr<void> keep,
             done.first_compute - done.arrival);
         response.set("x-fastformer-queue-us", std::to_string(std::max<int64_t>(0, queued.count())));
         response.set("x-fastformer-compute-us", std::to_string(done.compute_us));
+        // Which model version answered (every API: OpenAI's and TEI's bodies have no version).
+        response.set("x-fastformer-model", rpc::Intake::served(done).name);
+        response.set("x-fastformer-model-version", rpc::Intake::served(done).version);
       }
       call.responder->send(std::move(response));
       intake_.complete(call.method, done, status, call.start, output_ns);
@@ -266,7 +280,8 @@ void HttpApi::submit(Call call, std::shared_ptr<void> keep,
     }
   };
   const grpc::Status status = intake_.admit(
-      call.deadline, [&] { return convert(request.get()); }, request);
+      call.deadline, model, [&](const rpc::ServedModel&) { return convert(request.get()); },
+      request);
   if (!status.ok()) {
     fail(call, status, status.error_code() == grpc::StatusCode::INVALID_ARGUMENT ? param : "");
   }
@@ -327,11 +342,7 @@ void HttpApi::handle(Request& request, std::shared_ptr<Responder> responder) {
     if (!get) return wrong_method("GET");
     if (path != "/v1/models") {
       const std::string id(path.substr(std::string_view("/v1/models/").size()));
-      if (grpc::Status s = intake_.availability(); !s.ok()) return fail(call, s);
-      if (!serves(id)) {
-        return fail(call, {grpc::StatusCode::NOT_FOUND, "model '" + id + "' is not served here"},
-                    "model");
-      }
+      if (!find(call, id, "", "model")) return;
       json::Writer w;
       w.raw("{\"id\":").string(id).raw(",\"object\":\"model\",\"created\":").number(created_);
       w.raw(",\"owned_by\":\"fastformer\"}");
@@ -362,14 +373,23 @@ void HttpApi::handle(Request& request, std::shared_ptr<Responder> responder) {
   if (path == "/") {
     call.method = "POST /";
     if (!post) return wrong_method("POST");
-    if (grpc::Status s = intake_.availability(); !s.ok()) return fail(call, s);
+    const auto served = find(call, "");
+    if (!served) return;
     // TEI's default route: /predict for a classifier, /embed otherwise.
-    if (intake_.engine().model().num_labels() > 0) return tei_predict(request, std::move(call));
+    if (served->model->num_labels() > 0) return tei_predict(request, std::move(call));
     return tei_embed(request, std::move(call), false);
   }
   // KServe v2: /v2, /v2/health/..., /v2/models/{m}[/versions/{v}][/ready|config|stats|infer].
   if (path == "/v2" || path.starts_with("/v2/")) {
     const std::vector<std::string> parts = split_path(path);
+    if (parts.size() >= 2 && parts[1] == "repository") {
+      call.method = parts.size() == 3 ? "POST /v2/repository/index"
+                    : parts.size() == 5 && parts[4] == "load"
+                        ? "POST /v2/repository/models/{model}/load"
+                        : "POST /v2/repository/models/{model}/unload";
+      if (!post) return wrong_method("POST");
+      return kserve_repository(request, std::move(call), parts);
+    }
     const bool infer = parts.size() >= 4 && parts[1] == "models" && parts.back() == "infer";
     if (infer) {
       call.method = "POST /v2/models/{model}/infer";

@@ -11,7 +11,9 @@
 
 #include <chrono>
 #include <functional>
+#include <map>
 #include <memory>
+#include <mutex>
 #include <string>
 #include <vector>
 
@@ -24,8 +26,8 @@
 namespace fastformer::http {
 
 struct ApiOptions {
-  std::vector<std::string> served_model_names;  ///< accepted besides the model's own name
-  std::vector<std::string> labels;  ///< class names of the classifier head (empty: LABEL_i)
+  /// Names that mean the default model besides its own (--served-model-name).
+  std::vector<std::string> served_model_names;
   const rpc::TokenAuthenticator* authenticator = nullptr;  ///< null: no token needed
 };
 
@@ -68,6 +70,8 @@ class HttpApi final : public Handler {
   void kserve_get(const Request& request, Call call, const std::vector<std::string>& path);
   void kserve_infer(const Request& request, Call call, const std::string& model,
                     const std::string& version);
+  // POST /v2/repository/index, /v2/repository/models/{m}/load and .../unload.
+  void kserve_repository(const Request& request, Call call, const std::vector<std::string>& path);
 
   // Answers at once (and records the call with the status the answer stands for).
   void answer(Call& call, Response response, const grpc::Status& status);
@@ -75,20 +79,30 @@ class HttpApi final : public Handler {
   // Queues `input` (rows viewing storage `keep` owns) and answers with format(), or with the
   // error in call.api's shape. `convert` runs inside admission (counted in flight).
   // `param`: the field a refusal by `convert` is about (OpenAI's error param).
-  void submit(Call call, std::shared_ptr<void> keep,
+  // The request goes to `model` (found by find()); format() may use Intake::served(done).
+  void submit(Call call, std::shared_ptr<const rpc::ServedModel> model, std::shared_ptr<void> keep,
               std::function<grpc::Status(batching::Request*)> convert, Format format,
               const std::string& param = {});
-  // build_request on `input`, the refusal worded "<param>[row]: ..." as INVALID_ARGUMENT.
-  // `single`: the input was one value, not an array (no row index in the message).
-  grpc::Status build(const request::EncodeInput& input, const char* param, bool single,
-                     batching::Request* out) const;
+  // build_request on `input` for `model`, the refusal worded "<param>[row]: ..." as
+  // INVALID_ARGUMENT. `single`: the input was one value, not an array (no row index).
+  grpc::Status build(const rpc::ServedModel& model, const request::EncodeInput& input,
+                     const char* param, bool single, batching::Request* out) const;
 
-  // Whether `name` is the served model (its own name or a --served-model-name).
-  bool serves(std::string_view name) const;
-  std::string label(size_t index) const;
+  // The model version `name` (a --served-model-name or empty: the default model) and
+  // `version` stand for; null, having answered the call with the reason, when none serves.
+  std::shared_ptr<const rpc::ServedModel> find(Call& call, std::string_view name,
+                                               const std::string& version = {},
+                                               const std::string& param = {});
+  // The name as the repository knows it: "" (the default model) for a --served-model-name.
+  std::string model_name(std::string_view name) const;
+  // Class `index` of `model`'s classifier head: its config.json's or labels.json's name, else
+  // LABEL_<index>.
+  std::string label(const rpc::ServedModel& model, size_t index) const;
 
   rpc::Intake& intake_;
   const ApiOptions options_;
+  mutable std::mutex labels_mu_;
+  mutable std::map<std::string, std::vector<std::string>> labels_;  // by version directory
   const int64_t created_ = 0;  // /v1/models' "created": when the server started (Unix s)
 };
 

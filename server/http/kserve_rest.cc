@@ -237,15 +237,15 @@ void HttpApi::kserve_get(const Request&, Call call, const std::vector<std::strin
     call.method = live ? "GET /v2/health/live" : "GET /v2/health/ready";
     // Live while the process answers; ready once warm and until draining (400 otherwise, as
     // Triton answers).
-    const bool up = live || intake_.availability().ok();
+    const bool up = live || intake_.ready();
     Response response{up ? bhttp::status::ok : bhttp::status::bad_request, 11};
     return answer(call, std::move(response), grpc::Status::OK);
   }
   if (parts.size() == 3 && parts[1] == "models" && parts[2] == "stats") {
     call.method = "GET /v2/models/{model}/stats";
-    if (grpc::Status s = intake_.availability(); !s.ok()) return fail(call, s);
     inference::ModelStatisticsResponse stats;
-    rpc::fill_model_statistics(intake_, stats.add_model_stats());
+    if (grpc::Status s = rpc::fill_statistics(intake_, "", "", &stats); !s.ok())
+      return fail(call, s);
     json::Writer w;
     proto_json(stats, w);
     return ok(w.take());
@@ -268,7 +268,8 @@ void HttpApi::kserve_get(const Request&, Call call, const std::vector<std::strin
                            return p;
                          }()});
     }
-    const grpc::Status status = rpc::model_status(intake_, parts[2], version);
+    grpc::Status status;
+    const auto served = intake_.find(parts[2], version, &status);
     if (what == "ready") {
       call.method = "GET /v2/models/{model}/ready";
       Response response{status.ok() ? bhttp::status::ok : bhttp::status::bad_request, 11};
@@ -281,15 +282,16 @@ void HttpApi::kserve_get(const Request&, Call call, const std::vector<std::strin
     json::Writer w;
     if (what.empty()) {
       inference::ModelMetadataResponse metadata;
-      rpc::fill_model_metadata(intake_, &metadata);
+      rpc::fill_model_metadata(*served, &metadata);
       proto_json(metadata, w);
     } else if (what == "config") {
       inference::ModelConfig config;  // Triton answers the config itself, not its wrapper
-      rpc::fill_model_config(intake_, &config);
+      rpc::fill_model_config(*served, &config);
       proto_json(config, w);
     } else {
       inference::ModelStatisticsResponse stats;
-      rpc::fill_model_statistics(intake_, stats.add_model_stats());
+      if (grpc::Status s = rpc::fill_statistics(intake_, parts[2], version, &stats); !s.ok())
+        return fail(call, s);
       proto_json(stats, w);
     }
     return ok(w.take());
@@ -298,9 +300,78 @@ void HttpApi::kserve_get(const Request&, Call call, const std::vector<std::strin
   fail(call, {grpc::StatusCode::NOT_FOUND, "no route under /v2 for this path"});
 }
 
-void HttpApi::kserve_infer(const Request& http_request, Call call, const std::string& model_name,
-                           const std::string& version) {
+void HttpApi::kserve_repository(const Request& http_request, Call call,
+                                const std::vector<std::string>& parts) {
+  // parts: "v2", "repository", then "index" or "models", {m}, "load" | "unload".
+  const bool index = parts.size() == 3 && parts[2] == "index";
+  const bool control =
+      parts.size() == 5 && parts[2] == "models" && (parts[4] == "load" || parts[4] == "unload");
+  if (!index && !control) {
+    call.method = "HTTP (no route)";
+    return fail(call, {grpc::StatusCode::NOT_FOUND,
+                       "no route: the repository routes are POST /v2/repository/index, "
+                       "/v2/repository/models/{model}/load and .../unload"});
+  }
   if (grpc::Status s = intake_.availability(); !s.ok()) return fail(call, s);
+  // The body is optional (tritonclient sends none for the index): {"ready": bool} for the
+  // index, {"parameters": {...}} for load and unload.
+  thread_local simdjson::dom::parser parser;
+  simdjson::dom::object body;
+  const bool has_body = !http_request.body().empty();
+  if (has_body) {
+    simdjson::dom::element root;
+    if (auto e = json::parse(parser, http_request.body(), &root)) return fail(call, invalid(*e));
+    if (root.get_object().get(body)) {
+      return fail(call, invalid(std::string("the request body must be a JSON object, got ") +
+                                json::type_name(root)));
+    }
+  }
+  simdjson::dom::element v;
+  if (index) {
+    bool ready = false;
+    if (has_body && !body["ready"].get(v) && v.get_bool().get(ready)) {
+      return fail(call, invalid("ready: expected true or false"));
+    }
+    inference::RepositoryIndexResponse response;
+    rpc::fill_repository_index(intake_, ready, &response);
+    json::Writer w;
+    w.ch('[');
+    for (int i = 0; i < response.models_size(); ++i) {
+      const auto& m = response.models(i);
+      if (i > 0) w.ch(',');
+      w.raw("{\"name\":").string(m.name()).raw(",\"version\":").string(m.version());
+      w.raw(",\"state\":").string(m.state()).raw(",\"reason\":").string(m.reason()).ch('}');
+    }
+    w.ch(']');
+    return answer(call, json_response(bhttp::status::ok, w.take()), grpc::Status::OK);
+  }
+  const std::string& model = parts[3];
+  const bool unload = parts[4] == "unload";
+  std::vector<std::string> parameters;
+  if (has_body && !body["parameters"].get(v)) {
+    simdjson::dom::object p;
+    if (v.get_object().get(p)) return fail(call, invalid("parameters: expected an object"));
+    for (const auto [key, value] : p) parameters.emplace_back(key);
+  }
+  if (grpc::Status s = rpc::repository_control(intake_, model, parameters, unload); !s.ok())
+    return fail(call, s);
+  // Answered on the connection's I/O thread once the repository has done it.
+  auto done = [this, call](std::optional<repository::Error> e) mutable {
+    call.responder->post([this, call, e]() mutable {
+      if (e) return fail(call, rpc::to_status(*e));
+      answer(call, json_response(bhttp::status::ok, "{}"), grpc::Status::OK);
+    });
+  };
+  if (unload)
+    intake_.repository().unload(model, std::move(done));
+  else
+    intake_.repository().load(model, std::move(done));
+}
+
+void HttpApi::kserve_infer(const Request& http_request, Call call, const std::string& model,
+                           const std::string& version) {
+  const auto served = find(call, model, version);
+  if (!served) return;
   // The JSON header, then (binary tensor extension) the tensors' bytes.
   std::string_view body = http_request.body();
   std::string_view binary;
@@ -332,7 +403,7 @@ void HttpApi::kserve_infer(const Request& http_request, Call call, const std::st
   };
   auto keep = std::make_shared<Keep>();
   inference::ModelInferRequest& proto = keep->proto;
-  proto.set_model_name(model_name);
+  proto.set_model_name(served->name);
   proto.set_model_version(version);
   simdjson::dom::element v;
   if (!object["id"].get(v)) {
@@ -474,20 +545,20 @@ void HttpApi::kserve_infer(const Request& http_request, Call call, const std::st
       keep->binary_output.push_back(binary_output);
     }
   }
-  const auto intake = &intake_;
   submit(
-      call, keep,
-      [this, keep](batching::Request* out) {
-        return rpc::convert_infer_request(keep->proto, intake_.engine().model(),
-                                          intake_.tokenizer(), intake_.config().limits,
-                                          intake_.config().max_batch_sequences, &keep->call, out);
+      call, served, keep,
+      [keep, served](batching::Request* out) {
+        return rpc::convert_infer_request(keep->proto, *served->model, served->tokenizer(),
+                                          served->config.limits, served->config.max_batch_sequences,
+                                          &keep->call, out);
       },
-      [keep, intake](const batching::Request& r) {
+      [keep](const batching::Request& r) {
+        const rpc::ServedModel& answered = rpc::Intake::served(r);
         inference::ModelInferResponse response;
-        rpc::fill_infer_response(keep->call, r, intake->engine().model(), &response);
+        rpc::fill_infer_response(keep->call, r, *answered.model, &response);
         json::Writer w;
-        w.raw("{\"model_name\":").string(intake->engine().model().config().model_name);
-        w.raw(",\"model_version\":").string(rpc::kModelVersion);
+        w.raw("{\"model_name\":").string(answered.name);
+        w.raw(",\"model_version\":").string(answered.version);
         if (!keep->proto.id().empty()) w.raw(",\"id\":").string(keep->proto.id());
         w.raw(",\"outputs\":[");
         std::string tail;

@@ -91,7 +91,12 @@ void HttpApi::openai_models(Call call) {
   if (grpc::Status s = intake_.availability(); !s.ok()) return fail(call, s);
   json::Writer w;
   w.raw("{\"object\":\"list\",\"data\":[");
-  std::vector<std::string> names{intake_.engine().model().config().model_name};
+  // Every model with a READY version, then the default model's other names.
+  std::vector<std::string> names;
+  for (const auto& served : intake_.repository().serving()) {
+    if (std::find(names.begin(), names.end(), served->name) == names.end())
+      names.push_back(served->name);
+  }
   names.insert(names.end(), options_.served_model_names.begin(), options_.served_model_names.end());
   for (size_t i = 0; i < names.size(); ++i) {
     if (i > 0) w.ch(',');
@@ -120,26 +125,30 @@ void HttpApi::openai_embeddings(const Request& http_request, Call call) {
     int64_t dimensions = 0;
   };
   auto keep = std::make_shared<Keep>();
-  const engine::Model& model = intake_.engine().model();
-  keep->model = model.config().model_name;
   simdjson::dom::element v;
+  std::string_view name;  // empty: the default model
   if (!body["model"].get(v) && !v.is_null()) {
-    std::string_view name;
     if (v.get_string().get(name)) {
       return fail(call, invalid(std::string("model: expected a string, got ") + json::type_name(v)),
                   "model");
     }
-    if (!serves(name)) {
-      std::string served = "'" + model.config().model_name + "'";
-      for (const std::string& alias : options_.served_model_names) served += ", '" + alias + "'";
-      return fail(call,
-                  {grpc::StatusCode::NOT_FOUND, "model: '" + std::string(name) +
-                                                    "' is not served here; this server serves " +
-                                                    served + " (GET /v1/models)"},
-                  "model");
-    }
-    keep->model = name;
   }
+  grpc::Status found;
+  const auto served = intake_.find(model_name(name), "", &found);
+  if (!served) {
+    if (found.error_code() == grpc::StatusCode::NOT_FOUND) {
+      std::string names;
+      for (const auto& m : intake_.repository().serving())
+        names += (names.empty() ? "'" : ", '") + m->name + "'";
+      for (const std::string& alias : options_.served_model_names) names += ", '" + alias + "'";
+      found = {grpc::StatusCode::NOT_FOUND, "model: '" + std::string(name) +
+                                                "' is not served here; this server serves " +
+                                                names + " (GET /v1/models)"};
+    }
+    return fail(call, found, "model");
+  }
+  const engine::Model& model = *served->model;
+  keep->model = name.empty() ? served->name : std::string(name);
   if (body["input"].get(v)) return fail(call, invalid("input: is required"), "input");
   if (auto e = read_inputs(v, "input", &keep->inputs)) return fail(call, invalid(*e), "input");
   if (!body["encoding_format"].get(v) && !v.is_null()) {
@@ -172,9 +181,9 @@ void HttpApi::openai_embeddings(const Request& http_request, Call call) {
   const bool single = keep->inputs.single;
   const int32_t pad = model.config().pad_token_id;
   submit(
-      call, keep,
-      [this, keep, single](batching::Request* out) {
-        return build(keep->input, "input", single, out);
+      call, served, keep,
+      [this, keep, single, served](batching::Request* out) {
+        return build(*served, keep->input, "input", single, out);
       },
       [keep, pad](const batching::Request& r) {
         json::Writer w;

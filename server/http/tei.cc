@@ -86,7 +86,8 @@ size_t characters(const Inputs& inputs) {
 }  // namespace
 
 void HttpApi::tei_embed(const Request& http_request, Call call, bool all_tokens) {
-  if (grpc::Status s = intake_.availability(); !s.ok()) return fail(call, s);
+  const auto served = find(call, "");  // TEI serves one model: the default one
+  if (!served) return;
   thread_local simdjson::dom::parser parser;
   simdjson::dom::object body;
   if (auto e = read_object(parser, http_request, &body)) return fail(call, invalid(*e));
@@ -108,13 +109,13 @@ void HttpApi::tei_embed(const Request& http_request, Call call, bool all_tokens)
   }
   keep->input.options.normalize = normalize && !all_tokens;
   keep->input.options.token_embeddings = all_tokens;
-  const int64_t D = intake_.engine().model().config().hidden_size;
+  const int64_t D = served->model->config().hidden_size;
   const bool single = keep->inputs.single;
   const auto start = call.start;
   submit(
-      call, keep,
-      [this, keep, single](batching::Request* out) {
-        return build(keep->input, "inputs", single, out);
+      call, served, keep,
+      [this, keep, single, served](batching::Request* out) {
+        return build(*served, keep->input, "inputs", single, out);
       },
       [keep, all_tokens, D, start](const batching::Request& r) {
         json::Writer w;
@@ -142,8 +143,9 @@ void HttpApi::tei_embed(const Request& http_request, Call call, bool all_tokens)
 }
 
 void HttpApi::tei_predict(const Request& http_request, Call call) {
-  if (grpc::Status s = intake_.availability(); !s.ok()) return fail(call, s);
-  const engine::Model& model = intake_.engine().model();
+  const auto served = find(call, "");
+  if (!served) return;
+  const engine::Model& model = *served->model;
   if (model.num_labels() == 0) {
     return fail(call,
                 invalid("this model has no classifier head: /predict needs one (use /embed)"));
@@ -201,9 +203,9 @@ void HttpApi::tei_predict(const Request& http_request, Call call) {
   const bool single = keep->inputs.single;
   const auto start = call.start;
   submit(
-      call, keep,
-      [this, keep, single](batching::Request* out) {
-        return build(keep->input, "inputs", single, out);
+      call, served, keep,
+      [this, keep, single, served](batching::Request* out) {
+        return build(*served, keep->input, "inputs", single, out);
       },
       [this, keep, single, raw_scores, start](const batching::Request& r) {
         json::Writer w;
@@ -224,7 +226,10 @@ void HttpApi::tei_predict(const Request& http_request, Call call) {
           w.ch('[');
           for (size_t k = 0; k < order.size(); ++k) {
             if (k > 0) w.ch(',');
-            w.raw("{\"score\":").f32(scores[order[k]]).raw(",\"label\":").string(label(order[k]));
+            w.raw("{\"score\":")
+                .f32(scores[order[k]])
+                .raw(",\"label\":")
+                .string(label(rpc::Intake::served(r), order[k]));
             w.ch('}');
           }
           w.ch(']');
@@ -237,8 +242,9 @@ void HttpApi::tei_predict(const Request& http_request, Call call) {
 }
 
 void HttpApi::tei_tokenize(const Request& http_request, Call call) {
-  if (grpc::Status s = intake_.availability(); !s.ok()) return fail(call, s);
-  const text::Tokenizer* tokenizer = intake_.tokenizer();
+  const auto served = find(call, "");
+  if (!served) return;
+  const text::Tokenizer* tokenizer = served->tokenizer();
   if (tokenizer == nullptr) {
     return fail(call, invalid("this model has no tokenizer.json: it takes token ids, not text"));
   }
@@ -250,7 +256,7 @@ void HttpApi::tei_tokenize(const Request& http_request, Call call) {
   if (body["inputs"].get(v)) return fail(call, invalid("inputs: is required"));
   if (auto e = read_inputs(v, "inputs", &inputs)) return fail(call, invalid(*e));
   if (!inputs.ids.empty()) return fail(call, invalid("inputs: expected text, got token ids"));
-  const int64_t max_inputs = intake_.config().limits.max_request_inputs;
+  const int64_t max_inputs = served->config.limits.max_request_inputs;
   if (max_inputs > 0 && int64_t(inputs.size()) > max_inputs) {
     return fail(call, invalid("inputs: the request has " + std::to_string(inputs.size()) +
                               " texts, over max_request_inputs " + std::to_string(max_inputs)));
@@ -301,23 +307,24 @@ void HttpApi::tei_tokenize(const Request& http_request, Call call) {
 }
 
 void HttpApi::tei_info(Call call) {
-  if (grpc::Status s = intake_.availability(); !s.ok()) return fail(call, s);
-  const engine::Engine& engine = intake_.engine();
-  const engine::Model& model = engine.model();
-  const rpc::ServiceConfig& config = intake_.config();
+  const auto served = find(call, "");
+  if (!served) return;
+  const engine::Engine& engine = *served->engine;
+  const engine::Model& model = *served->model;
+  const rpc::ServiceConfig& config = served->config;
   json::Writer w;
-  w.raw("{\"model_id\":").string(model.config().model_name).raw(",\"model_sha\":null");
+  w.raw("{\"model_id\":").string(served->name).raw(",\"model_sha\":null");
   w.raw(",\"model_dtype\":").string(config.dtype).raw(",\"model_type\":");
   if (model.num_labels() > 0) {
     w.raw("{\"classifier\":{\"id2label\":{");
     for (int64_t i = 0; i < model.num_labels(); ++i) {
       if (i > 0) w.ch(',');
-      w.key(std::to_string(i)).string(label(size_t(i)));
+      w.key(std::to_string(i)).string(label(*served, size_t(i)));
     }
     w.raw("},\"label2id\":{");
     for (int64_t i = 0; i < model.num_labels(); ++i) {
       if (i > 0) w.ch(',');
-      w.key(label(size_t(i))).number(i);
+      w.key(label(*served, size_t(i))).number(i);
     }
     w.raw("}}}");
   } else {
@@ -331,13 +338,18 @@ void HttpApi::tei_info(Call call) {
   w.raw(",\"auto_truncate\":false,\"tokenization_workers\":").number(int64_t(0));
   w.raw(",\"backend\":").string(engine.backend_name());
   w.raw(",\"device\":").string(engine.device_name());
-  w.raw(",\"accepts_text\":").boolean(intake_.tokenizer() != nullptr);
+  w.raw(",\"accepts_text\":").boolean(served->tokenizer() != nullptr);
+  w.raw(",\"model_version\":").string(served->version);
   w.raw(",\"version\":").string(config.version).raw(",\"sha\":null,\"docker_label\":null}");
   answer(call, json_response(bhttp::status::ok, w.take()), grpc::Status::OK);
 }
 
 void HttpApi::tei_health(Call call) {
   if (grpc::Status s = intake_.availability(); !s.ok()) return fail(call, s);
+  if (!intake_.repository().ready()) {
+    return fail(call, {grpc::StatusCode::UNAVAILABLE,
+                       "not ready: a model this server serves has no READY version"});
+  }
   Response response{bhttp::status::ok, 11};
   answer(call, std::move(response), grpc::Status::OK);
 }

@@ -94,53 +94,42 @@ Metrics::Metrics()
               .Name("fastformer_sequences_dropped_total")
               .Help("Queued sequences dropped before compute, by reason (deadline, cancelled).")
               .Register(*registry_)),
-      queue_duration(BuildHistogram()
-                         .Name("fastformer_queue_duration_seconds")
-                         .Help("Time a sequence waited from admission until its batch was formed.")
-                         .Register(*registry_)
-                         .Add({}, kSecondsBuckets)),
-      batch_compute_duration(BuildHistogram()
-                                 .Name("fastformer_batch_compute_duration_seconds")
-                                 .Help("Engine time of one batch.")
-                                 .Register(*registry_)
-                                 .Add({}, kSecondsBuckets)),
-      batch_tokens(BuildHistogram()
-                       .Name("fastformer_batch_tokens")
-                       .Help("Tokens per computed batch.")
-                       .Register(*registry_)
-                       .Add({}, kTokenBuckets)),
-      batch_sequences(BuildHistogram()
-                          .Name("fastformer_batch_sequences")
-                          .Help("Sequences per computed batch.")
-                          .Register(*registry_)
-                          .Add({}, kSequenceBuckets)),
-      sequences_total(BuildCounter()
-                          .Name("fastformer_sequences_total")
-                          .Help("Sequences computed.")
-                          .Register(*registry_)
-                          .Add({})),
-      tokens_total(BuildCounter()
-                       .Name("fastformer_tokens_total")
-                       .Help("Tokens computed (padding tokens of the input included).")
-                       .Register(*registry_)
-                       .Add({})),
-      dropped_deadline(dropped_.Add({{"reason", "deadline"}})),
-      dropped_cancelled(dropped_.Add({{"reason", "cancelled"}})),
-      batch_failures(BuildCounter()
-                         .Name("fastformer_batch_failures_total")
-                         .Help("Batches the engine failed on (their requests got INTERNAL).")
-                         .Register(*registry_)
-                         .Add({})),
-      queue_tokens(BuildGauge()
-                       .Name("fastformer_queue_tokens")
-                       .Help("Tokens admitted and waiting for a batch.")
-                       .Register(*registry_)
-                       .Add({})),
-      queue_sequences(BuildGauge()
-                          .Name("fastformer_queue_sequences")
-                          .Help("Sequences admitted and waiting for a batch.")
-                          .Register(*registry_)
-                          .Add({})),
+      queue_duration_(BuildHistogram()
+                          .Name("fastformer_queue_duration_seconds")
+                          .Help("Time a sequence waited from admission until its batch was formed.")
+                          .Register(*registry_)),
+      batch_compute_duration_(BuildHistogram()
+                                  .Name("fastformer_batch_compute_duration_seconds")
+                                  .Help("Engine time of one batch.")
+                                  .Register(*registry_)),
+      batch_tokens_(BuildHistogram()
+                        .Name("fastformer_batch_tokens")
+                        .Help("Tokens per computed batch.")
+                        .Register(*registry_)),
+      batch_sequences_(BuildHistogram()
+                           .Name("fastformer_batch_sequences")
+                           .Help("Sequences per computed batch.")
+                           .Register(*registry_)),
+      sequences_total_(BuildCounter()
+                           .Name("fastformer_sequences_total")
+                           .Help("Sequences computed.")
+                           .Register(*registry_)),
+      tokens_total_(BuildCounter()
+                        .Name("fastformer_tokens_total")
+                        .Help("Tokens computed (padding tokens of the input included).")
+                        .Register(*registry_)),
+      batch_failures_(BuildCounter()
+                          .Name("fastformer_batch_failures_total")
+                          .Help("Batches the engine failed on (their requests got INTERNAL).")
+                          .Register(*registry_)),
+      queue_tokens_(BuildGauge()
+                        .Name("fastformer_queue_tokens")
+                        .Help("Tokens admitted and waiting for a batch.")
+                        .Register(*registry_)),
+      queue_sequences_(BuildGauge()
+                           .Name("fastformer_queue_sequences")
+                           .Help("Sequences admitted and waiting for a batch.")
+                           .Register(*registry_)),
       inflight_requests(BuildGauge()
                             .Name("fastformer_inflight_requests")
                             .Help("Encode calls and stream messages admitted and not yet answered.")
@@ -165,8 +154,23 @@ Metrics::Metrics()
                       .Add({})),
       model_info_(BuildGauge()
                       .Name("fastformer_model_info")
-                      .Help("The served model (set once it is loaded); always 1.")
+                      .Help("Each loaded model version (set once it is loaded); always 1.")
                       .Register(*registry_)),
+      model_state_(BuildGauge()
+                       .Name("fastformer_model_state")
+                       .Help("Each model version's state: 1 for the current one (LOADING, READY, "
+                             "UNLOADING, UNAVAILABLE), 0 for the others.")
+                       .Register(*registry_)),
+      model_load_failures_(BuildCounter()
+                               .Name("fastformer_model_load_failures_total")
+                               .Help("Model version loads that failed (the serving version, if "
+                                     "any, kept serving).")
+                               .Register(*registry_)),
+      model_load_duration_(BuildHistogram()
+                               .Name("fastformer_model_load_duration_seconds")
+                               .Help("Time from the start of a version's load to READY (weights, "
+                                     "tokenizer, engine, warm-up).")
+                               .Register(*registry_)),
       device_memory_used_(BuildGauge()
                               .Name("fastformer_device_memory_used_bytes")
                               .Help("Device memory the engine holds (CUDA backend; 0 on CPU).")
@@ -192,14 +196,85 @@ Metrics::Metrics()
   }
 }
 
-void Metrics::set_model_info(const ModelLabels& labels) {
-  model_info_
-      .Add({{"model", labels.model},
-            {"dtype", labels.dtype},
-            {"backend", labels.backend},
-            {"device", labels.device},
-            {"version", labels.version}})
-      .Set(1);
+std::shared_ptr<ModelSeries> Metrics::add_model(const ModelLabels& labels) {
+  std::lock_guard lock(series_mu_);
+  std::weak_ptr<ModelSeries>& slot = series_[{labels.model, labels.version}];
+  if (auto live = slot.lock()) return live;
+  std::shared_ptr<ModelSeries> s(new ModelSeries, [this](ModelSeries* gone) {
+    {
+      // Under the lock add_model takes: a copy of the version made meanwhile took over the
+      // same children (prometheus-cpp hands out one child per label set) and keeps them.
+      std::lock_guard lock(series_mu_);
+      auto it = series_.find({gone->model, gone->version});
+      if (it == series_.end() || it->second.expired()) {
+        if (it != series_.end()) series_.erase(it);
+        remove_model(*gone);
+      }
+    }
+    delete gone;
+  });
+  slot = s;
+  s->model = labels.model;
+  s->version = labels.version;
+  const prometheus::Labels l{{"model", labels.model}, {"version", labels.version}};
+  auto with = [&](const char* key, const char* value) {
+    prometheus::Labels more = l;
+    more.emplace(key, value);
+    return more;
+  };
+  s->queue_duration = &queue_duration_.Add(l, kSecondsBuckets);
+  s->batch_compute_duration = &batch_compute_duration_.Add(l, kSecondsBuckets);
+  s->batch_tokens = &batch_tokens_.Add(l, kTokenBuckets);
+  s->batch_sequences = &batch_sequences_.Add(l, kSequenceBuckets);
+  s->sequences_total = &sequences_total_.Add(l);
+  s->tokens_total = &tokens_total_.Add(l);
+  s->dropped_deadline = &dropped_.Add(with("reason", "deadline"));
+  s->dropped_cancelled = &dropped_.Add(with("reason", "cancelled"));
+  s->batch_failures = &batch_failures_.Add(l);
+  s->queue_tokens = &queue_tokens_.Add(l);
+  s->queue_sequences = &queue_sequences_.Add(l);
+  return s;
+}
+
+void Metrics::set_model_info(ModelSeries& series, const ModelLabels& labels) {
+  series.info = &model_info_.Add({{"model", labels.model},
+                                  {"version", labels.version},
+                                  {"dtype", labels.dtype},
+                                  {"backend", labels.backend},
+                                  {"device", labels.device},
+                                  {"server_version", labels.server_version}});
+  series.info->Set(1);
+}
+
+void Metrics::remove_model(const ModelSeries& s) {
+  queue_duration_.Remove(s.queue_duration);
+  batch_compute_duration_.Remove(s.batch_compute_duration);
+  batch_tokens_.Remove(s.batch_tokens);
+  batch_sequences_.Remove(s.batch_sequences);
+  sequences_total_.Remove(s.sequences_total);
+  tokens_total_.Remove(s.tokens_total);
+  dropped_.Remove(s.dropped_deadline);
+  dropped_.Remove(s.dropped_cancelled);
+  batch_failures_.Remove(s.batch_failures);
+  queue_tokens_.Remove(s.queue_tokens);
+  queue_sequences_.Remove(s.queue_sequences);
+  if (s.info != nullptr) model_info_.Remove(s.info);
+}
+
+void Metrics::set_model_state(const std::string& model, const std::string& version,
+                              const std::string& state) {
+  for (const char* each : kModelStates) {
+    model_state_.Add({{"model", model}, {"version", version}, {"state", each}})
+        .Set(state == each ? 1 : 0);
+  }
+}
+
+void Metrics::record_model_load(const std::string& model, bool ok, double seconds) {
+  if (ok) {
+    model_load_duration_.Add({{"model", model}}, kSecondsBuckets).Observe(seconds);
+  } else {
+    model_load_failures_.Add({{"model", model}}).Increment();
+  }
 }
 
 void Metrics::record_request(const std::string& method, const std::string& code, double seconds) {
@@ -212,30 +287,30 @@ void Metrics::set_device_memory(double used_bytes, double total_bytes) {
   device_memory_total_.Set(total_bytes);
 }
 
-QueueRecorders queue_recorders(Metrics& metrics) {
+QueueRecorders queue_recorders(std::shared_ptr<ModelSeries> series) {
   QueueRecorders r;
-  r.depth = [&metrics](int64_t tokens, int64_t sequences) {
-    metrics.queue_tokens.Set(double(tokens));
-    metrics.queue_sequences.Set(double(sequences));
+  r.depth = [series](int64_t tokens, int64_t sequences) {
+    series->queue_tokens->Set(double(tokens));
+    series->queue_sequences->Set(double(sequences));
   };
-  r.dropped = [&metrics](DropReason reason) {
-    (reason == DropReason::kDeadline ? metrics.dropped_deadline : metrics.dropped_cancelled)
-        .Increment();
+  r.dropped = [series](DropReason reason) {
+    (reason == DropReason::kDeadline ? series->dropped_deadline : series->dropped_cancelled)
+        ->Increment();
   };
-  r.batched = [&metrics](double queue_seconds) { metrics.queue_duration.Observe(queue_seconds); };
+  r.batched = [series](double queue_seconds) { series->queue_duration->Observe(queue_seconds); };
   return r;
 }
 
-BatchRecorders batch_recorders(Metrics& metrics) {
+BatchRecorders batch_recorders(std::shared_ptr<ModelSeries> series) {
   BatchRecorders r;
-  r.computed = [&metrics](int64_t tokens, int64_t sequences, double seconds) {
-    metrics.batch_compute_duration.Observe(seconds);
-    metrics.batch_tokens.Observe(double(tokens));
-    metrics.batch_sequences.Observe(double(sequences));
-    metrics.tokens_total.Increment(double(tokens));
-    metrics.sequences_total.Increment(double(sequences));
+  r.computed = [series](int64_t tokens, int64_t sequences, double seconds) {
+    series->batch_compute_duration->Observe(seconds);
+    series->batch_tokens->Observe(double(tokens));
+    series->batch_sequences->Observe(double(sequences));
+    series->tokens_total->Increment(double(tokens));
+    series->sequences_total->Increment(double(sequences));
   };
-  r.failed = [&metrics] { metrics.batch_failures.Increment(); };
+  r.failed = [series] { series->batch_failures->Increment(); };
   return r;
 }
 

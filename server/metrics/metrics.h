@@ -13,14 +13,40 @@
 
 #include <cstdint>
 #include <functional>
+#include <map>
 #include <memory>
+#include <mutex>
 #include <string>
 
 namespace fastformer::metrics {
 
+// One model version's labels: `model` and `version` on every per-model series, the rest on
+// fastformer_model_info.
 struct ModelLabels {
-  std::string model, dtype, backend, device, version;
+  std::string model, version, dtype, backend, device, server_version;
 };
+
+// The series of one model version ({model, version}), registered when it loads and removed
+// when the last copy of that version that records into them is freed (Metrics::add_model).
+struct ModelSeries {
+  std::string model, version;
+  prometheus::Histogram* queue_duration = nullptr;          ///< per sequence, admission to batch
+  prometheus::Histogram* batch_compute_duration = nullptr;  ///< per batch
+  prometheus::Histogram* batch_tokens = nullptr;
+  prometheus::Histogram* batch_sequences = nullptr;
+  prometheus::Counter* sequences_total = nullptr;    ///< computed sequences
+  prometheus::Counter* tokens_total = nullptr;       ///< computed tokens
+  prometheus::Counter* dropped_deadline = nullptr;   ///< ..._dropped_total{reason="deadline"}
+  prometheus::Counter* dropped_cancelled = nullptr;  ///< ... {reason="cancelled"}
+  prometheus::Counter* batch_failures = nullptr;     ///< fastformer_batch_failures_total
+  prometheus::Gauge* queue_tokens = nullptr;
+  prometheus::Gauge* queue_sequences = nullptr;
+  prometheus::Gauge* info = nullptr;  ///< fastformer_model_info, once loaded
+};
+
+// A model version's state, as fastformer_model_state{model,version,state} shows it (1 for the
+// current state, 0 for the others).
+inline constexpr const char* kModelStates[] = {"LOADING", "READY", "UNLOADING", "UNAVAILABLE"};
 
 class Metrics {
  private:
@@ -29,12 +55,30 @@ class Metrics {
   prometheus::Family<prometheus::Counter>& requests_;
   prometheus::Family<prometheus::Histogram>& request_duration_;
   prometheus::Family<prometheus::Counter>& dropped_;
+  prometheus::Family<prometheus::Histogram>& queue_duration_;
+  prometheus::Family<prometheus::Histogram>& batch_compute_duration_;
+  prometheus::Family<prometheus::Histogram>& batch_tokens_;
+  prometheus::Family<prometheus::Histogram>& batch_sequences_;
+  prometheus::Family<prometheus::Counter>& sequences_total_;
+  prometheus::Family<prometheus::Counter>& tokens_total_;
+  prometheus::Family<prometheus::Counter>& batch_failures_;
+  prometheus::Family<prometheus::Gauge>& queue_tokens_;
+  prometheus::Family<prometheus::Gauge>& queue_sequences_;
 
  public:
   Metrics();
 
-  // fastformer_model_info{model,dtype,backend,device,version} = 1, once the model loaded.
-  void set_model_info(const ModelLabels& labels);
+  // A model version's series (`labels.model`, `labels.version`): at zero, or the ones another
+  // live copy of the same version records into. Removed from the registry when the last
+  // holder lets go; fastformer_model_state stays.
+  std::shared_ptr<ModelSeries> add_model(const ModelLabels& labels);
+  // fastformer_model_info{model,version,dtype,backend,device,server_version} = 1 once loaded.
+  void set_model_info(ModelSeries& series, const ModelLabels& labels);
+  // fastformer_model_state: `state` (one of kModelStates) 1, the others 0.
+  void set_model_state(const std::string& model, const std::string& version,
+                       const std::string& state);
+  // fastformer_model_load_failures_total{model} and fastformer_model_load_duration_seconds.
+  void record_model_load(const std::string& model, bool ok, double seconds);
 
   // fastformer_requests_total{method,code} and fastformer_request_duration_seconds{method}.
   void record_request(const std::string& method, const std::string& code, double seconds);
@@ -42,17 +86,6 @@ class Metrics {
 
   std::shared_ptr<prometheus::Registry> registry() const { return registry_; }
 
-  prometheus::Histogram& queue_duration;          ///< per sequence, admission to batch
-  prometheus::Histogram& batch_compute_duration;  ///< per batch
-  prometheus::Histogram& batch_tokens;
-  prometheus::Histogram& batch_sequences;
-  prometheus::Counter& sequences_total;   ///< computed sequences
-  prometheus::Counter& tokens_total;      ///< computed tokens
-  prometheus::Counter& dropped_deadline;  ///< fastformer_sequences_dropped_total{reason="deadline"}
-  prometheus::Counter& dropped_cancelled;  ///< ... {reason="cancelled"}
-  prometheus::Counter& batch_failures;     ///< fastformer_batch_failures_total
-  prometheus::Gauge& queue_tokens;
-  prometheus::Gauge& queue_sequences;
   prometheus::Gauge& inflight_requests;
   prometheus::Gauge& open_streams;           ///< EncodeStream calls open
   prometheus::Histogram& tokenize_duration;  ///< per request with text, all its texts
@@ -60,16 +93,23 @@ class Metrics {
 
  private:
   prometheus::Family<prometheus::Gauge>& model_info_;
+  prometheus::Family<prometheus::Gauge>& model_state_;
+  prometheus::Family<prometheus::Counter>& model_load_failures_;
+  prometheus::Family<prometheus::Histogram>& model_load_duration_;
   prometheus::Gauge& device_memory_used_;
   prometheus::Gauge& device_memory_total_;
+  void remove_model(const ModelSeries& series);
+  std::mutex series_mu_;
+  std::map<std::pair<std::string, std::string>, std::weak_ptr<ModelSeries>> series_;
 };
 
 // Why a queued sequence was dropped before compute: fastformer_sequences_dropped_total{reason}.
 enum class DropReason { kDeadline, kCancelled };
 
-// The callbacks that record the admission queue and the batches. Over plain types, so this
-// module depends on nothing above it: the server wraps them in the batching layer's
-// observers. Each may be called from any thread (prometheus-cpp metrics are thread-safe).
+// The callbacks that record a model version's admission queue and batches. Over plain types,
+// so this module depends on nothing above it: the repository wraps them in the batching
+// layer's observers. Each may be called from any thread (prometheus-cpp metrics are
+// thread-safe).
 struct QueueRecorders {
   std::function<void(int64_t tokens, int64_t sequences)>
       depth;                                          ///< fastformer_queue_tokens, _sequences
@@ -82,9 +122,9 @@ struct BatchRecorders {
   std::function<void(int64_t tokens, int64_t sequences, double seconds)> computed;
   std::function<void()> failed;  ///< fastformer_batch_failures_total
 };
-// They record into `metrics`, which must outlive them.
-QueueRecorders queue_recorders(Metrics& metrics);
-BatchRecorders batch_recorders(Metrics& metrics);
+// They record into `series`, which they keep alive.
+QueueRecorders queue_recorders(std::shared_ptr<ModelSeries> series);
+BatchRecorders batch_recorders(std::shared_ptr<ModelSeries> series);
 
 // Serves `registry` (and the process metrics) on `listen` ("host:port") at /metrics.
 class MetricsServer {

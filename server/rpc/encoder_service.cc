@@ -11,10 +11,10 @@ grpc::Status EncoderService::admit(const v1::EncodeRequest& proto,
                                    grpc::CallbackServerContext* context,
                                    const std::shared_ptr<batching::Request>& request) {
   return intake_.admit(
-      context,
-      [&] {
-        return convert_request(proto, intake_.engine().model(), intake_.tokenizer(),
-                               intake_.config().limits, request.get());
+      context, proto.model_name(), proto.model_version(),
+      [&](const ServedModel& model) {
+        return convert_request(proto, *model.model, model.tokenizer(), model.config.limits,
+                               request.get());
       },
       request);
 }
@@ -43,6 +43,8 @@ grpc::ServerUnaryReactor* EncoderService::Encode(grpc::CallbackServerContext* co
     if (status.ok()) {
       fill_response(r, &call->response);
       call->response.set_request_id(call->proto.request_id());
+      call->response.set_model_name(Intake::served(r).name);
+      call->response.set_model_version(Intake::served(r).version);
       bool own = false;
       status = grpc::SerializationTraits<v1::EncodeResponse>::Serialize(call->response, out, &own);
     }
@@ -76,7 +78,11 @@ grpc::ByteBuffer EncoderService::StreamProtocol::answer(Message& message,
   response.set_request_id(message.parsed.request_id());
   if (status.ok()) {
     fill_response(*done, &response);
+    response.set_model_name(Intake::served(*done).name);
+    response.set_model_version(Intake::served(*done).version);
   } else {
+    response.set_model_name(message.parsed.model_name());
+    response.set_model_version(message.parsed.model_version());
     response.mutable_error()->set_code(static_cast<int32_t>(status.error_code()));
     response.mutable_error()->set_message(status.error_message());
   }
@@ -89,20 +95,23 @@ grpc::ServerBidiReactor<grpc::ByteBuffer, grpc::ByteBuffer>* EncoderService::Enc
 }
 
 grpc::ServerUnaryReactor* EncoderService::GetModelInfo(grpc::CallbackServerContext* context,
-                                                       const v1::GetModelInfoRequest*,
+                                                       const v1::GetModelInfoRequest* request,
                                                        v1::ModelInfo* info) {
   const auto start = Clock::now();
   grpc::ServerUnaryReactor* reactor = context->DefaultReactor();
-  if (const grpc::Status unavailable = intake_.availability(); !unavailable.ok()) {
+  grpc::Status unavailable;
+  const auto served = intake_.find(request->model_name(), request->model_version(), &unavailable);
+  if (!served) {
     intake_.record("GetModelInfo", unavailable, start);
     reactor->Finish(unavailable);
     return reactor;
   }
-  const engine::Engine& engine = intake_.engine();
-  const ServiceConfig& config = intake_.config();
-  const engine::Model& model = engine.model();
+  const engine::Engine& engine = *served->engine;
+  const ServiceConfig& config = served->config;
+  const engine::Model& model = *served->model;
   const engine::ModelConfig& c = model.config();
-  info->set_model_name(c.model_name);
+  info->set_model_name(served->name);
+  info->set_model_version(served->version);
   info->set_hidden_size(uint32_t(c.hidden_size));
   info->set_num_hidden_layers(uint32_t(c.num_hidden_layers));
   info->set_num_attention_heads(uint32_t(c.num_attention_heads));
@@ -117,8 +126,8 @@ grpc::ServerUnaryReactor* EncoderService::GetModelInfo(grpc::CallbackServerConte
   info->set_max_batch_tokens(uint32_t(config.max_batch_tokens));
   info->set_max_request_tokens(uint32_t(config.limits.max_request_tokens));
   info->set_server_version(config.version);
-  info->set_accepts_text(intake_.tokenizer() != nullptr);
-  if (intake_.tokenizer() != nullptr) info->set_tokenizer(intake_.tokenizer()->description());
+  info->set_accepts_text(served->tokenizer() != nullptr);
+  if (served->tokenizer() != nullptr) info->set_tokenizer(served->tokenizer()->description());
   intake_.record("GetModelInfo", grpc::Status::OK, start);
   reactor->Finish(grpc::Status::OK);
   return reactor;

@@ -281,20 +281,6 @@ std::vector<TensorSpec> model_outputs(const engine::Model& model,
   return outputs;
 }
 
-grpc::Status check_model(const engine::Model& model, const std::string& name,
-                         const std::string& version) {
-  const std::string& served = model.config().model_name;
-  if (name != served) {
-    return {grpc::StatusCode::NOT_FOUND,
-            "model '" + name + "' is not served here (this server serves '" + served + "')"};
-  }
-  if (!version.empty() && version != kModelVersion) {
-    return {grpc::StatusCode::NOT_FOUND, "model '" + name + "' has no version '" + version +
-                                             "' (it has version " + kModelVersion + ")"};
-  }
-  return grpc::Status::OK;
-}
-
 namespace {
 
 // A refusal of the request layer in the protocol's words: "input_ids: row 2, token 5 has id
@@ -319,8 +305,6 @@ grpc::Status convert_infer_request(const inference::ModelInferRequest& proto,
                                    const engine::Model& model, const text::Tokenizer* tokenizer,
                                    const request::Limits& limits, int64_t max_batch_size,
                                    InferCall* call, batching::Request* out) {
-  if (grpc::Status s = check_model(model, proto.model_name(), proto.model_version()); !s.ok())
-    return s;
   const engine::ModelConfig& c = model.config();
   const int64_t D = c.hidden_size, max_len = c.max_position_embeddings;
 

@@ -27,8 +27,6 @@
 
 namespace fastformer::rpc {
 
-inline constexpr const char* kModelVersion = "1";
-
 struct TensorSpec {
   std::string name;
   std::string datatype;        ///< the protocol's name: "INT64", "FP32"
@@ -53,8 +51,8 @@ struct InferCall {
   std::vector<std::string> output_order;  ///< the outputs in the order they are answered
 };
 
-// NOT_FOUND for another model or version; INVALID_ARGUMENT naming the tensor, the row and the
-// limit for anything else wrong. On OK, `out` holds one sequence per row (views into `call`).
+// INVALID_ARGUMENT naming the tensor, the row and the limit for anything wrong (the model and
+// version were found by Intake::find). On OK, `out` holds one sequence per row (views into `call`).
 grpc::Status convert_infer_request(const inference::ModelInferRequest& proto,
                                    const engine::Model& model, const text::Tokenizer* tokenizer,
                                    const request::Limits& limits, int64_t max_batch_size,
@@ -68,10 +66,6 @@ grpc::Status parse_infer_request(const grpc::ByteBuffer& bytes,
 // field that is not UTF-8, a tensor or output that does not parse, a field that runs past
 // the end).
 std::string explain_infer_parse_failure(const std::string& bytes);
-
-// NOT_FOUND unless `name` is the model's and `version` is empty or kModelVersion.
-grpc::Status check_model(const engine::Model& model, const std::string& name,
-                         const std::string& version);
 
 // The outputs of a finished request, raw little-endian FP32, in call.output_order.
 void fill_infer_response(const InferCall& call, const batching::Request& request,

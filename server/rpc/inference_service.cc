@@ -18,11 +18,6 @@ grpc::ServerUnaryReactor* InferenceService::finish(grpc::CallbackServerContext* 
   return reactor;
 }
 
-grpc::Status InferenceService::model_status(const std::string& name,
-                                            const std::string& version) const {
-  return rpc::model_status(intake_, name, version);
-}
-
 grpc::ServerUnaryReactor* InferenceService::ServerLive(grpc::CallbackServerContext* context,
                                                        const inference::ServerLiveRequest*,
                                                        inference::ServerLiveResponse* response) {
@@ -33,7 +28,7 @@ grpc::ServerUnaryReactor* InferenceService::ServerLive(grpc::CallbackServerConte
 grpc::ServerUnaryReactor* InferenceService::ServerReady(grpc::CallbackServerContext* context,
                                                         const inference::ServerReadyRequest*,
                                                         inference::ServerReadyResponse* response) {
-  response->set_ready(intake_.availability().ok());
+  response->set_ready(intake_.ready());
   return finish(context, "ServerReady", Clock::now(), grpc::Status::OK);
 }
 
@@ -42,7 +37,8 @@ grpc::ServerUnaryReactor* InferenceService::ModelReady(grpc::CallbackServerConte
                                                        inference::ModelReadyResponse* response) {
   // Not ready (rather than an error) while starting or draining, or for a model this server does
   // not serve, as Triton answers: model_status covers all three.
-  response->set_ready(model_status(request->name(), request->version()).ok());
+  grpc::Status status;
+  response->set_ready(intake_.find(request->name(), request->version(), &status) != nullptr);
   return finish(context, "ModelReady", Clock::now(), grpc::Status::OK);
 }
 
@@ -61,10 +57,10 @@ grpc::ServerUnaryReactor* InferenceService::ModelMetadata(
     grpc::CallbackServerContext* context, const inference::ModelMetadataRequest* request,
     inference::ModelMetadataResponse* response) {
   const auto start = Clock::now();
-  if (grpc::Status s = model_status(request->name(), request->version()); !s.ok()) {
-    return finish(context, "ModelMetadata", start, s);
-  }
-  fill_model_metadata(intake_, response);
+  grpc::Status s;
+  const auto served = intake_.find(request->name(), request->version(), &s);
+  if (!served) return finish(context, "ModelMetadata", start, s);
+  fill_model_metadata(*served, response);
   return finish(context, "ModelMetadata", start, grpc::Status::OK);
 }
 
@@ -72,10 +68,10 @@ grpc::ServerUnaryReactor* InferenceService::ModelConfig(
     grpc::CallbackServerContext* context, const inference::ModelConfigRequest* request,
     inference::ModelConfigResponse* response) {
   const auto start = Clock::now();
-  if (grpc::Status s = model_status(request->name(), request->version()); !s.ok()) {
-    return finish(context, "ModelConfig", start, s);
-  }
-  fill_model_config(intake_, response->mutable_config());
+  grpc::Status s;
+  const auto served = intake_.find(request->name(), request->version(), &s);
+  if (!served) return finish(context, "ModelConfig", start, s);
+  fill_model_config(*served, response->mutable_config());
   return finish(context, "ModelConfig", start, grpc::Status::OK);
 }
 
@@ -83,28 +79,67 @@ grpc::ServerUnaryReactor* InferenceService::ModelStatistics(
     grpc::CallbackServerContext* context, const inference::ModelStatisticsRequest* request,
     inference::ModelStatisticsResponse* response) {
   const auto start = Clock::now();
+  return finish(context, "ModelStatistics", start,
+                fill_statistics(intake_, request->name(), request->version(), response));
+}
+
+grpc::ServerUnaryReactor* InferenceService::RepositoryIndex(
+    grpc::CallbackServerContext* context, const inference::RepositoryIndexRequest* request,
+    inference::RepositoryIndexResponse* response) {
+  const auto start = Clock::now();
   if (grpc::Status unavailable = intake_.availability(); !unavailable.ok()) {
-    return finish(context, "ModelStatistics", start, unavailable);
+    return finish(context, "RepositoryIndex", start, unavailable);
   }
-  // An empty name asks for every model: ours.
-  if (!request->name().empty()) {
-    if (grpc::Status s = model_status(request->name(), request->version()); !s.ok()) {
-      return finish(context, "ModelStatistics", start, s);
-    }
-  }
-  fill_model_statistics(intake_, response->add_model_stats());
-  return finish(context, "ModelStatistics", start, grpc::Status::OK);
+  fill_repository_index(intake_, request->ready(), response);
+  return finish(context, "RepositoryIndex", start, grpc::Status::OK);
+}
+
+grpc::ServerUnaryReactor* InferenceService::RepositoryModelLoad(
+    grpc::CallbackServerContext* context, const inference::RepositoryModelLoadRequest* request,
+    inference::RepositoryModelLoadResponse*) {
+  const auto start = Clock::now();
+  std::vector<std::string> parameters;
+  for (const auto& [key, value] : request->parameters()) parameters.push_back(key);
+  grpc::Status refused = repository_control(intake_, request->model_name(), parameters, false);
+  if (!refused.ok()) return finish(context, "RepositoryModelLoad", start, refused);
+  grpc::ServerUnaryReactor* reactor = context->DefaultReactor();
+  // Answered from the repository's thread once the load (and the swap) is done.
+  intake_.repository().load(request->model_name(),
+                            [this, reactor, start](std::optional<repository::Error> e) {
+                              const grpc::Status status = e ? to_status(*e) : grpc::Status::OK;
+                              intake_.record("RepositoryModelLoad", status, start);
+                              reactor->Finish(status);
+                            });
+  return reactor;
+}
+
+grpc::ServerUnaryReactor* InferenceService::RepositoryModelUnload(
+    grpc::CallbackServerContext* context, const inference::RepositoryModelUnloadRequest* request,
+    inference::RepositoryModelUnloadResponse*) {
+  const auto start = Clock::now();
+  std::vector<std::string> parameters;
+  for (const auto& [key, value] : request->parameters()) parameters.push_back(key);
+  grpc::Status refused = repository_control(intake_, request->model_name(), parameters, true);
+  if (!refused.ok()) return finish(context, "RepositoryModelUnload", start, refused);
+  grpc::ServerUnaryReactor* reactor = context->DefaultReactor();
+  // Answered once the model's admitted requests ended and it is freed.
+  intake_.repository().unload(request->model_name(),
+                              [this, reactor, start](std::optional<repository::Error> e) {
+                                const grpc::Status status = e ? to_status(*e) : grpc::Status::OK;
+                                intake_.record("RepositoryModelUnload", status, start);
+                                reactor->Finish(status);
+                              });
+  return reactor;
 }
 
 grpc::Status InferenceService::admit(const inference::ModelInferRequest& proto, InferCall* call,
                                      grpc::CallbackServerContext* context,
                                      const std::shared_ptr<batching::Request>& request) {
   return intake_.admit(
-      context,
-      [&] {
-        return convert_infer_request(proto, intake_.engine().model(), intake_.tokenizer(),
-                                     intake_.config().limits, intake_.config().max_batch_sequences,
-                                     call, request.get());
+      context, proto.model_name(), proto.model_version(),
+      [&](const ServedModel& model) {
+        return convert_infer_request(proto, *model.model, model.tokenizer(), model.config.limits,
+                                     model.config.max_batch_sequences, call, request.get());
       },
       request);
 }
@@ -121,10 +156,11 @@ grpc::ServerUnaryReactor* InferenceService::ModelInfer(grpc::CallbackServerConte
     const grpc::Status status = outcome_status(r);
     const auto filling = Clock::now();
     if (status.ok()) {
-      response->set_model_name(proto->model_name());
-      response->set_model_version(kModelVersion);
+      const ServedModel& served = Intake::served(r);
+      response->set_model_name(served.name);
+      response->set_model_version(served.version);
       response->set_id(proto->id());
-      fill_infer_response(*call, r, intake_.engine().model(), response);
+      fill_infer_response(*call, r, *served.model, response);
     }
     intake_.complete("ModelInfer", r, status, start, ns_since(filling));
     reactor->Finish(status);
@@ -154,12 +190,15 @@ grpc::ByteBuffer InferenceService::StreamProtocol::answer(Message& message,
                                                           const grpc::Status& status) {
   inference::ModelStreamInferResponse answer;
   inference::ModelInferResponse* response = answer.mutable_infer_response();
-  response->set_model_name(message.parsed.model_name());
-  response->set_model_version(kModelVersion);
   response->set_id(message.parsed.id());
   if (status.ok()) {
-    fill_infer_response(message.call, *done, service->intake_.engine().model(), response);
+    const ServedModel& served = Intake::served(*done);
+    response->set_model_name(served.name);
+    response->set_model_version(served.version);
+    fill_infer_response(message.call, *done, *served.model, response);
   } else {
+    response->set_model_name(message.parsed.model_name());
+    response->set_model_version(message.parsed.model_version());
     // In-band, as the protocol's streams carry errors; the stream goes on.
     answer.set_error_message(status_code_name(status.error_code()) + ": " + status.error_message());
   }

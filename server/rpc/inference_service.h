@@ -25,7 +25,14 @@ using InferenceServiceBase = inference::GRPCInferenceService::WithCallbackMethod
                         inference::GRPCInferenceService::WithRawCallbackMethod_ModelStreamInfer<
                             inference::GRPCInferenceService::WithCallbackMethod_ModelConfig<
                                 inference::GRPCInferenceService::WithCallbackMethod_ModelStatistics<
-                                    inference::GRPCInferenceService::Service>>>>>>>>>;
+                                    inference::GRPCInferenceService::
+                                        WithCallbackMethod_RepositoryIndex<
+                                            inference::GRPCInferenceService::
+                                                WithCallbackMethod_RepositoryModelLoad<
+                                                    inference::GRPCInferenceService::
+                                                        WithCallbackMethod_RepositoryModelUnload<
+                                                            inference::GRPCInferenceService::
+                                                                Service>>>>>>>>>>>>;
 
 class InferenceService final : public InferenceServiceBase {
  public:
@@ -52,6 +59,15 @@ class InferenceService final : public InferenceServiceBase {
   grpc::ServerUnaryReactor* ModelStatistics(grpc::CallbackServerContext* context,
                                             const inference::ModelStatisticsRequest* request,
                                             inference::ModelStatisticsResponse* response) override;
+  grpc::ServerUnaryReactor* RepositoryIndex(grpc::CallbackServerContext* context,
+                                            const inference::RepositoryIndexRequest* request,
+                                            inference::RepositoryIndexResponse* response) override;
+  grpc::ServerUnaryReactor* RepositoryModelLoad(
+      grpc::CallbackServerContext* context, const inference::RepositoryModelLoadRequest* request,
+      inference::RepositoryModelLoadResponse* response) override;
+  grpc::ServerUnaryReactor* RepositoryModelUnload(
+      grpc::CallbackServerContext* context, const inference::RepositoryModelUnloadRequest* request,
+      inference::RepositoryModelUnloadResponse* response) override;
   grpc::ServerUnaryReactor* ModelInfer(grpc::CallbackServerContext* context,
                                        const inference::ModelInferRequest* request,
                                        inference::ModelInferResponse* response) override;
@@ -82,8 +98,6 @@ class InferenceService final : public InferenceServiceBase {
   // Answers a unary call at once with `status` (recorded under `method`).
   grpc::ServerUnaryReactor* finish(grpc::CallbackServerContext* context, const char* method,
                                    batching::Clock::time_point start, const grpc::Status& status);
-  // UNAVAILABLE while starting or draining, else check_model's verdict on name and version.
-  grpc::Status model_status(const std::string& name, const std::string& version) const;
 
   Intake& intake_;
   StreamProtocol stream_protocol_;

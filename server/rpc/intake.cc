@@ -24,12 +24,36 @@ grpc::Status Intake::availability() const {
   return grpc::Status::OK;
 }
 
-void Intake::start_serving(ServiceConfig config, const engine::Engine& engine,
-                           batching::BatchQueue& queue) {
-  config_ = std::move(config);
-  engine_ = &engine;
-  queue_ = &queue;
+grpc::Status to_status(const repository::Error& error) {
+  using Code = repository::Error::Code;
+  switch (error.code) {
+    case Code::kNotFound:
+      return {grpc::StatusCode::NOT_FOUND, error.message};
+    case Code::kUnavailable:
+      return {grpc::StatusCode::UNAVAILABLE, error.message};
+    case Code::kInvalidArgument:
+      return {grpc::StatusCode::INVALID_ARGUMENT, error.message};
+    case Code::kFailedPrecondition:
+      return {grpc::StatusCode::FAILED_PRECONDITION, error.message};
+    case Code::kInternal:
+      break;
+  }
+  return {grpc::StatusCode::INTERNAL, error.message};
+}
+
+void Intake::start_serving(repository::Repository& repository, std::string server_version) {
+  repository_ = &repository;
+  server_version_ = std::move(server_version);
   serving_.store(true, std::memory_order_release);
+}
+
+std::shared_ptr<const ServedModel> Intake::find(const std::string& name, const std::string& version,
+                                                grpc::Status* status) const {
+  if (*status = availability(); !status->ok()) return nullptr;
+  repository::Error error;
+  std::shared_ptr<const ServedModel> model = repository_->find(name, version, &error);
+  if (!model) *status = to_status(error);
+  return model;
 }
 
 void Intake::record(const char* method, const grpc::Status& status, Clock::time_point start) {
@@ -56,7 +80,8 @@ grpc::Status Intake::open_stream(const char* method) {
 
 void Intake::record_inference(const batching::Request& request, bool ok, Clock::time_point start,
                               uint64_t output_ns) {
-  InferenceStatistics& s = statistics_;
+  if (!request.owner) return;
+  InferenceStatistics& s = served(request).statistics;
   const uint64_t total = ns_since(start);
   if (!ok) {
     s.fail.add(total);
@@ -76,21 +101,38 @@ void Intake::record_inference(const batching::Request& request, bool ok, Clock::
                             std::memory_order_relaxed);
 }
 
-grpc::Status Intake::admit(grpc::CallbackServerContext* context,
-                           const std::function<grpc::Status()>& convert,
+grpc::Status Intake::admit(grpc::CallbackServerContext* context, const std::string& name,
+                           const std::string& version, const Convert& convert,
                            const std::shared_ptr<batching::Request>& request) {
-  return admit(steady_deadline(context), convert, request);
+  return admit(steady_deadline(context), name, version, convert, request);
 }
 
-grpc::Status Intake::admit(Clock::time_point deadline, const std::function<grpc::Status()>& convert,
+grpc::Status Intake::admit(Clock::time_point deadline, const std::string& name,
+                           const std::string& version, const Convert& convert,
                            const std::shared_ptr<batching::Request>& request) {
   // Counted in flight before the draining check: the drain (start_draining, then wait for
   // inflight() == 0) either sees this call or this call sees the drain; never neither.
   inflight_.fetch_add(1);
   metrics_.inflight_requests.Increment();
-  grpc::Status status = availability();
+  grpc::Status status;
+  std::shared_ptr<const ServedModel> model = find(name, version, &status);
+  return admit_found(deadline, std::move(model), std::move(status), convert, request);
+}
+
+grpc::Status Intake::admit(Clock::time_point deadline,
+                           const std::shared_ptr<const ServedModel>& model, const Convert& convert,
+                           const std::shared_ptr<batching::Request>& request) {
+  inflight_.fetch_add(1);  // before the draining check, as above
+  metrics_.inflight_requests.Increment();
+  return admit_found(deadline, model, availability(), convert, request);
+}
+
+grpc::Status Intake::admit_found(Clock::time_point deadline,
+                                 std::shared_ptr<const ServedModel> model, grpc::Status status,
+                                 const Convert& convert,
+                                 const std::shared_ptr<batching::Request>& request) {
   const Clock::time_point converting = Clock::now();
-  if (status.ok()) status = convert();
+  if (model && status.ok()) status = convert(*model);
   request->input_ns = ns_since(converting);
   if (request->texts > 0) {
     metrics_.tokenize_duration.Observe(double(request->tokenize_ns) * 1e-9);
@@ -102,19 +144,29 @@ grpc::Status Intake::admit(Clock::time_point deadline, const std::function<grpc:
   }
   request->arrival = Clock::now();
   request->deadline = deadline;
-  switch (queue_->push(request)) {
+  // The version it is admitted to lives until the request ends, even once swapped out.
+  request->owner = model;
+  switch (model->queue->push(request)) {
     case batching::Admission::kAdmitted:
       return grpc::Status::OK;
     case batching::Admission::kQueueFull:
       status = {grpc::StatusCode::RESOURCE_EXHAUSTED,
                 "queue full: " + std::to_string(request->tokens) +
-                    " more tokens would exceed max_queue_tokens " +
-                    std::to_string(queue_->limits().max_queue_tokens) + "; retry later"};
+                    " more tokens would exceed model '" + model->name + "' max_queue_tokens " +
+                    std::to_string(model->queue->limits().max_queue_tokens) + "; retry later"};
+      break;
+    case batching::Admission::kServerFull:
+      status = {grpc::StatusCode::RESOURCE_EXHAUSTED,
+                "queue full: " + std::to_string(request->tokens) +
+                    " more tokens would exceed the server's max_queue_tokens " +
+                    std::to_string(model->queue->budget_limit()) +
+                    " over every model; retry later"};
       break;
     case batching::Admission::kClosed:
       status = {grpc::StatusCode::UNAVAILABLE, "the server is shutting down"};
       break;
   }
+  request->owner.reset();
   answered();
   return status;
 }

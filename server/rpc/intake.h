@@ -1,7 +1,8 @@
-// What the services that queue requests share (fastformer.v1.Encoder and the Open Inference
-// Protocol's inference.GRPCInferenceService): the engine and queue once serving, the
-// starting / draining state, the count of admitted requests not yet answered (what the drain
-// waits for), admission to the one batch queue, and the per-call metrics.
+// What the services that queue requests share (fastformer.v1.Encoder, the Open Inference
+// Protocol's inference.GRPCInferenceService and the HTTP routes): the model repository once
+// serving, the starting / draining state, the count of admitted requests not yet answered
+// (what the drain waits for), admission to a model version's batch queue, and the per-call
+// metrics.
 #pragma once
 
 #include <grpcpp/grpcpp.h>
@@ -16,61 +17,61 @@
 #include "server/batching/queue.h"
 #include "server/engine/engine.h"
 #include "server/metrics/metrics.h"
+#include "server/repository/repository.h"
 #include "server/rpc/request_conversion.h"
 
 namespace fastformer::rpc {
 
-struct ServiceConfig {
-  request::Limits limits;
-  std::string version;              ///< server_version in ModelInfo, version in ServerMetadata
-  int64_t max_batch_tokens = 0;     ///< reported in ModelInfo
-  int64_t max_batch_sequences = 0;  ///< max_batch_size in the v2 ModelConfig
-  int64_t max_queue_delay_us = 0;   ///< reported in the v2 ModelConfig
-  std::string dtype = "float32";
-  /// The model directory's tokenizer.json (text::load_tokenizer); null: the model takes no text.
-  std::shared_ptr<const text::Tokenizer> tokenizer;
-};
+using repository::InferenceStatistics;
+using repository::ServedModel;
+using repository::ServiceConfig;
 
-// Cumulative statistics of the served model, for the protocol's ModelStatistics: every
-// inference request of every API counts. Nanoseconds, as the protocol has them.
-struct InferenceStatistics {
-  struct Duration {
-    std::atomic<uint64_t> count{0}, ns{0};
-    void add(uint64_t n) {
-      count.fetch_add(1, std::memory_order_relaxed);
-      ns.fetch_add(n, std::memory_order_relaxed);
-    }
-  };
-  Duration success, fail, queue, compute_input, compute_infer, compute_output;
-  std::atomic<uint64_t> inference_count{0};    ///< sequences (batch rows) of successful requests
-  std::atomic<uint64_t> execution_count{0};    ///< engine batches run
-  std::atomic<uint64_t> last_inference_ms{0};  ///< milliseconds since the epoch
-};
+// The repository's verdict as a gRPC status (NOT_FOUND, UNAVAILABLE, ...).
+grpc::Status to_status(const repository::Error& error);
 
 class Intake {
  public:
   explicit Intake(metrics::Metrics& metrics) : metrics_(metrics) {}
 
-  // Attaches the engine and queue (after the model loaded and warmed up) and starts
+  // Attaches the repository (after the start-up models loaded and warmed up) and starts
   // admitting requests. Until then every call is answered UNAVAILABLE.
-  void start_serving(ServiceConfig config, const engine::Engine& engine,
-                     batching::BatchQueue& queue);
+  void start_serving(repository::Repository& repository, std::string server_version);
   // Once draining, new calls and stream messages are answered UNAVAILABLE.
   void start_draining() { draining_.store(true); }
   // Admitted requests (unary calls and stream messages) not yet answered.
   int64_t inflight() const { return inflight_.load(); }
 
   grpc::Status availability() const;  // OK, or UNAVAILABLE while starting or draining
+  // Serving, and every model the server was started to serve has a READY version (the
+  // readiness probes: ServerReady, /v2/health/ready, /health).
+  bool ready() const { return availability().ok() && repository_->ready(); }
 
-  // Counts the request in flight, runs `convert` (which fills `request` from the call) and
-  // queues it. OK: queued, and request->on_complete will run once; it must call
-  // answered(). Otherwise the status to answer with; nothing was queued.
-  grpc::Status admit(grpc::CallbackServerContext* context,
-                     const std::function<grpc::Status()>& convert,
+  // The model version that serves `name` and `version` (empty: the default model, its newest
+  // READY version), or null with `status` NOT_FOUND / UNAVAILABLE naming it (or availability()).
+  std::shared_ptr<const ServedModel> find(const std::string& name, const std::string& version,
+                                          grpc::Status* status) const;
+  // The model version an admitted request was admitted to (until complete() releases it).
+  static const ServedModel& served(const batching::Request& request) {
+    return *static_cast<const ServedModel*>(request.owner.get());
+  }
+
+  // Counts the request in flight, finds the model version for `model` and `version` (find),
+  // runs `convert` (which fills `request` from the call, for that version) and queues it on
+  // the version's queue. OK: queued, and request->on_complete will run once; it must call
+  // complete(), and may use served(*request) until then. Otherwise the status to answer with;
+  // nothing was queued.
+  using Convert = std::function<grpc::Status(const ServedModel& model)>;
+  grpc::Status admit(grpc::CallbackServerContext* context, const std::string& model,
+                     const std::string& version, const Convert& convert,
                      const std::shared_ptr<batching::Request>& request);
   // The same for a call whose deadline is given on the steady clock (HTTP: max() for none).
+  grpc::Status admit(batching::Clock::time_point deadline, const std::string& model,
+                     const std::string& version, const Convert& convert,
+                     const std::shared_ptr<batching::Request>& request);
+  // The same on a version found before (find): it serves the request even if swapped out
+  // meanwhile, as a request admitted before the swap would be.
   grpc::Status admit(batching::Clock::time_point deadline,
-                     const std::function<grpc::Status()>& convert,
+                     const std::shared_ptr<const ServedModel>& model, const Convert& convert,
                      const std::shared_ptr<batching::Request>& request);
   // An admitted request has been answered.
   void answered() {
@@ -91,40 +92,40 @@ class Intake {
   // fastformer_requests_total and the duration histogram; a warning for failures.
   void record(const char* method, const grpc::Status& status, batching::Clock::time_point start);
 
-  // Adds one finished inference request to the statistics: `start` is when its call arrived,
-  // `output_ns` the time spent converting its results into the response.
-  void record_inference(const batching::Request& request, bool ok,
-                        batching::Clock::time_point start, uint64_t output_ns);
+  // Adds one finished inference request to its model version's statistics: `start` is when
+  // its call arrived, `output_ns` the time spent converting its results into the response.
+  static void record_inference(const batching::Request& request, bool ok,
+                               batching::Clock::time_point start, uint64_t output_ns);
   // Closes an admitted call once its answer is ready: the statistics (record_inference), the
-  // request metrics (record) and the drain count (answered). Every API's completion calls it.
+  // request metrics (record), the request's hold on its model version, and the drain count
+  // (answered). Every API's completion calls it.
   void complete(const char* method, const batching::Request& request, const grpc::Status& status,
                 batching::Clock::time_point start, uint64_t output_ns) {
     record_inference(request, status.ok(), start, output_ns);
     record(method, status, start);
+    request.owner.reset();  // before answered(): the drain frees the versions at inflight 0
     answered();
   }
 
-  // One engine batch ran (the scheduler's observer calls this).
-  void record_execution() { statistics_.execution_count.fetch_add(1, std::memory_order_relaxed); }
-  const InferenceStatistics& statistics() const { return statistics_; }
-
   // Valid once serving.
-  const ServiceConfig& config() const { return config_; }
-  const engine::Engine& engine() const { return *engine_; }
-  const text::Tokenizer* tokenizer() const { return config_.tokenizer.get(); }
-  const batching::BatchQueue& queue() const { return *queue_; }
+  repository::Repository& repository() const { return *repository_; }
+  const std::string& server_version() const { return server_version_; }
   metrics::Metrics& metrics() { return metrics_; }
 
  private:
+  // admit's common part: `model` found (or null, with `status` saying why).
+  grpc::Status admit_found(batching::Clock::time_point deadline,
+                           std::shared_ptr<const ServedModel> model, grpc::Status status,
+                           const Convert& convert,
+                           const std::shared_ptr<batching::Request>& request);
+
   // Set once by start_serving, before serving_ turns true (release/acquire).
-  ServiceConfig config_;
-  const engine::Engine* engine_ = nullptr;
-  batching::BatchQueue* queue_ = nullptr;
+  repository::Repository* repository_ = nullptr;
+  std::string server_version_;
   metrics::Metrics& metrics_;
   std::atomic<bool> serving_{false};
   std::atomic<bool> draining_{false};
   std::atomic<int64_t> inflight_{0};
-  InferenceStatistics statistics_;
   int64_t max_concurrent_streams_ = 0;
   std::atomic<int64_t> open_streams_{0};
 };

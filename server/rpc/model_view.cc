@@ -15,52 +15,45 @@ void set_duration(const InferenceStatistics::Duration& from, inference::Statisti
 
 }  // namespace
 
-grpc::Status model_status(const Intake& intake, const std::string& name,
-                          const std::string& version) {
-  if (grpc::Status unavailable = intake.availability(); !unavailable.ok()) return unavailable;
-  return check_model(intake.engine().model(), name, version);
-}
-
 void fill_server_metadata(const Intake& intake, inference::ServerMetadataResponse* response) {
   response->set_name("fastformer-server");
-  response->set_version(intake.config().version);
+  response->set_version(intake.server_version());
   for (const char* extension : kExtensions) response->add_extensions(extension);
 }
 
-void fill_model_metadata(const Intake& intake, inference::ModelMetadataResponse* response) {
-  const engine::Model& model = intake.engine().model();
-  response->set_name(model.config().model_name);
-  static const std::string version =
-      kModelVersion;  // (GCC 12 misreads a literal assign here: -Wrestrict)
-  *response->add_versions() = version;
+void fill_model_metadata(const ServedModel& served, inference::ModelMetadataResponse* response) {
+  const engine::Model& model = *served.model;
+  response->set_name(served.name);
+  *response->add_versions() = served.version;
   response->set_platform(kPlatform);
   auto add = [](const TensorSpec& spec, inference::ModelMetadataResponse::TensorMetadata* tensor) {
     tensor->set_name(spec.name);
     tensor->set_datatype(spec.datatype);
     for (const int64_t d : spec.shape) tensor->add_shape(d);
   };
-  for (const TensorSpec& spec : model_inputs(model, intake.tokenizer()))
+  for (const TensorSpec& spec : model_inputs(model, served.tokenizer()))
     add(spec, response->add_inputs());
-  for (const TensorSpec& spec : model_outputs(model, intake.tokenizer()))
+  for (const TensorSpec& spec : model_outputs(model, served.tokenizer()))
     add(spec, response->add_outputs());
 }
 
-void fill_model_config(const Intake& intake, inference::ModelConfig* config) {
-  const engine::Engine& engine = intake.engine();
-  const ServiceConfig& service = intake.config();
-  config->set_name(engine.model().config().model_name);
+void fill_model_config(const ServedModel& served, inference::ModelConfig* config) {
+  const engine::Engine& engine = *served.engine;
+  const ServiceConfig& service = served.config;
+  config->set_name(served.name);
   config->set_platform(kPlatform);
   config->set_backend(kPlatform);
+  *config->mutable_version_policy() = served.settings.version_policy;
   // Dims leave out the batch dimension, as they do in Triton when max_batch_size > 0.
   config->set_max_batch_size(int32_t(std::min<int64_t>(service.max_batch_sequences, INT32_MAX)));
-  for (const TensorSpec& spec : model_inputs(engine.model(), intake.tokenizer())) {
+  for (const TensorSpec& spec : model_inputs(*served.model, served.tokenizer())) {
     inference::ModelInput* input = config->add_input();
     input->set_name(spec.name);
     input->set_data_type(spec.type);
     for (size_t d = 1; d < spec.shape.size(); ++d) input->add_dims(spec.shape[d]);
     input->set_optional(spec.optional);
   }
-  for (const TensorSpec& spec : model_outputs(engine.model(), intake.tokenizer())) {
+  for (const TensorSpec& spec : model_outputs(*served.model, served.tokenizer())) {
     inference::ModelOutput* output = config->add_output();
     output->set_name(spec.name);
     output->set_data_type(spec.type);
@@ -79,14 +72,15 @@ void fill_model_config(const Intake& intake, inference::ModelConfig* config) {
   parameters["max_batch_tokens"].set_string_value(std::to_string(service.max_batch_tokens));
   parameters["max_request_tokens"].set_string_value(
       std::to_string(service.limits.max_request_tokens));
+  parameters["max_queue_tokens"].set_string_value(std::to_string(served.settings.max_queue_tokens));
   parameters["max_position_embeddings"].set_string_value(
-      std::to_string(engine.model().config().max_position_embeddings));
+      std::to_string(served.model->config().max_position_embeddings));
 }
 
-void fill_model_statistics(const Intake& intake, inference::ModelStatistics* stats) {
-  const InferenceStatistics& from = intake.statistics();
-  stats->set_name(intake.engine().model().config().model_name);
-  stats->set_version(kModelVersion);
+void fill_model_statistics(const ServedModel& served, inference::ModelStatistics* stats) {
+  const InferenceStatistics& from = served.statistics;
+  stats->set_name(served.name);
+  stats->set_version(served.version);
   stats->set_last_inference(from.last_inference_ms.load(std::memory_order_relaxed));
   stats->set_inference_count(from.inference_count.load(std::memory_order_relaxed));
   stats->set_execution_count(from.execution_count.load(std::memory_order_relaxed));
@@ -97,6 +91,67 @@ void fill_model_statistics(const Intake& intake, inference::ModelStatistics* sta
   set_duration(from.compute_input, infer->mutable_compute_input());
   set_duration(from.compute_infer, infer->mutable_compute_infer());
   set_duration(from.compute_output, infer->mutable_compute_output());
+}
+
+grpc::Status fill_statistics(const Intake& intake, const std::string& name,
+                             const std::string& version,
+                             inference::ModelStatisticsResponse* response) {
+  if (grpc::Status unavailable = intake.availability(); !unavailable.ok()) return unavailable;
+  if (!name.empty() && !version.empty()) {
+    grpc::Status status;
+    const auto served = intake.find(name, version, &status);
+    if (!served) return status;
+    fill_model_statistics(*served, response->add_model_stats());
+    return grpc::Status::OK;
+  }
+  if (!name.empty()) {
+    grpc::Status status;
+    if (!intake.find(name, "", &status)) return status;  // NOT_FOUND / no READY version
+  }
+  for (const auto& served : intake.repository().serving()) {
+    if (name.empty() || served->name == name)
+      fill_model_statistics(*served, response->add_model_stats());
+  }
+  return grpc::Status::OK;
+}
+
+grpc::Status repository_control(const Intake& intake, const std::string& model,
+                                const std::vector<std::string>& parameters, bool unload) {
+  if (grpc::Status unavailable = intake.availability(); !unavailable.ok()) return unavailable;
+  if (intake.repository().mode() != repository::ControlMode::kExplicit) {
+    return {grpc::StatusCode::FAILED_PRECONDITION,
+            std::string("model_name '") + model + "': explicit model " +
+                (unload ? "unload" : "load") + " is not allowed: the server runs with " +
+                (intake.repository().mode() == repository::ControlMode::kPoll
+                     ? "--model-control-mode poll (it loads what the repository holds)"
+                     : "--model-control-mode none (its models are fixed at start)") +
+                "; start it with --model-control-mode explicit"};
+  }
+  if (model.empty()) {
+    return {grpc::StatusCode::INVALID_ARGUMENT,
+            "model_name: empty; name the model to " + std::string(unload ? "unload" : "load")};
+  }
+  for (const std::string& key : parameters) {
+    if (unload && key == "unload_dependents") continue;
+    return {grpc::StatusCode::INVALID_ARGUMENT,
+            "parameters '" + key + "': not supported by this server (" +
+                (unload ? "unload takes unload_dependents only"
+                        : "load reads <model>/config.pbtxt and the version directories "
+                          "from the repository") +
+                ")"};
+  }
+  return grpc::Status::OK;
+}
+
+void fill_repository_index(const Intake& intake, bool ready_only,
+                           inference::RepositoryIndexResponse* response) {
+  for (const repository::IndexEntry& e : intake.repository().index(ready_only)) {
+    auto* model = response->add_models();
+    model->set_name(e.name);
+    model->set_version(e.version);
+    model->set_state(repository::state_name(e.state));
+    model->set_reason(e.reason);
+  }
 }
 
 }  // namespace fastformer::rpc

@@ -6,6 +6,7 @@
 #include <grpcpp/support/status.h>
 
 #include <string>
+#include <vector>
 
 #include "inference/grpc_service.pb.h"
 #include "server/rpc/intake.h"
@@ -14,17 +15,29 @@ namespace fastformer::rpc {
 
 // The protocol's extensions every transport implements (ServerMetadata.extensions); REST adds
 // binary_tensor_data.
-inline constexpr const char* kExtensions[] = {"model_configuration", "statistics", "parameters"};
+inline constexpr const char* kExtensions[] = {"model_configuration", "statistics", "parameters",
+                                              "model_repository"};
 inline constexpr const char* kPlatform = "fastformer";
-
-// UNAVAILABLE while starting or draining, else check_model's verdict on name and version.
-grpc::Status model_status(const Intake& intake, const std::string& name,
-                          const std::string& version);
 
 // Valid once serving (intake.availability() OK).
 void fill_server_metadata(const Intake& intake, inference::ServerMetadataResponse* response);
-void fill_model_metadata(const Intake& intake, inference::ModelMetadataResponse* response);
-void fill_model_config(const Intake& intake, inference::ModelConfig* config);
-void fill_model_statistics(const Intake& intake, inference::ModelStatistics* stats);
+// Of one model version (Intake::find).
+void fill_model_metadata(const ServedModel& model, inference::ModelMetadataResponse* response);
+void fill_model_config(const ServedModel& model, inference::ModelConfig* config);
+void fill_model_statistics(const ServedModel& model, inference::ModelStatistics* stats);
+// ModelStatistics' answer: every READY version for an empty name; else the named model's
+// versions (all READY ones for an empty version). NOT_FOUND / UNAVAILABLE as find() says.
+grpc::Status fill_statistics(const Intake& intake, const std::string& name,
+                             const std::string& version,
+                             inference::ModelStatisticsResponse* response);
+// Whether a load (unload: `unload`) of `model` may go ahead: OK, or UNAVAILABLE while starting
+// or draining, FAILED_PRECONDITION outside --model-control-mode explicit, INVALID_ARGUMENT for
+// no model name or a parameter we do not act on (unload_dependents is accepted: nothing here
+// depends on another model).
+grpc::Status repository_control(const Intake& intake, const std::string& model,
+                                const std::vector<std::string>& parameters, bool unload);
+// RepositoryIndex's answer.
+void fill_repository_index(const Intake& intake, bool ready_only,
+                           inference::RepositoryIndexResponse* response);
 
 }  // namespace fastformer::rpc

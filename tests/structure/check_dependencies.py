@@ -2,10 +2,12 @@
 """The dependency rule: every include points down.
 
     client -> common
-    server/cmd -> server/http -> server/rpc -> server/request -> server/batching -> server/engine -> kernels -> common
-    server/rpc, server/cmd -> server/text -> server/engine (the tokenizer, on ICU, and the text
-                                                          rules: beside the batching, above the engine)
-    server/rpc, server/http, server/cmd -> server/metrics -> common
+    server/cmd -> server/http -> server/rpc -> server/repository -> server/request -> server/batching
+      -> server/engine -> kernels -> common
+    server/repository, server/rpc, server/cmd -> server/text -> server/engine (the tokenizer, on
+                                                          ICU, and the text rules: beside the
+                                                          batching, above the engine)
+    server/repository, server/rpc, server/http, server/cmd -> server/metrics -> common
 
 A layer may include itself and any layer below it, never one above or beside it;
 server/metrics knows none of the others (the batching reports to it through callbacks that
@@ -28,7 +30,7 @@ import tempfile
 
 # Bottom first. A file's layer is the longest of these prefixes its path starts with.
 SERVER_LAYERS = ["common", "kernels", "server/engine", "server/text", "server/batching", "server/request",
-                 "server/rpc", "server/http", "server/cmd"]
+                 "server/repository", "server/rpc", "server/http", "server/cmd"]
 # Generated from proto/ (the public API and gRPC health): usable by the RPC layers and clients.
 PROTO = ["fastformer/v1/", "grpc/health/"]
 # The client library's public header directory (client/include).
@@ -38,6 +40,7 @@ ALLOWED = {layer: SERVER_LAYERS[: i + 1] for i, layer in enumerate(SERVER_LAYERS
 # The batching never sees text: requests reach it as token ids.
 ALLOWED["server/batching"] = [l for l in ALLOWED["server/batching"] if l != "server/text"]
 ALLOWED["server/metrics"] = ["common", "server/metrics"]
+ALLOWED["server/repository"] = ALLOWED["server/repository"] + ["server/metrics"]
 ALLOWED["server/rpc"] = ALLOWED["server/rpc"] + ["server/metrics"] + PROTO
 ALLOWED["server/http"] = ALLOWED["server/http"] + ["server/metrics"] + PROTO
 ALLOWED["server/cmd"] = ALLOWED["server/cmd"] + ["server/metrics"] + PROTO

@@ -1,0 +1,96 @@
+// One model version as it serves: its weights, tokenizer and engine (loaded and warmed up off
+// the serving path), its own batch queue and its lane on the shared compute pool, the limits
+// its requests are checked against, and its protocol statistics. Immutable once READY, except
+// the statistics; requests hold it (batching::Request::owner) until they end, so a version
+// swapped out or unloaded finishes what it admitted before it is freed.
+#pragma once
+
+#include <atomic>
+#include <cstdint>
+#include <memory>
+#include <string>
+
+#include "inference/model_config.pb.h"
+#include "server/batching/queue.h"
+#include "server/batching/scheduler.h"
+#include "server/engine/engine.h"
+#include "server/engine/model.h"
+#include "server/metrics/metrics.h"
+#include "server/request/encode_input.h"
+#include "server/text/text.h"
+
+namespace fastformer::repository {
+
+// What one model serves with: the server's flags, overridden by its config.pbtxt.
+struct ModelSettings {
+  std::string backend;
+  std::string dtype;
+  int device = 0;
+  int threads = 0;
+  bool allow_tf32 = false;
+  int64_t max_batch_tokens = 0;
+  int64_t max_batch_sequences = 0;
+  int64_t max_queue_delay_us = 0;
+  int64_t max_queue_tokens = 0;    ///< this model's queue; the server-wide limit is separate
+  int64_t max_request_tokens = 0;  ///< 0: max(max_batch_tokens, max_position_embeddings)
+  int64_t max_request_inputs = 0;
+  inference::ModelVersionPolicy version_policy;  ///< default: latest 1
+};
+
+// What the protocol layers answer a model's requests and metadata with.
+struct ServiceConfig {
+  request::Limits limits;
+  std::string version;              ///< server_version in ModelInfo, version in ServerMetadata
+  int64_t max_batch_tokens = 0;     ///< reported in ModelInfo
+  int64_t max_batch_sequences = 0;  ///< max_batch_size in the v2 ModelConfig
+  int64_t max_queue_delay_us = 0;   ///< reported in the v2 ModelConfig
+  std::string dtype = "float32";
+  /// The model directory's tokenizer.json (text::load_tokenizer); null: the model takes no text.
+  std::shared_ptr<const text::Tokenizer> tokenizer;
+};
+
+// Cumulative statistics of one model version, for the protocol's ModelStatistics: every
+// inference request of every API counts. Nanoseconds, as the protocol has them.
+struct InferenceStatistics {
+  struct Duration {
+    std::atomic<uint64_t> count{0}, ns{0};
+    void add(uint64_t n) {
+      count.fetch_add(1, std::memory_order_relaxed);
+      ns.fetch_add(n, std::memory_order_relaxed);
+    }
+  };
+  Duration success, fail, queue, compute_input, compute_infer, compute_output;
+  std::atomic<uint64_t> inference_count{0};    ///< sequences (batch rows) of successful requests
+  std::atomic<uint64_t> execution_count{0};    ///< engine batches run
+  std::atomic<uint64_t> last_inference_ms{0};  ///< milliseconds since the epoch
+};
+
+struct ServedModel {
+  std::string name;     ///< the repository's directory name (or config.json's, for --model-dir)
+  std::string version;  ///< the version directory's name, "1" for --model-dir
+  int64_t version_number = 1;
+  std::string dir;  ///< the version directory
+  ModelSettings settings;
+  ServiceConfig config;
+  std::shared_ptr<const engine::Model> model;
+  std::shared_ptr<engine::Engine> engine;
+  std::unique_ptr<batching::BatchQueue> queue;
+  std::unique_ptr<batching::Scheduler> scheduler;  // a lane of the server's compute pool (null:
+                                                   // the owner forms and runs its batches)
+  mutable InferenceStatistics statistics;
+  std::string fingerprint;  ///< the version directory's files when it loaded
+  /// Its metric series (shared with another copy of the same version while one replaces it).
+  std::shared_ptr<metrics::ModelSeries> series;
+
+  const text::Tokenizer* tokenizer() const { return config.tokenizer.get(); }
+
+  // Closes the queue, runs what it holds and leaves the pool: the scheduler before the queue
+  // and the engine it runs on.
+  ~ServedModel() {
+    if (queue) queue->close();
+    scheduler.reset();
+    queue.reset();
+  }
+};
+
+}  // namespace fastformer::repository
