@@ -8,6 +8,7 @@
 #include <algorithm>
 #include <charconv>
 #include <chrono>
+#include <cstdio>
 #include <filesystem>
 #include <fstream>
 #include <sstream>
@@ -49,7 +50,8 @@ namespace {
 
 Error error(Error::Code code, std::string message) { return Error{code, std::move(message)}; }
 
-// A version directory's number: digits, not starting with 0; nullopt for anything else.
+}  // namespace
+
 std::optional<int64_t> version_number(const std::string& name) {
   if (name.empty() || name[0] == '0' || name.size() > 18) return std::nullopt;
   int64_t v = 0;
@@ -58,8 +60,7 @@ std::optional<int64_t> version_number(const std::string& name) {
   return v;
 }
 
-// The version directories under `model_dir`, by number.
-std::map<int64_t, std::string> version_dirs(const fs::path& model_dir) {
+std::map<int64_t, std::string> version_dirs(const std::filesystem::path& model_dir) {
   std::map<int64_t, std::string> out;
   std::error_code ec;
   for (const auto& e : fs::directory_iterator(model_dir, ec)) {
@@ -68,6 +69,8 @@ std::map<int64_t, std::string> version_dirs(const fs::path& model_dir) {
   }
   return out;
 }
+
+namespace {
 
 // What changes when a directory's files do: their names, sizes and modification times.
 std::string files_fingerprint(const fs::path& dir) {
@@ -107,9 +110,9 @@ int64_t positive(const std::string& file, const std::string& key, const std::str
   return v;
 }
 
-// `defaults` overridden by <model_dir>/config.pbtxt, if present. Throws std::invalid_argument
-// naming the file and the field.
-ModelSettings read_settings(const fs::path& model_dir, const std::string& name,
+}  // namespace
+
+ModelSettings read_settings(const std::filesystem::path& model_dir, const std::string& name,
                             const ModelSettings& defaults) {
   ModelSettings s = defaults;
   const fs::path file = model_dir / "config.pbtxt";
@@ -179,7 +182,6 @@ ModelSettings read_settings(const fs::path& model_dir, const std::string& name,
   return s;
 }
 
-// The versions `policy` serves out of those present.
 std::set<int64_t> wanted_versions(const inference::ModelVersionPolicy& policy,
                                   const std::map<int64_t, std::string>& present) {
   std::set<int64_t> out;
@@ -195,6 +197,8 @@ std::set<int64_t> wanted_versions(const inference::ModelVersionPolicy& policy,
   }
   return out;
 }
+
+namespace {
 
 // Bytes this process may still allocate: MemAvailable, or less under a cgroup v2 limit.
 int64_t available_memory() {

@@ -16,6 +16,7 @@
 #include <condition_variable>
 #include <cstdint>
 #include <deque>
+#include <filesystem>
 #include <functional>
 #include <map>
 #include <memory>
@@ -51,6 +52,18 @@ struct Error {
   Code code = Code::kInternal;
   std::string message;
 };
+
+// A version directory's number: digits, not starting with 0; nullopt for anything else.
+std::optional<int64_t> version_number(const std::string& name);
+// The version directories under `model_dir`, by number.
+std::map<int64_t, std::string> version_dirs(const std::filesystem::path& model_dir);
+// `defaults` overridden by <model_dir>/config.pbtxt, if present. Throws std::invalid_argument
+// naming the file and the field.
+ModelSettings read_settings(const std::filesystem::path& model_dir, const std::string& name,
+                            const ModelSettings& defaults);
+// The versions `policy` serves out of those present (latest 1 when it sets none).
+std::set<int64_t> wanted_versions(const inference::ModelVersionPolicy& policy,
+                                  const std::map<int64_t, std::string>& present);
 
 struct IndexEntry {
   std::string name, version;

@@ -89,7 +89,8 @@ def test_reflection(e2e, servers):
     services = {f"{f.package}.{s.name}": [m.name for m in s.method] for f in files for s in f.service}
     assert sorted(services.get(INFERENCE_SERVICE, [])) == sorted(
         ["ServerLive", "ServerReady", "ModelReady", "ServerMetadata", "ModelMetadata", "ModelInfer",
-         "ModelStreamInfer", "ModelConfig", "ModelStatistics"]), services
+         "ModelStreamInfer", "ModelConfig", "ModelStatistics", "RepositoryIndex", "RepositoryModelLoad",
+         "RepositoryModelUnload"]), services
 
 
 def test_health_of_each_service(e2e, servers):

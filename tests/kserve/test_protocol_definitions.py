@@ -88,4 +88,5 @@ def test_the_rpcs_we_serve_are_all_declared(tmp_path):
     assert service.name == "GRPCInferenceService"
     assert {m.name for m in service.method} == {
         "ServerLive", "ServerReady", "ModelReady", "ServerMetadata", "ModelMetadata", "ModelInfer",
-        "ModelStreamInfer", "ModelConfig", "ModelStatistics"}
+        "ModelStreamInfer", "ModelConfig", "ModelStatistics", "RepositoryIndex", "RepositoryModelLoad",
+        "RepositoryModelUnload"}

@@ -113,9 +113,9 @@ def test_unknown_model_is_not_found(client):
 
 def test_other_rpcs_unimplemented_with_a_message(client):
     with pytest.raises(InferenceServerException) as e:
-        client.get_model_repository_index()
+        client.get_system_shared_memory_status()
     assert e.value.status() == "StatusCode.UNIMPLEMENTED"
-    assert "RepositoryIndex" in e.value.message() and "not implemented by fastformer-server" in e.value.message()
+    assert "SystemSharedMemoryStatus" in e.value.message() and "not implemented by fastformer-server" in e.value.message()
 
 
 # ----------------------------------------------------------------------------- inference

@@ -7,6 +7,7 @@
 
 #include <atomic>
 #include <chrono>
+#include <condition_variable>
 #include <memory>
 #include <mutex>
 #include <random>
@@ -394,6 +395,93 @@ TEST(SchedulerTest, ConcurrentProducersCancellationsAndDeadlinesEndEveryRequestO
   EXPECT_GT(ok, ended / 2);
   EXPECT_EQ(queue.queued_tokens(), 0);
   EXPECT_EQ(queue.queued_sequences(), 0);
+}
+
+// An engine whose batches wait at a gate the test opens, and that logs which engine ran.
+class GatedEngine final : public engine::Engine {
+ public:
+  GatedEngine(int id, std::mutex& mu, std::condition_variable& cv, bool& open,
+              std::vector<int>& log)
+      : id_(id), mu_(mu), cv_(cv), open_(open), log_(log) {}
+  std::vector<EncodedSequence> encode(const engine::RaggedBatch& batch,
+                                      std::span<const OutputOptions>) override {
+    std::unique_lock lock(mu_);
+    log_.push_back(id_);
+    cv_.notify_all();
+    cv_.wait(lock, [&] { return open_; });
+    return std::vector<EncodedSequence>(size_t(batch.num_sequences()));
+  }
+  std::string backend_name() const override { return "fake"; }
+  std::string device_name() const override { return "fake"; }
+  int64_t max_batch_tokens() const override { return 1 << 20; }
+  const engine::Model& model() const override { throw std::logic_error("no model"); }
+
+ private:
+  int id_;
+  std::mutex& mu_;
+  std::condition_variable& cv_;
+  bool& open_;
+  std::vector<int>& log_;
+};
+
+// Three models on one compute pool: while model 0's batch computes, model 2's request arrives,
+// then model 1's. Both are staged; the pool runs the one that waited longest first (model 2),
+// whatever order the lanes joined the pool in.
+TEST(ComputePoolTest, RunsTheStagedBatchThatWaitedLongestFirst) {
+  std::mutex mu;
+  std::condition_variable cv;
+  bool open = false;
+  std::vector<int> log;
+  ComputePool pool;
+  std::vector<std::unique_ptr<BatchQueue>> queues;
+  std::vector<std::unique_ptr<GatedEngine>> engines;
+  std::vector<std::unique_ptr<Scheduler>> lanes;
+  for (int i = 0; i < 3; ++i) {
+    queues.push_back(std::make_unique<BatchQueue>(limits(100), config()));
+    engines.push_back(std::make_unique<GatedEngine>(i, mu, cv, open, log));
+    lanes.push_back(std::make_unique<Scheduler>(pool, *queues.back(), *engines.back()));
+  }
+  TestRequest first({5}), older({5}), newer({5});
+  queues[0]->push(first.request);
+  {
+    std::unique_lock lock(mu);
+    cv.wait(lock, [&] { return log.size() == 1; });  // model 0 computes, held at the gate
+  }
+  queues[2]->push(older.request);
+  std::this_thread::sleep_for(2ms);
+  queues[1]->push(newer.request);
+  // Wait until both are staged (formed and waiting for the pool), then open the gate.
+  while (queues[1]->queued_sequences() + queues[2]->queued_sequences() > 0)
+    std::this_thread::sleep_for(1ms);
+  std::this_thread::sleep_for(20ms);
+  {
+    std::lock_guard lock(mu);
+    open = true;
+  }
+  cv.notify_all();
+  for (auto& q : queues) q->close();
+  lanes.clear();  // joins every lane after its batches ran
+  EXPECT_EQ(log, (std::vector<int>{0, 2, 1}));
+  EXPECT_EQ(first.completions + older.completions + newer.completions, 3);
+}
+
+// A budget shared by two queues: a request that fits its own queue but not what both hold
+// is refused as kServerFull, and the budget is given back as batches form.
+TEST(ComputePoolTest, ASharedBudgetLimitsEveryQueueTogether) {
+  auto budget = std::make_shared<QueueBudget>(30);
+  BatchQueue a(limits(100, 100, 25), config(), {}, budget);
+  BatchQueue b(limits(100, 100, 25), config(), {}, budget);
+  TestRequest r1({20}), r2({15}), r3({10}), r4({26});
+  EXPECT_EQ(a.push(r1.request), Admission::kAdmitted);
+  EXPECT_EQ(b.push(r2.request), Admission::kServerFull);  // 35 over the shared 30
+  EXPECT_EQ(b.push(r3.request), Admission::kAdmitted);
+  EXPECT_EQ(b.push(r4.request), Admission::kQueueFull);  // 26 over b's own 25
+  EXPECT_EQ(budget->tokens.load(), 30);
+  a.close();
+  ASSERT_TRUE(a.next_batch().has_value());
+  EXPECT_EQ(budget->tokens.load(), 10);
+  EXPECT_EQ(b.push(r2.request), Admission::kAdmitted);
+  EXPECT_EQ(budget->tokens.load(), 25);
 }
 
 }  // namespace

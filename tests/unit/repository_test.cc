@@ -1,0 +1,300 @@
+// The model repository (server/repository): version directories and config.pbtxt as Triton
+// reads them, the version policies, and the repository itself on tiny CPU models: explicit
+// loads, swaps under concurrent requests (every request ends OK on the version it was admitted
+// to, run under ThreadSanitizer by make test-tsan), a broken version that leaves the serving one
+// untouched, the memory check, and an unload that waits for its requests.
+#include "server/repository/repository.h"
+
+#include <gtest/gtest.h>
+
+#include <atomic>
+#include <chrono>
+#include <filesystem>
+#include <fstream>
+#include <future>
+#include <thread>
+#include <vector>
+
+#include "tests/support/test_models.h"
+
+namespace fastformer::repository {
+namespace {
+
+namespace fs = std::filesystem;
+using test::TempDir;
+using namespace std::chrono_literals;
+
+ModelSettings defaults() {
+  ModelSettings s;
+  s.backend = "cpu";
+  s.dtype = "float32";
+  s.threads = 1;
+  s.max_batch_tokens = 256;
+  s.max_batch_sequences = 8;
+  s.max_queue_delay_us = 500;
+  s.max_queue_tokens = 1 << 16;
+  s.max_request_inputs = 64;
+  return s;
+}
+
+void write_text(const fs::path& path, const std::string& text) { std::ofstream(path) << text; }
+
+TEST(RepositorySettingsTest, VersionDirectoriesAreNumbersNotStartingWithZero) {
+  EXPECT_EQ(version_number("1"), 1);
+  EXPECT_EQ(version_number("42"), 42);
+  EXPECT_FALSE(version_number("0"));
+  EXPECT_FALSE(version_number("01"));
+  EXPECT_FALSE(version_number("v1"));
+  EXPECT_FALSE(version_number(""));
+  TempDir dir;
+  for (const char* d : {"1", "3", "0", "007", "latest"}) fs::create_directories(dir.path() / d);
+  write_text(dir.path() / "2", "a file, not a version directory");
+  const auto versions = version_dirs(dir.path());
+  ASSERT_EQ(versions.size(), 2u);
+  EXPECT_EQ(versions.begin()->first, 1);
+  EXPECT_EQ(versions.rbegin()->first, 3);
+}
+
+TEST(RepositorySettingsTest, VersionPolicies) {
+  const std::map<int64_t, std::string> present{{1, "a"}, {2, "b"}, {5, "c"}};
+  inference::ModelVersionPolicy policy;  // none set: latest 1
+  EXPECT_EQ(wanted_versions(policy, present), (std::set<int64_t>{5}));
+  policy.mutable_latest()->set_num_versions(2);
+  EXPECT_EQ(wanted_versions(policy, present), (std::set<int64_t>{2, 5}));
+  policy.mutable_all();
+  EXPECT_EQ(wanted_versions(policy, present), (std::set<int64_t>{1, 2, 5}));
+  policy.mutable_specific()->add_versions(1);
+  policy.mutable_specific()->add_versions(4);  // not present: left out
+  EXPECT_EQ(wanted_versions(policy, present), (std::set<int64_t>{1}));
+}
+
+TEST(RepositorySettingsTest, ConfigPbtxtOverridesTheFlags) {
+  TempDir dir;
+  EXPECT_EQ(read_settings(dir.path(), "m", defaults()).max_batch_sequences, 8);  // no file
+  write_text(dir.path() / "config.pbtxt", R"(
+    name: "m"
+    max_batch_size: 4
+    version_policy: { latest: { num_versions: 2 } }
+    dynamic_batching { max_queue_delay_microseconds: 2000 }
+    instance_group [ { kind: KIND_CPU count: 1 } ]
+    parameters { key: "dtype" value: { string_value: "bfloat16" } }
+    parameters { key: "max_batch_tokens" value: { string_value: "512" } }
+    parameters { key: "max_queue_tokens" value: { string_value: "4096" } }
+  )");
+  const ModelSettings s = read_settings(dir.path(), "m", defaults());
+  EXPECT_EQ(s.max_batch_sequences, 4);
+  EXPECT_EQ(s.max_queue_delay_us, 2000);
+  EXPECT_EQ(s.backend, "cpu");
+  EXPECT_EQ(s.dtype, "bfloat16");
+  EXPECT_EQ(s.max_batch_tokens, 512);
+  EXPECT_EQ(s.max_queue_tokens, 4096);
+  EXPECT_EQ(s.version_policy.latest().num_versions(), 2u);
+}
+
+TEST(RepositorySettingsTest, AConfigPbtxtErrorNamesTheFileAndTheField) {
+  TempDir dir;
+  const fs::path file = dir.path() / "config.pbtxt";
+  auto why = [&](const std::string& text) {
+    write_text(file, text);
+    return test::error_of<std::invalid_argument>(
+        [&] { read_settings(dir.path(), "m", defaults()); });
+  };
+  EXPECT_NE(why("max_batch_sizes: 4").find("max_batch_sizes"), std::string::npos);
+  EXPECT_NE(why("max_batch_sizes: 4").find(file.string()), std::string::npos);
+  EXPECT_NE(why("name: \"other\"").find("is not the model's directory name"), std::string::npos);
+  EXPECT_NE(why(R"(parameters { key: "colour" value: { string_value: "red" } })").find("colour"),
+            std::string::npos);
+  EXPECT_NE(why(R"(parameters { key: "max_batch_tokens" value: { string_value: "-3" } })")
+                .find("positive integer"),
+            std::string::npos);
+  EXPECT_NE(why("version_policy: { latest: { num_versions: 0 } }").find("num_versions"),
+            std::string::npos);
+}
+
+// A repository of model "m" on disk, versions written by seed.
+struct Fixture {
+  TempDir dir;
+  metrics::Metrics metrics;
+  fs::path root() const { return dir.path() / "repo"; }
+  void add_version(int version, uint64_t seed) {
+    test::TinyModelSpec spec;
+    spec.seed = seed;
+    spec.max_positions = 64;
+    test::write_tiny_model(root() / "m", std::to_string(version), spec);
+  }
+  RepositoryOptions options(ControlMode mode = ControlMode::kExplicit) const {
+    RepositoryOptions o;
+    o.root = root().string();
+    o.mode = mode;
+    o.load_models = {"m"};
+    o.defaults = defaults();
+    o.max_server_queue_tokens = 1 << 16;
+    o.server_version = "test";
+    return o;
+  }
+};
+
+std::optional<Error> load(Repository& r, const std::string& name) {
+  std::promise<std::optional<Error>> done;
+  r.load(name, [&](std::optional<Error> e) { done.set_value(std::move(e)); });
+  return done.get_future().get();
+}
+
+// One request of one sequence on `served`'s queue, as the intake admits it.
+std::shared_ptr<batching::Request> submit(const std::shared_ptr<const ServedModel>& served,
+                                          std::vector<int32_t>& ids, std::atomic<int>& ok,
+                                          std::atomic<int>& failed) {
+  auto request = std::make_shared<batching::Request>();
+  request->sequences.push_back({ids, {}});
+  request->owner = served;
+  const std::string version = served->version;
+  request->on_complete = [&ok, &failed, version](batching::Request& r) {
+    const bool right = r.outcome == batching::Outcome::kOk && r.results.size() == 1 &&
+                       static_cast<const ServedModel*>(r.owner.get())->version == version;
+    (right ? ok : failed).fetch_add(1);
+    r.owner.reset();
+  };
+  EXPECT_EQ(served->queue->push(request), batching::Admission::kAdmitted);
+  return request;
+}
+
+TEST(RepositoryTest, SwapsVersionsWhileRequestsRunAndLosesNone) {
+  Fixture f;
+  f.add_version(1, 1);
+  std::atomic<int> ok{0}, failed{0};
+  std::vector<std::vector<int32_t>> storage(3);  // the requests' ids: outlive the repository
+  Repository repository(f.options(), f.metrics);
+  std::string why;
+  ASSERT_TRUE(repository.start(&why)) << why;
+  Error e;
+  ASSERT_TRUE(repository.find("m", "", &e));
+  EXPECT_EQ(repository.find("m", "", &e)->version, "1");
+  EXPECT_TRUE(repository.ready());
+
+  std::atomic<bool> stop{false};
+  std::atomic<int> refused{0};
+  std::vector<std::thread> clients;
+  for (int t = 0; t < 3; ++t) {
+    storage[size_t(t)].assign(size_t(5 + t), 7);
+    clients.emplace_back([&, t] {
+      std::vector<int32_t>& ids = storage[size_t(t)];
+      while (!stop.load()) {
+        Error error;
+        auto served = repository.find("", "", &error);  // the only model: "m"
+        if (!served) {
+          refused.fetch_add(1);
+          continue;
+        }
+        submit(served, ids, ok, failed);
+        std::this_thread::sleep_for(200us);
+      }
+    });
+  }
+  for (int v = 2; v <= 5; ++v) {
+    std::this_thread::sleep_for(20ms);
+    f.add_version(v, uint64_t(v));
+    ASSERT_FALSE(load(repository, "m")) << "version " << v;
+    EXPECT_EQ(repository.find("m", "", &e)->version, std::to_string(v));
+    EXPECT_FALSE(repository.find("m", std::to_string(v - 1), &e));  // latest 1: swapped out
+  }
+  std::this_thread::sleep_for(20ms);
+  stop = true;
+  for (auto& t : clients) t.join();
+  // Every version but the last is freed once its requests end.
+  for (int i = 0; i < 400; ++i) {
+    int unloaded = 0;
+    for (const IndexEntry& entry : repository.index(false))
+      unloaded += entry.state == State::kUnavailable && entry.reason == "unloaded";
+    if (unloaded == 4) break;
+    std::this_thread::sleep_for(5ms);
+  }
+  const auto index = repository.index(false);
+  ASSERT_EQ(index.size(), 5u);
+  for (const IndexEntry& entry : index) {
+    if (entry.version == "5") {
+      EXPECT_EQ(entry.state, State::kReady);
+    } else {
+      EXPECT_EQ(entry.state, State::kUnavailable) << entry.version;
+      EXPECT_EQ(entry.reason, "unloaded");
+    }
+  }
+  repository.close();
+  EXPECT_GT(ok.load(), 0);
+  EXPECT_EQ(failed.load(), 0);
+  EXPECT_EQ(refused.load(), 0);  // the routing table always had a READY version
+}
+
+TEST(RepositoryTest, ABrokenVersionLeavesTheServingOneUntouched) {
+  Fixture f;
+  f.add_version(1, 1);
+  Repository repository(f.options(), f.metrics);
+  std::string why;
+  ASSERT_TRUE(repository.start(&why)) << why;
+  fs::create_directories(f.root() / "m" / "2");
+  fs::copy_file(f.root() / "m" / "1" / "config.json", f.root() / "m" / "2" / "config.json");
+  write_text(f.root() / "m" / "2" / "model.safetensors", "truncated");
+  const std::optional<Error> failure = load(repository, "m");
+  ASSERT_TRUE(failure);
+  EXPECT_NE(failure->message.find("version 2"), std::string::npos) << failure->message;
+  Error e;
+  ASSERT_TRUE(repository.find("m", "", &e));
+  EXPECT_EQ(repository.find("m", "", &e)->version, "1");
+  for (const IndexEntry& entry : repository.index(false)) {
+    if (entry.version == "2") {
+      EXPECT_EQ(entry.state, State::kUnavailable);
+      EXPECT_NE(entry.reason.find("load failed"), std::string::npos) << entry.reason;
+    } else {
+      EXPECT_EQ(entry.state, State::kReady);
+    }
+  }
+  EXPECT_FALSE(repository.find("m", "2", &e));
+  EXPECT_EQ(e.code, Error::Code::kUnavailable);
+  EXPECT_FALSE(repository.find("m", "9", &e));
+  EXPECT_EQ(e.code, Error::Code::kNotFound);
+  EXPECT_FALSE(repository.find("other", "", &e));
+  EXPECT_EQ(e.code, Error::Code::kNotFound);
+  EXPECT_NE(e.message.find("'other'"), std::string::npos);
+}
+
+TEST(RepositoryTest, ASecondCopyThatDoesNotFitInMemoryIsNotLoaded) {
+  Fixture f;
+  f.add_version(1, 1);
+  Repository repository(f.options(), f.metrics);
+  std::string why;
+  ASSERT_TRUE(repository.start(&why)) << why;
+  f.add_version(2, 2);
+  setenv("FASTFORMER_TEST_AVAILABLE_MEMORY_BYTES", "1000", 1);
+  const std::optional<Error> failure = load(repository, "m");
+  unsetenv("FASTFORMER_TEST_AVAILABLE_MEMORY_BYTES");
+  ASSERT_TRUE(failure);
+  EXPECT_NE(failure->message.find("not enough memory"), std::string::npos) << failure->message;
+  Error e;
+  EXPECT_EQ(repository.find("m", "", &e)->version, "1");
+}
+
+TEST(RepositoryTest, UnloadWaitsForTheRequestsInFlight) {
+  Fixture f;
+  f.add_version(1, 1);
+  std::vector<int32_t> ids(40, 3);
+  std::atomic<int> ok{0}, failed{0};
+  Repository repository(f.options(), f.metrics);
+  std::string why;
+  ASSERT_TRUE(repository.start(&why)) << why;
+  Error e;
+  std::vector<std::shared_ptr<batching::Request>> requests;
+  {
+    auto served = repository.find("m", "", &e);
+    for (int i = 0; i < 50; ++i) requests.push_back(submit(served, ids, ok, failed));
+  }
+  std::promise<void> unloaded;
+  repository.unload("m", [&](std::optional<Error>) { unloaded.set_value(); });
+  unloaded.get_future().get();
+  EXPECT_EQ(ok.load(), 50);  // every admitted request ran before the version was freed
+  EXPECT_EQ(failed.load(), 0);
+  EXPECT_FALSE(repository.find("m", "", &e));
+  EXPECT_EQ(e.code, Error::Code::kUnavailable);
+  EXPECT_TRUE(repository.ready());  // nothing left that it must serve
+}
+
+}  // namespace
+}  // namespace fastformer::repository
