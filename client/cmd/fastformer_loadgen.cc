@@ -46,6 +46,7 @@ struct Flags {
   std::string truncation = "none";
   int sequences_per_request = 1;
   int pool_requests = 256;
+  std::string model_name, model_version;
   bool stream = false;
   bool token_embeddings = false;  // ask for more than the pooled embedding, as a caller may
   bool logits = false;
@@ -194,6 +195,9 @@ int main(int argc, char** argv) {
   app.add_option("--sequences-per-request", f.sequences_per_request, "sequences in each request")
       ->check(CLI::PositiveNumber)
       ->capture_default_str();
+  app.add_option("--model-name", f.model_name,
+                 "the model to load (EncodeRequest.model_name; empty: the server's default)");
+  app.add_option("--model-version", f.model_version, "its version (empty: the newest READY one)");
   app.add_option("--pool-requests", f.pool_requests, "distinct requests made up front and cycled")
       ->check(CLI::PositiveNumber)
       ->capture_default_str();
@@ -239,7 +243,9 @@ int main(int argc, char** argv) {
   if (!client) return kExitUsage;
 
   v1::ModelInfo info;
-  if (const grpc::Status status = client->GetModelInfo(&info); !status.ok()) {
+  if (const grpc::Status status =
+          client->GetModelInfo(&info, std::nullopt, f.model_name, f.model_version);
+      !status.ok()) {
     cli::print_error(kProgram, "cannot reach the server at " + connection.target +
                                    ": GetModelInfo failed: " + cli::describe(status));
     return kExitFailure;
@@ -262,6 +268,8 @@ int main(int argc, char** argv) {
     pooled.request.set_return_token_embeddings(f.token_embeddings);
     pooled.request.set_return_logits(f.logits);
     pooled.request.set_truncation(truncation);
+    pooled.request.set_model_name(f.model_name);
+    pooled.request.set_model_version(f.model_version);
   }
   const std::string workload = texts.empty() ? f.lengths : "texts:" + f.texts;
   const loadgen::RunInfo run{workload, f.sequences_per_request};

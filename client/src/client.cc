@@ -159,8 +159,11 @@ std::unique_ptr<EncodeStreamCall> Client::OpenEncodeStream(
   return std::unique_ptr<EncodeStreamCall>(new EncodeStreamCall(std::move(reactor)));
 }
 
-grpc::Status Client::GetModelInfo(v1::ModelInfo* info, std::optional<Milliseconds> deadline) {
-  const v1::GetModelInfoRequest request;
+grpc::Status Client::GetModelInfo(v1::ModelInfo* info, std::optional<Milliseconds> deadline,
+                                  const std::string& model_name, const std::string& model_version) {
+  v1::GetModelInfoRequest request;
+  request.set_model_name(model_name);
+  request.set_model_version(model_version);
   return with_retries(*state_, "GetModelInfo", state_->deadline_for(deadline),
                       [&](grpc::ClientContext* context) {
                         info->Clear();
@@ -200,6 +203,8 @@ v1::EncodeRequest request_with(const EncodeOptions& options) {
   request.set_return_logits(options.return_logits);
   request.set_normalize(options.normalize);
   request.set_truncation(options.truncation);
+  request.set_model_name(options.model_name);
+  request.set_model_version(options.model_version);
   return request;
 }
 

@@ -22,14 +22,19 @@ ComputePool::~ComputePool() {
 void ComputePool::compute_loop() {
   std::unique_lock lock(mu_);
   for (;;) {
-    // The staged batch whose oldest sequence has waited longest: a batch's entries are in
-    // queue order, so its first entry is its oldest.
+    // The staged batch whose lane has waited longest: since its oldest sequence was admitted
+    // (a batch's entries are in queue order, so its first is its oldest), or since the lane's
+    // previous batch ended, whichever is later. A lane that just ran waits behind every other
+    // ready one, so a busy model delays another's batch by at most the one computing.
     Scheduler* pick = nullptr;
+    Clock::time_point pick_since{};
     for (Scheduler* lane : lanes_) {
       if (!lane->staged_ || lane->staged_->entries.empty()) continue;
-      if (pick == nullptr ||
-          lane->staged_->entries.front().queued_at < pick->staged_->entries.front().queued_at) {
+      const Clock::time_point since =
+          std::max(lane->staged_->entries.front().queued_at, lane->last_ran_);
+      if (pick == nullptr || since < pick_since) {
         pick = lane;
+        pick_since = since;
       }
     }
     if (pick == nullptr) {
@@ -45,6 +50,7 @@ void ComputePool::compute_loop() {
     pick->run_batch(batch);
     lock.lock();
     pick->running_ = false;
+    pick->last_ran_ = Clock::now();
     cv_.notify_all();  // join() may be waiting for this batch
   }
 }

@@ -3,9 +3,11 @@
 //
 // Several models share one ComputePool: each served model version has its own queue and its
 // own Scheduler (a lane), whose forming thread stages at most one batch; the pool's single
-// compute thread runs the staged batches one at a time, always taking the one whose oldest
-// sequence has waited longest. A busy model therefore delays another model's ready batch by at
-// most the batch computing when it became ready (docs/design.md: the scheduler).
+// compute thread runs the staged batches one at a time, always taking the one whose lane has
+// waited longest: since the batch's oldest sequence was admitted or since the lane's previous
+// batch ended, whichever is later. A busy model therefore delays another model's ready batch by
+// at most the batch computing when it became ready, and two busy models alternate batches
+// (docs/design.md: several models, one engine).
 #pragma once
 
 #include <condition_variable>
@@ -83,9 +85,10 @@ class Scheduler {
   engine::Engine& engine_;
   BatchObserver observer_;
   // Under pool_.mu_:
-  std::optional<Batch> staged_;  // the next batch, formed while another one computes
-  bool forming_done_ = false;    // the queue is closed and empty: no more batches
-  bool running_ = false;         // the pool is computing one of this lane's batches
+  std::optional<Batch> staged_;   // the next batch, formed while another one computes
+  bool forming_done_ = false;     // the queue is closed and empty: no more batches
+  bool running_ = false;          // the pool is computing one of this lane's batches
+  Clock::time_point last_ran_{};  // when its previous batch ended
   bool joined_ = false;
   std::thread former_;
 };

@@ -1,6 +1,7 @@
 #include "server/cmd/server_options.h"
 
 #include <CLI/CLI.hpp>
+#include <string_view>
 
 namespace fastformer {
 
@@ -19,7 +20,8 @@ std::optional<ServerOptions> parse_server_options(int argc, char** argv, int& ex
                          "model repository <dir>/<model>/<version>/ (Triton's layout; optional "
                          "<dir>/<model>/config.pbtxt)",
                          "FASTFORMER_MODEL_REPOSITORY");
-  model_dir->excludes(repository);
+  (void)model_dir;
+  (void)repository;
   opt("--model-control-mode", f.model_control_mode,
       "none: serve what the repository holds at start; explicit: --load-model at start, then "
       "the load/unload RPCs; poll: rescan every --repository-poll-secs and on SIGHUP",
@@ -138,6 +140,16 @@ std::optional<ServerOptions> parse_server_options(int argc, char** argv, int& ex
       ->needs(token_file);
   try {
     app.parse(argc, argv);
+    // The image sets FASTFORMER_MODEL_DIR=/models: a repository given on the command line or in
+    // FASTFORMER_MODEL_REPOSITORY wins over that environment default (never over --model-dir).
+    bool model_dir_flag = false;
+    for (int i = 1; i < argc; ++i) {
+      const std::string_view arg = argv[i];
+      model_dir_flag |= arg == "--model-dir" || arg.starts_with("--model-dir=");
+    }
+    if (!model_dir_flag && !f.model_repository.empty()) f.model_dir.clear();
+    if (!f.model_dir.empty() && !f.model_repository.empty())
+      throw CLI::ExcludesError("--model-dir", "--model-repository");
     if (f.model_dir.empty() == f.model_repository.empty())
       throw CLI::RequiredError("--model-dir or --model-repository (exactly one)");
     if (!f.model_dir.empty() && f.model_control_mode != "none") {

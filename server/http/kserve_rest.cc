@@ -282,7 +282,7 @@ void HttpApi::kserve_get(const Request&, Call call, const std::vector<std::strin
     json::Writer w;
     if (what.empty()) {
       inference::ModelMetadataResponse metadata;
-      rpc::fill_model_metadata(*served, &metadata);
+      rpc::fill_model_metadata(intake_, *served, &metadata);
       proto_json(metadata, w);
     } else if (what == "config") {
       inference::ModelConfig config;  // Triton answers the config itself, not its wrapper

@@ -141,9 +141,9 @@ void HttpApi::openai_embeddings(const Request& http_request, Call call) {
       for (const auto& m : intake_.repository().serving())
         names += (names.empty() ? "'" : ", '") + m->name + "'";
       for (const std::string& alias : options_.served_model_names) names += ", '" + alias + "'";
-      found = {grpc::StatusCode::NOT_FOUND, "model: '" + std::string(name) +
-                                                "' is not served here; this server serves " +
-                                                names + " (GET /v1/models)"};
+      found = {grpc::StatusCode::NOT_FOUND,
+               "model: '" + std::string(name) + "' is not served here; this server serves " +
+                   (names.empty() ? std::string("no model yet") : names) + " (GET /v1/models)"};
     }
     return fail(call, found, "model");
   }

@@ -269,6 +269,10 @@ void Metrics::set_model_state(const std::string& model, const std::string& versi
   }
 }
 
+void Metrics::declare_model(const std::string& model) {
+  model_load_failures_.Add({{"model", model}});
+}
+
 void Metrics::record_model_load(const std::string& model, bool ok, double seconds) {
   if (ok) {
     model_load_duration_.Add({{"model", model}}, kSecondsBuckets).Observe(seconds);

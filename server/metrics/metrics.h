@@ -77,6 +77,9 @@ class Metrics {
   // fastformer_model_state: `state` (one of kModelStates) 1, the others 0.
   void set_model_state(const std::string& model, const std::string& version,
                        const std::string& state);
+  // fastformer_model_load_failures_total{model} at 0 for a model the repository found, so that
+  // increase() sees its first failure.
+  void declare_model(const std::string& model);
   // fastformer_model_load_failures_total{model} and fastformer_model_load_duration_seconds.
   void record_model_load(const std::string& model, bool ok, double seconds);
 

@@ -360,7 +360,9 @@ bool Repository::reap() {
     {
       std::lock_guard lock(mu_);
       auto model = models_.find(name);
-      if (model != models_.end()) {
+      if (model == models_.end()) {
+        metrics_.set_model_state(name, version, "UNAVAILABLE");  // gone from the repository
+      } else {
         auto v = model->second.versions.find(number);
         if (v != model->second.versions.end() && v->second.state == State::kUnloading &&
             v->second.served == nullptr) {
@@ -580,6 +582,7 @@ std::optional<Error> Repository::load_now(const std::string& name) {
         Error::Code::kNotFound,
         "model '" + name + "' is not in the repository (no directory " + dir.string() + ")");
   }
+  metrics_.declare_model(name);
   const std::string print = fingerprint(name);
   ModelSettings settings;
   const auto present = version_dirs(dir);
@@ -772,6 +775,7 @@ bool Repository::start(std::string* message) {
           load_version("", 1, options_.model_dir, options_.defaults);
       served->fingerprint = files_fingerprint(options_.model_dir);
       const std::string name = served->name;
+      metrics_.declare_model(name);
       set_state(name, 1, State::kReady, "", std::move(served));
       std::lock_guard lock(mu_);
       expected_.insert(name);
@@ -857,6 +861,16 @@ std::shared_ptr<const ServedModel> Repository::find(const std::string& name,
     }
   }
   auto m = models_.find(*wanted);
+  std::error_code ec;
+  if (m == models_.end() && !root_.empty() && wanted->find('/') == std::string::npos &&
+      !wanted->empty() && (*wanted)[0] != '.' && fs::is_directory(fs::path(root_) / *wanted, ec)) {
+    *out = error(Error::Code::kUnavailable,
+                 "model '" + *wanted +
+                     "' is in the repository but not loaded (RepositoryModelLoad, or POST "
+                     "/v2/repository/models/" +
+                     *wanted + "/load)");
+    return nullptr;
+  }
   if (m == models_.end()) {
     std::string names;
     for (const auto& [n, record] : models_) names += (names.empty() ? "'" : ", '") + n + "'";

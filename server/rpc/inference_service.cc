@@ -60,7 +60,7 @@ grpc::ServerUnaryReactor* InferenceService::ModelMetadata(
   grpc::Status s;
   const auto served = intake_.find(request->name(), request->version(), &s);
   if (!served) return finish(context, "ModelMetadata", start, s);
-  fill_model_metadata(*served, response);
+  fill_model_metadata(intake_, *served, response);
   return finish(context, "ModelMetadata", start, grpc::Status::OK);
 }
 

@@ -21,10 +21,14 @@ void fill_server_metadata(const Intake& intake, inference::ServerMetadataRespons
   for (const char* extension : kExtensions) response->add_extensions(extension);
 }
 
-void fill_model_metadata(const ServedModel& served, inference::ModelMetadataResponse* response) {
+void fill_model_metadata(const Intake& intake, const ServedModel& served,
+                         inference::ModelMetadataResponse* response) {
   const engine::Model& model = *served.model;
   response->set_name(served.name);
-  *response->add_versions() = served.version;
+  // Every READY version of the model, as Triton lists them; the tensors are `served`'s.
+  for (const auto& version : intake.repository().serving())
+    if (version->name == served.name) *response->add_versions() = version->version;
+  if (response->versions_size() == 0) *response->add_versions() = served.version;
   response->set_platform(kPlatform);
   auto add = [](const TensorSpec& spec, inference::ModelMetadataResponse::TensorMetadata* tensor) {
     tensor->set_name(spec.name);

@@ -22,7 +22,8 @@ inline constexpr const char* kPlatform = "fastformer";
 // Valid once serving (intake.availability() OK).
 void fill_server_metadata(const Intake& intake, inference::ServerMetadataResponse* response);
 // Of one model version (Intake::find).
-void fill_model_metadata(const ServedModel& model, inference::ModelMetadataResponse* response);
+void fill_model_metadata(const Intake& intake, const ServedModel& model,
+                         inference::ModelMetadataResponse* response);
 void fill_model_config(const ServedModel& model, inference::ModelConfig* config);
 void fill_model_statistics(const ServedModel& model, inference::ModelStatistics* stats);
 // ModelStatistics' answer: every READY version for an empty name; else the named model's

@@ -425,8 +425,8 @@ class GatedEngine final : public engine::Engine {
 };
 
 // Three models on one compute pool: while model 0's batch computes, model 2's request arrives,
-// then model 1's. Both are staged; the pool runs the one that waited longest first (model 2),
-// whatever order the lanes joined the pool in.
+// then model 1's. Both are staged; neither lane has run yet, so the pool runs the one that
+// waited longest first (model 2), whatever order the lanes joined the pool in.
 TEST(ComputePoolTest, RunsTheStagedBatchThatWaitedLongestFirst) {
   std::mutex mu;
   std::condition_variable cv;
@@ -463,6 +463,45 @@ TEST(ComputePoolTest, RunsTheStagedBatchThatWaitedLongestFirst) {
   lanes.clear();  // joins every lane after its batches ran
   EXPECT_EQ(log, (std::vector<int>{0, 2, 1}));
   EXPECT_EQ(first.completions + older.completions + newer.completions, 3);
+}
+
+// Model 0 has a backlog of batches; model 1's request arrives while one of them computes. It
+// runs next, before the rest of model 0's backlog (admitted earlier): a lane that just ran
+// waits behind every other ready lane.
+TEST(ComputePoolTest, ABusyModelDelaysAnotherByOneBatchAtMost) {
+  std::mutex mu;
+  std::condition_variable cv;
+  bool open = false;
+  std::vector<int> log;
+  ComputePool pool;
+  BatchQueue busy(limits(10), config()), other(limits(10), config());
+  GatedEngine busy_engine(0, mu, cv, open, log), other_engine(1, mu, cv, open, log);
+  auto busy_lane = std::make_unique<Scheduler>(pool, busy, busy_engine);
+  auto other_lane = std::make_unique<Scheduler>(pool, other, other_engine);
+  std::vector<std::unique_ptr<TestRequest>> backlog;
+  for (int i = 0; i < 4; ++i) {
+    backlog.push_back(std::make_unique<TestRequest>(std::vector<int>{10}));  // a batch each
+    busy.push(backlog.back()->request);
+  }
+  {
+    std::unique_lock lock(mu);
+    cv.wait(lock, [&] { return log.size() == 1; });  // the first computes, held at the gate
+  }
+  TestRequest late({5});
+  other.push(late.request);
+  while (other.queued_sequences() > 0) std::this_thread::sleep_for(1ms);
+  std::this_thread::sleep_for(20ms);  // staged beside model 0's next batch
+  {
+    std::lock_guard lock(mu);
+    open = true;
+  }
+  cv.notify_all();
+  busy.close();
+  other.close();
+  busy_lane.reset();
+  other_lane.reset();
+  EXPECT_EQ(log, (std::vector<int>{0, 1, 0, 0, 0}));
+  EXPECT_EQ(late.completions, 1);
 }
 
 // A budget shared by two queues: a request that fits its own queue but not what both hold

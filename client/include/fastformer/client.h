@@ -84,6 +84,8 @@ struct EncodeOptions {
   bool normalize = false;
   v1::Truncation truncation = v1::TRUNCATION_UNSPECIFIED;
   std::string request_id;
+  std::string model_name;     ///< empty: the server's default model
+  std::string model_version;  ///< empty: its newest READY version
 };
 
 // grpc.health.v1 HealthCheckResponse.ServingStatus.
@@ -141,8 +143,12 @@ class Client {
       ResponseCallback on_response, std::optional<Milliseconds> deadline = std::nullopt,
       std::function<void(const grpc::Status&)> on_done = nullptr);
 
+  // Of `model_name` (empty: the server's default model) at `model_version` (empty: its newest
+  // READY version).
   grpc::Status GetModelInfo(v1::ModelInfo* info,
-                            std::optional<Milliseconds> deadline = std::nullopt);
+                            std::optional<Milliseconds> deadline = std::nullopt,
+                            const std::string& model_name = {},
+                            const std::string& model_version = {});
 
   // grpc.health.v1.Health/Check of `service` ("" = the server as a whole). kUnknown when the
   // check itself failed; `status` (optional) receives the RPC's status.
