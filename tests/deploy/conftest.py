@@ -3,14 +3,20 @@ FASTFORMER_BIN_DIR=build/bin /usr/bin/python3 -m pytest tests/deploy).
 
 What the tests get, through fixtures (never `from conftest import ...`):
 
-  deploy_files  paths of the files under test (deploy/compose.yaml, deploy/k8s/, ...)
+  deploy_files  paths of the files under test (deploy/compose.yaml, deploy/k8s/, deploy/kserve/, ...)
   flags         fastformer-server's options parsed from its --help: name, env var, default, choices
-  live_server   a real fastformer-server (tiny model made here, ephemeral ports, one Encode sent
-                first), up for the session; live_page: its /metrics, parsed (deploy_promql.Exposition)
-  start_server  start_server(**env): a fresh server for one test
-  run_server_env  starts the real server with a deployment file's FASTFORMER_* environment (model,
-                ports and backend swapped for the test's) and returns its log: proves the values
-                are ones the server accepts
+  model_repository  a model repository (Triton layout) made here: two models, LIVE_MODELS, each
+                with version 1 (a copy of the tiny model)
+  live_server   a real fastformer-server on that repository (ephemeral ports, default model
+                LIVE_MODELS[0], one Encode sent first), up for the session; live_page: its
+                /metrics, parsed (deploy_promql.Exposition). Two models, so that every per-model
+                series comes twice and a query that forgets to aggregate them shows
+  start_server  start_server(**env): a fresh server (one --model-dir) for one test
+  run_server_env  run_server_env(env, args=(), while_up=None): starts the real server with a
+                deployment file's FASTFORMER_* environment and command-line arguments (model
+                paths, addresses and backend swapped for the test's) and returns its log: proves
+                the values are ones the server accepts; while_up(server) runs while it serves
+                (server.local_port(port) is where a port the file declares is listened on here)
 
 The binaries are looked up in $FASTFORMER_BIN_DIR (default <repo>/build/bin); a missing one is a
 test failure.
@@ -19,6 +25,7 @@ test failure.
 from __future__ import annotations
 
 import os
+import re
 import shutil
 import signal
 import socket
@@ -40,6 +47,12 @@ import deploy_flags  # noqa: E402
 import deploy_promql  # noqa: E402
 
 START_TIMEOUT_S = 30.0
+LIVE_MODELS = ("tiny", "tiny-b")   # the live server's repository: <repo>/<name>/1/
+
+# The listening flags: variable, and the port the server listens on without it (its default;
+# test_compose_server_matches_flags checks these against --help).
+_ADDRESSES = {"listen": ("FASTFORMER_LISTEN", 50051), "http-listen": ("FASTFORMER_HTTP_LISTEN", 8000),
+              "metrics-listen": ("FASTFORMER_METRICS_LISTEN", 8002)}
 
 
 def _bin(name: str) -> Path:
@@ -81,22 +94,74 @@ def _die_with_parent(cmd):
     return [setpriv, "--pdeathsig", "SIGKILL", "--"] + cmd if setpriv else cmd
 
 
-class _Server:
-    """fastformer-server on 127.0.0.1 with ephemeral ports; env = the FASTFORMER_* variables to run with."""
+def _arg_value(args, name):
+    """The value of --name in an argument list (--name V or --name=V; the last one wins), else None."""
+    value = None
+    for i, a in enumerate(args):
+        if a == f"--{name}" and i + 1 < len(args):
+            value = args[i + 1]
+        elif a.startswith(f"--{name}="):
+            value = a.split("=", 1)[1]
+    return value
 
-    def __init__(self, model_dir: Path, log_path: Path, env=None):
+
+def _set_arg(args, name, value):
+    """args with every --name V / --name=V given the value `value`."""
+    out, skip = [], False
+    for i, a in enumerate(args):
+        if skip:
+            skip = False
+            continue
+        if a == f"--{name}" and i + 1 < len(args):
+            out += [a, value]
+            skip = True
+        elif a.startswith(f"--{name}="):
+            out.append(f"--{name}={value}")
+        else:
+            out.append(a)
+    return out
+
+
+def _port(address):
+    return int(str(address).strip().rsplit(":", 1)[1])
+
+
+class _Server:
+    """fastformer-server on 127.0.0.1 with ephemeral ports; env = the FASTFORMER_* variables to run
+    with, args = its command-line arguments. Without a model variable the model is model_dir
+    (--model-dir); a model variable or argument that is set is used as given (the caller has
+    put its own paths there). Every listening address, whether from env, args or the default,
+    is moved to a free port on 127.0.0.1: local_port(p) says where the port p the caller's file
+    declares (or the default one) went."""
+
+    def __init__(self, model_dir: Path, log_path: Path, env=None, args=()):
         self.port, self.metrics_port, self.http_port = _free_ports(3)
         env = dict(env or {})
-        env.update({"FASTFORMER_MODEL_DIR": str(model_dir), "FASTFORMER_LISTEN": f"127.0.0.1:{self.port}",
-                    "FASTFORMER_METRICS_LISTEN": f"127.0.0.1:{self.metrics_port}",
-                    "FASTFORMER_HTTP_LISTEN": f"127.0.0.1:{self.http_port}"})
+        args = [str(a) for a in args]
+        if not any(env.get(k) for k in ("FASTFORMER_MODEL_DIR", "FASTFORMER_MODEL_REPOSITORY")) and \
+                _arg_value(args, "model-dir") is None and _arg_value(args, "model-repository") is None:
+            env["FASTFORMER_MODEL_DIR"] = str(model_dir)
+        self.ports = {}
+        local = {"listen": self.port, "http-listen": self.http_port, "metrics-listen": self.metrics_port}
+        for flag, (var, default_port) in _ADDRESSES.items():
+            declared = _arg_value(args, flag) or env.get(var) or f"0.0.0.0:{default_port}"
+            self.ports[_port(declared)] = local[flag]
+            env[var] = f"127.0.0.1:{local[flag]}"
+            args = _set_arg(args, flag, env[var])
         env.setdefault("FASTFORMER_BACKEND", "cpu")
         env.setdefault("FASTFORMER_THREADS", "1")
         self.env = env
+        self.args = args
         self.log_path = log_path
         self._log = open(log_path, "wb")
-        self.proc = subprocess.Popen(_die_with_parent([str(_bin("fastformer-server"))]), stdin=subprocess.DEVNULL,
-                                     stdout=self._log, stderr=subprocess.STDOUT, env=_child_env(env))
+        self.proc = subprocess.Popen(_die_with_parent([str(_bin("fastformer-server"))] + args),
+                                     stdin=subprocess.DEVNULL, stdout=self._log, stderr=subprocess.STDOUT,
+                                     env=_child_env(env))
+
+    def local_port(self, declared: int) -> int:
+        """The port on 127.0.0.1 that stands for the port `declared` of the file under test."""
+        assert declared in self.ports, f"port {declared} is none of the server's ports {sorted(self.ports)}"
+        return self.ports[declared]
 
     def log(self) -> str:
         if not self._log.closed:
@@ -108,7 +173,7 @@ class _Server:
         while time.monotonic() < deadline:
             if self.proc.poll() is not None:
                 pytest.fail(f"fastformer-server exited with {self.proc.returncode} before SERVING with "
-                            f"{self.env}\nlog:\n{self.log()}", pytrace=False)
+                            f"{self.env} {self.args}\nlog:\n{self.log()}", pytrace=False)
             if "SERVING fastformer.v1" in self.log():   # text and json log formats
                 return self
             time.sleep(0.02)
@@ -145,7 +210,8 @@ def deploy_files():
         dashboard=d / "grafana" / "fastformer-dashboard.json",
         datasources=sorted((d / "grafana" / "provisioning" / "datasources").glob("*.y*ml")),
         dashboard_providers=sorted((d / "grafana" / "provisioning" / "dashboards").glob("*.y*ml")),
-        k8s=d / "k8s", adapter_rules=d / "k8s" / "prometheus-adapter-rules.yaml", dockerfile=REPO / "Dockerfile")
+        k8s=d / "k8s", adapter_rules=d / "k8s" / "prometheus-adapter-rules.yaml", kserve=d / "kserve",
+        dockerfile=REPO / "Dockerfile")
 
 
 @pytest.fixture(scope="session")
@@ -165,7 +231,7 @@ def help_text():
 def flags(help_text):
     parsed = deploy_flags.parse_help(help_text)
     # The checks below read these; if --help stops printing them in this form, fail loudly here.
-    for name in ("model-dir", "listen", "metrics-listen", "shutdown-timeout-s"):
+    for name in ("model-dir", "model-repository", "listen", "metrics-listen", "shutdown-timeout-s"):
         assert name in parsed, f"--{name} not found in fastformer-server --help (format changed?):\n{help_text}"
     for name in ("listen", "metrics-listen", "shutdown-timeout-s"):
         assert parsed[name].default, f"--{name} has no default in --help:\n{help_text}"
@@ -190,10 +256,26 @@ def tiny_model(tmp_path_factory):
 
 
 @pytest.fixture(scope="session")
-def live_server(tiny_model, tmp_path_factory):
-    """A live server after one Encode of 4 tokens (so every histogram and counter has moved), up for
-    the session: .page (its /metrics then, parsed), .metrics_port, .target, .scrape(), .encode()."""
-    srv = _Server(tiny_model, tmp_path_factory.mktemp("live") / "server.log").wait_serving()
+def model_repository(tiny_model, tmp_path_factory):
+    root = tmp_path_factory.mktemp("repository")
+    for name in LIVE_MODELS:
+        shutil.copytree(tiny_model, root / name / "1")
+    return root
+
+
+def _tokens_total(text: str) -> float:
+    """fastformer_tokens_total summed over its series (one per model and version)."""
+    return sum(float(v) for v in re.findall(r"^fastformer_tokens_total(?:\{[^}]*\})? (\S+)$", text, re.M))
+
+
+@pytest.fixture(scope="session")
+def live_server(tiny_model, model_repository, tmp_path_factory):
+    """A live server on the two-model repository after one Encode of 4 tokens (so every histogram
+    and counter of the default model has moved), up for the session: .page (its /metrics then,
+    parsed), .metrics_port, .target, .scrape(), .encode()."""
+    srv = _Server(tiny_model, tmp_path_factory.mktemp("live") / "server.log",
+                  {"FASTFORMER_MODEL_REPOSITORY": str(model_repository),
+                   "FASTFORMER_DEFAULT_MODEL": LIVE_MODELS[0]}).wait_serving()
 
     def encode():
         p = subprocess.run([str(_bin("fastformer-client")), "encode", "--target", srv.target(), "--ids", "5,6,7,8",
@@ -205,10 +287,10 @@ def live_server(tiny_model, tmp_path_factory):
         deadline = time.monotonic() + 5
         while True:   # the counters may be recorded just after the answer is sent
             text = srv.scrape()
-            if "fastformer_tokens_total 4" in text or time.monotonic() > deadline:
+            if _tokens_total(text) == 4 or time.monotonic() > deadline:
                 break
             time.sleep(0.05)
-        assert "fastformer_tokens_total 4" in text, f"the Encode of 4 tokens is not counted:\n{text}"
+        assert _tokens_total(text) == 4, f"the Encode of 4 tokens is not counted:\n{text}"
         srv.page = deploy_promql.Exposition(text)
         srv.encode = encode
         yield srv
@@ -240,25 +322,37 @@ def live_page(live_server):
 
 
 @pytest.fixture(scope="session")
-def run_server_env(tiny_model, tmp_path_factory):
-    """run(env) -> (log until SERVING and after SIGTERM, the env it ran with): the real server started
-    with a deployment's FASTFORMER_* variables; model dir, addresses, backend (cuda -> cpu), dtype
-    (the CPU engine serves float32 only) and threads are replaced by the test's, so check those
-    values separately (choices from --help)."""
+def run_server_env(tiny_model, model_repository, tmp_path_factory):
+    """run(env, args=(), while_up=None) -> (log until SERVING and after SIGTERM, the env it ran with):
+    the real server started with a deployment's FASTFORMER_* variables and arguments. A model
+    directory that is set becomes the tiny model, a model repository the two-model repository
+    (a variable set to "" stays "": that is how a manifest clears the image's), addresses move
+    to free ports on 127.0.0.1 (server.local_port), backend (cuda -> cpu), dtype (the CPU
+    engine serves float32 only) and threads are the test's, so check those values separately
+    (choices from --help). while_up(server) runs while it is SERVING: probes, say."""
     logs = tmp_path_factory.mktemp("env-runs")
     count = [0]
 
-    def run(env):
+    def run(env, args=(), while_up=None):
         count[0] += 1
-        env = {k: v for k, v in env.items() if k.startswith("FASTFORMER_")}
-        for k in ("FASTFORMER_MODEL_DIR", "FASTFORMER_LISTEN", "FASTFORMER_METRICS_LISTEN", "FASTFORMER_HTTP_LISTEN"):
-            env.pop(k, None)
+        env = {k: str(v) for k, v in env.items() if k.startswith("FASTFORMER_")}
+        args = [str(a) for a in args]
+        if env.get("FASTFORMER_MODEL_DIR"):
+            env["FASTFORMER_MODEL_DIR"] = str(tiny_model)
+        if env.get("FASTFORMER_MODEL_REPOSITORY"):
+            env["FASTFORMER_MODEL_REPOSITORY"] = str(model_repository)
+        for flag, value in (("model-dir", tiny_model), ("model-repository", model_repository),
+                            ("backend", "cpu"), ("dtype", "float32"), ("threads", "1")):
+            if _arg_value(args, flag) is not None:
+                args = _set_arg(args, flag, str(value))
         env["FASTFORMER_BACKEND"] = "cpu"
         env["FASTFORMER_DTYPE"] = "float32"
         env["FASTFORMER_THREADS"] = "1"   # 0 (all cores) would be as valid; the test keeps to one
-        srv = _Server(tiny_model, logs / f"run-{count[0]}.log", env)
+        srv = _Server(tiny_model, logs / f"run-{count[0]}.log", env, args)
         try:
             srv.wait_serving()
+            if while_up is not None:
+                while_up(srv)
         finally:
             log = srv.stop()
         return log, srv.env

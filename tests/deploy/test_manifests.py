@@ -1,12 +1,16 @@
-"""deploy/compose.yaml, deploy/k8s/, the Prometheus and Grafana files and the Dockerfile agree with
-the server: env var names, values, ports, probes, paths and the shutdown grace period are checked
-against `fastformer-server --help` (parsed at test time, see deploy_flags) and, for the values,
-by starting the real server with each file's environment."""
+"""deploy/compose.yaml, deploy/k8s/, deploy/kserve/, the Prometheus and Grafana files and the
+Dockerfile agree with the server: env var names, values, arguments, ports, probes, paths and the
+shutdown grace period are checked against `fastformer-server --help` (parsed at test time, see
+deploy_flags) and, for the values, by starting the real server with each file's environment
+(and arguments) and running each probe of the file against it."""
 
 import json
 import re
 import shutil
 import subprocess
+import sys
+import urllib.error
+import urllib.request
 from pathlib import Path
 
 import pytest
@@ -17,6 +21,8 @@ import deploy_promql
 import deploy_sources
 
 SERVER_SERVICES = ("fastformer", "fastformer-cpu")
+REPO = Path(__file__).resolve().parents[2]
+HEALTH_PATHS = {"/v2/health/ready": "ready", "/health": "ready", "/v2/health/live": "live"}
 
 
 # ----------------------------------------------------------------------------- shared checks
@@ -42,10 +48,11 @@ def _check_env(flags, env, where):
     return problems
 
 
-def _run_with_env(run_server_env, flags, env, where):
-    """The real server starts with env and reports the values it was given (limits line, drain time)."""
-    log, ran = run_server_env(env)
-    eff = deploy_flags.effective(flags, ran)
+def _run_with_env(run_server_env, flags, env, where, args=(), while_up=None):
+    """The real server starts with env (and args) and reports the values it was given (limits line,
+    drain time); while_up(server) runs while it serves."""
+    log, ran = run_server_env(env, args, while_up)
+    eff = deploy_flags.effective(flags, {**ran, **_args_env(flags, args)})
     m = re.search(r"limits: (.*)", log)
     assert m, f"{where}: no limits line in the server log:\n{log}"
     limits = dict(re.findall(r"([a-z-]+) (\d+)", m.group(1)))
@@ -57,8 +64,83 @@ def _run_with_env(run_server_env, flags, env, where):
     assert float(drain.group(1)) == float(eff["shutdown-timeout-s"]), (where, drain.group(0))
 
 
+def _args_env(flags, args):
+    """Command-line arguments as the variables that would set the same flags ({env name: value}),
+    so that deploy_flags.effective and _check_env read them; an unknown flag is an error."""
+    out, args, i = {}, [str(a) for a in args], 0
+    while i < len(args):
+        a = args[i]
+        assert a.startswith("--"), f"argument {a!r} is not a --flag (the image's ENTRYPOINT is fastformer-server)"
+        name, eq, value = a[2:].partition("=")
+        assert name in flags, f"--{name} is not a fastformer-server flag"
+        if not eq:
+            if flags[name].type == "":       # a switch
+                value = "true"
+            else:
+                assert i + 1 < len(args), f"--{name} has no value"
+                i += 1
+                value = args[i]
+        out[flags[name].env] = value
+        i += 1
+    return out
+
+
 def _shutdown_timeout(flags, env) -> float:
     return float(deploy_flags.effective(flags, env)["shutdown-timeout-s"])
+
+
+def _model_source(eff, where):
+    """(flag, path): the one of --model-dir / --model-repository the server runs with."""
+    given = [(f, eff.get(f)) for f in ("model-dir", "model-repository") if eff.get(f)]
+    assert len(given) == 1, f"{where}: the server needs exactly one of --model-dir and --model-repository, gets {given}"
+    return given[0]
+
+
+def _probe_kind(probe):
+    """'ready' or 'live': what a probe asks the server (gRPC health "" = ready), else None."""
+    if "grpc" in probe:
+        return "ready" if probe["grpc"].get("service", "") in ("", "fastformer.v1.Encoder") else None
+    if "httpGet" in probe:
+        return HEALTH_PATHS.get(probe["httpGet"].get("path"))
+    return None
+
+
+def _probe_port(probe, ports):
+    """The container port a probe goes to (a port name resolved through the container's ports)."""
+    spec = probe.get("grpc") or probe.get("httpGet") or {}
+    port = spec.get("port")
+    return ports[port] if isinstance(port, str) else int(port)
+
+
+def _run_probe(srv, name, probe, container_ports):
+    """Runs a manifest's probe as the kubelet would, against srv (ports mapped): passes or fails."""
+    local = srv.local_port(_probe_port(probe, container_ports))
+    if "grpc" in probe:
+        if str(REPO / "client" / "python") not in sys.path:
+            sys.path.insert(0, str(REPO / "client" / "python"))
+        from fastformer_client import Client
+        with Client(f"127.0.0.1:{local}", deadline_s=5) as client:
+            status = client.health(probe["grpc"].get("service", ""))
+        assert status == "SERVING", f"{name} (gRPC health {probe['grpc']}) on a SERVING server: {status}"
+    else:
+        url = f"http://127.0.0.1:{local}{probe['httpGet']['path']}"
+        try:
+            with urllib.request.urlopen(url, timeout=5) as r:
+                code = r.status
+        except urllib.error.HTTPError as e:
+            code = e.code
+        # the kubelet counts 200-399 as success
+        assert 200 <= code < 400, f"{name} GET {probe['httpGet']['path']} on a SERVING server: {code}"
+
+
+def _image_env(deploy_files):
+    """The FASTFORMER_* variables the image's ENV sets: a pod starts with them under its own."""
+    env = {}
+    for word, rest in _runtime_stage(deploy_files.dockerfile.read_text()):
+        if word == "ENV":
+            for k, v in re.findall(r"(\w+)=(\"[^\"]*\"|\S+)", rest) or [tuple(rest.split(None, 1))]:
+                env[k] = v.strip('"')
+    return {k: v for k, v in env.items() if k.startswith("FASTFORMER_")}
 
 
 # ----------------------------------------------------------------------------- the flag reader itself
@@ -67,7 +149,9 @@ def _shutdown_timeout(flags, env) -> float:
 def test_help_parser_reads_names_defaults_and_env(flags, help_text):
     assert flags["listen"].env == "FASTFORMER_LISTEN"
     assert deploy_flags.port_of(flags["listen"].default) > 0
-    assert flags["model-dir"].required
+    # exactly one of the two is needed, so neither is REQUIRED on its own
+    assert flags["model-repository"].env == "FASTFORMER_MODEL_REPOSITORY"
+    assert flags["model-control-mode"].default == "none"
     assert flags["backend"].choices and "cpu" in flags["backend"].choices
     # every option line with an Env: annotation was read
     assert len(flags) == help_text.count("(Env:"), sorted(flags)
@@ -278,33 +362,43 @@ def test_k8s_objects_and_kustomization(k8s, deploy_files):
         assert all(d["metadata"].get("namespace") == kust["namespace"] for d in built if d["kind"] != "Namespace")
 
 
-def test_k8s_deployment_matches_flags(deployment, flags, run_server_env):
+def test_k8s_deployment_matches_flags(deployment, flags, run_server_env, deploy_files):
     pod = deployment["spec"]["template"]["spec"]
     c = _server_container(deployment)
     env = {e["name"]: e["value"] for e in c.get("env") or [] if "value" in e}
     problems = _check_env(flags, env, "deployment")
     assert not problems, "\n".join(problems)
-    eff = deploy_flags.effective(flags, env)
+    assert not c.get("args") and not c.get("command"), "the deployment configures the server by env only"
+    # What the pod runs with: the image's ENV under the manifest's.
+    pod_env = {**_image_env(deploy_files), **env}
+    eff = deploy_flags.effective(flags, pod_env)
     grpc_port = deploy_flags.port_of(eff["listen"])
     metrics_port = deploy_flags.port_of(eff["metrics-listen"])
     http_port = deploy_flags.port_of(eff["http-listen"])
     ports = {p["name"]: p["containerPort"] for p in c["ports"]}
     assert ports == {"grpc": grpc_port, "http": http_port, "metrics": metrics_port}, ports
-    # Native gRPC probes on the health service (service "" or the Encoder's name).
+    # Readiness (and the startup probe) mean "the models are READY": native gRPC health "" on the
+    # gRPC port, or GET /v2/health/ready on the HTTP port; liveness only that the process answers.
     for probe in ("readinessProbe", "livenessProbe"):
         assert probe in c, f"no {probe}"
-    for probe in ("startupProbe", "readinessProbe", "livenessProbe"):
-        if probe in c:
-            g = c[probe].get("grpc")
-            assert g, f"{probe} is not a gRPC probe: {c[probe]}"
-            assert g["port"] == grpc_port, f"{probe} port {g['port']} != gRPC port {grpc_port}"
-            assert g.get("service", "") in ("", "fastformer.v1.Encoder"), g
+    for probe, want in (("startupProbe", "ready"), ("readinessProbe", "ready"), ("livenessProbe", "live")):
+        if probe not in c:
+            continue
+        assert _probe_kind(c[probe]) == want, f"{probe} should ask whether the server is {want}: {c[probe]}"
+        port = _probe_port(c[probe], ports)
+        assert port == (grpc_port if "grpc" in c[probe] else http_port), f"{probe} on port {port}: {c[probe]}"
     # One GPU.
     assert str(c["resources"]["limits"].get("nvidia.com/gpu")) == "1", c["resources"]
-    # The model volume at FASTFORMER_MODEL_DIR, from a volume of the pod.
+    # The model repository (or directory) volume where the server reads it, from a volume of the pod.
+    flag, path = _model_source(eff, "deployment")
+    assert flag == "model-repository", f"the deployment should serve a model repository, not --{flag}"
     mounts = {m["mountPath"]: m["name"] for m in c.get("volumeMounts") or []}
-    assert eff["model-dir"] in mounts, f"nothing mounted at {eff['model-dir']}: {mounts}"
-    assert mounts[eff["model-dir"]] in {v["name"] for v in pod.get("volumes") or []}
+    assert path in mounts, f"nothing mounted at {path}: {mounts}"
+    volumes = {v["name"]: v for v in pod.get("volumes") or []}
+    assert mounts[path] in volumes
+    claim = volumes[mounts[path]].get("persistentVolumeClaim", {}).get("claimName")
+    assert claim, f"the repository volume {mounts[path]} is not a PersistentVolumeClaim"
+    assert eff["model-control-mode"] in ("poll", "none", "explicit"), eff["model-control-mode"]
     # Grace period: preStop sleep, then the drain of up to --shutdown-timeout-s, with room to spare.
     pre = c["lifecycle"]["preStop"]
     if "sleep" in pre:
@@ -320,7 +414,10 @@ def test_k8s_deployment_matches_flags(deployment, flags, run_server_env):
     # Upgrades never go below the current capacity.
     ru = deployment["spec"]["strategy"]["rollingUpdate"]
     assert ru["maxUnavailable"] in (0, "0%") and ru["maxSurge"] not in (0, "0%"), ru
-    _run_with_env(run_server_env, flags, env, "k8s deployment")
+    # The real server with the pod's environment (image + manifest), and each probe against it.
+    probes = {name: c[name] for name in ("startupProbe", "readinessProbe", "livenessProbe") if name in c}
+    _run_with_env(run_server_env, flags, pod_env, "k8s deployment",
+                  while_up=lambda srv: [_run_probe(srv, n, p, ports) for n, p in probes.items()])
 
 
 def test_k8s_services_podmonitor_pdb(k8s, deployment, flags, deploy_files):
@@ -391,6 +488,80 @@ def test_k8s_pod_runs_as_the_image_user(deployment, deploy_files):
     assert sc.get("runAsUser") == int(m.group(1)), (sc.get("runAsUser"), m.group(0))
     users = [r for w, r in _runtime_stage(text) if w == "USER"]
     assert users and users[-1].split(":")[0] == m.group(1), f"runtime USER {users} is not uid {m.group(1)}"
+
+
+# ----------------------------------------------------------------------------- KServe
+
+
+@pytest.fixture(scope="module")
+def kserve(deploy_files):
+    objs = {}
+    paths = sorted(deploy_files.kserve.glob("*.y*ml"))
+    assert paths, "deploy/kserve has no manifests"
+    for path in paths:
+        for d in deploy_sources.load_yaml_docs(path):
+            assert isinstance(d, dict) and d.get("apiVersion") and d.get("kind") and d.get("metadata", {}).get("name"), \
+                f"{path.name}: not a Kubernetes object: {str(d)[:200]}"
+            objs.setdefault(d["kind"], []).append(d)
+    runtimes, services = objs.get("ServingRuntime", []), objs.get("InferenceService", [])
+    assert len(runtimes) == 1 and len(services) == 1, f"deploy/kserve: one ServingRuntime and one InferenceService, got {sorted(objs)}"
+    return runtimes[0], services[0]
+
+
+def test_kserve_runtime_and_inference_service(kserve, deployment):
+    rt, isvc = kserve
+    assert rt["apiVersion"] == "serving.kserve.io/v1alpha1", rt["apiVersion"]
+    assert isvc["apiVersion"] == "serving.kserve.io/v1beta1", isvc["apiVersion"]
+    formats = {f["name"] for f in rt["spec"]["supportedModelFormats"]}
+    assert "fastformer" in formats, formats
+    assert {"v2", "grpc-v2"} <= set(rt["spec"].get("protocolVersions") or []), rt["spec"].get("protocolVersions")
+    cs = rt["spec"]["containers"]
+    assert len(cs) == 1 and cs[0]["name"] == "kserve-container", [c["name"] for c in cs]
+    assert cs[0]["image"] == _server_container(deployment)["image"], "the runtime runs the deployment's image"
+    model = isvc["spec"]["predictor"]["model"]
+    assert model["modelFormat"]["name"] == "fastformer", model["modelFormat"]
+    assert model.get("runtime") == rt["metadata"]["name"], (model.get("runtime"), rt["metadata"]["name"])
+    assert re.match(r"^(s3|gs|pvc|https?|hdfs|webhdfs|oci|hf)://", model.get("storageUri", "")), model.get("storageUri")
+    ports = [p["containerPort"] for p in cs[0].get("ports") or []]
+    if len(ports) > 1:   # Knative (Serverless) allows one container port: both need RawDeployment
+        mode = (isvc["metadata"].get("annotations") or {}).get("serving.kserve.io/deploymentMode")
+        assert mode in ("RawDeployment", "Standard"), f"{len(ports)} ports need RawDeployment, not {mode}"
+
+
+def test_kserve_runtime_matches_flags(kserve, flags, run_server_env, deploy_files):
+    """The runtime's args and env are the server's; KServe's ports (REST 8080, gRPC 8081) are the ones
+    it listens on, named as Knative wants; the model repository is KServe's /mnt/models; the probes
+    pass against the real server started with these args, this env and the image's."""
+    rt, _ = kserve
+    c = rt["spec"]["containers"][0]
+    env = {e["name"]: str(e["value"]) for e in c.get("env") or [] if "value" in e}
+    args = [str(a) for a in c.get("args") or []]
+    assert not c.get("command"), "the image's ENTRYPOINT (fastformer-server) runs the args"
+    problems = _check_env(flags, {**env, **_args_env(flags, args)}, "kserve runtime")
+    assert not problems, "\n".join(problems)
+    pod_env = {**_image_env(deploy_files), **env}
+    eff = deploy_flags.effective(flags, {**pod_env, **_args_env(flags, args)})
+    assert _model_source(eff, "kserve runtime") == ("model-repository", "/mnt/models")
+    ports = {p["name"]: p["containerPort"] for p in c["ports"]}
+    http_port, grpc_port = deploy_flags.port_of(eff["http-listen"]), deploy_flags.port_of(eff["listen"])
+    assert (http_port, grpc_port) == (8080, 8081), "KServe's custom-runtime ports: REST 8080, gRPC 8081"
+    assert ports == {"http1": http_port, "h2c": grpc_port}, ports
+    annotations = rt["spec"].get("annotations") or {}
+    assert int(annotations.get("prometheus.kserve.io/port", 0)) == deploy_flags.port_of(eff["metrics-listen"])
+    assert annotations.get("prometheus.kserve.io/path") == "/metrics"
+    assert _probe_kind(c["readinessProbe"]) == "ready", c["readinessProbe"]
+    assert _probe_kind(c["livenessProbe"]) == "live", c["livenessProbe"]
+    probes = {name: c[name] for name in ("startupProbe", "readinessProbe", "livenessProbe") if name in c}
+    for name, probe in probes.items():
+        assert _probe_port(probe, ports) in ports.values(), f"{name} on a port the container does not declare"
+
+    def while_up(srv):
+        for name, probe in probes.items():
+            _run_probe(srv, name, probe, ports)
+        # and the gRPC port answers health "" (what a grpc-v2 client's channel first asks)
+        _run_probe(srv, "gRPC port", {"grpc": {"port": grpc_port}}, ports)
+
+    _run_with_env(run_server_env, flags, pod_env, "kserve runtime", args=args, while_up=while_up)
 
 
 # ----------------------------------------------------------------------------- Dockerfile (read only here)

@@ -30,7 +30,8 @@ def test_every_queried_metric_is_on_live_metrics(deploy_files, live_page):
 
 def test_dashboard_shows_what_the_issue_asks_for(deploy_files):
     """request rate by code, latency p50/p99, queue tokens, batch tokens and sequences, tokens/s,
-    device memory, dropped sequences: each shows up in at least one panel query."""
+    device memory, dropped sequences, and (issue 25) the model versions' states and per-model
+    throughput: each shows up in at least one panel query."""
     exprs = deploy_sources.dashboard_exprs(deploy_files.dashboard)
     parsed = [deploy_promql.parse(e.expr) for e in exprs]
     metrics = set().union(*(p.metrics for p in parsed))
@@ -45,6 +46,9 @@ def test_dashboard_shows_what_the_issue_asks_for(deploy_files):
         "tokens/s": "fastformer_tokens_total" in metrics,
         "device memory": "fastformer_device_memory_used_bytes" in metrics,
         "dropped sequences": "fastformer_sequences_dropped_total" in metrics,
+        "model version states": "fastformer_model_state" in metrics,
+        "tokens/s by model version": any("fastformer_tokens_total" in p.metrics and {"model", "version"} <= p.grouping
+                                         for p in parsed),
     }
     missing = [k for k, ok in want.items() if not ok]
     assert not missing, f"dashboard lacks: {missing}"

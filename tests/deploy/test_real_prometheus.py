@@ -1,6 +1,8 @@
 """A real Prometheus (Debian's `prometheus`) runs deploy/prometheus/prometheus.yml and its rules
-against a live server: the alert rules load and evaluate, and every dashboard query and the
-Prometheus Adapter query return series."""
+against a live server (two models in its repository): the alert rules load and evaluate, every
+dashboard query and the Prometheus Adapter query return series, the adapter gives one series per
+pod, and each dashboard legend tells its series apart (a query that forgets to aggregate the
+per-model series shows two series under one legend)."""
 
 import json
 import re
@@ -38,9 +40,10 @@ def _query(base, expr):
 
 
 def _grafana_to_promql(expr):
-    """What Grafana sends for the dashboard's variables: $__rate_interval a window, $instance All (.*)."""
+    """What Grafana sends for the dashboard's variables: $__rate_interval a window, $instance and
+    $model All (.*)."""
     expr = re.sub(r"\$__rate_interval|\$__interval|\$__range", "1m", expr)
-    return re.sub(r"\$\{?instance\}?", ".*", expr)
+    return re.sub(r"\$\{?(instance|model)\}?", ".*", expr)
 
 
 @pytest.fixture(scope="module")
@@ -133,3 +136,44 @@ def test_dashboard_and_adapter_queries_return_series(prometheus, deploy_files):
             empty.append(f"{where}: {expr}")
     assert not empty, "queries with no series against a live server:\n" + "\n".join(empty)
     print(f"{len(exprs)} queries, each returned series")
+
+
+def test_adapter_query_gives_one_series_per_pod(prometheus, deploy_files):
+    """The adapter asks for one value per pod; the per-model series (model, version labels) must be
+    summed into it, or the custom metrics API gets several values for one pod."""
+    for r in deploy_sources.adapter_rules(deploy_files.adapter_rules):
+        for s in r.series:
+            q = (r.metrics_query.replace("<<.Series>>", s).replace("<<.LabelMatchers>>", 'job="fastformer"')
+                 .replace("<<.GroupBy>>", "instance"))
+            res = _query(prometheus, q)["data"]["result"]
+            assert len(res) == 1, f"adapter metricsQuery for {s}: {len(res)} series for one pod: {res}"
+            assert set(res[0]["metric"]) == {"instance"}, res[0]["metric"]
+
+
+def test_dashboard_legends_tell_series_apart(prometheus, deploy_files):
+    """Every time-series target's legend, filled in with each of its series' labels, is different:
+    no two lines of a panel carry the same name (the live server has two models, so a query that
+    keeps the model and version labels under a per-instance legend shows up here)."""
+    dash = json.loads(deploy_files.dashboard.read_text())
+
+    def panels(ps):
+        for p in ps or []:
+            yield p
+            yield from panels(p.get("panels"))
+
+    clashes, checked = [], 0
+    for p in panels(dash.get("panels")):
+        for t in p.get("targets") or []:
+            if not t.get("expr") or t.get("format") == "table" or p.get("type") == "table":
+                continue
+            res = _query(prometheus, _grafana_to_promql(t["expr"]))["data"]["result"]
+            legend = t.get("legendFormat") or ""
+            names = [re.sub(r"\{\{\s*(\w+)\s*\}\}", lambda m, lb=r["metric"]: lb.get(m.group(1), ""), legend)
+                     if legend else json.dumps(r["metric"], sort_keys=True) for r in res]
+            checked += 1
+            dup = sorted({n for n in names if names.count(n) > 1})
+            if dup:
+                clashes.append(f"panel {p.get('title')!r} target {t.get('refId')}: {len(res)} series, legend "
+                               f"{legend!r} repeats {dup}: {[r['metric'] for r in res]}")
+    assert checked >= 10, checked
+    assert not clashes, "legends that do not tell series apart:\n" + "\n".join(clashes)
