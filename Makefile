@@ -36,8 +36,8 @@ build: deps
 	cmake --build $(BUILD_DIR) -j$(JOBS)
 
 test: build build-asan
-	$(MAKE) --no-print-directory lint test-unit test-golden test-e2e test-kserve test-http test-clients test-deploy \
-	  test-tokenizer test-demo test-gpu-rehearsal test-asan
+	$(MAKE) --no-print-directory lint test-unit test-golden test-e2e test-kserve test-http test-repository test-clients \
+	  test-deploy test-tokenizer test-demo test-gpu-rehearsal test-asan
 
 test-unit:
 	ctest --test-dir $(BUILD_DIR) --output-on-failure -j$(JOBS)

@@ -43,26 +43,30 @@ ASAN_E2E_DESELECT := \
 
 # Unit (incl. the emulated CUDA engine), emulation, fuzz-corpus replay, client and sanitizer-gate
 # tests (ctest); the bad-input golden tests; the end-to-end suite, Triton's clients
-# (tests/kserve, perf_analyzer included) and the HTTP suite (tests/http: the listener under
-# every third-party client, bad input and slow clients; about 1 min) against the ASan/UBSan server.
-test-asan: $(TRITON_VENV)/.installed $(HTTP_VENV)/.installed
+# (tests/kserve, perf_analyzer included), the HTTP suite (tests/http: the listener under
+# every third-party client, bad input and slow clients; about 1 min) and the model repository
+# suite (tests/repository: loads, hot swaps under load, unloads in flight, broken versions)
+# against the ASan/UBSan server.
+test-asan: $(TRITON_VENV)/.installed $(HTTP_VENV)/.installed $(TRITON_VENV)/.installed-http
 	$(SANITIZER_ENV) ctest --test-dir $(ASAN_DIR) --output-on-failure -j$(JOBS) -E '$(ASAN_CTEST_EXCLUDE)'
 	$(SANITIZER_ENV) FASTFORMER_BIN_DIR=$(CURDIR)/$(ASAN_DIR)/bin $(PYTHON) -m pytest tests/golden -q -m asan
 	$(SANITIZER_ENV) FASTFORMER_BIN_DIR=$(CURDIR)/$(ASAN_DIR)/bin $(PYTHON) -m pytest tests/e2e -q $(ASAN_E2E_DESELECT)
 	$(SANITIZER_ENV) FASTFORMER_BIN_DIR=$(CURDIR)/$(ASAN_DIR)/bin $(TRITON_VENV)/bin/python -m pytest tests/kserve -q
 	$(SANITIZER_ENV) FASTFORMER_BIN_DIR=$(CURDIR)/$(ASAN_DIR)/bin PERF_ANALYZER=$(CURDIR)/$(TRITON_VENV)/bin/perf_analyzer \
 	  $(HTTP_VENV)/bin/python -m pytest tests/http -q
+	$(SANITIZER_ENV) FASTFORMER_BIN_DIR=$(CURDIR)/$(ASAN_DIR)/bin $(TRITON_VENV)/bin/python -m pytest tests/repository -q
 
 # ---- ThreadSanitizer -----------------------------------------------------------------------
 
 # Only what test-tsan runs (its ctest selection: every test but the client label and the
-# structure checks, which look at the Release binaries in make test): the server, the client
-# programs and their tests are not built here (test-tsan-e2e builds them). A test whose
+# structure checks, which look at the Release binaries in make test; and fastformer-server, for
+# the hot-swap test): the client programs and their tests are not built here (test-tsan-e2e
+# builds them). A test whose
 # executable is missing from this list fails test-tsan loudly ("Could not find executable").
 TSAN_TARGETS := fastformer_unit_tests fastformer_emulation_tests fastformer_request_tests \
   fastformer_tokenizer_tests fastformer_auth_tests sanitizer_gate_data_race \
   fuzz_model_load_replay fuzz_batch_queue_replay fuzz_tokenizer_replay fuzz_request_replay \
-  fuzz_infer_request_replay
+  fuzz_infer_request_replay fastformer-server
 # fastformer_client_tests (label client) is not built here: gtest's discovery leaves a placeholder
 # test for it without the label, excluded by name; any other test not built still fails. The HTTP
 # layer's tests (fastformer_http_tests, fuzz_http_replay) run single-threaded on Boost.Beast and
@@ -90,8 +94,18 @@ build-tsan-all: deps build-tsan
 # built with TSan: its hand-offs between threads are invisible to TSan and reported as races
 # (docs/reliability.md, "Sanitizers"); until gRPC is instrumented they run in test-tsan-e2e,
 # outside CI.
-test-tsan: build-tsan
+#
+# Then the model repository's swap path: tests/repository's hot-swap test, with $(TSAN_SWAPS)
+# swaps, against the TSan server (loads and warm-ups off the serving path, the atomic swap, the
+# old version's retirement when its last request ends, under load). Its load comes from the
+# Release fastformer-loadgen in $(BUILD_DIR) (built by make test, which .ci/run runs first): a
+# client, outside the check.
+TSAN_SWAPS ?= 4
+test-tsan: build-tsan $(TRITON_VENV)/.installed-http
 	$(SANITIZER_ENV) ctest --test-dir $(TSAN_DIR) --output-on-failure -j$(JOBS) $(TSAN_CTEST_SELECT)
+	$(SANITIZER_ENV) FASTFORMER_BIN_DIR=$(CURDIR)/$(TSAN_DIR)/bin FASTFORMER_LOADGEN=$(CURDIR)/$(BUILD_DIR)/bin/fastformer-loadgen \
+	  FASTFORMER_SWAP_COUNT=$(TSAN_SWAPS) $(TRITON_VENV)/bin/python -m pytest -q \
+	  tests/repository/test_hot_swap.py::test_hot_swap_under_load
 
 TSAN_E2E := tests/e2e/test_server_batching.py tests/e2e/test_server_overload.py \
   tests/e2e/test_server_lifecycle.py $(wildcard tests/e2e/test_faults.py)

@@ -355,6 +355,7 @@ bool Repository::reap() {
   }
   for (Retiring& r : freed) {
     const std::string name = r.served->name, version = r.served->version;
+    bool unloaded = false;  // the version itself is gone, not a replaced copy of it
     const int64_t number = r.served->version_number;
     r.served.reset();  // closes its queue, joins its lane, frees its engine and weights
     {
@@ -362,6 +363,7 @@ bool Repository::reap() {
       auto model = models_.find(name);
       if (model == models_.end()) {
         metrics_.set_model_state(name, version, "UNAVAILABLE");  // gone from the repository
+        unloaded = true;
       } else {
         auto v = model->second.versions.find(number);
         if (v != model->second.versions.end() && v->second.state == State::kUnloading &&
@@ -369,13 +371,17 @@ bool Repository::reap() {
           v->second.state = State::kUnavailable;
           v->second.reason = "unloaded";
           metrics_.set_model_state(name, version, "UNAVAILABLE");
+          unloaded = true;
         }
       }
     }
-    spdlog::info(
-        "model {} version {}: a copy out of the routing table is freed (its last "
-        "request ended)",
-        name, version);
+    if (unloaded) {
+      spdlog::info("model {} version {} unloaded: its last request ended, its memory is freed",
+                   name, version);
+    } else {
+      spdlog::info("model {} version {}: the copy it replaced is freed (its last request ended)",
+                   name, version);
+    }
     for (Done& done : r.done)
       if (done) done(std::nullopt);
   }
@@ -534,7 +540,7 @@ std::shared_ptr<ServedModel> Repository::load_version(const std::string& name, i
     else
       spdlog::info("{}", speed.message);
   }
-  spdlog::info("model {} version {} READY in {:.2f} s (load {:.2f} s, warm-up {:.2f} s)",
+  spdlog::info("model {} version {} READY in {:.3f} s (load {:.3f} s, warm-up {:.3f} s)",
                served->name, served->version, total_s, load_s, warm_s);
   return served;
 }
@@ -711,7 +717,9 @@ std::optional<Error> Repository::load_now(const std::string& name) {
 
 std::optional<Error> Repository::unload_now(const std::string& name, Done done) {
   std::unique_lock lock(mu_);
-  expected_.erase(name);
+  // A model the server was started to serve stays expected: unloading it makes the server
+  // unready until it is loaded again (it is what this instance is there to serve).
+  if (!pinned_.count(name)) expected_.erase(name);
   auto m = models_.find(name);
   std::vector<int64_t> serving;
   if (m != models_.end()) {
@@ -811,6 +819,10 @@ bool Repository::start(std::string* message) {
       *message = e->message;
       return false;
     }
+  }
+  if (options_.mode == ControlMode::kExplicit) {
+    std::lock_guard lock(mu_);
+    pinned_.insert(names.begin(), names.end());
   }
   if (!options_.default_model.empty()) {
     std::lock_guard lock(mu_);

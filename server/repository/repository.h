@@ -110,7 +110,9 @@ class Repository {
   // Every READY version, by name then version.
   std::vector<std::shared_ptr<const ServedModel>> serving() const;
 
-  // Whether every model this server was started to serve has a READY version.
+  // Whether every model this server serves has a READY version: the ones it was started with
+  // (in explicit mode even once unloaded: it is unready until they are loaded again) and the
+  // ones loaded since; in poll mode, what the repository holds.
   bool ready() const;
 
   std::vector<IndexEntry> index(bool ready_only) const;
@@ -177,6 +179,7 @@ class Repository {
   mutable std::mutex mu_;  // guards models_, retiring_, expected_, closed_, tasks_
   std::map<std::string, ModelRecord> models_;
   std::set<std::string> expected_;  // what ready() waits for
+  std::set<std::string> pinned_;    // explicit mode's start models: expected even once unloaded
   std::vector<Retiring> retiring_;
   std::deque<std::function<void()>> tasks_;
   std::condition_variable cv_;

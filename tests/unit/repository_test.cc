@@ -293,7 +293,9 @@ TEST(RepositoryTest, UnloadWaitsForTheRequestsInFlight) {
   EXPECT_EQ(failed.load(), 0);
   EXPECT_FALSE(repository.find("m", "", &e));
   EXPECT_EQ(e.code, Error::Code::kUnavailable);
-  EXPECT_TRUE(repository.ready());  // nothing left that it must serve
+  EXPECT_FALSE(repository.ready());  // it was started to serve "m": unready until loaded again
+  ASSERT_FALSE(load(repository, "m"));
+  EXPECT_TRUE(repository.ready());
 }
 
 }  // namespace

@@ -1,0 +1,81 @@
+"""Several models share the machine fairly: one model at saturation does not push another's p99
+over twice its solo p99 (docs/design.md: the scheduler picks between models' ready batches by
+age)."""
+
+from __future__ import annotations
+
+import json
+import time
+
+import tritonclient.grpc as grpcclient
+
+from conftest import LoadgenProcess, assert_no_loadgen_errors, infer, percentile, response_model
+
+# The busy model: embed, the server's --default-model (fastformer-loadgen sends no model name),
+# with batches of up to BUSY_BATCH_TOKENS tokens (config.pbtxt: two of its sequences), under a
+# closed loop of BUSY_CONCURRENCY requests of BUSY_LENGTHS: just at saturation (docs/design.md:
+# the case the bound is stated for; here 3 in flight give the throughput that 4, 6 and 8 give,
+# about 4000 requests/s, with a batch always staged), each batch about 0.2-0.4 ms of compute. The
+# other: classify, asked one request at a time. One engine thread: on the 2-core CI machine the
+# load generator and the gRPC threads need the other core (with --threads 2 the compute threads
+# crowd them out: the busy model's throughput falls to about 1800 requests/s, and what the
+# probe then measures is the machine's oversubscription, not the scheduler).
+BUSY_BATCH_TOKENS = 256
+BUSY_CONCURRENCY = 3
+BUSY_LENGTHS = "fixed:128"
+PROBES = 300          # sequential classify requests per measurement
+PROBE_LENGTH = 24
+FLOOR_S = 0.002       # the absolute allowance on top of 2 x solo p99 (noise on a 1 ms figure)
+
+
+def probe(c, sources, n):
+    seqs = sources.classify.seqs([PROBE_LENGTH] * n)
+    lat = []
+    for s in seqs:
+        t0 = time.monotonic()
+        result = infer(c, grpcclient, "classify", [s])
+        lat.append(time.monotonic() - t0)
+        assert response_model(result) == ("classify", "1")
+    return lat
+
+
+def test_busy_model_does_not_starve_the_other(start, repo, sources):
+    """classify's p99 (300 sequential tritonclient ModelInfer calls, one 24-token sequence each)
+    with embed at saturation (fastformer-loadgen, closed loop of 3 x 128-token requests, batches
+    of 256 tokens) is at most 2 x its solo p99 + 2 ms. The 2 ms floor absorbs the scheduling
+    noise of a shared 2-core machine on a solo p99 of about half a millisecond (a Python client,
+    the load generator and the server on the same two cores); otherwise the bound is the
+    issue's 2x."""
+    repo.add("embed", 1, sources.v1)
+    repo.config("embed", f'parameters {{ key: "max_batch_tokens" value: {{ string_value: "{BUSY_BATCH_TOKENS}" }} }}\n')
+    repo.add("classify", 1, sources.classify)
+    srv = start(repo, default_model="embed", threads=1)
+    c = srv.grpc()
+    try:
+        probe(c, sources, 30)  # warm the connection and caches
+        solo = probe(c, sources, PROBES)
+        warmup_s, duration_s = 1.0, 6.0
+        t_launch = time.monotonic()
+        lg = LoadgenProcess(srv, "--concurrency", BUSY_CONCURRENCY, "--lengths", BUSY_LENGTHS,
+                            "--warmup", warmup_s, "--duration", duration_s)
+        try:
+            time.sleep(warmup_s + 0.5)
+            loaded = probe(c, sources, PROBES)
+            t_probed = time.monotonic()
+            step = lg.result(timeout=60)[-1]
+        finally:
+            lg.kill()
+    finally:
+        c.close()
+    assert_no_loadgen_errors(step, "the busy model's load")
+    assert t_probed < t_launch + warmup_s + duration_s, "the probes outlasted the load: make the run longer"
+    solo_p99, loaded_p99 = percentile(solo, 99), percentile(loaded, 99)
+    figures = {"solo_p50_ms": 1e3 * percentile(solo, 50), "solo_p99_ms": 1e3 * solo_p99,
+               "loaded_p50_ms": 1e3 * percentile(loaded, 50), "loaded_p99_ms": 1e3 * loaded_p99,
+               "bound_ms": 1e3 * (2 * solo_p99 + FLOOR_S),
+               "busy_requests_per_second": step["requests_per_second"], "busy_latency_ms": step["latency_ms"],
+               "busy_server_queue_ms": step["server_queue_ms"], "busy_server_compute_ms": step["server_compute_ms"]}
+    print("fairness:", json.dumps(figures))
+    assert loaded_p99 <= 2 * solo_p99 + FLOOR_S, \
+        f"classify's p99 with embed at saturation is {1e3 * loaded_p99:.2f} ms, over 2 x its solo p99 " \
+        f"{1e3 * solo_p99:.2f} ms + {1e3 * FLOOR_S:.0f} ms: {figures}"
