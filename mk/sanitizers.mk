@@ -59,14 +59,13 @@ test-asan: $(TRITON_VENV)/.installed $(HTTP_VENV)/.installed $(TRITON_VENV)/.ins
 # ---- ThreadSanitizer -----------------------------------------------------------------------
 
 # Only what test-tsan runs (its ctest selection: every test but the client label and the
-# structure checks, which look at the Release binaries in make test; and fastformer-server, for
-# the hot-swap test): the client programs and their tests are not built here (test-tsan-e2e
+# structure checks, which look at the Release binaries in make test): the client programs and their tests are not built here (test-tsan-e2e
 # builds them). A test whose
 # executable is missing from this list fails test-tsan loudly ("Could not find executable").
 TSAN_TARGETS := fastformer_unit_tests fastformer_emulation_tests fastformer_request_tests \
   fastformer_tokenizer_tests fastformer_auth_tests sanitizer_gate_data_race \
   fuzz_model_load_replay fuzz_batch_queue_replay fuzz_tokenizer_replay fuzz_request_replay \
-  fuzz_infer_request_replay fastformer-server
+  fuzz_infer_request_replay fastformer_repository_tests
 # fastformer_client_tests (label client) is not built here: gtest's discovery leaves a placeholder
 # test for it without the label, excluded by name; any other test not built still fails. The HTTP
 # layer's tests (fastformer_http_tests, fuzz_http_replay) run single-threaded on Boost.Beast and
@@ -95,17 +94,11 @@ build-tsan-all: deps build-tsan
 # (docs/reliability.md, "Sanitizers"); until gRPC is instrumented they run in test-tsan-e2e,
 # outside CI.
 #
-# Then the model repository's swap path: tests/repository's hot-swap test, with $(TSAN_SWAPS)
-# swaps, against the TSan server (loads and warm-ups off the serving path, the atomic swap, the
-# old version's retirement when its last request ends, under load). Its load comes from the
-# Release fastformer-loadgen in $(BUILD_DIR) (built by make test, which .ci/run runs first): a
-# client, outside the check.
-TSAN_SWAPS ?= 4
-test-tsan: build-tsan $(TRITON_VENV)/.installed-http
+# The model repository's swap path runs here as fastformer_repository_tests (RepositoryTest:
+# swaps under concurrent requests on real CPU engines, no gRPC); the server itself stays out
+# of CI's TSan run for the reason above.
+test-tsan: build-tsan
 	$(SANITIZER_ENV) ctest --test-dir $(TSAN_DIR) --output-on-failure -j$(JOBS) $(TSAN_CTEST_SELECT)
-	$(SANITIZER_ENV) FASTFORMER_BIN_DIR=$(CURDIR)/$(TSAN_DIR)/bin FASTFORMER_LOADGEN=$(CURDIR)/$(BUILD_DIR)/bin/fastformer-loadgen \
-	  FASTFORMER_SWAP_COUNT=$(TSAN_SWAPS) $(TRITON_VENV)/bin/python -m pytest -q \
-	  tests/repository/test_hot_swap.py::test_hot_swap_under_load
 
 TSAN_E2E := tests/e2e/test_server_batching.py tests/e2e/test_server_overload.py \
   tests/e2e/test_server_lifecycle.py $(wildcard tests/e2e/test_faults.py)
