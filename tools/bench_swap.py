@@ -26,9 +26,8 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import platform
 import shutil
-import socket
+import sys
 import statistics
 import subprocess
 import tempfile
@@ -38,19 +37,9 @@ import urllib.request
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(REPO / "tools"))
 
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
-def cpu_model() -> str:
-    for line in Path("/proc/cpuinfo").read_text().splitlines():
-        if line.startswith("model name"):
-            return line.split(":", 1)[1].strip()
-    return platform.processor()
+from bench_http import cpu_model, free_port  # noqa: E402
 
 
 def rss_bytes(pid: int) -> int:
