@@ -27,10 +27,10 @@ std::optional<ServerOptions> parse_server_options(int argc, char** argv, int& ex
       "the load/unload RPCs; poll: rescan every --repository-poll-secs and on SIGHUP",
       "FASTFORMER_MODEL_CONTROL_MODE")
       ->check(CLI::IsMember({"none", "explicit", "poll"}));
-  opt("--load-model", f.load_models,
-      "explicit mode: a model to load at start (repeatable; * = every model)",
-      "FASTFORMER_LOAD_MODEL")
-      ->delimiter(',');
+  app.add_option("--load-model", f.load_models,
+                 "explicit mode: a model to load at start (repeatable; * = every model)")
+      ->envname("FASTFORMER_LOAD_MODEL")
+      ->delimiter(',');  // no default shown: an empty list is "none", as docs/operations.md says
   opt("--repository-poll-secs", f.repository_poll_secs,
       "poll mode: seconds between repository scans (0: on SIGHUP only)",
       "FASTFORMER_REPOSITORY_POLL_SECS")

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import base64
 import concurrent.futures as cf
+import sys
 
 import grpc
 import numpy as np
@@ -14,7 +15,7 @@ import pytest
 import tritonclient.grpc as grpcclient
 import tritonclient.http as httpclient
 
-from conftest import TOL, check_result, close, desc, grpc_error, infer, response_model
+from conftest import REPO, TOL, check_result, close, desc, grpc_error, infer, response_model
 
 ALL_VERSIONS = "version_policy: { all: {} }\n"
 
@@ -154,6 +155,38 @@ def test_fastformer_v1_encode_routes_by_model_name_and_version(two_models, sourc
     with pytest.raises(grpc.RpcError) as e:
         v1api.encode(url, seqs, model_name="embed", model_version="9")
     assert e.value.code() == grpc.StatusCode.NOT_FOUND and "9" in e.value.details(), e.value
+
+
+def test_python_client_routes_by_model_name_and_version(two_models, sources):
+    """Our Python client (client/python): encode(model_name=, model_version=) and
+    model_info(model_name=) route, the result names who answered, encode_stream's per-message
+    model_name is honoured, and an unknown model raises NOT_FOUND naming it."""
+    sys.path.insert(0, str(REPO / "client" / "python"))
+    from fastformer_client import Client
+    from fastformer_client.errors import FastformerError
+
+    seqs = sources.classify.seqs([11, 25])
+    with Client(two_models.url, deadline_s=30) as c:
+        for name, version, want, source in (("classify", None, ("classify", "1"), sources.classify),
+                                            ("embed", 1, ("embed", "1"), sources.v1),
+                                            (None, None, ("embed", "2"), sources.v2)):
+            res = c.encode(seqs, model_name=name, model_version=version, return_result=True)
+            assert (res.model_name, res.model_version) == want, (name, version, res.model_name, res.model_version)
+            for r, s in enumerate(seqs):
+                ok, worst = close(res.embeddings[r], source.reference(s).embedding)
+                assert ok, f"client encode {name} v{version} row {r}: {worst:.2e}"
+        info = c.model_info(model_name="embed", model_version="1")
+        assert (info["model_name"], info["model_version"]) == ("embed", "1"), info
+        assert c.model_info(model_name="classify")["num_labels"] == 3
+        got = {r.request_id: (r.model_name, r.model_version)
+               for r in c.encode_stream([{"sequences": seqs, "model_name": "classify"},
+                                         {"sequences": seqs, "model_version": "1"}, seqs])}
+        assert got == {"0": ("classify", "1"), "1": ("embed", "1"), "2": ("embed", "2")}, got
+        with pytest.raises(FastformerError) as e:
+            c.encode(seqs, model_name="nope")
+        assert e.value.code == grpc.StatusCode.NOT_FOUND and "nope" in e.value.details, e.value
+        with pytest.raises(TypeError):
+            c.encode(seqs, model_version=1.5)
 
 
 def test_openai_model_field_routes_and_headers_say_who_answered(two_models, sources):

@@ -397,18 +397,36 @@ TEST(SchedulerTest, ConcurrentProducersCancellationsAndDeadlinesEndEveryRequestO
   EXPECT_EQ(queue.queued_sequences(), 0);
 }
 
-// An engine whose batches wait at a gate the test opens, and that logs which engine ran.
+// A gate the engines' batches wait at until the test opens it, and the log of which engine ran.
+struct Gate {
+  std::mutex mu;
+  std::condition_variable cv;
+  bool open = false;
+  std::vector<int> log;
+
+  void wait_until_ran(size_t n) {
+    std::unique_lock lock(mu);
+    cv.wait(lock, [&] { return log.size() == n; });
+  }
+  void open_it() {
+    {
+      std::lock_guard lock(mu);
+      open = true;
+    }
+    cv.notify_all();
+  }
+};
+
+// An engine whose batches wait at the gate, logging its id as each one starts.
 class GatedEngine final : public engine::Engine {
  public:
-  GatedEngine(int id, std::mutex& mu, std::condition_variable& cv, bool& open,
-              std::vector<int>& log)
-      : id_(id), mu_(mu), cv_(cv), open_(open), log_(log) {}
+  GatedEngine(int id, Gate& gate) : id_(id), gate_(gate) {}
   std::vector<EncodedSequence> encode(const engine::RaggedBatch& batch,
                                       std::span<const OutputOptions>) override {
-    std::unique_lock lock(mu_);
-    log_.push_back(id_);
-    cv_.notify_all();
-    cv_.wait(lock, [&] { return open_; });
+    std::unique_lock lock(gate_.mu);
+    gate_.log.push_back(id_);
+    gate_.cv.notify_all();
+    gate_.cv.wait(lock, [&] { return gate_.open; });
     return std::vector<EncodedSequence>(size_t(batch.num_sequences()));
   }
   std::string backend_name() const override { return "fake"; }
@@ -418,35 +436,26 @@ class GatedEngine final : public engine::Engine {
 
  private:
   int id_;
-  std::mutex& mu_;
-  std::condition_variable& cv_;
-  bool& open_;
-  std::vector<int>& log_;
+  Gate& gate_;
 };
 
 // Three models on one compute pool: while model 0's batch computes, model 2's request arrives,
 // then model 1's. Both are staged; neither lane has run yet, so the pool runs the one that
 // waited longest first (model 2), whatever order the lanes joined the pool in.
 TEST(ComputePoolTest, RunsTheStagedBatchThatWaitedLongestFirst) {
-  std::mutex mu;
-  std::condition_variable cv;
-  bool open = false;
-  std::vector<int> log;
+  Gate gate;
   ComputePool pool;
   std::vector<std::unique_ptr<BatchQueue>> queues;
   std::vector<std::unique_ptr<GatedEngine>> engines;
   std::vector<std::unique_ptr<Scheduler>> lanes;
   for (int i = 0; i < 3; ++i) {
     queues.push_back(std::make_unique<BatchQueue>(limits(100), config()));
-    engines.push_back(std::make_unique<GatedEngine>(i, mu, cv, open, log));
+    engines.push_back(std::make_unique<GatedEngine>(i, gate));
     lanes.push_back(std::make_unique<Scheduler>(pool, *queues.back(), *engines.back()));
   }
   TestRequest first({5}), older({5}), newer({5});
   queues[0]->push(first.request);
-  {
-    std::unique_lock lock(mu);
-    cv.wait(lock, [&] { return log.size() == 1; });  // model 0 computes, held at the gate
-  }
+  gate.wait_until_ran(1);  // model 0 computes, held at the gate
   queues[2]->push(older.request);
   std::this_thread::sleep_for(2ms);
   queues[1]->push(newer.request);
@@ -454,14 +463,10 @@ TEST(ComputePoolTest, RunsTheStagedBatchThatWaitedLongestFirst) {
   while (queues[1]->queued_sequences() + queues[2]->queued_sequences() > 0)
     std::this_thread::sleep_for(1ms);
   std::this_thread::sleep_for(20ms);
-  {
-    std::lock_guard lock(mu);
-    open = true;
-  }
-  cv.notify_all();
+  gate.open_it();
   for (auto& q : queues) q->close();
   lanes.clear();  // joins every lane after its batches ran
-  EXPECT_EQ(log, (std::vector<int>{0, 2, 1}));
+  EXPECT_EQ(gate.log, (std::vector<int>{0, 2, 1}));
   EXPECT_EQ(first.completions + older.completions + newer.completions, 3);
 }
 
@@ -469,13 +474,10 @@ TEST(ComputePoolTest, RunsTheStagedBatchThatWaitedLongestFirst) {
 // runs next, before the rest of model 0's backlog (admitted earlier): a lane that just ran
 // waits behind every other ready lane.
 TEST(ComputePoolTest, ABusyModelDelaysAnotherByOneBatchAtMost) {
-  std::mutex mu;
-  std::condition_variable cv;
-  bool open = false;
-  std::vector<int> log;
+  Gate gate;
   ComputePool pool;
   BatchQueue busy(limits(10), config()), other(limits(10), config());
-  GatedEngine busy_engine(0, mu, cv, open, log), other_engine(1, mu, cv, open, log);
+  GatedEngine busy_engine(0, gate), other_engine(1, gate);
   auto busy_lane = std::make_unique<Scheduler>(pool, busy, busy_engine);
   auto other_lane = std::make_unique<Scheduler>(pool, other, other_engine);
   std::vector<std::unique_ptr<TestRequest>> backlog;
@@ -483,24 +485,17 @@ TEST(ComputePoolTest, ABusyModelDelaysAnotherByOneBatchAtMost) {
     backlog.push_back(std::make_unique<TestRequest>(std::vector<int>{10}));  // a batch each
     busy.push(backlog.back()->request);
   }
-  {
-    std::unique_lock lock(mu);
-    cv.wait(lock, [&] { return log.size() == 1; });  // the first computes, held at the gate
-  }
+  gate.wait_until_ran(1);  // the first computes, held at the gate
   TestRequest late({5});
   other.push(late.request);
   while (other.queued_sequences() > 0) std::this_thread::sleep_for(1ms);
   std::this_thread::sleep_for(20ms);  // staged beside model 0's next batch
-  {
-    std::lock_guard lock(mu);
-    open = true;
-  }
-  cv.notify_all();
+  gate.open_it();
   busy.close();
   other.close();
   busy_lane.reset();
   other_lane.reset();
-  EXPECT_EQ(log, (std::vector<int>{0, 1, 0, 0, 0}));
+  EXPECT_EQ(gate.log, (std::vector<int>{0, 1, 0, 0, 0}));
   EXPECT_EQ(late.completions, 1);
 }
 

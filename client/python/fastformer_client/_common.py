@@ -137,26 +137,39 @@ def _add_sequence(req, i: int, s) -> None:
         raise TypeError(f"sequence {i}: {_describe(arr)}")
 
 
+def _routing(name: str, value) -> str:
+    """model_name / model_version as the request carries them: "" for None; a version may be an int."""
+    if value is None:
+        return ""
+    if isinstance(value, bool) or not isinstance(value, (str, int)):
+        raise TypeError(f"{name}: expected a str (or an int version), got {type(value).__name__}")
+    return str(value)
+
+
 def build_request(sequences, *, return_token_embeddings=False, return_logits=False, normalize=False,
-                  truncation=None, request_id=None):
+                  truncation=None, request_id=None, model_name=None, model_version=None):
     """An EncodeRequest. sequences: a list whose items are each one kind: a text (str, tokenized
     by the server), token ids (a list or 1-D integer array), input embeddings (a 2-D float array
     [n, hidden]), or a dict {"text": ...} / {"token_ids": ...} / {"input_embeddings": ...}
-    (input_embeddings may be flat there); the kinds may be mixed within a request."""
+    (input_embeddings may be flat there); the kinds may be mixed within a request.
+    model_name / model_version: which model and version answers (None: the server's default
+    model, its newest READY version)."""
     if isinstance(sequences, (str, bytes, Mapping)) or np.isscalar(sequences):
         hint = " (pass a list of texts: encode([\"some text\"]))" if isinstance(sequences, str) else ""
         raise TypeError(f"sequences: expected a list of sequences, got {type(sequences).__name__}{hint}")
     req = pb.EncodeRequest(request_id="" if request_id is None else str(request_id),
                            return_token_embeddings=bool(return_token_embeddings),
                            return_logits=bool(return_logits), normalize=bool(normalize),
-                           truncation=truncation_value(truncation))
+                           truncation=truncation_value(truncation),
+                           model_name=_routing("model_name", model_name),
+                           model_version=_routing("model_version", model_version))
     for i, s in enumerate(sequences):
         _add_sequence(req, i, s)
     return req
 
 
 _REQUEST_KEYS = {"sequences", "request_id", "return_token_embeddings", "return_logits", "normalize",
-                 "truncation"}
+                 "truncation", "model_name", "model_version"}
 
 
 def stream_request(item, index: int, defaults: Dict[str, Any]):
@@ -208,6 +221,7 @@ class EncodeResult:
                       the tokens the server's tokenizer made of it, special tokens included)
     queue_time_us, compute_time_us   the server's timings (docs/api.md)
     request_id        the request's id (EncodeStream: the message's, maybe assigned)
+    model_name, model_version   the model and version that answered
     """
     embeddings: np.ndarray
     token_embeddings: Optional[List[np.ndarray]]
@@ -216,6 +230,8 @@ class EncodeResult:
     queue_time_us: int
     compute_time_us: int
     request_id: str = ""
+    model_name: str = ""
+    model_version: str = ""
 
     def __len__(self) -> int:
         return len(self.embeddings)
@@ -253,7 +269,8 @@ def result_from_raw(raw: _wire.RawResponse, n_sequences: Optional[int], tokens: 
             if len(e.logits) != labels:
                 raise bad(f"sequence {i}: {len(e.logits)} logits, sequence 0 has {labels}")
             lg[i] = e.logits
-    return EncodeResult(emb, tok, lg, [e.num_tokens for e in encs], raw.queue_time_us, raw.compute_time_us, rid)
+    return EncodeResult(emb, tok, lg, [e.num_tokens for e in encs], raw.queue_time_us, raw.compute_time_us, rid,
+                        raw.model_name, raw.model_version)
 
 
 def model_info_dict(info) -> Dict[str, Any]:
@@ -361,10 +378,13 @@ def check_stream_errors(errors: str) -> None:
         raise ValueError(f"errors: expected 'raise' or 'yield', got {errors!r}")
 
 
-def stream_defaults(return_token_embeddings, return_logits, normalize, truncation) -> Dict[str, Any]:
+def stream_defaults(return_token_embeddings, return_logits, normalize, truncation, model_name=None,
+                    model_version=None) -> Dict[str, Any]:
     truncation_value(truncation)  # fail early
+    _routing("model_name", model_name)
+    _routing("model_version", model_version)
     return dict(return_token_embeddings=return_token_embeddings, return_logits=return_logits,
-                normalize=normalize, truncation=truncation)
+                normalize=normalize, truncation=truncation, model_name=model_name, model_version=model_version)
 
 
 def stream_answer(raw: _wire.RawResponse, sent: Dict[str, List[Tuple[int, bool, bool]]]):
@@ -538,10 +558,10 @@ class ClientBase:
             raise from_rpc_error(e, request_id) from e
 
     def _encode_steps(self, sequences, *, return_token_embeddings, return_logits, normalize, truncation,
-                      request_id, deadline_s, return_result) -> Steps:
+                      request_id, deadline_s, return_result, model_name=None, model_version=None) -> Steps:
         req = build_request(sequences, return_token_embeddings=return_token_embeddings,
                             return_logits=return_logits, normalize=normalize, truncation=truncation,
-                            request_id=request_id)
+                            request_id=request_id, model_name=model_name, model_version=model_version)
         raw = yield from self._unary("encode", req, self._cfg.timeout(deadline_s), request_id)
         if raw.error is not None and raw.error[0] != 0:
             raise error_for(raw.error[0], raw.error[1], request_id)
@@ -550,8 +570,10 @@ class ClientBase:
             return res
         return res.embeddings
 
-    def _model_info_steps(self, deadline_s) -> Steps:
-        info = yield from self._unary("model_info", pb.GetModelInfoRequest(), self._cfg.timeout(deadline_s))
+    def _model_info_steps(self, deadline_s, model_name=None, model_version=None) -> Steps:
+        req = pb.GetModelInfoRequest(model_name=_routing("model_name", model_name),
+                                     model_version=_routing("model_version", model_version))
+        info = yield from self._unary("model_info", req, self._cfg.timeout(deadline_s))
         return model_info_dict(info)
 
     def _health_steps(self, service: str, timeout, wait_for_ready: bool = False) -> Steps:

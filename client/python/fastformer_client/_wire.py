@@ -108,6 +108,8 @@ class RawResponse:
     encodings: List[RawEncoding] = field(default_factory=list)
     queue_time_us: int = 0
     compute_time_us: int = 0
+    model_name: str = ""  # the model and version that answered
+    model_version: str = ""
     error: Optional[Tuple[int, str]] = None  # (code, message) of EncodeStream's in-band error
 
 
@@ -156,6 +158,10 @@ def decode_encode_response(data: bytes) -> RawResponse:
                 elif n2 == 2 and w2 == 2:
                     msg = _string(buf, v2)
             r.error = (code, msg)
+        elif num == 6 and wt == 2:
+            r.model_name = _string(buf, v)
+        elif num == 7 and wt == 2:
+            r.model_version = _string(buf, v)
     return r
 
 

@@ -58,23 +58,26 @@ class AsyncClient(ClientBase):
     async def encode(self, sequences, *, return_token_embeddings: bool = False, return_logits: bool = False,
                      normalize: bool = False, truncation: Union[None, str, int] = None,
                      request_id: Optional[str] = None, deadline_s: Optional[float] = None,
-                     return_result: bool = False) -> Union[np.ndarray, EncodeResult]:
+                     return_result: bool = False, model_name: Optional[str] = None,
+                     model_version: Union[None, str, int] = None) -> Union[np.ndarray, EncodeResult]:
         """See Client.encode."""
         return await self._run(self._encode_steps(
             sequences, return_token_embeddings=return_token_embeddings, return_logits=return_logits,
             normalize=normalize, truncation=truncation, request_id=request_id, deadline_s=deadline_s,
-            return_result=return_result))
+            return_result=return_result, model_name=model_name, model_version=model_version))
 
     async def encode_stream(self, requests, *, return_token_embeddings: bool = False, return_logits: bool = False,
                             normalize: bool = False, truncation=None, deadline_s: Optional[float] = None,
-                            errors: str = "raise") -> AsyncIterator[Union[EncodeResult, FastformerError]]:
+                            errors: str = "raise", model_name: Optional[str] = None,
+                            model_version: Union[None, str, int] = None) -> AsyncIterator[Union[EncodeResult, FastformerError]]:
         """See Client.encode_stream; `requests` may be an iterable or an async iterable.
 
             async for result in client.encode_stream(requests):
                 ...
         """
         stream = self._stream(deadline_s, errors, return_token_embeddings=return_token_embeddings,
-                              return_logits=return_logits, normalize=normalize, truncation=truncation)
+                              return_logits=return_logits, normalize=normalize, truncation=truncation,
+                              model_name=model_name, model_version=model_version)
 
         async def messages():
             if not hasattr(requests, "__aiter__"):
@@ -102,9 +105,10 @@ class AsyncClient(ClientBase):
             call.cancel()
         stream.raise_failure()
 
-    async def model_info(self, *, deadline_s: Optional[float] = None) -> Dict[str, Any]:
+    async def model_info(self, *, deadline_s: Optional[float] = None, model_name: Optional[str] = None,
+                         model_version: Union[None, str, int] = None) -> Dict[str, Any]:
         """See Client.model_info."""
-        return await self._run(self._model_info_steps(deadline_s))
+        return await self._run(self._model_info_steps(deadline_s, model_name, model_version))
 
     async def health(self, service: str = "", *, deadline_s: Optional[float] = None) -> str:
         """See Client.health."""

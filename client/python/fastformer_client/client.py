@@ -57,7 +57,8 @@ class Client(ClientBase):
     def encode(self, sequences, *, return_token_embeddings: bool = False, return_logits: bool = False,
                normalize: bool = False, truncation: Union[None, str, int] = None,
                request_id: Optional[str] = None, deadline_s: Optional[float] = None,
-               return_result: bool = False) -> Union[np.ndarray, EncodeResult]:
+               return_result: bool = False, model_name: Optional[str] = None,
+               model_version: Union[None, str, int] = None) -> Union[np.ndarray, EncodeResult]:
         """Encodes the sequences of one request.
 
         sequences: a list whose items are each a text (a str, tokenized by the server with the
@@ -69,16 +70,20 @@ class Client(ClientBase):
         truncation: None (an over-long sequence is an error), "right" (keep the first
         max_position_embeddings tokens) or "left" (keep the last ones); a text's special tokens
         ([CLS], [SEP], ...) are kept either way.
+        model_name, model_version: the model and version that should answer, on a server with a
+        model repository (None: the default model, its newest READY version); the EncodeResult
+        says which answered (.model_name, .model_version).
         Raises the FastformerError subclass of the status (InvalidArgument, ResourceExhausted, ...).
         """
         return self._run(self._encode_steps(
             sequences, return_token_embeddings=return_token_embeddings, return_logits=return_logits,
             normalize=normalize, truncation=truncation, request_id=request_id, deadline_s=deadline_s,
-            return_result=return_result))
+            return_result=return_result, model_name=model_name, model_version=model_version))
 
     def encode_stream(self, requests: Iterable, *, return_token_embeddings: bool = False,
                       return_logits: bool = False, normalize: bool = False, truncation=None,
-                      deadline_s: Optional[float] = None, errors: str = "raise"
+                      deadline_s: Optional[float] = None, errors: str = "raise",
+                      model_name: Optional[str] = None, model_version: Union[None, str, int] = None
                       ) -> Iterator[Union[EncodeResult, FastformerError]]:
         """Sends every request of `requests` on one EncodeStream and yields an EncodeResult per
         request, in completion order (match them by .request_id).
@@ -92,7 +97,8 @@ class Client(ClientBase):
         oversize message) raises. `requests` is consumed lazily, on a gRPC thread.
         """
         stream = self._stream(deadline_s, errors, return_token_embeddings=return_token_embeddings,
-                              return_logits=return_logits, normalize=normalize, truncation=truncation)
+                              return_logits=return_logits, normalize=normalize, truncation=truncation,
+                              model_name=model_name, model_version=model_version)
         call = stream.start(self._rpc("encode_stream"), stream.messages(requests), self._cfg.metadata())
         try:
             for raw in call:
@@ -103,10 +109,11 @@ class Client(ClientBase):
             call.cancel()  # no-op once finished; ends the stream when the caller stops early
         stream.raise_failure()
 
-    def model_info(self, *, deadline_s: Optional[float] = None) -> Dict[str, Any]:
+    def model_info(self, *, deadline_s: Optional[float] = None, model_name: Optional[str] = None,
+                   model_version: Union[None, str, int] = None) -> Dict[str, Any]:
         """The served model and the server's limits (ModelInfo as a dict: hidden_size, num_labels,
         accepts_text (the model has a tokenizer.json), tokenizer (its description), ...)."""
-        return self._run(self._model_info_steps(deadline_s))
+        return self._run(self._model_info_steps(deadline_s, model_name, model_version))
 
     def health(self, service: str = "", *, deadline_s: Optional[float] = None) -> str:
         """grpc.health.v1 status of `service` ("" = the server): "SERVING", "NOT_SERVING",
