@@ -7,7 +7,9 @@ from __future__ import annotations
 
 import base64
 import concurrent.futures as cf
-import sys
+import json
+import os
+import subprocess
 
 import grpc
 import numpy as np
@@ -157,36 +159,59 @@ def test_fastformer_v1_encode_routes_by_model_name_and_version(two_models, sourc
     assert e.value.code() == grpc.StatusCode.NOT_FOUND and "9" in e.value.details(), e.value
 
 
+# Runs under Debian's /usr/bin/python3, where tests/python_client tests the client (this suite's
+# venv has a newer protobuf than the Debian protoc the client generates its stubs with).
+CLIENT_SCRIPT = r"""
+import json, sys
+import grpc
+from fastformer_client import Client
+from fastformer_client.errors import FastformerError
+url, seqs = sys.argv[1], json.loads(sys.argv[2])
+out = {"encode": [], "errors": []}
+with Client(url, deadline_s=30) as c:
+    for name, version in (("classify", None), ("embed", 1), (None, None)):
+        r = c.encode(seqs, model_name=name, model_version=version, return_result=True)
+        out["encode"].append([name, version, r.model_name, r.model_version, r.embeddings.tolist()])
+    info = c.model_info(model_name="embed", model_version="1")
+    out["info"] = [info["model_name"], info["model_version"], c.model_info(model_name="classify")["num_labels"]]
+    out["stream"] = sorted([r.request_id, r.model_name, r.model_version] for r in c.encode_stream(
+        [{"sequences": seqs, "model_name": "classify"}, {"sequences": seqs, "model_version": "1"}, seqs]))
+    try:
+        c.encode(seqs, model_name="nope")
+    except FastformerError as e:
+        out["errors"].append([e.code.name, e.details])
+    try:
+        c.encode(seqs, model_version=1.5)
+    except TypeError as e:
+        out["errors"].append(["TypeError", str(e)])
+print(json.dumps(out))
+"""
+
+
 def test_python_client_routes_by_model_name_and_version(two_models, sources):
     """Our Python client (client/python): encode(model_name=, model_version=) and
     model_info(model_name=) route, the result names who answered, encode_stream's per-message
     model_name is honoured, and an unknown model raises NOT_FOUND naming it."""
-    sys.path.insert(0, str(REPO / "client" / "python"))
-    from fastformer_client import Client
-    from fastformer_client.errors import FastformerError
-
     seqs = sources.classify.seqs([11, 25])
-    with Client(two_models.url, deadline_s=30) as c:
-        for name, version, want, source in (("classify", None, ("classify", "1"), sources.classify),
-                                            ("embed", 1, ("embed", "1"), sources.v1),
-                                            (None, None, ("embed", "2"), sources.v2)):
-            res = c.encode(seqs, model_name=name, model_version=version, return_result=True)
-            assert (res.model_name, res.model_version) == want, (name, version, res.model_name, res.model_version)
-            for r, s in enumerate(seqs):
-                ok, worst = close(res.embeddings[r], source.reference(s).embedding)
-                assert ok, f"client encode {name} v{version} row {r}: {worst:.2e}"
-        info = c.model_info(model_name="embed", model_version="1")
-        assert (info["model_name"], info["model_version"]) == ("embed", "1"), info
-        assert c.model_info(model_name="classify")["num_labels"] == 3
-        got = {r.request_id: (r.model_name, r.model_version)
-               for r in c.encode_stream([{"sequences": seqs, "model_name": "classify"},
-                                         {"sequences": seqs, "model_version": "1"}, seqs])}
-        assert got == {"0": ("classify", "1"), "1": ("embed", "1"), "2": ("embed", "2")}, got
-        with pytest.raises(FastformerError) as e:
-            c.encode(seqs, model_name="nope")
-        assert e.value.code == grpc.StatusCode.NOT_FOUND and "nope" in e.value.details, e.value
-        with pytest.raises(TypeError):
-            c.encode(seqs, model_version=1.5)
+    env = dict(os.environ, PYTHONPATH=str(REPO / "client" / "python"))
+    run = subprocess.run(["/usr/bin/python3", "-c", CLIENT_SCRIPT, two_models.url, json.dumps(seqs)],
+                         capture_output=True, text=True, timeout=120, env=env)
+    assert run.returncode == 0, run.stderr[-3000:]
+    out = json.loads(run.stdout)
+    want = {("classify", None): (("classify", "1"), sources.classify), ("embed", 1): (("embed", "1"), sources.v1),
+            (None, None): (("embed", "2"), sources.v2)}
+    assert len(out["encode"]) == 3
+    for name, version, got_name, got_version, emb in out["encode"]:
+        (answered, source) = want[(name, version)]
+        assert (got_name, got_version) == answered, (name, version, got_name, got_version)
+        for r, s in enumerate(seqs):
+            ok, worst = close(np.asarray(emb[r]), source.reference(s).embedding)
+            assert ok, f"client encode {name} v{version} row {r}: {worst:.2e}"
+    assert out["info"] == ["embed", "1", 3], out["info"]
+    assert out["stream"] == [["0", "classify", "1"], ["1", "embed", "1"], ["2", "embed", "2"]], out["stream"]
+    (code, msg), (kind, _) = out["errors"]
+    assert code == "NOT_FOUND" and "nope" in msg, out["errors"]
+    assert kind == "TypeError", out["errors"]
 
 
 def test_openai_model_field_routes_and_headers_say_who_answered(two_models, sources):
