@@ -59,8 +59,9 @@ def run(srv, model, tmp_path, concurrency="1:4"):
     pa = perf_analyzer()
     cmd = [str(pa), "-i", "http", "-u", f"127.0.0.1:{srv.http_port}", "-m", model.name,
            "--input-data", str(input_file(model, tmp_path / "input.json")),
-           "--concurrency-range", concurrency, "--measurement-interval", "500", "--max-trials", "4",
-           "--stability-percentage", "100"]
+           "--concurrency-range", concurrency, "--measurement-interval", "500", "--max-trials", "6",
+           # the counts are checked, not a stable rate: windows may differ up to 5x
+           "--stability-percentage", "400"]
     env = {**os.environ, "LD_LIBRARY_PATH": cuda_runtime_dir(pa)}
     out = subprocess.run(cmd, capture_output=True, text=True, timeout=120, env=env)
     assert out.returncode == 0, f"perf_analyzer exited {out.returncode}\n{out.stdout[-3000:]}\n{out.stderr[-3000:]}"

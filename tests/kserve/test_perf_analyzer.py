@@ -46,8 +46,10 @@ def input_file(model, path: Path, count=24, seed=3):
 def run(server, model, tmp_path, concurrency: str, streaming: bool):
     cmd = [str(perf_analyzer()), "-m", model.name, "-u", server.url, "-i", "grpc",
            "--input-data", str(input_file(model, tmp_path / "input.json")),
-           "--concurrency-range", concurrency, "--measurement-interval", "800", "--max-trials", "6",
-           "--stability-percentage", "60", "-f", str(tmp_path / "report.csv")]
+           "--concurrency-range", concurrency, "--measurement-interval", "800", "--max-trials", "8",
+           # What this checks is the counts, not a stable rate: windows may differ up to 5x
+           # (a sanitizer build on a shared 2-core machine; 60% failed there).
+           "--stability-percentage", "400", "-f", str(tmp_path / "report.csv")]
     if streaming:
         cmd.append("--streaming")
     env = {**os.environ, "LD_LIBRARY_PATH": cuda_runtime_dir()}

@@ -25,7 +25,7 @@ BUSY_CONCURRENCY = 3
 BUSY_LENGTHS = "fixed:128"
 PROBES = 300          # sequential classify requests per measurement
 PROBE_LENGTH = 24
-FLOOR_S = 0.002       # the absolute allowance on top of 2 x solo p99 (noise on a 1 ms figure)
+FLOOR_S = 0.002       # the least allowance on top of 2 x solo p99 (noise on a 1 ms figure)
 
 
 def probe(c, sources, n):
@@ -42,10 +42,14 @@ def probe(c, sources, n):
 def test_busy_model_does_not_starve_the_other(start, repo, sources):
     """classify's p99 (300 sequential tritonclient ModelInfer calls, one 24-token sequence each)
     with embed at saturation (fastformer-loadgen, closed loop of 3 x 128-token requests, batches
-    of 256 tokens) is at most 2 x its solo p99 + 2 ms. The 2 ms floor absorbs the scheduling
-    noise of a shared 2-core machine on a solo p99 of about half a millisecond (a Python client,
-    the load generator and the server on the same two cores); otherwise the bound is the
-    issue's 2x."""
+    of 256 tokens) is at most 2 x its solo p99 + the allowance: one of the busy model's batches
+    (docs/design.md: a busy model delays another by at most one batch; its p99 compute time as
+    the server reports it), and at least 2 ms. In the Release build a busy batch computes in
+    about 0.3 ms, so the allowance is the 2 ms floor, which absorbs the scheduling noise of a
+    shared 2-core machine on a solo p99 of about half a millisecond (a Python client, the load
+    generator and the server on the same two cores); otherwise the bound is the issue's 2x.
+    Under AddressSanitizer (make test-asan) a busy batch takes 8-20 ms, and the one-batch
+    allowance is what keeps the bound the scheduler's rule rather than the sanitizer's cost."""
     repo.add("embed", 1, sources.v1)
     repo.config("embed", f'parameters {{ key: "max_batch_tokens" value: {{ string_value: "{BUSY_BATCH_TOKENS}" }} }}\n')
     repo.add("classify", 1, sources.classify)
@@ -70,12 +74,13 @@ def test_busy_model_does_not_starve_the_other(start, repo, sources):
     assert_no_loadgen_errors(step, "the busy model's load")
     assert t_probed < t_launch + warmup_s + duration_s, "the probes outlasted the load: make the run longer"
     solo_p99, loaded_p99 = percentile(solo, 99), percentile(loaded, 99)
+    allowance_s = max(FLOOR_S, 1e-3 * step["server_compute_ms"]["p99"])
     figures = {"solo_p50_ms": 1e3 * percentile(solo, 50), "solo_p99_ms": 1e3 * solo_p99,
                "loaded_p50_ms": 1e3 * percentile(loaded, 50), "loaded_p99_ms": 1e3 * loaded_p99,
-               "bound_ms": 1e3 * (2 * solo_p99 + FLOOR_S),
+               "bound_ms": 1e3 * (2 * solo_p99 + allowance_s),
                "busy_requests_per_second": step["requests_per_second"], "busy_latency_ms": step["latency_ms"],
                "busy_server_queue_ms": step["server_queue_ms"], "busy_server_compute_ms": step["server_compute_ms"]}
     print("fairness:", json.dumps(figures))
-    assert loaded_p99 <= 2 * solo_p99 + FLOOR_S, \
+    assert loaded_p99 <= 2 * solo_p99 + allowance_s, \
         f"classify's p99 with embed at saturation is {1e3 * loaded_p99:.2f} ms, over 2 x its solo p99 " \
-        f"{1e3 * solo_p99:.2f} ms + {1e3 * FLOOR_S:.0f} ms: {figures}"
+        f"{1e3 * solo_p99:.2f} ms + {1e3 * allowance_s:.1f} ms: {figures}"
