@@ -75,7 +75,12 @@ TSAN_TARGETS := fastformer_unit_tests fastformer_emulation_tests fastformer_requ
 # leading dimensions, the base-long emulated engine), which take the same threaded paths as the
 # smaller emulation and engine tests that stay; without them test-tsan takes about half as long.
 TSAN_SLOW := PoolingTest\.KeyScoresAndKeyPoolingMatchTheReference<.*>|GemmSites\.EveryLeadingDimensionAndPointerIs16ByteAligned|Dtypes/EmulatedCudaBaseLongTest\..*
-TSAN_CTEST_SELECT := -LE client -E '^(structure\..*|fastformer_client_tests_NOT_BUILT|fastformer_http_tests_NOT_BUILT|fuzz_http_replay|$(TSAN_SLOW))$$'
+# The two config.pbtxt tests parse a map field (parameters) with protobuf's TextFormat, whose
+# inline map code compiled with -fsanitize=thread does not match Debian's uninstrumented
+# libprotobuf (a SEGV in RepeatedPtrFieldBase::Clear, not a race); they are single-threaded and
+# run in make test and under ASan. The repository's swap, load-failure and unload tests stay.
+TSAN_PROTOBUF_TEXT := RepositorySettingsTest\.ConfigPbtxtOverridesTheFlags|RepositorySettingsTest\.AConfigPbtxtErrorNamesTheFileAndTheField
+TSAN_CTEST_SELECT := -LE client -E '^(structure\..*|fastformer_client_tests_NOT_BUILT|fastformer_http_tests_NOT_BUILT|fuzz_http_replay|$(TSAN_SLOW)|$(TSAN_PROTOBUF_TEXT))$$'
 
 build-tsan: deps
 	cmake -S . -B $(TSAN_DIR) -DCMAKE_BUILD_TYPE=RelWithDebInfo -DFASTFORMER_CUDA=OFF -DFASTFORMER_SERVER=ON \
