@@ -24,8 +24,15 @@ COPY deploy/install-deps.sh deploy/install-deps.sh
 RUN deploy/install-deps.sh --build
 COPY . .
 # Only what the image ships (not the benchmarks' and tests' helpers): the five programs and,
-# in CUDA builds, the engine plugin.
-RUN cmake -S . -B build -DCMAKE_BUILD_TYPE=Release -DFASTFORMER_SERVER=ON -DFASTFORMER_TESTS=OFF \
+# in CUDA builds, the engine plugin. The configure line is the host's Release build's (`make
+# build`: warnings are errors, Ninja, ccache), so a compiler cache bind-mounted at /ccache serves
+# this build from the host's compiles (`buildah bud -v /var/cache/fastformer/ccache:/ccache`, as
+# deploy/image-test.sh does; `docker build` has no bind mounts and compiles everything).
+RUN if [ -d /ccache ] && [ -w /ccache ]; then cache="-DFASTFORMER_CCACHE_DIR=/ccache"; \
+    else cache="-DFASTFORMER_CCACHE=OFF"; fi \
+ && if command -v ninja >/dev/null; then export CMAKE_GENERATOR=Ninja; fi \
+ && cmake -S . -B build -DCMAKE_BUILD_TYPE=Release -DFASTFORMER_SERVER=ON -DFASTFORMER_WERROR=ON \
+      -DFASTFORMER_TESTS=OFF $cache \
       -DFASTFORMER_CUDA="${FASTFORMER_CUDA}" -DCMAKE_CUDA_ARCHITECTURES="${CUDA_ARCHS}" \
  && targets="fastformer-server fastformer-client fastformer-encode fastformer-bench fastformer-loadgen" \
  && if [ "${FASTFORMER_CUDA}" = ON ]; then targets="$targets fastformer_cuda_engine"; fi \

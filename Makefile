@@ -11,20 +11,24 @@
 # image built with buildah and run), `make fuzz FUZZ_SECONDS=60`, `make test-tsan` and
 # `make soak SOAK_SECONDS=60`. Those targets live in mk/*.mk.
 
+# The caches outside the checkout (compiler, venvs, the trained demo model) and the generator.
+include mk/cache.mk
+
 # The interpreter that imports torch: Debian's /usr/bin/python3 (python3-torch), which
 # may not be the python3 first on PATH.
 PYTHON ?= $(shell for p in /usr/bin/python3 python3; do $$p -c 'import torch' >/dev/null 2>&1 && { echo $$p; break; }; done)
 BUILD_DIR ?= build
 ASAN_DIR ?= build-asan
 JOBS ?= $(shell nproc)
-# CI builds treat warnings as errors.
-WERROR ?= $(if $(CI),ON,OFF)
+# Warnings are errors for developers and CI alike: one set of flags, so the compiler cache
+# (mk/cache.mk) serves both and a cached object never stands for a build with other flags.
+WERROR ?= ON
 SERVER ?= ON
 CMAKE_ARGS ?=
 MODEL_DIR ?= models/demo
 DEMO_PRESET ?= official
 
-.PHONY: all deps build test test-unit test-golden test-e2e test-clients test-deploy serve demo-model demo-trained bench bench-venv bench-serve clean
+.PHONY: all deps build check test test-unit test-golden test-e2e test-clients test-deploy serve demo-model demo-trained bench bench-venv bench-serve clean
 
 all: build
 
@@ -35,9 +39,31 @@ build: deps
 	cmake -S . -B $(BUILD_DIR) -DCMAKE_BUILD_TYPE=Release -DFASTFORMER_SERVER=$(SERVER) -DFASTFORMER_WERROR=$(WERROR) $(CMAKE_ARGS)
 	cmake --build $(BUILD_DIR) -j$(JOBS)
 
-test: build build-asan
-	$(MAKE) --no-print-directory lint test-unit test-golden test-e2e test-kserve test-http test-repository test-clients \
-	  test-deploy test-tokenizer test-demo test-gpu-rehearsal test-asan
+# The suites of make test, in order; each one's wall time is recorded (tools/step.sh: printed
+# after it, and kept in $FASTFORMER_STEP_LOG when set, as .ci/run does).
+TEST_SUITES := lint test-unit test-golden test-e2e test-kserve test-http test-repository test-clients \
+  test-deploy test-tokenizer test-demo test-gpu-rehearsal test-asan
+
+test: venvs
+	@tools/step.sh "make test: build" $(MAKE) --no-print-directory build
+	@tools/step.sh "make test: build-asan" $(MAKE) --no-print-directory build-asan
+	@for suite in $(TEST_SUITES); do \
+	  tools/step.sh "make test: $$suite" $(MAKE) --no-print-directory $$suite || exit 1; \
+	done
+
+# The quick loop for developers (about 10 minutes warm): the Release build, lint, the unit tests,
+# the golden parity tests and a fast end-to-end subset (parity, bad input and text through the
+# real server). Use it while working; run the full `make test` (about 20 minutes warm) before a
+# change is committed for CI, and whenever a change touches the sanitized, HTTP, KServe,
+# repository, client, deploy, tokenizer, demo or GPU paths (tests/README.md, "Which command").
+CHECK_E2E := tests/e2e/test_server_parity.py tests/e2e/test_server_bad_input.py tests/e2e/test_server_text.py
+check: build
+	@tools/step.sh "make check: lint" $(MAKE) --no-print-directory lint
+	@tools/step.sh "make check: unit" $(MAKE) --no-print-directory test-unit
+	@tools/step.sh "make check: golden parity" env FASTFORMER_BIN_DIR=$(CURDIR)/$(BUILD_DIR)/bin \
+	  $(PYTHON) -m pytest tests/golden/test_parity.py -q
+	@tools/step.sh "make check: e2e subset" env FASTFORMER_BIN_DIR=$(CURDIR)/$(BUILD_DIR)/bin \
+	  $(PYTHON) -m pytest $(CHECK_E2E) -q
 
 test-unit:
 	ctest --test-dir $(BUILD_DIR) --output-on-failure -j$(JOBS)
@@ -107,4 +133,4 @@ clean:
 
 # Sanitizer builds (mk/sanitizers.mk), fuzzing (mk/fuzz.mk), the image test (mk/image.mk),
 # the soak test (mk/soak.mk), the GPU check's dress rehearsal (mk/gpu.mk).
-include $(sort $(wildcard mk/*.mk))
+include $(sort $(filter-out mk/cache.mk,$(wildcard mk/*.mk)))

@@ -173,9 +173,13 @@ check() {
   cp -a "$DEPS" "$t/tree/.deps"
   (cd "$t/tree" && bash deploy/carry-gpu-deps.sh --unpack) | sed 's/^/  /'
   say "configure and build the GPU check's targets in a fresh copy ($t/tree), system prefix /usr hidden"
-  local rc=0
+  local rc=0 ccache_arg=""
+  # /usr is hidden from CMake's find_program too: the compiler cache (mk/cache.mk) is named
+  # explicitly, so the rehearsal's compiles hit the cache (a lent GPU machine's build uses ccache
+  # only when it has one).
+  if command -v ccache >/dev/null; then ccache_arg="-DFASTFORMER_CCACHE_PROGRAM=$(command -v ccache)"; fi
   (cd "$t/tree" && GPU_CHECK_BUILD=1 GPU_CHECK_STOP_AFTER=build GPU_CHECK_PYTHON=none GPU_CHECK_WORK="$t/work" \
-    GPU_CHECK_CMAKE_ARGS="-DCMAKE_IGNORE_PREFIX_PATH=/usr ${CARRY_CHECK_CMAKE_ARGS:-}" \
+    GPU_CHECK_CMAKE_ARGS="-DCMAKE_IGNORE_PREFIX_PATH=/usr $ccache_arg ${CARRY_CHECK_CMAKE_ARGS:-}" \
     bash tests/gpu/gpu-check.sh "$t/report.md") >"$t/gpu-check.log" 2>&1 || rc=$?
   local stages
   stages=$(ls -d "$t"/work/run-*/stages.tsv 2>/dev/null | tail -1 || true)

@@ -32,6 +32,8 @@ ROOT=$PWD
 PYTHON=${PYTHON:-/usr/bin/python3}
 BIN_DIR=${FASTFORMER_BIN_DIR:-$ROOT/build/bin}
 CACHE=${FASTFORMER_IMAGE_TEST_CACHE:-/var/cache/fastformer-image-test}
+# The compiler cache of the host builds (mk/cache.mk), bind-mounted into the image's build.
+CCACHE_HOST_DIR=${FASTFORMER_CCACHE_DIR:-${FASTFORMER_CACHE:-/var/cache/fastformer}/ccache}
 MIRROR=${FASTFORMER_DEBIAN_MIRROR:-http://deb.debian.org/debian}
 SECURITY_MIRROR=${FASTFORMER_DEBIAN_SECURITY_MIRROR:-http://deb.debian.org/debian-security}
 SUITE=bookworm
@@ -211,7 +213,13 @@ else
   log "build: buildah bud --isolation chroot --format docker -f Dockerfile (FASTFORMER_CUDA=OFF; BUILD_IMAGE and RUNTIME_IMAGE = $BASE, standing in for debian:bookworm and debian:bookworm-slim) ..."
   t0=$SECONDS
   set +e
-  B bud --isolation chroot --network host --format docker --pull=never --layers=false \
+  # --layers: the apt stages (install-deps.sh --build and --runtime) are cached in $CACHE's
+  # storage and rebuilt only when install-deps.sh or the base changes. The host's compiler cache
+  # is bind-mounted at /ccache, where the Dockerfile's build finds it (same configure line as
+  # make build, so its compiles hit the host's).
+  ccache_mount=()
+  if [ -d "$CCACHE_HOST_DIR" ]; then ccache_mount=(-v "$CCACHE_HOST_DIR:/ccache"); fi
+  B bud --isolation chroot --network host --format docker --pull=never --layers "${ccache_mount[@]}" \
     --build-arg BUILD_IMAGE="$BASE" --build-arg RUNTIME_IMAGE="$BASE" --build-arg FASTFORMER_CUDA=OFF \
     -f Dockerfile -t "$IMAGE" . 2>&1 | tee "$WORK/build.log"
   build_rc=${PIPESTATUS[0]}

@@ -21,6 +21,7 @@ esac
 
 build_pkgs=(
   build-essential cmake pkg-config git ca-certificates
+  ccache ninja-build mold  # the compiler cache, the generator and the linker of every build
   libdnnl-dev  # oneDNN: the CPU engine's GEMMs (2.x on Debian 12, 3.x on Ubuntu 24.04)
   libicu-dev  # ICU: the tokenizer's Unicode normalization, character classes and regex
   nlohmann-json3-dev libcli11-dev libspdlog-dev libfmt-dev

@@ -3,10 +3,8 @@
 #                      file git tracks; fails, naming each file and line, on anything it would
 #                      change (`make format` applies it; .git-blame-ignore-revs skips the
 #                      whole-tree commit in `git blame`)
-#   make lint          check-format, then ruff (ruff.toml; pinned, from PyPI into .venv-lint)
-#                      over tools/ and tests/
-LINT_VENV ?= .venv-lint
-RUFF_VERSION ?= 0.17.6
+#   make lint          check-format, then ruff (ruff.toml; pinned in tests/requirements/pins.txt,
+#                      from PyPI into $(LINT_VENV), mk/cache.mk) over tools/ and tests/
 FORMAT_FILES = git ls-files '*.cc' '*.h' '*.cu' '*.cuh' '*.proto'
 
 .PHONY: check-format format lint
@@ -18,9 +16,5 @@ check-format:
 format:
 	$(FORMAT_FILES) | xargs clang-format -i
 
-$(LINT_VENV)/bin/ruff:
-	python3 -m venv $(LINT_VENV)
-	$(LINT_VENV)/bin/pip install -q ruff==$(RUFF_VERSION)
-
-lint: check-format $(LINT_VENV)/bin/ruff
+lint: check-format $(LINT_VENV)/.complete
 	$(LINT_VENV)/bin/ruff check --no-cache tools tests

@@ -7,22 +7,14 @@
 #                          versions, poll mode and SIGHUP, fairness between models, routing in
 #                          every protocol, per-model metrics; part of `make test`
 #
-# Both of Triton's Python clients in one interpreter: $(TRITON_VENV) (mk/kserve.mk, with
-# tritonclient[grpc]) plus tritonclient's http extra, at the version mk/http.mk pins for
-# $(HTTP_VENV). The hot-swap test writes its figures to $(REPOSITORY_SWAP_REPORT) as JSON.
+# Both of Triton's Python clients in one interpreter: $(TRITON_VENV) (mk/cache.mk:
+# tritonclient[grpc,http]). The hot-swap test writes its figures to $(REPOSITORY_SWAP_REPORT) as JSON.
 .PHONY: test-repository repository-venv
 
-# as mk/kserve.mk (included before this file) sets them
-TRITON_VENV ?= .venv-triton
-TRITONCLIENT_VERSION ?= 2.73.0
 REPOSITORY_SWAP_REPORT ?= $(BUILD_DIR)/repository-swap.json
 
-$(TRITON_VENV)/.installed-http: $(TRITON_VENV)/.installed mk/repository.mk
-	$(TRITON_VENV)/bin/pip install -q "tritonclient[grpc,http]==$(TRITONCLIENT_VERSION)"
-	touch $@
+repository-venv: $(TRITON_VENV)/.complete
 
-repository-venv: $(TRITON_VENV)/.installed-http
-
-test-repository: $(TRITON_VENV)/.installed-http
+test-repository: $(TRITON_VENV)/.complete
 	FASTFORMER_BIN_DIR=$(CURDIR)/$(BUILD_DIR)/bin FASTFORMER_SWAP_REPORT=$(CURDIR)/$(REPOSITORY_SWAP_REPORT) \
 	  $(TRITON_VENV)/bin/python -m pytest tests/repository -q -rs

@@ -22,10 +22,20 @@ SANITIZER_ENV := \
 
 # ---- AddressSanitizer + UndefinedBehaviorSanitizer -----------------------------------------
 
-# Everything: the engine (CPU and emulated CUDA), batching, server, clients, tools and tests.
+# One clang build serves ASan/UBSan and fuzzing (issue 32): every library, program, test and
+# libFuzzer target (tests/fuzz) compiled once with -fsanitize=fuzzer-no-link,address,undefined
+# at -O1 with assertions on (Debug plus -O1), the fuzz targets linked with -fsanitize=fuzzer
+# (mk/fuzz.mk builds them in this same tree). The coverage instrumentation costs the sanitized
+# suites little at -O1 against the former gcc -O0 build (tests/README.md gives the figures).
+ASAN_CONFIGURE = CC=clang CXX=clang++ cmake -S . -B $(ASAN_DIR) -DCMAKE_BUILD_TYPE=Debug \
+  -DCMAKE_C_FLAGS=-O1 -DCMAKE_CXX_FLAGS=-O1 -DFASTFORMER_CUDA=OFF -DFASTFORMER_SERVER=ON \
+  -DFASTFORMER_FUZZ=ON -DFASTFORMER_SANITIZE=fuzzer-no-link,address,undefined \
+  -DFASTFORMER_WERROR=$(WERROR) $(CMAKE_ARGS)
+
+# Everything: the engine (CPU and emulated CUDA), batching, server, clients, tools, tests and the
+# fuzz targets.
 build-asan: deps
-	cmake -S . -B $(ASAN_DIR) -DCMAKE_BUILD_TYPE=Debug -DFASTFORMER_CUDA=OFF -DFASTFORMER_SERVER=ON \
-	  -DFASTFORMER_SANITIZE=address,undefined -DFASTFORMER_WERROR=$(WERROR) $(CMAKE_ARGS)
+	$(ASAN_CONFIGURE)
 	cmake --build $(ASAN_DIR) -j$(JOBS)
 
 # Left out under ASan (a Debug build, its engine several times slower than Release), each
@@ -47,12 +57,12 @@ ASAN_E2E_DESELECT := \
 # every third-party client, bad input and slow clients; about 1 min) and the model repository
 # suite (tests/repository: loads, hot swaps under load, unloads in flight, broken versions)
 # against the ASan/UBSan server.
-test-asan: $(TRITON_VENV)/.installed $(HTTP_VENV)/.installed $(TRITON_VENV)/.installed-http
+test-asan: $(TRITON_VENV)/.complete $(HTTP_VENV)/.complete
 	$(SANITIZER_ENV) ctest --test-dir $(ASAN_DIR) --output-on-failure -j$(JOBS) -E '$(ASAN_CTEST_EXCLUDE)'
 	$(SANITIZER_ENV) FASTFORMER_BIN_DIR=$(CURDIR)/$(ASAN_DIR)/bin $(PYTHON) -m pytest tests/golden -q -m asan
 	$(SANITIZER_ENV) FASTFORMER_BIN_DIR=$(CURDIR)/$(ASAN_DIR)/bin $(PYTHON) -m pytest tests/e2e -q $(ASAN_E2E_DESELECT)
 	$(SANITIZER_ENV) FASTFORMER_BIN_DIR=$(CURDIR)/$(ASAN_DIR)/bin $(TRITON_VENV)/bin/python -m pytest tests/kserve -q
-	$(SANITIZER_ENV) FASTFORMER_BIN_DIR=$(CURDIR)/$(ASAN_DIR)/bin PERF_ANALYZER=$(CURDIR)/$(TRITON_VENV)/bin/perf_analyzer \
+	$(SANITIZER_ENV) FASTFORMER_BIN_DIR=$(CURDIR)/$(ASAN_DIR)/bin PERF_ANALYZER=$(TRITON_VENV)/bin/perf_analyzer \
 	  $(HTTP_VENV)/bin/python -m pytest tests/http -q
 	$(SANITIZER_ENV) FASTFORMER_BIN_DIR=$(CURDIR)/$(ASAN_DIR)/bin $(TRITON_VENV)/bin/python -m pytest tests/repository -q
 

@@ -1,0 +1,50 @@
+# The caches a fresh clone finds warm (issue 32), all outside the checkout under
+# FASTFORMER_CACHE (default /var/cache/fastformer; tests/README.md, "Caches"):
+#   ccache/        every C, C++ and CUDA compile (CMakeLists.txt wires it; FASTFORMER_CCACHE_DIR)
+#   venv/          the Python venvs, one per pinned requirement set (tools/cached_venv.sh)
+#   demo-model/    the trained demo model, keyed by a hash of its inputs (mk/demo.mk)
+# Each one may be deleted at any time: the next run rebuilds it (slower, never different).
+# Included first by the Makefile.
+FASTFORMER_CACHE ?= /var/cache/fastformer
+export FASTFORMER_CCACHE_DIR ?= $(FASTFORMER_CACHE)/ccache
+VENV_CACHE ?= $(FASTFORMER_CACHE)/venv
+
+# One generator on every machine that has it: Ninja (deploy/install-deps.sh installs it). A build
+# tree configured earlier keeps its own generator (CMake reads this only for a new tree).
+ifneq ($(shell command -v ninja 2>/dev/null),)
+export CMAKE_GENERATOR ?= Ninja
+endif
+
+.PHONY: ccache-stats
+# The compiler cache's counters (.ci/run prints them at the end).
+ccache-stats:
+	@CCACHE_DIR=$(FASTFORMER_CCACHE_DIR) ccache --show-stats 2>/dev/null || echo "ccache: not installed"
+
+# The test suites' venvs (tools/cached_venv.sh): NAME-KEY directories under $(VENV_CACHE), each
+# made by its .complete rule; the requirements are tests/requirements/NAME.txt (pins.txt).
+VENV_TOOL = VENV_CACHE=$(VENV_CACHE) tools/cached_venv.sh
+# Triton's clients (tests/kserve, tests/repository, test-asan) with perf_analyzer, taken from
+# the tritonclient 2.41.0 wheel (the newer perf-analyzer packages do not install here).
+TRITON_VENV_ARGS := --system-site-packages --post 'tools/perf_analyzer_from_wheel.sh 2.41.0' \
+  --key-file tools/perf_analyzer_from_wheel.sh
+TRITON_VENV := $(shell $(VENV_TOOL) path triton $(TRITON_VENV_ARGS))
+HTTP_VENV := $(shell $(VENV_TOOL) path http --system-site-packages)
+TOKENIZER_VENV := $(shell $(VENV_TOOL) path tokenizer --system-site-packages)
+LINT_VENV := $(shell $(VENV_TOOL) path lint --python python3)
+# tools/ort_env.py's venv (ONNX Runtime, OpenVINO) for the golden bench tests and make bench,
+# keyed by that script and the Debian packages it sees.
+export FASTFORMER_BENCH_VENV ?= $(VENV_CACHE)/bench-$(shell tools/cache_key.sh --file tools/ort_env.py \
+  --packages 'python3*' --text "$$(/usr/bin/python3 -VV)")
+
+$(TRITON_VENV)/.complete:
+	$(VENV_TOOL) ensure triton $(TRITON_VENV_ARGS) >/dev/null
+$(HTTP_VENV)/.complete:
+	$(VENV_TOOL) ensure http --system-site-packages >/dev/null
+$(TOKENIZER_VENV)/.complete:
+	$(VENV_TOOL) ensure tokenizer --system-site-packages >/dev/null
+$(LINT_VENV)/.complete:
+	$(VENV_TOOL) ensure lint --python python3 >/dev/null
+
+.PHONY: venvs
+# Every venv of make test (CI makes them before the suites, so suites side by side never wait).
+venvs: $(TRITON_VENV)/.complete $(HTTP_VENV)/.complete $(TOKENIZER_VENV)/.complete $(LINT_VENV)/.complete
