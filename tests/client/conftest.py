@@ -2,9 +2,10 @@
 /usr/bin/python3 -m pytest tests/client).
 
 They are the end-to-end suite's own (tests/e2e/conftest.py): `e2e` (helpers, metrics parsing),
-`models` (demo models) and `servers` (real fastformer-server processes on loopback, free
-ports, stopped by the fixtures). That conftest is loaded here under its own module name and its
-fixtures and failure-log hook re-exported, so both directories can be collected together.
+`models` (demo models) and `servers` (real fastformer-server processes on loopback, on ports
+they bind themselves, stopped by the fixtures). That conftest is loaded here under its own
+module name and its fixtures and failure-log hook re-exported, so both directories can be
+collected together.
 """
 
 from __future__ import annotations

@@ -193,8 +193,8 @@ def test_health_exit_codes(e2e, servers):
     p = client(e2e, "health", "--target", srv.target, "--service", "no.such.Service")
     assert p.returncode == 1 and "NOT_FOUND" in p.stderr, p.stderr
 
-    (port,) = e2e.free_ports(1)  # nothing listens there: a stopped server
-    p = client(e2e, "health", "--target", f"127.0.0.1:{port}", "--deadline-ms", 2000)
+    with e2e.held_port() as port:  # bound, not listening: refused, like a stopped server
+        p = client(e2e, "health", "--target", f"127.0.0.1:{port}", "--deadline-ms", 2000)
     assert p.returncode == 1
     assert "UNAVAILABLE" in p.stderr, p.stderr
 
@@ -354,8 +354,8 @@ def test_loadgen_exit_codes(e2e, servers):
                  ["--no-such-flag"]):
         p = loadgen(e2e, "--target", srv.target, "--duration", 0.2, "--warmup", 0, *args)
         assert p.returncode == 2, f"{args}: exit {p.returncode}\n{p.stdout}\n{p.stderr}"
-    (port,) = e2e.free_ports(1)
-    p = loadgen(e2e, "--target", f"127.0.0.1:{port}", "--duration", 0.2, "--deadline-ms", 2000)
+    with e2e.held_port() as port:  # nothing listens there
+        p = loadgen(e2e, "--target", f"127.0.0.1:{port}", "--duration", 0.2, "--deadline-ms", 2000)
     assert p.returncode == 1 and "UNAVAILABLE" in p.stderr, p.stderr
     p = loadgen(e2e, "--help")
     assert p.returncode == 0 and "--sweep-concurrency" in p.stdout

@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import json
 import os
-import socket
 import subprocess
 import sys
 import time
@@ -19,14 +18,13 @@ import numpy as np
 import pytest
 
 REPO = Path(__file__).resolve().parents[2]
+if str(REPO / "tests" / "support") not in sys.path:
+    sys.path.insert(0, str(REPO / "tests" / "support"))
+
+import server_ports  # noqa: E402  (the ports a server bound itself: it listens on port 0)
+
 LOGIT_TOLERANCE = 1e-4  # relative to the page's largest |logit|
 PAGES_PER_REQUEST = 16
-
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 @pytest.fixture(scope="module")
@@ -51,13 +49,17 @@ def _serve(demo_model_dir, require_binary, stubs, log_dir, *flags, env=None):
     if not (demo_model_dir / "tokenizer.json").is_file():
         pytest.fail(f"{demo_model_dir} has no tokenizer.json: tools/train_demo_model.py writes it", pytrace=False)
     pb, pb_grpc = stubs
-    port = _free_port()
     log = log_dir / "server.log"
+    cmd = [str(require_binary("fastformer-server")), "--model-dir", str(demo_model_dir), "--listen", server_ports.ANY,
+           "--metrics-listen", server_ports.ANY, "--http-listen", server_ports.ANY, *flags]
     with open(log, "w") as out:
-        proc = subprocess.Popen([str(require_binary("fastformer-server")), "--model-dir", str(demo_model_dir),
-                                 "--listen", f"127.0.0.1:{port}", "--metrics-listen", f"127.0.0.1:{_free_port()}", "--http-listen", "127.0.0.1:0",
-                                 *flags], stdout=out, stderr=subprocess.STDOUT,
-                                env=dict(os.environ, **env) if env else None)
+        proc = subprocess.Popen(cmd, stdout=out, stderr=subprocess.STDOUT, env=dict(os.environ, **env) if env else None)
+    try:
+        port = server_ports.wait_for_ports(log, ["grpc"], proc, timeout=60, command=cmd)["grpc"]
+    except BaseException:
+        proc.kill()
+        proc.wait()
+        raise
     channel = grpc.insecure_channel(f"127.0.0.1:{port}")
     stub = pb_grpc.EncoderStub(channel)
     deadline = time.monotonic() + 60

@@ -28,7 +28,6 @@ import os
 import re
 import shutil
 import signal
-import socket
 import subprocess
 import sys
 import time
@@ -40,11 +39,13 @@ import pytest
 
 HERE = Path(__file__).resolve().parent
 REPO = HERE.parents[1]
-if str(HERE) not in sys.path:
-    sys.path.insert(0, str(HERE))
+for _path in (HERE, REPO / "tests" / "support"):  # server_ports: the ports a server bound itself
+    if str(_path) not in sys.path:
+        sys.path.insert(0, str(_path))
 
 import deploy_flags  # noqa: E402
 import deploy_promql  # noqa: E402
+import server_ports  # noqa: E402
 
 START_TIMEOUT_S = 30.0
 LIVE_MODELS = ("tiny", "tiny-b")   # the live server's repository: <repo>/<name>/1/
@@ -67,19 +68,6 @@ def _tool(name: str) -> str:
     if not path:
         pytest.fail(f"{name} not found: install Debian's prometheus package (deploy/install-deps.sh)", pytrace=False)
     return path
-
-
-def _free_ports(n: int):
-    socks = []
-    try:
-        for _ in range(n):
-            s = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
-            s.bind(("127.0.0.1", 0))
-            socks.append(s)
-        return [s.getsockname()[1] for s in socks]
-    finally:
-        for s in socks:
-            s.close()
 
 
 def _child_env(extra=None):
@@ -126,27 +114,30 @@ def _port(address):
     return int(str(address).strip().rsplit(":", 1)[1])
 
 
+# The listening flags by the name server_ports gives their log lines.
+_LISTENERS = {"listen": "grpc", "http-listen": "http", "metrics-listen": "metrics"}
+
+
 class _Server:
     """fastformer-server on 127.0.0.1 with ephemeral ports; env = the FASTFORMER_* variables to run
     with, args = its command-line arguments. Without a model variable the model is model_dir
     (--model-dir); a model variable or argument that is set is used as given (the caller has
     put its own paths there). Every listening address, whether from env, args or the default,
-    is moved to a free port on 127.0.0.1: local_port(p) says where the port p the caller's file
-    declares (or the default one) went."""
+    is moved to 127.0.0.1:0, a port the server binds itself and reports in its log (port,
+    metrics_port, http_port: read from there when first asked for): local_port(p) says where
+    the port p the caller's file declares (or the default one) went."""
 
     def __init__(self, model_dir: Path, log_path: Path, env=None, args=()):
-        self.port, self.metrics_port, self.http_port = _free_ports(3)
         env = dict(env or {})
         args = [str(a) for a in args]
         if not any(env.get(k) for k in ("FASTFORMER_MODEL_DIR", "FASTFORMER_MODEL_REPOSITORY")) and \
                 _arg_value(args, "model-dir") is None and _arg_value(args, "model-repository") is None:
             env["FASTFORMER_MODEL_DIR"] = str(model_dir)
-        self.ports = {}
-        local = {"listen": self.port, "http-listen": self.http_port, "metrics-listen": self.metrics_port}
+        self.declared = {}   # a port the caller's file declares -> the listener that stands for it here
         for flag, (var, default_port) in _ADDRESSES.items():
             declared = _arg_value(args, flag) or env.get(var) or f"0.0.0.0:{default_port}"
-            self.ports[_port(declared)] = local[flag]
-            env[var] = f"127.0.0.1:{local[flag]}"
+            self.declared[_port(declared)] = _LISTENERS[flag]
+            env[var] = server_ports.ANY
             args = _set_arg(args, flag, env[var])
         env.setdefault("FASTFORMER_BACKEND", "cpu")
         env.setdefault("FASTFORMER_THREADS", "1")
@@ -154,14 +145,28 @@ class _Server:
         self.args = args
         self.log_path = log_path
         self._log = open(log_path, "wb")
-        self.proc = subprocess.Popen(_die_with_parent([str(_bin("fastformer-server"))] + args),
-                                     stdin=subprocess.DEVNULL, stdout=self._log, stderr=subprocess.STDOUT,
-                                     env=_child_env(env))
+        cmd = [str(_bin("fastformer-server"))] + args
+        self.proc = subprocess.Popen(_die_with_parent(cmd), stdin=subprocess.DEVNULL, stdout=self._log,
+                                     stderr=subprocess.STDOUT, env=_child_env(env))
+        self.ports = server_ports.ServerPorts(log_path, self.proc, timeout=START_TIMEOUT_S, name="fastformer-server",
+                                              command=[f"{k}={v}" for k, v in sorted(env.items())] + cmd)
+
+    @property
+    def port(self) -> int:
+        return self.ports["grpc"]
+
+    @property
+    def metrics_port(self) -> int:
+        return self.ports["metrics"]
+
+    @property
+    def http_port(self) -> int:
+        return self.ports["http"]
 
     def local_port(self, declared: int) -> int:
         """The port on 127.0.0.1 that stands for the port `declared` of the file under test."""
-        assert declared in self.ports, f"port {declared} is none of the server's ports {sorted(self.ports)}"
-        return self.ports[declared]
+        assert declared in self.declared, f"port {declared} is none of the server's ports {sorted(self.declared)}"
+        return self.ports[self.declared[declared]]
 
     def log(self) -> str:
         if not self._log.closed:
@@ -327,7 +332,7 @@ def run_server_env(tiny_model, model_repository, tmp_path_factory):
     the real server started with a deployment's FASTFORMER_* variables and arguments. A model
     directory that is set becomes the tiny model, a model repository the two-model repository
     (a variable set to "" stays "": that is how a manifest clears the image's), addresses move
-    to free ports on 127.0.0.1 (server.local_port), backend (cuda -> cpu), dtype (the CPU
+    to port 0 on 127.0.0.1 (server.local_port), backend (cuda -> cpu), dtype (the CPU
     engine serves float32 only) and threads are the test's, so check those values separately
     (choices from --help). while_up(server) runs while it is SERVING: probes, say."""
     logs = tmp_path_factory.mktemp("env-runs")

@@ -8,7 +8,6 @@ import json
 import re
 import shutil
 import signal
-import socket
 import subprocess
 import time
 import urllib.parse
@@ -18,16 +17,9 @@ import pytest
 import yaml
 
 import deploy_sources
+import server_ports  # tests/support, on sys.path through conftest.py
 
 SCRAPES = 3   # rate() needs two samples; wait for three
-
-
-def _free_port():
-    s = socket.socket()
-    s.bind(("127.0.0.1", 0))
-    port = s.getsockname()[1]
-    s.close()
-    return port
 
 
 def _get(url):
@@ -62,16 +54,18 @@ def prometheus(deploy_files, live_server, tmp_path_factory):
     jobs[0]["static_configs"] = [{"targets": [f"127.0.0.1:{live_server.metrics_port}"]}]
     cfg["scrape_configs"] = jobs
     (tmp / "prometheus.yml").write_text(yaml.safe_dump(cfg))
-    port = _free_port()
     log_path = tmp / "prometheus.log"
     log = open(log_path, "wb")
     setpriv = shutil.which("setpriv")
+    # Port 0: Prometheus binds a free one and logs it (msg="Listening on" address=127.0.0.1:N).
     cmd = [binary, f"--config.file={tmp / 'prometheus.yml'}", f"--storage.tsdb.path={tmp / 'data'}",
-           f"--web.listen-address=127.0.0.1:{port}"]
+           "--web.listen-address=127.0.0.1:0"]
     proc = subprocess.Popen(([setpriv, "--pdeathsig", "SIGKILL", "--"] if setpriv else []) + cmd,
                             stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL)
-    base = f"http://127.0.0.1:{port}"
     try:
+        port = server_ports.wait_for_ports(log_path, ["web"], proc, timeout=30, patterns=server_ports.PROMETHEUS,
+                                           name="prometheus", command=cmd)["web"]
+        base = f"http://127.0.0.1:{port}"
         deadline = time.monotonic() + 30
         while True:
             assert proc.poll() is None, f"prometheus exited with {proc.returncode}:\n{log_path.read_text()[-4000:]}"

@@ -45,13 +45,16 @@ import pytest
 REPO = Path(__file__).resolve().parents[2]
 HERE = Path(__file__).resolve().parent
 TOOLS = REPO / "tools"
-if str(TOOLS) not in sys.path:
-    sys.path.insert(0, str(TOOLS))
+SUPPORT = REPO / "tests" / "support"  # server_ports: the ports a server bound itself (port 0)
+for _path in (TOOLS, SUPPORT):
+    if str(_path) not in sys.path:
+        sys.path.insert(0, str(_path))
 
 import grpc  # noqa: E402
 
 import make_demo_model as mdm  # noqa: E402
 import reference as ref  # noqa: E402
+import server_ports  # noqa: E402
 
 SERVER_NAME = "fastformer-server"
 ENCODER_SERVICE = "fastformer.v1.Encoder"  # its health entry turns SERVING only after warm-up
@@ -186,30 +189,6 @@ def scrape(port: int, timeout=5.0) -> str:
 # ----------------------------------------------------------------------------- ports, processes
 
 
-_ports_handed_out: set = set()
-
-
-def free_ports(n: int) -> List[int]:
-    """n distinct free loopback ports (all bound at once, then released), none handed out
-    before in this session: servers started without waiting (wait=False) bind theirs later,
-    and the kernel may offer a just-released port again, so two servers could be given the
-    same port."""
-    socks, ports = [], []
-    try:
-        while len(ports) < n:
-            s = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
-            s.bind(("127.0.0.1", 0))
-            socks.append(s)  # held until all n are chosen, so they are distinct
-            port = s.getsockname()[1]
-            if port not in _ports_handed_out:
-                ports.append(port)
-        _ports_handed_out.update(ports)
-        return ports
-    finally:
-        for s in socks:
-            s.close()
-
-
 def require_binary(name: str) -> Path:
     """Call inside a test body (so a missing binary is a test FAILURE, not a setup error)."""
     path = bin_dir() / name
@@ -242,18 +221,17 @@ def rpc_code(fn, *args, **kwargs):
 
 
 class Server:
-    """One fastformer-server subprocess on 127.0.0.1 with its own gRPC and metrics ports."""
+    """One fastformer-server subprocess on 127.0.0.1. Its gRPC, metrics and HTTP listeners bind
+    port 0 (unless the flags give an address): `port`, `metrics_port`, `http_port` and `target`
+    are the ports it reports in its log, read (and waited for) when first asked for."""
 
     def __init__(self, stubs, binary: Path, model, flags: Dict[str, object], log_dir: Path, name: str,
                  extra_env: Optional[Dict[str, str]] = None):
         self.stubs = stubs
         self.model = model
         self.name = name
-        self.port, self.metrics_port = free_ports(2)
-        self.target = f"127.0.0.1:{self.port}"
-        opts = {"model-dir": model.dir, "listen": self.target,
-                "metrics-listen": f"127.0.0.1:{self.metrics_port}", "http-listen": "127.0.0.1:0",
-                "backend": "cpu", "threads": 2}
+        opts = {"model-dir": model.dir, "listen": server_ports.ANY, "metrics-listen": server_ports.ANY,
+                "http-listen": server_ports.ANY, "backend": "cpu", "threads": 2}
         opts.update({k.replace("_", "-"): v for k, v in flags.items()})
         self.cmd = [str(binary)]
         for k, v in opts.items():
@@ -265,20 +243,42 @@ class Server:
         self._log = open(self.log_path, "wb")
         self.proc = subprocess.Popen(die_with_parent(self.cmd), stdin=subprocess.DEVNULL, stdout=self._log,
                                      stderr=subprocess.STDOUT, env={**_child_env(), **(extra_env or {})})
+        self.ports = server_ports.ServerPorts(
+            self.log_path, self.proc, {"grpc": opts["listen"], "metrics": opts["metrics-listen"],
+                                       "http": opts["http-listen"]},
+            timeout=START_TIMEOUT_S, name=f"{SERVER_NAME} [{name}]", command=self.cmd)
         self._channels = []
         self.channel = self.stub = self.health = self.reflection = None
+
+    @property
+    def port(self) -> int:
+        return self.ports["grpc"]
+
+    @property
+    def target(self) -> str:
+        return self.ports.address("grpc")
+
+    @property
+    def metrics_port(self) -> int:
+        return self.ports["metrics"]
+
+    @property
+    def http_port(self) -> int:
+        return self.ports["http"]
 
     # --- gRPC
     def wait_listening(self, timeout=START_TIMEOUT_S):
         """Wait until the gRPC port accepts TCP connections, then open the default channel. (A gRPC
         channel that tried before the server listened backs off for seconds before it retries.)"""
         deadline = time.monotonic() + timeout
+        self.ports.get("grpc", timeout)  # the port it bound, from its log (fails if it exits first)
         while self.channel is None:
             if self.proc.poll() is not None:
                 pytest.fail(f"{SERVER_NAME} [{self.name}] exited with code {self.proc.returncode} during start-up\n"
                             f"command: {' '.join(self.cmd)}\nlog:\n{self.log_tail()}", pytrace=False)
             try:
-                socket.create_connection(("127.0.0.1", self.port), timeout=1).close()
+                host, _, port = self.target.rpartition(":")
+                socket.create_connection((host.strip("[]"), int(port)), timeout=1).close()
             except OSError:
                 if time.monotonic() > deadline:
                     pytest.fail(f"{SERVER_NAME} [{self.name}] not listening on {self.target} after {timeout:.0f} s\n"
@@ -658,7 +658,8 @@ def e2e(stubs):
     ns.RPC_TIMEOUT_S = RPC_TIMEOUT_S
     ns.Metrics = Metrics
     ns.scrape = scrape
-    ns.free_ports = free_ports
+    ns.held_port = server_ports.held_port  # a port nothing listens on (a stopped server's address)
+    ns.server_ports = server_ports
     ns.require_binary = require_binary
     ns.die_with_parent = die_with_parent
     ns.rpc_code = rpc_code

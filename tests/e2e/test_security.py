@@ -357,9 +357,11 @@ def test_sighup_without_token_file_is_harmless(e2e, servers):
 
 def _run_server(e2e, models, *args, timeout=60):
     binary = e2e.require_binary("fastformer-server")
-    port, metrics_port = e2e.free_ports(2)
-    cmd = [str(binary), "--model-dir", str(models.get(MODEL).dir), "--listen", f"127.0.0.1:{port}",
-           "--metrics-listen", f"127.0.0.1:{metrics_port}", "--http-listen", "127.0.0.1:0", "--backend", "cpu", "--threads", "1", *map(str, args)]
+    # Every listener on port 0: these start-ups are meant to fail, and one that did not would
+    # still take no port another test may be using.
+    cmd = [str(binary), "--model-dir", str(models.get(MODEL).dir), "--listen", "127.0.0.1:0",
+           "--metrics-listen", "127.0.0.1:0", "--http-listen", "127.0.0.1:0", "--backend", "cpu", "--threads", "1",
+           *map(str, args)]
     env = {k: v for k, v in os.environ.items() if not k.startswith("FASTFORMER_")}
     p = subprocess.run(e2e.die_with_parent(cmd), capture_output=True, text=True, timeout=timeout, env=env,
                        stdin=subprocess.DEVNULL)
@@ -431,11 +433,9 @@ def _connects(host, port) -> bool:
 
 
 def test_metrics_on_loopback_only(e2e, servers):
-    grpc_port, metrics_port = e2e.free_ports(2)
-    srv = servers.start(MODEL, wait=False, listen=f"0.0.0.0:{grpc_port}",
-                        metrics_listen=f"127.0.0.1:{metrics_port}")
-    srv.port, srv.metrics_port, srv.target = grpc_port, metrics_port, f"127.0.0.1:{grpc_port}"
-    srv.wait_serving()
+    srv = servers.start(MODEL, wait=False, listen="0.0.0.0:0", metrics_listen="127.0.0.1:0")
+    srv.wait_serving()  # srv.target: the bound gRPC port on 127.0.0.1
+    grpc_port, metrics_port = srv.port, srv.metrics_port
     assert "fastformer_requests_total" in e2e.scrape(metrics_port), "metrics on 127.0.0.1"
     ip = _non_loopback_ipv4()
     if ip is None:

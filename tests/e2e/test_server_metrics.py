@@ -137,18 +137,21 @@ def _http_json(url, timeout=5):
 
 def test_real_prometheus_scrapes_server(e2e, servers, tmp_path):
     srv = servers.start("head")
-    prom_port, = e2e.free_ports(1)
     cfg = tmp_path / "prometheus.yml"
     cfg.write_text("global:\n  scrape_interval: 1s\n  evaluation_interval: 1s\n"
                    "scrape_configs:\n  - job_name: fastformer\n    static_configs:\n"
                    f"      - targets: ['127.0.0.1:{srv.metrics_port}']\n")
     log = open(tmp_path / "prometheus.log", "wb")
+    # Port 0: Prometheus binds a free one and logs it (msg="Listening on" address=127.0.0.1:N).
     cmd = [_tool("prometheus"), f"--config.file={cfg}", f"--storage.tsdb.path={tmp_path / 'data'}",
-           f"--web.listen-address=127.0.0.1:{prom_port}"]
+           "--web.listen-address=127.0.0.1:0"]
     prom = subprocess.Popen(e2e.die_with_parent(cmd), stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL)
-    base = f"http://127.0.0.1:{prom_port}"
     prom_log = lambda: (tmp_path / "prometheus.log").read_text(errors="replace")[-4000:]  # noqa: E731
     try:
+        prom_port = e2e.server_ports.wait_for_ports(tmp_path / "prometheus.log", ["web"], prom, timeout=30,
+                                                    patterns=e2e.server_ports.PROMETHEUS, name="prometheus",
+                                                    command=cmd)["web"]
+        base = f"http://127.0.0.1:{prom_port}"
         def ready():
             assert prom.poll() is None, f"prometheus exited with {prom.returncode}:\n{prom_log()}"
             try:

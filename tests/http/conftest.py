@@ -32,7 +32,6 @@ import json
 import os
 import re
 import shutil
-import socket
 import subprocess
 import sys
 import threading
@@ -45,9 +44,12 @@ import pytest
 
 REPO = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(REPO / "tools"))
+if str(REPO / "tests" / "support") not in sys.path:  # server_ports: the ports a server bound itself
+    sys.path.insert(0, str(REPO / "tests" / "support"))
 
 import make_demo_model as mdm  # noqa: E402
 import reference as ref  # noqa: E402
+import server_ports  # noqa: E402
 
 TOL = 1e-4  # the engine's tolerance to the float64 reference: |ours - ref| <= TOL * max(1, |ref|)
 GRPC_TOL = 1e-5  # HTTP against the gRPC Encoder's answer for the same input
@@ -83,19 +85,6 @@ def binary(name: str) -> Path:
     if not (path.is_file() and os.access(path, os.X_OK)):
         pytest.fail(f"{name} not found at {path}: build it first, or set FASTFORMER_BIN_DIR", pytrace=False)
     return path
-
-
-def free_ports(n: int):
-    socks = []
-    try:
-        for _ in range(n):
-            s = socket.socket()
-            s.bind(("127.0.0.1", 0))
-            socks.append(s)
-        return [s.getsockname()[1] for s in socks]
-    finally:
-        for s in socks:
-            s.close()
 
 
 # ----------------------------------------------------------------------------- plain HTTP
@@ -141,14 +130,13 @@ def call(port, method, path, body=None, headers=None, timeout=30.0) -> Reply:
 
 class Server:
     """One fastformer-server subprocess: gRPC on `port` (`url`), /metrics on `metrics_port`, the
-    HTTP listener on `http_port` (`base`: its http:// root)."""
+    HTTP listener on `http_port` (`base`: its http:// root). Every listener binds port 0 (unless a
+    flag gives an address); these are the ports it reports in its log, read (and waited for)
+    when first asked for."""
 
     def __init__(self, model_dir: Path, log_dir: Path, name: str, env_extra=None, **flags):
-        self.port, self.metrics_port, self.http_port = free_ports(3)
-        self.url = f"127.0.0.1:{self.port}"
-        self.base = f"http://127.0.0.1:{self.http_port}"
-        opts = {"model-dir": model_dir, "listen": self.url, "metrics-listen": f"127.0.0.1:{self.metrics_port}",
-                "http-listen": f"127.0.0.1:{self.http_port}", "backend": "cpu", "threads": 2}
+        opts = {"model-dir": model_dir, "listen": server_ports.ANY, "metrics-listen": server_ports.ANY,
+                "http-listen": server_ports.ANY, "backend": "cpu", "threads": 2}
         opts.update({k.replace("_", "-"): v for k, v in flags.items()})
         self.cmd = [str(binary("fastformer-server"))]
         for k, v in opts.items():
@@ -160,6 +148,29 @@ class Server:
         cmd = [setpriv, "--pdeathsig", "SIGKILL", "--"] + self.cmd if setpriv else self.cmd
         with open(self.log_path, "wb") as log:
             self.proc = subprocess.Popen(cmd, stdin=subprocess.DEVNULL, stdout=log, stderr=subprocess.STDOUT, env=env)
+        self.ports = server_ports.ServerPorts(
+            self.log_path, self.proc, {"grpc": opts["listen"], "metrics": opts["metrics-listen"],
+                                       "http": opts["http-listen"]}, name="fastformer-server", command=self.cmd)
+
+    @property
+    def port(self) -> int:
+        return self.ports["grpc"]
+
+    @property
+    def url(self) -> str:
+        return self.ports.address("grpc")
+
+    @property
+    def metrics_port(self) -> int:
+        return self.ports["metrics"]
+
+    @property
+    def http_port(self) -> int:
+        return self.ports["http"]
+
+    @property
+    def base(self) -> str:
+        return f"http://{self.ports.address('http')}"
 
     def log(self) -> str:
         return self.log_path.read_text(errors="replace")[-4000:]
@@ -167,6 +178,7 @@ class Server:
     def wait_ready(self, timeout=30.0):
         """Until GET /health answers 200 (after warm-up; 503 before), and the log says SERVING."""
         deadline = time.monotonic() + timeout
+        self.ports.get("http", timeout)  # the port it bound (fails at once if it exits first)
         while time.monotonic() < deadline:
             if self.proc.poll() is not None:
                 pytest.fail(f"fastformer-server exited with {self.proc.returncode}\n{self.log()}", pytrace=False)

@@ -22,7 +22,6 @@ import json
 import os
 import re
 import shutil
-import socket
 import subprocess
 import sys
 import time
@@ -34,9 +33,12 @@ import pytest
 
 REPO = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(REPO / "tools"))
+if str(REPO / "tests" / "support") not in sys.path:  # server_ports: the ports a server bound itself
+    sys.path.insert(0, str(REPO / "tests" / "support"))
 
 import make_demo_model as mdm  # noqa: E402
 import reference as ref  # noqa: E402
+import server_ports  # noqa: E402
 import tritonclient.grpc as grpcclient  # noqa: E402
 
 TOL = 1e-4  # the engine's tolerance to the float64 reference: |ours - ref| <= TOL * max(1, |ref|)
@@ -55,38 +57,47 @@ def binary(name: str) -> Path:
     return path
 
 
-def free_ports(n: int):
-    socks = []
-    try:
-        for _ in range(n):
-            s = socket.socket()
-            s.bind(("127.0.0.1", 0))
-            socks.append(s)
-        return [s.getsockname()[1] for s in socks]
-    finally:
-        for s in socks:
-            s.close()
-
-
 class Server:
-    """One fastformer-server subprocess; `url` is its gRPC address, `metrics_port` its /metrics."""
+    """One fastformer-server subprocess; `url` is its gRPC address, `metrics_port` its /metrics,
+    `http_port` its HTTP listener. Every listener binds port 0 (unless a flag gives an address);
+    these are the ports it reports in its log, read (and waited for) when first asked for."""
 
     def __init__(self, model_dir: Path, log_dir: Path, name: str, **flags):
-        self.port, self.metrics_port = free_ports(2)
-        self.url = f"127.0.0.1:{self.port}"
-        opts = {"model-dir": model_dir, "listen": self.url, "metrics-listen": f"127.0.0.1:{self.metrics_port}",
-                "http-listen": "127.0.0.1:0",
-                "backend": "cpu", "threads": 2}
+        opts = {"model-dir": model_dir, "listen": server_ports.ANY, "metrics-listen": server_ports.ANY,
+                "http-listen": server_ports.ANY, "backend": "cpu", "threads": 2}
         opts.update({k.replace("_", "-"): v for k, v in flags.items()})
         self.cmd = [str(binary("fastformer-server"))]
         for k, v in opts.items():
             self.cmd += [f"--{k}", str(v)]
-        self.log_path = log_dir / f"{name}.log"
-        env = {k: v for k, v in os.environ.items() if not k.startswith("FASTFORMER_")}
+        self._launch(log_dir / f"{name}.log", opts, {k: v for k, v in os.environ.items()
+                                                      if not k.startswith("FASTFORMER_")})
+
+    def _launch(self, log_path: Path, opts: dict, env: dict):
+        """Starts self.cmd, its output to log_path; `ports` reads the ports it binds from there."""
+        self.log_path = log_path
         setpriv = shutil.which("setpriv")  # the server dies with the test runner
         cmd = [setpriv, "--pdeathsig", "SIGKILL", "--"] + self.cmd if setpriv else self.cmd
         with open(self.log_path, "wb") as log:
             self.proc = subprocess.Popen(cmd, stdin=subprocess.DEVNULL, stdout=log, stderr=subprocess.STDOUT, env=env)
+        self.ports = server_ports.ServerPorts(
+            self.log_path, self.proc, {"grpc": opts["listen"], "metrics": opts["metrics-listen"],
+                                       "http": opts["http-listen"]}, name="fastformer-server", command=self.cmd)
+
+    @property
+    def port(self) -> int:
+        return self.ports["grpc"]
+
+    @property
+    def url(self) -> str:
+        return self.ports.address("grpc")
+
+    @property
+    def metrics_port(self) -> int:
+        return self.ports["metrics"]
+
+    @property
+    def http_port(self) -> int:
+        return self.ports["http"]
 
     def log(self) -> str:
         return self.log_path.read_text(errors="replace")[-4000:]

@@ -137,4 +137,4 @@ def pyc():
     return types.SimpleNamespace(REPO=REPO, PY_CLIENT=PY_CLIENT, TOL=TOL, HEAD_FLAGS=HEAD_FLAGS,
                                  bad_input=bad_input, make_ids=make_ids, make_embeddings=make_embeddings,
                                  truncate=truncate, assert_close=assert_close,
-                                 check=check_result_against_reference, free_ports=_e2e.free_ports)
+                                 check=check_result_against_reference, held_port=_e2e.server_ports.held_port)

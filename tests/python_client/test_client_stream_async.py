@@ -185,9 +185,7 @@ def test_async_stream(ffc, models, head, pyc):
 
 
 def test_async_errors(ffc, head, pyc):
-    port = pyc.free_ports(1)[0]
-
-    async def main():
+    async def main(port):
         out = {}
         async with ffc.AsyncClient(head.target) as c:
             try:
@@ -201,6 +199,7 @@ def test_async_errors(ffc, head, pyc):
                 out["unavailable"] = e
         return out
 
-    out = asyncio.run(main())
+    with pyc.held_port() as port:  # bound, not listening: nothing answers there
+        out = asyncio.run(main(port))
     assert isinstance(out["deadline"], ffc.DeadlineExceeded)
     assert isinstance(out["unavailable"], ffc.Unavailable)

@@ -137,8 +137,7 @@ def test_deadline(ffc, client, head):
 
 
 def test_unreachable_server_is_unavailable(ffc, pyc):
-    port = pyc.free_ports(1)[0]
-    with ffc.Client(f"127.0.0.1:{port}", deadline_s=5.0) as c:
+    with pyc.held_port() as port, ffc.Client(f"127.0.0.1:{port}", deadline_s=5.0) as c:  # nothing listens
         with pytest.raises(ffc.Unavailable) as ei:
             c.encode([[1, 2, 3]])
         assert ei.value.code == grpc.StatusCode.UNAVAILABLE and isinstance(ei.value, ffc.FastformerError)

@@ -20,8 +20,9 @@ mk/repository.mk; Debian's PyTorch gives the float64 reference):
              from proto/fastformer/v1/encoder.proto (protoc's descriptor set: no generated
              code, so any protobuf runtime works)
 
-Helpers come from the other suites by import, not by copy: binary, free_ports, TOL, close,
-SANITIZER_REPORT and the Server's methods from tests/kserve/conftest.py, the raw HTTP `call`
+Helpers come from the other suites by import, not by copy: binary, TOL, close, SANITIZER_REPORT
+and the Server's methods (its start on port 0, the bound ports read from its log through
+tests/support/server_ports.py) from tests/kserve/conftest.py, the raw HTTP `call`
 from tests/http/conftest.py. The binaries come from $FASTFORMER_BIN_DIR (default
 <repo>/build/bin); fastformer-loadgen from $FASTFORMER_LOADGEN when set (test-tsan runs the
 TSan server against the Release load generator).
@@ -63,7 +64,8 @@ import tritonclient.http as httpclient  # noqa: E402
 from tritonclient.utils import InferenceServerException  # noqa: E402
 
 mdm, ref = kserve.mdm, kserve.ref
-binary, free_ports, close, TOL = kserve.binary, kserve.free_ports, kserve.close, kserve.TOL
+binary, close, TOL = kserve.binary, kserve.close, kserve.TOL
+server_ports = kserve.server_ports
 call = http_helpers.call  # call(port, method, path, body=None, headers=None) -> Reply(status, headers, body)
 
 # Small models, so that loads and warm-ups take milliseconds and the suite stays fast.
@@ -170,23 +172,19 @@ class Server(kserve.Server):
     listener on `http_port`. Flag values may be lists (a repeated flag: --load-model)."""
 
     def __init__(self, repository: Path, log_dir: Path, name: str, env_extra=None, **flags):
-        self.port, self.metrics_port, self.http_port = free_ports(3)
-        self.url = f"127.0.0.1:{self.port}"
-        self.http_url = f"127.0.0.1:{self.http_port}"
-        opts = {"model-repository": repository, "listen": self.url,
-                "metrics-listen": f"127.0.0.1:{self.metrics_port}", "http-listen": self.http_url,
-                "backend": "cpu", "threads": 2}
+        opts = {"model-repository": repository, "listen": server_ports.ANY, "metrics-listen": server_ports.ANY,
+                "http-listen": server_ports.ANY, "backend": "cpu", "threads": 2}
         opts.update({k.replace("_", "-"): v for k, v in flags.items()})
         self.cmd = [str(binary("fastformer-server"))]
         for k, v in opts.items():
             for one in (v if isinstance(v, (list, tuple)) else [v]):
                 self.cmd += [f"--{k}", str(one)]
-        self.log_path = log_dir / f"{name}.log"
-        setpriv = shutil.which("setpriv")  # the server dies with the test runner; setpriv execs it
-        cmd = [setpriv, "--pdeathsig", "SIGKILL", "--"] + self.cmd if setpriv else self.cmd
-        with open(self.log_path, "wb") as log:
-            self.proc = subprocess.Popen(cmd, stdin=subprocess.DEVNULL, stdout=log, stderr=subprocess.STDOUT,
-                                         env=clean_env(env_extra))
+        # setpriv (kserve.Server._launch) execs the server: self.proc.pid is the server's
+        self._launch(log_dir / f"{name}.log", opts, clean_env(env_extra))
+
+    @property
+    def http_url(self) -> str:
+        return self.ports.address("http")
 
     @property
     def pid(self) -> int:
