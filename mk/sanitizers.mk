@@ -28,7 +28,7 @@ SANITIZER_ENV := \
 # (mk/fuzz.mk builds them in this same tree). The coverage instrumentation costs the sanitized
 # suites little at -O1 against the former gcc -O0 build (tests/README.md gives the figures).
 ASAN_CONFIGURE = CC=clang CXX=clang++ cmake -S . -B $(ASAN_DIR) -DCMAKE_BUILD_TYPE=Debug \
-  -DCMAKE_C_FLAGS=-O1 -DCMAKE_CXX_FLAGS=-O1 -DFASTFORMER_CUDA=OFF -DFASTFORMER_SERVER=ON \
+  -DCMAKE_CXX_FLAGS=-O1 -DFASTFORMER_CUDA=OFF -DFASTFORMER_SERVER=ON \
   -DFASTFORMER_FUZZ=ON -DFASTFORMER_SANITIZE=fuzzer-no-link,address,undefined \
   -DFASTFORMER_WERROR=$(WERROR) $(CMAKE_ARGS)
 

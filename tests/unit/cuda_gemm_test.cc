@@ -238,7 +238,10 @@ TEST(QksPadding, PreparedWeightHasZeroRowsAndBias) {
 TEST(QksPadding, CpuGemmColumnsAreBitIdentical) {
   for (const bool bf16 : {false, true}) {
     if (bf16 && !engine::cpu_gemm_info().has_bf16) continue;
-    for (const auto& [D, H] : {std::pair<int64_t, int64_t>{32, 4}, {64, 4}, {768, 12}}) {
+    for (const auto& shape : {std::pair<int64_t, int64_t>{32, 4}, {64, 4}, {768, 12}}) {
+      // Plain variables, not a structured binding: clang 14 (the sanitizer build's) cannot
+      // capture a binding in the lambda below.
+      const int64_t D = shape.first, H = shape.second;
       const int64_t used = 2 * D + H, padded = engine::qks_width(config_of(D, H)), M = 96;
       ASSERT_GT(padded, used);
       const auto x = random_values(size_t(M * D), 5, 1.0f);
