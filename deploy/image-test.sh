@@ -228,6 +228,20 @@ else
   build_s=$((SECONDS - t0))
   image_size=$(B images --format '{{.Size}}' "$IMAGE" | head -n 1)
   log "build: $IMAGE built in $build_s s, $image_size"
+  # The layer cache keeps every step's image; those from `COPY . .` on (the builder's) and from
+  # `COPY --from=build` on (the runtime's) hold this tree's sources and binaries, 1.4 GB a tree.
+  # Only the newest run's are kept: the apt layers before them stay cached, the storage stops
+  # growing with each commit tested.
+  awk '/^\[1\/2\] STEP [0-9\/]+: COPY \. \./ || /^\[2\/2\] STEP [0-9\/]+: COPY --from=/ {keep = 1}
+       /^\[[0-9]\/[0-9]\] STEP 1\// {keep = 0}
+       keep && /^--> [0-9a-f]+/ {print $2}' "$WORK/build.log" | sort -u >"$WORK/source-layers"
+  if [ -f "$CACHE/source-layers" ]; then
+    comm -23 "$CACHE/source-layers" "$WORK/source-layers" | while read -r old_layer; do
+      B rmi -f "$old_layer" >/dev/null 2>&1 || true
+    done
+  fi
+  cp "$WORK/source-layers" "$CACHE/source-layers"
+  log "build: layer cache: $(B images --all --quiet | wc -l) images in $CACHE (the apt layers, this tree's $(wc -l <"$WORK/source-layers") source layers)"
 fi
 
 # ---- 3. the image config ---------------------------------------------------------------------
