@@ -118,7 +118,7 @@ def _port(address):
 _LISTENERS = {"listen": "grpc", "http-listen": "http", "metrics-listen": "metrics"}
 
 
-class _Server:
+class _Server(server_ports.Listeners):
     """fastformer-server on 127.0.0.1 with ephemeral ports; env = the FASTFORMER_* variables to run
     with, args = its command-line arguments. Without a model variable the model is model_dir
     (--model-dir); a model variable or argument that is set is used as given (the caller has
@@ -150,18 +150,6 @@ class _Server:
                                      stderr=subprocess.STDOUT, env=_child_env(env))
         self.ports = server_ports.ServerPorts(log_path, self.proc, timeout=START_TIMEOUT_S, name="fastformer-server",
                                               command=[f"{k}={v}" for k, v in sorted(env.items())] + cmd)
-
-    @property
-    def port(self) -> int:
-        return self.ports["grpc"]
-
-    @property
-    def metrics_port(self) -> int:
-        return self.ports["metrics"]
-
-    @property
-    def http_port(self) -> int:
-        return self.ports["http"]
 
     def local_port(self, declared: int) -> int:
         """The port on 127.0.0.1 that stands for the port `declared` of the file under test."""

@@ -220,7 +220,7 @@ def rpc_code(fn, *args, **kwargs):
         return e.code(), e.details() or "", None
 
 
-class Server:
+class Server(server_ports.Listeners):
     """One fastformer-server subprocess on 127.0.0.1. Its gRPC, metrics and HTTP listeners bind
     port 0 (unless the flags give an address): `port`, `metrics_port`, `http_port` and `target`
     are the ports it reports in its log, read (and waited for) when first asked for."""
@@ -249,22 +249,6 @@ class Server:
             timeout=START_TIMEOUT_S, name=f"{SERVER_NAME} [{name}]", command=self.cmd)
         self._channels = []
         self.channel = self.stub = self.health = self.reflection = None
-
-    @property
-    def port(self) -> int:
-        return self.ports["grpc"]
-
-    @property
-    def target(self) -> str:
-        return self.ports.address("grpc")
-
-    @property
-    def metrics_port(self) -> int:
-        return self.ports["metrics"]
-
-    @property
-    def http_port(self) -> int:
-        return self.ports["http"]
 
     # --- gRPC
     def wait_listening(self, timeout=START_TIMEOUT_S):

@@ -128,7 +128,7 @@ def call(port, method, path, body=None, headers=None, timeout=30.0) -> Reply:
 # ----------------------------------------------------------------------------- the server
 
 
-class Server:
+class Server(server_ports.Listeners):
     """One fastformer-server subprocess: gRPC on `port` (`url`), /metrics on `metrics_port`, the
     HTTP listener on `http_port` (`base`: its http:// root). Every listener binds port 0 (unless a
     flag gives an address); these are the ports it reports in its log, read (and waited for)
@@ -151,26 +151,6 @@ class Server:
         self.ports = server_ports.ServerPorts(
             self.log_path, self.proc, {"grpc": opts["listen"], "metrics": opts["metrics-listen"],
                                        "http": opts["http-listen"]}, name="fastformer-server", command=self.cmd)
-
-    @property
-    def port(self) -> int:
-        return self.ports["grpc"]
-
-    @property
-    def url(self) -> str:
-        return self.ports.address("grpc")
-
-    @property
-    def metrics_port(self) -> int:
-        return self.ports["metrics"]
-
-    @property
-    def http_port(self) -> int:
-        return self.ports["http"]
-
-    @property
-    def base(self) -> str:
-        return f"http://{self.ports.address('http')}"
 
     def log(self) -> str:
         return self.log_path.read_text(errors="replace")[-4000:]

@@ -57,7 +57,7 @@ def binary(name: str) -> Path:
     return path
 
 
-class Server:
+class Server(server_ports.Listeners):
     """One fastformer-server subprocess; `url` is its gRPC address, `metrics_port` its /metrics,
     `http_port` its HTTP listener. Every listener binds port 0 (unless a flag gives an address);
     these are the ports it reports in its log, read (and waited for) when first asked for."""
@@ -82,22 +82,6 @@ class Server:
         self.ports = server_ports.ServerPorts(
             self.log_path, self.proc, {"grpc": opts["listen"], "metrics": opts["metrics-listen"],
                                        "http": opts["http-listen"]}, name="fastformer-server", command=self.cmd)
-
-    @property
-    def port(self) -> int:
-        return self.ports["grpc"]
-
-    @property
-    def url(self) -> str:
-        return self.ports.address("grpc")
-
-    @property
-    def metrics_port(self) -> int:
-        return self.ports["metrics"]
-
-    @property
-    def http_port(self) -> int:
-        return self.ports["http"]
 
     def log(self) -> str:
         return self.log_path.read_text(errors="replace")[-4000:]

@@ -218,6 +218,38 @@ class ServerPorts:
         _fail(f"{self.name} {what}{command}\nlog:\n{tail}")
 
 
+class Listeners:
+    """The ports of a fastformer-server a fixture started, as its tests read them: a fixture's
+    Server class derives from this and sets `self.ports` (a ServerPorts over the server's log).
+    Each property waits for its listener's log line the first time it is read."""
+
+    ports: "ServerPorts"
+
+    @property
+    def port(self) -> int:
+        return self.ports["grpc"]
+
+    @property
+    def target(self) -> str:
+        """host:port a gRPC client dials."""
+        return self.ports.address("grpc")
+
+    url = target
+
+    @property
+    def metrics_port(self) -> int:
+        return self.ports["metrics"]
+
+    @property
+    def http_port(self) -> int:
+        return self.ports["http"]
+
+    @property
+    def base(self) -> str:
+        """http://host:port of the HTTP listener."""
+        return f"http://{self.ports.address('http')}"
+
+
 def wait_for_ports(log: Log, listeners: Iterable[str] = ("grpc", "metrics", "http"), proc=None,
                    timeout: float = 30.0, **kwargs) -> Dict[str, int]:
     """{listener: bound port} once `log` names all of `listeners` (see ServerPorts)."""
