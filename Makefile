@@ -77,7 +77,8 @@ test-unit:
 
 test-golden:
 	@test -n "$(PYTHON)" || { echo "no python3 that imports torch: run deploy/install-deps.sh"; exit 1; }
-	FASTFORMER_BIN_DIR=$(CURDIR)/$(BUILD_DIR)/bin $(PYTHON) -m pytest tests/golden tests/gpu -q
+	FASTFORMER_BIN_DIR=$(CURDIR)/$(BUILD_DIR)/bin FASTFORMER_CMAKE4=$(CMAKE4_VENV)/bin/cmake \
+	  $(PYTHON) -m pytest tests/golden tests/gpu -q
 
 # The real server on loopback: gRPC clients, promtool, a real Prometheus.
 test-e2e:

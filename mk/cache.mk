@@ -31,6 +31,8 @@ TRITON_VENV := $(shell $(VENV_TOOL) path triton $(TRITON_VENV_ARGS))
 HTTP_VENV := $(shell $(VENV_TOOL) path http --system-site-packages)
 TOKENIZER_VENV := $(shell $(VENV_TOOL) path tokenizer --system-site-packages)
 LINT_VENV := $(shell $(VENV_TOOL) path lint --python python3)
+# CMake 4 (PyPI), for the GoogleTest wiring test of tests/gpu under a lent GPU machine's CMake.
+CMAKE4_VENV := $(shell $(VENV_TOOL) path cmake)
 # tools/ort_env.py's venv (ONNX Runtime, OpenVINO) for the golden bench tests and make bench,
 # keyed by that script and the Debian packages it sees.
 export FASTFORMER_BENCH_VENV ?= $(VENV_CACHE)/bench-$(shell tools/cache_key.sh --file tools/ort_env.py \
@@ -44,7 +46,10 @@ $(TOKENIZER_VENV)/.complete:
 	$(VENV_TOOL) ensure tokenizer --system-site-packages >/dev/null
 $(LINT_VENV)/.complete:
 	$(VENV_TOOL) ensure lint --python python3 >/dev/null
+$(CMAKE4_VENV)/.complete:
+	$(VENV_TOOL) ensure cmake >/dev/null
 
 .PHONY: venvs
 # Every venv of make test (CI makes them before the suites, so suites side by side never wait).
-venvs: $(TRITON_VENV)/.complete $(HTTP_VENV)/.complete $(TOKENIZER_VENV)/.complete $(LINT_VENV)/.complete
+venvs: $(TRITON_VENV)/.complete $(HTTP_VENV)/.complete $(TOKENIZER_VENV)/.complete $(LINT_VENV)/.complete \
+  $(CMAKE4_VENV)/.complete

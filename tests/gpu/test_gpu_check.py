@@ -228,9 +228,50 @@ def test_the_gpu_tests_are_in_this_folder_and_skip_as_skipped():
     assert "GTEST_SKIP()" in source and "TEST_P(GpuEngineTest, BaseLongShapeMatchesTheCpuEngine)" in source
     wiring = (ROOT / "tests" / "CMakeLists.txt").read_text()
     assert "add_subdirectory(gpu)" in wiring
-    assert 'SKIP_REGULAR_EXPRESSION "\\\\[  SKIPPED \\\\]"' in wiring
     script = (HERE / "gpu-check.sh").read_text()
     assert "-L gpu -E BaseLong" in script and "--gtest_filter=*BaseLong*" in script
+
+
+def _cmakes():
+    """Debian's CMake, and CMake 4 (FASTFORMER_CMAKE4: make test-golden passes the PyPI one of
+    mk/cache.mk), the release line a lent GPU machine has (4.4.3 on 2026-12-04)."""
+    four = os.environ.get("FASTFORMER_CMAKE4", "")
+    return [pytest.param(shutil.which("cmake") or "", id="system"), pytest.param(four, id="cmake4")]
+
+
+@pytest.mark.parametrize("cmake", _cmakes())
+def test_fastformer_gtest_discover_reports_gtest_skip_as_skipped(tmp_path, cmake):
+    """tests/CMakeLists.txt's fastformer_gtest_discover, in a project of its own, under each
+    CMake: ctest lists a GTEST_SKIP test as Skipped and a passing one as passed, with the
+    label. On the first H200 lease, CMake 4.4 could not read the discovered-tests file our extra
+    SKIP_REGULAR_EXPRESSION property made, and ctest ran none of the GPU tests."""
+    if not cmake or not Path(cmake).exists():
+        pytest.skip("no such CMake here (FASTFORMER_CMAKE4 unset or missing: make test-golden sets it)")
+    if not shutil.which("c++"):
+        pytest.skip("no C++ compiler")
+    version = subprocess.run([cmake, "--version"], capture_output=True, text=True).stdout.split()[2]
+    ctest = str(Path(cmake).with_name("ctest")) if Path(cmake).with_name("ctest").exists() else "ctest"
+    wiring = (ROOT / "tests" / "CMakeLists.txt").read_text()
+    function = re.search(r"function\(fastformer_gtest_discover .*?endfunction\(\)", wiring, re.S)
+    assert function, "fastformer_gtest_discover is gone from tests/CMakeLists.txt"
+    (tmp_path / "CMakeLists.txt").write_text(
+        "cmake_minimum_required(VERSION 3.25)\nproject(discover CXX)\nenable_testing()\n"
+        "find_package(GTest REQUIRED)\ninclude(GoogleTest)\n" + function.group(0) + "\n"
+        "add_executable(t t.cc)\ntarget_link_libraries(t PRIVATE GTest::gtest_main)\n"
+        "fastformer_gtest_discover(t LABELS gpu)\n")
+    (tmp_path / "t.cc").write_text('#include <gtest/gtest.h>\nTEST(Gpu, Skips) { GTEST_SKIP() << "no GPU"; }\n'
+                                   "TEST(Gpu, Passes) { EXPECT_EQ(2 + 2, 4); }\n")
+    build = tmp_path / "b"
+    env = {k: v for k, v in os.environ.items() if k not in ("CMAKE_GENERATOR",)}
+    for cmd in ([cmake, "-S", str(tmp_path), "-B", str(build)], [cmake, "--build", str(build)]):
+        p = subprocess.run(cmd, capture_output=True, text=True, env=env, timeout=180)
+        assert p.returncode == 0, p.stdout + p.stderr
+    p = subprocess.run([ctest, "--test-dir", str(build), "-L", "gpu"], capture_output=True, text=True, timeout=60)
+    out = p.stdout + p.stderr
+    assert "Error" not in out and p.returncode == 0, f"CMake {version}: {out}"
+    assert re.search(r"Gpu\.Skips \.+\s*\*+Skipped", out), f"CMake {version}: {out}"
+    assert re.search(r"Gpu\.Passes \.+\s*Passed", out), f"CMake {version}: {out}"
+    assert "100% tests passed" in out and "gpu" in out, f"CMake {version}: {out}"
 
 
 def test_parse_sanitizer():
@@ -562,7 +603,7 @@ def test_gpu_check_ends_with_a_report_within_its_budget(tmp_path):
 
 def test_gpu_check_stage_order_caps_and_every_wall_time(tmp_path):
     """The stages in issue 21's order, each with its wall time, start and limit in the report;
-    the engine benchmarks capped at 12 s, ncu 40, torch.compile 60."""
+    the engine benchmarks capped at 12 s, ncu 40, torch.compile 180."""
     env, _ = fake_gpu_machine(tmp_path)
     env = fake_torch_machine(tmp_path, env)
     rep = tmp_path / "report.md"
@@ -582,10 +623,13 @@ def test_gpu_check_stage_order_caps_and_every_wall_time(tmp_path):
     assert table["ncu"]["limit (s)"] == "40" and "official bf16 fixed:512" in table["ncu"]["what"]
     assert "our kernels: from_float and cuBLAS's excluded" in table["ncu"]["what"]
     assert table["torch-eager"]["limit (s)"] == "30" and table["sdpa-8192"]["limit (s)"] == "20"
-    assert table["torch-compile"]["limit (s)"] == "60"
+    assert table["torch-compile"]["limit (s)"] == "180"
     assert table["model-base-long"]["note"].startswith("reused") and table["model-official"]["status"] == "ok"
-    for sid in ("memcheck", "racecheck"):
-        assert table[sid]["status"] == "skipped" and "CUDA_MODULE_LOADING=LAZY" in table[sid]["what"]
+    assert table["memcheck"]["status"] == "skipped" and "CUDA_MODULE_LOADING=LAZY" in table["memcheck"]["what"]
+    # racecheck runs every kernel without lazy loading (the 2026-12-04 lease: the exclusion and
+    # lazy loading made the sanitizer fail on a hardware exception).
+    assert table["racecheck"]["status"] == "skipped" and "every kernel" in table["racecheck"]["what"]
+    assert "LAZY" not in table["racecheck"]["what"]
     # Starts in order, each after the one before it ended.
     ats = [int(table[sid]["at (s)"]) for sid in STAGE_ORDER[1:]]
     assert ats == sorted(ats)
@@ -594,7 +638,7 @@ def test_gpu_check_stage_order_caps_and_every_wall_time(tmp_path):
 
 
 def test_gpu_check_skips_torch_compile_when_the_budget_is_spent(tmp_path):
-    """torch.compile runs last and needs 30 of its 60 s: with less left it is skipped, with
+    """torch.compile runs last and needs 30 of its 180 s: with less left it is skipped, with
     the reason, and the stages before it still ran."""
     env, _ = fake_gpu_machine(tmp_path)
     env = fake_torch_machine(tmp_path, env)
@@ -607,7 +651,7 @@ def test_gpu_check_skips_torch_compile_when_the_budget_is_spent(tmp_path):
     compile_row = table["torch-compile"]
     assert compile_row["status"] == "skipped", compile_row
     assert compile_row["note"].startswith(f"time budget spent (GPU_CHECK_BUDGET_S={budget})"), compile_row
-    assert "needs at least 30 s of its 60 s cap" in compile_row["note"]
+    assert "needs at least 30 s of its 180 s cap" in compile_row["note"]
     for sid in ("torch-eager", "sdpa-8192", "sdpa-512"):
         assert table[sid]["status"] == "ok" and int(table[sid]["limit (s)"]) <= 29, table[sid]
 
