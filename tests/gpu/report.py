@@ -168,16 +168,19 @@ def table(header, rows):
 
 
 def parse_ctest(text):
-    """{'passed', 'failed', 'skipped', 'total'} from ctest's summary; 'none' when no test
+    """{'passed', 'failed', 'skipped', 'total'} from ctest's summary (CMake 3 or 4); 'none' when no test
     matched; None when there is no summary. ctest's "N% tests passed" counts a skipped test
     (GTEST_SKIP, listed as "(Skipped)") as not failed: here 'passed' excludes the skipped ones."""
     if re.search(r"No tests were found", text):
         return "none"
-    m = re.search(r"(\d+)% tests passed, (\d+) tests? failed out of (\d+)", text)
+    # CMake 3.x: "100% tests passed, 0 tests failed out of 9"; CMake 4.x leaves out a nought:
+    # "100% tests passed out of 9" (and "67% tests passed, 1 tests failed out of 3").
+    m = re.search(r"(\d+)% tests passed(?:, (\d+) tests? failed)? out of (\d+)", text)
     if not m:
         return None
-    failed, total = int(m.group(2)), int(m.group(3))
-    skipped = len(re.findall(r"^\s*\d+ - .*\(Skipped\)\s*$", text, re.M))
+    failed, total = int(m.group(2) or 0), int(m.group(3))
+    # CMake 4 may follow a listed test with its labels ("3 - A.Fails (Failed)   gpu").
+    skipped = len(re.findall(r"^\s*\d+ - .*\(Skipped\)(?:\s+[\w;, -]*)?$", text, re.M))
     return {"passed": total - failed - skipped, "failed": failed, "skipped": skipped, "total": total}
 
 

@@ -117,6 +117,28 @@ def test_parse_ctest():
     assert report.parse_ctest("") is None
 
 
+# The tail of `ctest -L gpu -E BaseLong -V` under CMake 4.4.3 on the H200 (2026-12-04): CMake 4
+# leaves ", 0 tests failed" out of the summary, which the first lease's parser did not read.
+CTEST4_PASSED = """9/9 Test #14: Dtypes/GpuEngineTest.ProfileTimesEveryOpWithEvents/"bfloat16" .....   Passed    0.67 sec
+
+The following tests passed:
+	Dtypes/GpuEngineTest.SmallBatchMatchesTheCpuEngine/"float32"
+
+100% tests passed out of 9
+
+Label Time Summary:
+gpu    =   9.09 sec*proc (9 tests)
+"""
+
+
+def test_parse_ctest_of_cmake4():
+    assert report.parse_ctest(CTEST4_PASSED) == {"passed": 9, "failed": 0, "skipped": 0, "total": 9}
+    text = ("The following tests did not run:\n\t  1 - A.Skips (Skipped)\t\t\tgpu\n\n"
+            "The following tests FAILED:\n\t  3 - A.Fails (Failed)      gpu\n"
+            "67% tests passed, 1 tests failed out of 3\n")
+    assert report.parse_ctest(text) == {"passed": 1, "failed": 1, "skipped": 1, "total": 3}
+
+
 GTEST_SKIPPED = """[==========] Running 2 tests from 1 test suite.
 [ RUN      ] Dtypes/GpuEngineTest.BaseLongShapeMatchesTheCpuEngine/0
 tests/gpu/gpu_engine_test.cc:105: Skipped
@@ -272,6 +294,8 @@ def test_fastformer_gtest_discover_reports_gtest_skip_as_skipped(tmp_path, cmake
     assert re.search(r"Gpu\.Skips \.+\s*\*+Skipped", out), f"CMake {version}: {out}"
     assert re.search(r"Gpu\.Passes \.+\s*Passed", out), f"CMake {version}: {out}"
     assert "100% tests passed" in out and "gpu" in out, f"CMake {version}: {out}"
+    # The report's parser reads this CMake's summary (CMake 4 words it differently).
+    assert report.parse_ctest(out) == {"passed": 1, "failed": 0, "skipped": 1, "total": 2}, out
 
 
 def test_parse_sanitizer():
