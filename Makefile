@@ -58,9 +58,9 @@ test: venvs
 	  esac; \
 	done
 
-# The quick loop for developers (about 10 minutes warm): the Release build, lint, the unit tests,
+# The quick loop for developers (about 1 minute warm): the Release build, lint, the unit tests,
 # the golden parity tests and a fast end-to-end subset (parity, bad input and text through the
-# real server). Use it while working; run the full `make test` (about 20 minutes warm) before a
+# real server). Use it while working; run the full `make test` (about 12 minutes warm) before a
 # change is committed for CI, and whenever a change touches the sanitized, HTTP, KServe,
 # repository, client, deploy, tokenizer, demo or GPU paths (tests/README.md, "Which command").
 CHECK_E2E := tests/e2e/test_server_parity.py tests/e2e/test_server_bad_input.py tests/e2e/test_server_text.py
