@@ -1,0 +1,192 @@
+"""Every HTTP route's answer to a fixed set of good and bad requests, against a golden file
+(issue 33's "behaviour unchanged": recorded before the serving core is restructured, so the
+restructure can show that each route still answers the same).
+
+Each case is one request to a fresh server on text_model (a classifier with a tokenizer, served
+also as alias1 and alias2) or ids_model (token ids only, no label names). What is kept of each
+answer: the status, the headers that carry meaning (content-type, retry-after, allow,
+www-authenticate) and the body, parsed when it is JSON. Values that change from run to run
+(timestamps, durations, the server's version, the CPU the engine runs on) are replaced by "<volatile>"; base64
+embeddings are decoded to floats. Numbers compare within 1e-3 (the engine matches its float64
+reference within 1e-4; CPUs with other vector units round differently), everything else exactly.
+
+    FASTFORMER_RECORD_GOLDEN=1 .venv-http/bin/python -m pytest tests/http/test_behaviour_golden.py
+
+writes tests/http/behaviour_golden.json anew (an intended change of behaviour: say which in the
+commit). Without it, a differing answer fails with the case's name and the first difference.
+"""
+
+from __future__ import annotations
+
+import base64
+import json
+import math
+import os
+import struct
+from pathlib import Path
+
+import pytest
+
+from conftest import TEXT, TEXTS, call
+
+GOLDEN = Path(__file__).with_name("behaviour_golden.json")
+HEADERS = ("content-type", "retry-after", "allow", "www-authenticate")
+# Keys whose values differ between runs of the same build.
+# "device" names the CPU's instruction set and thread count; the two TEI counts may follow the
+# machine's cores.
+VOLATILE = {"created", "last_inference", "version", "sha", "model_sha", "docker_label", "device",
+            "max_concurrent_requests", "tokenization_workers"}
+TOL = 1e-3
+
+T = "http-text"  # text_model's name
+I = "http-ids"  # ids_model's name
+IDS = TEXTS[TEXT]
+
+# (name, server, method, path, body)
+CASES = [
+    # OpenAI
+    ("openai embeddings, one text", "text", "POST", "/v1/embeddings", {"input": TEXT, "model": T}),
+    ("openai embeddings, two texts by alias, base64", "text", "POST", "/v1/embeddings",
+     {"input": [TEXT, "the lazy dog"], "model": "alias1", "encoding_format": "base64"}),
+    ("openai embeddings, ids, dimensions 8", "text", "POST", "/v1/embeddings",
+     {"input": [IDS], "model": T, "dimensions": 8}),
+    ("openai embeddings, no model", "text", "POST", "/v1/embeddings", {"input": "zebra"}),
+    ("openai embeddings, unknown model", "text", "POST", "/v1/embeddings", {"input": TEXT, "model": "nope"}),
+    ("openai embeddings, empty list", "text", "POST", "/v1/embeddings", {"input": [], "model": T}),
+    ("openai embeddings, dimensions over hidden", "text", "POST", "/v1/embeddings",
+     {"input": TEXT, "model": T, "dimensions": 1000}),
+    ("openai embeddings, bad encoding_format", "text", "POST", "/v1/embeddings",
+     {"input": TEXT, "encoding_format": "int8"}),
+    ("openai embeddings, malformed JSON", "text", "POST", "/v1/embeddings", b"{\"input\": "),
+    ("openai embeddings, GET", "text", "GET", "/v1/embeddings", None),
+    ("openai models", "text", "GET", "/v1/models", None),
+    ("openai model by alias", "text", "GET", "/v1/models/alias2", None),
+    ("openai model unknown", "text", "GET", "/v1/models/nope", None),
+    ("openai embeddings, text to an ids-only model", "ids", "POST", "/v1/embeddings", {"input": TEXT}),
+    # text-embeddings-inference
+    ("tei embed", "text", "POST", "/embed", {"inputs": TEXT}),
+    ("tei embed, two, not normalized", "text", "POST", "/embed", {"inputs": [TEXT, "zebra"], "normalize": False}),
+    ("tei embed_all", "text", "POST", "/embed_all", {"inputs": "the lazy dog"}),
+    ("tei predict", "text", "POST", "/predict", {"inputs": TEXT}),
+    ("tei predict, raw scores", "text", "POST", "/predict", {"inputs": [[TEXT], ["zebra"]], "raw_scores": True}),
+    ("tei predict, a pair", "text", "POST", "/predict", {"inputs": [TEXT, "zebra"]}),
+    ("tei predict, token ids as inputs", "ids", "POST", "/predict", {"inputs": [IDS]}),
+    ("tei tokenize", "text", "POST", "/tokenize", {"inputs": "Café, HELLO world!"}),
+    ("tei info", "text", "GET", "/info", None),
+    ("tei health", "text", "GET", "/health", None),
+    ("tei root", "text", "POST", "/", {"inputs": TEXT}),
+    ("tei embed, no inputs", "text", "POST", "/embed", {}),
+    ("tei embed, inputs a number", "text", "POST", "/embed", {"inputs": 5}),
+    ("tei embed, empty text", "text", "POST", "/embed", {"inputs": ""}),
+    ("tei embed, too long, no truncate", "text", "POST", "/embed", {"inputs": "dog " * 600}),
+    ("tei embed, too long, truncate", "text", "POST", "/embed", {"inputs": "dog " * 600, "truncate": True}),
+    ("unknown route", "text", "GET", "/nope", None),
+    # KServe v2 REST
+    ("kserve server metadata", "text", "GET", "/v2", None),
+    ("kserve live", "text", "GET", "/v2/health/live", None),
+    ("kserve ready", "text", "GET", "/v2/health/ready", None),
+    ("kserve model metadata", "text", "GET", f"/v2/models/{T}", None),
+    ("kserve model version metadata", "text", "GET", f"/v2/models/{T}/versions/1", None),
+    ("kserve model ready", "text", "GET", f"/v2/models/{T}/ready", None),
+    ("kserve model config", "text", "GET", f"/v2/models/{T}/config", None),
+    ("kserve unknown model", "text", "GET", "/v2/models/nope", None),
+    ("kserve infer, text", "text", "POST", f"/v2/models/{T}/infer",
+     {"inputs": [{"name": "text", "shape": [2, 1], "datatype": "BYTES", "data": [TEXT, "the lazy dog"]}]}),
+    ("kserve infer, ids", "text", "POST", f"/v2/models/{T}/infer",
+     {"inputs": [{"name": "input_ids", "shape": [1, len(IDS)], "datatype": "INT64", "data": IDS}],
+      "outputs": [{"name": "embedding"}]}),
+    ("kserve infer, wrong datatype", "text", "POST", f"/v2/models/{T}/infer",
+     {"inputs": [{"name": "input_ids", "shape": [1, 2], "datatype": "FP32", "data": [1.0, 2.0]}]}),
+    ("kserve infer, unknown input", "text", "POST", f"/v2/models/{T}/infer",
+     {"inputs": [{"name": "pixels", "shape": [1, 1], "datatype": "INT64", "data": [1]}]}),
+    ("kserve infer, shape and data disagree", "text", "POST", f"/v2/models/{T}/infer",
+     {"inputs": [{"name": "input_ids", "shape": [1, 3], "datatype": "INT64", "data": [1, 2]}]}),
+]
+
+
+def _floats_b64(s: str):
+    raw = base64.b64decode(s)
+    return list(struct.unpack(f"<{len(raw) // 4}f", raw))
+
+
+def normalize(value, key=""):
+    if key in VOLATILE or key.endswith("_ns") or key.endswith("_us") or key.endswith("_ms"):
+        return "<volatile>"
+    if isinstance(value, dict):
+        return {k: normalize(v, k) for k, v in value.items()}
+    if isinstance(value, list):
+        return [normalize(v) for v in value]
+    if key == "embedding" and isinstance(value, str):
+        return _floats_b64(value)
+    return value
+
+
+def answer(reply) -> dict:
+    headers = {h: reply.headers[h] for h in HEADERS if h in reply.headers}
+    try:
+        body = normalize(json.loads(reply.body)) if reply.body else ""
+    except ValueError:
+        body = reply.body.decode("utf-8", "replace")
+    return {"status": reply.status, "headers": headers, "body": body}
+
+
+def first_difference(want, got, path="body"):
+    """None when got matches want (numbers within TOL), else where and how they differ."""
+    if isinstance(want, bool) or isinstance(got, bool) or not (
+            isinstance(want, (int, float)) and isinstance(got, (int, float))):
+        if type(want) is not type(got):
+            return f"{path}: {want!r} != {got!r}"
+    if isinstance(want, dict):
+        if set(want) != set(got):
+            return f"{path}: keys {sorted(want)} != {sorted(got)}"
+        for k in want:
+            d = first_difference(want[k], got[k], f"{path}.{k}")
+            if d:
+                return d
+        return None
+    if isinstance(want, list):
+        if len(want) != len(got):
+            return f"{path}: length {len(want)} != {len(got)}"
+        for i, (w, g) in enumerate(zip(want, got)):
+            d = first_difference(w, g, f"{path}[{i}]")
+            if d:
+                return d
+        return None
+    if isinstance(want, float) or isinstance(got, float):
+        ok = math.isclose(float(want), float(got), rel_tol=TOL, abs_tol=TOL)
+        return None if ok else f"{path}: {want!r} != {got!r} (tolerance {TOL})"
+    return None if want == got else f"{path}: {want!r} != {got!r}"
+
+
+def test_every_route_answers_as_recorded(start, text_model, ids_model):
+    servers = {"text": start(text_model, served_model_name="alias1,alias2"), "ids": start(ids_model)}
+    got = {}
+    for name, which, method, path, body in CASES:
+        got[name] = answer(call(servers[which].http_port, method, path, body))
+    if os.environ.get("FASTFORMER_RECORD_GOLDEN") == "1":
+        GOLDEN.write_text(json.dumps(got, indent=1, ensure_ascii=False, sort_keys=True) + "\n")
+        pytest.skip(f"recorded {len(got)} answers into {GOLDEN}")
+    want = json.loads(GOLDEN.read_text())
+    assert sorted(want) == sorted(got), "the cases and the golden file disagree: record it anew"
+    failures = []
+    for name in want:
+        d = first_difference(want[name]["status"], got[name]["status"], "status") \
+            or first_difference(want[name]["headers"], got[name]["headers"], "headers") \
+            or first_difference(want[name]["body"], got[name]["body"])
+        if d:
+            failures.append(f"{name}: {d}")
+    assert not failures, "answers changed:\n" + "\n".join(failures)
+
+
+def test_the_comparison_sees_a_change():
+    """The comparison is not vacuous: a changed status, message, key or number is reported."""
+    rec = {"status": 400, "headers": {"content-type": "application/json"},
+           "body": {"error": {"message": "x", "code": None}, "data": [0.5, 1.0]}}
+    assert first_difference(rec, json.loads(json.dumps(rec))) is None
+    assert first_difference({**rec, "status": 422}, rec)
+    assert first_difference(rec["body"], {**rec["body"], "error": {"message": "y", "code": None}})
+    assert first_difference(rec["body"], {**rec["body"], "extra": 1})
+    assert first_difference(rec["body"], {**rec["body"], "data": [0.5, 1.01]})
+    assert first_difference(rec["body"], {**rec["body"], "data": [0.5, 1.0005]}) is None
+    assert normalize({"created": 5, "embedding": base64.b64encode(struct.pack("<2f", 1, 2)).decode()}) == \
+        {"created": "<volatile>", "embedding": [1.0, 2.0]}
