@@ -6,9 +6,9 @@ Each case is one request to a fresh server on text_model (a classifier with a to
 also as alias1 and alias2) or ids_model (token ids only, no label names). What is kept of each
 answer: the status, the headers that carry meaning (content-type, retry-after, allow,
 www-authenticate) and the body, parsed when it is JSON. Values that change from run to run
-(timestamps, durations, the server's version, the CPU the engine runs on) are replaced by "<volatile>"; base64
-embeddings are decoded to floats. Numbers compare within 1e-3 (the engine matches its float64
-reference within 1e-4; CPUs with other vector units round differently), everything else exactly.
+(timestamps, durations, the server's version, the CPU the engine runs on) are "<volatile>";
+base64 embeddings are decoded to floats. Numbers compare within 1e-3, everything else exactly
+(tests/support/golden_answers.py, shared with the gRPC golden of tests/e2e).
 
     FASTFORMER_RECORD_GOLDEN=1 .venv-http/bin/python -m pytest tests/http/test_behaviour_golden.py
 
@@ -20,26 +20,20 @@ from __future__ import annotations
 
 import base64
 import json
-import math
-import os
 import struct
+import sys
 from pathlib import Path
 
-import pytest
+from conftest import REPO, TEXT, TEXTS, call
 
-from conftest import TEXT, TEXTS, call
+if str(REPO / "tests" / "support") not in sys.path:
+    sys.path.insert(0, str(REPO / "tests" / "support"))
+from golden_answers import check, first_difference, normalize  # noqa: E402
 
 GOLDEN = Path(__file__).with_name("behaviour_golden.json")
 HEADERS = ("content-type", "retry-after", "allow", "www-authenticate")
-# Keys whose values differ between runs of the same build.
-# "device" names the CPU's instruction set and thread count; the two TEI counts may follow the
-# machine's cores.
-VOLATILE = {"created", "last_inference", "version", "sha", "model_sha", "docker_label", "device",
-            "max_concurrent_requests", "tokenization_workers"}
-TOL = 1e-3
 
 T = "http-text"  # text_model's name
-I = "http-ids"  # ids_model's name
 IDS = TEXTS[TEXT]
 
 # (name, server, method, path, body)
@@ -104,23 +98,6 @@ CASES = [
 ]
 
 
-def _floats_b64(s: str):
-    raw = base64.b64decode(s)
-    return list(struct.unpack(f"<{len(raw) // 4}f", raw))
-
-
-def normalize(value, key=""):
-    if key in VOLATILE or key.endswith("_ns") or key.endswith("_us") or key.endswith("_ms"):
-        return "<volatile>"
-    if isinstance(value, dict):
-        return {k: normalize(v, k) for k, v in value.items()}
-    if isinstance(value, list):
-        return [normalize(v) for v in value]
-    if key == "embedding" and isinstance(value, str):
-        return _floats_b64(value)
-    return value
-
-
 def answer(reply) -> dict:
     headers = {h: reply.headers[h] for h in HEADERS if h in reply.headers}
     try:
@@ -130,52 +107,12 @@ def answer(reply) -> dict:
     return {"status": reply.status, "headers": headers, "body": body}
 
 
-def first_difference(want, got, path="body"):
-    """None when got matches want (numbers within TOL), else where and how they differ."""
-    if isinstance(want, bool) or isinstance(got, bool) or not (
-            isinstance(want, (int, float)) and isinstance(got, (int, float))):
-        if type(want) is not type(got):
-            return f"{path}: {want!r} != {got!r}"
-    if isinstance(want, dict):
-        if set(want) != set(got):
-            return f"{path}: keys {sorted(want)} != {sorted(got)}"
-        for k in want:
-            d = first_difference(want[k], got[k], f"{path}.{k}")
-            if d:
-                return d
-        return None
-    if isinstance(want, list):
-        if len(want) != len(got):
-            return f"{path}: length {len(want)} != {len(got)}"
-        for i, (w, g) in enumerate(zip(want, got)):
-            d = first_difference(w, g, f"{path}[{i}]")
-            if d:
-                return d
-        return None
-    if isinstance(want, float) or isinstance(got, float):
-        ok = math.isclose(float(want), float(got), rel_tol=TOL, abs_tol=TOL)
-        return None if ok else f"{path}: {want!r} != {got!r} (tolerance {TOL})"
-    return None if want == got else f"{path}: {want!r} != {got!r}"
-
-
 def test_every_route_answers_as_recorded(start, text_model, ids_model):
     servers = {"text": start(text_model, served_model_name="alias1,alias2"), "ids": start(ids_model)}
     got = {}
     for name, which, method, path, body in CASES:
         got[name] = answer(call(servers[which].http_port, method, path, body))
-    if os.environ.get("FASTFORMER_RECORD_GOLDEN") == "1":
-        GOLDEN.write_text(json.dumps(got, indent=1, ensure_ascii=False, sort_keys=True) + "\n")
-        pytest.skip(f"recorded {len(got)} answers into {GOLDEN}")
-    want = json.loads(GOLDEN.read_text())
-    assert sorted(want) == sorted(got), "the cases and the golden file disagree: record it anew"
-    failures = []
-    for name in want:
-        d = first_difference(want[name]["status"], got[name]["status"], "status") \
-            or first_difference(want[name]["headers"], got[name]["headers"], "headers") \
-            or first_difference(want[name]["body"], got[name]["body"])
-        if d:
-            failures.append(f"{name}: {d}")
-    assert not failures, "answers changed:\n" + "\n".join(failures)
+    check(GOLDEN, got)
 
 
 def test_the_comparison_sees_a_change():
