@@ -19,12 +19,11 @@ import sys
 from pathlib import Path
 
 import grpc
-from google.protobuf.json_format import MessageToDict
 
 REPO = Path(__file__).resolve().parents[2]
 if str(REPO / "tests" / "support") not in sys.path:
     sys.path.insert(0, str(REPO / "tests" / "support"))
-from golden_answers import check, normalize  # noqa: E402
+from golden_answers import check, message_dict, normalize  # noqa: E402
 
 GOLDEN = Path(__file__).with_name("behaviour_golden.json")
 IDS = [2, 10, 11, 12, 3]  # in the vocabulary of every demo model (vocab 1000)
@@ -78,7 +77,7 @@ def _answer(fn, request):
         resp = fn(request, timeout=30)
     except grpc.RpcError as e:
         return {"code": e.code().name, "details": e.details(), "body": None}
-    body = MessageToDict(resp, preserving_proto_field_name=True, including_default_value_fields=True)
+    body = message_dict(resp)
     return {"code": "OK", "details": "", "body": normalize(body)}
 
 

@@ -26,7 +26,8 @@ TOL = 1e-3
 # "device" names the CPU's instruction set and thread count; the two TEI counts may follow the
 # machine's cores.
 VOLATILE = {"created", "last_inference", "version", "sha", "model_sha", "docker_label", "device",
-            "max_concurrent_requests", "tokenization_workers", "server_version"}
+            "max_concurrent_requests", "tokenization_workers", "server_version", "ns",
+            "last_inference_timestamp"}
 
 
 def _floats_b64(s: str):
@@ -44,6 +45,16 @@ def normalize(value, key=""):
     if key == "embedding" and isinstance(value, str):
         return _floats_b64(value)
     return value
+
+
+def message_dict(message) -> dict:
+    """A protobuf message as its JSON mapping with proto field names and every field, zero values
+    included (the keyword was renamed in protobuf 5: Debian's 3.21 and the venvs' 6.x both run)."""
+    from google.protobuf.json_format import MessageToDict
+    try:
+        return MessageToDict(message, preserving_proto_field_name=True, always_print_fields_with_no_presence=True)
+    except TypeError:
+        return MessageToDict(message, preserving_proto_field_name=True, including_default_value_fields=True)
 
 
 def first_difference(want, got, path="body"):
