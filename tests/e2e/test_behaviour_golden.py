@@ -18,12 +18,11 @@ from __future__ import annotations
 import sys
 from pathlib import Path
 
-import grpc
 
 REPO = Path(__file__).resolve().parents[2]
 if str(REPO / "tests" / "support") not in sys.path:
     sys.path.insert(0, str(REPO / "tests" / "support"))
-from golden_answers import check, message_dict, normalize  # noqa: E402
+from golden_answers import check, rpc_answer  # noqa: E402
 
 GOLDEN = Path(__file__).with_name("behaviour_golden.json")
 IDS = [2, 10, 11, 12, 3]  # in the vocabulary of every demo model (vocab 1000)
@@ -72,22 +71,13 @@ def encode_cases(pb):
     ]
 
 
-def _answer(fn, request):
-    try:
-        resp = fn(request, timeout=30)
-    except grpc.RpcError as e:
-        return {"code": e.code().name, "details": e.details(), "body": None}
-    body = message_dict(resp)
-    return {"code": "OK", "details": "", "body": normalize(body)}
-
-
 def test_every_rpc_answers_as_recorded(e2e, servers):
     srv = {"text": servers.start("text"), "noemb": servers.start("noemb")}
     got = {}
     for name, model, request in encode_cases(e2e.pb):
-        got[name] = _answer(srv[model].stub.Encode, request)
+        got[name] = rpc_answer(srv[model].stub.Encode, request)
     for model in ("text", "noemb"):
-        got[f"model info, {model}"] = _answer(srv[model].stub.GetModelInfo, e2e.pb.GetModelInfoRequest())
-    got["model info, unknown model"] = _answer(srv["text"].stub.GetModelInfo,
+        got[f"model info, {model}"] = rpc_answer(srv[model].stub.GetModelInfo, e2e.pb.GetModelInfoRequest())
+    got["model info, unknown model"] = rpc_answer(srv["text"].stub.GetModelInfo,
                                                e2e.pb.GetModelInfoRequest(model_name="nope"))
     check(GOLDEN, got)

@@ -22,7 +22,7 @@ import numpy as np
 from tritonclient.grpc import service_pb2 as pb
 from tritonclient.grpc import service_pb2_grpc
 
-from golden_answers import check, message_dict, normalize  # tests/support, on sys.path by conftest
+from golden_answers import check, rpc_answer  # tests/support, on sys.path by conftest
 
 GOLDEN = Path(__file__).with_name("behaviour_golden.json")
 IDS = [2, 10, 11, 12, 3]
@@ -49,15 +49,6 @@ def _decode_outputs(body):
     return body
 
 
-def _answer(fn, request):
-    try:
-        resp = fn(request, timeout=30)
-    except grpc.RpcError as e:
-        return {"code": e.code().name, "details": e.details(), "body": None}
-    body = message_dict(resp)
-    return {"code": "OK", "details": "", "body": normalize(_decode_outputs(body))}
-
-
 def test_every_rpc_answers_as_recorded(start, model):
     srv = start()
     ids = np.array([IDS], dtype=np.int64).tobytes()
@@ -81,18 +72,18 @@ def test_every_rpc_answers_as_recorded(start, model):
     with grpc.insecure_channel(srv.url) as ch:
         stub = service_pb2_grpc.GRPCInferenceServiceStub(ch)
         got = {
-            "server live": _answer(stub.ServerLive, pb.ServerLiveRequest()),
-            "server ready": _answer(stub.ServerReady, pb.ServerReadyRequest()),
-            "server metadata": _answer(stub.ServerMetadata, pb.ServerMetadataRequest()),
-            "model ready": _answer(stub.ModelReady, pb.ModelReadyRequest(name=model.name)),
-            "model ready, unknown": _answer(stub.ModelReady, pb.ModelReadyRequest(name="nope")),
-            "model metadata": _answer(stub.ModelMetadata, pb.ModelMetadataRequest(name=model.name)),
-            "model metadata, unknown version": _answer(stub.ModelMetadata,
+            "server live": rpc_answer(stub.ServerLive, pb.ServerLiveRequest()),
+            "server ready": rpc_answer(stub.ServerReady, pb.ServerReadyRequest()),
+            "server metadata": rpc_answer(stub.ServerMetadata, pb.ServerMetadataRequest()),
+            "model ready": rpc_answer(stub.ModelReady, pb.ModelReadyRequest(name=model.name)),
+            "model ready, unknown": rpc_answer(stub.ModelReady, pb.ModelReadyRequest(name="nope")),
+            "model metadata": rpc_answer(stub.ModelMetadata, pb.ModelMetadataRequest(name=model.name)),
+            "model metadata, unknown version": rpc_answer(stub.ModelMetadata,
                                                        pb.ModelMetadataRequest(name=model.name, version="9")),
-            "model config": _answer(stub.ModelConfig, pb.ModelConfigRequest(name=model.name)),
+            "model config": rpc_answer(stub.ModelConfig, pb.ModelConfigRequest(name=model.name)),
         }
         for name, req in infers:
-            got[name] = _answer(stub.ModelInfer, req)
-        got["model statistics, after the infers"] = _answer(stub.ModelStatistics,
+            got[name] = rpc_answer(stub.ModelInfer, req, _decode_outputs)
+        got["model statistics, after the infers"] = rpc_answer(stub.ModelStatistics,
                                                             pb.ModelStatisticsRequest(name=model.name))
     check(GOLDEN, got)

@@ -57,6 +57,17 @@ def message_dict(message) -> dict:
         return MessageToDict(message, preserving_proto_field_name=True, including_default_value_fields=True)
 
 
+def rpc_answer(method, request, decode=lambda body: body) -> dict:
+    """A gRPC call's answer: the code's name, its details and the response's JSON mapping (passed
+    through `decode`, then normalized); None as the body when the call failed."""
+    import grpc
+    try:
+        response = method(request, timeout=30)
+    except grpc.RpcError as e:
+        return {"code": e.code().name, "details": e.details(), "body": None}
+    return {"code": "OK", "details": "", "body": normalize(decode(message_dict(response)))}
+
+
 def first_difference(want, got, path="body"):
     """None when got matches want (numbers within TOL), else where and how they differ."""
     if isinstance(want, bool) or isinstance(got, bool) or not (
