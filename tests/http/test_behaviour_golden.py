@@ -21,14 +21,10 @@ from __future__ import annotations
 import base64
 import json
 import struct
-import sys
 from pathlib import Path
 
-from conftest import REPO, TEXT, TEXTS, call
-
-if str(REPO / "tests" / "support") not in sys.path:
-    sys.path.insert(0, str(REPO / "tests" / "support"))
-from golden_answers import check, first_difference, normalize  # noqa: E402
+from conftest import TEXT, TEXTS, call
+from golden_answers import check, first_difference, normalize  # tests/support, on sys.path by conftest
 
 GOLDEN = Path(__file__).with_name("behaviour_golden.json")
 HEADERS = ("content-type", "retry-after", "allow", "www-authenticate")
