@@ -19,8 +19,8 @@
 # racecheck (every kernel) on a small model, the PyTorch eager and SDPA baselines,
 # torch.compile last (cap 180 s). Each runs under `timeout` within what is left of the
 # budget; a stage that would not fit is skipped with the reason "time budget spent". Each
-# records ok / failed / timeout / skipped (with the reason) and its wall time; the script goes on, and exits 0 whenever a
-# report was written. Without a GPU it finishes in seconds.
+# records ok / failed / timeout / skipped (with the reason) and its wall time; the script
+# goes on, and exits 0 whenever a report was written. Without a GPU it finishes in seconds.
 #
 # Environment knobs (defaults in brackets):
 #   GPU_CHECK_BUDGET_S [420]      seconds for the whole script, report included
