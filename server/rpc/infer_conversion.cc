@@ -78,9 +78,11 @@ grpc::Status read_integers(const Input& input, int64_t count, std::vector<int64_
   if (!wide && t.datatype() != "INT32") {
     return invalid(t.name() + ": datatype " + t.datatype() + "; expected INT64 or INT32");
   }
-  out->resize(size_t(count));
+  // The count comes from the shape, which the client wrote: the contents must hold it before
+  // anything of that size is allocated.
   if (input.raw != nullptr) {
     if (grpc::Status s = check_raw_size(input, count, wide ? 8 : 4); !s.ok()) return s;
+    out->resize(size_t(count));
     if (wide) {
       std::memcpy(out->data(), input.raw->data(), input.raw->size());
     } else {
@@ -96,10 +98,12 @@ grpc::Status read_integers(const Input& input, int64_t count, std::vector<int64_
   if (wide) {
     if (c.int64_contents_size() != count)
       return typed_count_mismatch(t, "int64_contents", c.int64_contents_size(), count);
+    out->resize(size_t(count));
     std::copy(c.int64_contents().begin(), c.int64_contents().end(), out->begin());
   } else {
     if (c.int_contents_size() != count)
       return typed_count_mismatch(t, "int_contents", c.int_contents_size(), count);
+    out->resize(size_t(count));
     std::copy(c.int_contents().begin(), c.int_contents().end(), out->begin());
   }
   return grpc::Status::OK;
@@ -110,15 +114,16 @@ grpc::Status read_floats(const Input& input, int64_t count, std::vector<float>* 
   const InputTensorProto& t = *input.tensor;
   if (t.datatype() != "FP32")
     return invalid(t.name() + ": datatype " + t.datatype() + "; expected FP32");
-  out->resize(size_t(count));
-  if (input.raw != nullptr) {
+  if (input.raw != nullptr) {  // sizes checked before the allocation, as in read_integers
     if (grpc::Status s = check_raw_size(input, count, 4); !s.ok()) return s;
+    out->resize(size_t(count));
     std::memcpy(out->data(), input.raw->data(), input.raw->size());
     return grpc::Status::OK;
   }
   const inference::InferTensorContents& c = t.contents();
   if (c.fp32_contents_size() != count)
     return typed_count_mismatch(t, "fp32_contents", c.fp32_contents_size(), count);
+  out->resize(size_t(count));
   std::copy(c.fp32_contents().begin(), c.fp32_contents().end(), out->begin());
   return grpc::Status::OK;
 }
