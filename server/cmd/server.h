@@ -15,16 +15,16 @@
 
 #include "server/cmd/server_options.h"
 #include "server/cmd/test_faults.h"
+#include "server/grpc/encoder_service.h"
+#include "server/grpc/inference_service.h"
+#include "server/grpc/server_credentials.h"
+#include "server/grpc/unimplemented.h"
 #include "server/http/api.h"
 #include "server/http/http_server.h"
 #include "server/metrics/metrics.h"
 #include "server/repository/repository.h"
-#include "server/rpc/auth.h"
-#include "server/rpc/encoder_service.h"
-#include "server/rpc/inference_service.h"
-#include "server/rpc/intake.h"
-#include "server/rpc/server_credentials.h"
-#include "server/rpc/unimplemented.h"
+#include "server/serving/auth.h"
+#include "server/serving/intake.h"
 #include "server/text/text.h"
 
 namespace fastformer {
@@ -72,9 +72,9 @@ class Server {
   // the service it calls, and the metrics everything records into last.
   metrics::Metrics metrics_;
   std::unique_ptr<metrics::MetricsServer> metrics_server_;
-  rpc::AuthMetrics auth_metrics_;
+  serving::AuthMetrics auth_metrics_;
   std::unique_ptr<rpc::ServerSecurity> security_;
-  rpc::Intake intake_;  // what both services share: admission, drain, statistics
+  serving::Intake intake_;  // what both services share: admission, drain, statistics
   rpc::EncoderService service_;
   rpc::InferenceService inference_service_;
   rpc::UnimplementedMethods unimplemented_;

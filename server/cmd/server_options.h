@@ -8,7 +8,7 @@
 #include <vector>
 
 #include "common/defaults.h"
-#include "server/rpc/server_credentials.h"
+#include "server/serving/security_options.h"
 
 namespace fastformer {
 
@@ -45,7 +45,7 @@ struct ServerOptions {
   double shutdown_timeout_s = defaults::kShutdownTimeoutS;
   std::string log_level = "info";
   std::string log_format = "text";
-  rpc::SecurityOptions security;
+  serving::SecurityOptions security;
 };
 
 // The options on the command line, each falling back to its environment variable. When they

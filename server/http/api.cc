@@ -7,7 +7,7 @@
 #include <fstream>
 #include <nlohmann/json.hpp>
 
-#include "server/rpc/request_conversion.h"
+#include "server/request/outcome.h"
 
 namespace fastformer::http {
 
@@ -110,36 +110,36 @@ Response error_response(Api api, bhttp::status status, const std::string& messag
   return response;
 }
 
-bhttp::status http_status(Api api, const grpc::Status& status) {
-  switch (status.error_code()) {
-    case grpc::StatusCode::OK:
+bhttp::status http_status(Api api, const Status& status) {
+  switch (status.code()) {
+    case StatusCode::kOk:
       return bhttp::status::ok;
-    case grpc::StatusCode::INVALID_ARGUMENT:
-    case grpc::StatusCode::FAILED_PRECONDITION:
-    case grpc::StatusCode::OUT_OF_RANGE:
+    case StatusCode::kInvalidArgument:
+    case StatusCode::kFailedPrecondition:
+    case StatusCode::kOutOfRange:
       return api == Api::kTei ? bhttp::status::unprocessable_entity : bhttp::status::bad_request;
-    case grpc::StatusCode::NOT_FOUND:
+    case StatusCode::kNotFound:
       return bhttp::status::not_found;
-    case grpc::StatusCode::RESOURCE_EXHAUSTED:
+    case StatusCode::kResourceExhausted:
       return bhttp::status::too_many_requests;
-    case grpc::StatusCode::UNAVAILABLE:
+    case StatusCode::kUnavailable:
       return bhttp::status::service_unavailable;
-    case grpc::StatusCode::DEADLINE_EXCEEDED:
+    case StatusCode::kDeadlineExceeded:
       return bhttp::status::gateway_timeout;
-    case grpc::StatusCode::UNAUTHENTICATED:
+    case StatusCode::kUnauthenticated:
       return bhttp::status::unauthorized;
-    case grpc::StatusCode::PERMISSION_DENIED:
+    case StatusCode::kPermissionDenied:
       return bhttp::status::forbidden;
-    case grpc::StatusCode::UNIMPLEMENTED:
+    case StatusCode::kUnimplemented:
       return bhttp::status::not_implemented;
-    case grpc::StatusCode::CANCELLED:
+    case StatusCode::kCancelled:
       return bhttp::status::bad_request;
     default:
       return bhttp::status::internal_server_error;
   }
 }
 
-HttpApi::HttpApi(rpc::Intake& intake, ApiOptions options)
+HttpApi::HttpApi(serving::Intake& intake, ApiOptions options)
     : intake_(intake),
       options_(std::move(options)),
       created_(std::chrono::duration_cast<std::chrono::seconds>(
@@ -183,7 +183,7 @@ std::vector<std::string> HttpApi::read_labels(const std::string& model_dir) {
   return labels;
 }
 
-std::string HttpApi::label(const rpc::ServedModel& model, size_t index) const {
+std::string HttpApi::label(const serving::ServedModel& model, size_t index) const {
   std::lock_guard lock(labels_mu_);
   auto it = labels_.find(model.dir);
   if (it == labels_.end()) it = labels_.emplace(model.dir, read_labels(model.dir)).first;
@@ -198,65 +198,63 @@ std::string HttpApi::model_name(std::string_view name) const {
   return std::string(name);
 }
 
-std::shared_ptr<const rpc::ServedModel> HttpApi::find(Call& call, std::string_view name,
-                                                      const std::string& version,
-                                                      const std::string& param) {
-  grpc::Status status;
+std::shared_ptr<const serving::ServedModel> HttpApi::find(Call& call, std::string_view name,
+                                                          const std::string& version,
+                                                          const std::string& param) {
+  Status status;
   auto served = intake_.find(model_name(name), version, &status);
-  if (!served) fail(call, status, status.error_code() == grpc::StatusCode::NOT_FOUND ? param : "");
+  if (!served) fail(call, status, status.code() == StatusCode::kNotFound ? param : "");
   return served;
 }
 
-void HttpApi::answer(Call& call, Response response, const grpc::Status& status) {
+void HttpApi::answer(Call& call, Response response, const Status& status) {
   intake_.record(call.method, status, call.start);
   call.responder->send(std::move(response));
 }
 
-void HttpApi::fail(Call& call, const grpc::Status& status, const std::string& param) {
-  answer(call,
-         error_response(call.api, http_status(call.api, status), status.error_message(), param),
+void HttpApi::fail(Call& call, const Status& status, const std::string& param) {
+  answer(call, error_response(call.api, http_status(call.api, status), status.message(), param),
          status);
 }
 
 Response HttpApi::refuse(std::string_view target, bhttp::status status,
                          const std::string& message) {
   const std::string_view path = target.substr(0, target.find('?'));
-  const grpc::StatusCode code = status == bhttp::status::service_unavailable
-                                    ? grpc::StatusCode::UNAVAILABLE
-                                : status == bhttp::status::payload_too_large ||
-                                        status == bhttp::status::request_header_fields_too_large
-                                    ? grpc::StatusCode::RESOURCE_EXHAUSTED
-                                : unsigned(status) >= 500 ? grpc::StatusCode::INTERNAL
-                                                          : grpc::StatusCode::INVALID_ARGUMENT;
+  const StatusCode code = status == bhttp::status::service_unavailable ? StatusCode::kUnavailable
+                          : status == bhttp::status::payload_too_large ||
+                                  status == bhttp::status::request_header_fields_too_large
+                              ? StatusCode::kResourceExhausted
+                          : unsigned(status) >= 500 ? StatusCode::kInternal
+                                                    : StatusCode::kInvalidArgument;
   intake_.record("HTTP (refused before routing)", {code, message}, Clock::now());
   Response response = error_response(api_of(path), status, message);
   response.keep_alive(false);
   return response;
 }
 
-grpc::Status HttpApi::build(const rpc::ServedModel& model, const request::EncodeInput& input,
-                            const char* param, bool single, batching::Request* out) const {
+Status HttpApi::build(const serving::ServedModel& model, const request::EncodeInput& input,
+                      const char* param, bool single, batching::Request* out) const {
   const std::optional<request::Problem> problem =
       request::build_request(input, *model.model, model.tokenizer(), model.config.limits, out);
-  if (!problem) return grpc::Status::OK;
+  if (!problem) return Status();
   std::string where = param;
   if (problem->row && !single) where += "[" + std::to_string(*problem->row) + "]";
-  return invalid(where + ": " + (problem->row ? request::describe(*problem) : problem->message));
+  return invalid_argument(where + ": " +
+                          (problem->row ? request::describe(*problem) : problem->message));
 }
 
-void HttpApi::submit(Call call, std::shared_ptr<const rpc::ServedModel> model,
-                     std::shared_ptr<void> keep,
-                     std::function<grpc::Status(batching::Request*)> convert, Format format,
-                     const std::string& param) {
+void HttpApi::submit(Call call, std::shared_ptr<const serving::ServedModel> model,
+                     std::shared_ptr<void> keep, std::function<Status(batching::Request*)> convert,
+                     Format format, const std::string& param) {
   auto request = std::make_shared<batching::Request>();
   std::weak_ptr<batching::Request> weak = request;
   request->on_complete = [this, call, keep, format, weak](batching::Request& r) {
     auto finish = [this, call, keep, format](batching::Request& done) {
-      const grpc::Status status = rpc::outcome_status(done);
+      const Status status = request::outcome_status(done);
       const auto filling = Clock::now();
-      Response response = status.ok() ? format(done)
-                                      : error_response(call.api, http_status(call.api, status),
-                                                       status.error_message());
+      Response response =
+          status.ok() ? format(done)
+                      : error_response(call.api, http_status(call.api, status), status.message());
       const uint64_t output_ns = ns_since(filling);
       if (status.ok()) {
         // Microseconds, for overhead measurements (TEI's x-*-time headers are whole ms).
@@ -265,8 +263,8 @@ void HttpApi::submit(Call call, std::shared_ptr<const rpc::ServedModel> model,
         response.set("x-fastformer-queue-us", std::to_string(std::max<int64_t>(0, queued.count())));
         response.set("x-fastformer-compute-us", std::to_string(done.compute_us));
         // Which model version answered (every API: OpenAI's and TEI's bodies have no version).
-        response.set("x-fastformer-model", rpc::Intake::served(done).name);
-        response.set("x-fastformer-model-version", rpc::Intake::served(done).version);
+        response.set("x-fastformer-model", serving::Intake::served(done).name);
+        response.set("x-fastformer-model-version", serving::Intake::served(done).version);
       }
       call.responder->send(std::move(response));
       intake_.complete(call.method, done, status, call.start, output_ns);
@@ -279,11 +277,11 @@ void HttpApi::submit(Call call, std::shared_ptr<const rpc::ServedModel> model,
       finish(r);
     }
   };
-  const grpc::Status status = intake_.admit(
-      call.deadline, model, [&](const rpc::ServedModel&) { return convert(request.get()); },
+  const Status status = intake_.admit(
+      call.deadline, model, [&](const serving::ServedModel&) { return convert(request.get()); },
       request);
   if (!status.ok()) {
-    fail(call, status, status.error_code() == grpc::StatusCode::INVALID_ARGUMENT ? param : "");
+    fail(call, status, status.code() == StatusCode::kInvalidArgument ? param : "");
   }
 }
 
@@ -301,7 +299,7 @@ void HttpApi::handle(Request& request, std::shared_ptr<Responder> responder) {
     for (const auto& field : request) {
       if (field.name() == bhttp::field::authorization) authorization.push_back(field.value());
     }
-    if (grpc::Status s = options_.authenticator->check(path, health, authorization); !s.ok()) {
+    if (Status s = options_.authenticator->check(path, health, authorization); !s.ok()) {
       call.method = "HTTP (unauthenticated)";
       return fail(call, s);
     }
@@ -311,18 +309,18 @@ void HttpApi::handle(Request& request, std::shared_ptr<Responder> responder) {
     char* end = nullptr;
     const double ms = std::strtod(value.c_str(), &end);
     if (end == value.c_str() || *end != '\0' || !(ms > 0)) {
-      return fail(call, invalid("x-request-timeout-ms: expected a positive number of "
-                                "milliseconds, got '" +
-                                value + "'"));
+      return fail(call, invalid_argument("x-request-timeout-ms: expected a positive number of "
+                                         "milliseconds, got '" +
+                                         value + "'"));
     }
     call.deadline = Clock::now() + std::chrono::duration_cast<Clock::duration>(
                                        std::chrono::duration<double, std::milli>(ms));
   }
   if (const auto encoding = request.find(bhttp::field::content_encoding);
       encoding != request.end() && !boost::beast::iequals(encoding->value(), "identity")) {
-    return fail(call, {grpc::StatusCode::UNIMPLEMENTED,
-                       "Content-Encoding " + std::string(encoding->value()) +
-                           " is not supported; send the body uncompressed"});
+    return fail(call,
+                {StatusCode::kUnimplemented, "Content-Encoding " + std::string(encoding->value()) +
+                                                 " is not supported; send the body uncompressed"});
   }
 
   auto wrong_method = [&](const char* allowed) {
@@ -330,7 +328,7 @@ void HttpApi::handle(Request& request, std::shared_ptr<Responder> responder) {
         call.api, bhttp::status::method_not_allowed,
         std::string(request.method_string()) + " " + std::string(path) + ": use " + allowed);
     response.set(bhttp::field::allow, allowed);
-    answer(call, std::move(response), invalid("method not allowed"));
+    answer(call, std::move(response), invalid_argument("method not allowed"));
   };
   // OpenAI and TEI: fixed paths.
   if (path == "/v1/embeddings") {
@@ -346,7 +344,7 @@ void HttpApi::handle(Request& request, std::shared_ptr<Responder> responder) {
       json::Writer w;
       w.raw("{\"id\":").string(id).raw(",\"object\":\"model\",\"created\":").number(created_);
       w.raw(",\"owned_by\":\"fastformer\"}");
-      return answer(call, json_response(bhttp::status::ok, w.take()), grpc::Status::OK);
+      return answer(call, json_response(bhttp::status::ok, w.take()), Status());
     }
     return openai_models(std::move(call));
   }
@@ -399,14 +397,14 @@ void HttpApi::handle(Request& request, std::shared_ptr<Responder> responder) {
         version = parts[4];
       } else if (parts.size() != 4) {
         call.method = "HTTP (no route)";
-        return fail(call, {grpc::StatusCode::NOT_FOUND, "no route " + std::string(path)});
+        return fail(call, {StatusCode::kNotFound, "no route " + std::string(path)});
       }
       return kserve_infer(request, std::move(call), parts[2], version);
     }
     if (!get) return wrong_method("GET");
     return kserve_get(request, std::move(call), parts);
   }
-  fail(call, {grpc::StatusCode::NOT_FOUND,
+  fail(call, {StatusCode::kNotFound,
               "no route " + std::string(request.method_string()) + " " + std::string(path) +
                   " (routes: POST /v1/embeddings, GET /v1/models, POST /embed, /embed_all, "
                   "/predict, /tokenize, /, GET /info, /health, and KServe v2 under /v2)"});

@@ -20,15 +20,15 @@
 #include "server/http/http_server.h"
 #include "server/http/json.h"
 #include "server/request/encode_input.h"
-#include "server/rpc/auth.h"
-#include "server/rpc/intake.h"
+#include "server/serving/auth.h"
+#include "server/serving/intake.h"
 
 namespace fastformer::http {
 
 struct ApiOptions {
   /// Names that mean the default model besides its own (--served-model-name).
   std::vector<std::string> served_model_names;
-  const rpc::TokenAuthenticator* authenticator = nullptr;  ///< null: no token needed
+  const serving::TokenAuthenticator* authenticator = nullptr;  ///< null: no token needed
 };
 
 // Which API a route belongs to: its error shape and status codes.
@@ -36,7 +36,7 @@ enum class Api { kOpenAI, kTei, kKServe };
 
 class HttpApi final : public Handler {
  public:
-  HttpApi(rpc::Intake& intake, ApiOptions options);
+  HttpApi(serving::Intake& intake, ApiOptions options);
 
   void handle(Request& request, std::shared_ptr<Responder> responder) override;
   Response refuse(std::string_view target, bhttp::status status,
@@ -74,32 +74,32 @@ class HttpApi final : public Handler {
   void kserve_repository(const Request& request, Call call, const std::vector<std::string>& path);
 
   // Answers at once (and records the call with the status the answer stands for).
-  void answer(Call& call, Response response, const grpc::Status& status);
-  void fail(Call& call, const grpc::Status& status, const std::string& param = {});
+  void answer(Call& call, Response response, const Status& status);
+  void fail(Call& call, const Status& status, const std::string& param = {});
   // Queues `input` (rows viewing storage `keep` owns) and answers with format(), or with the
   // error in call.api's shape. `convert` runs inside admission (counted in flight).
   // `param`: the field a refusal by `convert` is about (OpenAI's error param).
   // The request goes to `model` (found by find()); format() may use Intake::served(done).
-  void submit(Call call, std::shared_ptr<const rpc::ServedModel> model, std::shared_ptr<void> keep,
-              std::function<grpc::Status(batching::Request*)> convert, Format format,
-              const std::string& param = {});
+  void submit(Call call, std::shared_ptr<const serving::ServedModel> model,
+              std::shared_ptr<void> keep, std::function<Status(batching::Request*)> convert,
+              Format format, const std::string& param = {});
   // build_request on `input` for `model`, the refusal worded "<param>[row]: ..." as
   // INVALID_ARGUMENT. `single`: the input was one value, not an array (no row index).
-  grpc::Status build(const rpc::ServedModel& model, const request::EncodeInput& input,
-                     const char* param, bool single, batching::Request* out) const;
+  Status build(const serving::ServedModel& model, const request::EncodeInput& input,
+               const char* param, bool single, batching::Request* out) const;
 
   // The model version `name` (a --served-model-name or empty: the default model) and
   // `version` stand for; null, having answered the call with the reason, when none serves.
-  std::shared_ptr<const rpc::ServedModel> find(Call& call, std::string_view name,
-                                               const std::string& version = {},
-                                               const std::string& param = {});
+  std::shared_ptr<const serving::ServedModel> find(Call& call, std::string_view name,
+                                                   const std::string& version = {},
+                                                   const std::string& param = {});
   // The name as the repository knows it: "" (the default model) for a --served-model-name.
   std::string model_name(std::string_view name) const;
   // Class `index` of `model`'s classifier head: its config.json's or labels.json's name, else
   // LABEL_<index>.
-  std::string label(const rpc::ServedModel& model, size_t index) const;
+  std::string label(const serving::ServedModel& model, size_t index) const;
 
-  rpc::Intake& intake_;
+  serving::Intake& intake_;
   const ApiOptions options_;
   mutable std::mutex labels_mu_;
   mutable std::map<std::string, std::vector<std::string>> labels_;  // by version directory
@@ -120,17 +120,12 @@ std::optional<std::string> read_inputs(const simdjson::dom::element& value, cons
 // The rows of `inputs` (views into it).
 request::EncodeInput encode_input(const Inputs& inputs);
 
-// INVALID_ARGUMENT with `message`: what every route's refusal of a field is.
-inline grpc::Status invalid(std::string message) {
-  return {grpc::StatusCode::INVALID_ARGUMENT, std::move(message)};
-}
-
 // The response of `status` with `body` as application/json.
 Response json_response(bhttp::status status, std::string body);
 // The error body in `api`'s shape; `param` is OpenAI's param (the field), may be empty.
 Response error_response(Api api, bhttp::status status, const std::string& message,
                         const std::string& param = {});
 // The HTTP status that a gRPC status stands for in `api`.
-bhttp::status http_status(Api api, const grpc::Status& status);
+bhttp::status http_status(Api api, const Status& status);
 
 }  // namespace fastformer::http

@@ -252,7 +252,7 @@ class Session final : public Responder, public std::enable_shared_from_this<Sess
   unsigned version_ = 11;
 };
 
-std::unique_ptr<ssl::context> make_tls(const rpc::SecurityOptions& o) {
+std::unique_ptr<ssl::context> make_tls(const serving::SecurityOptions& o) {
   if (o.tls_cert.empty()) return nullptr;
   auto ctx = std::make_unique<ssl::context>(ssl::context::tls_server);
   ctx->set_options(ssl::context::default_workarounds | ssl::context::no_sslv2 |

@@ -18,7 +18,7 @@
 #include <memory>
 #include <string>
 
-#include "server/rpc/server_credentials.h"
+#include "server/serving/security_options.h"
 
 namespace fastformer::http {
 
@@ -56,7 +56,7 @@ struct HttpOptions {
   int64_t max_connections = 1024;
   std::chrono::milliseconds idle_timeout{60000};
   std::chrono::milliseconds header_timeout{10000};
-  rpc::SecurityOptions tls;  ///< tls_cert/tls_key/tls_client_ca: HTTPS, as the gRPC port
+  serving::SecurityOptions tls;  ///< tls_cert/tls_key/tls_client_ca: HTTPS, as the gRPC port
 };
 
 class HttpServer {

@@ -8,8 +8,8 @@
 #include <cstring>
 
 #include "server/http/api.h"
-#include "server/rpc/infer_conversion.h"
-#include "server/rpc/model_view.h"
+#include "server/serving/infer_conversion.h"
+#include "server/serving/model_view.h"
 
 namespace fastformer::http {
 
@@ -220,13 +220,13 @@ void data_json(const std::string& datatype, const std::string& raw, json::Writer
 void HttpApi::kserve_get(const Request&, Call call, const std::vector<std::string>& parts) {
   // parts: "v2", then the rest of the path.
   const auto ok = [&](std::string body) {
-    answer(call, json_response(bhttp::status::ok, std::move(body)), grpc::Status::OK);
+    answer(call, json_response(bhttp::status::ok, std::move(body)), Status());
   };
   if (parts.size() == 1) {
     call.method = "GET /v2";
-    if (grpc::Status s = intake_.availability(); !s.ok()) return fail(call, s);
+    if (Status s = intake_.availability(); !s.ok()) return fail(call, s);
     inference::ServerMetadataResponse metadata;
-    rpc::fill_server_metadata(intake_, &metadata);
+    serving::fill_server_metadata(intake_, &metadata);
     metadata.add_extensions("binary_tensor_data");
     json::Writer w;
     proto_json(metadata, w);
@@ -239,13 +239,12 @@ void HttpApi::kserve_get(const Request&, Call call, const std::vector<std::strin
     // Triton answers).
     const bool up = live || intake_.ready();
     Response response{up ? bhttp::status::ok : bhttp::status::bad_request, 11};
-    return answer(call, std::move(response), grpc::Status::OK);
+    return answer(call, std::move(response), Status());
   }
   if (parts.size() == 3 && parts[1] == "models" && parts[2] == "stats") {
     call.method = "GET /v2/models/{model}/stats";
     inference::ModelStatisticsResponse stats;
-    if (grpc::Status s = rpc::fill_statistics(intake_, "", "", &stats); !s.ok())
-      return fail(call, s);
+    if (Status s = serving::fill_statistics(intake_, "", "", &stats); !s.ok()) return fail(call, s);
     json::Writer w;
     proto_json(stats, w);
     return ok(w.take());
@@ -262,18 +261,18 @@ void HttpApi::kserve_get(const Request&, Call call, const std::vector<std::strin
     if (at + 1 < parts.size() ||
         (what != "" && what != "ready" && what != "config" && what != "stats")) {
       call.method = "HTTP (no route)";
-      return fail(call, {grpc::StatusCode::NOT_FOUND, "no route GET /" + [&] {
+      return fail(call, {StatusCode::kNotFound, "no route GET /" + [&] {
                            std::string p;
                            for (size_t i = 0; i < parts.size(); ++i) p += (i ? "/" : "") + parts[i];
                            return p;
                          }()});
     }
-    grpc::Status status;
+    Status status;
     const auto served = intake_.find(parts[2], version, &status);
     if (what == "ready") {
       call.method = "GET /v2/models/{model}/ready";
       Response response{status.ok() ? bhttp::status::ok : bhttp::status::bad_request, 11};
-      return answer(call, std::move(response), grpc::Status::OK);
+      return answer(call, std::move(response), Status());
     }
     call.method = what.empty()       ? "GET /v2/models/{model}"
                   : what == "config" ? "GET /v2/models/{model}/config"
@@ -282,22 +281,22 @@ void HttpApi::kserve_get(const Request&, Call call, const std::vector<std::strin
     json::Writer w;
     if (what.empty()) {
       inference::ModelMetadataResponse metadata;
-      rpc::fill_model_metadata(intake_, *served, &metadata);
+      serving::fill_model_metadata(intake_, *served, &metadata);
       proto_json(metadata, w);
     } else if (what == "config") {
       inference::ModelConfig config;  // Triton answers the config itself, not its wrapper
-      rpc::fill_model_config(*served, &config);
+      serving::fill_model_config(*served, &config);
       proto_json(config, w);
     } else {
       inference::ModelStatisticsResponse stats;
-      if (grpc::Status s = rpc::fill_statistics(intake_, parts[2], version, &stats); !s.ok())
+      if (Status s = serving::fill_statistics(intake_, parts[2], version, &stats); !s.ok())
         return fail(call, s);
       proto_json(stats, w);
     }
     return ok(w.take());
   }
   call.method = "HTTP (no route)";
-  fail(call, {grpc::StatusCode::NOT_FOUND, "no route under /v2 for this path"});
+  fail(call, {StatusCode::kNotFound, "no route under /v2 for this path"});
 }
 
 void HttpApi::kserve_repository(const Request& http_request, Call call,
@@ -308,11 +307,11 @@ void HttpApi::kserve_repository(const Request& http_request, Call call,
       parts.size() == 5 && parts[2] == "models" && (parts[4] == "load" || parts[4] == "unload");
   if (!index && !control) {
     call.method = "HTTP (no route)";
-    return fail(call, {grpc::StatusCode::NOT_FOUND,
+    return fail(call, {StatusCode::kNotFound,
                        "no route: the repository routes are POST /v2/repository/index, "
                        "/v2/repository/models/{model}/load and .../unload"});
   }
-  if (grpc::Status s = intake_.availability(); !s.ok()) return fail(call, s);
+  if (Status s = intake_.availability(); !s.ok()) return fail(call, s);
   // The body is optional (tritonclient sends none for the index): {"ready": bool} for the
   // index, {"parameters": {...}} for load and unload.
   thread_local simdjson::dom::parser parser;
@@ -320,20 +319,22 @@ void HttpApi::kserve_repository(const Request& http_request, Call call,
   const bool has_body = !http_request.body().empty();
   if (has_body) {
     simdjson::dom::element root;
-    if (auto e = json::parse(parser, http_request.body(), &root)) return fail(call, invalid(*e));
+    if (auto e = json::parse(parser, http_request.body(), &root))
+      return fail(call, invalid_argument(*e));
     if (root.get_object().get(body)) {
-      return fail(call, invalid(std::string("the request body must be a JSON object, got ") +
-                                json::type_name(root)));
+      return fail(call,
+                  invalid_argument(std::string("the request body must be a JSON object, got ") +
+                                   json::type_name(root)));
     }
   }
   simdjson::dom::element v;
   if (index) {
     bool ready = false;
     if (has_body && !body["ready"].get(v) && v.get_bool().get(ready)) {
-      return fail(call, invalid("ready: expected true or false"));
+      return fail(call, invalid_argument("ready: expected true or false"));
     }
     inference::RepositoryIndexResponse response;
-    rpc::fill_repository_index(intake_, ready, &response);
+    serving::fill_repository_index(intake_, ready, &response);
     json::Writer w;
     w.ch('[');
     for (int i = 0; i < response.models_size(); ++i) {
@@ -343,23 +344,24 @@ void HttpApi::kserve_repository(const Request& http_request, Call call,
       w.raw(",\"state\":").string(m.state()).raw(",\"reason\":").string(m.reason()).ch('}');
     }
     w.ch(']');
-    return answer(call, json_response(bhttp::status::ok, w.take()), grpc::Status::OK);
+    return answer(call, json_response(bhttp::status::ok, w.take()), Status());
   }
   const std::string& model = parts[3];
   const bool unload = parts[4] == "unload";
   std::vector<std::string> parameters;
   if (has_body && !body["parameters"].get(v)) {
     simdjson::dom::object p;
-    if (v.get_object().get(p)) return fail(call, invalid("parameters: expected an object"));
+    if (v.get_object().get(p))
+      return fail(call, invalid_argument("parameters: expected an object"));
     for (const auto [key, value] : p) parameters.emplace_back(key);
   }
-  if (grpc::Status s = rpc::repository_control(intake_, model, parameters, unload); !s.ok())
+  if (Status s = serving::repository_control(intake_, model, parameters, unload); !s.ok())
     return fail(call, s);
   // Answered on the connection's I/O thread once the repository has done it.
-  auto done = [this, call](std::optional<repository::Error> e) mutable {
-    call.responder->post([this, call, e]() mutable {
-      if (e) return fail(call, rpc::to_status(*e));
-      answer(call, json_response(bhttp::status::ok, "{}"), grpc::Status::OK);
+  auto done = [this, call](const Status& status) mutable {
+    call.responder->post([this, call, status]() mutable {
+      if (!status.ok()) return fail(call, status);
+      answer(call, json_response(bhttp::status::ok, "{}"), Status());
     });
   };
   if (unload)
@@ -380,24 +382,24 @@ void HttpApi::kserve_infer(const Request& http_request, Call call, const std::st
     char* end = nullptr;
     const unsigned long long n = std::strtoull(value.c_str(), &end, 10);
     if (end == value.c_str() || *end != '\0' || n > body.size()) {
-      return fail(call, invalid(std::string(kHeaderLength) + ": '" + value +
-                                "' is not a length within the body's " +
-                                std::to_string(body.size()) + " bytes"));
+      return fail(call, invalid_argument(std::string(kHeaderLength) + ": '" + value +
+                                         "' is not a length within the body's " +
+                                         std::to_string(body.size()) + " bytes"));
     }
     binary = body.substr(size_t(n));
     body = body.substr(0, size_t(n));
   }
   thread_local simdjson::dom::parser parser;
   simdjson::dom::element root;
-  if (auto e = json::parse(parser, body, &root)) return fail(call, invalid(*e));
+  if (auto e = json::parse(parser, body, &root)) return fail(call, invalid_argument(*e));
   simdjson::dom::object object;
   if (root.get_object().get(object)) {
-    return fail(call, invalid(std::string("the request body must be a JSON object, got ") +
-                              json::type_name(root)));
+    return fail(call, invalid_argument(std::string("the request body must be a JSON object, got ") +
+                                       json::type_name(root)));
   }
   struct Keep {
     inference::ModelInferRequest proto;
-    rpc::InferCall call;
+    serving::InferCall call;
     std::vector<bool> binary_output;  // per proto output, or all when none were named
     bool binary_default = false;
   };
@@ -408,63 +410,66 @@ void HttpApi::kserve_infer(const Request& http_request, Call call, const std::st
   simdjson::dom::element v;
   if (!object["id"].get(v)) {
     std::string_view id;
-    if (v.get_string().get(id)) return fail(call, invalid("id: expected a string"));
+    if (v.get_string().get(id)) return fail(call, invalid_argument("id: expected a string"));
     proto.set_id(std::string(id));
   }
   if (!object["parameters"].get(v)) {
     simdjson::dom::object parameters;
     if (v.get_object().get(parameters))
-      return fail(call, invalid("parameters: expected an object"));
+      return fail(call, invalid_argument("parameters: expected an object"));
     for (const auto [key, value] : parameters) {
       if (key == "binary_data_output") {
         if (value.get_bool().get(keep->binary_default)) {
-          return fail(call, invalid("parameters.binary_data_output: expected true or false"));
+          return fail(call,
+                      invalid_argument("parameters.binary_data_output: expected true or false"));
         }
         continue;
       }
       if (key == "timeout") {  // microseconds, as Triton's
         int64_t us = 0;
         if (value.get_int64().get(us) || us <= 0) {
-          return fail(call,
-                      invalid("parameters.timeout: expected a positive number of microseconds"));
+          return fail(call, invalid_argument(
+                                "parameters.timeout: expected a positive number of microseconds"));
         }
         call.deadline = std::min(call.deadline, Clock::now() + std::chrono::microseconds(us));
         continue;
       }
       inference::InferParameter p;
       if (auto e = read_parameter(value, "parameters." + std::string(key), &p)) {
-        return fail(call, invalid(*e));
+        return fail(call, invalid_argument(*e));
       }
       (*proto.mutable_parameters())[std::string(key)] = p;
     }
   }
   simdjson::dom::array inputs;
-  if (object["inputs"].get(v)) return fail(call, invalid("inputs: is required"));
-  if (v.get_array().get(inputs)) return fail(call, invalid("inputs: expected an array"));
+  if (object["inputs"].get(v)) return fail(call, invalid_argument("inputs: is required"));
+  if (v.get_array().get(inputs)) return fail(call, invalid_argument("inputs: expected an array"));
   size_t offset = 0;
   size_t i = 0;
   for (const simdjson::dom::element item : inputs) {
     const std::string where = "inputs[" + std::to_string(i++) + "]";
     simdjson::dom::object in;
-    if (item.get_object().get(in)) return fail(call, invalid(where + ": expected an object"));
+    if (item.get_object().get(in))
+      return fail(call, invalid_argument(where + ": expected an object"));
     inference::ModelInferRequest::InferInputTensor* tensor = proto.add_inputs();
     std::string_view s;
     if (in["name"].get(v) || v.get_string().get(s)) {
-      return fail(call, invalid(where + ".name: is required (a string)"));
+      return fail(call, invalid_argument(where + ".name: is required (a string)"));
     }
     tensor->set_name(std::string(s));
     const std::string named = where + " (" + tensor->name() + ")";
     if (in["datatype"].get(v) || v.get_string().get(s)) {
-      return fail(call, invalid(named + ".datatype: is required (a string)"));
+      return fail(call, invalid_argument(named + ".datatype: is required (a string)"));
     }
     tensor->set_datatype(std::string(s));
     simdjson::dom::array shape;
     if (in["shape"].get(v) || v.get_array().get(shape)) {
-      return fail(call, invalid(named + ".shape: is required (an array of integers)"));
+      return fail(call, invalid_argument(named + ".shape: is required (an array of integers)"));
     }
     for (const simdjson::dom::element d : shape) {
       int64_t n = 0;
-      if (d.get_int64().get(n)) return fail(call, invalid(named + ".shape: expected integers"));
+      if (d.get_int64().get(n))
+        return fail(call, invalid_argument(named + ".shape: expected integers"));
       tensor->add_shape(n);
     }
     std::string* raw = proto.add_raw_input_contents();
@@ -472,73 +477,79 @@ void HttpApi::kserve_infer(const Request& http_request, Call call, const std::st
     if (!in["parameters"].get(v)) {
       simdjson::dom::object parameters;
       if (v.get_object().get(parameters)) {
-        return fail(call, invalid(named + ".parameters: expected an object"));
+        return fail(call, invalid_argument(named + ".parameters: expected an object"));
       }
       for (const auto [key, value] : parameters) {
         if (key == "binary_data_size") {
           if (value.get_int64().get(binary_size) || binary_size < 0) {
-            return fail(call, invalid(named + ".parameters.binary_data_size: expected a size"));
+            return fail(call,
+                        invalid_argument(named + ".parameters.binary_data_size: expected a size"));
           }
           continue;
         }
         inference::InferParameter p;
         if (auto e = read_parameter(value, named + ".parameters." + std::string(key), &p)) {
-          return fail(call, invalid(*e));
+          return fail(call, invalid_argument(*e));
         }
         (*tensor->mutable_parameters())[std::string(key)] = p;
       }
     }
     if (binary_size >= 0) {
       if (offset + size_t(binary_size) > binary.size()) {
-        return fail(call,
-                    invalid(named + ".parameters.binary_data_size: " + std::to_string(binary_size) +
-                            " bytes at offset " + std::to_string(offset) + " run past the " +
-                            std::to_string(binary.size()) + " binary bytes after the JSON (" +
-                            kHeaderLength + ")"));
+        return fail(call, invalid_argument(named + ".parameters.binary_data_size: " +
+                                           std::to_string(binary_size) + " bytes at offset " +
+                                           std::to_string(offset) + " run past the " +
+                                           std::to_string(binary.size()) +
+                                           " binary bytes after the JSON (" + kHeaderLength + ")"));
       }
       raw->assign(binary.substr(offset, size_t(binary_size)));
       offset += size_t(binary_size);
       continue;
     }
     if (in["data"].get(v)) {
-      return fail(call, invalid(named + ".data: is required (or parameters.binary_data_size)"));
+      return fail(call,
+                  invalid_argument(named + ".data: is required (or parameters.binary_data_size)"));
     }
     int64_t count = 0;
     if (auto e = flatten(v, tensor->datatype(), named + ".data", raw, &count)) {
-      return fail(call, invalid(*e));
+      return fail(call, invalid_argument(*e));
     }
   }
   if (offset != binary.size()) {
-    return fail(call, invalid("the body has " + std::to_string(binary.size() - offset) +
-                              " binary bytes after the JSON that no input's binary_data_size "
-                              "claims"));
+    return fail(call,
+                invalid_argument("the body has " + std::to_string(binary.size() - offset) +
+                                 " binary bytes after the JSON that no input's binary_data_size "
+                                 "claims"));
   }
   if (!object["outputs"].get(v)) {
     simdjson::dom::array outputs;
-    if (v.get_array().get(outputs)) return fail(call, invalid("outputs: expected an array"));
+    if (v.get_array().get(outputs))
+      return fail(call, invalid_argument("outputs: expected an array"));
     size_t k = 0;
     for (const simdjson::dom::element item : outputs) {
       const std::string where = "outputs[" + std::to_string(k++) + "]";
       simdjson::dom::object out;
       std::string_view s;
       if (item.get_object().get(out) || out["name"].get(v) || v.get_string().get(s)) {
-        return fail(call, invalid(where + ".name: is required (a string)"));
+        return fail(call, invalid_argument(where + ".name: is required (a string)"));
       }
       proto.add_outputs()->set_name(std::string(s));
       bool binary_output = keep->binary_default;
       if (!out["parameters"].get(v)) {
         simdjson::dom::object parameters;
         if (v.get_object().get(parameters)) {
-          return fail(call, invalid(where + ".parameters: expected an object"));
+          return fail(call, invalid_argument(where + ".parameters: expected an object"));
         }
         for (const auto [key, value] : parameters) {
           if (key == "binary_data") {
             if (value.get_bool().get(binary_output)) {
-              return fail(call, invalid(where + ".parameters.binary_data: expected true or false"));
+              return fail(call, invalid_argument(
+                                    where + ".parameters.binary_data: expected true or false"));
             }
           } else if (key == "classification") {
-            return fail(call, invalid(where + ".parameters.classification: the classification "
-                                              "extension is not supported; ask for logits"));
+            return fail(call,
+                        invalid_argument(where + ".parameters.classification: the classification "
+                                                 "extension is not supported; ask for logits"));
           }
         }
       }
@@ -548,14 +559,14 @@ void HttpApi::kserve_infer(const Request& http_request, Call call, const std::st
   submit(
       call, served, keep,
       [keep, served](batching::Request* out) {
-        return rpc::convert_infer_request(keep->proto, *served->model, served->tokenizer(),
-                                          served->config.limits, served->config.max_batch_sequences,
-                                          &keep->call, out);
+        return serving::convert_infer_request(keep->proto, *served->model, served->tokenizer(),
+                                              served->config.limits,
+                                              served->config.max_batch_sequences, &keep->call, out);
       },
       [keep](const batching::Request& r) {
-        const rpc::ServedModel& answered = rpc::Intake::served(r);
+        const serving::ServedModel& answered = serving::Intake::served(r);
         inference::ModelInferResponse response;
-        rpc::fill_infer_response(keep->call, r, *answered.model, &response);
+        serving::fill_infer_response(keep->call, r, *answered.model, &response);
         json::Writer w;
         w.raw("{\"model_name\":").string(answered.name);
         w.raw(",\"model_version\":").string(answered.version);

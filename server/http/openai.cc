@@ -88,7 +88,7 @@ request::EncodeInput encode_input(const Inputs& inputs) {
 }
 
 void HttpApi::openai_models(Call call) {
-  if (grpc::Status s = intake_.availability(); !s.ok()) return fail(call, s);
+  if (Status s = intake_.availability(); !s.ok()) return fail(call, s);
   json::Writer w;
   w.raw("{\"object\":\"list\",\"data\":[");
   // Every model with a READY version, then the default model's other names.
@@ -104,18 +104,19 @@ void HttpApi::openai_models(Call call) {
     w.raw(",\"owned_by\":\"fastformer\"}");
   }
   w.raw("]}");
-  answer(call, json_response(bhttp::status::ok, w.take()), grpc::Status::OK);
+  answer(call, json_response(bhttp::status::ok, w.take()), Status());
 }
 
 void HttpApi::openai_embeddings(const Request& http_request, Call call) {
-  if (grpc::Status s = intake_.availability(); !s.ok()) return fail(call, s);
+  if (Status s = intake_.availability(); !s.ok()) return fail(call, s);
   thread_local simdjson::dom::parser parser;
   simdjson::dom::element root;
-  if (auto e = json::parse(parser, http_request.body(), &root)) return fail(call, invalid(*e));
+  if (auto e = json::parse(parser, http_request.body(), &root))
+    return fail(call, invalid_argument(*e));
   simdjson::dom::object body;
   if (root.get_object().get(body)) {
-    return fail(call, invalid(std::string("the request body must be a JSON object, got ") +
-                              json::type_name(root)));
+    return fail(call, invalid_argument(std::string("the request body must be a JSON object, got ") +
+                                       json::type_name(root)));
   }
   struct Keep {
     Inputs inputs;
@@ -129,19 +130,21 @@ void HttpApi::openai_embeddings(const Request& http_request, Call call) {
   std::string_view name;  // empty: the default model
   if (!body["model"].get(v) && !v.is_null()) {
     if (v.get_string().get(name)) {
-      return fail(call, invalid(std::string("model: expected a string, got ") + json::type_name(v)),
-                  "model");
+      return fail(
+          call,
+          invalid_argument(std::string("model: expected a string, got ") + json::type_name(v)),
+          "model");
     }
   }
-  grpc::Status found;
+  Status found;
   const auto served = intake_.find(model_name(name), "", &found);
   if (!served) {
-    if (found.error_code() == grpc::StatusCode::NOT_FOUND) {
+    if (found.code() == StatusCode::kNotFound) {
       std::string names;
       for (const auto& m : intake_.repository().serving())
         names += (names.empty() ? "'" : ", '") + m->name + "'";
       for (const std::string& alias : options_.served_model_names) names += ", '" + alias + "'";
-      found = {grpc::StatusCode::NOT_FOUND,
+      found = {StatusCode::kNotFound,
                "model: '" + std::string(name) + "' is not served here; this server serves " +
                    (names.empty() ? std::string("no model yet") : names) + " (GET /v1/models)"};
     }
@@ -149,12 +152,13 @@ void HttpApi::openai_embeddings(const Request& http_request, Call call) {
   }
   const engine::Model& model = *served->model;
   keep->model = name.empty() ? served->name : std::string(name);
-  if (body["input"].get(v)) return fail(call, invalid("input: is required"), "input");
-  if (auto e = read_inputs(v, "input", &keep->inputs)) return fail(call, invalid(*e), "input");
+  if (body["input"].get(v)) return fail(call, invalid_argument("input: is required"), "input");
+  if (auto e = read_inputs(v, "input", &keep->inputs))
+    return fail(call, invalid_argument(*e), "input");
   if (!body["encoding_format"].get(v) && !v.is_null()) {
     std::string_view format;
     if (v.get_string().get(format) || (format != "float" && format != "base64")) {
-      return fail(call, invalid("encoding_format: expected \"float\" or \"base64\""),
+      return fail(call, invalid_argument("encoding_format: expected \"float\" or \"base64\""),
                   "encoding_format");
     }
     keep->base64 = format == "base64";
@@ -162,18 +166,20 @@ void HttpApi::openai_embeddings(const Request& http_request, Call call) {
   if (!body["dimensions"].get(v) && !v.is_null()) {
     int64_t d = 0;
     if (v.get_int64().get(d) || d < 1) {
-      return fail(call, invalid("dimensions: expected a positive integer"), "dimensions");
+      return fail(call, invalid_argument("dimensions: expected a positive integer"), "dimensions");
     }
     if (d > model.config().hidden_size) {
       return fail(call,
-                  invalid("dimensions: " + std::to_string(d) + " is over the model's hidden_size " +
-                          std::to_string(model.config().hidden_size)),
+                  invalid_argument("dimensions: " + std::to_string(d) +
+                                   " is over the model's hidden_size " +
+                                   std::to_string(model.config().hidden_size)),
                   "dimensions");
     }
     keep->dimensions = d;
   }
   if (!body["user"].get(v) && !v.is_null() && !v.is_string()) {
-    return fail(call, invalid(std::string("user: expected a string, got ") + json::type_name(v)),
+    return fail(call,
+                invalid_argument(std::string("user: expected a string, got ") + json::type_name(v)),
                 "user");
   }
   keep->input = encode_input(keep->inputs);

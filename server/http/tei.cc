@@ -90,22 +90,24 @@ void HttpApi::tei_embed(const Request& http_request, Call call, bool all_tokens)
   if (!served) return;
   thread_local simdjson::dom::parser parser;
   simdjson::dom::object body;
-  if (auto e = read_object(parser, http_request, &body)) return fail(call, invalid(*e));
+  if (auto e = read_object(parser, http_request, &body)) return fail(call, invalid_argument(*e));
   struct Keep {
     Inputs inputs;
     request::EncodeInput input;
   };
   auto keep = std::make_shared<Keep>();
   simdjson::dom::element v;
-  if (body["inputs"].get(v)) return fail(call, invalid("inputs: is required"));
-  if (auto e = read_inputs(v, "inputs", &keep->inputs)) return fail(call, invalid(*e));
+  if (body["inputs"].get(v)) return fail(call, invalid_argument("inputs: is required"));
+  if (auto e = read_inputs(v, "inputs", &keep->inputs)) return fail(call, invalid_argument(*e));
   keep->input = encode_input(keep->inputs);
   bool normalize = true;
-  if (auto e = read_bool(body, "normalize", &normalize)) return fail(call, invalid(*e));
-  if (auto e = read_truncation(body, &keep->input.truncate)) return fail(call, invalid(*e));
+  if (auto e = read_bool(body, "normalize", &normalize)) return fail(call, invalid_argument(*e));
+  if (auto e = read_truncation(body, &keep->input.truncate))
+    return fail(call, invalid_argument(*e));
   if (!body["prompt_name"].get(v) && !v.is_null()) {
-    return fail(call, invalid("prompt_name: this model has no prompts (config_sentence_transformers"
-                              ".json); leave it out"));
+    return fail(call, invalid_argument(
+                          "prompt_name: this model has no prompts (config_sentence_transformers"
+                          ".json); leave it out"));
   }
   keep->input.options.normalize = normalize && !all_tokens;
   keep->input.options.token_embeddings = all_tokens;
@@ -147,19 +149,19 @@ void HttpApi::tei_predict(const Request& http_request, Call call) {
   if (!served) return;
   const engine::Model& model = *served->model;
   if (model.num_labels() == 0) {
-    return fail(call,
-                invalid("this model has no classifier head: /predict needs one (use /embed)"));
+    return fail(call, invalid_argument(
+                          "this model has no classifier head: /predict needs one (use /embed)"));
   }
   thread_local simdjson::dom::parser parser;
   simdjson::dom::object body;
-  if (auto e = read_object(parser, http_request, &body)) return fail(call, invalid(*e));
+  if (auto e = read_object(parser, http_request, &body)) return fail(call, invalid_argument(*e));
   struct Keep {
     Inputs inputs;
     request::EncodeInput input;
   };
   auto keep = std::make_shared<Keep>();
   simdjson::dom::element v;
-  if (body["inputs"].get(v)) return fail(call, invalid("inputs: is required"));
+  if (body["inputs"].get(v)) return fail(call, invalid_argument("inputs: is required"));
   // TEI's shapes: "text" (one), [["a"], ["b"]] or ["a", "b", "c"] (a batch); a two-text array
   // is a pair, which this encoder (one text a row) cannot classify.
   const std::string pair_error =
@@ -171,10 +173,12 @@ void HttpApi::tei_predict(const Request& http_request, Call call) {
     keep->inputs.texts.emplace_back(text);
     keep->inputs.single = true;
   } else if (!v.get_array().get(array)) {
-    if (array.size() == 0) return fail(call, invalid("inputs: is empty; send at least one text"));
+    if (array.size() == 0)
+      return fail(call, invalid_argument("inputs: is empty; send at least one text"));
     bool all_strings = true;
     for (const simdjson::dom::element item : array) all_strings &= item.is_string();
-    if (all_strings && array.size() == 2) return fail(call, invalid("inputs" + pair_error));
+    if (all_strings && array.size() == 2)
+      return fail(call, invalid_argument("inputs" + pair_error));
     size_t i = 0;
     for (const simdjson::dom::element item : array) {
       const std::string where = "inputs[" + std::to_string(i++) + "]";
@@ -185,20 +189,22 @@ void HttpApi::tei_predict(const Request& http_request, Call call) {
                  !inner.at(0).get_string().get(text)) {
         keep->inputs.texts.emplace_back(text);
       } else if (!item.get_array().get(inner) && inner.size() == 2) {
-        return fail(call, invalid(where + pair_error));
+        return fail(call, invalid_argument(where + pair_error));
       } else {
-        return fail(call, invalid(where + ": expected a text or [text], got " +
-                                  std::string(json::type_name(item))));
+        return fail(call, invalid_argument(where + ": expected a text or [text], got " +
+                                           std::string(json::type_name(item))));
       }
     }
   } else {
-    return fail(call, invalid(std::string("inputs: expected a text or a list of texts, got ") +
-                              json::type_name(v)));
+    return fail(call,
+                invalid_argument(std::string("inputs: expected a text or a list of texts, got ") +
+                                 json::type_name(v)));
   }
   bool raw_scores = false;
-  if (auto e = read_bool(body, "raw_scores", &raw_scores)) return fail(call, invalid(*e));
+  if (auto e = read_bool(body, "raw_scores", &raw_scores)) return fail(call, invalid_argument(*e));
   keep->input = encode_input(keep->inputs);
-  if (auto e = read_truncation(body, &keep->input.truncate)) return fail(call, invalid(*e));
+  if (auto e = read_truncation(body, &keep->input.truncate))
+    return fail(call, invalid_argument(*e));
   keep->input.options.logits = true;
   const bool single = keep->inputs.single;
   const auto start = call.start;
@@ -229,7 +235,7 @@ void HttpApi::tei_predict(const Request& http_request, Call call) {
             w.raw("{\"score\":")
                 .f32(scores[order[k]])
                 .raw(",\"label\":")
-                .string(label(rpc::Intake::served(r), order[k]));
+                .string(label(serving::Intake::served(r), order[k]));
             w.ch('}');
           }
           w.ch(']');
@@ -246,23 +252,27 @@ void HttpApi::tei_tokenize(const Request& http_request, Call call) {
   if (!served) return;
   const text::Tokenizer* tokenizer = served->tokenizer();
   if (tokenizer == nullptr) {
-    return fail(call, invalid("this model has no tokenizer.json: it takes token ids, not text"));
+    return fail(call,
+                invalid_argument("this model has no tokenizer.json: it takes token ids, not text"));
   }
   thread_local simdjson::dom::parser parser;
   simdjson::dom::object body;
-  if (auto e = read_object(parser, http_request, &body)) return fail(call, invalid(*e));
+  if (auto e = read_object(parser, http_request, &body)) return fail(call, invalid_argument(*e));
   simdjson::dom::element v;
   Inputs inputs;
-  if (body["inputs"].get(v)) return fail(call, invalid("inputs: is required"));
-  if (auto e = read_inputs(v, "inputs", &inputs)) return fail(call, invalid(*e));
-  if (!inputs.ids.empty()) return fail(call, invalid("inputs: expected text, got token ids"));
+  if (body["inputs"].get(v)) return fail(call, invalid_argument("inputs: is required"));
+  if (auto e = read_inputs(v, "inputs", &inputs)) return fail(call, invalid_argument(*e));
+  if (!inputs.ids.empty())
+    return fail(call, invalid_argument("inputs: expected text, got token ids"));
   const int64_t max_inputs = served->config.limits.max_request_inputs;
   if (max_inputs > 0 && int64_t(inputs.size()) > max_inputs) {
-    return fail(call, invalid("inputs: the request has " + std::to_string(inputs.size()) +
-                              " texts, over max_request_inputs " + std::to_string(max_inputs)));
+    return fail(call,
+                invalid_argument("inputs: the request has " + std::to_string(inputs.size()) +
+                                 " texts, over max_request_inputs " + std::to_string(max_inputs)));
   }
   bool special = true;
-  if (auto e = read_bool(body, "add_special_tokens", &special)) return fail(call, invalid(*e));
+  if (auto e = read_bool(body, "add_special_tokens", &special))
+    return fail(call, invalid_argument(*e));
   json::Writer w;
   w.ch('[');
   for (size_t i = 0; i < inputs.texts.size(); ++i) {
@@ -270,9 +280,9 @@ void HttpApi::tei_tokenize(const Request& http_request, Call call) {
     try {
       encoding = tokenizer->encode(inputs.texts[i], special);
     } catch (const std::exception& e) {
-      return fail(call, invalid((inputs.single ? std::string("inputs")
-                                               : "inputs[" + std::to_string(i) + "]") +
-                                ": " + e.what()));
+      return fail(call, invalid_argument((inputs.single ? std::string("inputs")
+                                                        : "inputs[" + std::to_string(i) + "]") +
+                                         ": " + e.what()));
     }
     // "special" as Hugging Face's special-tokens mask has it: the tokens the post-processor
     // added ([CLS], [SEP]), found as what lies around the text's own encoding; an [UNK] the
@@ -303,7 +313,7 @@ void HttpApi::tei_tokenize(const Request& http_request, Call call) {
     w.ch(']');
   }
   w.ch(']');
-  answer(call, json_response(bhttp::status::ok, w.take()), grpc::Status::OK);
+  answer(call, json_response(bhttp::status::ok, w.take()), Status());
 }
 
 void HttpApi::tei_info(Call call) {
@@ -311,7 +321,7 @@ void HttpApi::tei_info(Call call) {
   if (!served) return;
   const engine::Engine& engine = *served->engine;
   const engine::Model& model = *served->model;
-  const rpc::ServiceConfig& config = served->config;
+  const serving::ServiceConfig& config = served->config;
   json::Writer w;
   w.raw("{\"model_id\":").string(served->name).raw(",\"model_sha\":null");
   w.raw(",\"model_dtype\":").string(config.dtype).raw(",\"model_type\":");
@@ -341,17 +351,17 @@ void HttpApi::tei_info(Call call) {
   w.raw(",\"accepts_text\":").boolean(served->tokenizer() != nullptr);
   w.raw(",\"model_version\":").string(served->version);
   w.raw(",\"version\":").string(config.version).raw(",\"sha\":null,\"docker_label\":null}");
-  answer(call, json_response(bhttp::status::ok, w.take()), grpc::Status::OK);
+  answer(call, json_response(bhttp::status::ok, w.take()), Status());
 }
 
 void HttpApi::tei_health(Call call) {
-  if (grpc::Status s = intake_.availability(); !s.ok()) return fail(call, s);
+  if (Status s = intake_.availability(); !s.ok()) return fail(call, s);
   if (!intake_.repository().ready()) {
-    return fail(call, {grpc::StatusCode::UNAVAILABLE,
+    return fail(call, {StatusCode::kUnavailable,
                        "not ready: a model this server serves has no READY version"});
   }
   Response response{bhttp::status::ok, 11};
-  answer(call, std::move(response), grpc::Status::OK);
+  answer(call, std::move(response), Status());
 }
 
 }  // namespace fastformer::http

@@ -46,12 +46,6 @@ const char* state_name(State state) {
   return "UNKNOWN";
 }
 
-namespace {
-
-Error error(Error::Code code, std::string message) { return Error{code, std::move(message)}; }
-
-}  // namespace
-
 std::optional<int64_t> version_number(const std::string& name) {
   if (name.empty() || name[0] == '0' || name.size() > 18) return std::nullopt;
   int64_t v = 0;
@@ -383,7 +377,7 @@ bool Repository::reap() {
                    name, version);
     }
     for (Done& done : r.done)
-      if (done) done(std::nullopt);
+      if (done) done(Status());
   }
   if (!freed.empty() && options_.on_change) options_.on_change();
   std::lock_guard lock(mu_);
@@ -403,7 +397,7 @@ void Repository::set_state(const std::string& name, int64_t version, State state
 void Repository::retire_locked(const std::string& name, int64_t version, Done done) {
   VersionRecord& r = models_[name].versions[version];
   if (!r.served) {
-    if (done) done(std::nullopt);
+    if (done) done(Status());
     return;
   }
   r.state = State::kUnloading;
@@ -575,17 +569,17 @@ std::string Repository::model_path(const std::string& name) const {
   return (fs::path(root_) / name).string();
 }
 
-std::optional<Error> Repository::load_now(const std::string& name) {
+Status Repository::load_now(const std::string& name) {
   {
     std::lock_guard lock(mu_);
-    if (closed_) return error(Error::Code::kUnavailable, "the server is shutting down");
+    if (closed_) return Status(StatusCode::kUnavailable, "the server is shutting down");
   }
   const fs::path dir = fs::path(root_) / name;
   std::error_code ec;
   if (name.empty() || name.find('/') != std::string::npos || name[0] == '.' ||
       !fs::is_directory(dir, ec)) {
-    return error(
-        Error::Code::kNotFound,
+    return Status(
+        StatusCode::kNotFound,
         "model '" + name + "' is not in the repository (no directory " + dir.string() + ")");
   }
   metrics_.declare_model(name);
@@ -611,7 +605,7 @@ std::optional<Error> Repository::load_now(const std::string& name) {
     }
     metrics_.record_model_load(name, false, 0);
     spdlog::error("load of model {} failed: {}", name, why);
-    return error(Error::Code::kInvalidArgument, "failed to load model '" + name + "': " + why);
+    return Status(StatusCode::kInvalidArgument, "failed to load model '" + name + "': " + why);
   }
   const std::set<int64_t> wanted = wanted_versions(settings.version_policy, present);
   if (wanted.empty()) {
@@ -621,11 +615,11 @@ std::optional<Error> Repository::load_now(const std::string& name) {
                                 ? "no version directory (a number, e.g. " + dir.string() + "/1)"
                                 : "no version directory matches its version_policy";
     spdlog::error("load of model {} failed: {}", name, why);
-    return error(Error::Code::kInvalidArgument, "failed to load model '" + name + "': " + why);
+    return Status(StatusCode::kInvalidArgument, "failed to load model '" + name + "': " + why);
   }
   // Load every wanted version that is not serving its current files; off the serving path.
   std::vector<std::pair<int64_t, std::shared_ptr<ServedModel>>> loaded;
-  std::optional<Error> failure;
+  Status failure;
   for (const int64_t v : wanted) {
     const std::string& path = present.at(v);
     const std::string files = files_fingerprint(path);
@@ -662,7 +656,7 @@ std::optional<Error> Repository::load_now(const std::string& name) {
         }
         r.reason = "load failed: " + why;
       }
-      failure = error(Error::Code::kInternal, "failed to load model '" + name + "' version " +
+      failure = Status(StatusCode::kInternal, "failed to load model '" + name + "' version " +
                                                   std::to_string(v) + ": " + why);
       break;
     }
@@ -670,13 +664,13 @@ std::optional<Error> Repository::load_now(const std::string& name) {
   std::lock_guard lock(mu_);
   ModelRecord& model = models_[name];
   model.fingerprint = print;
-  if (failure) {
+  if (!failure.ok()) {
     // All or nothing: what was loaded for this attempt is dropped; what served, serves.
     for (auto& [v, served] : loaded) {
       VersionRecord& r = model.versions[v];
       if (!r.served) {
         r.state = State::kUnavailable;
-        r.reason = "not served: " + failure->message;
+        r.reason = "not served: " + failure.message();
         metrics_.set_model_state(name, std::to_string(v), "UNAVAILABLE");
       }
       Retiring retiring;
@@ -712,10 +706,10 @@ std::optional<Error> Repository::load_now(const std::string& name) {
   }
   expected_.insert(name);
   cv_.notify_all();
-  return std::nullopt;
+  return Status();
 }
 
-std::optional<Error> Repository::unload_now(const std::string& name, Done done) {
+Status Repository::unload_now(const std::string& name, Done done) {
   std::unique_lock lock(mu_);
   // A model the server was started to serve stays expected: unloading it makes the server
   // unready until it is loaded again (it is what this instance is there to serve).
@@ -728,19 +722,19 @@ std::optional<Error> Repository::unload_now(const std::string& name, Done done) 
   }
   if (serving.empty()) {
     lock.unlock();
-    done(std::nullopt);  // nothing loaded: unloaded already (as Triton answers)
-    return std::nullopt;
+    done(Status());  // nothing loaded: unloaded already (as Triton answers)
+    return Status();
   }
   auto all = std::make_shared<DoneWhenAll>();
   all->done = std::move(done);
   all->remaining = int(serving.size());
   for (const int64_t v : serving) {
-    retire_locked(name, v, [all](std::optional<Error>) {
-      if (--all->remaining == 0) all->done(std::nullopt);
+    retire_locked(name, v, [all](const Status&) {
+      if (--all->remaining == 0) all->done(Status());
     });
   }
   cv_.notify_all();
-  return std::nullopt;
+  return Status();
 }
 
 void Repository::rescan_now() {
@@ -765,7 +759,7 @@ void Repository::rescan_now() {
   }
   for (const std::string& name : gone) {
     spdlog::info("repository poll: model {} is gone from the repository; unloading", name);
-    (void)unload_now(name, [](std::optional<Error>) {});
+    (void)unload_now(name, [](const Status&) {});
     std::lock_guard lock(mu_);
     auto m = models_.find(name);
     if (m != models_.end()) {
@@ -815,8 +809,8 @@ bool Repository::start(std::string* message) {
     return false;
   }
   for (const std::string& name : names) {
-    if (std::optional<Error> e = load_now(name)) {
-      *message = e->message;
+    if (Status e = load_now(name); !e.ok()) {
+      *message = e.message();
       return false;
     }
   }
@@ -843,7 +837,7 @@ void Repository::serve(std::shared_ptr<ServedModel> served) {
 }
 
 std::shared_ptr<const ServedModel> Repository::find(const std::string& name,
-                                                    const std::string& version, Error* out) const {
+                                                    const std::string& version, Status* out) const {
   std::lock_guard lock(mu_);
   const std::string* wanted = &name;
   if (name.empty()) {
@@ -865,7 +859,7 @@ std::shared_ptr<const ServedModel> Repository::find(const std::string& name,
       } else if (ready.empty() && models_.size() == 1) {
         wanted = &models_.begin()->first;
       } else {
-        *out = error(Error::Code::kNotFound, "the request names no model and this server serves " +
+        *out = Status(StatusCode::kNotFound, "the request names no model and this server serves " +
                                                  std::to_string(ready.size()) +
                                                  " (no --default-model): name one (model_name)");
         return nullptr;
@@ -876,17 +870,17 @@ std::shared_ptr<const ServedModel> Repository::find(const std::string& name,
   std::error_code ec;
   if (m == models_.end() && !root_.empty() && wanted->find('/') == std::string::npos &&
       !wanted->empty() && (*wanted)[0] != '.' && fs::is_directory(fs::path(root_) / *wanted, ec)) {
-    *out = error(Error::Code::kUnavailable,
-                 "model '" + *wanted +
-                     "' is in the repository but not loaded (RepositoryModelLoad, or POST "
-                     "/v2/repository/models/" +
-                     *wanted + "/load)");
+    *out = Status(StatusCode::kUnavailable,
+                  "model '" + *wanted +
+                      "' is in the repository but not loaded (RepositoryModelLoad, or POST "
+                      "/v2/repository/models/" +
+                      *wanted + "/load)");
     return nullptr;
   }
   if (m == models_.end()) {
     std::string names;
     for (const auto& [n, record] : models_) names += (names.empty() ? "'" : ", '") + n + "'";
-    *out = error(Error::Code::kNotFound, "model '" + *wanted +
+    *out = Status(StatusCode::kNotFound, "model '" + *wanted +
                                              "' is not served here: it is not in the repository" +
                                              (names.empty() ? "" : " (which has " + names + ")"));
     return nullptr;
@@ -900,7 +894,7 @@ std::shared_ptr<const ServedModel> Repository::find(const std::string& name,
       states += (states.empty() ? "" : ", ") + std::string("version ") + std::to_string(v) + " " +
                 state_name(r.state) + (r.reason.empty() ? "" : " (" + r.reason + ")");
     }
-    *out = error(Error::Code::kUnavailable, "model '" + *wanted + "' has no READY version" +
+    *out = Status(StatusCode::kUnavailable, "model '" + *wanted + "' has no READY version" +
                                                 (states.empty() ? "" : ": ") + states);
     return nullptr;
   }
@@ -908,14 +902,14 @@ std::shared_ptr<const ServedModel> Repository::find(const std::string& name,
   auto it = v ? versions.find(*v) : versions.end();
   if (it == versions.end()) {
     *out =
-        error(Error::Code::kNotFound, "model '" + *wanted + "' has no version '" + version + "'");
+        Status(StatusCode::kNotFound, "model '" + *wanted + "' has no version '" + version + "'");
     return nullptr;
   }
   if (it->second.state != State::kReady || !it->second.served) {
-    *out =
-        error(Error::Code::kUnavailable,
-              "model '" + *wanted + "' version " + version + " is " + state_name(it->second.state) +
-                  (it->second.reason.empty() ? "" : ": " + it->second.reason));
+    *out = Status(StatusCode::kUnavailable,
+                  "model '" + *wanted + "' version " + version + " is " +
+                      state_name(it->second.state) +
+                      (it->second.reason.empty() ? "" : ": " + it->second.reason));
     return nullptr;
   }
   return it->second.served;
@@ -984,7 +978,7 @@ void Repository::load(const std::string& name, Done done) {
 
 void Repository::unload(const std::string& name, Done done) {
   post([this, name, done = std::move(done)]() mutable {
-    if (std::optional<Error> e = unload_now(name, done)) done(e);
+    if (Status e = unload_now(name, done); !e.ok()) done(e);
   });
 }
 

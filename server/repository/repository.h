@@ -27,6 +27,7 @@
 #include <thread>
 #include <vector>
 
+#include "common/status.h"
 #include "server/batching/scheduler.h"
 #include "server/metrics/metrics.h"
 #include "server/repository/served_model.h"
@@ -39,19 +40,6 @@ bool parse_control_mode(const std::string& name, ControlMode* out);
 
 enum class State { kUnknown, kReady, kLoading, kUnloading, kUnavailable };
 const char* state_name(State state);  // "UNKNOWN", "READY", ...
-
-// Why a lookup or an operation failed, in terms every protocol maps to its own codes.
-struct Error {
-  enum class Code {
-    kNotFound,            // no such model or version
-    kUnavailable,         // known, not READY (loading, unloaded, failed), or not serving
-    kInvalidArgument,     // a request the repository cannot act on
-    kFailedPrecondition,  // not in this control mode
-    kInternal,            // a load that failed
-  };
-  Code code = Code::kInternal;
-  std::string message;
-};
 
 // A version directory's number: digits, not starting with 0; nullopt for anything else.
 std::optional<int64_t> version_number(const std::string& name);
@@ -106,7 +94,7 @@ class Repository {
   // The version of `name` that serves `version` (empty: the newest READY one). `name` empty:
   // the default model (--default-model, or the only model). Null with `error` set otherwise.
   std::shared_ptr<const ServedModel> find(const std::string& name, const std::string& version,
-                                          Error* error) const;
+                                          Status* error) const;
   // Every READY version, by name then version.
   std::vector<std::shared_ptr<const ServedModel>> serving() const;
 
@@ -118,8 +106,9 @@ class Repository {
   std::vector<IndexEntry> index(bool ready_only) const;
 
   // Explicit mode: loads (or reloads) `name` by its version policy, then calls `done` with
-  // nothing or the error; the swap happens before `done`. Runs on the operations thread.
-  using Done = std::function<void(std::optional<Error>)>;
+  // OK or the error (NOT_FOUND, UNAVAILABLE, INVALID_ARGUMENT, FAILED_PRECONDITION or
+  // INTERNAL); the swap happens before `done`. Runs on the operations thread.
+  using Done = std::function<void(const Status&)>;
   void load(const std::string& name, Done done);
   // Explicit mode: takes `name` out of the routing table, and calls `done` once its admitted
   // requests have ended and it is freed.
@@ -158,8 +147,8 @@ class Repository {
   void run();
   // Frees the retiring versions no request holds any more; true when some remain.
   bool reap();
-  std::optional<Error> load_now(const std::string& name);
-  std::optional<Error> unload_now(const std::string& name, Done done);
+  Status load_now(const std::string& name);
+  Status unload_now(const std::string& name, Done done);
   void rescan_now();
   std::shared_ptr<ServedModel> load_version(const std::string& name, int64_t version,
                                             const std::string& dir, const ModelSettings& settings);

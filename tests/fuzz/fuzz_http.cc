@@ -88,7 +88,7 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
   q.max_batch_sequences = 3;
   q.max_queue_tokens = 1 << 20;
   // One model version without files or a lane: this thread forms and runs its batches.
-  auto version = std::make_shared<rpc::ServedModel>();
+  auto version = std::make_shared<serving::ServedModel>();
   version->name = c.model_name;
   // (GCC 12 misreads a literal assign to a string member here: -Wrestrict)
   static const std::string kVersion = "1", kNoDir = "/nonexistent";
@@ -97,7 +97,7 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
   version->model = served.model;
   version->engine = std::shared_ptr<engine::Engine>(served.engine.get(), [](engine::Engine*) {});
   version->queue = std::make_unique<batching::BatchQueue>(q, c);
-  rpc::ServiceConfig& config = version->config;
+  serving::ServiceConfig& config = version->config;
   config.limits.max_request_tokens = std::array<int64_t, 4>{1, 16, 40, 64}[(choice >> 2) & 3];
   config.limits.max_request_inputs = std::array<int64_t, 4>{0, 1, 3, 8}[(choice >> 4) & 3];
   config.max_batch_sequences = 8;
@@ -108,7 +108,7 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
   batching::BatchQueue& queue = *version->queue;
   repository::Repository repository({}, shared_metrics());
   repository.serve(std::move(version));
-  rpc::Intake intake(shared_metrics());
+  serving::Intake intake(shared_metrics());
   intake.start_serving(repository, "fuzz");
   http::ApiOptions options;
   options.served_model_names = {"alias"};

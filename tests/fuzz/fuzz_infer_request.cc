@@ -15,7 +15,7 @@
 #include <string>
 #include <string_view>
 
-#include "server/rpc/infer_conversion.h"
+#include "server/serving/infer_conversion.h"
 #include "tests/fuzz/fuzz_input.h"
 #include "tests/fuzz/fuzz_models.h"
 
@@ -35,17 +35,17 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
   inference::ModelInferRequest proto;
   if (!proto.ParseFromArray(bytes.data(), int(bytes.size()))) {
     // ModelStreamInfer answers such bytes with this explanation: it must exist and not crash.
-    FUZZ_CHECK(!rpc::explain_infer_parse_failure(std::string(bytes)).empty());
+    FUZZ_CHECK(!serving::explain_infer_parse_failure(std::string(bytes)).empty());
     return 0;
   }
 
-  rpc::InferCall call;
+  serving::InferCall call;
   auto request = std::make_shared<batching::Request>();
-  const grpc::Status status = rpc::convert_infer_request(
-      proto, model, served.tokenizer.get(), limits, max_batch_size, &call, request.get());
+  const Status status = serving::convert_infer_request(proto, model, served.tokenizer.get(), limits,
+                                                       max_batch_size, &call, request.get());
   if (!status.ok()) {
-    FUZZ_CHECK(status.error_code() == grpc::StatusCode::INVALID_ARGUMENT);
-    FUZZ_CHECK(!status.error_message().empty());
+    FUZZ_CHECK(status.code() == StatusCode::kInvalidArgument);
+    FUZZ_CHECK(!status.message().empty());
     return 0;
   }
   // Accepted: one sequence per row, each within the model's limits, the request within its own.
@@ -66,7 +66,7 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
   fuzz::run_request(served, request);
 
   inference::ModelInferResponse response;
-  rpc::fill_infer_response(call, *request, model, &response);
+  serving::fill_infer_response(call, *request, model, &response);
   FUZZ_CHECK(response.outputs_size() == int(call.output_order.size()));
   FUZZ_CHECK(response.raw_output_contents_size() == response.outputs_size());
   for (int i = 0; i < response.outputs_size(); ++i) {

@@ -11,7 +11,8 @@
 #include <string>
 #include <string_view>
 
-#include "server/rpc/request_conversion.h"
+#include "server/grpc/request_conversion.h"
+#include "server/request/outcome.h"
 #include "tests/fuzz/fuzz_input.h"
 #include "tests/fuzz/fuzz_models.h"
 
@@ -35,11 +36,11 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
   }
 
   auto request = std::make_shared<batching::Request>();
-  const grpc::Status status =
+  const Status status =
       rpc::convert_request(proto, model, served.tokenizer.get(), limits, request.get());
   if (!status.ok()) {
-    FUZZ_CHECK(status.error_code() == grpc::StatusCode::INVALID_ARGUMENT);
-    FUZZ_CHECK(!status.error_message().empty());
+    FUZZ_CHECK(status.code() == StatusCode::kInvalidArgument);
+    FUZZ_CHECK(!status.message().empty());
     return 0;
   }
   // Accepted: every sequence within the model's limits, the request within its own.
@@ -59,6 +60,6 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
   v1::EncodeResponse response;
   rpc::fill_response(*request, &response);
   FUZZ_CHECK(response.encodings_size() == proto.sequences_size());
-  FUZZ_CHECK(rpc::outcome_status(*request).ok());
+  FUZZ_CHECK(request::outcome_status(*request).ok());
   return 0;
 }

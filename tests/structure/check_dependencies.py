@@ -2,23 +2,29 @@
 """The dependency rule: every include points down.
 
     client -> common
-    server/cmd -> server/http -> server/rpc -> server/repository -> server/request -> server/batching
-      -> server/engine -> kernels -> common
-    server/repository, server/rpc, server/cmd -> server/text -> server/engine (the tokenizer, on
-                                                          ICU, and the text rules: beside the
-                                                          batching, above the engine)
-    server/repository, server/rpc, server/http, server/cmd -> server/metrics -> common
+    server/cmd -> server/grpc, server/http (the two front doors, side by side)
+      -> server/serving (the protocol-neutral core) -> server/repository -> server/request
+      -> server/batching -> server/engine -> kernels -> common
+    server/repository and above -> server/text -> server/engine (the tokenizer, on ICU, and the
+                                                  text rules: beside the batching, above the
+                                                  engine)
+    server/repository and above -> server/metrics -> common
 
-A layer may include itself and any layer below it, never one above or beside it;
-server/metrics knows none of the others (the batching reports to it through callbacks that
-server/cmd connects). Nothing shipped includes tests/. The client programs must not link the engine, OpenBLAS, oneDNN or
-CUDA. Exit status 1 names every offending include (file:line) or binary.
+A layer may include itself and any layer below it, never one above or beside it: server/grpc
+and server/http never include each other; server/metrics knows none of the others (the
+batching reports to it through callbacks that server/cmd connects). Nothing under
+server/serving or server/http includes a gRPC header (<grpcpp/...>, <grpc/...>, a
+*.grpc.pb.h stub): the generated protobuf messages (*.pb.h) are theirs to use. Nothing
+shipped includes tests/. The client programs must not link the engine, OpenBLAS, oneDNN or
+CUDA; the programs built on server/serving and server/http alone must not link gRPC. Exit
+status 1 names every offending include (file:line) or binary.
 
     check_dependencies.py --root REPO              the include rule over the source tree
     check_dependencies.py --self-test              a client file that includes a server header
                                                    (and other breaches) must be caught
     check_dependencies.py --client-binaries B...   what the client programs link
     check_dependencies.py --engine-binaries B...   the engine's programs link no ICU, no text layer
+    check_dependencies.py --grpc-free-binaries B...  programs on serving/ and http/ link no gRPC
 """
 
 import argparse
@@ -30,9 +36,12 @@ import tempfile
 
 # Bottom first. A file's layer is the longest of these prefixes its path starts with.
 SERVER_LAYERS = ["common", "kernels", "server/engine", "server/text", "server/batching", "server/request",
-                 "server/repository", "server/rpc", "server/http", "server/cmd"]
+                 "server/repository", "server/serving", "server/grpc", "server/http", "server/cmd"]
 # Generated from proto/ (the public API and gRPC health): usable by the RPC layers and clients.
 PROTO = ["fastformer/v1/", "grpc/health/"]
+# The Open Inference Protocol's generated headers: the messages (protobuf only) and, for
+# server/grpc alone, the service stubs (*.grpc.pb.h, refused to GRPC_FREE layers).
+INFERENCE_MESSAGES = "inference/"
 # The client library's public header directory (client/include).
 CLIENT_PUBLIC = ["fastformer/client.h"]
 
@@ -40,10 +49,13 @@ ALLOWED = {layer: SERVER_LAYERS[: i + 1] for i, layer in enumerate(SERVER_LAYERS
 # The batching never sees text: requests reach it as token ids.
 ALLOWED["server/batching"] = [l for l in ALLOWED["server/batching"] if l != "server/text"]
 ALLOWED["server/metrics"] = ["common", "server/metrics"]
-ALLOWED["server/repository"] = ALLOWED["server/repository"] + ["server/metrics"]
-ALLOWED["server/rpc"] = ALLOWED["server/rpc"] + ["server/metrics"] + PROTO
-ALLOWED["server/http"] = ALLOWED["server/http"] + ["server/metrics"] + PROTO
-ALLOWED["server/cmd"] = ALLOWED["server/cmd"] + ["server/metrics"] + PROTO
+ALLOWED["server/repository"] = ALLOWED["server/repository"] + ["server/metrics", INFERENCE_MESSAGES]
+ALLOWED["server/serving"] = ALLOWED["server/serving"] + ["server/metrics", INFERENCE_MESSAGES]
+ALLOWED["server/grpc"] = ALLOWED["server/grpc"] + ["server/metrics", INFERENCE_MESSAGES] + PROTO
+# The front doors stand side by side over the serving core: HTTP never includes gRPC's.
+ALLOWED["server/http"] = [l for l in ALLOWED["server/http"] if l != "server/grpc"] + [
+    "server/metrics", INFERENCE_MESSAGES]
+ALLOWED["server/cmd"] = ALLOWED["server/cmd"] + ["server/metrics", INFERENCE_MESSAGES] + PROTO
 ALLOWED["client"] = ["client", "common"] + PROTO + CLIENT_PUBLIC
 
 SOURCE_SUFFIXES = {".h", ".hpp", ".cc", ".cpp", ".cu", ".cuh"}
@@ -55,7 +67,12 @@ PROJECT_ROOTS = {"common", "kernels", "server", "client", "tests"}
 def is_project_header(target: str) -> bool:
     """A header of this repository (or generated from its proto/), not a system one."""
     return (target.split("/", 1)[0] in PROJECT_ROOTS and "/" in target) or target.startswith(
-        tuple(PROTO + CLIENT_PUBLIC + ["fastformer/"]))
+        tuple(PROTO + CLIENT_PUBLIC + ["fastformer/", INFERENCE_MESSAGES]))
+
+
+# Layers that must not see gRPC: its headers (system ones included) and generated stubs.
+GRPC_FREE = {"server/serving", "server/http"}
+GRPC_HEADER = re.compile(r"^(grpcpp|grpc|grpc\+\+)/|\.grpc\.pb\.h$")
 
 
 def layer_of(relpath: str) -> str | None:
@@ -91,6 +108,10 @@ def check_tree(root: pathlib.Path) -> list[str]:
             if not m:
                 continue
             target = m.group(1)
+            if layer in GRPC_FREE and GRPC_HEADER.search(target):
+                problems.append(f"{rel}:{number}: {layer}/ may not include \"{target}\" (no gRPC "
+                                f"under {', '.join(sorted(GRPC_FREE))}/: map to it in server/grpc/)")
+                continue
             if not is_project_header(target):
                 continue  # a system or third-party header
             if not allowed(layer, target):
@@ -112,11 +133,23 @@ def self_test() -> list[str]:
         "server/batching/bad.cc": ('#include "tests/support/test_models.h"',
                                    "server/batching/bad.cc:2"),
         "server/metrics/bad.cc": ('#include "server/batching/queue.h"', "server/metrics/bad.cc:2"),
+        # The front doors side by side over the serving core, which knows neither.
+        "server/http/bad_door.cc": ('#include "server/grpc/status.h"', "server/http/bad_door.cc:2"),
+        "server/grpc/bad_door.cc": ('#include "server/http/api.h"', "server/grpc/bad_door.cc:2"),
+        "server/serving/bad_up.h": ('#include "server/grpc/status.h"', "server/serving/bad_up.h:2"),
+        "server/serving/bad_grpc.cc": ("#include <grpcpp/grpcpp.h>", "server/serving/bad_grpc.cc:2"),
+        "server/http/bad_grpc.h": ("#include <grpcpp/support/status.h>", "server/http/bad_grpc.h:2"),
+        "server/http/bad_stub.cc": ('#include "inference/grpc_service.grpc.pb.h"',
+                                    "server/http/bad_stub.cc:2"),
     }
     clean = {
         "client/cmd/good.cc": '#include "common/jsonl_io.h"\n#include "fastformer/client.h"',
-        "server/cmd/good.cc": '#include "server/rpc/auth.h"\n#include "kernels/kernels.h"',
-        "server/rpc/good.cc": '#include "server/text/text.h"\n#include "server/batching/queue.h"',
+        "server/cmd/good.cc": '#include "server/grpc/status.h"\n#include "server/http/api.h"',
+        "server/grpc/good.cc": ('#include "server/serving/intake.h"\n#include <grpcpp/grpcpp.h>\n'
+                                '#include "inference/grpc_service.grpc.pb.h"'),
+        "server/serving/good.cc": ('#include "server/text/text.h"\n#include "server/batching/queue.h"\n'
+                                   '#include "inference/grpc_service.pb.h"'),
+        "server/http/good.cc": '#include "server/serving/intake.h"\n#include "inference/model_config.pb.h"',
         "server/text/good.cc": '#include "server/engine/model.h"\n#include "server/text/tokenizer/unicode.h"',
         "kernels/good.cu": '#include "common/half.h"\n#include <cuda_runtime.h>',
     }
@@ -140,7 +173,7 @@ def self_test() -> list[str]:
 
 # What a client program must not carry: the engine's code and its libraries.
 FORBIDDEN_LIBS = re.compile(r"openblas|blas|dnnl|cublas|cudart|libcuda|nvrtc")
-FORBIDDEN_SYMBOLS = re.compile(r"fastformer::(engine|batching|rpc|metrics|kernels)::|cblas_|dnnl_")
+FORBIDDEN_SYMBOLS = re.compile(r"fastformer::(engine|batching|serving|rpc|metrics|kernels)::|cblas_|dnnl_")
 
 
 def check_binaries(binaries: list[str], libs: re.Pattern = FORBIDDEN_LIBS,
@@ -166,12 +199,23 @@ def check_binaries(binaries: list[str], libs: re.Pattern = FORBIDDEN_LIBS,
 # What the engine's programs (fastformer-bench, the CUDA plugin, the GPU tests) must not carry:
 # the text layer and ICU, which a bare GPU machine does not have (issue 21).
 ENGINE_FORBIDDEN_LIBS = re.compile(r"libicu")
-ENGINE_FORBIDDEN_SYMBOLS = re.compile(r"fastformer::(tokenizer|text|batching|rpc)::|\bicu_[0-9]+::")
+ENGINE_FORBIDDEN_SYMBOLS = re.compile(r"fastformer::(tokenizer|text|batching|serving|rpc)::|\bicu_[0-9]+::")
 
 
 def check_engine_binaries(binaries: list[str]) -> list[str]:
     return check_binaries(binaries, ENGINE_FORBIDDEN_LIBS, ENGINE_FORBIDDEN_SYMBOLS,
                           "text-layer or ICU code")
+
+
+# What the programs built on server/serving and server/http alone (the HTTP tests, the JSON
+# benchmark, the serving core's tests) must not carry: gRPC's libraries and code, ours
+# included (fastformer::rpc is server/grpc's namespace).
+GRPC_LIBS = re.compile(r"libgrpc|libgpr|libaddress_sorting|libupb")
+GRPC_SYMBOLS = re.compile(r"fastformer::rpc::|\bgrpc::|\bgrpc_core::")
+
+
+def check_grpc_free_binaries(binaries: list[str]) -> list[str]:
+    return check_binaries(binaries, GRPC_LIBS, GRPC_SYMBOLS, "gRPC code")
 
 
 def main() -> int:
@@ -181,6 +225,7 @@ def main() -> int:
     parser.add_argument("--self-test", action="store_true")
     parser.add_argument("--client-binaries", nargs="+")
     parser.add_argument("--engine-binaries", nargs="+")
+    parser.add_argument("--grpc-free-binaries", nargs="+")
     args = parser.parse_args()
     problems = []
     if args.root:
@@ -191,9 +236,12 @@ def main() -> int:
         problems += check_binaries(args.client_binaries)
     if args.engine_binaries:
         problems += check_engine_binaries(args.engine_binaries)
+    if args.grpc_free_binaries:
+        problems += check_grpc_free_binaries(args.grpc_free_binaries)
     for p in problems:
         print(p)
-    if not (args.root or args.self_test or args.client_binaries or args.engine_binaries):
+    if not (args.root or args.self_test or args.client_binaries or args.engine_binaries
+            or args.grpc_free_binaries):
         parser.error("nothing to check")
     print(f"{len(problems)} problem(s)")
     return 1 if problems else 0

@@ -1,6 +1,6 @@
-// Bearer-token authentication (server/rpc/auth.h): token-file parsing, the constant-time
+// Bearer-token authentication (server/serving/auth.h): token-file parsing, the constant-time
 // comparison, the Bearer header, the per-call decision, and reloading.
-#include "server/rpc/auth.h"
+#include "server/serving/auth.h"
 
 #include <gmock/gmock.h>
 #include <gtest/gtest.h>
@@ -15,7 +15,7 @@
 #include <thread>
 #include <vector>
 
-namespace fastformer::rpc {
+namespace fastformer::serving {
 namespace {
 
 using ::testing::ElementsAre;
@@ -104,8 +104,8 @@ TEST(HealthOrReflection, ByServicePath) {
 
 class Authenticator : public ::testing::Test {
  protected:
-  grpc::Status check(const TokenAuthenticator& auth, std::string_view path,
-                     std::vector<std::string_view> values) {
+  Status check(const TokenAuthenticator& auth, std::string_view path,
+               std::vector<std::string_view> values) {
     return auth.check(path, values);
   }
   prometheus::Registry registry;
@@ -121,17 +121,17 @@ TEST_F(Authenticator, AcceptsAnyOfTheTokensAndRefusesTheRestUnauthenticated) {
   EXPECT_TRUE(check(auth, kEncode, {"Bearer second-token"}).ok());
   EXPECT_TRUE(check(auth, kEncode, {"Bearer wrong", "Bearer second-token"}).ok());
 
-  const grpc::Status missing = check(auth, kEncode, {});
-  EXPECT_EQ(missing.error_code(), grpc::StatusCode::UNAUTHENTICATED);
-  EXPECT_THAT(missing.error_message(), HasSubstr("missing bearer token"));
-  EXPECT_EQ(check(auth, kEncode, {"Basic abc"}).error_code(), grpc::StatusCode::UNAUTHENTICATED);
+  const Status missing = check(auth, kEncode, {});
+  EXPECT_EQ(missing.code(), StatusCode::kUnauthenticated);
+  EXPECT_THAT(missing.message(), HasSubstr("missing bearer token"));
+  EXPECT_EQ(check(auth, kEncode, {"Basic abc"}).code(), StatusCode::kUnauthenticated);
 
-  const grpc::Status wrong = check(auth, kEncode, {"Bearer first-tokem"});
-  EXPECT_EQ(wrong.error_code(), grpc::StatusCode::UNAUTHENTICATED);
-  EXPECT_THAT(wrong.error_message(), HasSubstr("invalid bearer token"));
-  for (const grpc::Status& s : {missing, wrong}) {
-    EXPECT_THAT(s.error_message(), Not(HasSubstr("first-tok")));
-    EXPECT_THAT(s.error_message(), Not(HasSubstr("second-tok")));
+  const Status wrong = check(auth, kEncode, {"Bearer first-tokem"});
+  EXPECT_EQ(wrong.code(), StatusCode::kUnauthenticated);
+  EXPECT_THAT(wrong.message(), HasSubstr("invalid bearer token"));
+  for (const Status& s : {missing, wrong}) {
+    EXPECT_THAT(s.message(), Not(HasSubstr("first-tok")));
+    EXPECT_THAT(s.message(), Not(HasSubstr("second-tok")));
   }
   EXPECT_EQ(metrics.missing_token.Value(), 2);
   EXPECT_EQ(metrics.invalid_token.Value(), 1);
@@ -146,7 +146,7 @@ TEST_F(Authenticator, HealthAndReflectionOpenUnlessProtected) {
   EXPECT_FALSE(check(open, "/unknown.Service/Method", {}).ok());
 
   TokenAuthenticator closed({"t"}, true, metrics);
-  EXPECT_EQ(check(closed, kHealth, {}).error_code(), grpc::StatusCode::UNAUTHENTICATED);
+  EXPECT_EQ(check(closed, kHealth, {}).code(), StatusCode::kUnauthenticated);
   EXPECT_TRUE(check(closed, kHealth, {"Bearer t"}).ok());
 }
 
@@ -198,4 +198,4 @@ TEST_F(Authenticator, ChecksRaceReloadsSafely) {
 }
 
 }  // namespace
-}  // namespace fastformer::rpc
+}  // namespace fastformer::serving

@@ -135,17 +135,17 @@ TEST(HttpErrors, EachApiItsShapeAndStatus) {
   EXPECT_EQ(busy[bhttp::field::retry_after], "1");
   const Response denied = error_response(Api::kTei, bhttp::status::unauthorized, "token");
   EXPECT_EQ(denied[bhttp::field::www_authenticate], "Bearer");
-  const grpc::Status invalid{grpc::StatusCode::INVALID_ARGUMENT, "x"};
+  const Status invalid{StatusCode::kInvalidArgument, "x"};
   EXPECT_EQ(http_status(Api::kOpenAI, invalid), bhttp::status::bad_request);
   EXPECT_EQ(http_status(Api::kTei, invalid), bhttp::status::unprocessable_entity);
   EXPECT_EQ(http_status(Api::kKServe, invalid), bhttp::status::bad_request);
-  EXPECT_EQ(http_status(Api::kTei, {grpc::StatusCode::RESOURCE_EXHAUSTED, ""}),
+  EXPECT_EQ(http_status(Api::kTei, {StatusCode::kResourceExhausted, ""}),
             bhttp::status::too_many_requests);
-  EXPECT_EQ(http_status(Api::kOpenAI, {grpc::StatusCode::UNAVAILABLE, ""}),
+  EXPECT_EQ(http_status(Api::kOpenAI, {StatusCode::kUnavailable, ""}),
             bhttp::status::service_unavailable);
-  EXPECT_EQ(http_status(Api::kKServe, {grpc::StatusCode::DEADLINE_EXCEEDED, ""}),
+  EXPECT_EQ(http_status(Api::kKServe, {StatusCode::kDeadlineExceeded, ""}),
             bhttp::status::gateway_timeout);
-  EXPECT_EQ(http_status(Api::kKServe, {grpc::StatusCode::NOT_FOUND, ""}), bhttp::status::not_found);
+  EXPECT_EQ(http_status(Api::kKServe, {StatusCode::kNotFound, ""}), bhttp::status::not_found);
 }
 
 }  // namespace

@@ -134,9 +134,10 @@ struct Fixture {
   }
 };
 
-std::optional<Error> load(Repository& r, const std::string& name) {
-  std::promise<std::optional<Error>> done;
-  r.load(name, [&](std::optional<Error> e) { done.set_value(std::move(e)); });
+// Nothing when the load succeeded, else why it failed.
+std::optional<Status> load(Repository& r, const std::string& name) {
+  std::promise<std::optional<Status>> done;
+  r.load(name, [&](const Status& e) { done.set_value(e.ok() ? std::nullopt : std::optional(e)); });
   return done.get_future().get();
 }
 
@@ -166,7 +167,7 @@ TEST(RepositoryTest, SwapsVersionsWhileRequestsRunAndLosesNone) {
   Repository repository(f.options(), f.metrics);
   std::string why;
   ASSERT_TRUE(repository.start(&why)) << why;
-  Error e;
+  Status e;
   ASSERT_TRUE(repository.find("m", "", &e));
   EXPECT_EQ(repository.find("m", "", &e)->version, "1");
   EXPECT_TRUE(repository.ready());
@@ -179,7 +180,7 @@ TEST(RepositoryTest, SwapsVersionsWhileRequestsRunAndLosesNone) {
     clients.emplace_back([&, t] {
       std::vector<int32_t>& ids = storage[size_t(t)];
       while (!stop.load()) {
-        Error error;
+        Status error;
         auto served = repository.find("", "", &error);  // the only model: "m"
         if (!served) {
           refused.fetch_add(1);
@@ -235,10 +236,10 @@ TEST(RepositoryTest, ABrokenVersionLeavesTheServingOneUntouched) {
   fs::create_directories(f.root() / "m" / "2");
   fs::copy_file(f.root() / "m" / "1" / "config.json", f.root() / "m" / "2" / "config.json");
   write_text(f.root() / "m" / "2" / "model.safetensors", "truncated");
-  const std::optional<Error> failure = load(repository, "m");
+  const std::optional<Status> failure = load(repository, "m");
   ASSERT_TRUE(failure);
-  EXPECT_NE(failure->message.find("version 2"), std::string::npos) << failure->message;
-  Error e;
+  EXPECT_NE(failure->message().find("version 2"), std::string::npos) << failure->message();
+  Status e;
   ASSERT_TRUE(repository.find("m", "", &e));
   EXPECT_EQ(repository.find("m", "", &e)->version, "1");
   for (const IndexEntry& entry : repository.index(false)) {
@@ -250,12 +251,12 @@ TEST(RepositoryTest, ABrokenVersionLeavesTheServingOneUntouched) {
     }
   }
   EXPECT_FALSE(repository.find("m", "2", &e));
-  EXPECT_EQ(e.code, Error::Code::kUnavailable);
+  EXPECT_EQ(e.code(), StatusCode::kUnavailable);
   EXPECT_FALSE(repository.find("m", "9", &e));
-  EXPECT_EQ(e.code, Error::Code::kNotFound);
+  EXPECT_EQ(e.code(), StatusCode::kNotFound);
   EXPECT_FALSE(repository.find("other", "", &e));
-  EXPECT_EQ(e.code, Error::Code::kNotFound);
-  EXPECT_NE(e.message.find("'other'"), std::string::npos);
+  EXPECT_EQ(e.code(), StatusCode::kNotFound);
+  EXPECT_NE(e.message().find("'other'"), std::string::npos);
 }
 
 TEST(RepositoryTest, ASecondCopyThatDoesNotFitInMemoryIsNotLoaded) {
@@ -266,11 +267,11 @@ TEST(RepositoryTest, ASecondCopyThatDoesNotFitInMemoryIsNotLoaded) {
   ASSERT_TRUE(repository.start(&why)) << why;
   f.add_version(2, 2);
   setenv("FASTFORMER_TEST_AVAILABLE_MEMORY_BYTES", "1000", 1);
-  const std::optional<Error> failure = load(repository, "m");
+  const std::optional<Status> failure = load(repository, "m");
   unsetenv("FASTFORMER_TEST_AVAILABLE_MEMORY_BYTES");
   ASSERT_TRUE(failure);
-  EXPECT_NE(failure->message.find("not enough memory"), std::string::npos) << failure->message;
-  Error e;
+  EXPECT_NE(failure->message().find("not enough memory"), std::string::npos) << failure->message();
+  Status e;
   EXPECT_EQ(repository.find("m", "", &e)->version, "1");
 }
 
@@ -282,19 +283,19 @@ TEST(RepositoryTest, UnloadWaitsForTheRequestsInFlight) {
   Repository repository(f.options(), f.metrics);
   std::string why;
   ASSERT_TRUE(repository.start(&why)) << why;
-  Error e;
+  Status e;
   std::vector<std::shared_ptr<batching::Request>> requests;
   {
     auto served = repository.find("m", "", &e);
     for (int i = 0; i < 50; ++i) requests.push_back(submit(served, ids, ok, failed));
   }
   std::promise<void> unloaded;
-  repository.unload("m", [&](std::optional<Error>) { unloaded.set_value(); });
+  repository.unload("m", [&](const Status&) { unloaded.set_value(); });
   unloaded.get_future().get();
   EXPECT_EQ(ok.load(), 50);  // every admitted request ran before the version was freed
   EXPECT_EQ(failed.load(), 0);
   EXPECT_FALSE(repository.find("m", "", &e));
-  EXPECT_EQ(e.code, Error::Code::kUnavailable);
+  EXPECT_EQ(e.code(), StatusCode::kUnavailable);
   EXPECT_FALSE(repository.ready());  // it was started to serve "m": unready until loaded again
   ASSERT_FALSE(load(repository, "m"));
   EXPECT_TRUE(repository.ready());

@@ -7,8 +7,8 @@
 #include <memory>
 
 #include "inference/grpc_service.grpc.pb.h"
-#include "server/rpc/infer_conversion.h"
-#include "server/rpc/intake.h"
+#include "server/grpc/status.h"
+#include "server/serving/infer_conversion.h"
 
 namespace fastformer::rpc {
 
@@ -85,19 +85,19 @@ class InferenceService final : public InferenceServiceBase {
       InferCall call;
     };
     static constexpr const char* kMethod = "ModelStreamInfer";
-    grpc::Status admit(Message& message, grpc::CallbackServerContext* context,
-                       const std::shared_ptr<batching::Request>& request);
-    Response answer(Message& message, const batching::Request* done, const grpc::Status& status);
+    Status admit(Message& message, grpc::CallbackServerContext* context,
+                 const std::shared_ptr<batching::Request>& request);
+    Response answer(Message& message, const batching::Request* done, const Status& status);
     InferenceService* service;
   };
 
   // Validates and admits one ModelInferRequest (Intake::admit with the v2 conversion).
-  grpc::Status admit(const inference::ModelInferRequest& proto, InferCall* call,
-                     grpc::CallbackServerContext* context,
-                     const std::shared_ptr<batching::Request>& request);
+  Status admit(const inference::ModelInferRequest& proto, InferCall* call,
+               grpc::CallbackServerContext* context,
+               const std::shared_ptr<batching::Request>& request);
   // Answers a unary call at once with `status` (recorded under `method`).
   grpc::ServerUnaryReactor* finish(grpc::CallbackServerContext* context, const char* method,
-                                   batching::Clock::time_point start, const grpc::Status& status);
+                                   batching::Clock::time_point start, const Status& status);
 
   Intake& intake_;
   StreamProtocol stream_protocol_;

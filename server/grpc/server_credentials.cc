@@ -1,4 +1,4 @@
-#include "server/rpc/server_credentials.h"
+#include "server/grpc/server_credentials.h"
 
 #include <grpc/grpc.h>
 #include <grpc/grpc_security.h>
@@ -55,12 +55,12 @@ void process_auth_metadata(void* state, grpc_auth_context*, const grpc_metadata*
       consumed.push_back(md[i]);
     }
   }
-  const grpc::Status status = authenticator->check(path, authorization);
+  const Status status = authenticator->check(path, authorization);  // serving/auth.h
   if (status.ok()) {
     done(user_data, consumed.data(), consumed.size(), nullptr, 0, GRPC_STATUS_OK, nullptr);
   } else {
-    done(user_data, nullptr, 0, nullptr, 0, static_cast<grpc_status_code>(status.error_code()),
-         status.error_message().c_str());
+    done(user_data, nullptr, 0, nullptr, 0, static_cast<grpc_status_code>(status.code()),
+         status.message().c_str());
   }
 }
 
@@ -126,7 +126,7 @@ ServerSecurity::ServerSecurity(const SecurityOptions& options, AuthMetrics& metr
   if (!options.auth_token_file.empty()) {
     try {
       authenticator_ = std::make_shared<TokenAuthenticator>(
-          read_token_file(options.auth_token_file), options.auth_health, metrics);
+          serving::read_token_file(options.auth_token_file), options.auth_health, metrics);
     } catch (const std::exception& e) {
       throw std::runtime_error(std::string("--auth-token-file: ") + e.what());
     }

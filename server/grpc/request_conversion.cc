@@ -1,4 +1,4 @@
-#include "server/rpc/request_conversion.h"
+#include "server/grpc/request_conversion.h"
 
 #include <google/protobuf/io/coded_stream.h>
 #include <google/protobuf/wire_format_lite.h>
@@ -9,20 +9,19 @@
 #include <span>
 #include <string>
 
-#include "server/rpc/raw_message.h"
+#include "server/grpc/raw_message.h"
+#include "server/serving/infer_conversion.h"
 #include "server/text/tokenizer/unicode.h"
 
 namespace fastformer::rpc {
 
-grpc::Status convert_request(const v1::EncodeRequest& proto, const engine::Model& model,
-                             const text::Tokenizer* tokenizer, const request::Limits& limits,
-                             batching::Request* out) {
-  auto invalid = [](std::string message) {
-    return grpc::Status(grpc::StatusCode::INVALID_ARGUMENT, std::move(message));
-  };
+Status convert_request(const v1::EncodeRequest& proto, const engine::Model& model,
+                       const text::Tokenizer* tokenizer, const request::Limits& limits,
+                       batching::Request* out) {
   if (!v1::Truncation_IsValid(proto.truncation())) {
-    return invalid("truncation: unknown value " + std::to_string(proto.truncation()) +
-                   " (expected TRUNCATION_UNSPECIFIED, TRUNCATION_RIGHT or TRUNCATION_LEFT)");
+    return invalid_argument(
+        "truncation: unknown value " + std::to_string(proto.truncation()) +
+        " (expected TRUNCATION_UNSPECIFIED, TRUNCATION_RIGHT or TRUNCATION_LEFT)");
   }
   request::EncodeInput input;
   input.truncate = proto.truncation() == v1::TRUNCATION_RIGHT  ? request::Truncate::kRight
@@ -30,7 +29,7 @@ grpc::Status convert_request(const v1::EncodeRequest& proto, const engine::Model
                                                                : request::Truncate::kNone;
   input.options = {proto.return_token_embeddings(), proto.return_logits(), proto.normalize()};
   if (auto refused = request::check_options(input.options, model))
-    return invalid("return_logits: " + *refused);
+    return invalid_argument("return_logits: " + *refused);
   // The wire's shape: a Sequence holds any of its three inputs, and must hold exactly one.
   input.rows.reserve(size_t(proto.sequences_size()));
   for (int i = 0; i < proto.sequences_size(); ++i) {
@@ -39,7 +38,7 @@ grpc::Status convert_request(const v1::EncodeRequest& proto, const engine::Model
     const std::span<const float> embeddings{s.input_embeddings().data(),
                                             size_t(s.input_embeddings_size())};
     auto refuse = [&](const char* field, std::string message) {
-      return invalid(engine::InputError{size_t(i), field, std::move(message)}.to_string());
+      return invalid_argument(engine::InputError{size_t(i), field, std::move(message)}.to_string());
     };
     if (!s.text().empty()) {
       if (!ids.empty() || !embeddings.empty()) {
@@ -60,14 +59,14 @@ grpc::Status convert_request(const v1::EncodeRequest& proto, const engine::Model
     }
   }
   if (auto problem = request::build_request(input, model, tokenizer, limits, out))
-    return invalid(request::format_v1(*problem));
-  return grpc::Status::OK;
+    return invalid_argument(request::format_v1(*problem));
+  return Status();
 }
 
-grpc::Status parse_encode_request(const grpc::ByteBuffer& bytes, v1::EncodeRequest* proto) {
+Status parse_encode_request(const grpc::ByteBuffer& bytes, v1::EncodeRequest* proto) {
   std::string flat;
-  if (parse_raw_message(bytes, proto, &flat)) return grpc::Status::OK;
-  return {grpc::StatusCode::INVALID_ARGUMENT, explain_encode_parse_failure(flat)};
+  if (parse_raw_message(bytes, proto, &flat)) return Status();
+  return {StatusCode::kInvalidArgument, explain_encode_parse_failure(flat)};
 }
 
 std::string explain_encode_parse_failure(const std::string& bytes) {
@@ -131,19 +130,10 @@ void fill_response(const batching::Request& request, v1::EncodeResponse* respons
   response->set_compute_time_us(static_cast<uint64_t>(request.compute_us));
 }
 
-grpc::Status outcome_status(const batching::Request& request) {
-  switch (request.outcome) {
-    case batching::Outcome::kOk:
-      return grpc::Status::OK;
-    case batching::Outcome::kDeadlineExceeded:
-      return {grpc::StatusCode::DEADLINE_EXCEEDED,
-              "the deadline passed before the request was computed"};
-    case batching::Outcome::kCancelled:
-      return {grpc::StatusCode::CANCELLED, "the call was cancelled"};
-    case batching::Outcome::kEngineFailure:
-      return {grpc::StatusCode::INTERNAL, "engine failure: " + request.error};
-  }
-  return {grpc::StatusCode::INTERNAL, "unknown outcome"};
+Status parse_infer_request(const grpc::ByteBuffer& bytes, inference::ModelInferRequest* proto) {
+  std::string flat;
+  if (parse_raw_message(bytes, proto, &flat)) return Status();
+  return invalid_argument(serving::explain_infer_parse_failure(flat));
 }
 
 }  // namespace fastformer::rpc

@@ -1,4 +1,4 @@
-#include "server/rpc/auth.h"
+#include "server/serving/auth.h"
 
 #include <spdlog/spdlog.h>
 
@@ -10,7 +10,7 @@
 #include <sstream>
 #include <stdexcept>
 
-namespace fastformer::rpc {
+namespace fastformer::serving {
 namespace {
 
 constexpr size_t kMaxTokenFileBytes = 1 << 20;
@@ -30,11 +30,11 @@ bool equals_ignoring_case(std::string_view a, std::string_view b) {
 }
 
 // The messages a refused caller reads: what to send, never what was sent.
-const grpc::Status kMissingToken(
-    grpc::StatusCode::UNAUTHENTICATED,
+const Status kMissingToken(
+    StatusCode::kUnauthenticated,
     "missing bearer token: send the metadata `authorization: Bearer <token>`");
-const grpc::Status kInvalidToken(grpc::StatusCode::UNAUTHENTICATED,
-                                 "invalid bearer token: the token is not one the server accepts");
+const Status kInvalidToken(StatusCode::kUnauthenticated,
+                           "invalid bearer token: the token is not one the server accepts");
 
 // The :path as it may appear in a log line: printable ASCII only, at most 200 characters
 // (it comes from the caller).
@@ -140,9 +140,9 @@ std::shared_ptr<const std::vector<std::string>> TokenAuthenticator::tokens() con
 
 size_t TokenAuthenticator::token_count() const { return tokens()->size(); }
 
-grpc::Status TokenAuthenticator::check(std::string_view path, bool open,
-                                       std::span<const std::string_view> authorization) const {
-  if (!protect_health_ && open) return grpc::Status::OK;
+Status TokenAuthenticator::check(std::string_view path, bool open,
+                                 std::span<const std::string_view> authorization) const {
+  if (!protect_health_ && open) return Status();
   const auto tokens = this->tokens();
   bool presented = false;
   bool accepted = false;
@@ -152,10 +152,10 @@ grpc::Status TokenAuthenticator::check(std::string_view path, bool open,
     presented = true;
     for (const std::string& stored : *tokens) accepted |= constant_time_equals(token, stored);
   }
-  if (accepted) return grpc::Status::OK;
-  const grpc::Status& refusal = presented ? kInvalidToken : kMissingToken;
+  if (accepted) return Status();
+  const Status& refusal = presented ? kInvalidToken : kMissingToken;
   (presented ? metrics_.invalid_token : metrics_.missing_token).Increment();
-  spdlog::warn("{} refused: UNAUTHENTICATED: {}", loggable_path(path), refusal.error_message());
+  spdlog::warn("{} refused: UNAUTHENTICATED: {}", loggable_path(path), refusal.message());
   return refusal;
 }
 
@@ -176,4 +176,4 @@ bool TokenAuthenticator::reload(const std::string& path) {
   return true;
 }
 
-}  // namespace fastformer::rpc
+}  // namespace fastformer::serving

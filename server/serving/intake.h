@@ -5,8 +5,6 @@
 // metrics.
 #pragma once
 
-#include <grpcpp/grpcpp.h>
-
 #include <algorithm>
 #include <atomic>
 #include <chrono>
@@ -14,20 +12,17 @@
 #include <memory>
 #include <string>
 
+#include "common/status.h"
 #include "server/batching/queue.h"
 #include "server/engine/engine.h"
 #include "server/metrics/metrics.h"
 #include "server/repository/repository.h"
-#include "server/rpc/request_conversion.h"
 
-namespace fastformer::rpc {
+namespace fastformer::serving {
 
 using repository::InferenceStatistics;
 using repository::ServedModel;
 using repository::ServiceConfig;
-
-// The repository's verdict as a gRPC status (NOT_FOUND, UNAVAILABLE, ...).
-grpc::Status to_status(const repository::Error& error);
 
 class Intake {
  public:
@@ -41,7 +36,7 @@ class Intake {
   // Admitted requests (unary calls and stream messages) not yet answered.
   int64_t inflight() const { return inflight_.load(); }
 
-  grpc::Status availability() const;  // OK, or UNAVAILABLE while starting or draining
+  Status availability() const;  // OK, or UNAVAILABLE while starting or draining
   // Serving, and every model the server was started to serve has a READY version (the
   // readiness probes: ServerReady, /v2/health/ready, /health).
   bool ready() const { return availability().ok() && repository_->ready(); }
@@ -49,7 +44,7 @@ class Intake {
   // The model version that serves `name` and `version` (empty: the default model, its newest
   // READY version), or null with `status` NOT_FOUND / UNAVAILABLE naming it (or availability()).
   std::shared_ptr<const ServedModel> find(const std::string& name, const std::string& version,
-                                          grpc::Status* status) const;
+                                          Status* status) const;
   // The model version an admitted request was admitted to (until complete() releases it).
   static const ServedModel& served(const batching::Request& request) {
     return *static_cast<const ServedModel*>(request.owner.get());
@@ -60,19 +55,16 @@ class Intake {
   // the version's queue. OK: queued, and request->on_complete will run once; it must call
   // complete(), and may use served(*request) until then. Otherwise the status to answer with;
   // nothing was queued.
-  using Convert = std::function<grpc::Status(const ServedModel& model)>;
-  grpc::Status admit(grpc::CallbackServerContext* context, const std::string& model,
-                     const std::string& version, const Convert& convert,
-                     const std::shared_ptr<batching::Request>& request);
-  // The same for a call whose deadline is given on the steady clock (HTTP: max() for none).
-  grpc::Status admit(batching::Clock::time_point deadline, const std::string& model,
-                     const std::string& version, const Convert& convert,
-                     const std::shared_ptr<batching::Request>& request);
+  using Convert = std::function<Status(const ServedModel& model)>;
+  // `deadline` is the call's, on the steady clock (max() for none).
+  Status admit(batching::Clock::time_point deadline, const std::string& model,
+               const std::string& version, const Convert& convert,
+               const std::shared_ptr<batching::Request>& request);
   // The same on a version found before (find): it serves the request even if swapped out
   // meanwhile, as a request admitted before the swap would be.
-  grpc::Status admit(batching::Clock::time_point deadline,
-                     const std::shared_ptr<const ServedModel>& model, const Convert& convert,
-                     const std::shared_ptr<batching::Request>& request);
+  Status admit(batching::Clock::time_point deadline,
+               const std::shared_ptr<const ServedModel>& model, const Convert& convert,
+               const std::shared_ptr<batching::Request>& request);
   // An admitted request has been answered.
   void answered() {
     inflight_.fetch_sub(1);
@@ -83,14 +75,14 @@ class Intake {
   // is answered RESOURCE_EXHAUSTED at once. Set before the server starts.
   void set_max_concurrent_streams(int64_t max) { max_concurrent_streams_ = max; }
   // OK and the stream counted open, or RESOURCE_EXHAUSTED naming the limit.
-  grpc::Status open_stream(const char* method);
+  Status open_stream(const char* method);
   void close_stream() {
     open_streams_.fetch_sub(1);
     metrics_.open_streams.Decrement();
   }
 
   // fastformer_requests_total and the duration histogram; a warning for failures.
-  void record(const char* method, const grpc::Status& status, batching::Clock::time_point start);
+  void record(const char* method, const Status& status, batching::Clock::time_point start);
 
   // Adds one finished inference request to its model version's statistics: `start` is when
   // its call arrived, `output_ns` the time spent converting its results into the response.
@@ -99,7 +91,7 @@ class Intake {
   // Closes an admitted call once its answer is ready: the statistics (record_inference), the
   // request metrics (record), the request's hold on its model version, and the drain count
   // (answered). Every API's completion calls it.
-  void complete(const char* method, const batching::Request& request, const grpc::Status& status,
+  void complete(const char* method, const batching::Request& request, const Status& status,
                 batching::Clock::time_point start, uint64_t output_ns) {
     record_inference(request, status.ok(), start, output_ns);
     record(method, status, start);
@@ -114,10 +106,9 @@ class Intake {
 
  private:
   // admit's common part: `model` found (or null, with `status` saying why).
-  grpc::Status admit_found(batching::Clock::time_point deadline,
-                           std::shared_ptr<const ServedModel> model, grpc::Status status,
-                           const Convert& convert,
-                           const std::shared_ptr<batching::Request>& request);
+  Status admit_found(batching::Clock::time_point deadline, std::shared_ptr<const ServedModel> model,
+                     Status status, const Convert& convert,
+                     const std::shared_ptr<batching::Request>& request);
 
   // Set once by start_serving, before serving_ turns true (release/acquire).
   repository::Repository* repository_ = nullptr;
@@ -132,7 +123,4 @@ class Intake {
 
 using batching::ns_since;
 
-// The call's deadline on the steady clock (max() when the client set none).
-batching::Clock::time_point steady_deadline(const grpc::CallbackServerContext* context);
-
-}  // namespace fastformer::rpc
+}  // namespace fastformer::serving

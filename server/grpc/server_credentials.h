@@ -15,17 +15,14 @@
 #include <memory>
 #include <string>
 
-#include "server/rpc/auth.h"
+#include "server/serving/auth.h"
+#include "server/serving/security_options.h"
 
 namespace fastformer::rpc {
 
-struct SecurityOptions {
-  std::string tls_cert;         ///< PEM certificate chain of the server; empty = plaintext
-  std::string tls_key;          ///< PEM private key of tls_cert
-  std::string tls_client_ca;    ///< PEM CA bundle for client certificates; empty = no mTLS
-  std::string auth_token_file;  ///< bearer tokens, one per line; empty = no token needed
-  bool auth_health = false;     ///< health and reflection need the token too
-};
+using serving::AuthMetrics;
+using serving::SecurityOptions;
+using serving::TokenAuthenticator;
 
 class ServerSecurity {
  public:

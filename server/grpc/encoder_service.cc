@@ -1,17 +1,17 @@
-#include "server/rpc/encoder_service.h"
+#include "server/grpc/encoder_service.h"
 
-#include "server/rpc/raw_message.h"
-#include "server/rpc/stream_reactor.h"
+#include "server/grpc/raw_message.h"
+#include "server/grpc/request_conversion.h"
+#include "server/grpc/stream_reactor.h"
 
 namespace fastformer::rpc {
 
 using batching::Clock;
 
-grpc::Status EncoderService::admit(const v1::EncodeRequest& proto,
-                                   grpc::CallbackServerContext* context,
-                                   const std::shared_ptr<batching::Request>& request) {
+Status EncoderService::admit(const v1::EncodeRequest& proto, grpc::CallbackServerContext* context,
+                             const std::shared_ptr<batching::Request>& request) {
   return intake_.admit(
-      context, proto.model_name(), proto.model_version(),
+      steady_deadline(context), proto.model_name(), proto.model_version(),
       [&](const ServedModel& model) {
         return convert_request(proto, *model.model, model.tokenizer(), model.config.limits,
                                request.get());
@@ -30,15 +30,15 @@ grpc::ServerUnaryReactor* EncoderService::Encode(grpc::CallbackServerContext* co
     v1::EncodeResponse response;
   };
   auto call = std::make_shared<Call>();
-  if (const grpc::Status invalid = parse_encode_request(*bytes, &call->proto); !invalid.ok()) {
+  if (const Status invalid = parse_encode_request(*bytes, &call->proto); !invalid.ok()) {
     intake_.record("Encode", invalid, start);
-    reactor->Finish(invalid);
+    reactor->Finish(to_grpc(invalid));
     return reactor;
   }
   auto request = std::make_shared<batching::Request>();
   request->is_cancelled = [context] { return context->IsCancelled(); };
   request->on_complete = [this, reactor, call, out, start](batching::Request& r) {
-    grpc::Status status = outcome_status(r);
+    Status status = outcome_status(r);
     const auto filling = Clock::now();
     if (status.ok()) {
       fill_response(r, &call->response);
@@ -46,24 +46,23 @@ grpc::ServerUnaryReactor* EncoderService::Encode(grpc::CallbackServerContext* co
       call->response.set_model_name(Intake::served(r).name);
       call->response.set_model_version(Intake::served(r).version);
       bool own = false;
-      status = grpc::SerializationTraits<v1::EncodeResponse>::Serialize(call->response, out, &own);
+      status = from_grpc(
+          grpc::SerializationTraits<v1::EncodeResponse>::Serialize(call->response, out, &own));
     }
     intake_.complete("Encode", r, status, start, ns_since(filling));
-    reactor->Finish(status);
+    reactor->Finish(to_grpc(status));
   };
-  const grpc::Status status = admit(call->proto, context, request);
+  const Status status = admit(call->proto, context, request);
   if (!status.ok()) {
     intake_.record("Encode", status, start);
-    reactor->Finish(status);
+    reactor->Finish(to_grpc(status));
   }
   return reactor;
 }
 
-grpc::Status EncoderService::StreamProtocol::admit(
-    Message& message, grpc::CallbackServerContext* context,
-    const std::shared_ptr<batching::Request>& request) {
-  if (grpc::Status invalid =
-          parse_stream_message(message.proto, &message.parsed, parse_encode_request);
+Status EncoderService::StreamProtocol::admit(Message& message, grpc::CallbackServerContext* context,
+                                             const std::shared_ptr<batching::Request>& request) {
+  if (Status invalid = parse_stream_message(message.proto, &message.parsed, parse_encode_request);
       !invalid.ok()) {
     return invalid;
   }
@@ -73,7 +72,7 @@ grpc::Status EncoderService::StreamProtocol::admit(
 
 grpc::ByteBuffer EncoderService::StreamProtocol::answer(Message& message,
                                                         const batching::Request* done,
-                                                        const grpc::Status& status) {
+                                                        const Status& status) {
   v1::EncodeResponse response;
   response.set_request_id(message.parsed.request_id());
   if (status.ok()) {
@@ -83,8 +82,8 @@ grpc::ByteBuffer EncoderService::StreamProtocol::answer(Message& message,
   } else {
     response.set_model_name(message.parsed.model_name());
     response.set_model_version(message.parsed.model_version());
-    response.mutable_error()->set_code(static_cast<int32_t>(status.error_code()));
-    response.mutable_error()->set_message(status.error_message());
+    response.mutable_error()->set_code(static_cast<int32_t>(status.code()));
+    response.mutable_error()->set_message(status.message());
   }
   return serialize_raw_message(response, kMethod);
 }
@@ -99,11 +98,11 @@ grpc::ServerUnaryReactor* EncoderService::GetModelInfo(grpc::CallbackServerConte
                                                        v1::ModelInfo* info) {
   const auto start = Clock::now();
   grpc::ServerUnaryReactor* reactor = context->DefaultReactor();
-  grpc::Status unavailable;
+  Status unavailable;
   const auto served = intake_.find(request->model_name(), request->model_version(), &unavailable);
   if (!served) {
     intake_.record("GetModelInfo", unavailable, start);
-    reactor->Finish(unavailable);
+    reactor->Finish(to_grpc(unavailable));
     return reactor;
   }
   const engine::Engine& engine = *served->engine;
@@ -128,7 +127,7 @@ grpc::ServerUnaryReactor* EncoderService::GetModelInfo(grpc::CallbackServerConte
   info->set_server_version(config.version);
   info->set_accepts_text(served->tokenizer() != nullptr);
   if (served->tokenizer() != nullptr) info->set_tokenizer(served->tokenizer()->description());
-  intake_.record("GetModelInfo", grpc::Status::OK, start);
+  intake_.record("GetModelInfo", Status(), start);
   reactor->Finish(grpc::Status::OK);
   return reactor;
 }

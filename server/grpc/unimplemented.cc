@@ -1,4 +1,6 @@
-#include "server/rpc/unimplemented.h"
+#include "server/grpc/unimplemented.h"
+
+#include "server/grpc/status.h"
 
 namespace fastformer::rpc {
 
@@ -18,7 +20,7 @@ grpc::ServerGenericBidiReactor* UnimplementedMethods::CreateReactor(
           "ServerMetadata, "
           "ModelMetadata, ModelConfig, ModelStatistics, ModelInfer, ModelStreamInfer)");
   // One label for every unknown method: a client cannot grow the metrics' label set.
-  intake_.record("Unimplemented", status, batching::Clock::now());
+  intake_.record("Unimplemented", from_grpc(status), batching::Clock::now());
   return new Reactor(status);
 }
 

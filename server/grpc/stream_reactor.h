@@ -16,7 +16,8 @@
 #include <memory>
 #include <mutex>
 
-#include "server/rpc/intake.h"
+#include "server/grpc/status.h"
+#include "server/serving/intake.h"
 
 namespace fastformer::rpc {
 
@@ -24,10 +25,10 @@ namespace fastformer::rpc {
 //   using Request, Response;          the stream's message types
 //   struct Message { Request proto; ... };  one message's state, kept until it is answered
 //   static constexpr const char* kMethod;   the metrics' method label
-//   grpc::Status admit(Message&, grpc::CallbackServerContext*, const
+//   Status admit(Message&, grpc::CallbackServerContext*, const
 //   std::shared_ptr<batching::Request>&);
 //       Intake::admit with the API's conversion
-//   Response answer(Message&, const batching::Request* done, const grpc::Status&);
+//   Response answer(Message&, const batching::Request* done, const Status&);
 //       the answer: from `done`'s results when the status is OK, else the in-band error
 //       (`done` is null for a message refused at admission)
 template <class Protocol>
@@ -65,13 +66,13 @@ class StreamReactor final
       ++outstanding_;  // before StartRead: the call cannot end while this message is open
     }
     request->on_complete = [this, message, start](batching::Request& r) {
-      const grpc::Status status = outcome_status(r);
+      const Status status = outcome_status(r);
       const auto filling = Clock::now();
       Response response = protocol_->answer(*message, &r, status);
       intake_->complete(Protocol::kMethod, r, status, start, ns_since(filling));
       queue_answer(std::move(response));  // last: may end the call
     };
-    const grpc::Status status = protocol_->admit(*message, context_, request);
+    const Status status = protocol_->admit(*message, context_, request);
     incoming_.Clear();
     bool read_now = false;
     {
@@ -174,7 +175,7 @@ class StreamReactor final
 template <class Request, class Response>
 class RejectedStreamReactor final : public grpc::ServerBidiReactor<Request, Response> {
  public:
-  explicit RejectedStreamReactor(const grpc::Status& status) { this->Finish(status); }
+  explicit RejectedStreamReactor(const Status& status) { this->Finish(to_grpc(status)); }
   void OnDone() override { delete this; }
 };
 
@@ -184,7 +185,7 @@ template <class Protocol>
 grpc::ServerBidiReactor<typename Protocol::Request, typename Protocol::Response>* open_stream(
     Protocol* protocol, Intake* intake, grpc::CallbackServerContext* context) {
   const auto start = batching::Clock::now();
-  if (grpc::Status refused = intake->open_stream(Protocol::kMethod); !refused.ok()) {
+  if (Status refused = intake->open_stream(Protocol::kMethod); !refused.ok()) {
     intake->record(Protocol::kMethod, refused, start);
     return new RejectedStreamReactor<typename Protocol::Request, typename Protocol::Response>(
         refused);

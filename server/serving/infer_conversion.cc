@@ -1,4 +1,4 @@
-#include "server/rpc/infer_conversion.h"
+#include "server/serving/infer_conversion.h"
 
 #include <google/protobuf/io/coded_stream.h>
 #include <google/protobuf/wire_format_lite.h>
@@ -7,18 +7,13 @@
 #include <cstring>
 #include <optional>
 
-#include "server/rpc/raw_message.h"
 #include "server/text/tokenizer/unicode.h"
 
-namespace fastformer::rpc {
+namespace fastformer::serving {
 namespace {
 
 using InputTensorProto = inference::ModelInferRequest::InferInputTensor;
 using request::Truncate;
-
-grpc::Status invalid(std::string message) {
-  return {grpc::StatusCode::INVALID_ARGUMENT, std::move(message)};
-}
 
 std::string shape_string(const google::protobuf::RepeatedField<int64_t>& shape) {
   std::string s = "[";
@@ -33,55 +28,57 @@ struct Input {
 };
 
 // The number of elements of `input`'s shape, which must have `dims` dimensions, all positive.
-grpc::Status element_count(const Input& input, int dims, int64_t* count) {
+Status element_count(const Input& input, int dims, int64_t* count) {
   const InputTensorProto& t = *input.tensor;
   if (t.shape_size() != dims) {
-    return invalid(t.name() + ": shape " + shape_string(t.shape()) + " has " +
-                   std::to_string(t.shape_size()) + " dimensions; expected " +
-                   std::to_string(dims) +
-                   (dims == 2 ? " ([batch, length])" : " ([batch, length, hidden])"));
+    return invalid_argument(t.name() + ": shape " + shape_string(t.shape()) + " has " +
+                            std::to_string(t.shape_size()) + " dimensions; expected " +
+                            std::to_string(dims) +
+                            (dims == 2 ? " ([batch, length])" : " ([batch, length, hidden])"));
   }
   int64_t n = 1;
   for (const int64_t d : t.shape()) {
     if (d <= 0)
-      return invalid(t.name() + ": shape " + shape_string(t.shape()) + " has a dimension below 1");
+      return invalid_argument(t.name() + ": shape " + shape_string(t.shape()) +
+                              " has a dimension below 1");
     if (__builtin_mul_overflow(n, d, &n) || n > (int64_t(1) << 40)) {
-      return invalid(t.name() + ": shape " + shape_string(t.shape()) + " is too large");
+      return invalid_argument(t.name() + ": shape " + shape_string(t.shape()) + " is too large");
     }
   }
   *count = n;
-  return grpc::Status::OK;
+  return Status();
 }
 
 // The size check every raw input passes: bytes = elements x element size.
-grpc::Status check_raw_size(const Input& input, int64_t count, size_t element_bytes) {
+Status check_raw_size(const Input& input, int64_t count, size_t element_bytes) {
   const InputTensorProto& t = *input.tensor;
   const uint64_t want = uint64_t(count) * element_bytes;
   if (input.raw->size() != want) {
-    return invalid(t.name() + ": raw contents are " + std::to_string(input.raw->size()) +
-                   " bytes; shape " + shape_string(t.shape()) + " of " + t.datatype() + " needs " +
-                   std::to_string(want));
+    return invalid_argument(t.name() + ": raw contents are " + std::to_string(input.raw->size()) +
+                            " bytes; shape " + shape_string(t.shape()) + " of " + t.datatype() +
+                            " needs " + std::to_string(want));
   }
-  return grpc::Status::OK;
+  return Status();
 }
 
-grpc::Status typed_count_mismatch(const InputTensorProto& t, const char* field, int64_t got,
-                                  int64_t count) {
-  return invalid(t.name() + ": contents." + field + " holds " + std::to_string(got) +
-                 " values; shape " + shape_string(t.shape()) + " needs " + std::to_string(count));
+Status typed_count_mismatch(const InputTensorProto& t, const char* field, int64_t got,
+                            int64_t count) {
+  return invalid_argument(t.name() + ": contents." + field + " holds " + std::to_string(got) +
+                          " values; shape " + shape_string(t.shape()) + " needs " +
+                          std::to_string(count));
 }
 
 // The values of an INT64 or INT32 input.
-grpc::Status read_integers(const Input& input, int64_t count, std::vector<int64_t>* out) {
+Status read_integers(const Input& input, int64_t count, std::vector<int64_t>* out) {
   const InputTensorProto& t = *input.tensor;
   const bool wide = t.datatype() == "INT64";
   if (!wide && t.datatype() != "INT32") {
-    return invalid(t.name() + ": datatype " + t.datatype() + "; expected INT64 or INT32");
+    return invalid_argument(t.name() + ": datatype " + t.datatype() + "; expected INT64 or INT32");
   }
   // The count comes from the shape, which the client wrote: the contents must hold it before
   // anything of that size is allocated.
   if (input.raw != nullptr) {
-    if (grpc::Status s = check_raw_size(input, count, wide ? 8 : 4); !s.ok()) return s;
+    if (Status s = check_raw_size(input, count, wide ? 8 : 4); !s.ok()) return s;
     out->resize(size_t(count));
     if (wide) {
       std::memcpy(out->data(), input.raw->data(), input.raw->size());
@@ -92,7 +89,7 @@ grpc::Status read_integers(const Input& input, int64_t count, std::vector<int64_
         (*out)[size_t(i)] = v;
       }
     }
-    return grpc::Status::OK;
+    return Status();
   }
   const inference::InferTensorContents& c = t.contents();
   if (wide) {
@@ -106,51 +103,52 @@ grpc::Status read_integers(const Input& input, int64_t count, std::vector<int64_
     out->resize(size_t(count));
     std::copy(c.int_contents().begin(), c.int_contents().end(), out->begin());
   }
-  return grpc::Status::OK;
+  return Status();
 }
 
 // The values of an FP32 input.
-grpc::Status read_floats(const Input& input, int64_t count, std::vector<float>* out) {
+Status read_floats(const Input& input, int64_t count, std::vector<float>* out) {
   const InputTensorProto& t = *input.tensor;
   if (t.datatype() != "FP32")
-    return invalid(t.name() + ": datatype " + t.datatype() + "; expected FP32");
+    return invalid_argument(t.name() + ": datatype " + t.datatype() + "; expected FP32");
   if (input.raw != nullptr) {  // sizes checked before the allocation, as in read_integers
-    if (grpc::Status s = check_raw_size(input, count, 4); !s.ok()) return s;
+    if (Status s = check_raw_size(input, count, 4); !s.ok()) return s;
     out->resize(size_t(count));
     std::memcpy(out->data(), input.raw->data(), input.raw->size());
-    return grpc::Status::OK;
+    return Status();
   }
   const inference::InferTensorContents& c = t.contents();
   if (c.fp32_contents_size() != count)
     return typed_count_mismatch(t, "fp32_contents", c.fp32_contents_size(), count);
   out->resize(size_t(count));
   std::copy(c.fp32_contents().begin(), c.fp32_contents().end(), out->begin());
-  return grpc::Status::OK;
+  return Status();
 }
 
-grpc::Status read_parameters(const inference::ModelInferRequest& proto, OutputOptions* options,
-                             Truncate* truncate) {
+Status read_parameters(const inference::ModelInferRequest& proto, OutputOptions* options,
+                       Truncate* truncate) {
   // Parameters we do not know are ignored, as the protocol asks (clients add their own).
   for (const auto& [key, value] : proto.parameters()) {
     if (key == "normalize") {
       if (value.parameter_choice_case() != inference::InferParameter::kBoolParam) {
-        return invalid("parameters: normalize must be a bool parameter");
+        return invalid_argument("parameters: normalize must be a bool parameter");
       }
       options->normalize = value.bool_param();
     } else if (key == "truncation") {
       const std::string& v = value.string_param();
       if (value.parameter_choice_case() != inference::InferParameter::kStringParam ||
           (v != "none" && v != "right" && v != "left")) {
-        return invalid("parameters: truncation must be the string \"none\", \"right\" or \"left\"");
+        return invalid_argument(
+            "parameters: truncation must be the string \"none\", \"right\" or \"left\"");
       }
       *truncate = v == "right" ? Truncate::kRight : v == "left" ? Truncate::kLeft : Truncate::kNone;
     }
   }
-  return grpc::Status::OK;
+  return Status();
 }
 
-grpc::Status read_outputs(const inference::ModelInferRequest& proto, const engine::Model& model,
-                          const text::Tokenizer* tokenizer, InferCall* call) {
+Status read_outputs(const inference::ModelInferRequest& proto, const engine::Model& model,
+                    const text::Tokenizer* tokenizer, InferCall* call) {
   const std::vector<TensorSpec> outputs = model_outputs(model, tokenizer);
   std::string names;
   for (const TensorSpec& o : outputs) names += (names.empty() ? "" : ", ") + o.name;
@@ -162,63 +160,64 @@ grpc::Status read_outputs(const inference::ModelInferRequest& proto, const engin
   };
   if (proto.outputs_size() == 0) {
     for (const TensorSpec& o : outputs) want(o.name);
-    return grpc::Status::OK;
+    return Status();
   }
   for (int i = 0; i < proto.outputs_size(); ++i) {
     const std::string& name = proto.outputs(i).name();
     const bool known = std::any_of(outputs.begin(), outputs.end(),
                                    [&](const TensorSpec& o) { return o.name == name; });
     if (!known) {
-      return invalid("outputs[" + std::to_string(i) + "]: unknown output '" + name +
-                     "' (this model has " + names + ")");
+      return invalid_argument("outputs[" + std::to_string(i) + "]: unknown output '" + name +
+                              "' (this model has " + names + ")");
     }
     if (std::find(call->output_order.begin(), call->output_order.end(), name) !=
         call->output_order.end()) {
-      return invalid("outputs[" + std::to_string(i) + "]: output '" + name +
-                     "' is asked for twice");
+      return invalid_argument("outputs[" + std::to_string(i) + "]: output '" + name +
+                              "' is asked for twice");
     }
     want(name);
   }
-  return grpc::Status::OK;
+  return Status();
 }
 
 // Row r's real length from the attention mask (1 + the last 1), checking its values.
-grpc::Status mask_length(const std::vector<int64_t>& mask, int64_t r, int64_t L, bool trailing_only,
-                         int64_t* n) {
+Status mask_length(const std::vector<int64_t>& mask, int64_t r, int64_t L, bool trailing_only,
+                   int64_t* n) {
   int64_t last = -1;
   for (int64_t t = 0; t < L; ++t) {
     const int64_t m = mask[size_t(r * L + t)];
     if (m != 0 && m != 1) {
-      return invalid("attention_mask: row " + std::to_string(r) + ", token " + std::to_string(t) +
-                     " is " + std::to_string(m) + "; expected 0 or 1");
+      return invalid_argument("attention_mask: row " + std::to_string(r) + ", token " +
+                              std::to_string(t) + " is " + std::to_string(m) + "; expected 0 or 1");
     }
     if (m == 1) {
       if (trailing_only && last != t - 1) {
-        return invalid("attention_mask: row " + std::to_string(r) + " has a 0 before token " +
-                       std::to_string(t) +
-                       ", which is 1: with input_embeddings only trailing padding is allowed");
+        return invalid_argument(
+            "attention_mask: row " + std::to_string(r) + " has a 0 before token " +
+            std::to_string(t) +
+            ", which is 1: with input_embeddings only trailing padding is allowed");
       }
       last = t;
     }
   }
   if (last < 0)
-    return invalid("attention_mask: row " + std::to_string(r) +
-                   " has no real token (every value is 0)");
+    return invalid_argument("attention_mask: row " + std::to_string(r) +
+                            " has no real token (every value is 0)");
   *n = last + 1;
-  return grpc::Status::OK;
+  return Status();
 }
 
 // The elements of a BYTES input of shape [batch] or [batch, 1]: raw contents hold each one as
 // a 4-byte little-endian length and its bytes (the protocol's serialization), typed ones
 // bytes_contents.
-grpc::Status read_texts(const Input& input, std::vector<std::string_view>* out) {
+Status read_texts(const Input& input, std::vector<std::string_view>* out) {
   const InputTensorProto& t = *input.tensor;
   if (t.datatype() != "BYTES")
-    return invalid(t.name() + ": datatype " + t.datatype() + "; expected BYTES");
+    return invalid_argument(t.name() + ": datatype " + t.datatype() + "; expected BYTES");
   if (t.shape_size() < 1 || t.shape_size() > 2 || (t.shape_size() == 2 && t.shape(1) != 1) ||
       t.shape(0) <= 0) {
-    return invalid(t.name() + ": shape " + shape_string(t.shape()) +
-                   "; expected [batch] or [batch, 1], batch >= 1");
+    return invalid_argument(t.name() + ": shape " + shape_string(t.shape()) +
+                            "; expected [batch] or [batch, 1], batch >= 1");
   }
   const int64_t count = t.shape(0);
   out->clear();
@@ -227,33 +226,34 @@ grpc::Status read_texts(const Input& input, std::vector<std::string_view>* out) 
     if (c.bytes_contents_size() != count)
       return typed_count_mismatch(t, "bytes_contents", c.bytes_contents_size(), count);
     for (const std::string& b : c.bytes_contents()) out->emplace_back(b);
-    return grpc::Status::OK;
+    return Status();
   }
   const std::string& raw = *input.raw;
   size_t at = 0;
   for (int64_t i = 0; i < count; ++i) {
     uint32_t n = 0;
     if (raw.size() - at < 4) {
-      return invalid(t.name() + ": raw contents end at byte " + std::to_string(raw.size()) +
-                     " before element " + std::to_string(i) + "'s 4-byte length; shape " +
-                     shape_string(t.shape()) + " needs " + std::to_string(count) + " elements");
+      return invalid_argument(t.name() + ": raw contents end at byte " +
+                              std::to_string(raw.size()) + " before element " + std::to_string(i) +
+                              "'s 4-byte length; shape " + shape_string(t.shape()) + " needs " +
+                              std::to_string(count) + " elements");
     }
     std::memcpy(&n, raw.data() + at, 4);  // little-endian, as every host we build for
     at += 4;
     if (raw.size() - at < n) {
-      return invalid(t.name() + ": raw contents: element " + std::to_string(i) + " is " +
-                     std::to_string(n) + " bytes, but only " + std::to_string(raw.size() - at) +
-                     " remain");
+      return invalid_argument(t.name() + ": raw contents: element " + std::to_string(i) + " is " +
+                              std::to_string(n) + " bytes, but only " +
+                              std::to_string(raw.size() - at) + " remain");
     }
     out->emplace_back(raw.data() + at, n);
     at += n;
   }
   if (at != raw.size()) {
-    return invalid(t.name() + ": raw contents have " + std::to_string(raw.size() - at) +
-                   " bytes after the " + std::to_string(count) + " elements of shape " +
-                   shape_string(t.shape()));
+    return invalid_argument(t.name() + ": raw contents have " + std::to_string(raw.size() - at) +
+                            " bytes after the " + std::to_string(count) + " elements of shape " +
+                            shape_string(t.shape()));
   }
-  return grpc::Status::OK;
+  return Status();
 }
 
 }  // namespace
@@ -290,7 +290,7 @@ namespace {
 
 // A refusal of the request layer in the protocol's words: "input_ids: row 2, token 5 has id
 // ...", "text: row 0: the text is empty", "input_ids: the request has ... tokens".
-grpc::Status refuse(const request::Problem& p) {
+Status refuse(const request::Problem& p) {
   const char* tensor = p.field == request::Field::kTokenIds          ? "input_ids"
                        : p.field == request::Field::kInputEmbeddings ? "input_embeddings"
                                                                      : "text";
@@ -301,24 +301,23 @@ grpc::Status refuse(const request::Problem& p) {
   } else {
     where += ": ";
   }
-  return invalid(where + p.message);
+  return invalid_argument(where + p.message);
 }
 
 }  // namespace
 
-grpc::Status convert_infer_request(const inference::ModelInferRequest& proto,
-                                   const engine::Model& model, const text::Tokenizer* tokenizer,
-                                   const request::Limits& limits, int64_t max_batch_size,
-                                   InferCall* call, batching::Request* out) {
+Status convert_infer_request(const inference::ModelInferRequest& proto, const engine::Model& model,
+                             const text::Tokenizer* tokenizer, const request::Limits& limits,
+                             int64_t max_batch_size, InferCall* call, batching::Request* out) {
   const engine::ModelConfig& c = model.config();
   const int64_t D = c.hidden_size, max_len = c.max_position_embeddings;
 
   // The inputs by name.
   if (proto.raw_input_contents_size() > 0 &&
       proto.raw_input_contents_size() != proto.inputs_size()) {
-    return invalid("raw_input_contents: " + std::to_string(proto.raw_input_contents_size()) +
-                   " entries for " + std::to_string(proto.inputs_size()) +
-                   " inputs; send one per input, or typed contents");
+    return invalid_argument(
+        "raw_input_contents: " + std::to_string(proto.raw_input_contents_size()) + " entries for " +
+        std::to_string(proto.inputs_size()) + " inputs; send one per input, or typed contents");
   }
   std::optional<Input> ids_in, mask_in, embeddings_in, text_in;
   for (int i = 0; i < proto.inputs_size(); ++i) {
@@ -329,70 +328,71 @@ grpc::Status convert_infer_request(const inference::ModelInferRequest& proto,
                                  : t.name() == "text"             ? &text_in
                                                                   : nullptr;
     if (slot == nullptr) {
-      return invalid("inputs[" + std::to_string(i) + "]: unknown input '" + t.name() +
-                     "' (expected input_ids, attention_mask, input_embeddings or text)");
+      return invalid_argument("inputs[" + std::to_string(i) + "]: unknown input '" + t.name() +
+                              "' (expected input_ids, attention_mask, input_embeddings or text)");
     }
     if (slot->has_value())
-      return invalid("inputs[" + std::to_string(i) + "]: input '" + t.name() + "' is sent twice");
+      return invalid_argument("inputs[" + std::to_string(i) + "]: input '" + t.name() +
+                              "' is sent twice");
     *slot = Input{&t, proto.raw_input_contents_size() > 0 ? &proto.raw_input_contents(i) : nullptr};
   }
   if (int(ids_in.has_value()) + int(embeddings_in.has_value()) + int(text_in.has_value()) != 1) {
-    return invalid(tokenizer != nullptr
-                       ? "inputs: send exactly one of input_ids, input_embeddings and text"
-                       : "inputs: send exactly one of input_ids and input_embeddings");
+    return invalid_argument(tokenizer != nullptr
+                                ? "inputs: send exactly one of input_ids, input_embeddings and text"
+                                : "inputs: send exactly one of input_ids and input_embeddings");
   }
   if (text_in && mask_in)
-    return invalid("attention_mask: not used with text (each text is one row)");
+    return invalid_argument("attention_mask: not used with text (each text is one row)");
 
   request::EncodeInput input;
-  if (grpc::Status s = read_parameters(proto, &input.options, &input.truncate); !s.ok()) return s;
-  if (grpc::Status s = read_outputs(proto, model, tokenizer, call); !s.ok()) return s;
+  if (Status s = read_parameters(proto, &input.options, &input.truncate); !s.ok()) return s;
+  if (Status s = read_outputs(proto, model, tokenizer, call); !s.ok()) return s;
   input.options.token_embeddings = call->token_embeddings;
   input.options.logits = call->logits;
   auto check_batch = [&](const std::string& tensor, int64_t B) {
     if (max_batch_size > 0 && B > max_batch_size) {
-      return invalid(tensor + ": batch size " + std::to_string(B) + " exceeds max_batch_size " +
-                     std::to_string(max_batch_size));
+      return invalid_argument(tensor + ": batch size " + std::to_string(B) +
+                              " exceeds max_batch_size " + std::to_string(max_batch_size));
     }
-    return grpc::Status::OK;
+    return Status();
   };
   if (text_in) {
     std::vector<std::string_view> texts;
-    if (grpc::Status s = read_texts(*text_in, &texts); !s.ok()) return s;
-    if (grpc::Status s = check_batch("text", int64_t(texts.size())); !s.ok()) return s;
+    if (Status s = read_texts(*text_in, &texts); !s.ok()) return s;
+    if (Status s = check_batch("text", int64_t(texts.size())); !s.ok()) return s;
     for (const std::string_view t : texts) input.rows.push_back(request::Row::from_text(t));
     if (auto problem = request::build_request(input, model, tokenizer, limits, out))
       return refuse(*problem);
     call->rows = int64_t(texts.size());
     for (const SequenceInput& row : out->sequences)
       call->length = std::max(call->length, int64_t(row.token_ids.size()));
-    return grpc::Status::OK;
+    return Status();
   }
 
   // The main input's values and its [batch, length].
   const Input& main = ids_in ? *ids_in : *embeddings_in;
   int64_t count = 0;
-  if (grpc::Status s = element_count(main, ids_in ? 2 : 3, &count); !s.ok()) return s;
+  if (Status s = element_count(main, ids_in ? 2 : 3, &count); !s.ok()) return s;
   const int64_t B = main.tensor->shape(0), L = main.tensor->shape(1);
   if (embeddings_in && main.tensor->shape(2) != D) {
-    return invalid("input_embeddings: shape " + shape_string(main.tensor->shape()) +
-                   ": the last dimension must be hidden_size " + std::to_string(D));
+    return invalid_argument("input_embeddings: shape " + shape_string(main.tensor->shape()) +
+                            ": the last dimension must be hidden_size " + std::to_string(D));
   }
-  if (grpc::Status s = check_batch(main.tensor->name(), B); !s.ok()) return s;
+  if (Status s = check_batch(main.tensor->name(), B); !s.ok()) return s;
   if (ids_in) {
-    if (grpc::Status s = read_integers(*ids_in, count, &call->ids); !s.ok()) return s;
+    if (Status s = read_integers(*ids_in, count, &call->ids); !s.ok()) return s;
   } else {
-    if (grpc::Status s = read_floats(*embeddings_in, count, &call->embeddings); !s.ok()) return s;
+    if (Status s = read_floats(*embeddings_in, count, &call->embeddings); !s.ok()) return s;
   }
   std::vector<int64_t> mask;
   if (mask_in) {
     const auto& ms = mask_in->tensor->shape();
     if (ms.size() != 2 || ms[0] != B || ms[1] != L) {
-      return invalid("attention_mask: shape " + shape_string(ms) + " must equal the rows of " +
-                     main.tensor->name() + ": [" + std::to_string(B) + ", " + std::to_string(L) +
-                     "]");
+      return invalid_argument("attention_mask: shape " + shape_string(ms) +
+                              " must equal the rows of " + main.tensor->name() + ": [" +
+                              std::to_string(B) + ", " + std::to_string(L) + "]");
     }
-    if (grpc::Status s = read_integers(*mask_in, B * L, &mask); !s.ok()) return s;
+    if (Status s = read_integers(*mask_in, B * L, &mask); !s.ok()) return s;
   }
 
   // The rows, trimmed by the mask (masked ids become the pad token, which the engine skips);
@@ -403,8 +403,7 @@ grpc::Status convert_infer_request(const inference::ModelInferRequest& proto,
   for (int64_t r = 0; r < B; ++r) {
     int64_t n = L;
     if (mask_in) {
-      if (grpc::Status s = mask_length(mask, r, L, embeddings_in.has_value(), &n); !s.ok())
-        return s;
+      if (Status s = mask_length(mask, r, L, embeddings_in.has_value(), &n); !s.ok()) return s;
     }
     if (ids_in) {
       const std::span<int64_t> row(call->ids.data() + r * L, size_t(n));
@@ -419,7 +418,7 @@ grpc::Status convert_infer_request(const inference::ModelInferRequest& proto,
   }
   if (auto problem = request::build_request(input, model, tokenizer, limits, out))
     return refuse(*problem);
-  return grpc::Status::OK;
+  return Status();
 }
 
 void fill_infer_response(const InferCall& call, const batching::Request& request,
@@ -457,13 +456,6 @@ void fill_infer_response(const InferCall& call, const batching::Request& request
       }
     }
   }
-}
-
-grpc::Status parse_infer_request(const grpc::ByteBuffer& bytes,
-                                 inference::ModelInferRequest* proto) {
-  std::string flat;
-  if (parse_raw_message(bytes, proto, &flat)) return grpc::Status::OK;
-  return {grpc::StatusCode::INVALID_ARGUMENT, explain_infer_parse_failure(flat)};
 }
 
 std::string explain_infer_parse_failure(const std::string& bytes) {
@@ -536,4 +528,4 @@ std::string explain_infer_parse_failure(const std::string& bytes) {
   }
 }
 
-}  // namespace fastformer::rpc
+}  // namespace fastformer::serving

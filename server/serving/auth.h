@@ -9,7 +9,6 @@
 // Tokens never leave this file: not in a log line, not in a status message, not in a metric.
 #pragma once
 
-#include <grpcpp/support/status.h>
 #include <prometheus/counter.h>
 #include <prometheus/family.h>
 #include <prometheus/registry.h>
@@ -22,7 +21,9 @@
 #include <string_view>
 #include <vector>
 
-namespace fastformer::rpc {
+#include "common/status.h"
+
+namespace fastformer::serving {
 
 // The tokens of a token file: one per line, surrounding whitespace trimmed; blank lines and
 // lines starting with '#' are ignored.
@@ -60,13 +61,13 @@ class TokenAuthenticator {
   // UNAUTHENTICATED with a message that names neither the presented nor a stored token.
   // Every stored token is compared, so the time does not say which one (if any) matched.
   // Thread-safe; called on gRPC's threads.
-  grpc::Status check(std::string_view path, std::span<const std::string_view> authorization) const {
+  Status check(std::string_view path, std::span<const std::string_view> authorization) const {
     return check(path, is_health_or_reflection(path), authorization);
   }
   // The same for any transport: `open` says the path is a health check (let in without a
   // token unless protect_health). HTTP's health routes pass true.
-  grpc::Status check(std::string_view path, bool open,
-                     std::span<const std::string_view> authorization) const;
+  Status check(std::string_view path, bool open,
+               std::span<const std::string_view> authorization) const;
 
   // Re-reads the token file (SIGHUP). On success the new tokens replace the old ones at once;
   // when the file cannot be read or holds no token, the old tokens stay. Logs the outcome
@@ -85,4 +86,4 @@ class TokenAuthenticator {
   AuthMetrics& metrics_;
 };
 
-}  // namespace fastformer::rpc
+}  // namespace fastformer::serving

@@ -1,4 +1,4 @@
-#include "server/rpc/raw_message.h"
+#include "server/grpc/raw_message.h"
 
 #include <spdlog/spdlog.h>
 

@@ -3,15 +3,13 @@
 // inference_service.cc and the REST routes of server/http/kserve_rest.cc).
 #pragma once
 
-#include <grpcpp/support/status.h>
-
 #include <string>
 #include <vector>
 
 #include "inference/grpc_service.pb.h"
-#include "server/rpc/intake.h"
+#include "server/serving/intake.h"
 
-namespace fastformer::rpc {
+namespace fastformer::serving {
 
 // The protocol's extensions every transport implements (ServerMetadata.extensions); REST adds
 // binary_tensor_data.
@@ -28,17 +26,16 @@ void fill_model_config(const ServedModel& model, inference::ModelConfig* config)
 void fill_model_statistics(const ServedModel& model, inference::ModelStatistics* stats);
 // ModelStatistics' answer: every READY version for an empty name; else the named model's
 // versions (all READY ones for an empty version). NOT_FOUND / UNAVAILABLE as find() says.
-grpc::Status fill_statistics(const Intake& intake, const std::string& name,
-                             const std::string& version,
-                             inference::ModelStatisticsResponse* response);
+Status fill_statistics(const Intake& intake, const std::string& name, const std::string& version,
+                       inference::ModelStatisticsResponse* response);
 // Whether a load (unload: `unload`) of `model` may go ahead: OK, or UNAVAILABLE while starting
 // or draining, FAILED_PRECONDITION outside --model-control-mode explicit, INVALID_ARGUMENT for
 // no model name or a parameter we do not act on (unload_dependents is accepted: nothing here
 // depends on another model).
-grpc::Status repository_control(const Intake& intake, const std::string& model,
-                                const std::vector<std::string>& parameters, bool unload);
+Status repository_control(const Intake& intake, const std::string& model,
+                          const std::vector<std::string>& parameters, bool unload);
 // RepositoryIndex's answer.
 void fill_repository_index(const Intake& intake, bool ready_only,
                            inference::RepositoryIndexResponse* response);
 
-}  // namespace fastformer::rpc
+}  // namespace fastformer::serving

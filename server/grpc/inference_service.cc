@@ -1,9 +1,9 @@
-#include "server/rpc/inference_service.h"
+#include "server/grpc/inference_service.h"
 
-#include "common/status_names.h"
-#include "server/rpc/model_view.h"
-#include "server/rpc/raw_message.h"
-#include "server/rpc/stream_reactor.h"
+#include "server/grpc/raw_message.h"
+#include "server/grpc/request_conversion.h"
+#include "server/grpc/stream_reactor.h"
+#include "server/serving/model_view.h"
 
 namespace fastformer::rpc {
 
@@ -11,10 +11,10 @@ using batching::Clock;
 
 grpc::ServerUnaryReactor* InferenceService::finish(grpc::CallbackServerContext* context,
                                                    const char* method, Clock::time_point start,
-                                                   const grpc::Status& status) {
+                                                   const Status& status) {
   intake_.record(method, status, start);
   grpc::ServerUnaryReactor* reactor = context->DefaultReactor();
-  reactor->Finish(status);
+  reactor->Finish(to_grpc(status));
   return reactor;
 }
 
@@ -22,14 +22,14 @@ grpc::ServerUnaryReactor* InferenceService::ServerLive(grpc::CallbackServerConte
                                                        const inference::ServerLiveRequest*,
                                                        inference::ServerLiveResponse* response) {
   response->set_live(true);  // the process answers: live, even while it warms up or drains
-  return finish(context, "ServerLive", Clock::now(), grpc::Status::OK);
+  return finish(context, "ServerLive", Clock::now(), Status());
 }
 
 grpc::ServerUnaryReactor* InferenceService::ServerReady(grpc::CallbackServerContext* context,
                                                         const inference::ServerReadyRequest*,
                                                         inference::ServerReadyResponse* response) {
   response->set_ready(intake_.ready());
-  return finish(context, "ServerReady", Clock::now(), grpc::Status::OK);
+  return finish(context, "ServerReady", Clock::now(), Status());
 }
 
 grpc::ServerUnaryReactor* InferenceService::ModelReady(grpc::CallbackServerContext* context,
@@ -37,42 +37,42 @@ grpc::ServerUnaryReactor* InferenceService::ModelReady(grpc::CallbackServerConte
                                                        inference::ModelReadyResponse* response) {
   // Not ready (rather than an error) while starting or draining, or for a model this server does
   // not serve, as Triton answers: model_status covers all three.
-  grpc::Status status;
+  Status status;
   response->set_ready(intake_.find(request->name(), request->version(), &status) != nullptr);
-  return finish(context, "ModelReady", Clock::now(), grpc::Status::OK);
+  return finish(context, "ModelReady", Clock::now(), Status());
 }
 
 grpc::ServerUnaryReactor* InferenceService::ServerMetadata(
     grpc::CallbackServerContext* context, const inference::ServerMetadataRequest*,
     inference::ServerMetadataResponse* response) {
   const auto start = Clock::now();
-  if (grpc::Status unavailable = intake_.availability(); !unavailable.ok()) {
+  if (Status unavailable = intake_.availability(); !unavailable.ok()) {
     return finish(context, "ServerMetadata", start, unavailable);
   }
-  fill_server_metadata(intake_, response);
-  return finish(context, "ServerMetadata", start, grpc::Status::OK);
+  serving::fill_server_metadata(intake_, response);
+  return finish(context, "ServerMetadata", start, Status());
 }
 
 grpc::ServerUnaryReactor* InferenceService::ModelMetadata(
     grpc::CallbackServerContext* context, const inference::ModelMetadataRequest* request,
     inference::ModelMetadataResponse* response) {
   const auto start = Clock::now();
-  grpc::Status s;
+  Status s;
   const auto served = intake_.find(request->name(), request->version(), &s);
   if (!served) return finish(context, "ModelMetadata", start, s);
-  fill_model_metadata(intake_, *served, response);
-  return finish(context, "ModelMetadata", start, grpc::Status::OK);
+  serving::fill_model_metadata(intake_, *served, response);
+  return finish(context, "ModelMetadata", start, Status());
 }
 
 grpc::ServerUnaryReactor* InferenceService::ModelConfig(
     grpc::CallbackServerContext* context, const inference::ModelConfigRequest* request,
     inference::ModelConfigResponse* response) {
   const auto start = Clock::now();
-  grpc::Status s;
+  Status s;
   const auto served = intake_.find(request->name(), request->version(), &s);
   if (!served) return finish(context, "ModelConfig", start, s);
-  fill_model_config(*served, response->mutable_config());
-  return finish(context, "ModelConfig", start, grpc::Status::OK);
+  serving::fill_model_config(*served, response->mutable_config());
+  return finish(context, "ModelConfig", start, Status());
 }
 
 grpc::ServerUnaryReactor* InferenceService::ModelStatistics(
@@ -80,18 +80,18 @@ grpc::ServerUnaryReactor* InferenceService::ModelStatistics(
     inference::ModelStatisticsResponse* response) {
   const auto start = Clock::now();
   return finish(context, "ModelStatistics", start,
-                fill_statistics(intake_, request->name(), request->version(), response));
+                serving::fill_statistics(intake_, request->name(), request->version(), response));
 }
 
 grpc::ServerUnaryReactor* InferenceService::RepositoryIndex(
     grpc::CallbackServerContext* context, const inference::RepositoryIndexRequest* request,
     inference::RepositoryIndexResponse* response) {
   const auto start = Clock::now();
-  if (grpc::Status unavailable = intake_.availability(); !unavailable.ok()) {
+  if (Status unavailable = intake_.availability(); !unavailable.ok()) {
     return finish(context, "RepositoryIndex", start, unavailable);
   }
-  fill_repository_index(intake_, request->ready(), response);
-  return finish(context, "RepositoryIndex", start, grpc::Status::OK);
+  serving::fill_repository_index(intake_, request->ready(), response);
+  return finish(context, "RepositoryIndex", start, Status());
 }
 
 grpc::ServerUnaryReactor* InferenceService::RepositoryModelLoad(
@@ -100,16 +100,14 @@ grpc::ServerUnaryReactor* InferenceService::RepositoryModelLoad(
   const auto start = Clock::now();
   std::vector<std::string> parameters;
   for (const auto& [key, value] : request->parameters()) parameters.push_back(key);
-  grpc::Status refused = repository_control(intake_, request->model_name(), parameters, false);
+  Status refused = serving::repository_control(intake_, request->model_name(), parameters, false);
   if (!refused.ok()) return finish(context, "RepositoryModelLoad", start, refused);
   grpc::ServerUnaryReactor* reactor = context->DefaultReactor();
   // Answered from the repository's thread once the load (and the swap) is done.
-  intake_.repository().load(request->model_name(),
-                            [this, reactor, start](std::optional<repository::Error> e) {
-                              const grpc::Status status = e ? to_status(*e) : grpc::Status::OK;
-                              intake_.record("RepositoryModelLoad", status, start);
-                              reactor->Finish(status);
-                            });
+  intake_.repository().load(request->model_name(), [this, reactor, start](const Status& status) {
+    intake_.record("RepositoryModelLoad", status, start);
+    reactor->Finish(to_grpc(status));
+  });
   return reactor;
 }
 
@@ -119,27 +117,26 @@ grpc::ServerUnaryReactor* InferenceService::RepositoryModelUnload(
   const auto start = Clock::now();
   std::vector<std::string> parameters;
   for (const auto& [key, value] : request->parameters()) parameters.push_back(key);
-  grpc::Status refused = repository_control(intake_, request->model_name(), parameters, true);
+  Status refused = serving::repository_control(intake_, request->model_name(), parameters, true);
   if (!refused.ok()) return finish(context, "RepositoryModelUnload", start, refused);
   grpc::ServerUnaryReactor* reactor = context->DefaultReactor();
   // Answered once the model's admitted requests ended and it is freed.
-  intake_.repository().unload(request->model_name(),
-                              [this, reactor, start](std::optional<repository::Error> e) {
-                                const grpc::Status status = e ? to_status(*e) : grpc::Status::OK;
-                                intake_.record("RepositoryModelUnload", status, start);
-                                reactor->Finish(status);
-                              });
+  intake_.repository().unload(request->model_name(), [this, reactor, start](const Status& status) {
+    intake_.record("RepositoryModelUnload", status, start);
+    reactor->Finish(to_grpc(status));
+  });
   return reactor;
 }
 
-grpc::Status InferenceService::admit(const inference::ModelInferRequest& proto, InferCall* call,
-                                     grpc::CallbackServerContext* context,
-                                     const std::shared_ptr<batching::Request>& request) {
+Status InferenceService::admit(const inference::ModelInferRequest& proto, InferCall* call,
+                               grpc::CallbackServerContext* context,
+                               const std::shared_ptr<batching::Request>& request) {
   return intake_.admit(
-      context, proto.model_name(), proto.model_version(),
+      steady_deadline(context), proto.model_name(), proto.model_version(),
       [&](const ServedModel& model) {
-        return convert_infer_request(proto, *model.model, model.tokenizer(), model.config.limits,
-                                     model.config.max_batch_sequences, call, request.get());
+        return serving::convert_infer_request(proto, *model.model, model.tokenizer(),
+                                              model.config.limits, model.config.max_batch_sequences,
+                                              call, request.get());
       },
       request);
 }
@@ -153,31 +150,30 @@ grpc::ServerUnaryReactor* InferenceService::ModelInfer(grpc::CallbackServerConte
   auto request = std::make_shared<batching::Request>();
   request->is_cancelled = [context] { return context->IsCancelled(); };
   request->on_complete = [this, reactor, proto, response, call, start](batching::Request& r) {
-    const grpc::Status status = outcome_status(r);
+    const Status status = outcome_status(r);
     const auto filling = Clock::now();
     if (status.ok()) {
       const ServedModel& served = Intake::served(r);
       response->set_model_name(served.name);
       response->set_model_version(served.version);
       response->set_id(proto->id());
-      fill_infer_response(*call, r, *served.model, response);
+      serving::fill_infer_response(*call, r, *served.model, response);
     }
     intake_.complete("ModelInfer", r, status, start, ns_since(filling));
-    reactor->Finish(status);
+    reactor->Finish(to_grpc(status));
   };
-  const grpc::Status status = admit(*proto, call.get(), context, request);
+  const Status status = admit(*proto, call.get(), context, request);
   if (!status.ok()) {
     intake_.record("ModelInfer", status, start);
-    reactor->Finish(status);
+    reactor->Finish(to_grpc(status));
   }
   return reactor;
 }
 
-grpc::Status InferenceService::StreamProtocol::admit(
-    Message& message, grpc::CallbackServerContext* context,
-    const std::shared_ptr<batching::Request>& request) {
-  if (grpc::Status invalid =
-          parse_stream_message(message.proto, &message.parsed, parse_infer_request);
+Status InferenceService::StreamProtocol::admit(Message& message,
+                                               grpc::CallbackServerContext* context,
+                                               const std::shared_ptr<batching::Request>& request) {
+  if (Status invalid = parse_stream_message(message.proto, &message.parsed, parse_infer_request);
       !invalid.ok()) {
     return invalid;
   }
@@ -187,7 +183,7 @@ grpc::Status InferenceService::StreamProtocol::admit(
 
 grpc::ByteBuffer InferenceService::StreamProtocol::answer(Message& message,
                                                           const batching::Request* done,
-                                                          const grpc::Status& status) {
+                                                          const Status& status) {
   inference::ModelStreamInferResponse answer;
   inference::ModelInferResponse* response = answer.mutable_infer_response();
   response->set_id(message.parsed.id());
@@ -195,12 +191,13 @@ grpc::ByteBuffer InferenceService::StreamProtocol::answer(Message& message,
     const ServedModel& served = Intake::served(*done);
     response->set_model_name(served.name);
     response->set_model_version(served.version);
-    fill_infer_response(message.call, *done, *served.model, response);
+    serving::fill_infer_response(message.call, *done, *served.model, response);
   } else {
     response->set_model_name(message.parsed.model_name());
     response->set_model_version(message.parsed.model_version());
     // In-band, as the protocol's streams carry errors; the stream goes on.
-    answer.set_error_message(status_code_name(status.error_code()) + ": " + status.error_message());
+    answer.set_error_message(std::string(status_code_name(status.code())) + ": " +
+                             status.message());
   }
   return serialize_raw_message(answer, kMethod);
 }

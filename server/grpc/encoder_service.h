@@ -6,7 +6,7 @@
 #include <memory>
 
 #include "fastformer/v1/encoder.grpc.pb.h"
-#include "server/rpc/intake.h"
+#include "server/grpc/status.h"
 
 namespace fastformer::rpc {
 
@@ -42,16 +42,15 @@ class EncoderService final
       v1::EncodeRequest parsed;
     };
     static constexpr const char* kMethod = "EncodeStream";
-    grpc::Status admit(Message& message, grpc::CallbackServerContext* context,
-                       const std::shared_ptr<batching::Request>& request);
-    grpc::ByteBuffer answer(Message& message, const batching::Request* done,
-                            const grpc::Status& status);
+    Status admit(Message& message, grpc::CallbackServerContext* context,
+                 const std::shared_ptr<batching::Request>& request);
+    grpc::ByteBuffer answer(Message& message, const batching::Request* done, const Status& status);
     EncoderService* service;
   };
 
   // Validates and admits one request (Intake::admit with the Encode conversion).
-  grpc::Status admit(const v1::EncodeRequest& proto, grpc::CallbackServerContext* context,
-                     const std::shared_ptr<batching::Request>& request);
+  Status admit(const v1::EncodeRequest& proto, grpc::CallbackServerContext* context,
+               const std::shared_ptr<batching::Request>& request);
 
   Intake& intake_;
   StreamProtocol stream_protocol_;

@@ -4,13 +4,14 @@
 #pragma once
 
 #include <grpcpp/support/byte_buffer.h>
-#include <grpcpp/support/status.h>
 
 #include <cstdint>
 #include <memory>
 #include <string>
 
+#include "common/status.h"
 #include "fastformer/v1/encoder.pb.h"
+#include "inference/grpc_service.pb.h"
 #include "server/batching/request.h"
 #include "server/engine/model.h"
 #include "server/request/encode_input.h"
@@ -18,7 +19,10 @@
 namespace fastformer::rpc {
 
 // Parses an EncodeRequest from gRPC's bytes; INVALID_ARGUMENT explaining why it does not parse.
-grpc::Status parse_encode_request(const grpc::ByteBuffer& bytes, v1::EncodeRequest* proto);
+Status parse_encode_request(const grpc::ByteBuffer& bytes, v1::EncodeRequest* proto);
+// The same for a ModelInferRequest (ModelStreamInfer's raw messages), explained by
+// serving::explain_infer_parse_failure.
+Status parse_infer_request(const grpc::ByteBuffer& bytes, inference::ModelInferRequest* proto);
 
 // Why bytes that should hold an EncodeRequest do not parse: the first request_id or
 // sequences[i].text that is not UTF-8 (proto3 refuses those), or that they are not protobuf.
@@ -26,14 +30,11 @@ std::string explain_encode_parse_failure(const std::string& bytes);
 
 // Fills `out` (sequences are views into `proto`, which must outlive the request). `tokenizer`:
 // the model's (null when it takes no text).
-grpc::Status convert_request(const v1::EncodeRequest& proto, const engine::Model& model,
-                             const text::Tokenizer* tokenizer, const request::Limits& limits,
-                             batching::Request* out);
+Status convert_request(const v1::EncodeRequest& proto, const engine::Model& model,
+                       const text::Tokenizer* tokenizer, const request::Limits& limits,
+                       batching::Request* out);
 
 // Copies the results of a finished request into `response` (encodings, timings).
 void fill_response(const batching::Request& request, v1::EncodeResponse* response);
-
-// The status a finished request answers with.
-grpc::Status outcome_status(const batching::Request& request);
 
 }  // namespace fastformer::rpc

@@ -1,11 +1,11 @@
-#include "server/rpc/model_view.h"
+#include "server/serving/model_view.h"
 
 #include <algorithm>
 #include <climits>
 
-#include "server/rpc/infer_conversion.h"
+#include "server/serving/infer_conversion.h"
 
-namespace fastformer::rpc {
+namespace fastformer::serving {
 namespace {
 
 void set_duration(const InferenceStatistics::Duration& from, inference::StatisticDuration* to) {
@@ -97,33 +97,32 @@ void fill_model_statistics(const ServedModel& served, inference::ModelStatistics
   set_duration(from.compute_output, infer->mutable_compute_output());
 }
 
-grpc::Status fill_statistics(const Intake& intake, const std::string& name,
-                             const std::string& version,
-                             inference::ModelStatisticsResponse* response) {
-  if (grpc::Status unavailable = intake.availability(); !unavailable.ok()) return unavailable;
+Status fill_statistics(const Intake& intake, const std::string& name, const std::string& version,
+                       inference::ModelStatisticsResponse* response) {
+  if (Status unavailable = intake.availability(); !unavailable.ok()) return unavailable;
   if (!name.empty() && !version.empty()) {
-    grpc::Status status;
+    Status status;
     const auto served = intake.find(name, version, &status);
     if (!served) return status;
     fill_model_statistics(*served, response->add_model_stats());
-    return grpc::Status::OK;
+    return Status();
   }
   if (!name.empty()) {
-    grpc::Status status;
+    Status status;
     if (!intake.find(name, "", &status)) return status;  // NOT_FOUND / no READY version
   }
   for (const auto& served : intake.repository().serving()) {
     if (name.empty() || served->name == name)
       fill_model_statistics(*served, response->add_model_stats());
   }
-  return grpc::Status::OK;
+  return Status();
 }
 
-grpc::Status repository_control(const Intake& intake, const std::string& model,
-                                const std::vector<std::string>& parameters, bool unload) {
-  if (grpc::Status unavailable = intake.availability(); !unavailable.ok()) return unavailable;
+Status repository_control(const Intake& intake, const std::string& model,
+                          const std::vector<std::string>& parameters, bool unload) {
+  if (Status unavailable = intake.availability(); !unavailable.ok()) return unavailable;
   if (intake.repository().mode() != repository::ControlMode::kExplicit) {
-    return {grpc::StatusCode::FAILED_PRECONDITION,
+    return {StatusCode::kFailedPrecondition,
             std::string("model_name '") + model + "': explicit model " +
                 (unload ? "unload" : "load") + " is not allowed: the server runs with " +
                 (intake.repository().mode() == repository::ControlMode::kPoll
@@ -132,19 +131,19 @@ grpc::Status repository_control(const Intake& intake, const std::string& model,
                 "; start it with --model-control-mode explicit"};
   }
   if (model.empty()) {
-    return {grpc::StatusCode::INVALID_ARGUMENT,
+    return {StatusCode::kInvalidArgument,
             "model_name: empty; name the model to " + std::string(unload ? "unload" : "load")};
   }
   for (const std::string& key : parameters) {
     if (unload && key == "unload_dependents") continue;
-    return {grpc::StatusCode::INVALID_ARGUMENT,
+    return {StatusCode::kInvalidArgument,
             "parameters '" + key + "': not supported by this server (" +
                 (unload ? "unload takes unload_dependents only"
                         : "load reads <model>/config.pbtxt and the version directories "
                           "from the repository") +
                 ")"};
   }
-  return grpc::Status::OK;
+  return Status();
 }
 
 void fill_repository_index(const Intake& intake, bool ready_only,
@@ -158,4 +157,4 @@ void fill_repository_index(const Intake& intake, bool ready_only,
   }
 }
 
-}  // namespace fastformer::rpc
+}  // namespace fastformer::serving

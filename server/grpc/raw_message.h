@@ -13,6 +13,8 @@
 #include <string>
 #include <vector>
 
+#include "common/status.h"
+
 namespace fastformer::rpc {
 
 // Parses `bytes` into `proto`: true when it parses; else false, and `flat` holds the bytes
@@ -35,8 +37,8 @@ bool parse_raw_message(const grpc::ByteBuffer& bytes, Proto* proto, std::string*
 // on failure the partial parse is cleared, since it may hold the bad string and the in-band
 // answer, which echoes its id, must serialize.
 template <class Proto, class Parse>
-grpc::Status parse_stream_message(const grpc::ByteBuffer& bytes, Proto* parsed, Parse parse) {
-  grpc::Status status = parse(bytes, parsed);
+Status parse_stream_message(const grpc::ByteBuffer& bytes, Proto* parsed, Parse parse) {
+  Status status = parse(bytes, parsed);
   if (!status.ok()) parsed->Clear();
   return status;
 }

@@ -1,44 +1,17 @@
-#include "server/rpc/intake.h"
+#include "server/serving/intake.h"
 
 #include <spdlog/spdlog.h>
 
-#include "common/status_names.h"
-
-namespace fastformer::rpc {
+namespace fastformer::serving {
 
 using batching::Clock;
 
-Clock::time_point steady_deadline(const grpc::CallbackServerContext* context) {
-  const auto deadline = context->deadline();
-  if (deadline >= std::chrono::system_clock::time_point::max() - std::chrono::hours(24 * 365)) {
-    return Clock::time_point::max();
-  }
-  return Clock::now() + (deadline - std::chrono::system_clock::now());
-}
-
-grpc::Status Intake::availability() const {
-  if (draining_.load()) return {grpc::StatusCode::UNAVAILABLE, "the server is shutting down"};
+Status Intake::availability() const {
+  if (draining_.load()) return {StatusCode::kUnavailable, "the server is shutting down"};
   if (!serving_.load(std::memory_order_acquire)) {
-    return {grpc::StatusCode::UNAVAILABLE, "the server is starting (warm-up); retry shortly"};
+    return {StatusCode::kUnavailable, "the server is starting (warm-up); retry shortly"};
   }
-  return grpc::Status::OK;
-}
-
-grpc::Status to_status(const repository::Error& error) {
-  using Code = repository::Error::Code;
-  switch (error.code) {
-    case Code::kNotFound:
-      return {grpc::StatusCode::NOT_FOUND, error.message};
-    case Code::kUnavailable:
-      return {grpc::StatusCode::UNAVAILABLE, error.message};
-    case Code::kInvalidArgument:
-      return {grpc::StatusCode::INVALID_ARGUMENT, error.message};
-    case Code::kFailedPrecondition:
-      return {grpc::StatusCode::FAILED_PRECONDITION, error.message};
-    case Code::kInternal:
-      break;
-  }
-  return {grpc::StatusCode::INTERNAL, error.message};
+  return Status();
 }
 
 void Intake::start_serving(repository::Repository& repository, std::string server_version) {
@@ -48,34 +21,30 @@ void Intake::start_serving(repository::Repository& repository, std::string serve
 }
 
 std::shared_ptr<const ServedModel> Intake::find(const std::string& name, const std::string& version,
-                                                grpc::Status* status) const {
+                                                Status* status) const {
   if (*status = availability(); !status->ok()) return nullptr;
-  repository::Error error;
-  std::shared_ptr<const ServedModel> model = repository_->find(name, version, &error);
-  if (!model) *status = to_status(error);
-  return model;
+  return repository_->find(name, version, status);
 }
 
-void Intake::record(const char* method, const grpc::Status& status, Clock::time_point start) {
-  metrics_.record_request(method, status_code_name(status.error_code()),
+void Intake::record(const char* method, const Status& status, Clock::time_point start) {
+  metrics_.record_request(method, status_code_name(status.code()),
                           std::chrono::duration<double>(Clock::now() - start).count());
-  if (!status.ok() && status.error_code() != grpc::StatusCode::CANCELLED) {
-    spdlog::warn("{} failed: {}: {}", method, status_code_name(status.error_code()),
-                 status.error_message());
+  if (!status.ok() && status.code() != StatusCode::kCancelled) {
+    spdlog::warn("{} failed: {}: {}", method, status_code_name(status.code()), status.message());
   }
 }
 
-grpc::Status Intake::open_stream(const char* method) {
+Status Intake::open_stream(const char* method) {
   // Counted before the check, so concurrent openers never exceed the limit together.
   if (open_streams_.fetch_add(1) >= max_concurrent_streams_ && max_concurrent_streams_ > 0) {
     open_streams_.fetch_sub(1);
-    return {grpc::StatusCode::RESOURCE_EXHAUSTED,
+    return {StatusCode::kResourceExhausted,
             "too many open streams: max_concurrent_streams " +
                 std::to_string(max_concurrent_streams_) + " " + method +
                 " and other streaming calls are open on this server; close one or retry later"};
   }
   metrics_.open_streams.Increment();
-  return grpc::Status::OK;
+  return Status();
 }
 
 void Intake::record_inference(const batching::Request& request, bool ok, Clock::time_point start,
@@ -101,36 +70,28 @@ void Intake::record_inference(const batching::Request& request, bool ok, Clock::
                             std::memory_order_relaxed);
 }
 
-grpc::Status Intake::admit(grpc::CallbackServerContext* context, const std::string& name,
-                           const std::string& version, const Convert& convert,
-                           const std::shared_ptr<batching::Request>& request) {
-  return admit(steady_deadline(context), name, version, convert, request);
-}
-
-grpc::Status Intake::admit(Clock::time_point deadline, const std::string& name,
-                           const std::string& version, const Convert& convert,
-                           const std::shared_ptr<batching::Request>& request) {
+Status Intake::admit(Clock::time_point deadline, const std::string& name,
+                     const std::string& version, const Convert& convert,
+                     const std::shared_ptr<batching::Request>& request) {
   // Counted in flight before the draining check: the drain (start_draining, then wait for
   // inflight() == 0) either sees this call or this call sees the drain; never neither.
   inflight_.fetch_add(1);
   metrics_.inflight_requests.Increment();
-  grpc::Status status;
+  Status status;
   std::shared_ptr<const ServedModel> model = find(name, version, &status);
   return admit_found(deadline, std::move(model), std::move(status), convert, request);
 }
 
-grpc::Status Intake::admit(Clock::time_point deadline,
-                           const std::shared_ptr<const ServedModel>& model, const Convert& convert,
-                           const std::shared_ptr<batching::Request>& request) {
+Status Intake::admit(Clock::time_point deadline, const std::shared_ptr<const ServedModel>& model,
+                     const Convert& convert, const std::shared_ptr<batching::Request>& request) {
   inflight_.fetch_add(1);  // before the draining check, as above
   metrics_.inflight_requests.Increment();
   return admit_found(deadline, model, availability(), convert, request);
 }
 
-grpc::Status Intake::admit_found(Clock::time_point deadline,
-                                 std::shared_ptr<const ServedModel> model, grpc::Status status,
-                                 const Convert& convert,
-                                 const std::shared_ptr<batching::Request>& request) {
+Status Intake::admit_found(Clock::time_point deadline, std::shared_ptr<const ServedModel> model,
+                           Status status, const Convert& convert,
+                           const std::shared_ptr<batching::Request>& request) {
   const Clock::time_point converting = Clock::now();
   if (model && status.ok()) status = convert(*model);
   request->input_ns = ns_since(converting);
@@ -148,22 +109,22 @@ grpc::Status Intake::admit_found(Clock::time_point deadline,
   request->owner = model;
   switch (model->queue->push(request)) {
     case batching::Admission::kAdmitted:
-      return grpc::Status::OK;
+      return Status();
     case batching::Admission::kQueueFull:
-      status = {grpc::StatusCode::RESOURCE_EXHAUSTED,
+      status = {StatusCode::kResourceExhausted,
                 "queue full: " + std::to_string(request->tokens) +
                     " more tokens would exceed model '" + model->name + "' max_queue_tokens " +
                     std::to_string(model->queue->limits().max_queue_tokens) + "; retry later"};
       break;
     case batching::Admission::kServerFull:
-      status = {grpc::StatusCode::RESOURCE_EXHAUSTED,
+      status = {StatusCode::kResourceExhausted,
                 "queue full: " + std::to_string(request->tokens) +
                     " more tokens would exceed the server's max_queue_tokens " +
                     std::to_string(model->queue->budget_limit()) +
                     " over every model; retry later"};
       break;
     case batching::Admission::kClosed:
-      status = {grpc::StatusCode::UNAVAILABLE, "the server is shutting down"};
+      status = {StatusCode::kUnavailable, "the server is shutting down"};
       break;
   }
   request->owner.reset();
@@ -171,4 +132,4 @@ grpc::Status Intake::admit_found(Clock::time_point deadline,
   return status;
 }
 
-}  // namespace fastformer::rpc
+}  // namespace fastformer::serving

@@ -13,19 +13,17 @@
 // Parameters (request): normalize (bool), truncation ("none", "right" or "left").
 #pragma once
 
-#include <grpcpp/support/byte_buffer.h>
-#include <grpcpp/support/status.h>
-
 #include <cstdint>
 #include <string>
 #include <vector>
 
+#include "common/status.h"
 #include "inference/grpc_service.pb.h"
 #include "server/batching/request.h"
 #include "server/engine/model.h"
-#include "server/rpc/request_conversion.h"
+#include "server/request/encode_input.h"
 
-namespace fastformer::rpc {
+namespace fastformer::serving {
 
 struct TensorSpec {
   std::string name;
@@ -53,15 +51,10 @@ struct InferCall {
 
 // INVALID_ARGUMENT naming the tensor, the row and the limit for anything wrong (the model and
 // version were found by Intake::find). On OK, `out` holds one sequence per row (views into `call`).
-grpc::Status convert_infer_request(const inference::ModelInferRequest& proto,
-                                   const engine::Model& model, const text::Tokenizer* tokenizer,
-                                   const request::Limits& limits, int64_t max_batch_size,
-                                   InferCall* call, batching::Request* out);
+Status convert_infer_request(const inference::ModelInferRequest& proto, const engine::Model& model,
+                             const text::Tokenizer* tokenizer, const request::Limits& limits,
+                             int64_t max_batch_size, InferCall* call, batching::Request* out);
 
-// A ModelInferRequest read as bytes (ModelStreamInfer's raw messages): OK when it parses,
-// else INVALID_ARGUMENT from explain_infer_parse_failure.
-grpc::Status parse_infer_request(const grpc::ByteBuffer& bytes,
-                                 inference::ModelInferRequest* proto);
 // Why `bytes` is not a ModelInferRequest: the field and the byte where it fails (a string
 // field that is not UTF-8, a tensor or output that does not parse, a field that runs past
 // the end).
@@ -71,4 +64,4 @@ std::string explain_infer_parse_failure(const std::string& bytes);
 void fill_infer_response(const InferCall& call, const batching::Request& request,
                          const engine::Model& model, inference::ModelInferResponse* response);
 
-}  // namespace fastformer::rpc
+}  // namespace fastformer::serving

@@ -5,7 +5,7 @@
 
 #include <grpcpp/generic/async_generic_service.h>
 
-#include "server/rpc/intake.h"
+#include "server/grpc/status.h"
 
 namespace fastformer::rpc {
 
