@@ -83,25 +83,29 @@ std::string explain_encode_parse_failure(const std::string& bytes) {
   };
   google::protobuf::io::CodedInputStream in(reinterpret_cast<const uint8_t*>(bytes.data()),
                                             int(bytes.size()));
+  // The field numbers are the generated code's, never written out here.
+  constexpr int kRequestId = v1::EncodeRequest::kRequestIdFieldNumber;
+  constexpr int kSequences = v1::EncodeRequest::kSequencesFieldNumber;
+  constexpr int kText = v1::Sequence::kTextFieldNumber;
   int sequence = 0;
   while (const uint32_t tag = in.ReadTag()) {
     const int field = WireFormatLite::GetTagFieldNumber(tag);
     const bool delimited =
         WireFormatLite::GetTagWireType(tag) == WireFormatLite::WIRETYPE_LENGTH_DELIMITED;
-    if (!delimited || (field != 1 && field != 2)) {
+    if (!delimited || (field != kRequestId && field != kSequences)) {
       if (!WireFormatLite::SkipField(&in, tag)) return not_protobuf;
       continue;
     }
     std::string value;
     if (!WireFormatLite::ReadBytes(&in, &value)) return not_protobuf;
-    if (field == 1) {
+    if (field == kRequestId) {
       if (auto e = utf8_error(value)) return "request_id: " + *e;
       continue;
     }
     google::protobuf::io::CodedInputStream seq(reinterpret_cast<const uint8_t*>(value.data()),
                                                int(value.size()));
     while (const uint32_t t = seq.ReadTag()) {
-      if (WireFormatLite::GetTagFieldNumber(t) == 3 &&
+      if (WireFormatLite::GetTagFieldNumber(t) == kText &&
           WireFormatLite::GetTagWireType(t) == WireFormatLite::WIRETYPE_LENGTH_DELIMITED) {
         std::string text;
         if (!WireFormatLite::ReadBytes(&seq, &text)) return not_protobuf;

@@ -476,9 +476,13 @@ std::string explain_infer_parse_failure(const std::string& bytes) {
     }
     const int field = WireFormatLite::GetTagFieldNumber(tag);
     if (field == 0) return what + "a field numbered 0" + at(start);
+    // The field numbers and names are the generated code's, never written out here.
+    using Request = inference::ModelInferRequest;
+    const google::protobuf::FieldDescriptor* descriptor =
+        Request::descriptor()->FindFieldByNumber(field);
     const bool delimited =
         WireFormatLite::GetTagWireType(tag) == WireFormatLite::WIRETYPE_LENGTH_DELIMITED;
-    if (!delimited || field > 7) {
+    if (!delimited || descriptor == nullptr) {
       if (!WireFormatLite::SkipField(&in, tag))
         return what + "field " + std::to_string(field) + " runs past the end" + at(start);
       continue;
@@ -489,41 +493,50 @@ std::string explain_infer_parse_failure(const std::string& bytes) {
       return what + "field " + std::to_string(field) + " runs past the end of the message" +
              at(start);
     }
-    const char* names[] = {"",           "model_name", "model_version", "id",
-                           "parameters", "inputs",     "outputs",       "raw_input_contents"};
-    if (field <= 3) {  // proto3 strings must be UTF-8
-      try {
-        tokenizer::decode_utf8(value);
-      } catch (const tokenizer::TokenizerError& e) {
-        std::string why =
-            e.what();  // "text is not valid UTF-8 (... at byte N)", N within the value
-        if (why.starts_with("text ")) why = "the value " + why.substr(5);
-        return std::string(names[field]) + " (bytes from " + std::to_string(value_start) +
-               "): " + why;
+    switch (field) {
+      case Request::kModelNameFieldNumber:
+      case Request::kModelVersionFieldNumber:
+      case Request::kIdFieldNumber:  // proto3 strings must be UTF-8
+        try {
+          tokenizer::decode_utf8(value);
+        } catch (const tokenizer::TokenizerError& e) {
+          std::string why = e.what();  // "text is not valid UTF-8 (... at byte N)", N in the value
+          if (why.starts_with("text ")) why = "the value " + why.substr(5);
+          return descriptor->name() + " (bytes from " + std::to_string(value_start) + "): " + why;
+        }
+        break;
+      case Request::kParametersFieldNumber: {
+        Request one;  // a map entry parses as part of a message with only it
+        if (!one.ParseFromString(
+                bytes.substr(size_t(start), size_t(in.CurrentPosition() - start)))) {
+          return "parameters: an entry that does not parse (a key that is not UTF-8?)" + at(start);
+        }
+        break;
       }
-    } else if (field == 4) {
-      inference::ModelInferRequest one;  // a map entry parses as part of a message with only it
-      if (!one.ParseFromString(bytes.substr(size_t(start), size_t(in.CurrentPosition() - start)))) {
-        return "parameters: an entry that does not parse (a key that is not UTF-8?)" + at(start);
+      case Request::kInputsFieldNumber: {
+        Request::InferInputTensor tensor;
+        if (!tensor.ParseFromString(value)) {
+          return "inputs[" + std::to_string(inputs) +
+                 "]: does not parse as an InferInputTensor (a name or datatype "
+                 "that is not UTF-8, or a malformed field)" +
+                 at(value_start);
+        }
+        ++inputs;
+        break;
       }
-    } else if (field == 5) {
-      inference::ModelInferRequest::InferInputTensor tensor;
-      if (!tensor.ParseFromString(value)) {
-        return "inputs[" + std::to_string(inputs) +
-               "]: does not parse as an InferInputTensor (a name or datatype "
-               "that is not UTF-8, or a malformed field)" +
-               at(value_start);
+      case Request::kOutputsFieldNumber: {
+        Request::InferRequestedOutputTensor tensor;
+        if (!tensor.ParseFromString(value)) {
+          return "outputs[" + std::to_string(outputs) +
+                 "]: does not parse as an InferRequestedOutputTensor (a name "
+                 "that is not UTF-8, or a malformed field)" +
+                 at(value_start);
+        }
+        ++outputs;
+        break;
       }
-      ++inputs;
-    } else if (field == 6) {
-      inference::ModelInferRequest::InferRequestedOutputTensor tensor;
-      if (!tensor.ParseFromString(value)) {
-        return "outputs[" + std::to_string(outputs) +
-               "]: does not parse as an InferRequestedOutputTensor (a name "
-               "that is not UTF-8, or a malformed field)" +
-               at(value_start);
-      }
-      ++outputs;
+      default:  // raw_input_contents: bytes, anything goes
+        break;
     }
   }
 }
