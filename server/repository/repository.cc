@@ -356,15 +356,13 @@ bool Repository::reap() {
       std::lock_guard lock(mu_);
       auto model = models_.find(name);
       if (model == models_.end()) {
-        metrics_.set_model_state(name, version, "UNAVAILABLE");  // gone from the repository
+        transition_locked(name, number, nullptr, State::kUnavailable, "gone from the repository");
         unloaded = true;
       } else {
         auto v = model->second.versions.find(number);
         if (v != model->second.versions.end() && v->second.state == State::kUnloading &&
             v->second.served == nullptr) {
-          v->second.state = State::kUnavailable;
-          v->second.reason = "unloaded";
-          metrics_.set_model_state(name, version, "UNAVAILABLE");
+          transition_locked(name, number, &v->second, State::kUnavailable, "unloaded");
           unloaded = true;
         }
       }
@@ -384,14 +382,22 @@ bool Repository::reap() {
   return !retiring_.empty();
 }
 
+void Repository::transition_locked(const std::string& name, int64_t version, VersionRecord* r,
+                                   State state, std::string reason) {
+  if (r != nullptr) {
+    r->state = state;
+    r->reason = std::move(reason);
+  }
+  metrics_.set_model_state(name, std::to_string(version), state_name(state));
+  if (options_.on_transition) options_.on_transition(name, version, state);
+}
+
 void Repository::set_state(const std::string& name, int64_t version, State state,
                            std::string reason, std::shared_ptr<const ServedModel> served) {
   std::lock_guard lock(mu_);
   VersionRecord& r = models_[name].versions[version];
-  r.state = state;
-  r.reason = std::move(reason);
   r.served = std::move(served);
-  metrics_.set_model_state(name, std::to_string(version), state_name(state));
+  transition_locked(name, version, &r, state, std::move(reason));
 }
 
 void Repository::retire_locked(const std::string& name, int64_t version, Done done) {
@@ -400,9 +406,7 @@ void Repository::retire_locked(const std::string& name, int64_t version, Done do
     if (done) done(Status());
     return;
   }
-  r.state = State::kUnloading;
-  r.reason.clear();
-  metrics_.set_model_state(name, std::to_string(version), "UNLOADING");
+  transition_locked(name, version, &r, State::kUnloading, "");
   Retiring retiring;
   retiring.served = std::move(r.served);
   r.served = nullptr;
@@ -593,11 +597,7 @@ Status Repository::load_now(const std::string& name) {
     for (const auto& [v, path] : present) {
       std::lock_guard lock(mu_);
       VersionRecord& r = models_[name].versions[v];
-      if (r.state != State::kReady) {
-        r.state = State::kUnavailable;
-        r.reason = why;
-        metrics_.set_model_state(name, std::to_string(v), "UNAVAILABLE");
-      }
+      if (r.state != State::kReady) transition_locked(name, v, &r, State::kUnavailable, why);
     }
     {
       std::lock_guard lock(mu_);
@@ -633,11 +633,7 @@ Status Repository::load_now(const std::string& name) {
     {
       std::lock_guard lock(mu_);
       VersionRecord& r = models_[name].versions[v];
-      if (!r.served) {
-        r.state = State::kLoading;
-        r.reason.clear();
-        metrics_.set_model_state(name, std::to_string(v), "LOADING");
-      }
+      if (!r.served) transition_locked(name, v, &r, State::kLoading, "");
     }
     spdlog::info("loading model {} version {} from {}", name, v, path);
     try {
@@ -650,11 +646,10 @@ Status Repository::load_now(const std::string& name) {
       {
         std::lock_guard lock(mu_);
         VersionRecord& r = models_[name].versions[v];
-        if (!r.served) {
-          r.state = State::kUnavailable;
-          metrics_.set_model_state(name, std::to_string(v), "UNAVAILABLE");
-        }
-        r.reason = "load failed: " + why;
+        // A version that serves stays READY (its old copy serves on); the reason says why the
+        // new one is not there.
+        transition_locked(name, v, &r, r.served ? r.state : State::kUnavailable,
+                          "load failed: " + why);
       }
       failure = Status(StatusCode::kInternal, "failed to load model '" + name + "' version " +
                                                   std::to_string(v) + ": " + why);
@@ -668,11 +663,8 @@ Status Repository::load_now(const std::string& name) {
     // All or nothing: what was loaded for this attempt is dropped; what served, serves.
     for (auto& [v, served] : loaded) {
       VersionRecord& r = model.versions[v];
-      if (!r.served) {
-        r.state = State::kUnavailable;
-        r.reason = "not served: " + failure.message();
-        metrics_.set_model_state(name, std::to_string(v), "UNAVAILABLE");
-      }
+      if (!r.served)
+        transition_locked(name, v, &r, State::kUnavailable, "not served: " + failure.message());
       Retiring retiring;
       retiring.served = std::move(served);
       retiring_.push_back(std::move(retiring));
@@ -689,19 +681,16 @@ Status Repository::load_now(const std::string& name) {
       retiring.served = std::move(r.served);
       retiring_.push_back(std::move(retiring));
     }
-    r.state = State::kReady;
-    r.reason.clear();
     r.fingerprint = served->fingerprint;
     r.served = std::move(served);
-    metrics_.set_model_state(name, std::to_string(v), "READY");
+    transition_locked(name, v, &r, State::kReady, "");
   }
   for (auto& [v, r] : model.versions) {
     if (!wanted.count(v) && r.served) {
       retire_locked(name, v, nullptr);
     } else if (!wanted.count(v) && r.state != State::kUnavailable && !r.served &&
                r.state != State::kUnloading) {
-      r.state = State::kUnavailable;
-      r.reason = "not in the version policy";
+      transition_locked(name, v, &r, State::kUnavailable, "not in the version policy");
     }
   }
   expected_.insert(name);

@@ -76,6 +76,9 @@ struct RepositoryOptions {
       on_batch_failure;
   /// After each load, unload or rescan (on the operations thread): readiness may have changed.
   std::function<void()> on_change;
+  /// Every state change of a version, as it happens (under the repository's lock: it must not
+  /// call back into the repository). Tests watch the transitions through it.
+  std::function<void(const std::string& model, int64_t version, State state)> on_transition;
 };
 
 class Repository {
@@ -152,6 +155,12 @@ class Repository {
   void rescan_now();
   std::shared_ptr<ServedModel> load_version(const std::string& name, int64_t version,
                                             const std::string& dir, const ModelSettings& settings);
+  // Every state change of a version goes through here: its record's state and reason and
+  // fastformer_model_state change together (and options_.on_transition hears of it). Under
+  // mu_. `r` null: a version whose model left the repository (no record: the metric only).
+  void transition_locked(const std::string& name, int64_t version, VersionRecord* r, State state,
+                         std::string reason);
+  // transition_locked under the lock, with the version's served copy set.
   void set_state(const std::string& name, int64_t version, State state, std::string reason,
                  std::shared_ptr<const ServedModel> served = nullptr);
   // Moves a version out of the routing table into retirement; under mu_.

@@ -6,12 +6,15 @@
 #include "server/repository/repository.h"
 
 #include <gtest/gtest.h>
+#include <prometheus/metric_family.h>
 
 #include <atomic>
 #include <chrono>
 #include <filesystem>
 #include <fstream>
 #include <future>
+#include <map>
+#include <mutex>
 #include <thread>
 #include <vector>
 
@@ -273,6 +276,80 @@ TEST(RepositoryTest, ASecondCopyThatDoesNotFitInMemoryIsNotLoaded) {
   EXPECT_NE(failure->message().find("not enough memory"), std::string::npos) << failure->message();
   Status e;
   EXPECT_EQ(repository.find("m", "", &e)->version, "1");
+}
+
+// fastformer_model_state{model="m", version} as the registry holds it: the state whose series
+// is 1 ("" when none is, "several" when more than one is).
+std::string metric_state(const metrics::Metrics& metrics, const std::string& version) {
+  std::string found;
+  for (const prometheus::MetricFamily& family : metrics.registry()->Collect()) {
+    if (family.name != "fastformer_model_state") continue;
+    for (const prometheus::ClientMetric& m : family.metric) {
+      std::map<std::string, std::string> labels;
+      for (const prometheus::ClientMetric::Label& l : m.label) labels[l.name] = l.value;
+      if (labels["model"] != "m" || labels["version"] != version || m.gauge.value != 1) continue;
+      found = found.empty() ? labels["state"] : "several";
+    }
+  }
+  return found;
+}
+
+// Every state a version goes through (start-up load, a swap, a failed load, an unload) comes
+// through one transition: the index and fastformer_model_state agree after each step, and the
+// transitions seen are exactly the ones the steps make.
+TEST(RepositoryTest, EveryTransitionMovesTheStateMetric) {
+  Fixture f;
+  f.add_version(1, 1);
+  std::mutex mu;
+  std::vector<std::string> seen;  // "version:STATE", in order
+  RepositoryOptions options = f.options();
+  options.on_transition = [&](const std::string& model, int64_t version, State state) {
+    std::lock_guard lock(mu);
+    seen.push_back(model + "/" + std::to_string(version) + ":" + state_name(state));
+  };
+  Repository repository(options, f.metrics);
+  auto agree = [&](const char* step) {
+    for (const IndexEntry& e : repository.index(false)) {
+      EXPECT_EQ(metric_state(f.metrics, e.version), state_name(e.state))
+          << step << ": version " << e.version << " (" << e.reason << ")";
+    }
+  };
+  // Waits until version `v` shows `state` in the index (a retired copy is freed on the
+  // operations thread once its last request ended).
+  auto wait_for = [&](const std::string& v, State state) {
+    for (int i = 0; i < 500; ++i) {
+      for (const IndexEntry& e : repository.index(false))
+        if (e.version == v && e.state == state) return true;
+      std::this_thread::sleep_for(10ms);
+    }
+    return false;
+  };
+  std::string why;
+  ASSERT_TRUE(repository.start(&why)) << why;
+  agree("start");
+
+  f.add_version(2, 2);  // latest 1: version 2 replaces 1
+  ASSERT_FALSE(load(repository, "m"));
+  ASSERT_TRUE(wait_for("1", State::kUnavailable));
+  agree("swap");
+
+  fs::create_directories(f.root() / "m" / "3");  // a version that does not load
+  write_text(f.root() / "m" / "3" / "model.safetensors", "truncated");
+  ASSERT_TRUE(load(repository, "m"));
+  agree("failed load");
+
+  std::promise<void> unloaded;
+  repository.unload("m", [&](const Status&) { unloaded.set_value(); });
+  unloaded.get_future().get();
+  ASSERT_TRUE(wait_for("2", State::kUnavailable));
+  agree("unload");
+
+  std::lock_guard lock(mu);
+  EXPECT_EQ(seen, (std::vector<std::string>{"m/1:LOADING", "m/1:READY",             // start
+                                            "m/2:LOADING", "m/2:READY",             // the swap:
+                                            "m/1:UNLOADING", "m/1:UNAVAILABLE",     // 1 retires
+                                            "m/3:LOADING", "m/3:UNAVAILABLE",       // load fails
+                                            "m/2:UNLOADING", "m/2:UNAVAILABLE"}));  // unload
 }
 
 TEST(RepositoryTest, UnloadWaitsForTheRequestsInFlight) {
