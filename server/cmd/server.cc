@@ -106,7 +106,6 @@ bool Server::listen_http() {
     return true;
   }
   http::ApiOptions api;
-  api.served_model_names = f.served_model_names;
   api.authenticator = security_->authenticator();
   http_api_ = std::make_unique<http::HttpApi>(intake_, std::move(api));
   http::HttpOptions o;
@@ -142,6 +141,7 @@ bool Server::load_models() {
   o.load_models = f.load_models;
   o.poll_secs = f.repository_poll_secs;
   o.default_model = f.default_model;
+  o.aliases = f.served_model_names;
   o.defaults.backend = f.backend;
   o.defaults.dtype = f.dtype;
   o.defaults.device = f.device;

@@ -64,8 +64,8 @@ std::optional<ServerOptions> parse_server_options(int argc, char** argv, int& ex
       "FASTFORMER_HTTP_HEADER_TIMEOUT_S")
       ->check(CLI::PositiveNumber);
   app.add_option("--served-model-name", f.served_model_names,
-                 "names the model also answers to (HTTP's model field, /v1/models); repeat or "
-                 "comma-separate")
+                 "names the default model also answers to, on every protocol (HTTP's model field, "
+                 "/v1/models, gRPC's and KServe's model_name); repeat or comma-separate")
       ->envname("FASTFORMER_SERVED_MODEL_NAME")
       ->delimiter(',');
   opt("--backend", f.backend, "auto, cpu or cuda", "FASTFORMER_BACKEND")

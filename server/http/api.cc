@@ -191,18 +191,11 @@ std::string HttpApi::label(const serving::ServedModel& model, size_t index) cons
   return "LABEL_" + std::to_string(index);  // as Hugging Face names labels it was not told
 }
 
-std::string HttpApi::model_name(std::string_view name) const {
-  for (const std::string& alias : options_.served_model_names) {
-    if (name == alias) return "";
-  }
-  return std::string(name);
-}
-
 std::shared_ptr<const serving::ServedModel> HttpApi::find(Call& call, std::string_view name,
                                                           const std::string& version,
                                                           const std::string& param) {
   Status status;
-  auto served = intake_.find(model_name(name), version, &status);
+  auto served = intake_.find(std::string(name), version, &status);
   if (!served) fail(call, status, status.code() == StatusCode::kNotFound ? param : "");
   return served;
 }

@@ -26,8 +26,6 @@
 namespace fastformer::http {
 
 struct ApiOptions {
-  /// Names that mean the default model besides its own (--served-model-name).
-  std::vector<std::string> served_model_names;
   const serving::TokenAuthenticator* authenticator = nullptr;  ///< null: no token needed
 };
 
@@ -88,13 +86,11 @@ class HttpApi final : public Handler {
   Status build(const serving::ServedModel& model, const request::EncodeInput& input,
                const char* param, bool single, batching::Request* out) const;
 
-  // The model version `name` (a --served-model-name or empty: the default model) and
+  // The model version `name` (an alias or empty: the default model; Repository::find) and
   // `version` stand for; null, having answered the call with the reason, when none serves.
   std::shared_ptr<const serving::ServedModel> find(Call& call, std::string_view name,
                                                    const std::string& version = {},
                                                    const std::string& param = {});
-  // The name as the repository knows it: "" (the default model) for a --served-model-name.
-  std::string model_name(std::string_view name) const;
   // Class `index` of `model`'s classifier head: its config.json's or labels.json's name, else
   // LABEL_<index>.
   std::string label(const serving::ServedModel& model, size_t index) const;

@@ -92,12 +92,7 @@ void HttpApi::openai_models(Call call) {
   json::Writer w;
   w.raw("{\"object\":\"list\",\"data\":[");
   // Every model with a READY version, then the default model's other names.
-  std::vector<std::string> names;
-  for (const auto& served : intake_.repository().serving()) {
-    if (std::find(names.begin(), names.end(), served->name) == names.end())
-      names.push_back(served->name);
-  }
-  names.insert(names.end(), options_.served_model_names.begin(), options_.served_model_names.end());
+  const std::vector<std::string> names = intake_.repository().served_names();
   for (size_t i = 0; i < names.size(); ++i) {
     if (i > 0) w.ch(',');
     w.raw("{\"id\":").string(names[i]).raw(",\"object\":\"model\",\"created\":").number(created_);
@@ -137,13 +132,12 @@ void HttpApi::openai_embeddings(const Request& http_request, Call call) {
     }
   }
   Status found;
-  const auto served = intake_.find(model_name(name), "", &found);
+  const auto served = intake_.find(std::string(name), "", &found);
   if (!served) {
     if (found.code() == StatusCode::kNotFound) {
       std::string names;
-      for (const auto& m : intake_.repository().serving())
-        names += (names.empty() ? "'" : ", '") + m->name + "'";
-      for (const std::string& alias : options_.served_model_names) names += ", '" + alias + "'";
+      for (const std::string& n : intake_.repository().served_names())
+        names += (names.empty() ? "'" : ", '") + n + "'";
       found = {StatusCode::kNotFound,
                "model: '" + std::string(name) + "' is not served here; this server serves " +
                    (names.empty() ? std::string("no model yet") : names) + " (GET /v1/models)"};

@@ -829,7 +829,9 @@ std::shared_ptr<const ServedModel> Repository::find(const std::string& name,
                                                     const std::string& version, Status* out) const {
   std::lock_guard lock(mu_);
   const std::string* wanted = &name;
-  if (name.empty()) {
+  const bool alias =
+      std::find(options_.aliases.begin(), options_.aliases.end(), name) != options_.aliases.end();
+  if (name.empty() || alias) {
     if (!options_.default_model.empty()) {
       wanted = &options_.default_model;
     } else {
@@ -911,6 +913,16 @@ std::vector<std::shared_ptr<const ServedModel>> Repository::serving() const {
     for (const auto& [v, r] : m.versions)
       if (r.state == State::kReady && r.served) out.push_back(r.served);
   return out;
+}
+
+std::vector<std::string> Repository::served_names() const {
+  std::vector<std::string> names;
+  for (const auto& served : serving()) {
+    if (std::find(names.begin(), names.end(), served->name) == names.end())
+      names.push_back(served->name);
+  }
+  names.insert(names.end(), options_.aliases.begin(), options_.aliases.end());
+  return names;
 }
 
 bool Repository::ready() const {

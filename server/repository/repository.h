@@ -66,8 +66,10 @@ struct RepositoryOptions {
   std::vector<std::string> load_models;  ///< --load-model (explicit mode); "*" = all
   double poll_secs = 15;                 ///< --repository-poll-secs (poll mode); 0: SIGHUP only
   std::string default_model;             ///< --default-model
-  ModelSettings defaults;                ///< the server's flags, before config.pbtxt
-  int64_t max_server_queue_tokens = 0;   ///< --max-queue-tokens, over every model
+  /// --served-model-name: names that mean the default model besides its own, on every protocol.
+  std::vector<std::string> aliases;
+  ModelSettings defaults;               ///< the server's flags, before config.pbtxt
+  int64_t max_server_queue_tokens = 0;  ///< --max-queue-tokens, over every model
   std::string server_version;
   /// Test-only fault injection for every model's scheduler (FASTFORMER_TEST_FAULTS).
   std::function<void(const batching::Batch&)> before_compute;
@@ -94,12 +96,15 @@ class Repository {
   // Serves a model version built elsewhere (tests and fuzzers: no files), READY at once.
   void serve(std::shared_ptr<ServedModel> served);
 
-  // The version of `name` that serves `version` (empty: the newest READY one). `name` empty:
-  // the default model (--default-model, or the only model). Null with `error` set otherwise.
+  // The version of `name` that serves `version` (empty: the newest READY one). `name` empty
+  // or one of options.aliases: the default model (--default-model, or the only model). Null
+  // with `error` set otherwise. The one naming rule of every protocol.
   std::shared_ptr<const ServedModel> find(const std::string& name, const std::string& version,
                                           Status* error) const;
   // Every READY version, by name then version.
   std::vector<std::shared_ptr<const ServedModel>> serving() const;
+  // The names find() serves: every model with a READY version, then the aliases.
+  std::vector<std::string> served_names() const;
 
   // Whether every model this server serves has a READY version: the ones it was started with
   // (in explicit mode even once unloaded: it is unready until they are loaded again) and the

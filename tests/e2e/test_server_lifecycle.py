@@ -163,3 +163,22 @@ def test_second_signal_exits_at_once(e2e, models, servers):
     assert rc is not None and elapsed < 2, f"still running {elapsed:.1f} s after the second SIGTERM"
     for f in futures:  # every call ends (answered, or failed by the exit), none hangs
         e2e.rpc_code(f.result, timeout=10)
+
+
+def test_a_served_model_name_is_an_alias_on_fastformer_v1_too(e2e, models, servers):
+    """--served-model-name is one naming rule for every protocol (issue 33; it was HTTP's only):
+    Encode and GetModelInfo name the model by an alias and answer with its own name."""
+    model = models.get("head")
+    srv = servers.start("head", served_model_name="alias-a,alias-b")
+    ids = [5, 9, 13, 2]
+    req = e2e.pb.EncodeRequest(model_name="alias-b", sequences=[e2e.pb.Sequence(token_ids=ids)])
+    resp = srv.stub.Encode(req, timeout=e2e.RPC_TIMEOUT_S)
+    assert resp.model_name == "e2e-head"
+    e2e.check_encoding("alias-b", resp.encodings[0], model.reference(ids), len(ids), model.hidden)
+    info = srv.stub.GetModelInfo(e2e.pb.GetModelInfoRequest(model_name="alias-a"), timeout=e2e.RPC_TIMEOUT_S)
+    assert info.model_name == "e2e-head"
+    with pytest.raises(grpc.RpcError) as refused:
+        srv.stub.Encode(e2e.pb.EncodeRequest(model_name="alias-c", sequences=req.sequences),
+                        timeout=e2e.RPC_TIMEOUT_S)
+    assert refused.value.code() == grpc.StatusCode.NOT_FOUND
+    assert "'alias-c'" in refused.value.details()

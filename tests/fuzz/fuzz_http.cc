@@ -106,13 +106,13 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
   static const std::string kServerVersion = "fuzz";
   config.version = kServerVersion;
   batching::BatchQueue& queue = *version->queue;
-  repository::Repository repository({}, shared_metrics());
+  repository::RepositoryOptions repository_options;
+  repository_options.aliases = {"alias"};  // --served-model-name
+  repository::Repository repository(repository_options, shared_metrics());
   repository.serve(std::move(version));
   serving::Intake intake(shared_metrics());
   intake.start_serving(repository, "fuzz");
-  http::ApiOptions options;
-  options.served_model_names = {"alias"};
-  http::HttpApi api(intake, options);
+  http::HttpApi api(intake, http::ApiOptions{});
 
   // The listener's parser, with its limits scaled to the fuzzer's inputs.
   bhttp::request_parser<bhttp::string_body> parser;

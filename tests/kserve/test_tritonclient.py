@@ -131,6 +131,26 @@ def test_infer_one_sequence_matches_reference_and_encode(client, model, encode):
     np.testing.assert_allclose(result.as_numpy("logits")[0], via_encode["logits"], rtol=0, atol=1e-5)
 
 
+def test_a_served_model_name_is_an_alias_on_kserve_too(start, model):
+    """--served-model-name is one naming rule for every protocol (issue 33): tritonclient names
+    the model by an alias; the answers carry the model's own name; another name is NOT_FOUND."""
+    srv = start(served_model_name="alias-a,alias-b")
+    c = grpcclient.InferenceServerClient(srv.url)
+    try:
+        assert c.is_model_ready("alias-a")
+        assert c.get_model_metadata("alias-b", as_json=True)["name"] == model.name
+        ids, _ = ids_batch(model, [21])
+        result = c.infer("alias-a", [infer_input("input_ids", ids)])
+        assert result.get_response().model_name == model.name
+        check_against_reference(model, result, [ids[0].tolist()])
+        with pytest.raises(InferenceServerException) as refused:
+            c.infer("alias-c", [infer_input("input_ids", ids)])
+        assert refused.value.status() == "StatusCode.NOT_FOUND", refused.value
+        assert "'alias-c'" in refused.value.message()
+    finally:
+        c.close()
+
+
 def test_padded_batch_with_mask_int32_and_request_id(client, model, encode):
     lengths = [5, 64, 1, 30]
     ids, mask = ids_batch(model, lengths)
