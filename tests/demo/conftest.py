@@ -7,9 +7,9 @@ logits). Training takes minutes, so the tests do not train: they take the direct
 $FASTFORMER_DEMO_MODEL_DIR and are SKIPPED, with the reason, when it is unset or incomplete
 (`make test-demo` trains into $(BUILD_DIR)/demo-model when missing and sets it).
 
-The C++ binaries are looked up in $FASTFORMER_BIN_DIR (default <repo>/build/bin). A missing
-binary is a test FAILURE (FASTFORMER_ALLOW_MISSING_BINARIES=1 turns it into a skip, while
-developing). Helpers come through fixtures, never `from conftest import ...` (which breaks
+The C++ binaries are looked up in $FASTFORMER_BIN_DIR (default <repo>/build/bin) by
+tests/pysupport/fastformer_testing. A missing binary is a test FAILURE
+(FASTFORMER_ALLOW_MISSING_BINARIES=1 turns it into a skip, while developing). Helpers come through fixtures, never `from conftest import ...` (which breaks
 when several test directories with a conftest.py are collected together).
 
 Tests add their figures (accuracy, worst errors) with the `demo_report` fixture; they are
@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import json
 import os
+import sys
 from dataclasses import dataclass
 from pathlib import Path
 from typing import List
@@ -27,7 +28,10 @@ from typing import List
 import numpy as np
 import pytest
 
-REPO = Path(__file__).resolve().parents[2]
+if str(Path(__file__).resolve().parents[1] / "pysupport") not in sys.path:
+    sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "pysupport"))
+from fastformer_testing import binary  # noqa: E402
+
 MODEL_ENV = "FASTFORMER_DEMO_MODEL_DIR"
 SPLIT_FILES = ("config.json", "model.safetensors", "test.jsonl", "test_ids.jsonl", "test_logits.jsonl")
 
@@ -78,23 +82,9 @@ def demo_split(demo_model_dir) -> DemoSplit:
 
 
 @pytest.fixture(scope="session")
-def bin_dir() -> Path:
-    return Path(os.environ.get("FASTFORMER_BIN_DIR", str(REPO / "build" / "bin")))
-
-
-@pytest.fixture(scope="session")
-def require_binary(bin_dir):
+def require_binary():
     """require_binary(name) -> its path; fails the test (or skips, see above) when missing."""
-    def require(name: str) -> Path:
-        path = bin_dir / name
-        if path.is_file() and os.access(path, os.X_OK):
-            return path
-        msg = (f"{name} not found at {path}: build it first (make test-demo builds what these "
-               f"tests need), or point FASTFORMER_BIN_DIR at the directory holding it")
-        if os.environ.get("FASTFORMER_ALLOW_MISSING_BINARIES") == "1":
-            pytest.skip(msg)
-        pytest.fail(msg, pytrace=False)
-    return require
+    return binary
 
 
 @pytest.fixture(scope="session")

@@ -11,17 +11,11 @@ import os
 import subprocess
 import sys
 import time
-from pathlib import Path
 
 import grpc
 import numpy as np
 import pytest
-
-REPO = Path(__file__).resolve().parents[2]
-if str(REPO / "tests" / "support") not in sys.path:
-    sys.path.insert(0, str(REPO / "tests" / "support"))
-
-import server_ports  # noqa: E402  (the ports a server bound itself: it listens on port 0)
+from fastformer_testing import REPO, ServerProcess, server_opts  # tests/pysupport, on sys.path by conftest.py
 
 LOGIT_TOLERANCE = 1e-4  # relative to the page's largest |logit|
 PAGES_PER_REQUEST = 16
@@ -45,43 +39,31 @@ def _cpu_has_bf16() -> bool:
     return "amx_bf16" in flags or "avx512_bf16" in flags
 
 
-def _serve(demo_model_dir, require_binary, stubs, log_dir, *flags, env=None):
+def _serve(demo_model_dir, stubs, log_dir, env=None, **flags):
+    """The server on the demo model (its own engine settings), answering GetModelInfo:
+    (server, channel, stub, info)."""
     if not (demo_model_dir / "tokenizer.json").is_file():
         pytest.fail(f"{demo_model_dir} has no tokenizer.json: tools/train_demo_model.py writes it", pytrace=False)
     pb, pb_grpc = stubs
-    log = log_dir / "server.log"
-    cmd = [str(require_binary("fastformer-server")), "--model-dir", str(demo_model_dir), "--listen", server_ports.ANY,
-           "--metrics-listen", server_ports.ANY, "--http-listen", server_ports.ANY, *flags]
-    with open(log, "w") as out:
-        proc = subprocess.Popen(cmd, stdout=out, stderr=subprocess.STDOUT, env=dict(os.environ, **env) if env else None)
+    srv = ServerProcess(log_dir / "server.log", server_opts({"model-dir": demo_model_dir}, flags, engine={}), env=env,
+                        start_timeout=60, stop_grace=30)
     try:
-        port = server_ports.wait_for_ports(log, ["grpc"], proc, timeout=60, command=cmd)["grpc"]
+        channel = grpc.insecure_channel(srv.target)
+        stub = pb_grpc.EncoderStub(channel)
+        info = srv.wait_for(lambda: stub.GetModelInfo(pb.GetModelInfoRequest(), timeout=2), "GetModelInfo",
+                            interval=0.2, retry_on=(grpc.RpcError,))
     except BaseException:
-        proc.kill()
-        proc.wait()
+        srv.stop(check=False)
         raise
-    channel = grpc.insecure_channel(f"127.0.0.1:{port}")
-    stub = pb_grpc.EncoderStub(channel)
-    deadline = time.monotonic() + 60
-    while True:
-        try:
-            info = stub.GetModelInfo(pb.GetModelInfoRequest(), timeout=2)
-            break
-        except grpc.RpcError:
-            if proc.poll() is not None or time.monotonic() > deadline:
-                proc.kill()
-                pytest.fail(f"fastformer-server did not serve: {log.read_text()[-3000:]}", pytrace=False)
-            time.sleep(0.2)
-    return proc, channel, stub, info, log
+    return srv, channel, stub, info
 
 
 @pytest.fixture(scope="module")
-def server(demo_model_dir, require_binary, stubs, tmp_path_factory):
-    proc, channel, stub, info, _ = _serve(demo_model_dir, require_binary, stubs, tmp_path_factory.mktemp("server"))
+def server(demo_model_dir, stubs, tmp_path_factory):
+    srv, channel, stub, info = _serve(demo_model_dir, stubs, tmp_path_factory.mktemp("server"))
     yield stub, info
     channel.close()
-    proc.terminate()
-    proc.wait(timeout=30)
+    srv.stop()
 
 
 def _encode_split(pb, stub, demo_split):
@@ -122,8 +104,7 @@ def test_the_split_as_text_gives_the_notebook_predictions(server, stubs, demo_sp
     assert accuracy == torch_accuracy
 
 
-def test_the_split_in_bfloat16_gives_the_notebook_labels(demo_model_dir, require_binary, stubs, demo_split,
-                                                         demo_report, tmp_path):
+def test_the_split_in_bfloat16_gives_the_notebook_labels(demo_model_dir, stubs, demo_split, demo_report, tmp_path):
     """--dtype bfloat16 through the server: every page's label equals PyTorch's (issue 22,
     point 5). On a CPU without AVX512_BF16 or AMX the server refuses bfloat16, so the test
     runs the same bfloat16 engine over float32 GEMMs (FASTFORMER_CPU_BFLOAT16=emulate) and
@@ -131,15 +112,12 @@ def test_the_split_in_bfloat16_gives_the_notebook_labels(demo_model_dir, require
     pb, _ = stubs
     hardware = _cpu_has_bf16() and not os.environ.get("ONEDNN_MAX_CPU_ISA")
     env = None if hardware else {"FASTFORMER_CPU_BFLOAT16": "emulate"}
-    proc, channel, stub, info, log = _serve(demo_model_dir, require_binary, stubs, tmp_path, "--dtype", "bfloat16",
-                                            env=env)
+    srv, channel, stub, info = _serve(demo_model_dir, stubs, tmp_path, env=env, dtype="bfloat16")
     try:
         ours, tokens = _encode_split(pb, stub, demo_split)
     finally:
         channel.close()
-        proc.terminate()
-        proc.wait(timeout=30)
-    text = log.read_text()
+        text = srv.stop()
     assert "bfloat16" in text and ("emulated" in text) == (not hardware), text[-2000:]
     torch_logits = demo_split.torch_logits
     labels, torch_labels = ours.argmax(1), demo_split.torch_labels

@@ -18,34 +18,31 @@ What the tests get, through fixtures (never `from conftest import ...`):
                 the values are ones the server accepts; while_up(server) runs while it serves
                 (server.local_port(port) is where a port the file declares is listened on here)
 
-The binaries are looked up in $FASTFORMER_BIN_DIR (default <repo>/build/bin); a missing one is a
-test failure.
+The binaries, the server process (_Server derives from fastformer_testing's ServerProcess) and its
+ports come from tests/pysupport/fastformer_testing; a missing binary is a test failure.
 """
 
 from __future__ import annotations
 
-import os
 import re
 import shutil
-import signal
 import subprocess
 import sys
 import time
 import types
-import urllib.request
 from pathlib import Path
 
 import pytest
 
 HERE = Path(__file__).resolve().parent
-REPO = HERE.parents[1]
-for _path in (HERE, REPO / "tests" / "support"):  # server_ports: the ports a server bound itself
+for _path in (HERE, HERE.parent / "pysupport"):  # deploy_*.py; fastformer_testing
     if str(_path) not in sys.path:
         sys.path.insert(0, str(_path))
 
 import deploy_flags  # noqa: E402
 import deploy_promql  # noqa: E402
-import server_ports  # noqa: E402
+from fastformer_testing import REPO, ServerProcess, binary, child_env, server_ports, stop_all  # noqa: E402
+from fastformer_testing.server import LISTENER_FLAGS  # noqa: E402
 
 START_TIMEOUT_S = 30.0
 LIVE_MODELS = ("tiny", "tiny-b")   # the live server's repository: <repo>/<name>/1/
@@ -56,30 +53,11 @@ _ADDRESSES = {"listen": ("FASTFORMER_LISTEN", 50051), "http-listen": ("FASTFORME
               "metrics-listen": ("FASTFORMER_METRICS_LISTEN", 8002)}
 
 
-def _bin(name: str) -> Path:
-    path = Path(os.environ.get("FASTFORMER_BIN_DIR", REPO / "build" / "bin")) / name
-    if not (path.is_file() and os.access(path, os.X_OK)):
-        pytest.fail(f"{name} not found at {path}: build it (make build) or set FASTFORMER_BIN_DIR", pytrace=False)
-    return path
-
-
 def _tool(name: str) -> str:
     path = shutil.which(name)
     if not path:
         pytest.fail(f"{name} not found: install Debian's prometheus package (deploy/install-deps.sh)", pytrace=False)
     return path
-
-
-def _child_env(extra=None):
-    # The server reads FASTFORMER_* variables as flag defaults: start from none of the caller's.
-    env = {k: v for k, v in os.environ.items() if not k.startswith("FASTFORMER_")}
-    env.update(extra or {})
-    return env
-
-
-def _die_with_parent(cmd):
-    setpriv = shutil.which("setpriv")
-    return [setpriv, "--pdeathsig", "SIGKILL", "--"] + cmd if setpriv else cmd
 
 
 def _arg_value(args, name):
@@ -110,22 +88,14 @@ def _set_arg(args, name, value):
     return out
 
 
-def _port(address):
-    return int(str(address).strip().rsplit(":", 1)[1])
-
-
-# The listening flags by the name server_ports gives their log lines.
-_LISTENERS = {"listen": "grpc", "http-listen": "http", "metrics-listen": "metrics"}
-
-
-class _Server(server_ports.Listeners):
-    """fastformer-server on 127.0.0.1 with ephemeral ports; env = the FASTFORMER_* variables to run
-    with, args = its command-line arguments. Without a model variable the model is model_dir
-    (--model-dir); a model variable or argument that is set is used as given (the caller has
-    put its own paths there). Every listening address, whether from env, args or the default,
-    is moved to 127.0.0.1:0, a port the server binds itself and reports in its log (port,
-    metrics_port, http_port: read from there when first asked for): local_port(p) says where
-    the port p the caller's file declares (or the default one) went."""
+class _Server(ServerProcess):
+    """fastformer-server on 127.0.0.1 with ephemeral ports (fastformer_testing.ServerProcess); env =
+    the FASTFORMER_* variables to run with, args = its command-line arguments. Without a model
+    variable the model is model_dir (--model-dir); a model variable or argument that is set is used
+    as given (the caller has put its own paths there). Every listening address, whether from env,
+    args or the default, is moved to 127.0.0.1:0, a port the server binds itself and reports in its
+    log (port, metrics_port, http_port, target: read from there when first asked for):
+    local_port(p) says where the port p the caller's file declares (or the default one) went."""
 
     def __init__(self, model_dir: Path, log_path: Path, env=None, args=()):
         env = dict(env or {})
@@ -136,62 +106,23 @@ class _Server(server_ports.Listeners):
         self.declared = {}   # a port the caller's file declares -> the listener that stands for it here
         for flag, (var, default_port) in _ADDRESSES.items():
             declared = _arg_value(args, flag) or env.get(var) or f"0.0.0.0:{default_port}"
-            self.declared[_port(declared)] = _LISTENERS[flag]
+            self.declared[server_ports.port_of(declared)] = LISTENER_FLAGS[flag]
             env[var] = server_ports.ANY
             args = _set_arg(args, flag, env[var])
         env.setdefault("FASTFORMER_BACKEND", "cpu")
         env.setdefault("FASTFORMER_THREADS", "1")
-        self.env = env
         self.args = args
-        self.log_path = log_path
-        self._log = open(log_path, "wb")
-        cmd = [str(_bin("fastformer-server"))] + args
-        self.proc = subprocess.Popen(_die_with_parent(cmd), stdin=subprocess.DEVNULL, stdout=self._log,
-                                     stderr=subprocess.STDOUT, env=_child_env(env))
-        self.ports = server_ports.ServerPorts(log_path, self.proc, timeout=START_TIMEOUT_S, name="fastformer-server",
-                                              command=[f"{k}={v}" for k, v in sorted(env.items())] + cmd)
+        super().__init__(log_path, args=args, env=env, start_timeout=START_TIMEOUT_S, stop_grace=10.0)
 
     def local_port(self, declared: int) -> int:
         """The port on 127.0.0.1 that stands for the port `declared` of the file under test."""
         assert declared in self.declared, f"port {declared} is none of the server's ports {sorted(self.declared)}"
         return self.ports[self.declared[declared]]
 
-    def log(self) -> str:
-        if not self._log.closed:
-            self._log.flush()
-        return self.log_path.read_text(errors="replace")
-
     def wait_serving(self):
-        deadline = time.monotonic() + START_TIMEOUT_S
-        while time.monotonic() < deadline:
-            if self.proc.poll() is not None:
-                pytest.fail(f"fastformer-server exited with {self.proc.returncode} before SERVING with "
-                            f"{self.env} {self.args}\nlog:\n{self.log()}", pytrace=False)
-            if "SERVING fastformer.v1" in self.log():   # text and json log formats
-                return self
-            time.sleep(0.02)
-        pytest.fail(f"fastformer-server not SERVING after {START_TIMEOUT_S:.0f} s\nlog:\n{self.log()}", pytrace=False)
-
-    def target(self) -> str:
-        return f"127.0.0.1:{self.port}"
-
-    def scrape(self) -> str:
-        with urllib.request.urlopen(f"http://127.0.0.1:{self.metrics_port}/metrics", timeout=5) as r:
-            return r.read().decode()
-
-    def stop(self) -> str:
-        if self._log.closed:
-            return self.log_path.read_text(errors="replace")
-        if self.proc.poll() is None:
-            self.proc.send_signal(signal.SIGTERM)
-            try:
-                self.proc.wait(timeout=10)
-            except subprocess.TimeoutExpired:
-                self.proc.kill()
-                self.proc.wait()
-        text = self.log()
-        self._log.close()
-        return text
+        self.wait_for(lambda: "SERVING fastformer.v1" in self.log_text(),   # text and json log formats
+                      "SERVING fastformer.v1 in the log", interval=0.02)
+        return self
 
 
 @pytest.fixture(scope="session")
@@ -214,8 +145,8 @@ def promtool():
 
 @pytest.fixture(scope="session")
 def help_text():
-    p = subprocess.run([str(_bin("fastformer-server")), "--help"], capture_output=True, text=True, timeout=30,
-                       env=_child_env())
+    p = subprocess.run([str(binary("fastformer-server")), "--help"], capture_output=True, text=True, timeout=30,
+                       env=child_env())
     assert p.returncode == 0, f"fastformer-server --help exited with {p.returncode}:\n{p.stderr}"
     return p.stdout
 
@@ -233,8 +164,8 @@ def flags(help_text):
 
 @pytest.fixture(scope="session")
 def client_health_flags():
-    p = subprocess.run([str(_bin("fastformer-client")), "health", "--help"], capture_output=True, text=True,
-                       timeout=30, env=_child_env())
+    p = subprocess.run([str(binary("fastformer-client")), "health", "--help"], capture_output=True, text=True,
+                       timeout=30, env=child_env())
     assert p.returncode == 0, f"fastformer-client health --help exited with {p.returncode}:\n{p.stderr}"
     return deploy_flags.parse_help(p.stdout)
 
@@ -271,9 +202,9 @@ def live_server(tiny_model, model_repository, tmp_path_factory):
                    "FASTFORMER_DEFAULT_MODEL": LIVE_MODELS[0]}).wait_serving()
 
     def encode():
-        p = subprocess.run([str(_bin("fastformer-client")), "encode", "--target", srv.target(), "--ids", "5,6,7,8",
-                            "--deadline-ms", "20000"], capture_output=True, text=True, timeout=30, env=_child_env())
-        assert p.returncode == 0, f"fastformer-client encode failed ({p.returncode}):\n{p.stderr}\nserver:\n{srv.log()}"
+        p = subprocess.run([str(binary("fastformer-client")), "encode", "--target", srv.target, "--ids", "5,6,7,8",
+                            "--deadline-ms", "20000"], capture_output=True, text=True, timeout=30, env=child_env())
+        assert p.returncode == 0, f"fastformer-client encode failed ({p.returncode}):\n{p.stderr}\nserver:\n{srv.log_tail()}"
 
     try:
         encode()
@@ -302,11 +233,7 @@ def start_server(tiny_model, tmp_path):
         return srv.wait_serving()
 
     yield start
-    for srv in started:   # signal all first: they drain and exit in parallel
-        if srv.proc.poll() is None:
-            srv.proc.send_signal(signal.SIGTERM)
-    for srv in started:
-        srv.stop()
+    stop_all(started)   # signals all first: they drain and exit in parallel
 
 
 @pytest.fixture(scope="session")

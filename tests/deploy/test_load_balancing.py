@@ -42,7 +42,7 @@ def _client(targets, cfg):
 
 def test_round_robin_spreads_calls(start_server, service_config):
     a, b = start_server(), start_server()
-    with _client([a.target(), b.target()], service_config) as client:
+    with _client([a.target, b.target], service_config) as client:
         for _ in range(20):
             client.encode([[5, 6, 7]])
     time.sleep(0.2)
@@ -63,7 +63,7 @@ def test_retry_policy_rides_through_a_drain(start_server, service_config, retry_
         codes[:] = [c for c in codes if c != "CANCELLED"]
     a, b = start_server(), start_server()
     failures, done, stop = [], [0], threading.Event()
-    with _client([a.target(), b.target()], cfg) as client:
+    with _client([a.target, b.target], cfg) as client:
         for _ in range(4):
             client.encode([[5, 6, 7]])
 

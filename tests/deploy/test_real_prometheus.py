@@ -17,7 +17,7 @@ import pytest
 import yaml
 
 import deploy_sources
-import server_ports  # tests/support, on sys.path through conftest.py
+from fastformer_testing import die_with_parent, server_ports  # tests/pysupport, on sys.path through conftest.py
 
 SCRAPES = 3   # rate() needs two samples; wait for three
 
@@ -56,12 +56,10 @@ def prometheus(deploy_files, live_server, tmp_path_factory):
     (tmp / "prometheus.yml").write_text(yaml.safe_dump(cfg))
     log_path = tmp / "prometheus.log"
     log = open(log_path, "wb")
-    setpriv = shutil.which("setpriv")
     # Port 0: Prometheus binds a free one and logs it (msg="Listening on" address=127.0.0.1:N).
     cmd = [binary, f"--config.file={tmp / 'prometheus.yml'}", f"--storage.tsdb.path={tmp / 'data'}",
            "--web.listen-address=127.0.0.1:0"]
-    proc = subprocess.Popen(([setpriv, "--pdeathsig", "SIGKILL", "--"] if setpriv else []) + cmd,
-                            stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL)
+    proc = subprocess.Popen(die_with_parent(cmd), stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL)
     try:
         port = server_ports.wait_for_ports(log_path, ["web"], proc, timeout=30, patterns=server_ports.PROMETHEUS,
                                            name="prometheus", command=cmd)["web"]

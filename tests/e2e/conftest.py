@@ -12,9 +12,10 @@ when several test directories with a conftest.py are collected together):
             the test; `servers.shared(model, **flags)` one reused by every test asking for the
             same configuration, stopped at the end of the session.
 
-The binary is looked up in $FASTFORMER_BIN_DIR (default <repo>/build/bin). A missing binary is
-a test FAILURE (FASTFORMER_ALLOW_MISSING_BINARIES=1 turns it into a skip, while developing).
-When a test fails, the log (stderr) of every server it used is attached to the report.
+The binary, the server process (Server derives from fastformer_testing's ServerProcess), its
+ports and the sanitizer-report check come from tests/pysupport/fastformer_testing. A missing
+binary is a test FAILURE (FASTFORMER_ALLOW_MISSING_BINARIES=1 turns it into a skip, while
+developing). When a test fails, the log (stderr) of every server it used is attached to the report.
 
 Python stubs are generated at session start from proto/ (and tests/e2e/protos/ for health and
 reflection) into a temporary directory with protoc + grpc_python_plugin; nothing generated is
@@ -28,13 +29,11 @@ import importlib.util
 import os
 import re
 import shutil
-import signal
 import socket
 import subprocess
 import sys
 import time
 import types
-import urllib.request
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Dict, List, Optional
@@ -42,21 +41,19 @@ from typing import Dict, List, Optional
 import numpy as np
 import pytest
 
-REPO = Path(__file__).resolve().parents[2]
 HERE = Path(__file__).resolve().parent
-TOOLS = REPO / "tools"
-SUPPORT = REPO / "tests" / "support"  # server_ports: the ports a server bound itself (port 0)
-for _path in (TOOLS, SUPPORT):
-    if str(_path) not in sys.path:
-        sys.path.insert(0, str(_path))
+if str(HERE.parent / "pysupport") not in sys.path:
+    sys.path.insert(0, str(HERE.parent / "pysupport"))
 
 import grpc  # noqa: E402
+from fastformer_testing import (REPO, ServerProcess, binary, die_with_parent, fail_on_sanitizer_reports,  # noqa: E402
+                                scrape_metrics, server_opts, server_ports, stop_all)
+from fastformer_testing.binaries import use_tools  # noqa: E402
 
+use_tools()
 import make_demo_model as mdm  # noqa: E402
 import reference as ref  # noqa: E402
-import server_ports  # noqa: E402
 
-SERVER_NAME = "fastformer-server"
 ENCODER_SERVICE = "fastformer.v1.Encoder"  # its health entry turns SERVING only after warm-up
 TOL = 1e-4  # the engine's tolerance: |ours - ref| <= TOL * max(1, |ref|)
 START_TIMEOUT_S = 30.0
@@ -76,7 +73,6 @@ def _load_golden_helpers():
 
 _golden = _load_golden_helpers()
 assert_close = _golden.assert_close
-bin_dir = _golden.bin_dir
 
 
 # ----------------------------------------------------------------------------- markers, failure logs
@@ -99,7 +95,7 @@ def pytest_runtest_makereport(item, call):
     if rep.failed and rep.when in ("setup", "call"):
         pool = item.funcargs.get("servers") if hasattr(item, "funcargs") else None
         for srv in (pool.used if pool is not None else []):
-            rep.sections.append((f"{SERVER_NAME} [{srv.name}] log: {srv.log_path}", srv.log_tail()))
+            rep.sections.append((f"{srv.title} log: {srv.log_path}", srv.log_tail()))
 
 
 # ----------------------------------------------------------------------------- stubs
@@ -181,35 +177,7 @@ class Metrics:
         return float(sum(v for _, v in self.series(name, **labels)))
 
 
-def scrape(port: int, timeout=5.0) -> str:
-    with urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=timeout) as r:
-        return r.read().decode("utf-8")
-
-
-# ----------------------------------------------------------------------------- ports, processes
-
-
-def require_binary(name: str) -> Path:
-    """Call inside a test body (so a missing binary is a test FAILURE, not a setup error)."""
-    path = bin_dir() / name
-    if path.is_file() and os.access(path, os.X_OK):
-        return path
-    msg = (f"{name} not found at {path}: build it first (cmake --build build --target {name}), "
-           f"or point FASTFORMER_BIN_DIR at the directory holding it")
-    if os.environ.get("FASTFORMER_ALLOW_MISSING_BINARIES") == "1":
-        pytest.skip(msg)
-    pytest.fail(msg, pytrace=False)
-
-
-def _child_env():
-    # The server reads FASTFORMER_* variables as flag defaults: keep the caller's out of it.
-    return {k: v for k, v in os.environ.items() if not k.startswith("FASTFORMER_")}
-
-
-def die_with_parent(cmd):
-    """Kill the server if the test runner dies (setpriv --pdeathsig execs, so the pid is the server's)."""
-    setpriv = shutil.which("setpriv")
-    return [setpriv, "--pdeathsig", "SIGKILL", "--"] + cmd if setpriv else cmd
+# ----------------------------------------------------------------------------- the server
 
 
 def rpc_code(fn, *args, **kwargs):
@@ -220,55 +188,30 @@ def rpc_code(fn, *args, **kwargs):
         return e.code(), e.details() or "", None
 
 
-class Server(server_ports.Listeners):
-    """One fastformer-server subprocess on 127.0.0.1. Its gRPC, metrics and HTTP listeners bind
-    port 0 (unless the flags give an address): `port`, `metrics_port`, `http_port` and `target`
-    are the ports it reports in its log, read (and waited for) when first asked for."""
+class Server(ServerProcess):
+    """One fastformer-server subprocess on 127.0.0.1 (fastformer_testing.ServerProcess: start, log,
+    stop). Its gRPC, metrics and HTTP listeners bind port 0 (unless the flags give an address):
+    `port`, `metrics_port`, `http_port` and `target` are the ports it reports in its log, read
+    (and waited for) when first asked for. Here: the gRPC channel, health and metrics."""
 
-    def __init__(self, stubs, binary: Path, model, flags: Dict[str, object], log_dir: Path, name: str,
+    def __init__(self, stubs, model, flags: Dict[str, object], log_dir: Path, name: str,
                  extra_env: Optional[Dict[str, str]] = None):
         self.stubs = stubs
         self.model = model
-        self.name = name
-        opts = {"model-dir": model.dir, "listen": server_ports.ANY, "metrics-listen": server_ports.ANY,
-                "http-listen": server_ports.ANY, "backend": "cpu", "threads": 2}
-        opts.update({k.replace("_", "-"): v for k, v in flags.items()})
-        self.cmd = [str(binary)]
-        for k, v in opts.items():
-            if v is True:  # a CLI11 flag (no value), e.g. auth_health=True
-                self.cmd.append(f"--{k}")
-            elif v is not False:
-                self.cmd += [f"--{k}", str(v)]
-        self.log_path = Path(log_dir) / f"{name}.log"
-        self._log = open(self.log_path, "wb")
-        self.proc = subprocess.Popen(die_with_parent(self.cmd), stdin=subprocess.DEVNULL, stdout=self._log,
-                                     stderr=subprocess.STDOUT, env={**_child_env(), **(extra_env or {})})
-        self.ports = server_ports.ServerPorts(
-            self.log_path, self.proc, {"grpc": opts["listen"], "metrics": opts["metrics-listen"],
-                                       "http": opts["http-listen"]},
-            timeout=START_TIMEOUT_S, name=f"{SERVER_NAME} [{name}]", command=self.cmd)
         self._channels = []
         self.channel = self.stub = self.health = self.reflection = None
+        super().__init__(Path(log_dir) / f"{name}.log", server_opts({"model-dir": model.dir}, flags), env=extra_env,
+                         name=name, start_timeout=START_TIMEOUT_S, stop_grace=STOP_GRACE_S)
 
     # --- gRPC
     def wait_listening(self, timeout=START_TIMEOUT_S):
         """Wait until the gRPC port accepts TCP connections, then open the default channel. (A gRPC
         channel that tried before the server listened backs off for seconds before it retries.)"""
-        deadline = time.monotonic() + timeout
         self.ports.get("grpc", timeout)  # the port it bound, from its log (fails if it exits first)
-        while self.channel is None:
-            if self.proc.poll() is not None:
-                pytest.fail(f"{SERVER_NAME} [{self.name}] exited with code {self.proc.returncode} during start-up\n"
-                            f"command: {' '.join(self.cmd)}\nlog:\n{self.log_tail()}", pytrace=False)
-            try:
-                host, _, port = self.target.rpartition(":")
-                socket.create_connection((host.strip("[]"), int(port)), timeout=1).close()
-            except OSError:
-                if time.monotonic() > deadline:
-                    pytest.fail(f"{SERVER_NAME} [{self.name}] not listening on {self.target} after {timeout:.0f} s\n"
-                                f"command: {' '.join(self.cmd)}\nlog:\n{self.log_tail()}", pytrace=False)
-                time.sleep(0.005)
-                continue
+        if self.channel is None:
+            host, _, port = self.target.rpartition(":")
+            self.wait_for(lambda: socket.create_connection((host.strip("[]"), int(port)), timeout=1).close() or True,
+                          f"{self.target} to accept connections", timeout, interval=0.005)
             self.channel = self.new_channel()
             self.stub = self.stubs.pb_grpc.EncoderStub(self.channel)
             self.health = self.stubs.health_pb_grpc.HealthStub(self.channel)
@@ -293,27 +236,16 @@ class Server(server_ports.Listeners):
         return self.stubs.health_pb.HealthCheckResponse.ServingStatus.Name(resp.status)
 
     def wait_serving(self, timeout=START_TIMEOUT_S):
+        # The Encoder's own health entry: gRPC's default one ("") answers SERVING from the moment
+        # the port opens until the server sets it NOT_SERVING, a short window in which a probe of
+        # "" would take a warming-up server for a ready one.
         deadline = time.monotonic() + timeout
         self.wait_listening(timeout)
-        status = "?"
-        while time.monotonic() < deadline:
-            if self.proc.poll() is not None:
-                pytest.fail(f"{SERVER_NAME} [{self.name}] exited with code {self.proc.returncode} before SERVING\n"
-                            f"command: {' '.join(self.cmd)}\nlog:\n{self.log_tail()}", pytrace=False)
-            # The Encoder's own health entry: gRPC's default one ("") answers SERVING from the
-            # moment the port opens until the server sets it NOT_SERVING, a short window in which
-            # a probe of "" would take a warming-up server for a ready one.
-            status = self.health_status(service=ENCODER_SERVICE, timeout=1.0)
-            if status == "SERVING":
-                return self
-            time.sleep(0.02)
-        pytest.fail(f"{SERVER_NAME} [{self.name}] not SERVING after {timeout:.0f} s (last health: {status})\n"
-                    f"command: {' '.join(self.cmd)}\nlog:\n{self.log_tail()}", pytrace=False)
+        self.wait_for(lambda: self.health_status(service=ENCODER_SERVICE, timeout=1.0) == "SERVING",
+                      f"health SERVING of {ENCODER_SERVICE}", max(0.0, deadline - time.monotonic()), interval=0.02)
+        return self
 
     # --- metrics
-    def scrape(self) -> str:
-        return scrape(self.metrics_port)
-
     def metrics(self) -> Metrics:
         return Metrics(self.scrape())
 
@@ -328,55 +260,13 @@ class Server(server_ports.Listeners):
             time.sleep(0.05)
 
     # --- process
-    def alive(self) -> bool:
-        return self.proc.poll() is None
-
-    def signal(self, sig=signal.SIGTERM):
-        self.proc.send_signal(sig)
-
-    def wait_exit(self, timeout) -> Optional[int]:
-        try:
-            return self.proc.wait(timeout=timeout)
-        except subprocess.TimeoutExpired:
-            return None
-
     def begin_stop(self):
         """Close this side's channels (an idle open connection slows the server's exit) and send SIGTERM."""
         for ch in self._channels:
             ch.close()
         self._channels.clear()
         self.channel = self.stub = self.health = self.reflection = None
-        if self.proc.poll() is None:
-            self.proc.send_signal(signal.SIGTERM)
-
-    def stop(self):
-        """SIGTERM, then SIGKILL after STOP_GRACE_S; closes the log."""
-        self.begin_stop()
-        if self.wait_exit(STOP_GRACE_S) is None:
-            self.proc.kill()
-            self.proc.wait()
-        if not self._log.closed:
-            self._log.close()
-
-    def log_text(self) -> str:
-        try:
-            self._log.flush()
-        except ValueError:
-            pass
-        return self.log_path.read_text(encoding="utf-8", errors="replace")
-
-    def log_tail(self, chars=8000) -> str:
-        t = self.log_text()
-        return t if len(t) <= chars else "...\n" + t[-chars:]
-
-
-def stop_all(servers):
-    """Signal every server first, then wait for each (they shut down in parallel)."""
-    servers = list(servers)
-    for s in servers:
-        s.begin_stop()
-    for s in servers:
-        s.stop()
+        super().begin_stop()
 
 
 class _SessionServers:
@@ -391,9 +281,10 @@ class _SessionServers:
     def new(self, model, flags, tag, extra_env=None):
         self.count += 1
         name = f"{self.count:02d}-{tag}-{model.key}"
-        return Server(self.stubs, require_binary(SERVER_NAME), model, flags, self.log_dir, name, extra_env)
+        return Server(self.stubs, model, flags, self.log_dir, name, extra_env)
 
     def close(self):
+        """Stops them all; a sanitizer report in their logs fails the session's last test."""
         stop_all(self.cache.values())
         self.cache.clear()
 
@@ -424,7 +315,7 @@ class ServerPool:
         if srv is not None and not srv.alive():
             self.used.append(srv)
             del self._session.cache[key]
-            pytest.fail(f"shared {SERVER_NAME} [{srv.name}] died (exit {srv.proc.returncode}) during an earlier "
+            pytest.fail(f"shared {srv.title} died (exit {srv.proc.returncode}) during an earlier "
                         f"test\nlog:\n{srv.log_tail()}", pytrace=False)
         if srv is None:
             srv = self._session.new(self._models.get(model_key), flags, "shared")
@@ -432,7 +323,7 @@ class ServerPool:
             try:
                 srv.wait_serving()
             except BaseException:
-                srv.stop()
+                srv.stop(check=False)
                 raise
             self._session.cache[key] = srv
         elif srv not in self.used:
@@ -440,7 +331,7 @@ class ServerPool:
         return srv
 
     def close(self):
-        stop_all(self.fresh)
+        stop_all(self.fresh, check=False)
 
 
 # ----------------------------------------------------------------------------- models
@@ -600,32 +491,6 @@ def wait_until(fn, timeout, interval=0.05):
         time.sleep(interval)
 
 
-# ----------------------------------------------------------------------------- sanitizer reports
-
-
-# What ASan, LSan, UBSan and TSan print when they find something (make test-asan and test-tsan
-# run this suite against the sanitizer builds; halt_on_error stops the server at the first one,
-# but a report at exit, such as a leak, only changes its exit code).
-_SANITIZER_REPORT_RE = re.compile(r"^(==\d+==ERROR: \w+Sanitizer|WARNING: ThreadSanitizer|\S+:\d+:\d+: runtime error: )",
-                                  re.M)
-_sanitizer_reported = set()
-
-
-def fail_on_sanitizer_reports(servers):
-    """Fail (once per server) when a server's log holds a sanitizer report."""
-    found = []
-    for srv in servers:
-        if srv.name in _sanitizer_reported:
-            continue
-        text = srv.log_text()
-        m = _SANITIZER_REPORT_RE.search(text)
-        if m:
-            _sanitizer_reported.add(srv.name)
-            found.append(f"{SERVER_NAME} [{srv.name}] log {srv.log_path}:\n{text[max(0, m.start() - 200):][:12000]}")
-    if found:
-        pytest.fail("sanitizer report in the server log\n" + "\n\n".join(found), pytrace=False)
-
-
 # ----------------------------------------------------------------------------- fixtures
 
 
@@ -641,10 +506,10 @@ def e2e(stubs):
     ns.TOL = TOL
     ns.RPC_TIMEOUT_S = RPC_TIMEOUT_S
     ns.Metrics = Metrics
-    ns.scrape = scrape
+    ns.scrape = scrape_metrics
     ns.held_port = server_ports.held_port  # a port nothing listens on (a stopped server's address)
     ns.server_ports = server_ports
-    ns.require_binary = require_binary
+    ns.require_binary = binary
     ns.die_with_parent = die_with_parent
     ns.rpc_code = rpc_code
     ns.assert_close = assert_close
@@ -666,9 +531,7 @@ def models(tmp_path_factory):
 def _session_servers(stubs, tmp_path_factory):
     pool = _SessionServers(stubs, tmp_path_factory.mktemp("server-logs"))
     yield pool
-    shared = list(pool.cache.values())
     pool.close()
-    fail_on_sanitizer_reports(shared)
 
 
 @pytest.fixture

@@ -6,7 +6,7 @@ Each case is one RPC to a fresh server on the "text" demo model (a tokenizer and
 or "noemb" (input embeddings only). An answer is the gRPC code's name, its details and the
 response as protobuf's JSON mapping; volatile fields (queue and compute times, the server's
 version, the device) are "<volatile>" and numbers compare within 1e-3
-(tests/support/golden_answers.py).
+(tests/pysupport/fastformer_testing/golden_answers.py).
 
     FASTFORMER_RECORD_GOLDEN=1 python3 -m pytest tests/e2e/test_behaviour_golden.py
 
@@ -15,14 +15,9 @@ writes tests/e2e/behaviour_golden.json anew (an intended change: say which in th
 
 from __future__ import annotations
 
-import sys
 from pathlib import Path
 
-
-REPO = Path(__file__).resolve().parents[2]
-if str(REPO / "tests" / "support") not in sys.path:
-    sys.path.insert(0, str(REPO / "tests" / "support"))
-from golden_answers import check, rpc_answer  # noqa: E402
+from fastformer_testing.golden_answers import check, rpc_answer  # tests/pysupport, on sys.path by conftest
 
 GOLDEN = Path(__file__).with_name("behaviour_golden.json")
 IDS = [2, 10, 11, 12, 3]  # in the vocabulary of every demo model (vocab 1000)

@@ -2,11 +2,11 @@
 
 Test modules get the helpers through the `golden` fixture (not `from conftest
 import ...`, which breaks when several test directories with a conftest.py are
-collected together); importing this conftest puts tools/ on sys.path.
+collected together); importing this conftest puts tools/ and tests/pysupport on sys.path.
 
-The C++ binaries are looked up in $FASTFORMER_BIN_DIR (default <repo>/build/bin).
-A test that needs `fastformer-encode` FAILS when it is missing (set
-FASTFORMER_ALLOW_MISSING_BINARIES=1 to skip those tests instead, while developing).
+The C++ binaries are looked up in $FASTFORMER_BIN_DIR (default <repo>/build/bin) by
+tests/pysupport/fastformer_testing. A test that needs `fastformer-encode` FAILS when it is
+missing (set FASTFORMER_ALLOW_MISSING_BINARIES=1 to skip those tests instead, while developing).
 
 PyTorch's BLAS (tools/torch_blas.py): before numpy or torch is loaded, OPENBLAS_CORETYPE
 is set when OpenBLAS would run a core below the CPU's (Debian 12's OpenBLAS runs its
@@ -24,11 +24,12 @@ import subprocess
 import sys
 from pathlib import Path
 
-REPO = Path(__file__).resolve().parents[2]
-TOOLS = REPO / "tools"
-if str(TOOLS) not in sys.path:
-    sys.path.insert(0, str(TOOLS))
+if str(Path(__file__).resolve().parents[1] / "pysupport") not in sys.path:
+    sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "pysupport"))
+from fastformer_testing.binaries import REPO, TOOLS, bin_dir, use_tools  # noqa: E402  (no numpy, no torch)
+from fastformer_testing.binaries import binary as require_binary  # noqa: E402
 
+use_tools()
 import torch_blas  # noqa: E402  (standard library only)
 
 BLAS_PRESET_NOTE = torch_blas.preset_openblas_coretype()  # before numpy/torch load libblas.so.3
@@ -65,21 +66,6 @@ def pytest_terminal_summary(terminalreporter, exitstatus, config):
     terminalreporter.write_line(r.warning)
 
 PYTHON = "/usr/bin/python3" if os.path.exists("/usr/bin/python3") else sys.executable
-
-
-def bin_dir() -> Path:
-    return Path(os.environ.get("FASTFORMER_BIN_DIR", str(REPO / "build" / "bin")))
-
-
-def require_binary(name: str) -> Path:
-    path = bin_dir() / name
-    if path.is_file() and os.access(path, os.X_OK):
-        return path
-    msg = (f"{name} not found at {path}: build the C++ engine first (cmake --build build), "
-           f"or point FASTFORMER_BIN_DIR at the directory holding it")
-    if os.environ.get("FASTFORMER_ALLOW_MISSING_BINARIES") == "1":
-        pytest.skip(msg)
-    pytest.fail(msg, pytrace=False)
 
 
 def encode_binary() -> Path:

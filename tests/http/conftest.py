@@ -18,7 +18,8 @@ over Debian's Python, whose PyTorch gives the float64 reference):
   recorder     recorder(port): a forwarding proxy in front of a server that keeps every request
                (what a third-party client actually sends)
 
-The binaries come from $FASTFORMER_BIN_DIR (default <repo>/build/bin); a missing one fails.
+The binaries, the server process (Server derives from fastformer_testing's ServerProcess: start
+on port 0, log, stop with the sanitizer-report check) come from tests/pysupport/fastformer_testing.
 Expected token ids are worked out by hand from DEMO_WORDS (a token's id is its position), as
 tests/kserve/test_text.py does, never asked of the server.
 """
@@ -29,9 +30,6 @@ import concurrent.futures as cf
 import http.client
 import http.server
 import json
-import os
-import re
-import shutil
 import subprocess
 import sys
 import threading
@@ -42,19 +40,17 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-REPO = Path(__file__).resolve().parents[2]
-sys.path.insert(0, str(REPO / "tools"))
-if str(REPO / "tests" / "support") not in sys.path:  # server_ports: the ports a server bound itself
-    sys.path.insert(0, str(REPO / "tests" / "support"))
+if str(Path(__file__).resolve().parents[1] / "pysupport") not in sys.path:
+    sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "pysupport"))
+from fastformer_testing import REPO, ServerProcess, binary, server_opts, stop_all  # noqa: E402,F401  (REPO: tests)
+from fastformer_testing.binaries import use_tools  # noqa: E402
 
+use_tools()
 import make_demo_model as mdm  # noqa: E402
 import reference as ref  # noqa: E402
-import server_ports  # noqa: E402
 
 TOL = 1e-4  # the engine's tolerance to the float64 reference: |ours - ref| <= TOL * max(1, |ref|)
 GRPC_TOL = 1e-5  # HTTP against the gRPC Encoder's answer for the same input
-# A sanitizer's report in a server log (a sanitized server run through FASTFORMER_BIN_DIR).
-SANITIZER_REPORT = re.compile(r"^(==\d+==ERROR: \w+Sanitizer|WARNING: ThreadSanitizer|\S+:\d+:\d+: runtime error: )", re.M)
 
 BASE_SPEC = dict(hidden=64, heads=4, layers=2, intermediate=128, max_positions=512, vocab=1000, act="gelu")
 TEXT_SPEC = dict(BASE_SPEC, seed=11, num_labels=3, model_name="http-text", tokenizer=True)
@@ -78,13 +74,6 @@ TEXTS = {
     "the lazy dog": ids("[CLS]", "the", "lazy", "dog", "[SEP]"),
 }
 TEXT = "The quick brown foxes jumped."  # the one text most tests send
-
-
-def binary(name: str) -> Path:
-    path = Path(os.environ.get("FASTFORMER_BIN_DIR", REPO / "build" / "bin")) / name
-    if not (path.is_file() and os.access(path, os.X_OK)):
-        pytest.fail(f"{name} not found at {path}: build it first, or set FASTFORMER_BIN_DIR", pytrace=False)
-    return path
 
 
 # ----------------------------------------------------------------------------- plain HTTP
@@ -128,69 +117,30 @@ def call(port, method, path, body=None, headers=None, timeout=30.0) -> Reply:
 # ----------------------------------------------------------------------------- the server
 
 
-class Server(server_ports.Listeners):
-    """One fastformer-server subprocess: gRPC on `port` (`url`), /metrics on `metrics_port`, the
-    HTTP listener on `http_port` (`base`: its http:// root). Every listener binds port 0 (unless a
-    flag gives an address); these are the ports it reports in its log, read (and waited for)
-    when first asked for."""
+class Server(ServerProcess):
+    """One fastformer-server subprocess (fastformer_testing.ServerProcess): gRPC on `port` (`url`),
+    /metrics on `metrics_port`, the HTTP listener on `http_port` (`base`: its http:// root). Every
+    listener binds port 0 (unless a flag gives an address); these are the ports it reports in its
+    log, read (and waited for) when first asked for."""
 
     def __init__(self, model_dir: Path, log_dir: Path, name: str, env_extra=None, **flags):
-        opts = {"model-dir": model_dir, "listen": server_ports.ANY, "metrics-listen": server_ports.ANY,
-                "http-listen": server_ports.ANY, "backend": "cpu", "threads": 2}
-        opts.update({k.replace("_", "-"): v for k, v in flags.items()})
-        self.cmd = [str(binary("fastformer-server"))]
-        for k, v in opts.items():
-            self.cmd += [f"--{k}", str(v)]
-        self.log_path = log_dir / f"{name}.log"
-        env = {k: v for k, v in os.environ.items() if not k.startswith("FASTFORMER_")}
-        env.update(env_extra or {})
-        setpriv = shutil.which("setpriv")  # the server dies with the test runner
-        cmd = [setpriv, "--pdeathsig", "SIGKILL", "--"] + self.cmd if setpriv else self.cmd
-        with open(self.log_path, "wb") as log:
-            self.proc = subprocess.Popen(cmd, stdin=subprocess.DEVNULL, stdout=log, stderr=subprocess.STDOUT, env=env)
-        self.ports = server_ports.ServerPorts(
-            self.log_path, self.proc, {"grpc": opts["listen"], "metrics": opts["metrics-listen"],
-                                       "http": opts["http-listen"]}, name="fastformer-server", command=self.cmd)
-
-    def log(self) -> str:
-        return self.log_path.read_text(errors="replace")[-4000:]
+        super().__init__(log_dir / f"{name}.log", server_opts({"model-dir": model_dir}, flags), env=env_extra,
+                         name=name)
 
     def wait_ready(self, timeout=30.0):
         """Until GET /health answers 200 (after warm-up; 503 before), and the log says SERVING."""
-        deadline = time.monotonic() + timeout
         self.ports.get("http", timeout)  # the port it bound (fails at once if it exits first)
-        while time.monotonic() < deadline:
-            if self.proc.poll() is not None:
-                pytest.fail(f"fastformer-server exited with {self.proc.returncode}\n{self.log()}", pytrace=False)
-            try:
-                r = call(self.http_port, "GET", "/health", timeout=2)
-                if r.status == 200:
-                    while "SERVING" not in self.log_path.read_text(errors="replace"):
-                        assert time.monotonic() < deadline, f"/health is 200 but no SERVING in the log\n{self.log()}"
-                        time.sleep(0.02)
-                    return self
-                assert r.status == 503, f"GET /health before ready: {r.status} {r.body[:300]!r}"
-            except OSError:  # not listening yet
-                pass
-            time.sleep(0.05)
-        pytest.fail(f"fastformer-server not ready after {timeout} s\n{self.log()}", pytrace=False)
+
+        def ready():
+            r = call(self.http_port, "GET", "/health", timeout=2)
+            assert r.status in (200, 503), f"GET /health before ready: {r.status} {r.body[:300]!r}"
+            return r.status == 200 and "SERVING" in self.log_text()
+
+        self.wait_for(ready, "GET /health 200 and SERVING in the log", timeout)
+        return self
 
     def call(self, method, path, body=None, headers=None, timeout=30.0) -> Reply:
         return call(self.http_port, method, path, body, headers, timeout)
-
-    def stop(self):
-        """Stops the server; fails when its log holds a sanitizer report."""
-        if self.proc.poll() is None:
-            self.proc.terminate()
-            try:
-                self.proc.wait(timeout=15)
-            except subprocess.TimeoutExpired:
-                self.proc.kill()
-                self.proc.wait()
-        text = self.log_path.read_text(errors="replace")
-        if m := SANITIZER_REPORT.search(text):
-            pytest.fail(f"sanitizer report in {self.log_path}:\n{text[max(0, m.start() - 200):][:12000]}",
-                        pytrace=False)
 
 
 class Model:
@@ -293,8 +243,7 @@ def start(logs, request):
         return srv.wait_ready() if wait else srv
 
     yield _start
-    for srv in started:
-        srv.stop()
+    stop_all(started)
 
 
 @pytest.fixture(scope="session")

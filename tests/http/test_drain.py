@@ -43,5 +43,5 @@ def test_sigterm_answers_every_admitted_http_request(start, ids_model):
         assert r is not None and r.status == 200, (i, r and (r.status, r.body[:300]))
         got = np.asarray(r.json()["data"][0]["embedding"])
         assert_close(got, ids_model.unit(seqs[i]), what=f"request {i}")
-    assert srv.proc.wait(timeout=30) == 0, srv.log()
-    assert "drained; exiting" in srv.log()
+    assert srv.proc.wait(timeout=30) == 0, srv.log_tail()
+    assert "drained; exiting" in srv.log_text()

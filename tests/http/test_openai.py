@@ -213,7 +213,7 @@ def test_tls_with_the_sdk(start, text_model, tmp_path):
     ctx = ssl.create_default_context(cafile=pem)
     deadline = time.monotonic() + 30
     while True:
-        assert srv.proc.poll() is None, srv.log()
+        assert srv.proc.poll() is None, srv.log_tail()
         try:
             c = http.client.HTTPSConnection("127.0.0.1", srv.http_port, context=ctx, timeout=5)
             c.request("GET", "/health")
@@ -223,7 +223,7 @@ def test_tls_with_the_sdk(start, text_model, tmp_path):
             c.close()
         except OSError:
             pass
-        assert time.monotonic() < deadline, f"no HTTPS /health after 30 s\n{srv.log()}"
+        assert time.monotonic() < deadline, f"no HTTPS /health after 30 s\n{srv.log_tail()}"
         time.sleep(0.05)
     with openai.OpenAI(base_url=f"https://127.0.0.1:{srv.http_port}/v1", api_key="dummy", max_retries=0,
                        http_client=httpx.Client(verify=ctx)) as client:

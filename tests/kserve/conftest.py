@@ -13,100 +13,58 @@ over Debian's Python, whose PyTorch gives the float64 reference):
   client     tritonclient.grpc.InferenceServerClient on `server`
   encode     the same sequences through fastformer.v1.Encoder (fastformer-client encode)
 
-The binaries come from $FASTFORMER_BIN_DIR (default <repo>/build/bin); a missing one fails.
+The binaries, the server process (Server derives from fastformer_testing's ServerProcess: start
+on port 0, log, stop with the sanitizer-report check) come from tests/pysupport/fastformer_testing.
 """
 
 from __future__ import annotations
 
 import json
-import os
-import re
-import shutil
 import subprocess
 import sys
-import time
-import urllib.request
 from pathlib import Path
 
 import numpy as np
 import pytest
 
-REPO = Path(__file__).resolve().parents[2]
-sys.path.insert(0, str(REPO / "tools"))
-if str(REPO / "tests" / "support") not in sys.path:  # server_ports: the ports a server bound itself
-    sys.path.insert(0, str(REPO / "tests" / "support"))
+if str(Path(__file__).resolve().parents[1] / "pysupport") not in sys.path:
+    sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "pysupport"))
+from fastformer_testing import REPO, ServerProcess, binary, server_opts, stop_all  # noqa: E402,F401  (REPO: tests)
+from fastformer_testing.binaries import use_tools  # noqa: E402
 
+use_tools()
 import make_demo_model as mdm  # noqa: E402
 import reference as ref  # noqa: E402
-import server_ports  # noqa: E402
 import tritonclient.grpc as grpcclient  # noqa: E402
 
 TOL = 1e-4  # the engine's tolerance to the float64 reference: |ours - ref| <= TOL * max(1, |ref|)
-# A sanitizer's report in a server log (make test-asan runs this suite against the ASan server).
-SANITIZER_REPORT = re.compile(r"^(==\d+==ERROR: \w+Sanitizer|WARNING: ThreadSanitizer|\S+:\d+:\d+: runtime error: )", re.M)
 MODEL_NAME = "kserve-head"
 # D 64, 4 heads, 2 layers, 512 positions, vocab 1000, 3 labels
 MODEL_SPEC = dict(seed=11, hidden=64, heads=4, layers=2, intermediate=128, max_positions=512, vocab=1000,
                   num_labels=3, act="gelu", model_name=MODEL_NAME)
 
 
-def binary(name: str) -> Path:
-    path = Path(os.environ.get("FASTFORMER_BIN_DIR", REPO / "build" / "bin")) / name
-    if not (path.is_file() and os.access(path, os.X_OK)):
-        pytest.fail(f"{name} not found at {path}: build it first, or set FASTFORMER_BIN_DIR", pytrace=False)
-    return path
+class Server(ServerProcess):
+    """One fastformer-server subprocess (fastformer_testing.ServerProcess) on a model directory
+    (MODEL_FLAG): `url` is its gRPC address, `metrics_port` its /metrics, `http_port` its HTTP
+    listener. Every listener binds port 0 (unless a flag gives an address); these are the ports it
+    reports in its log, read (and waited for) when first asked for."""
 
+    MODEL_FLAG = "model-dir"
 
-class Server(server_ports.Listeners):
-    """One fastformer-server subprocess; `url` is its gRPC address, `metrics_port` its /metrics,
-    `http_port` its HTTP listener. Every listener binds port 0 (unless a flag gives an address);
-    these are the ports it reports in its log, read (and waited for) when first asked for."""
-
-    def __init__(self, model_dir: Path, log_dir: Path, name: str, **flags):
-        opts = {"model-dir": model_dir, "listen": server_ports.ANY, "metrics-listen": server_ports.ANY,
-                "http-listen": server_ports.ANY, "backend": "cpu", "threads": 2}
-        opts.update({k.replace("_", "-"): v for k, v in flags.items()})
-        self.cmd = [str(binary("fastformer-server"))]
-        for k, v in opts.items():
-            self.cmd += [f"--{k}", str(v)]
-        self._launch(log_dir / f"{name}.log", opts, {k: v for k, v in os.environ.items()
-                                                      if not k.startswith("FASTFORMER_")})
-
-    def _launch(self, log_path: Path, opts: dict, env: dict):
-        """Starts self.cmd, its output to log_path; `ports` reads the ports it binds from there."""
-        self.log_path = log_path
-        setpriv = shutil.which("setpriv")  # the server dies with the test runner
-        cmd = [setpriv, "--pdeathsig", "SIGKILL", "--"] + self.cmd if setpriv else self.cmd
-        with open(self.log_path, "wb") as log:
-            self.proc = subprocess.Popen(cmd, stdin=subprocess.DEVNULL, stdout=log, stderr=subprocess.STDOUT, env=env)
-        self.ports = server_ports.ServerPorts(
-            self.log_path, self.proc, {"grpc": opts["listen"], "metrics": opts["metrics-listen"],
-                                       "http": opts["http-listen"]}, name="fastformer-server", command=self.cmd)
-
-    def log(self) -> str:
-        return self.log_path.read_text(errors="replace")[-4000:]
+    def __init__(self, model_dir: Path, log_dir: Path, name: str, env_extra=None, **flags):
+        super().__init__(log_dir / f"{name}.log", server_opts({self.MODEL_FLAG: model_dir}, flags), env=env_extra,
+                         name=name)
 
     def wait_ready(self, headers=None, timeout=30.0):
         """Until the protocol's ServerReady says ready (after warm-up)."""
         client = grpcclient.InferenceServerClient(self.url)
-        deadline = time.monotonic() + timeout
-        try:
-            while time.monotonic() < deadline:
-                if self.proc.poll() is not None:
-                    pytest.fail(f"fastformer-server exited with {self.proc.returncode}\n{self.log()}", pytrace=False)
-                try:
-                    if client.is_server_ready(headers=headers):
-                        return self
-                except Exception:  # not listening yet, or UNAVAILABLE
-                    pass
-                time.sleep(0.05)
+        try:  # not listening yet, or UNAVAILABLE: not yet
+            self.wait_for(lambda: client.is_server_ready(headers=headers), "ServerReady", timeout,
+                          retry_on=(Exception,))
         finally:
             client.close()
-        pytest.fail(f"fastformer-server not ready after {timeout} s\n{self.log()}", pytrace=False)
-
-    def scrape(self) -> str:
-        with urllib.request.urlopen(f"http://127.0.0.1:{self.metrics_port}/metrics", timeout=5) as r:
-            return r.read().decode()
+        return self
 
     def metric(self, name: str, **labels) -> float:
         """The sum of the samples of `name` whose labels include `labels`."""
@@ -118,20 +76,6 @@ class Server(server_ports.Listeners):
             if all(f'{k}="{v}"' in head for k, v in labels.items()):
                 total += float(value)
         return total
-
-    def stop(self):
-        """Stops the server; fails when its log holds a sanitizer report."""
-        if self.proc.poll() is None:
-            self.proc.terminate()
-            try:
-                self.proc.wait(timeout=15)
-            except subprocess.TimeoutExpired:
-                self.proc.kill()
-                self.proc.wait()
-        text = self.log_path.read_text(errors="replace")
-        if m := SANITIZER_REPORT.search(text):
-            pytest.fail(f"sanitizer report in {self.log_path}:\n{text[max(0, m.start() - 200):][:12000]}",
-                        pytrace=False)
 
 
 # heavier (about 1.6 MFLOP per token): a queue of a few thousand tokens takes visible time
@@ -189,8 +133,7 @@ def start(model, logs, request):
         return srv.wait_ready(headers=headers) if wait else srv
 
     yield _start
-    for srv in started:
-        srv.stop()
+    stop_all(started)
 
 
 @pytest.fixture

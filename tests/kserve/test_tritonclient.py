@@ -511,7 +511,7 @@ def test_sigterm_drains_admitted_requests_then_refuses(start, load_model):
         ok, worst = close(by_id[f"d{i}"].as_numpy("embedding")[0],
                           load_model.reference([seqs[i][0].tolist()])[0].embedding)
         assert ok, f"d{i}: {worst}"
-    assert srv.proc.wait(timeout=60) == 0, srv.log()
+    assert srv.proc.wait(timeout=60) == 0, srv.log_tail()
     print(f"{unanswered} of {n} requests were unanswered at SIGTERM")
 
 

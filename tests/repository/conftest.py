@@ -20,12 +20,12 @@ mk/repository.mk; Debian's PyTorch gives the float64 reference):
              from proto/fastformer/v1/encoder.proto (protoc's descriptor set: no generated
              code, so any protobuf runtime works)
 
-Helpers come from the other suites by import, not by copy: binary, TOL, close, SANITIZER_REPORT
-and the Server's methods (its start on port 0, the bound ports read from its log through
-tests/support/server_ports.py) from tests/kserve/conftest.py, the raw HTTP `call`
-from tests/http/conftest.py. The binaries come from $FASTFORMER_BIN_DIR (default
-<repo>/build/bin); fastformer-loadgen from $FASTFORMER_LOADGEN when set (test-tsan runs the
-TSan server against the Release load generator).
+Helpers come by import, not by copy: the binaries, the server process (its start on port 0,
+the bound ports read from its log, its stop with the sanitizer-report check) and the clean
+environment from tests/pysupport/fastformer_testing; TOL, close and the Server's KServe
+readiness and metrics from tests/kserve/conftest.py; the raw HTTP `call` from
+tests/http/conftest.py. fastformer-loadgen comes from $FASTFORMER_LOADGEN when set (test-tsan
+runs the TSan server against the Release load generator).
 """
 
 from __future__ import annotations
@@ -56,16 +56,16 @@ def _import(name: str, path: Path):
     return mod
 
 
-kserve = _import("kserve_conftest", REPO / "tests" / "kserve" / "conftest.py")  # puts tools/ on sys.path
+kserve = _import("kserve_conftest", REPO / "tests" / "kserve" / "conftest.py")  # puts tests/pysupport, tools/ on sys.path
 http_helpers = _import("http_conftest", REPO / "tests" / "http" / "conftest.py")
 
 import tritonclient.grpc as grpcclient  # noqa: E402
 import tritonclient.http as httpclient  # noqa: E402
+from fastformer_testing import binary, child_env, stop_all  # noqa: E402
 from tritonclient.utils import InferenceServerException  # noqa: E402
 
 mdm, ref = kserve.mdm, kserve.ref
-binary, close, TOL = kserve.binary, kserve.close, kserve.TOL
-server_ports = kserve.server_ports
+close, TOL = kserve.close, kserve.TOL
 call = http_helpers.call  # call(port, method, path, body=None, headers=None) -> Reply(status, headers, body)
 
 # Small models, so that loads and warm-ups take milliseconds and the suite stays fast.
@@ -160,38 +160,16 @@ def repo(tmp_path):
     return Repo(tmp_path / "repository", tmp_path / "staging")
 
 
-def clean_env(extra=None):
-    """The environment without FASTFORMER_* (a flag's env twin would change what runs)."""
-    env = {k: v for k, v in os.environ.items() if not k.startswith("FASTFORMER_")}
-    env.update(extra or {})
-    return env
-
-
 class Server(kserve.Server):
-    """One fastformer-server on a repository: gRPC `url`, /metrics on `metrics_port`, the HTTP
-    listener on `http_port`. Flag values may be lists (a repeated flag: --load-model)."""
+    """One fastformer-server on a repository (Server(repository, log_dir, name, env_extra=None,
+    **flags)): gRPC `url`, /metrics on `metrics_port`, the HTTP listener on `http_port`. Flag
+    values may be lists (a repeated flag: --load-model). `pid` is the server's (setpriv execs it)."""
 
-    def __init__(self, repository: Path, log_dir: Path, name: str, env_extra=None, **flags):
-        opts = {"model-repository": repository, "listen": server_ports.ANY, "metrics-listen": server_ports.ANY,
-                "http-listen": server_ports.ANY, "backend": "cpu", "threads": 2}
-        opts.update({k.replace("_", "-"): v for k, v in flags.items()})
-        self.cmd = [str(binary("fastformer-server"))]
-        for k, v in opts.items():
-            for one in (v if isinstance(v, (list, tuple)) else [v]):
-                self.cmd += [f"--{k}", str(one)]
-        # setpriv (kserve.Server._launch) execs the server: self.proc.pid is the server's
-        self._launch(log_dir / f"{name}.log", opts, clean_env(env_extra))
+    MODEL_FLAG = "model-repository"
 
     @property
     def http_url(self) -> str:
         return self.ports.address("http")
-
-    @property
-    def pid(self) -> int:
-        return self.proc.pid
-
-    def full_log(self) -> str:
-        return self.log_path.read_text(errors="replace")
 
     def grpc(self) -> grpcclient.InferenceServerClient:
         return grpcclient.InferenceServerClient(self.url)
@@ -216,23 +194,10 @@ class Server(kserve.Server):
                 client.close()
         return {(m["name"], m.get("version", "")): (m.get("state", ""), m.get("reason", "")) for m in models}, models
 
-    def wait_for(self, predicate, what: str, timeout=20.0, interval=0.05):
-        """Polls predicate() until it returns a true value (returned); fails with `what` and the log."""
-        deadline = time.monotonic() + timeout
-        last = None
-        while time.monotonic() < deadline:
-            if self.proc.poll() is not None:
-                pytest.fail(f"fastformer-server exited with {self.proc.returncode} while waiting for {what}\n"
-                            f"{self.log()}", pytrace=False)
-            try:
-                last = predicate()
-            except (InferenceServerException, OSError, AssertionError) as e:
-                last = e
-            else:
-                if last:
-                    return last
-            time.sleep(interval)
-        pytest.fail(f"not within {timeout} s: {what} (last: {last!r})\n{self.log()}", pytrace=False)
+    def wait_for(self, predicate, what: str, timeout=20.0, interval=0.05,
+                 retry_on=(InferenceServerException, OSError, AssertionError)):
+        """ServerProcess.wait_for, where a client's error or a failed assertion is "not yet"."""
+        return super().wait_for(predicate, what, timeout, interval, retry_on)
 
     def rss_kib(self):
         """(VmRSS, VmHWM) of the server process in KiB."""
@@ -261,8 +226,7 @@ def start(logs, request):
         return srv.wait_ready() if wait else srv
 
     yield _start
-    for srv in started:
-        srv.stop()
+    stop_all(started)
 
 
 # ----------------------------------------------------------------------------- requests and checks
@@ -362,7 +326,7 @@ def parse_loadgen(stdout: str):
 
 def run_loadgen(srv: Server, *args, timeout=120):
     """Runs fastformer-loadgen to the end; its JSON steps (the exit status must be 0)."""
-    out = subprocess.run(loadgen_cmd(srv, *args), capture_output=True, text=True, timeout=timeout, env=clean_env())
+    out = subprocess.run(loadgen_cmd(srv, *args), capture_output=True, text=True, timeout=timeout, env=child_env())
     assert out.returncode == 0, f"fastformer-loadgen exited {out.returncode}:\n{out.stderr[-3000:]}"
     return parse_loadgen(out.stdout)
 
@@ -372,7 +336,7 @@ class LoadgenProcess:
 
     def __init__(self, srv: Server, *args):
         self.proc = subprocess.Popen(loadgen_cmd(srv, *args), stdout=subprocess.PIPE, stderr=subprocess.PIPE,
-                                     text=True, env=clean_env())
+                                     text=True, env=child_env())
 
     def result(self, timeout=120):
         try:

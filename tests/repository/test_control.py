@@ -85,7 +85,7 @@ def test_explicit_index_load_unload_grpc(start, repo, sources):
         c.unload_model("nope")  # as Triton: unloading what is not loaded does nothing, successfully
     finally:
         c.close()
-    lines = [line for line in srv.full_log().splitlines() if "classify version 1" in line]
+    lines = [line for line in srv.log_text().splitlines() if "classify version 1" in line]
     assert any("model classify version 1 READY in" in line for line in lines), "\n".join(lines)
     assert any("model classify version 1 unloaded" in line for line in lines), \
         "no log line 'model classify version 1 unloaded' (the pinned log line); its lines:\n" + "\n".join(lines)
@@ -249,7 +249,7 @@ def test_broken_version_3_leaves_version_2_serving(start, repo, sources, breakag
         assert srv.metric("fastformer_model_load_failures_total", model="embed") == before + 1
         assert srv.metric("fastformer_model_state", model="embed", version="3", state="UNAVAILABLE") == 1
         assert srv.metric("fastformer_model_state", model="embed", version="2", state="READY") == 1
-        assert "load of model embed version 3 failed" in srv.full_log()
+        assert "load of model embed version 3 failed" in srv.log_text()
 
         # the HTTP index shows the same reason
         h = srv.http()

@@ -116,8 +116,8 @@ def test_hot_swap_under_load(start, repo, sources):
     for s in seqs:  # the references of both weight sets, computed before the clock starts
         sources.v1.reference(s)
         sources.v2.reference(s)
-    m = READY_LINE.search(srv.full_log())
-    assert m, f"no 'model embed version 1 READY in ...' line in the log\n{srv.log()}"
+    m = READY_LINE.search(srv.log_text())
+    assert m, f"no 'model embed version 1 READY in ...' line in the log\n{srv.log_tail()}"
     start_ready_s = float(m.group(2))
     gap_s = max(1.0, 3 * start_ready_s + 0.3)  # between swap starts, from what the first load took
 
@@ -191,7 +191,7 @@ def test_hot_swap_under_load(start, repo, sources):
     assert srv.index()[0][("embed", str(final))][0] == "READY"
 
     # ---- the figures
-    log_ready = {int(m.group(1)): [float(m.group(k)) for k in (2, 3, 4)] for m in READY_LINE.finditer(srv.full_log())}
+    log_ready = {int(m.group(1)): [float(m.group(k)) for k in (2, 3, 4)] for m in READY_LINE.finditer(srv.log_text())}
     in_loads = [lat for _, t0, t1 in swaps for lat in checker.latencies(t0, t1 + 0.1)]
     report = {
         "swaps": SWAPS,
@@ -284,11 +284,11 @@ def test_unload_while_requests_are_in_flight(start, repo, sources):
         result = infer(c, grpcclient, "classify", cseqs)  # another model, unaffected
         assert response_model(result) == ("classify", "1")
         t.join(timeout=60)
-        assert not t.is_alive(), f"RepositoryModelUnload did not return within 60 s\n{srv.log()}"
+        assert not t.is_alive(), f"RepositoryModelUnload did not return within 60 s\n{srv.log_tail()}"
         assert "error" not in unloaded, unloaded.get("error")
         with all_done:
             assert all_done.wait_for(lambda: len(done) == n_admitted + n_during, timeout=60), \
-                f"{n_admitted + n_during - len(done)} requests never answered\n{srv.log()}"
+                f"{n_admitted + n_during - len(done)} requests never answered\n{srv.log_tail()}"
     finally:
         c.close()
 

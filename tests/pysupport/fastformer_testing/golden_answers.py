@@ -1,6 +1,6 @@
-"""Answers against a golden file, for issue 33's "behaviour unchanged" (tests/http and tests/e2e):
-every protocol's answers to a fixed set of good and bad requests, recorded before the serving
-core is restructured, and compared after.
+"""Answers against a golden file, for issue 33's "behaviour unchanged" (tests/http, tests/e2e,
+tests/kserve): every protocol's answers to a fixed set of good and bad requests, recorded before
+the serving core is restructured, and compared after.
 
 An answer is plain JSON: a status (an HTTP status or a gRPC code's name), what else carries
 meaning, and a body. `normalize` replaces what differs from run to run of the same build

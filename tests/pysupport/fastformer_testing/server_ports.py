@@ -14,7 +14,8 @@ test server is given 127.0.0.1:0 (ANY) and its bound port is read from its log:
   Prometheus (--web.listen-address=127.0.0.1:0), PROMETHEUS:
     web      msg="Listening on" address=127.0.0.1:43214
 
-The API (a plain module: a conftest puts tests/support on sys.path and imports server_ports):
+The API (`from fastformer_testing import server_ports`; ServerProcess, fastformer_testing/server.py,
+starts a server with every listener on ANY and reads its ports through ServerPorts):
 
   wait_for_ports(log, listeners=("grpc", "metrics", "http"), proc=None, timeout=30.0, ...)
       -> {listener: port}: waits until the log holds every listener's line. `log` is the log
