@@ -12,8 +12,9 @@ SANITIZER_FILES := $(CURDIR)/tests/sanitizers
 
 # A report fails the run: ASan and TSan halt at the first report (exit non-zero), UBSan aborts
 # at the first error (-fno-sanitize-recover=all), LSan fails the exit of a leaking process, and
-# the e2e fixtures fail a test whose server log holds a report (tests/e2e/conftest.py). The
-# sanitizer gates in tests/sanitizers (ctest) prove each of these fails.
+# the pytest suites fail a test whose server log holds a report (the server fixture base,
+# tests/pysupport/fastformer_testing/sanitizers.py). The sanitizer gates in tests/sanitizers
+# (ctest) prove each of these fails.
 SANITIZER_ENV := \
   ASAN_OPTIONS=detect_leaks=1:halt_on_error=1:suppressions=$(SANITIZER_FILES)/asan.supp \
   LSAN_OPTIONS=suppressions=$(SANITIZER_FILES)/lsan.supp \
