@@ -53,18 +53,6 @@ Api api_of(std::string_view path) {
   return Api::kTei;
 }
 
-std::vector<std::string> split_path(std::string_view path) {
-  std::vector<std::string> parts;
-  size_t at = 1;
-  while (at <= path.size()) {
-    const size_t slash = path.find('/', at);
-    const size_t end = slash == std::string_view::npos ? path.size() : slash;
-    parts.emplace_back(path.substr(at, end - at));
-    at = end + 1;
-  }
-  return parts;
-}
-
 }  // namespace
 
 Response json_response(bhttp::status status, std::string body) {
@@ -278,12 +266,108 @@ void HttpApi::submit(Call call, std::shared_ptr<const serving::ServedModel> mode
   }
 }
 
+bool match_path(std::string_view pattern, std::string_view path, PathParams* params) {
+  *params = {};
+  if (!pattern.starts_with('/') || !path.starts_with('/')) return false;
+  pattern.remove_prefix(1);
+  path.remove_prefix(1);
+  for (;;) {
+    const size_t p_end = std::min(pattern.find('/'), pattern.size());
+    const std::string_view want = pattern.substr(0, p_end);
+    if (want.starts_with('{') && want.ends_with("...}")) {  // the rest of the path
+      if (path.empty()) return false;
+      params->model = std::string(path);
+      return true;
+    }
+    const size_t s_end = std::min(path.find('/'), path.size());
+    const std::string_view got = path.substr(0, s_end);
+    if (want == "{model}" || want == "{version}") {
+      if (got.empty()) return false;
+      (want == "{model}" ? params->model : params->version) = std::string(got);
+    } else if (want != got) {
+      return false;
+    }
+    const bool pattern_done = p_end == pattern.size(), path_done = s_end == path.size();
+    if (pattern_done || path_done) return pattern_done && path_done;
+    pattern.remove_prefix(p_end + 1);
+    path.remove_prefix(s_end + 1);
+  }
+}
+
+const std::vector<HttpApi::Route>& HttpApi::routes() {
+  using V = bhttp::verb;
+  using P = const PathParams&;
+  using R = const Request&;
+  static const std::vector<Route> table = {
+      // OpenAI
+      {V::post, "/v1/embeddings", "POST /v1/embeddings",
+       [](HttpApi& a, R r, Call c, P) { a.openai_embeddings(r, std::move(c)); }},
+      {V::get, "/v1/models", "GET /v1/models",
+       [](HttpApi& a, R, Call c, P) { a.openai_models(std::move(c)); }},
+      {V::get, "/v1/models/{model...}", "GET /v1/models",
+       [](HttpApi& a, R, Call c, P p) { a.openai_model(std::move(c), p.model); }},
+      // text-embeddings-inference
+      {V::post, "/embed", "POST /embed",
+       [](HttpApi& a, R r, Call c, P) { a.tei_embed(r, std::move(c), false); }},
+      {V::post, "/embed_all", "POST /embed_all",
+       [](HttpApi& a, R r, Call c, P) { a.tei_embed(r, std::move(c), true); }},
+      {V::post, "/predict", "POST /predict",
+       [](HttpApi& a, R r, Call c, P) { a.tei_predict(r, std::move(c)); }},
+      {V::post, "/tokenize", "POST /tokenize",
+       [](HttpApi& a, R r, Call c, P) { a.tei_tokenize(r, std::move(c)); }},
+      {V::get, "/info", "GET /info", [](HttpApi& a, R, Call c, P) { a.tei_info(std::move(c)); }},
+      {V::get, "/health", "GET /health",
+       [](HttpApi& a, R, Call c, P) { a.tei_health(std::move(c)); }},
+      {V::post, "/", "POST /", [](HttpApi& a, R r, Call c, P) { a.tei_default(r, std::move(c)); }},
+      // KServe v2
+      {V::get, "/v2", "GET /v2",
+       [](HttpApi& a, R, Call c, P) { a.kserve_server_metadata(std::move(c)); }},
+      {V::get, "/v2/health/live", "GET /v2/health/live",
+       [](HttpApi& a, R, Call c, P) { a.kserve_health(std::move(c), true); }},
+      {V::get, "/v2/health/ready", "GET /v2/health/ready",
+       [](HttpApi& a, R, Call c, P) { a.kserve_health(std::move(c), false); }},
+      {V::get, "/v2/models/stats", "GET /v2/models/{model}/stats",
+       [](HttpApi& a, R, Call c, P) { a.kserve_model(std::move(c), "stats", "", ""); }},
+      {V::get, "/v2/models/{model}", "GET /v2/models/{model}",
+       [](HttpApi& a, R, Call c, P p) { a.kserve_model(std::move(c), "", p.model, ""); }},
+      {V::get, "/v2/models/{model}/versions/{version}", "GET /v2/models/{model}",
+       [](HttpApi& a, R, Call c, P p) { a.kserve_model(std::move(c), "", p.model, p.version); }},
+      {V::get, "/v2/models/{model}/ready", "GET /v2/models/{model}/ready",
+       [](HttpApi& a, R, Call c, P p) { a.kserve_model(std::move(c), "ready", p.model, ""); }},
+      {V::get, "/v2/models/{model}/versions/{version}/ready", "GET /v2/models/{model}/ready",
+       [](HttpApi& a, R, Call c, P p) {
+         a.kserve_model(std::move(c), "ready", p.model, p.version);
+       }},
+      {V::get, "/v2/models/{model}/config", "GET /v2/models/{model}/config",
+       [](HttpApi& a, R, Call c, P p) { a.kserve_model(std::move(c), "config", p.model, ""); }},
+      {V::get, "/v2/models/{model}/versions/{version}/config", "GET /v2/models/{model}/config",
+       [](HttpApi& a, R, Call c, P p) {
+         a.kserve_model(std::move(c), "config", p.model, p.version);
+       }},
+      {V::get, "/v2/models/{model}/stats", "GET /v2/models/{model}/stats",
+       [](HttpApi& a, R, Call c, P p) { a.kserve_model(std::move(c), "stats", p.model, ""); }},
+      {V::get, "/v2/models/{model}/versions/{version}/stats", "GET /v2/models/{model}/stats",
+       [](HttpApi& a, R, Call c, P p) {
+         a.kserve_model(std::move(c), "stats", p.model, p.version);
+       }},
+      {V::post, "/v2/models/{model}/infer", "POST /v2/models/{model}/infer",
+       [](HttpApi& a, R r, Call c, P p) { a.kserve_infer(r, std::move(c), p.model, ""); }},
+      {V::post, "/v2/models/{model}/versions/{version}/infer", "POST /v2/models/{model}/infer",
+       [](HttpApi& a, R r, Call c, P p) { a.kserve_infer(r, std::move(c), p.model, p.version); }},
+      {V::post, "/v2/repository/index", "POST /v2/repository/index",
+       [](HttpApi& a, R r, Call c, P) { a.kserve_repository(r, std::move(c), "", false); }},
+      {V::post, "/v2/repository/models/{model}/load", "POST /v2/repository/models/{model}/load",
+       [](HttpApi& a, R r, Call c, P p) { a.kserve_repository(r, std::move(c), p.model, false); }},
+      {V::post, "/v2/repository/models/{model}/unload", "POST /v2/repository/models/{model}/unload",
+       [](HttpApi& a, R r, Call c, P p) { a.kserve_repository(r, std::move(c), p.model, true); }},
+  };
+  return table;
+}
+
 void HttpApi::handle(Request& request, std::shared_ptr<Responder> responder) {
   const std::string_view target = request.target();
   const std::string_view path = target.substr(0, target.find('?'));
   const bhttp::verb verb = request.method();
-  const bool get = verb == bhttp::verb::get || verb == bhttp::verb::head;
-  const bool post = verb == bhttp::verb::post;
   Call call{"HTTP (no route)", api_of(path), Clock::now(), std::move(responder)};
 
   const bool health = path == "/health" || path == "/v2/health/live" || path == "/v2/health/ready";
@@ -316,91 +400,59 @@ void HttpApi::handle(Request& request, std::shared_ptr<Responder> responder) {
                                                  " is not supported; send the body uncompressed"});
   }
 
-  auto wrong_method = [&](const char* allowed) {
+  // The first route whose pattern and method match; else a route whose pattern matches with
+  // another method (405, naming it), else none (404).
+  const Route* wrong_method = nullptr;
+  PathParams params;
+  for (const Route& route : routes()) {
+    if (!match_path(route.pattern, path, &params)) continue;
+    const bool verb_ok =
+        verb == route.verb || (route.verb == bhttp::verb::get && verb == bhttp::verb::head);
+    if (!verb_ok) {
+      if (wrong_method == nullptr) wrong_method = &route;
+      continue;
+    }
+    call.method = route.method;
+    return route.handle(*this, request, std::move(call), params);
+  }
+  if (wrong_method != nullptr) {
+    call.method = wrong_method->method;
+    const char* allowed = wrong_method->verb == bhttp::verb::get ? "GET" : "POST";
     Response response = error_response(
         call.api, bhttp::status::method_not_allowed,
         std::string(request.method_string()) + " " + std::string(path) + ": use " + allowed);
     response.set(bhttp::field::allow, allowed);
-    answer(call, std::move(response), invalid_argument("method not allowed"));
-  };
-  // OpenAI and TEI: fixed paths.
-  if (path == "/v1/embeddings") {
-    call.method = "POST /v1/embeddings";
-    return post ? openai_embeddings(request, std::move(call)) : wrong_method("POST");
+    return answer(call, std::move(response), invalid_argument("method not allowed"));
   }
-  if (path == "/v1/models" || path.starts_with("/v1/models/")) {
-    call.method = "GET /v1/models";
-    if (!get) return wrong_method("GET");
-    if (path != "/v1/models") {
-      const std::string id(path.substr(std::string_view("/v1/models/").size()));
-      if (!find(call, id, "", "model")) return;
-      json::Writer w;
-      w.raw("{\"id\":").string(id).raw(",\"object\":\"model\",\"created\":").number(created_);
-      w.raw(",\"owned_by\":\"fastformer\"}");
-      return answer(call, json_response(bhttp::status::ok, w.take()), Status());
-    }
-    return openai_models(std::move(call));
-  }
-  if (path == "/embed" || path == "/embed_all") {
-    call.method = path == "/embed" ? "POST /embed" : "POST /embed_all";
-    return post ? tei_embed(request, std::move(call), path == "/embed_all") : wrong_method("POST");
-  }
-  if (path == "/predict") {
-    call.method = "POST /predict";
-    return post ? tei_predict(request, std::move(call)) : wrong_method("POST");
-  }
-  if (path == "/tokenize") {
-    call.method = "POST /tokenize";
-    return post ? tei_tokenize(request, std::move(call)) : wrong_method("POST");
-  }
-  if (path == "/info") {
-    call.method = "GET /info";
-    return get ? tei_info(std::move(call)) : wrong_method("GET");
-  }
-  if (path == "/health") {
-    call.method = "GET /health";
-    return get ? tei_health(std::move(call)) : wrong_method("GET");
-  }
-  if (path == "/") {
-    call.method = "POST /";
-    if (!post) return wrong_method("POST");
-    const auto served = find(call, "");
-    if (!served) return;
-    // TEI's default route: /predict for a classifier, /embed otherwise.
-    if (served->model->num_labels() > 0) return tei_predict(request, std::move(call));
-    return tei_embed(request, std::move(call), false);
-  }
-  // KServe v2: /v2, /v2/health/..., /v2/models/{m}[/versions/{v}][/ready|config|stats|infer].
-  if (path == "/v2" || path.starts_with("/v2/")) {
-    const std::vector<std::string> parts = split_path(path);
-    if (parts.size() >= 2 && parts[1] == "repository") {
-      call.method = parts.size() == 3 ? "POST /v2/repository/index"
-                    : parts.size() == 5 && parts[4] == "load"
-                        ? "POST /v2/repository/models/{model}/load"
-                        : "POST /v2/repository/models/{model}/unload";
-      if (!post) return wrong_method("POST");
-      return kserve_repository(request, std::move(call), parts);
-    }
-    const bool infer = parts.size() >= 4 && parts[1] == "models" && parts.back() == "infer";
-    if (infer) {
-      call.method = "POST /v2/models/{model}/infer";
-      if (!post) return wrong_method("POST");
-      std::string version;
-      if (parts.size() == 6 && parts[3] == "versions") {
-        version = parts[4];
-      } else if (parts.size() != 4) {
-        call.method = "HTTP (no route)";
-        return fail(call, {StatusCode::kNotFound, "no route " + std::string(path)});
-      }
-      return kserve_infer(request, std::move(call), parts[2], version);
-    }
-    if (!get) return wrong_method("GET");
-    return kserve_get(request, std::move(call), parts);
+  const std::string route = std::string(request.method_string()) + " " + std::string(path);
+  if (call.api == Api::kKServe) {
+    return fail(call, {StatusCode::kNotFound,
+                       "no route " + route +
+                           " (KServe v2 routes: GET /v2, /v2/health/{live,ready}, "
+                           "/v2/models/{model}[/versions/{version}][/ready|/config|/stats], "
+                           "POST .../infer, /v2/repository/index, "
+                           "/v2/repository/models/{model}/{load,unload})"});
   }
   fail(call, {StatusCode::kNotFound,
-              "no route " + std::string(request.method_string()) + " " + std::string(path) +
+              "no route " + route +
                   " (routes: POST /v1/embeddings, GET /v1/models, POST /embed, /embed_all, "
                   "/predict, /tokenize, /, GET /info, /health, and KServe v2 under /v2)"});
+}
+
+void HttpApi::openai_model(Call call, const std::string& id) {
+  if (!find(call, id, "", "model")) return;
+  json::Writer w;
+  w.raw("{\"id\":").string(id).raw(",\"object\":\"model\",\"created\":").number(created_);
+  w.raw(",\"owned_by\":\"fastformer\"}");
+  answer(call, json_response(bhttp::status::ok, w.take()), Status());
+}
+
+void HttpApi::tei_default(const Request& request, Call call) {
+  const auto served = find(call, "");
+  if (!served) return;
+  // TEI's default route: /predict for a classifier, /embed otherwise.
+  if (served->model->num_labels() > 0) return tei_predict(request, std::move(call));
+  tei_embed(request, std::move(call), false);
 }
 
 }  // namespace fastformer::http

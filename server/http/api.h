@@ -32,6 +32,16 @@ struct ApiOptions {
 // Which API a route belongs to: its error shape and status codes.
 enum class Api { kOpenAI, kTei, kKServe };
 
+// What a route's pattern captured from a path: {model} (or {model...}: the rest of the path,
+// slashes and all, as OpenAI's model ids may hold them) and {version}.
+struct PathParams {
+  std::string model, version;
+};
+// Whether `path` matches `pattern` ("/v2/models/{model}/ready"): literal segments equal, a
+// {name} segment any non-empty one, a trailing {name...} the non-empty rest. The one path
+// parser of every route.
+bool match_path(std::string_view pattern, std::string_view path, PathParams* params);
+
 class HttpApi final : public Handler {
  public:
   HttpApi(serving::Intake& intake, ApiOptions options);
@@ -56,20 +66,39 @@ class HttpApi final : public Handler {
   // What a finished request's answer is made of (runs on an I/O thread).
   using Format = std::function<Response(const batching::Request&)>;
 
+  // The routes, one table: a request is matched against each pattern in order (match_path,
+  // the one path parser); the first whose pattern and method match handles it. A path that
+  // matches with another method is answered 405 with Allow; none, 404.
+  struct Route {
+    bhttp::verb verb;          ///< get (which also answers HEAD) or post
+    std::string_view pattern;  ///< "/v2/models/{model}/versions/{version}/infer"
+    const char* method;        ///< the metrics' method label
+    void (*handle)(HttpApi& api, const Request& request, Call call, const PathParams& params);
+  };
+  static const std::vector<Route>& routes();
+
  private:
   // Routes (each answers through call.responder exactly once).
   void openai_embeddings(const Request& request, Call call);
   void openai_models(Call call);
+  void openai_model(Call call, const std::string& id);  // GET /v1/models/{id}
   void tei_embed(const Request& request, Call call, bool all_tokens);
   void tei_predict(const Request& request, Call call);
   void tei_tokenize(const Request& request, Call call);
   void tei_info(Call call);
   void tei_health(Call call);
-  void kserve_get(const Request& request, Call call, const std::vector<std::string>& path);
+  void tei_default(const Request& request, Call call);  // POST /: predict or embed
+  void kserve_server_metadata(Call call);
+  void kserve_health(Call call, bool live);
+  // GET /v2/models/{m}[/versions/{v}][/ready|/config|/stats], `what` "", "ready", "config" or
+  // "stats"; an empty model: /v2/models/stats (every model's).
+  void kserve_model(Call call, std::string_view what, const std::string& model,
+                    const std::string& version);
   void kserve_infer(const Request& request, Call call, const std::string& model,
                     const std::string& version);
-  // POST /v2/repository/index, /v2/repository/models/{m}/load and .../unload.
-  void kserve_repository(const Request& request, Call call, const std::vector<std::string>& path);
+  // POST /v2/repository/index (`model` empty), /v2/repository/models/{m}/load and .../unload.
+  void kserve_repository(const Request& request, Call call, const std::string& model, bool unload);
+
 
   // Answers at once (and records the call with the status the answer stands for).
   void answer(Call& call, Response response, const Status& status);

@@ -217,100 +217,60 @@ void data_json(const std::string& datatype, const std::string& raw, json::Writer
 
 }  // namespace
 
-void HttpApi::kserve_get(const Request&, Call call, const std::vector<std::string>& parts) {
-  // parts: "v2", then the rest of the path.
-  const auto ok = [&](std::string body) {
-    answer(call, json_response(bhttp::status::ok, std::move(body)), Status());
-  };
-  if (parts.size() == 1) {
-    call.method = "GET /v2";
-    if (Status s = intake_.availability(); !s.ok()) return fail(call, s);
-    inference::ServerMetadataResponse metadata;
-    serving::fill_server_metadata(intake_, &metadata);
-    metadata.add_extensions("binary_tensor_data");
-    json::Writer w;
-    proto_json(metadata, w);
-    return ok(w.take());
-  }
-  if (parts.size() == 3 && parts[1] == "health" && (parts[2] == "live" || parts[2] == "ready")) {
-    const bool live = parts[2] == "live";
-    call.method = live ? "GET /v2/health/live" : "GET /v2/health/ready";
-    // Live while the process answers; ready once warm and until draining (400 otherwise, as
-    // Triton answers).
-    const bool up = live || intake_.ready();
-    Response response{up ? bhttp::status::ok : bhttp::status::bad_request, 11};
-    return answer(call, std::move(response), Status());
-  }
-  if (parts.size() == 3 && parts[1] == "models" && parts[2] == "stats") {
-    call.method = "GET /v2/models/{model}/stats";
-    inference::ModelStatisticsResponse stats;
-    if (Status s = serving::fill_statistics(intake_, "", "", &stats); !s.ok()) return fail(call, s);
-    json::Writer w;
-    proto_json(stats, w);
-    return ok(w.take());
-  }
-  if (parts.size() >= 3 && parts[1] == "models") {
-    // /v2/models/{m}[/versions/{v}][/ready|/config|/stats]
-    size_t at = 3;
-    std::string version;
-    if (parts.size() >= 5 && parts[3] == "versions") {
-      version = parts[4];
-      at = 5;
-    }
-    const std::string what = at < parts.size() ? parts[at] : "";
-    if (at + 1 < parts.size() ||
-        (what != "" && what != "ready" && what != "config" && what != "stats")) {
-      call.method = "HTTP (no route)";
-      return fail(call, {StatusCode::kNotFound, "no route GET /" + [&] {
-                           std::string p;
-                           for (size_t i = 0; i < parts.size(); ++i) p += (i ? "/" : "") + parts[i];
-                           return p;
-                         }()});
-    }
-    Status status;
-    const auto served = intake_.find(parts[2], version, &status);
-    if (what == "ready") {
-      call.method = "GET /v2/models/{model}/ready";
-      Response response{status.ok() ? bhttp::status::ok : bhttp::status::bad_request, 11};
-      return answer(call, std::move(response), Status());
-    }
-    call.method = what.empty()       ? "GET /v2/models/{model}"
-                  : what == "config" ? "GET /v2/models/{model}/config"
-                                     : "GET /v2/models/{model}/stats";
-    if (!status.ok()) return fail(call, status);
-    json::Writer w;
-    if (what.empty()) {
-      inference::ModelMetadataResponse metadata;
-      serving::fill_model_metadata(intake_, *served, &metadata);
-      proto_json(metadata, w);
-    } else if (what == "config") {
-      inference::ModelConfig config;  // Triton answers the config itself, not its wrapper
-      serving::fill_model_config(*served, &config);
-      proto_json(config, w);
-    } else {
-      inference::ModelStatisticsResponse stats;
-      if (Status s = serving::fill_statistics(intake_, parts[2], version, &stats); !s.ok())
-        return fail(call, s);
-      proto_json(stats, w);
-    }
-    return ok(w.take());
-  }
-  call.method = "HTTP (no route)";
-  fail(call, {StatusCode::kNotFound, "no route under /v2 for this path"});
+void HttpApi::kserve_server_metadata(Call call) {
+  if (Status s = intake_.availability(); !s.ok()) return fail(call, s);
+  inference::ServerMetadataResponse metadata;
+  serving::fill_server_metadata(intake_, &metadata);
+  metadata.add_extensions("binary_tensor_data");
+  json::Writer w;
+  proto_json(metadata, w);
+  answer(call, json_response(bhttp::status::ok, w.take()), Status());
 }
 
-void HttpApi::kserve_repository(const Request& http_request, Call call,
-                                const std::vector<std::string>& parts) {
-  // parts: "v2", "repository", then "index" or "models", {m}, "load" | "unload".
-  const bool index = parts.size() == 3 && parts[2] == "index";
-  const bool control =
-      parts.size() == 5 && parts[2] == "models" && (parts[4] == "load" || parts[4] == "unload");
-  if (!index && !control) {
-    call.method = "HTTP (no route)";
-    return fail(call, {StatusCode::kNotFound,
-                       "no route: the repository routes are POST /v2/repository/index, "
-                       "/v2/repository/models/{model}/load and .../unload"});
+void HttpApi::kserve_health(Call call, bool live) {
+  // Live while the process answers; ready once warm and until draining (400 otherwise, as
+  // Triton answers).
+  const bool up = live || intake_.ready();
+  Response response{up ? bhttp::status::ok : bhttp::status::bad_request, 11};
+  answer(call, std::move(response), Status());
+}
+
+void HttpApi::kserve_model(Call call, std::string_view what, const std::string& model,
+                           const std::string& version) {
+  json::Writer w;
+  if (model.empty()) {  // GET /v2/models/stats: every model's
+    inference::ModelStatisticsResponse stats;
+    if (Status s = serving::fill_statistics(intake_, "", "", &stats); !s.ok()) return fail(call, s);
+    proto_json(stats, w);
+    return answer(call, json_response(bhttp::status::ok, w.take()), Status());
   }
+  Status status;
+  const auto served = intake_.find(model, version, &status);
+  if (what == "ready") {
+    Response response{status.ok() ? bhttp::status::ok : bhttp::status::bad_request, 11};
+    return answer(call, std::move(response), Status());
+  }
+  if (!status.ok()) return fail(call, status);
+  if (what.empty()) {
+    inference::ModelMetadataResponse metadata;
+    serving::fill_model_metadata(intake_, *served, &metadata);
+    proto_json(metadata, w);
+  } else if (what == "config") {
+    inference::ModelConfig config;  // Triton answers the config itself, not its wrapper
+    serving::fill_model_config(*served, &config);
+    proto_json(config, w);
+  } else {
+    inference::ModelStatisticsResponse stats;
+    if (Status s = serving::fill_statistics(intake_, model, version, &stats); !s.ok())
+      return fail(call, s);
+    proto_json(stats, w);
+  }
+  answer(call, json_response(bhttp::status::ok, w.take()), Status());
+}
+
+void HttpApi::kserve_repository(const Request& http_request, Call call, const std::string& model,
+                                bool unload) {
+  const bool index = model.empty();
   if (Status s = intake_.availability(); !s.ok()) return fail(call, s);
   // The body is optional (tritonclient sends none for the index): {"ready": bool} for the
   // index, {"parameters": {...}} for load and unload.
@@ -346,8 +306,6 @@ void HttpApi::kserve_repository(const Request& http_request, Call call,
     w.ch(']');
     return answer(call, json_response(bhttp::status::ok, w.take()), Status());
   }
-  const std::string& model = parts[3];
-  const bool unload = parts[4] == "unload";
   std::vector<std::string> parameters;
   if (has_body && !body["parameters"].get(v)) {
     simdjson::dom::object p;

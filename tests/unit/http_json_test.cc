@@ -148,5 +148,51 @@ TEST(HttpErrors, EachApiItsShapeAndStatus) {
   EXPECT_EQ(http_status(Api::kKServe, {StatusCode::kNotFound, ""}), bhttp::status::not_found);
 }
 
+TEST(HttpRoutes, ThePathParserMatchesSegmentsAndCaptures) {
+  PathParams p;
+  EXPECT_TRUE(match_path("/v2/models/{model}/ready", "/v2/models/m/ready", &p));
+  EXPECT_EQ(p.model, "m");
+  EXPECT_TRUE(match_path("/v2/models/{model}/versions/{version}/infer",
+                         "/v2/models/text/versions/12/infer", &p));
+  EXPECT_EQ(p.model, "text");
+  EXPECT_EQ(p.version, "12");
+  EXPECT_FALSE(match_path("/v2/models/{model}/ready", "/v2/models//ready", &p));  // empty name
+  EXPECT_FALSE(match_path("/v2/models/{model}", "/v2/models/m/extra", &p));
+  EXPECT_FALSE(match_path("/v2/models/{model}/ready", "/v2/models/m", &p));
+  EXPECT_FALSE(match_path("/embed", "/embed_all", &p));
+  EXPECT_TRUE(match_path("/", "/", &p));
+  EXPECT_FALSE(match_path("/", "/x", &p));
+  EXPECT_TRUE(match_path("/v1/models/{model...}", "/v1/models/BAAI/bge-small", &p));
+  EXPECT_EQ(p.model, "BAAI/bge-small");  // OpenAI's ids may hold slashes
+  EXPECT_FALSE(match_path("/v1/models/{model...}", "/v1/models/", &p));
+  EXPECT_FALSE(match_path("/v1/models/{model...}", "/v1/models", &p));
+}
+
+// Every route in the table is the one a request for its own path reaches: no route shadows
+// another, and each (method, pattern) appears once.
+TEST(HttpRoutes, EveryRouteIsReachable) {
+  const auto& routes = HttpApi::routes();
+  ASSERT_GE(routes.size(), 25u);
+  for (const HttpApi::Route& route : routes) {
+    std::string path(route.pattern);
+    for (const auto& [from, to] : {std::pair<std::string, std::string>{"{model...}", "org/name"},
+                                   {"{model}", "some-model"},
+                                   {"{version}", "3"}}) {
+      for (size_t at; (at = path.find(from)) != std::string::npos;)
+        path.replace(at, from.size(), to);
+    }
+    const HttpApi::Route* first = nullptr;
+    PathParams params;
+    for (const HttpApi::Route& other : routes) {
+      if (other.verb == route.verb && match_path(other.pattern, path, &params)) {
+        first = &other;
+        break;
+      }
+    }
+    EXPECT_EQ(first, &route) << route.pattern << " (" << path << ") is reached by "
+                             << (first ? first->pattern : "nothing");
+  }
+}
+
 }  // namespace
 }  // namespace fastformer::http
