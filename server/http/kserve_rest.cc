@@ -1,7 +1,10 @@
-// KServe v2 REST as Triton serves it, over the same model view (server/rpc/model_view.h) and
-// the same ModelInferRequest conversion (server/rpc/infer_conversion.h) as the gRPC service:
-// an infer body's JSON becomes a ModelInferRequest with raw input contents, and the response's
-// raw outputs become JSON data or, with the binary tensor extension, bytes after the JSON.
+// KServe v2 REST as Triton serves it, over the same model view (server/serving/model_view.h)
+// and the same ModelInferRequest conversion (server/serving/infer_conversion.h) as the gRPC
+// service: an infer body's JSON becomes a ModelInferRequest with raw input contents, and the
+// response's raw outputs become JSON data or, with the binary tensor extension, bytes after
+// the JSON (parse_rest_infer and write_rest_infer, kserve_rest.h).
+#include "server/http/kserve_rest.h"
+
 #include <google/protobuf/descriptor.h>
 #include <google/protobuf/message.h>
 
@@ -17,8 +20,6 @@ using batching::Clock;
 namespace pb = google::protobuf;
 
 namespace {
-
-constexpr const char* kHeaderLength = "Inference-Header-Content-Length";
 
 // A protobuf message as JSON the way Triton's REST API prints it: proto field names, enums by
 // name, 64-bit integers as numbers (protobuf's own JSON printer quotes them, which Triton's
@@ -328,106 +329,90 @@ void HttpApi::kserve_repository(const Request& http_request, Call call, const st
     intake_.repository().load(model, std::move(done));
 }
 
-void HttpApi::kserve_infer(const Request& http_request, Call call, const std::string& model,
-                           const std::string& version) {
-  const auto served = find(call, model, version);
-  if (!served) return;
+Status parse_rest_infer(std::string_view body, std::optional<std::string_view> header_length,
+                        RestInferRequest* out) {
   // The JSON header, then (binary tensor extension) the tensors' bytes.
-  std::string_view body = http_request.body();
   std::string_view binary;
-  if (const auto length = http_request.find(kHeaderLength); length != http_request.end()) {
-    const std::string value(length->value());
+  if (header_length) {
+    const std::string value(*header_length);
     char* end = nullptr;
     const unsigned long long n = std::strtoull(value.c_str(), &end, 10);
     if (end == value.c_str() || *end != '\0' || n > body.size()) {
-      return fail(call, invalid_argument(std::string(kHeaderLength) + ": '" + value +
-                                         "' is not a length within the body's " +
-                                         std::to_string(body.size()) + " bytes"));
+      return invalid_argument(std::string(kHeaderLength) + ": '" + value +
+                              "' is not a length within the body's " + std::to_string(body.size()) +
+                              " bytes");
     }
     binary = body.substr(size_t(n));
     body = body.substr(0, size_t(n));
   }
   thread_local simdjson::dom::parser parser;
   simdjson::dom::element root;
-  if (auto e = json::parse(parser, body, &root)) return fail(call, invalid_argument(*e));
+  if (auto e = json::parse(parser, body, &root)) return invalid_argument(*e);
   simdjson::dom::object object;
   if (root.get_object().get(object)) {
-    return fail(call, invalid_argument(std::string("the request body must be a JSON object, got ") +
-                                       json::type_name(root)));
+    return invalid_argument(std::string("the request body must be a JSON object, got ") +
+                            json::type_name(root));
   }
-  struct Keep {
-    inference::ModelInferRequest proto;
-    serving::InferCall call;
-    std::vector<bool> binary_output;  // per proto output, or all when none were named
-    bool binary_default = false;
-  };
-  auto keep = std::make_shared<Keep>();
-  inference::ModelInferRequest& proto = keep->proto;
-  proto.set_model_name(served->name);
-  proto.set_model_version(version);
+  *out = {};
+  inference::ModelInferRequest& proto = out->proto;
   simdjson::dom::element v;
   if (!object["id"].get(v)) {
     std::string_view id;
-    if (v.get_string().get(id)) return fail(call, invalid_argument("id: expected a string"));
+    if (v.get_string().get(id)) return invalid_argument("id: expected a string");
     proto.set_id(std::string(id));
   }
   if (!object["parameters"].get(v)) {
     simdjson::dom::object parameters;
-    if (v.get_object().get(parameters))
-      return fail(call, invalid_argument("parameters: expected an object"));
+    if (v.get_object().get(parameters)) return invalid_argument("parameters: expected an object");
     for (const auto [key, value] : parameters) {
       if (key == "binary_data_output") {
-        if (value.get_bool().get(keep->binary_default)) {
-          return fail(call,
-                      invalid_argument("parameters.binary_data_output: expected true or false"));
+        if (value.get_bool().get(out->binary_default)) {
+          return invalid_argument("parameters.binary_data_output: expected true or false");
         }
         continue;
       }
       if (key == "timeout") {  // microseconds, as Triton's
         int64_t us = 0;
         if (value.get_int64().get(us) || us <= 0) {
-          return fail(call, invalid_argument(
-                                "parameters.timeout: expected a positive number of microseconds"));
+          return invalid_argument("parameters.timeout: expected a positive number of microseconds");
         }
-        call.deadline = std::min(call.deadline, Clock::now() + std::chrono::microseconds(us));
+        out->timeout_us = us;
         continue;
       }
       inference::InferParameter p;
       if (auto e = read_parameter(value, "parameters." + std::string(key), &p)) {
-        return fail(call, invalid_argument(*e));
+        return invalid_argument(*e);
       }
       (*proto.mutable_parameters())[std::string(key)] = p;
     }
   }
   simdjson::dom::array inputs;
-  if (object["inputs"].get(v)) return fail(call, invalid_argument("inputs: is required"));
-  if (v.get_array().get(inputs)) return fail(call, invalid_argument("inputs: expected an array"));
+  if (object["inputs"].get(v)) return invalid_argument("inputs: is required");
+  if (v.get_array().get(inputs)) return invalid_argument("inputs: expected an array");
   size_t offset = 0;
   size_t i = 0;
   for (const simdjson::dom::element item : inputs) {
     const std::string where = "inputs[" + std::to_string(i++) + "]";
     simdjson::dom::object in;
-    if (item.get_object().get(in))
-      return fail(call, invalid_argument(where + ": expected an object"));
+    if (item.get_object().get(in)) return invalid_argument(where + ": expected an object");
     inference::ModelInferRequest::InferInputTensor* tensor = proto.add_inputs();
     std::string_view s;
     if (in["name"].get(v) || v.get_string().get(s)) {
-      return fail(call, invalid_argument(where + ".name: is required (a string)"));
+      return invalid_argument(where + ".name: is required (a string)");
     }
     tensor->set_name(std::string(s));
     const std::string named = where + " (" + tensor->name() + ")";
     if (in["datatype"].get(v) || v.get_string().get(s)) {
-      return fail(call, invalid_argument(named + ".datatype: is required (a string)"));
+      return invalid_argument(named + ".datatype: is required (a string)");
     }
     tensor->set_datatype(std::string(s));
     simdjson::dom::array shape;
     if (in["shape"].get(v) || v.get_array().get(shape)) {
-      return fail(call, invalid_argument(named + ".shape: is required (an array of integers)"));
+      return invalid_argument(named + ".shape: is required (an array of integers)");
     }
     for (const simdjson::dom::element d : shape) {
       int64_t n = 0;
-      if (d.get_int64().get(n))
-        return fail(call, invalid_argument(named + ".shape: expected integers"));
+      if (d.get_int64().get(n)) return invalid_argument(named + ".shape: expected integers");
       tensor->add_shape(n);
     }
     std::string* raw = proto.add_raw_input_contents();
@@ -435,89 +420,150 @@ void HttpApi::kserve_infer(const Request& http_request, Call call, const std::st
     if (!in["parameters"].get(v)) {
       simdjson::dom::object parameters;
       if (v.get_object().get(parameters)) {
-        return fail(call, invalid_argument(named + ".parameters: expected an object"));
+        return invalid_argument(named + ".parameters: expected an object");
       }
       for (const auto [key, value] : parameters) {
         if (key == "binary_data_size") {
           if (value.get_int64().get(binary_size) || binary_size < 0) {
-            return fail(call,
-                        invalid_argument(named + ".parameters.binary_data_size: expected a size"));
+            return invalid_argument(named + ".parameters.binary_data_size: expected a size");
           }
           continue;
         }
         inference::InferParameter p;
         if (auto e = read_parameter(value, named + ".parameters." + std::string(key), &p)) {
-          return fail(call, invalid_argument(*e));
+          return invalid_argument(*e);
         }
         (*tensor->mutable_parameters())[std::string(key)] = p;
       }
     }
     if (binary_size >= 0) {
       if (offset + size_t(binary_size) > binary.size()) {
-        return fail(call, invalid_argument(named + ".parameters.binary_data_size: " +
-                                           std::to_string(binary_size) + " bytes at offset " +
-                                           std::to_string(offset) + " run past the " +
-                                           std::to_string(binary.size()) +
-                                           " binary bytes after the JSON (" + kHeaderLength + ")"));
+        return invalid_argument(
+            named + ".parameters.binary_data_size: " + std::to_string(binary_size) +
+            " bytes at offset " + std::to_string(offset) + " run past the " +
+            std::to_string(binary.size()) + " binary bytes after the JSON (" + kHeaderLength + ")");
       }
       raw->assign(binary.substr(offset, size_t(binary_size)));
       offset += size_t(binary_size);
       continue;
     }
     if (in["data"].get(v)) {
-      return fail(call,
-                  invalid_argument(named + ".data: is required (or parameters.binary_data_size)"));
+      return invalid_argument(named + ".data: is required (or parameters.binary_data_size)");
     }
     int64_t count = 0;
     if (auto e = flatten(v, tensor->datatype(), named + ".data", raw, &count)) {
-      return fail(call, invalid_argument(*e));
+      return invalid_argument(*e);
     }
   }
   if (offset != binary.size()) {
-    return fail(call,
-                invalid_argument("the body has " + std::to_string(binary.size() - offset) +
-                                 " binary bytes after the JSON that no input's binary_data_size "
-                                 "claims"));
+    return invalid_argument("the body has " + std::to_string(binary.size() - offset) +
+                            " binary bytes after the JSON that no input's binary_data_size "
+                            "claims");
   }
   if (!object["outputs"].get(v)) {
     simdjson::dom::array outputs;
-    if (v.get_array().get(outputs))
-      return fail(call, invalid_argument("outputs: expected an array"));
+    if (v.get_array().get(outputs)) return invalid_argument("outputs: expected an array");
     size_t k = 0;
     for (const simdjson::dom::element item : outputs) {
       const std::string where = "outputs[" + std::to_string(k++) + "]";
-      simdjson::dom::object out;
+      simdjson::dom::object output;
       std::string_view s;
-      if (item.get_object().get(out) || out["name"].get(v) || v.get_string().get(s)) {
-        return fail(call, invalid_argument(where + ".name: is required (a string)"));
+      if (item.get_object().get(output) || output["name"].get(v) || v.get_string().get(s)) {
+        return invalid_argument(where + ".name: is required (a string)");
       }
       proto.add_outputs()->set_name(std::string(s));
-      bool binary_output = keep->binary_default;
-      if (!out["parameters"].get(v)) {
+      bool binary_output = out->binary_default;
+      if (!output["parameters"].get(v)) {
         simdjson::dom::object parameters;
         if (v.get_object().get(parameters)) {
-          return fail(call, invalid_argument(where + ".parameters: expected an object"));
+          return invalid_argument(where + ".parameters: expected an object");
         }
         for (const auto [key, value] : parameters) {
           if (key == "binary_data") {
             if (value.get_bool().get(binary_output)) {
-              return fail(call, invalid_argument(
-                                    where + ".parameters.binary_data: expected true or false"));
+              return invalid_argument(where + ".parameters.binary_data: expected true or false");
             }
           } else if (key == "classification") {
-            return fail(call,
-                        invalid_argument(where + ".parameters.classification: the classification "
-                                                 "extension is not supported; ask for logits"));
+            return invalid_argument(where +
+                                    ".parameters.classification: the classification "
+                                    "extension is not supported; ask for logits");
           }
         }
       }
-      keep->binary_output.push_back(binary_output);
+      out->binary_output.push_back(binary_output);
     }
+  }
+  return Status();
+}
+
+Response write_rest_infer(const RestInferRequest& request,
+                          const inference::ModelInferResponse& response, const std::string& model,
+                          const std::string& version) {
+  json::Writer w;
+  w.raw("{\"model_name\":").string(model);
+  w.raw(",\"model_version\":").string(version);
+  if (!request.proto.id().empty()) w.raw(",\"id\":").string(request.proto.id());
+  w.raw(",\"outputs\":[");
+  std::string tail;
+  for (int k = 0; k < response.outputs_size(); ++k) {
+    const auto& out = response.outputs(k);
+    const std::string& raw = response.raw_output_contents(k);
+    // Outputs named in the request answer in its order (fill_infer_response keeps it).
+    const bool binary = request.binary_output.empty() ? request.binary_default
+                                                      : (size_t(k) < request.binary_output.size() &&
+                                                         request.binary_output[size_t(k)]);
+    if (k > 0) w.ch(',');
+    w.raw("{\"name\":").string(out.name()).raw(",\"datatype\":").string(out.datatype());
+    w.raw(",\"shape\":[");
+    for (int d = 0; d < out.shape_size(); ++d) {
+      if (d > 0) w.ch(',');
+      w.number(out.shape(d));
+    }
+    w.ch(']');
+    if (binary) {
+      w.raw(",\"parameters\":{\"binary_data_size\":").number(int64_t(raw.size())).raw("}}");
+      tail.append(raw);
+    } else {
+      w.raw(",\"data\":");
+      data_json(out.datatype(), raw, w);
+      w.ch('}');
+    }
+  }
+  w.raw("]}");
+  if (tail.empty()) return json_response(bhttp::status::ok, w.take());
+  const size_t header = w.str().size();
+  Response http{bhttp::status::ok, 11};
+  http.set(bhttp::field::content_type, "application/octet-stream");
+  http.set(kHeaderLength, std::to_string(header));
+  http.body() = w.take();
+  http.body().append(tail);
+  return http;
+}
+
+void HttpApi::kserve_infer(const Request& http_request, Call call, const std::string& model,
+                           const std::string& version) {
+  const auto served = find(call, model, version);
+  if (!served) return;
+  struct Keep {
+    RestInferRequest rest;
+    serving::InferCall call;
+  };
+  auto keep = std::make_shared<Keep>();
+  std::optional<std::string_view> header_length;
+  if (const auto length = http_request.find(kHeaderLength); length != http_request.end())
+    header_length = length->value();
+  if (Status s = parse_rest_infer(http_request.body(), header_length, &keep->rest); !s.ok())
+    return fail(call, s);
+  keep->rest.proto.set_model_name(served->name);
+  keep->rest.proto.set_model_version(version);
+  if (keep->rest.timeout_us > 0) {
+    call.deadline =
+        std::min(call.deadline, Clock::now() + std::chrono::microseconds(keep->rest.timeout_us));
   }
   submit(
       call, served, keep,
       [keep, served](batching::Request* out) {
-        return serving::convert_infer_request(keep->proto, *served->model, served->tokenizer(),
+        return serving::convert_infer_request(keep->rest.proto, *served->model, served->tokenizer(),
                                               served->config.limits,
                                               served->config.max_batch_sequences, &keep->call, out);
       },
@@ -525,46 +571,7 @@ void HttpApi::kserve_infer(const Request& http_request, Call call, const std::st
         const serving::ServedModel& answered = serving::Intake::served(r);
         inference::ModelInferResponse response;
         serving::fill_infer_response(keep->call, r, *answered.model, &response);
-        json::Writer w;
-        w.raw("{\"model_name\":").string(answered.name);
-        w.raw(",\"model_version\":").string(answered.version);
-        if (!keep->proto.id().empty()) w.raw(",\"id\":").string(keep->proto.id());
-        w.raw(",\"outputs\":[");
-        std::string tail;
-        for (int k = 0; k < response.outputs_size(); ++k) {
-          const auto& out = response.outputs(k);
-          const std::string& raw = response.raw_output_contents(k);
-          // Outputs named in the request answer in its order (fill_infer_response keeps it).
-          const bool binary =
-              keep->binary_output.empty()
-                  ? keep->binary_default
-                  : (size_t(k) < keep->binary_output.size() && keep->binary_output[size_t(k)]);
-          if (k > 0) w.ch(',');
-          w.raw("{\"name\":").string(out.name()).raw(",\"datatype\":").string(out.datatype());
-          w.raw(",\"shape\":[");
-          for (int d = 0; d < out.shape_size(); ++d) {
-            if (d > 0) w.ch(',');
-            w.number(out.shape(d));
-          }
-          w.ch(']');
-          if (binary) {
-            w.raw(",\"parameters\":{\"binary_data_size\":").number(int64_t(raw.size())).raw("}}");
-            tail.append(raw);
-          } else {
-            w.raw(",\"data\":");
-            data_json(out.datatype(), raw, w);
-            w.ch('}');
-          }
-        }
-        w.raw("]}");
-        if (tail.empty()) return json_response(bhttp::status::ok, w.take());
-        const size_t header = w.str().size();
-        Response http{bhttp::status::ok, 11};
-        http.set(bhttp::field::content_type, "application/octet-stream");
-        http.set(kHeaderLength, std::to_string(header));
-        http.body() = w.take();
-        http.body().append(tail);
-        return http;
+        return write_rest_infer(keep->rest, response, answered.name, answered.version);
       });
 }
 
