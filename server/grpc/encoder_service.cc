@@ -118,6 +118,7 @@ grpc::ServerUnaryReactor* EncoderService::GetModelInfo(grpc::CallbackServerConte
   info->set_max_position_embeddings(uint32_t(c.max_position_embeddings));
   info->set_vocab_size(uint32_t(c.vocab_size));
   info->set_num_labels(uint32_t(model.num_labels()));
+  for (int64_t i = 0; i < model.num_labels(); ++i) info->add_labels(served->label(size_t(i)));
   info->set_accepts_token_ids(model.has_word_embedding());
   info->set_dtype(config.dtype);
   info->set_backend(engine.backend_name());

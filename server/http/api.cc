@@ -134,51 +134,6 @@ HttpApi::HttpApi(serving::Intake& intake, ApiOptions options)
                    std::chrono::system_clock::now().time_since_epoch())
                    .count()) {}
 
-std::vector<std::string> HttpApi::read_labels(const std::string& model_dir) {
-  namespace fs = std::filesystem;
-  // Labels are a courtesy: a file that is missing, not a regular file or not JSON gives none
-  // (the model's own load reports a broken config.json, naming it).
-  auto read = [](const fs::path& path) -> nlohmann::json {
-    std::error_code ec;
-    if (!fs::is_regular_file(path, ec)) return nullptr;
-    try {
-      std::ifstream in(path);
-      if (!in) return nullptr;
-      return nlohmann::json::parse(in, nullptr, /*allow_exceptions=*/false);
-    } catch (const std::exception&) {
-      return nullptr;
-    }
-  };
-  std::vector<std::string> labels;
-  const nlohmann::json config = read(fs::path(model_dir) / "config.json");
-  if (config.is_object() && config.contains("id2label") && config["id2label"].is_object()) {
-    for (const auto& [key, value] : config["id2label"].items()) {
-      char* end = nullptr;
-      const long id = std::strtol(key.c_str(), &end, 10);
-      if (end == key.c_str() || *end != '\0' || id < 0 || id > 1 << 20 || !value.is_string())
-        continue;
-      if (size_t(id) >= labels.size()) labels.resize(size_t(id) + 1);
-      labels[size_t(id)] = value.get<std::string>();
-    }
-    if (!labels.empty()) return labels;
-  }
-  const nlohmann::json file = read(fs::path(model_dir) / "labels.json");
-  if (file.is_object() && file.contains("labels") && file["labels"].is_array()) {
-    for (const auto& value : file["labels"]) {
-      labels.push_back(value.is_string() ? value.get<std::string>() : value.dump());
-    }
-  }
-  return labels;
-}
-
-std::string HttpApi::label(const serving::ServedModel& model, size_t index) const {
-  std::lock_guard lock(labels_mu_);
-  auto it = labels_.find(model.dir);
-  if (it == labels_.end()) it = labels_.emplace(model.dir, read_labels(model.dir)).first;
-  if (index < it->second.size() && !it->second[index].empty()) return it->second[index];
-  return "LABEL_" + std::to_string(index);  // as Hugging Face names labels it was not told
-}
-
 std::shared_ptr<const serving::ServedModel> HttpApi::find(Call& call, std::string_view name,
                                                           const std::string& version,
                                                           const std::string& param) {

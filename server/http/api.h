@@ -50,10 +50,6 @@ class HttpApi final : public Handler {
   Response refuse(std::string_view target, bhttp::status status,
                   const std::string& message) override;
 
-  // The labels of the classifier head from a model directory: config.json's id2label (as
-  // Hugging Face writes it) or labels.json's "labels" (the demo model's); empty when neither.
-  static std::vector<std::string> read_labels(const std::string& model_dir);
-
   // One call in flight: when it arrived, its route (the `method` label) and API, and where
   // its answer goes.
   struct Call {
@@ -99,7 +95,6 @@ class HttpApi final : public Handler {
   // POST /v2/repository/index (`model` empty), /v2/repository/models/{m}/load and .../unload.
   void kserve_repository(const Request& request, Call call, const std::string& model, bool unload);
 
-
   // Answers at once (and records the call with the status the answer stands for).
   void answer(Call& call, Response response, const Status& status);
   void fail(Call& call, const Status& status, const std::string& param = {});
@@ -120,14 +115,9 @@ class HttpApi final : public Handler {
   std::shared_ptr<const serving::ServedModel> find(Call& call, std::string_view name,
                                                    const std::string& version = {},
                                                    const std::string& param = {});
-  // Class `index` of `model`'s classifier head: its config.json's or labels.json's name, else
-  // LABEL_<index>.
-  std::string label(const serving::ServedModel& model, size_t index) const;
 
   serving::Intake& intake_;
   const ApiOptions options_;
-  mutable std::mutex labels_mu_;
-  mutable std::map<std::string, std::vector<std::string>> labels_;  // by version directory
   const int64_t created_ = 0;  // /v1/models' "created": when the server started (Unix s)
 };
 

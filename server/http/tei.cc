@@ -235,7 +235,7 @@ void HttpApi::tei_predict(const Request& http_request, Call call) {
             w.raw("{\"score\":")
                 .f32(scores[order[k]])
                 .raw(",\"label\":")
-                .string(label(serving::Intake::served(r), order[k]));
+                .string(serving::Intake::served(r).label(order[k]));
             w.ch('}');
           }
           w.ch(']');
@@ -329,12 +329,12 @@ void HttpApi::tei_info(Call call) {
     w.raw("{\"classifier\":{\"id2label\":{");
     for (int64_t i = 0; i < model.num_labels(); ++i) {
       if (i > 0) w.ch(',');
-      w.key(std::to_string(i)).string(label(*served, size_t(i)));
+      w.key(std::to_string(i)).string(served->label(size_t(i)));
     }
     w.raw("},\"label2id\":{");
     for (int64_t i = 0; i < model.num_labels(); ++i) {
       if (i > 0) w.ch(',');
-      w.key(label(*served, size_t(i))).number(i);
+      w.key(served->label(size_t(i))).number(i);
     }
     w.raw("}}}");
   } else {

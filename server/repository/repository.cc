@@ -11,6 +11,7 @@
 #include <cstdio>
 #include <filesystem>
 #include <fstream>
+#include <nlohmann/json.hpp>
 #include <sstream>
 #include <utility>
 
@@ -105,6 +106,40 @@ int64_t positive(const std::string& file, const std::string& key, const std::str
 }
 
 }  // namespace
+
+std::vector<std::string> read_labels(const fs::path& version_dir) {
+  auto read = [](const fs::path& path) -> nlohmann::json {
+    std::error_code ec;
+    if (!fs::is_regular_file(path, ec)) return nullptr;
+    try {
+      std::ifstream in(path);
+      if (!in) return nullptr;
+      return nlohmann::json::parse(in, nullptr, /*allow_exceptions=*/false);
+    } catch (const std::exception&) {
+      return nullptr;
+    }
+  };
+  std::vector<std::string> labels;
+  const nlohmann::json config = read(version_dir / "config.json");
+  if (config.is_object() && config.contains("id2label") && config["id2label"].is_object()) {
+    for (const auto& [key, value] : config["id2label"].items()) {
+      char* end = nullptr;
+      const long id = std::strtol(key.c_str(), &end, 10);
+      if (end == key.c_str() || *end != '\0' || id < 0 || id > 1 << 20 || !value.is_string())
+        continue;
+      if (size_t(id) >= labels.size()) labels.resize(size_t(id) + 1);
+      labels[size_t(id)] = value.get<std::string>();
+    }
+    if (!labels.empty()) return labels;
+  }
+  const nlohmann::json file = read(version_dir / "labels.json");
+  if (file.is_object() && file.contains("labels") && file["labels"].is_array()) {
+    for (const auto& value : file["labels"]) {
+      labels.push_back(value.is_string() ? value.get<std::string>() : value.dump());
+    }
+  }
+  return labels;
+}
 
 ModelSettings read_settings(const std::filesystem::path& model_dir, const std::string& name,
                             const ModelSettings& defaults) {
@@ -444,6 +479,7 @@ std::shared_ptr<ServedModel> Repository::load_version(const std::string& name, i
   if (served->name.empty()) served->name = served->model->config().model_name;  // --model-dir
   const auto& c = served->model->config();
   served->config.tokenizer = text::load_tokenizer(dir, *served->model);
+  served->config.labels = read_labels(dir);
   const int64_t max_request_tokens =
       settings.max_request_tokens > 0
           ? settings.max_request_tokens

@@ -47,6 +47,11 @@ std::optional<int64_t> version_number(const std::string& name);
 std::map<int64_t, std::string> version_dirs(const std::filesystem::path& model_dir);
 // `defaults` overridden by <model_dir>/config.pbtxt, if present. Throws std::invalid_argument
 // naming the file and the field.
+// The class names of a version directory's classifier head: config.json's id2label (as Hugging
+// Face writes it) or labels.json's "labels" (the demo model's); empty when neither. Labels are
+// a courtesy: a missing or broken file gives none (the model's own load reports a broken
+// config.json).
+std::vector<std::string> read_labels(const std::filesystem::path& version_dir);
 ModelSettings read_settings(const std::filesystem::path& model_dir, const std::string& name,
                             const ModelSettings& defaults);
 // The versions `policy` serves out of those present (latest 1 when it sets none).

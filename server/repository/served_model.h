@@ -47,6 +47,9 @@ struct ServiceConfig {
   std::string dtype = "float32";
   /// The model directory's tokenizer.json (text::load_tokenizer); null: the model takes no text.
   std::shared_ptr<const text::Tokenizer> tokenizer;
+  /// The classifier head's class names, read once at load (read_labels): config.json's
+  /// id2label, else labels.json's "labels"; empty when neither names them.
+  std::vector<std::string> labels;
 };
 
 // Cumulative statistics of one model version, for the protocol's ModelStatistics: every
@@ -83,6 +86,12 @@ struct ServedModel {
   std::shared_ptr<metrics::ModelSeries> series;
 
   const text::Tokenizer* tokenizer() const { return config.tokenizer.get(); }
+  // Class `index`'s name: config.labels', else LABEL_<index> (as Hugging Face names the labels
+  // it was not told). What every protocol shows.
+  std::string label(size_t index) const {
+    if (index < config.labels.size() && !config.labels[index].empty()) return config.labels[index];
+    return "LABEL_" + std::to_string(index);
+  }
 
   // Closes the queue, runs what it holds and leaves the pool: the scheduler before the queue
   // and the engine it runs on.

@@ -114,6 +114,22 @@ TEST(RepositorySettingsTest, AConfigPbtxtErrorNamesTheFileAndTheField) {
             std::string::npos);
 }
 
+TEST(RepositorySettingsTest, LabelsComeFromId2LabelElseLabelsJson) {
+  TempDir dir;
+  EXPECT_TRUE(read_labels(dir.path()).empty());  // neither file
+  write_text(dir.path() / "labels.json", R"({"labels": ["neg", "pos"]})");
+  EXPECT_EQ(read_labels(dir.path()), (std::vector<std::string>{"neg", "pos"}));
+  write_text(dir.path() / "config.json", R"({"id2label": {"1": "b", "0": "a", "x": "skip"}})");
+  EXPECT_EQ(read_labels(dir.path()), (std::vector<std::string>{"a", "b"}));  // id2label first
+  write_text(dir.path() / "config.json", "not json");
+  EXPECT_EQ(read_labels(dir.path()), (std::vector<std::string>{"neg", "pos"}));
+  ServedModel served;
+  served.config.labels = {"a", ""};
+  EXPECT_EQ(served.label(0), "a");
+  EXPECT_EQ(served.label(1), "LABEL_1");  // unnamed: as Hugging Face names it
+  EXPECT_EQ(served.label(7), "LABEL_7");
+}
+
 // A repository of model "m" on disk, versions written by seed.
 struct Fixture {
   TempDir dir;
