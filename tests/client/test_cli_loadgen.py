@@ -15,11 +15,11 @@ from __future__ import annotations
 
 import csv
 import json
-import os
 import subprocess
 
 import numpy as np
 import pytest
+from fastformer_testing import child_env  # tests/pysupport, on sys.path by the e2e conftest
 
 RUN_TIMEOUT_S = 60
 # The same ragged batch gives bit-identical floats; other batch compositions change GEMM
@@ -28,16 +28,10 @@ EXACT = 0.0
 OTHER_BATCHES_TOL = 1e-5  # |client - encode| <= tol * max(1, |encode|)
 
 
-def _env(**extra):
-    env = {k: v for k, v in os.environ.items() if not k.startswith("FASTFORMER_")}
-    env.update(extra)
-    return env
-
-
 def run(e2e, name, *args, stdin=None, env=None):
     binary = e2e.require_binary(name)
     return subprocess.run([str(binary), *map(str, args)], input=stdin, capture_output=True, text=True,
-                          timeout=RUN_TIMEOUT_S, env=env if env is not None else _env())
+                          timeout=RUN_TIMEOUT_S, env=env if env is not None else child_env())
 
 
 def client(e2e, *args, **kw):
@@ -117,7 +111,7 @@ def test_encode_matches_fastformer_encode(e2e, models, servers, tmp_path, flags)
 
 def test_encode_ids_flags_stdin_and_target_from_environment(e2e, models, servers, tmp_path):
     srv = servers.shared("head")
-    env = _env(FASTFORMER_TARGET=srv.target)
+    env = child_env({"FASTFORMER_TARGET": srv.target})
     by_flags = client(e2e, "encode", "--ids", "5,6,7", "--ids", "8, 0, 9", env=env)
     assert by_flags.returncode == 0, by_flags.stderr
     by_stdin = client(e2e, "encode", "--input", "-", env=env,

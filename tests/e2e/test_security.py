@@ -9,7 +9,6 @@ bad flags and files; metrics bound to loopback only.
 
 from __future__ import annotations
 
-import os
 import shutil
 import signal
 import socket
@@ -20,6 +19,7 @@ from pathlib import Path
 
 import grpc
 import pytest
+from fastformer_testing import child_env  # tests/pysupport, on sys.path by conftest
 
 MODEL = "head"
 TOKEN = "tok-3f1c9a7e5b2d4c6a8e0f1a2b3c4d5e6f"
@@ -362,8 +362,7 @@ def _run_server(e2e, models, *args, timeout=60):
     cmd = [str(binary), "--model-dir", str(models.get(MODEL).dir), "--listen", "127.0.0.1:0",
            "--metrics-listen", "127.0.0.1:0", "--http-listen", "127.0.0.1:0", "--backend", "cpu", "--threads", "1",
            *map(str, args)]
-    env = {k: v for k, v in os.environ.items() if not k.startswith("FASTFORMER_")}
-    p = subprocess.run(e2e.die_with_parent(cmd), capture_output=True, text=True, timeout=timeout, env=env,
+    p = subprocess.run(e2e.die_with_parent(cmd), capture_output=True, text=True, timeout=timeout, env=child_env(),
                        stdin=subprocess.DEVNULL)
     return p.returncode, p.stdout + p.stderr
 
@@ -459,7 +458,7 @@ def test_project_clients_over_mutual_tls_with_token(e2e, servers, pki, tmp_path)
     wait_serving(e2e, srv, Client(e2e, srv, tls_credentials(pki, client="client"), token=TOKEN))
 
     cli = e2e.require_binary("fastformer-client")
-    env = {k: v for k, v in os.environ.items() if not k.startswith("FASTFORMER_")}
+    env = child_env()
     tls_args = ["--target", srv.target, "--tls-ca", pki / "ca.pem", "--tls-cert", pki / "client.pem",
                 "--tls-key", pki / "client.key"]
 
