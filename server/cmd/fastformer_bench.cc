@@ -15,6 +15,7 @@
 #include <vector>
 
 #include "common/workload.h"
+#include "server/cmd/dtype_flag.h"
 #include "server/engine/cpu/onednn_gemm.h"
 #include "server/engine/engine.h"
 #include "server/engine/forward.h"
@@ -141,9 +142,7 @@ int main(int argc, char** argv) {
   app.add_option("--backend", backend_name, "cpu, cuda or auto")
       ->check(CLI::IsMember({"auto", "cpu", "cuda"}))
       ->capture_default_str();
-  app.add_option("--dtype", options.dtype, "float32, float16 or bfloat16")
-      ->check(CLI::IsMember({"float32", "float16", "bfloat16"}))
-      ->capture_default_str();
+  add_dtype_flag(app, &options.dtype, "float32, float16 or bfloat16");
   app.add_option("--threads", options.threads, "CPU threads, 0 = all cores")->capture_default_str();
   app.add_option("--device", options.device, "CUDA device ordinal")->capture_default_str();
   app.add_flag("--allow-tf32", options.allow_tf32, "TF32 GEMMs for float32 on the CUDA engine");
@@ -230,7 +229,7 @@ int main(int argc, char** argv) {
     nlohmann::ordered_json result = {
         {"backend", eng->backend_name()},
         {"device", eng->device_name()},
-        {"dtype", options.dtype},
+        {"dtype", engine::dtype_name(options.dtype)},
         {"model", config.model_name},
         {"lengths", lengths_text},
         {"batch_tokens", batch_tokens},
@@ -254,7 +253,7 @@ int main(int argc, char** argv) {
     nlohmann::ordered_json probe_rows;
     if (probe) {
       const auto* forward = dynamic_cast<const engine::ForwardEngine*>(eng.get());
-      const bool bf16 = options.dtype == "bfloat16";
+      const bool bf16 = options.dtype == engine::Dtype::kBfloat16;
       if (eng->backend_name() != "cpu" || forward == nullptr) {
         std::cerr << "fastformer-bench: --gemm-probe times oneDNN's kernels: the CPU engine only\n";
         return 2;

@@ -19,6 +19,7 @@
 
 #include "common/defaults.h"
 #include "common/jsonl_io.h"
+#include "server/cmd/dtype_flag.h"
 #include "server/engine/engine.h"
 #include "server/engine/error.h"
 #include "server/engine/model.h"
@@ -73,10 +74,8 @@ int main(int argc, char** argv) {
   app.add_option("--backend", backend_name, "auto, cpu or cuda")
       ->check(CLI::IsMember({"auto", "cpu", "cuda"}))
       ->capture_default_str();
-  app.add_option("--dtype", engine_options.dtype,
-                 "float32, float16 or bfloat16 (CPU: float32, or bfloat16 with AVX512_BF16/AMX)")
-      ->check(CLI::IsMember({"float32", "float16", "bfloat16"}))
-      ->capture_default_str();
+  add_dtype_flag(app, &engine_options.dtype,
+                 "float32, float16 or bfloat16 (CPU: float32, or bfloat16 with AVX512_BF16/AMX)");
   app.add_option("--input", input, "input JSON lines, - for stdin")->capture_default_str();
   app.add_option("--output", output, "output JSON lines, - for stdout")->capture_default_str();
   app.add_flag("--return-token-embeddings", out_options.token_embeddings,

@@ -142,18 +142,8 @@ bool Server::load_models() {
   o.poll_secs = f.repository_poll_secs;
   o.default_model = f.default_model;
   o.aliases = f.served_model_names;
-  o.defaults.backend = f.backend;
-  o.defaults.dtype = f.dtype;
-  o.defaults.device = f.device;
-  o.defaults.threads = f.threads;
-  o.defaults.allow_tf32 = f.allow_tf32;
-  o.defaults.max_batch_tokens = f.max_batch_tokens;
-  o.defaults.max_batch_sequences = f.max_batch_sequences;
-  o.defaults.max_queue_delay_us = f.max_queue_delay_us;
-  o.defaults.max_queue_tokens = f.max_queue_tokens;
-  o.defaults.max_request_tokens = f.max_request_tokens;
-  o.defaults.max_request_inputs = f.max_request_inputs;
-  o.max_server_queue_tokens = f.max_queue_tokens;
+  o.defaults = f.model;
+  o.max_server_queue_tokens = f.model.max_queue_tokens;
   o.server_version = FASTFORMER_VERSION;
   if (test_faults_) o.before_compute = test_fault_hook(*test_faults_);
   o.on_batch_failure = [](const std::string& model, const std::string& reason, int64_t sequences) {
@@ -166,9 +156,9 @@ bool Server::load_models() {
       "max-queue-tokens {} (per model and over all), max-request-tokens {}, "
       "max-request-inputs {}, max-message-bytes {}, max-concurrent-streams {}, "
       "http-max-body-bytes {}, http-max-connections {} (a model's config.pbtxt may set its own)",
-      f.max_batch_tokens, f.max_batch_sequences, f.max_queue_delay_us, f.max_queue_tokens,
-      f.max_request_tokens, f.max_request_inputs, f.max_message_bytes, f.max_concurrent_streams,
-      f.http_max_body_bytes, f.http_max_connections);
+      f.model.max_batch_tokens, f.model.max_batch_sequences, f.model.max_queue_delay_us,
+      f.model.max_queue_tokens, f.model.max_request_tokens, f.model.max_request_inputs,
+      f.max_message_bytes, f.max_concurrent_streams, f.http_max_body_bytes, f.http_max_connections);
   repository_ = std::make_unique<repository::Repository>(std::move(o), metrics_);
   std::string why;
   if (!repository_->start(&why)) {

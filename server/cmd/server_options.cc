@@ -3,6 +3,8 @@
 #include <CLI/CLI.hpp>
 #include <string_view>
 
+#include "server/cmd/dtype_flag.h"
+
 namespace fastformer {
 
 std::optional<ServerOptions> parse_server_options(int argc, char** argv, int& exit_code) {
@@ -68,40 +70,40 @@ std::optional<ServerOptions> parse_server_options(int argc, char** argv, int& ex
                  "/v1/models, gRPC's and KServe's model_name); repeat or comma-separate")
       ->envname("FASTFORMER_SERVED_MODEL_NAME")
       ->delimiter(',');
-  opt("--backend", f.backend, "auto, cpu or cuda", "FASTFORMER_BACKEND")
+  opt("--backend", f.model.backend, "auto, cpu or cuda", "FASTFORMER_BACKEND")
       ->check(CLI::IsMember({"auto", "cpu", "cuda"}));
-  opt("--device", f.device, "CUDA device ordinal", "FASTFORMER_DEVICE")
+  opt("--device", f.model.device, "CUDA device ordinal", "FASTFORMER_DEVICE")
       ->check(CLI::NonNegativeNumber);
-  opt("--dtype", f.dtype,
-      "serving dtype: float32, float16, bfloat16 (CPU: float32, or bfloat16 with AVX512_BF16/AMX)",
-      "FASTFORMER_DTYPE")
-      ->check(CLI::IsMember({"float32", "float16", "bfloat16"}));
-  app.add_flag("--allow-tf32", f.allow_tf32,
+  add_dtype_flag(
+      app, &f.model.dtype,
+      "serving dtype: float32, float16, bfloat16 (CPU: float32, or bfloat16 with AVX512_BF16/AMX)")
+      ->envname("FASTFORMER_DTYPE");
+  app.add_flag("--allow-tf32", f.model.allow_tf32,
                "TF32 tensor-core GEMMs for float32 on the CUDA engine")
       ->envname("FASTFORMER_ALLOW_TF32");
-  opt("--threads", f.threads, "CPU engine threads, 0 = all cores", "FASTFORMER_THREADS")
+  opt("--threads", f.model.threads, "CPU engine threads, 0 = all cores", "FASTFORMER_THREADS")
       ->check(CLI::NonNegativeNumber);
-  opt("--max-batch-tokens", f.max_batch_tokens, "token budget of one batch",
+  opt("--max-batch-tokens", f.model.max_batch_tokens, "token budget of one batch",
       "FASTFORMER_MAX_BATCH_TOKENS")
       ->check(CLI::PositiveNumber);
-  opt("--max-batch-sequences", f.max_batch_sequences, "sequence budget of one batch",
+  opt("--max-batch-sequences", f.model.max_batch_sequences, "sequence budget of one batch",
       "FASTFORMER_MAX_BATCH_SEQUENCES")
       ->check(CLI::PositiveNumber);
-  opt("--max-queue-delay-us", f.max_queue_delay_us,
+  opt("--max-queue-delay-us", f.model.max_queue_delay_us,
       "how long a non-full batch may wait for more work", "FASTFORMER_MAX_QUEUE_DELAY_US")
       ->check(CLI::NonNegativeNumber);
-  opt("--max-queue-tokens", f.max_queue_tokens,
+  opt("--max-queue-tokens", f.model.max_queue_tokens,
       "admitted tokens waiting for a batch; beyond: RESOURCE_EXHAUSTED",
       "FASTFORMER_MAX_QUEUE_TOKENS")
       ->check(CLI::PositiveNumber);
-  opt("--max-request-tokens", f.max_request_tokens,
+  opt("--max-request-tokens", f.model.max_request_tokens,
       "tokens in one request; 0 = max(max-batch-tokens, max_position_embeddings)",
       "FASTFORMER_MAX_REQUEST_TOKENS")
       ->check(CLI::NonNegativeNumber);
   opt("--max-message-bytes", f.max_message_bytes, "largest request message accepted",
       "FASTFORMER_MAX_MESSAGE_BYTES")
       ->check(CLI::PositiveNumber);
-  opt("--max-request-inputs", f.max_request_inputs,
+  opt("--max-request-inputs", f.model.max_request_inputs,
       "sequences (texts) in one request, every protocol; beyond: INVALID_ARGUMENT / 400 (0 = no "
       "limit)",
       "FASTFORMER_MAX_REQUEST_INPUTS")

@@ -8,6 +8,7 @@
 #include <vector>
 
 #include "common/defaults.h"
+#include "server/repository/served_model.h"
 #include "server/serving/security_options.h"
 
 namespace fastformer {
@@ -28,19 +29,11 @@ struct ServerOptions {
   double http_idle_timeout_s = defaults::kHttpIdleTimeoutS;
   double http_header_timeout_s = defaults::kHttpHeaderTimeoutS;
   std::vector<std::string> served_model_names;  ///< names the model answers to besides its own
-  std::string backend = defaults::kBackend;
-  int device = defaults::kDevice;
-  std::string dtype = defaults::kDtype;
-  int threads = defaults::kThreads;
-  bool allow_tf32 = false;
-  int64_t max_batch_tokens = defaults::kMaxBatchTokens;
-  int64_t max_batch_sequences = defaults::kMaxBatchSequences;
-  int64_t max_queue_delay_us = defaults::kMaxQueueDelayUs;
-  int64_t max_queue_tokens = defaults::kMaxQueueTokens;
-  int64_t max_request_tokens =
-      defaults::kMaxRequestTokens;  ///< 0: max(max_batch_tokens, max_position_embeddings)
+  /// Every model's settings as the flags give them (--backend, --dtype, --max-batch-tokens,
+  /// ...); each model's config.pbtxt overrides them. --max-queue-tokens is also the limit
+  /// over every model's queue.
+  repository::ModelSettings model;
   int64_t max_message_bytes = defaults::kMaxMessageBytes;
-  int64_t max_request_inputs = defaults::kMaxRequestInputs;
   int64_t max_concurrent_streams = defaults::kMaxConcurrentStreams;
   double shutdown_timeout_s = defaults::kShutdownTimeoutS;
   std::string log_level = "info";

@@ -69,8 +69,42 @@ bool parse_backend(const std::string& name, Backend* out) {
   return true;
 }
 
+bool parse_dtype(std::string_view name, Dtype* out) {
+  for (const Dtype d : {Dtype::kAuto, Dtype::kFloat32, Dtype::kFloat16, Dtype::kBfloat16}) {
+    if (name == dtype_name(d)) {
+      *out = d;
+      return true;
+    }
+  }
+  return false;
+}
+
+Dtype dtype_from_name(std::string_view name) {
+  Dtype dtype;
+  if (!parse_dtype(name, &dtype))
+    throw std::invalid_argument("dtype \"" + std::string(name) + "\" is not a dtype");
+  return dtype;
+}
+
+const char* dtype_name(Dtype dtype) {
+  switch (dtype) {
+    case Dtype::kAuto:
+      return "auto";
+    case Dtype::kFloat32:
+      return "float32";
+    case Dtype::kFloat16:
+      return "float16";
+    case Dtype::kBfloat16:
+      return "bfloat16";
+  }
+  return "auto";
+}
+
 std::unique_ptr<Engine> create_engine(std::shared_ptr<const Model> model,
                                       const EngineOptions& options, std::string* why) {
+  // auto is float32 until the engine learns to pick (engine.h).
+  const std::string dtype =
+      dtype_name(options.dtype == Dtype::kAuto ? Dtype::kFloat32 : options.dtype);
   if (options.max_batch_tokens <= 0) {
     throw EngineError("max_batch_tokens must be positive, got " +
                       std::to_string(options.max_batch_tokens));
@@ -80,7 +114,7 @@ std::unique_ptr<Engine> create_engine(std::shared_ptr<const Model> model,
 #if defined(FASTFORMER_HAVE_CUDA_ENGINE)
   if (options.backend != Backend::kCpu) {
     cuda::CudaOpsOptions cuda_options;
-    cuda_options.dtype = options.dtype;
+    cuda_options.dtype = dtype;
     cuda_options.device = options.device;
     cuda_options.allow_tf32 = options.allow_tf32;
     std::string device;
@@ -94,7 +128,7 @@ std::unique_ptr<Engine> create_engine(std::shared_ptr<const Model> model,
         *why = options.backend == Backend::kAuto ? "auto: CUDA device " + device + " is usable"
                                                  : "cuda requested";
       const std::string name =
-          device + " (device " + std::to_string(options.device) + ", " + options.dtype + ")";
+          device + " (device " + std::to_string(options.device) + ", " + dtype + ")";
       return std::make_unique<ForwardEngine>(std::move(model), std::move(ops),
                                              options.max_batch_tokens, "cuda", name);
     }
@@ -109,15 +143,15 @@ std::unique_ptr<Engine> create_engine(std::shared_ptr<const Model> model,
   // bfloat16 GEMMs. Slower than float32; never a serving choice.
   const char* bf16_env = std::getenv("FASTFORMER_CPU_BFLOAT16");
   const bool emulate_bf16 =
-      options.dtype == "bfloat16" && bf16_env != nullptr && std::string(bf16_env) == "emulate";
-  if (options.dtype == "bfloat16" && !gemm.has_bf16 && !emulate_bf16) {
+      dtype == "bfloat16" && bf16_env != nullptr && std::string(bf16_env) == "emulate";
+  if (dtype == "bfloat16" && !gemm.has_bf16 && !emulate_bf16) {
     throw EngineError("dtype bfloat16 on the CPU needs AVX512_BF16 or AMX, and oneDNN " +
                       gemm.version + " finds only " + gemm.isa + " on this CPU" +
                       (std::getenv("ONEDNN_MAX_CPU_ISA") ? " (ONEDNN_MAX_CPU_ISA is set)" : "") +
                       "; serve float32 here, or bfloat16 on such a CPU or with --backend cuda");
   }
-  if (options.dtype != "float32" && options.dtype != "bfloat16") {
-    throw EngineError("dtype " + options.dtype +
+  if (dtype != "float32" && dtype != "bfloat16") {
+    throw EngineError("dtype " + dtype +
                       ": the CPU engine serves float32, and bfloat16 where the CPU "
                       "has AVX512_BF16 or AMX (the CUDA engine serves float16 and bfloat16)");
   }
@@ -127,16 +161,16 @@ std::unique_ptr<Engine> create_engine(std::shared_ptr<const Model> model,
   }
   const int threads =
       options.threads > 0 ? options.threads : std::max(1, int(std::thread::hardware_concurrency()));
-  const CpuDtype dtype = options.dtype == "float32" ? CpuDtype::kFloat32
-                         : emulate_bf16             ? CpuDtype::kBfloat16Emulated
-                                                    : CpuDtype::kBfloat16;
-  auto ops = std::make_unique<CpuOps>(threads, model->config(), dtype);
+  const CpuDtype cpu_dtype = dtype == "float32" ? CpuDtype::kFloat32
+                             : emulate_bf16     ? CpuDtype::kBfloat16Emulated
+                                                : CpuDtype::kBfloat16;
+  auto ops = std::make_unique<CpuOps>(threads, model->config(), cpu_dtype);
   OpsReport* report = ops.get();
   const std::string bf16_note =
-      dtype == CpuDtype::kBfloat16Emulated ? ", bfloat16 emulated over float32 GEMMs (tests)"
-      : dtype == CpuDtype::kBfloat16       ? ", bfloat16 GEMMs on " + bf16_hardware(gemm.isa)
-                                           : "";
-  const std::string device = "cpu (" + std::to_string(threads) + " threads, " + options.dtype +
+      cpu_dtype == CpuDtype::kBfloat16Emulated ? ", bfloat16 emulated over float32 GEMMs (tests)"
+      : cpu_dtype == CpuDtype::kBfloat16       ? ", bfloat16 GEMMs on " + bf16_hardware(gemm.isa)
+                                               : "";
+  const std::string device = "cpu (" + std::to_string(threads) + " threads, " + dtype +
                              ", oneDNN " + gemm.version + " " + gemm.isa + bf16_note + ")";
   return std::make_unique<ForwardEngine>(std::move(model), std::move(ops), options.max_batch_tokens,
                                          "cpu", device, report);

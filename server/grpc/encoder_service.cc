@@ -120,10 +120,10 @@ grpc::ServerUnaryReactor* EncoderService::GetModelInfo(grpc::CallbackServerConte
   info->set_num_labels(uint32_t(model.num_labels()));
   for (int64_t i = 0; i < model.num_labels(); ++i) info->add_labels(served->label(size_t(i)));
   info->set_accepts_token_ids(model.has_word_embedding());
-  info->set_dtype(config.dtype);
+  info->set_dtype(engine::dtype_name(served->settings.dtype));
   info->set_backend(engine.backend_name());
   info->set_device(engine.device_name());
-  info->set_max_batch_tokens(uint32_t(config.max_batch_tokens));
+  info->set_max_batch_tokens(uint32_t(served->settings.max_batch_tokens));
   info->set_max_request_tokens(uint32_t(config.limits.max_request_tokens));
   info->set_server_version(config.version);
   info->set_accepts_text(served->tokenizer() != nullptr);

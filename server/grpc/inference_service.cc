@@ -134,9 +134,9 @@ Status InferenceService::admit(const inference::ModelInferRequest& proto, InferC
   return intake_.admit(
       steady_deadline(context), proto.model_name(), proto.model_version(),
       [&](const ServedModel& model) {
-        return serving::convert_infer_request(proto, *model.model, model.tokenizer(),
-                                              model.config.limits, model.config.max_batch_sequences,
-                                              call, request.get());
+        return serving::convert_infer_request(
+            proto, *model.model, model.tokenizer(), model.config.limits,
+            model.settings.max_batch_sequences, call, request.get());
       },
       request);
 }

@@ -563,9 +563,9 @@ void HttpApi::kserve_infer(const Request& http_request, Call call, const std::st
   submit(
       call, served, keep,
       [keep, served](batching::Request* out) {
-        return serving::convert_infer_request(keep->rest.proto, *served->model, served->tokenizer(),
-                                              served->config.limits,
-                                              served->config.max_batch_sequences, &keep->call, out);
+        return serving::convert_infer_request(
+            keep->rest.proto, *served->model, served->tokenizer(), served->config.limits,
+            served->settings.max_batch_sequences, &keep->call, out);
       },
       [keep](const batching::Request& r) {
         const serving::ServedModel& answered = serving::Intake::served(r);

@@ -324,7 +324,9 @@ void HttpApi::tei_info(Call call) {
   const serving::ServiceConfig& config = served->config;
   json::Writer w;
   w.raw("{\"model_id\":").string(served->name).raw(",\"model_sha\":null");
-  w.raw(",\"model_dtype\":").string(config.dtype).raw(",\"model_type\":");
+  w.raw(",\"model_dtype\":")
+      .string(engine::dtype_name(served->settings.dtype))
+      .raw(",\"model_type\":");
   if (model.num_labels() > 0) {
     w.raw("{\"classifier\":{\"id2label\":{");
     for (int64_t i = 0; i < model.num_labels(); ++i) {
@@ -342,8 +344,8 @@ void HttpApi::tei_info(Call call) {
   }
   w.raw(",\"max_concurrent_requests\":").number(int64_t(0));
   w.raw(",\"max_input_length\":").number(model.config().max_position_embeddings);
-  w.raw(",\"max_batch_tokens\":").number(config.max_batch_tokens);
-  w.raw(",\"max_batch_requests\":").number(config.max_batch_sequences);
+  w.raw(",\"max_batch_tokens\":").number(served->settings.max_batch_tokens);
+  w.raw(",\"max_batch_requests\":").number(served->settings.max_batch_sequences);
   w.raw(",\"max_client_batch_size\":").number(config.limits.max_request_inputs);
   w.raw(",\"auto_truncate\":false,\"tokenization_workers\":").number(int64_t(0));
   w.raw(",\"backend\":").string(engine.backend_name());

@@ -1,10 +1,13 @@
 // The model repository: every model version the server knows, its state, and the routing
 // table the protocols look models up in (docs/operations.md: the model repository).
 //
+// Its rooms: layout.h (the files), settings.h, served_model.h (a version and its assembly),
+// this file (the state table), routing.cc (find, aliases, the index).
+//
 // Layout (Triton's): <root>/<model>/<version>/ holds one model directory (config.json,
 // model.safetensors, optional tokenizer.json); versions are directories named by a number
 // that does not start with 0, anything else is ignored; <root>/<model>/config.pbtxt, when
-// present, is an inference.ModelConfig in protobuf text format (settings.h). --model-dir is
+// present, is an inference.ModelConfig in protobuf text format (layout.h). --model-dir is
 // a repository of one model, named by its config.json, version "1".
 //
 // Loads, unloads and rescans run one at a time on the repository's own thread, off the serving
@@ -30,6 +33,7 @@
 #include "common/status.h"
 #include "server/batching/scheduler.h"
 #include "server/metrics/metrics.h"
+#include "server/repository/layout.h"
 #include "server/repository/served_model.h"
 
 namespace fastformer::repository {
@@ -40,23 +44,6 @@ bool parse_control_mode(const std::string& name, ControlMode* out);
 
 enum class State { kUnknown, kReady, kLoading, kUnloading, kUnavailable };
 const char* state_name(State state);  // "UNKNOWN", "READY", ...
-
-// A version directory's number: digits, not starting with 0; nullopt for anything else.
-std::optional<int64_t> version_number(const std::string& name);
-// The version directories under `model_dir`, by number.
-std::map<int64_t, std::string> version_dirs(const std::filesystem::path& model_dir);
-// `defaults` overridden by <model_dir>/config.pbtxt, if present. Throws std::invalid_argument
-// naming the file and the field.
-// The class names of a version directory's classifier head: config.json's id2label (as Hugging
-// Face writes it) or labels.json's "labels" (the demo model's); empty when neither. Labels are
-// a courtesy: a missing or broken file gives none (the model's own load reports a broken
-// config.json).
-std::vector<std::string> read_labels(const std::filesystem::path& version_dir);
-ModelSettings read_settings(const std::filesystem::path& model_dir, const std::string& name,
-                            const ModelSettings& defaults);
-// The versions `policy` serves out of those present (latest 1 when it sets none).
-std::set<int64_t> wanted_versions(const inference::ModelVersionPolicy& policy,
-                                  const std::map<int64_t, std::string>& present);
 
 struct IndexEntry {
   std::string name, version;
@@ -163,8 +150,8 @@ class Repository {
   Status load_now(const std::string& name);
   Status unload_now(const std::string& name, Done done);
   void rescan_now();
-  std::shared_ptr<ServedModel> load_version(const std::string& name, int64_t version,
-                                            const std::string& dir, const ModelSettings& settings);
+  // What ServedModel::load needs from this repository.
+  ServedModel::LoadContext load_context() const;
   // Every state change of a version goes through here: its record's state and reason and
   // fastformer_model_state change together (and options_.on_transition hears of it). Under
   // mu_. `r` null: a version whose model left the repository (no record: the metric only).

@@ -7,6 +7,7 @@
 
 #include <atomic>
 #include <cstdint>
+#include <functional>
 #include <memory>
 #include <string>
 
@@ -16,35 +17,16 @@
 #include "server/engine/engine.h"
 #include "server/engine/model.h"
 #include "server/metrics/metrics.h"
+#include "server/repository/settings.h"
 #include "server/request/encode_input.h"
 #include "server/text/text.h"
 
 namespace fastformer::repository {
 
-// What one model serves with: the server's flags, overridden by its config.pbtxt.
-struct ModelSettings {
-  std::string backend;
-  std::string dtype;
-  int device = 0;
-  int threads = 0;
-  bool allow_tf32 = false;
-  int64_t max_batch_tokens = 0;
-  int64_t max_batch_sequences = 0;
-  int64_t max_queue_delay_us = 0;
-  int64_t max_queue_tokens = 0;    ///< this model's queue; the server-wide limit is separate
-  int64_t max_request_tokens = 0;  ///< 0: max(max_batch_tokens, max_position_embeddings)
-  int64_t max_request_inputs = 0;
-  inference::ModelVersionPolicy version_policy;  ///< default: latest 1
-};
-
-// What the protocol layers answer a model's requests and metadata with.
+// What the protocol layers answer a model's requests and metadata with, besides its settings.
 struct ServiceConfig {
-  request::Limits limits;
-  std::string version;              ///< server_version in ModelInfo, version in ServerMetadata
-  int64_t max_batch_tokens = 0;     ///< reported in ModelInfo
-  int64_t max_batch_sequences = 0;  ///< max_batch_size in the v2 ModelConfig
-  int64_t max_queue_delay_us = 0;   ///< reported in the v2 ModelConfig
-  std::string dtype = "float32";
+  request::Limits limits;  ///< settings.request_limits(the model)
+  std::string version;     ///< server_version in ModelInfo, version in ServerMetadata
   /// The model directory's tokenizer.json (text::load_tokenizer); null: the model takes no text.
   std::shared_ptr<const text::Tokenizer> tokenizer;
   /// The classifier head's class names, read once at load (read_labels): config.json's
@@ -84,6 +66,25 @@ struct ServedModel {
   std::string fingerprint;  ///< the version directory's files when it loaded
   /// Its metric series (shared with another copy of the same version while one replaces it).
   std::shared_ptr<metrics::ModelSeries> series;
+
+  // What loading a version needs from the repository that loads it.
+  struct LoadContext {
+    metrics::Metrics& metrics;
+    batching::ComputePool& pool;                    ///< the version's lane runs on it
+    std::shared_ptr<batching::QueueBudget> budget;  ///< --max-queue-tokens over every model
+    std::string server_version;
+    std::function<void(const batching::Batch&)> before_compute;  ///< test faults
+    std::function<void(const std::string& model, const std::string& reason, int64_t sequences)>
+        on_batch_failure;
+  };
+  // Assembles version `version` of model `name` (empty: config.json's model_name) from `dir`
+  // with `settings`: the memory check (two copies must fit while the old one serves), the
+  // weights, tokenizer and labels, the engine and its warm-up, the queue, the lane and the
+  // metric series; READY to serve when it returns. Throws (std::runtime_error,
+  // std::invalid_argument, engine errors) with the reason when it cannot.
+  static std::shared_ptr<ServedModel> load(const std::string& name, int64_t version,
+                                           const std::string& dir, const ModelSettings& settings,
+                                           const LoadContext& context);
 
   const text::Tokenizer* tokenizer() const { return config.tokenizer.get(); }
   // Class `index`'s name: config.labels', else LABEL_<index> (as Hugging Face names the labels

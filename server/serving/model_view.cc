@@ -49,7 +49,8 @@ void fill_model_config(const ServedModel& served, inference::ModelConfig* config
   config->set_backend(kPlatform);
   *config->mutable_version_policy() = served.settings.version_policy;
   // Dims leave out the batch dimension, as they do in Triton when max_batch_size > 0.
-  config->set_max_batch_size(int32_t(std::min<int64_t>(service.max_batch_sequences, INT32_MAX)));
+  config->set_max_batch_size(
+      int32_t(std::min<int64_t>(served.settings.max_batch_sequences, INT32_MAX)));
   for (const TensorSpec& spec : model_inputs(*served.model, served.tokenizer())) {
     inference::ModelInput* input = config->add_input();
     input->set_name(spec.name);
@@ -64,16 +65,16 @@ void fill_model_config(const ServedModel& served, inference::ModelConfig* config
     for (size_t d = 1; d < spec.shape.size(); ++d) output->add_dims(spec.shape[d]);
   }
   config->mutable_dynamic_batching()->set_max_queue_delay_microseconds(
-      uint64_t(service.max_queue_delay_us));
+      uint64_t(served.settings.max_queue_delay_us));
   inference::ModelInstanceGroup* group = config->add_instance_group();
   group->set_name(engine.backend_name());
   group->set_count(1);
   group->set_kind(engine.backend_name() == "cpu" ? inference::ModelInstanceGroup::KIND_CPU
                                                  : inference::ModelInstanceGroup::KIND_GPU);
   auto& parameters = *config->mutable_parameters();
-  parameters["dtype"].set_string_value(service.dtype);
+  parameters["dtype"].set_string_value(engine::dtype_name(served.settings.dtype));
   parameters["device"].set_string_value(engine.device_name());
-  parameters["max_batch_tokens"].set_string_value(std::to_string(service.max_batch_tokens));
+  parameters["max_batch_tokens"].set_string_value(std::to_string(served.settings.max_batch_tokens));
   parameters["max_request_tokens"].set_string_value(
       std::to_string(service.limits.max_request_tokens));
   parameters["max_queue_tokens"].set_string_value(std::to_string(served.settings.max_queue_tokens));

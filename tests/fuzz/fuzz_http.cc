@@ -97,11 +97,11 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
   version->model = served.model;
   version->engine = std::shared_ptr<engine::Engine>(served.engine.get(), [](engine::Engine*) {});
   version->queue = std::make_unique<batching::BatchQueue>(q, c);
+  version->settings.max_batch_sequences = 8;
+  version->settings.max_batch_tokens = fuzz::kMaxBatchTokens;
   serving::ServiceConfig& config = version->config;
   config.limits.max_request_tokens = std::array<int64_t, 4>{1, 16, 40, 64}[(choice >> 2) & 3];
   config.limits.max_request_inputs = std::array<int64_t, 4>{0, 1, 3, 8}[(choice >> 4) & 3];
-  config.max_batch_sequences = 8;
-  config.max_batch_tokens = fuzz::kMaxBatchTokens;
   config.tokenizer = served.tokenizer;
   static const std::string kServerVersion = "fuzz";
   config.version = kServerVersion;

@@ -40,7 +40,7 @@ std::unique_ptr<engine::Engine> gpu_engine(std::shared_ptr<const engine::Model> 
                                            std::string* skip_reason) {
   engine::EngineOptions options;
   options.backend = engine::Backend::kCuda;
-  options.dtype = dtype;
+  options.dtype = engine::dtype_from_name(dtype);
   options.max_batch_tokens = tokens;
   try {
     return engine::create_engine(std::move(model), options);

@@ -49,7 +49,7 @@ std::vector<EncodedSequence>* EmulatedCudaBaseLongTest::reference_ = nullptr;
 
 TEST_P(EmulatedCudaBaseLongTest, MatchesTheCpuEngine) {
   engine::EngineOptions options;
-  options.dtype = GetParam();
+  options.dtype = engine::dtype_from_name(GetParam());
   options.max_batch_tokens = kBatchTokens;
   auto cuda = engine::cuda::create_emulated_cuda_engine(*model_, options);
   const std::vector<EncodedSequence> ours = test::encode_all(*cuda, inputs());

@@ -60,7 +60,7 @@ std::vector<EncodedSequence>* EmulatedCudaEngineTest::reference_ = nullptr;
 
 TEST_P(EmulatedCudaEngineTest, MatchesTheCpuEngine) {
   engine::EngineOptions options;
-  options.dtype = GetParam();
+  options.dtype = engine::dtype_from_name(GetParam());
   options.max_batch_tokens = 2048;
   auto cuda = engine::cuda::create_emulated_cuda_engine(*model_, options);
   EXPECT_EQ(cuda->backend_name(), "cuda");
@@ -99,7 +99,7 @@ void expect_emulated_matches_cpu(const std::shared_ptr<const engine::Model>& mod
   cpu.max_batch_tokens = 512;
   const auto reference = test::encode_all(*engine::create_engine(model, cpu), inputs);
   engine::EngineOptions options;
-  options.dtype = dtype;
+  options.dtype = engine::dtype_from_name(dtype);
   options.max_batch_tokens = 512;
   auto cuda = engine::cuda::create_emulated_cuda_engine(model, options);
   test::expect_parity(test::encode_all(*cuda, inputs), reference, dtype);
@@ -179,7 +179,7 @@ TEST(EmulatedCudaEngine, Float16OverflowFailsTheBatch) {
   const test::ParityInputs inputs = test::make_parity_inputs(model->config(), {5, 20});
   for (const std::string dtype : {"float16", "float32", "bfloat16"}) {
     engine::EngineOptions options;
-    options.dtype = dtype;
+    options.dtype = engine::dtype_from_name(dtype);
     options.max_batch_tokens = 128;
     auto cuda = engine::cuda::create_emulated_cuda_engine(model, options);
     const std::string error = test::error_of<engine::EngineError>([&] {

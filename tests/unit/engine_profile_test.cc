@@ -157,7 +157,7 @@ INSTANTIATE_TEST_SUITE_P(Engines, EngineProfileTest,
                                            Case{"emulated_cuda_bfloat16",
                                                 [](std::shared_ptr<const engine::Model> model) {
                                                   engine::EngineOptions options;
-                                                  options.dtype = "bfloat16";
+                                                  options.dtype = engine::Dtype::kBfloat16;
                                                   options.max_batch_tokens = 512;
                                                   return engine::cuda::create_emulated_cuda_engine(
                                                       std::move(model), options);

@@ -312,7 +312,7 @@ TEST_F(EngineTest, CreateCpuEngine) {
   EXPECT_THAT(error_of<EngineError>([&] { create_engine(model_, options); }),
               HasSubstr("max_batch_tokens must be positive"));
   options.max_batch_tokens = 64;
-  options.dtype = "float16";
+  options.dtype = engine::Dtype::kFloat16;
   EXPECT_THAT(error_of<EngineError>([&] { create_engine(model_, options); }), HasSubstr("float16"));
 }
 
@@ -320,7 +320,7 @@ TEST_F(EngineTest, CpuBfloat16MatchesFloat32OrIsRefused) {
   EngineOptions options;
   options.backend = Backend::kCpu;
   options.threads = 2;
-  options.dtype = "bfloat16";
+  options.dtype = engine::Dtype::kBfloat16;
   const CpuGemmInfo& gemm = cpu_gemm_info();
   if (!gemm.has_bf16) {
     EXPECT_THAT(error_of<EngineError>([&] { create_engine(model_, options); }),
@@ -331,7 +331,7 @@ TEST_F(EngineTest, CpuBfloat16MatchesFloat32OrIsRefused) {
   }
   const auto bf16 = create_engine(model_, options);
   EXPECT_THAT(bf16->device_name(), HasSubstr("bfloat16"));
-  options.dtype = "float32";
+  options.dtype = engine::Dtype::kFloat32;
   const auto f32 = create_engine(model_, options);
   const test::ParityInputs inputs = test::make_parity_inputs(model_->config());
   test::expect_parity(test::encode_all(*bf16, inputs), test::encode_all(*f32, inputs), "bfloat16");
@@ -344,11 +344,11 @@ TEST_F(EngineTest, CpuBfloat16EmulatedMatchesFloat32) {
   EngineOptions options;
   options.backend = Backend::kCpu;
   options.threads = 2;
-  options.dtype = "bfloat16";
+  options.dtype = engine::Dtype::kBfloat16;
   const auto bf16 = create_engine(model_, options);
   ::unsetenv("FASTFORMER_CPU_BFLOAT16");
   EXPECT_THAT(bf16->device_name(), HasSubstr("bfloat16 emulated"));
-  options.dtype = "float32";
+  options.dtype = engine::Dtype::kFloat32;
   const auto f32 = create_engine(model_, options);
   const test::ParityInputs inputs = test::make_parity_inputs(model_->config());
   const auto got = test::encode_all(*bf16, inputs), want = test::encode_all(*f32, inputs);

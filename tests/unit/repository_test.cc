@@ -30,7 +30,7 @@ using namespace std::chrono_literals;
 ModelSettings defaults() {
   ModelSettings s;
   s.backend = "cpu";
-  s.dtype = "float32";
+  s.dtype = engine::Dtype::kFloat32;
   s.threads = 1;
   s.max_batch_tokens = 256;
   s.max_batch_sequences = 8;
@@ -88,7 +88,7 @@ TEST(RepositorySettingsTest, ConfigPbtxtOverridesTheFlags) {
   EXPECT_EQ(s.max_batch_sequences, 4);
   EXPECT_EQ(s.max_queue_delay_us, 2000);
   EXPECT_EQ(s.backend, "cpu");
-  EXPECT_EQ(s.dtype, "bfloat16");
+  EXPECT_EQ(s.dtype, engine::Dtype::kBfloat16);
   EXPECT_EQ(s.max_batch_tokens, 512);
   EXPECT_EQ(s.max_queue_tokens, 4096);
   EXPECT_EQ(s.version_policy.latest().num_versions(), 2u);
@@ -112,6 +112,35 @@ TEST(RepositorySettingsTest, AConfigPbtxtErrorNamesTheFileAndTheField) {
             std::string::npos);
   EXPECT_NE(why("version_policy: { latest: { num_versions: 0 } }").find("num_versions"),
             std::string::npos);
+  EXPECT_NE(why(R"(parameters { key: "dtype" value: { string_value: "float64" } })")
+                .find("\"float64\" is not float32, float16 or bfloat16"),
+            std::string::npos);
+}
+
+// The one settings struct hands each part its options: nothing is copied field by field.
+TEST(RepositorySettingsTest, SettingsHandOutEachPartsOptions) {
+  ModelSettings s = defaults();  // max_batch_tokens 256, 8 sequences, 500 us, 65536 queued
+  s.dtype = engine::Dtype::kBfloat16;
+  engine::ModelConfig model;
+  model.max_position_embeddings = 1024;
+  EXPECT_EQ(s.request_tokens(model), 1024);  // 0: max(max_batch_tokens, positions)
+  const request::Limits limits = s.request_limits(model);
+  EXPECT_EQ(limits.max_request_tokens, 1024);
+  EXPECT_EQ(limits.max_request_inputs, 64);
+  const engine::EngineOptions engine = s.engine_options(model);
+  EXPECT_EQ(engine.backend, engine::Backend::kCpu);
+  EXPECT_EQ(engine.dtype, engine::Dtype::kBfloat16);
+  EXPECT_EQ(engine.threads, 1);
+  EXPECT_EQ(engine.max_batch_tokens, 1024);  // the longest request runs in a batch of its own
+  s.max_request_tokens = 100;
+  EXPECT_EQ(s.engine_options(model).max_batch_tokens, 256);
+  const batching::QueueLimits queue = s.queue_limits();
+  EXPECT_EQ(queue.max_batch_tokens, 256);
+  EXPECT_EQ(queue.max_batch_sequences, 8);
+  EXPECT_EQ(queue.max_queue_tokens, 1 << 16);
+  EXPECT_EQ(queue.max_queue_delay, std::chrono::microseconds(500));
+  s.backend = "tpu";
+  EXPECT_THROW(s.engine_options(model), std::invalid_argument);
 }
 
 TEST(RepositorySettingsTest, LabelsComeFromId2LabelElseLabelsJson) {

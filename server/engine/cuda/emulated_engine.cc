@@ -9,12 +9,12 @@ namespace fastformer::engine::cuda {
 std::unique_ptr<Engine> create_emulated_cuda_engine(std::shared_ptr<const Model> model,
                                                     const EngineOptions& options) {
   CudaOpsOptions ops_options;
-  ops_options.dtype = options.dtype;
+  ops_options.dtype = dtype_name(options.dtype == Dtype::kAuto ? Dtype::kFloat32 : options.dtype);
   std::string device, why;
   auto ops = emulated::make_cuda_ops(*model, ops_options, &device, &why);
   if (!ops) throw EngineError("emulated CUDA engine: " + why);
   return std::make_unique<ForwardEngine>(std::move(model), std::move(ops), options.max_batch_tokens,
-                                         "cuda", "cuda " + options.dtype + " on " + device);
+                                         "cuda", "cuda " + ops_options.dtype + " on " + device);
 }
 
 }  // namespace fastformer::engine::cuda

@@ -1,0 +1,40 @@
+// The repository's layout, as Triton reads it: <repository>/<model>/<version>/ directories,
+// each model's optional config.pbtxt (the server's flags overridden per model), the version
+// policy, and what a version directory holds besides the weights (the class labels). Files
+// only: nothing here loads a model.
+#pragma once
+
+#include <cstdint>
+#include <filesystem>
+#include <map>
+#include <optional>
+#include <set>
+#include <string>
+#include <vector>
+
+#include "inference/model_config.pb.h"
+#include "server/repository/settings.h"
+
+namespace fastformer::repository {
+
+// A version directory's number: digits, not starting with 0; nullopt for anything else.
+std::optional<int64_t> version_number(const std::string& name);
+// The version directories under `model_dir`, by number.
+std::map<int64_t, std::string> version_dirs(const std::filesystem::path& model_dir);
+// What changes when a directory's files do (names, sizes, modification times): a version whose
+// files are unchanged is not loaded again.
+std::string files_fingerprint(const std::filesystem::path& dir);
+// `defaults` overridden by <model_dir>/config.pbtxt, if present. Throws std::invalid_argument
+// naming the file and the field.
+ModelSettings read_settings(const std::filesystem::path& model_dir, const std::string& name,
+                            const ModelSettings& defaults);
+// The versions `policy` serves out of those present (latest 1 when it sets none).
+std::set<int64_t> wanted_versions(const inference::ModelVersionPolicy& policy,
+                                  const std::map<int64_t, std::string>& present);
+// The class names of a version directory's classifier head: config.json's id2label (as Hugging
+// Face writes it) or labels.json's "labels" (the demo model's); empty when neither. Labels are
+// a courtesy: a missing or broken file gives none (the model's own load reports a broken
+// config.json).
+std::vector<std::string> read_labels(const std::filesystem::path& version_dir);
+
+}  // namespace fastformer::repository
