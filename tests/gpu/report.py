@@ -496,187 +496,219 @@ def profile_ops(rows, copy_bw):
     return ops
 
 
-# ----------------------------------------------------------------------------- report
+# ----------------------------------------------------------------------------- the run
+
+# The --profile benchmarks by role, and the shape each one measures.
+PROFILE_SHAPES = (("profile-short", "512-token sequences"), ("profile-long", "one 65,536-token sequence"))
 
 
-def main(argv=None) -> int:
-    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--run")
-    ap.add_argument("--out")
-    ap.add_argument("--summary")
-    ap.add_argument("--verdict", nargs="+", metavar="KIND FILE",
-                    help="ctest, gtest, sanitizer or ncu, then the stage's output files")
-    ap.add_argument("--gpu", type=int, default=1, help="with --verdict: 1 when a GPU is present")
-    a = ap.parse_args(argv)
-    if a.verdict:
-        text = "\n".join(read_text(f) for f in a.verdict[1:])
-        status, why = stage_verdict(a.verdict[0], text, bool(a.gpu))
-        print(f"{status}\t{why}" if status else "keep")
-        return 0
-    if not (a.run and a.out):
-        ap.error("--run and --out are required")
-    run = a.run
-    meta = load_meta(run)
-    stages = load_stages(run)
-    by_id = {s["id"]: s for s in stages}
-    benches = load_benches(run)
-    by_role = {}
-    for b in benches:
-        by_role.setdefault(b["role"], b)
-    mode = meta.get("mode", "?")
-    measured = mode == "gpu"
+class CheckRun:
+    """What gpu-check.sh left in its run directory, read once, and the judgements that the
+    report's sections share: a benchmark's throughput by role, its status or why it is
+    missing, and a target's verdict in this run's mode."""
 
-    def tps(role):
-        b = by_role.get(role)
+    def __init__(self, run):
+        self.run = run
+        self.meta = load_meta(run)
+        self.stages = load_stages(run)
+        self.by_id = {s["id"]: s for s in self.stages}
+        self.failed = [s for s in self.stages if s["status"] in ("failed", "timeout")]
+        self.counts = {}
+        for s in self.stages:
+            self.counts[s["status"]] = self.counts.get(s["status"], 0) + 1
+        self.benches = load_benches(run)
+        self.by_role = {}
+        for b in self.benches:
+            self.by_role.setdefault(b["role"], b)
+        self.mode = self.meta.get("mode", "?")
+        self.measured = self.mode == "gpu"
+        self.ncu_workload = self.meta.get("ncu_workload") or "official bf16 fixed:512 @65536"
+        self.copy = last_json(self.path("copy-bandwidth.out"))
+        self.copy_bw = self.copy.get("bandwidth_bytes_per_second") if self.copy else None
+        self.launches = parse_ncu(read_text(self.path("ncu.csv")))
+        self.kernels = kernel_table(self.launches, self.copy_bw) if self.launches else []
+        self.profiles = {}  # role: (shape, bench, ops summed per name, or None without a profile array)
+        for role, shape in PROFILE_SHAPES:
+            b = self.by_role.get(role)
+            r = b and b["result"]
+            rows = r.get("profile") if r else None
+            self.profiles[role] = (shape, b, profile_ops(rows, self.copy_bw) if isinstance(rows, list) else None)
+        self.ctest = parse_ctest(read_text(self.path("ctest-gpu.out")))
+        self.parity = parse_gtest(read_text(self.path("parity-base-long.out")))
+        self.cublaslt = load_env(self.path("cublaslt.env"))
+        self.nvcc = load_env(self.path("nvcc.env"))
+        self.driver = load_env(self.path("driver.env"))
+        q = read_text(self.path("gpu-query.csv")).splitlines()
+        self.gpu_name = q[1].split(",")[0].strip() if len(q) >= 2 else ""
+
+    def path(self, name):
+        return os.path.join(self.run, name)
+
+    def tps(self, role):
+        b = self.by_role.get(role)
         r = b and b["result"]
         return r.get("tokens_per_second") if r else None
 
-    def bench_status(b):
+    def bench_status(self, b):
         r = b["result"]
         if r and r.get("tokens_per_second") is not None:
             return "ok"
         if r and r.get("compile_error"):
             return "torch.compile failed: " + r["compile_error"][:160]
-        s = by_id.get(b["id"])
+        s = self.by_id.get(b["id"])
         if not s:
             return "not run"
         if s["status"] == "ok":
             return "ok, but no JSON result"
         why = s["status"] + (": " + s["note"] if s["note"] else "")
-        last = [ln.strip() for ln in tail(os.path.join(run, b["id"] + ".err"), 5) if ln.strip()]
+        last = [ln.strip() for ln in tail(self.path(b["id"] + ".err"), 5) if ln.strip()]
         return why + (" — " + last[-1][:160] if last and s["status"] != "skipped" else "")
 
-    def why_missing(role):
-        b = by_role.get(role)
-        return bench_status(b) if b else "not run"
+    def why_missing(self, role):
+        b = self.by_role.get(role)
+        return self.bench_status(b) if b else "not run"
 
-    ncu_workload = meta.get("ncu_workload") or "official bf16 fixed:512 @65536"
-    copy = last_json(os.path.join(run, "copy-bandwidth.out"))
-    copy_bw = copy.get("bandwidth_bytes_per_second") if copy else None
-    launches = parse_ncu(read_text(os.path.join(run, "ncu.csv")))
-    kernels = kernel_table(launches, copy_bw) if launches else []
-    significant = [k for k in kernels if k["significant"] and k["fraction"] is not None]
-    worst = min(significant, key=lambda k: k["fraction"]) if significant else None
-    ctest = parse_ctest(read_text(os.path.join(run, "ctest-gpu.out")))
+    def why_ratio_missing(self, first, second):
+        """Why a ratio of two roles' throughputs is missing: the first role's reason when it
+        has no figure, else the second's."""
+        return self.why_missing(first) if self.tps(first) is None else self.why_missing(second)
 
-    # ---- targets
-    def verdict(value, ok, missing):
+    def verdict(self, value, ok, missing):
         if value is None:
             return "not measured: " + missing
-        if not measured:
-            return f"not a GPU figure ({mode})"
+        if not self.measured:
+            return f"not a GPU figure ({self.mode})"
         return "PASS" if ok else "FAIL"
 
-    def with_model(v, role):  # the measured rate, and the cost model's beside it
-        _, expected = cost_model_estimate(by_role.get(role))
+    def with_model(self, v, role):
+        """The measured rate, and the cost model's beside it."""
+        _, expected = cost_model_estimate(self.by_role.get(role))
         return (fmt_rate(v) + " tokens/s" if v else "—") + (
             f" (cost model {fmt_rate(expected)})" if expected else "")
 
-    t_rows = []
-    v = tps("short")
-    t_rows.append(["base-long bf16, 512-token sequences, 65,536-token batches", "≥ 2.5 M tokens/s",
-                   with_model(v, "short"), verdict(v, num(v) and v >= TARGET_TOKENS_PER_S, why_missing("short"))])
-    v = tps("long")
-    t_rows.append(["base-long bf16, one 65,536-token sequence", "≥ 2.5 M tokens/s",
-                   with_model(v, "long"), verdict(v, num(v) and v >= TARGET_TOKENS_PER_S, why_missing("long"))])
-    v = ratio(tps("long"), tps("short"))
-    t_rows.append(["per-token speed, one 65,536-token sequence ÷ 512-token sequences", "≥ 0.80",
-                   f"{v:.2f}" if v else "—",
-                   verdict(v, v is not None and v >= TARGET_LONG_VS_SHORT,
-                           why_missing("long") if tps("long") is None else why_missing("short"))])
-    v = ratio(tps("mix-ref"), tps("ref"))
-    t_rows.append(["vs the PyTorch reference (bf16, eager, padded), base-long uniform:64:4096", "≥ 3x",
-                   f"{v:.2f}x" if v else "—",
-                   verdict(v, v is not None and v >= TARGET_VS_PYTORCH,
-                           why_missing("ref") if tps("ref") is None else why_missing("mix-ref"))])
-    v = ratio(tps("seq8192"), tps("sdpa8192"))
-    t_rows.append(["vs the SDPA BERT-size encoder at 8,192 tokens per sequence (bf16)", "≥ 2x",
-                   f"{v:.2f}x" if v else "—",
-                   verdict(v, v is not None and v >= TARGET_VS_SDPA_8192,
-                           why_missing("sdpa8192") if tps("sdpa8192") is None else why_missing("seq8192"))])
-    profiles = {}
-    for role, shape in (("profile-short", "512-token sequences"), ("profile-long", "one 65,536-token sequence")):
-        b = by_role.get(role)
-        r = b and b["result"]
-        rows = r.get("profile") if r else None
-        profiles[role] = (shape, b, profile_ops(rows, copy_bw) if isinstance(rows, list) else None)
-        counted = [o for o in profiles[role][2] or [] if o["kind"] == "counts" and o["fraction"] is not None]
+
+# ----------------------------------------------------------------------------- the targets
+
+
+def throughput_targets(c):
+    """The throughput targets: base-long bf16 on both shapes, long ÷ short, and the ratios to
+    PyTorch eager and to the SDPA encoder."""
+    rows = []
+    for label, role in (("base-long bf16, 512-token sequences, 65,536-token batches", "short"),
+                        ("base-long bf16, one 65,536-token sequence", "long")):
+        v = c.tps(role)
+        rows.append([label, "≥ 2.5 M tokens/s", c.with_model(v, role),
+                     c.verdict(v, num(v) and v >= TARGET_TOKENS_PER_S, c.why_missing(role))])
+    v = ratio(c.tps("long"), c.tps("short"))
+    rows.append(["per-token speed, one 65,536-token sequence ÷ 512-token sequences", "≥ 0.80",
+                 f"{v:.2f}" if v else "—",
+                 c.verdict(v, v is not None and v >= TARGET_LONG_VS_SHORT, c.why_ratio_missing("long", "short"))])
+    v = ratio(c.tps("mix-ref"), c.tps("ref"))
+    rows.append(["vs the PyTorch reference (bf16, eager, padded), base-long uniform:64:4096", "≥ 3x",
+                 f"{v:.2f}x" if v else "—",
+                 c.verdict(v, v is not None and v >= TARGET_VS_PYTORCH, c.why_ratio_missing("ref", "mix-ref"))])
+    v = ratio(c.tps("seq8192"), c.tps("sdpa8192"))
+    rows.append(["vs the SDPA BERT-size encoder at 8,192 tokens per sequence (bf16)", "≥ 2x",
+                 f"{v:.2f}x" if v else "—",
+                 c.verdict(v, v is not None and v >= TARGET_VS_SDPA_8192,
+                           c.why_ratio_missing("sdpa8192", "seq8192"))])
+    return rows
+
+
+def copy_fraction_targets(c):
+    """The 70%-of-copy target, from --profile on each shape and from ncu: the worst non-GEMM
+    op (kernel) among those that move enough bytes per launch to count."""
+    rows = []
+    for role, (shape, b, ops) in c.profiles.items():
+        counted = [o for o in ops or [] if o["kind"] == "counts" and o["fraction"] is not None]
         label = f"non-GEMM kernels vs copy bandwidth, --profile, base-long bf16 {shape}"
         if counted:
             w = min(counted, key=lambda o: o["fraction"])
-            t_rows.append([f"{label} (worst op moving ≥ {SIGNIFICANT_BYTES_PER_LAUNCH / 1e6:.0f} MB per launch: "
-                           f"{w['name']})", "≥ 70%", f"{100 * w['fraction']:.0f}%",
-                           verdict(w["fraction"], w["fraction"] >= TARGET_COPY_FRACTION, "")])
+            rows.append([f"{label} (worst op moving ≥ {SIGNIFICANT_BYTES_PER_LAUNCH / 1e6:.0f} MB per launch: "
+                         f"{w['name']})", "≥ 70%", f"{100 * w['fraction']:.0f}%",
+                         c.verdict(w["fraction"], w["fraction"] >= TARGET_COPY_FRACTION, "")])
         else:
-            why = (why_missing(role) if not r else
-                   "the JSON has no profile array" if not isinstance(rows, list) else
-                   "no copy bandwidth (stage copy-bandwidth)" if copy_bw is None else
+            why = (c.why_missing(role) if not (b and b["result"]) else
+                   "the JSON has no profile array" if ops is None else
+                   "no copy bandwidth (stage copy-bandwidth)" if c.copy_bw is None else
                    f"no non-GEMM op moved ≥ {SIGNIFICANT_BYTES_PER_LAUNCH / 1e6:.0f} MB per launch")
-            t_rows.append([label, "≥ 70%", "—", "not measured: " + why])
+            rows.append([label, "≥ 70%", "—", "not measured: " + why])
+    significant = [k for k in c.kernels if k["significant"] and k["fraction"] is not None]
+    worst = min(significant, key=lambda k: k["fraction"]) if significant else None
     if worst:
         v = worst["fraction"]
-        t_rows.append([f"non-GEMM kernels vs device-to-device copy bandwidth, ncu, {ncu_workload} (worst kernel moving "
-                       f"≥ {SIGNIFICANT_BYTES_PER_LAUNCH / 1e6:.0f} MB per launch: {worst['name'][:60]})",
-                       "≥ 70%", f"{100 * v:.0f}%", verdict(v, v >= TARGET_COPY_FRACTION, "")])
+        rows.append([f"non-GEMM kernels vs device-to-device copy bandwidth, ncu, {c.ncu_workload} (worst kernel "
+                     f"moving ≥ {SIGNIFICANT_BYTES_PER_LAUNCH / 1e6:.0f} MB per launch: {worst['name'][:60]})",
+                     "≥ 70%", f"{100 * v:.0f}%", c.verdict(v, v >= TARGET_COPY_FRACTION, "")])
     else:
-        reason = ("no ncu figures (" + (by_id.get("ncu", {}).get("note") or by_id.get("ncu", {}).get("status", "not run")) + ")"
-                  if not kernels else "no copy bandwidth" if copy_bw is None
+        ncu = c.by_id.get("ncu", {})
+        reason = ("no ncu figures (" + (ncu.get("note") or ncu.get("status", "not run")) + ")"
+                  if not c.kernels else "no copy bandwidth" if c.copy_bw is None
                   else "no non-GEMM kernel moved enough bytes")
-        t_rows.append([f"non-GEMM kernels vs device-to-device copy bandwidth, ncu, {ncu_workload}", "≥ 70%", "—",
-                       "not measured: " + reason])
-    s = by_id.get("ctest-gpu")
+        rows.append([f"non-GEMM kernels vs device-to-device copy bandwidth, ncu, {c.ncu_workload}", "≥ 70%", "—",
+                     "not measured: " + reason])
+    return rows
+
+
+def parity_targets(c):
+    """The parity targets: every gpu test under ctest, and the base-long-shaped parity test."""
+    rows = []
+    measured, mode, ctest, g = c.measured, c.mode, c.ctest, c.parity
+    s = c.by_id.get("ctest-gpu")
     parity = "parity with the CPU engine, all dtypes (ctest -L gpu, base-long apart)"
     if isinstance(ctest, dict):
         got = f"{ctest['passed']}/{ctest['total']} passed" + (
             f", {ctest['skipped']} skipped" if ctest["skipped"] else "") + (
             f", {ctest['failed']} failed" if ctest["failed"] else "")
         ok = ctest["failed"] == 0 and ctest["skipped"] == 0 and ctest["total"] > 0
-        t_rows.append([parity, "all gpu tests pass", got,
-                       ("PASS" if ok else "FAIL" + (" (skipped tests: no usable GPU?)" if ctest["skipped"] else ""))
-                       if measured else f"not a GPU figure ({mode})"])
+        rows.append([parity, "all gpu tests pass", got,
+                     ("PASS" if ok else "FAIL" + (" (skipped tests: no usable GPU?)" if ctest["skipped"] else ""))
+                     if measured else f"not a GPU figure ({mode})"])
     else:
         note = "no test carries the label gpu" if ctest == "none" else (
             f"{s['status']}: {s['note']}" if s else "not run")
-        t_rows.append([parity, "all gpu tests pass", "—",
-                       ("FAIL: " if measured and s and s["status"] != "skipped" else "not measured: ") + note])
-    s = by_id.get("parity-base-long")
-    g = parse_gtest(read_text(os.path.join(run, "parity-base-long.out")))
+        rows.append([parity, "all gpu tests pass", "—",
+                     ("FAIL: " if measured and s and s["status"] != "skipped" else "not measured: ") + note])
+    s = c.by_id.get("parity-base-long")
     parity = "base-long-shaped parity (768 hidden, 12 heads, 3,072, two layers; each dtype vs the CPU engine)"
     need = "fp32 1e-4; bf16/fp16 cosine ≥ 0.999, same argmax"
     if g and s and s["status"] != "skipped":
         got = f"{g['passed']}/{g['total']} passed" + (f", {g['skipped']} skipped" if g["skipped"] else "") + (
             f", {g['failed']} failed" if g["failed"] else "")
         ok = s["status"] == "ok" and g["total"] > 0 and g["passed"] == g["total"]
-        t_rows.append([parity, need, got, ("PASS" if ok else "FAIL" + (f": {s['note']}" if s["note"] else ""))
-                       if measured else f"not a GPU figure ({mode})"])
+        rows.append([parity, need, got, ("PASS" if ok else "FAIL" + (f": {s['note']}" if s["note"] else ""))
+                     if measured else f"not a GPU figure ({mode})"])
     else:
         note = f"{s['status']}: {s['note']}" if s else "not run"
-        t_rows.append([parity, need, "—",
-                       ("FAIL: " if measured and s and s["status"] != "skipped" else "not measured: ") + note])
-    cublaslt = load_env(os.path.join(run, "cublaslt.env"))
-    nvcc = load_env(os.path.join(run, "nvcc.env"))
-    driver = load_env(os.path.join(run, "driver.env"))
+        rows.append([parity, need, "—",
+                     ("FAIL: " if measured and s and s["status"] != "skipped" else "not measured: ") + note])
+    return rows
 
+
+def target_rows(c):
+    """The Targets table's rows (target, required, measured, result), also in the summary."""
+    return throughput_targets(c) + copy_fraction_targets(c) + parity_targets(c)
+
+
+# ----------------------------------------------------------------------------- the sections
+
+
+def header_section(c, t_rows):
+    """The title, the run's header (when, mode, the tools it used, its time) and the Targets."""
+    meta, mode, stages = c.meta, c.mode, c.stages
     lines = []
-    gpu_name = ""
-    q = read_text(os.path.join(run, "gpu-query.csv")).splitlines()
-    if len(q) >= 2:
-        gpu_name = q[1].split(",")[0].strip()
-    counts = {}
-    for st in stages:
-        counts[st["status"]] = counts.get(st["status"], 0) + 1
     lines.append("# GPU check report (CUDA engine: issues 4 and 13)")
     lines.append("")
     lines.append(f"- when: {meta.get('started', '?')} to {meta.get('finished', '?')} "
                  f"({meta.get('elapsed_s', '?')} s of a {meta.get('budget_s', '?')} s budget)")
     lines.append(f"- mode: **{mode}**" + (f" ({meta['gpu_why']})" if meta.get("gpu_why") else "")
-                 + (f", GPU: {gpu_name}" if gpu_name else ""))
-    lines.append("- stages: " + ", ".join(f"{n} {k}" for k, n in sorted(counts.items())))
+                 + (f", GPU: {c.gpu_name}" if c.gpu_name else ""))
+    lines.append("- stages: " + ", ".join(f"{n} {k}" for k, n in sorted(c.counts.items())))
     lines.append(f"- benchmarks: --seconds {meta.get('bench_seconds', '?')} each, seed 1, "
                  f"CMAKE_CUDA_ARCHITECTURES={meta.get('cuda_arch', '?')}")
-    lines.append("- nvcc: " + nvcc_line(nvcc, run))
-    lines.append("- cuBLASLt: " + cublaslt_line(cublaslt))
-    lines.append("- driver: " + driver_line(driver, meta.get("gpu_why", "")))
+    lines.append("- nvcc: " + nvcc_line(c.nvcc, c.run))
+    lines.append("- cuBLASLt: " + cublaslt_line(c.cublaslt))
+    lines.append("- driver: " + driver_line(c.driver, meta.get("gpu_why", "")))
     # The stages that ran one after the other: cuBLASLt's search is part of the probes, and
     # the models are made in the background during the build.
     timed = [seconds_of(s["seconds"]) for s in stages
@@ -700,12 +732,14 @@ def main(argv=None) -> int:
     lines.append("")
     lines += table(["target", "required", "measured", "result"], t_rows)
     lines.append("")
+    return lines
 
-    # ---- engine throughput
-    lines.append("## fastformer-bench (this engine)")
-    lines.append("")
+
+def engine_section(c):
+    """fastformer-bench's figures, one row per benchmark of this engine."""
+    lines = ["## fastformer-bench (this engine)", ""]
     rows = []
-    for b in benches:
+    for b in c.benches:
         if not b["engine"].startswith("ours"):
             continue
         r = b["result"] or {}
@@ -713,16 +747,18 @@ def main(argv=None) -> int:
         rows.append([b["model"], b["dtype"], lengths, b["batch_tokens"],
                      fmt_rate(r.get("tokens_per_second")), fmt_rate(r.get("sequences_per_second")),
                      fmt_ms(r.get("batch_latency_p50_ms")), fmt_ms(r.get("batch_latency_p99_ms")),
-                     r.get("batches", "—"), r.get("backend", "—"), bench_status(b)])
+                     r.get("batches", "—"), r.get("backend", "—"), c.bench_status(b)])
     lines += table(["model", "dtype", "lengths", "batch tokens", "tokens/s", "seq/s", "p50 ms", "p99 ms",
                     "batches", "backend", "status"], rows)
     lines.append("")
+    return lines
 
-    # ---- baselines
-    lines.append("## Baselines (PyTorch reference, SDPA encoder)")
-    lines.append("")
+
+def baselines_section(c):
+    """The PyTorch reference (eager, torch.compile) and SDPA encoder figures."""
+    lines = ["## Baselines (PyTorch reference, SDPA encoder)", ""]
     rows = []
-    for b in benches:
+    for b in c.benches:
         if b["engine"].startswith("ours"):
             continue
         r = b["result"] or {}
@@ -740,17 +776,19 @@ def main(argv=None) -> int:
         what = {"pytorch": "PyTorch reference, eager", "pytorch-compile": "PyTorch reference, torch.compile",
                 "sdpa": "SDPA encoder"}.get(b["engine"], b["engine"])
         lengths = b["lengths"] if b["engine"] != "sdpa" else f"{r.get('tokens_per_sequence', b['lengths'])} tokens/seq"
-        status = bench_status(b)
+        status = c.bench_status(b)
         rows.append([what, b["model"], b["dtype"], lengths, b["batch_tokens"],
                      fmt_rate(r.get("tokens_per_second")), fmt_ms(r.get("batch_latency_p50_ms")),
                      fmt_ms(r.get("batch_latency_p99_ms")), "; ".join(extra) or "", status])
     lines += table(["baseline", "shape of", "dtype", "lengths", "batch tokens", "tokens/s", "p50 ms", "p99 ms",
                     "notes", "status"], rows)
     lines.append("")
+    return lines
 
-    # ---- ratios
-    lines.append("## Ratios")
-    lines.append("")
+
+def ratios_section(c):
+    """This engine's throughput over the baselines', and long over short."""
+    lines = ["## Ratios", ""]
     r_rows = []
     for label, num_role, den_role, target in (
             ("ours ÷ PyTorch eager (base-long bf16 uniform:64:4096)", "mix-ref", "ref", "≥ 3"),
@@ -758,19 +796,22 @@ def main(argv=None) -> int:
             ("ours fixed:512 ÷ SDPA at 512", "short", "sdpa512", ""),
             ("ours fixed:8192 ÷ SDPA at 8192", "seq8192", "sdpa8192", "≥ 2"),
             ("one 65,536-token sequence ÷ 512-token sequences (per token)", "long", "short", "≥ 0.8")):
-        v = ratio(tps(num_role), tps(den_role))
+        v = ratio(c.tps(num_role), c.tps(den_role))
         r_rows.append([label, f"{v:.2f}" if v else "—", target,
-                       "" if v else "missing: " + (why_missing(den_role) if tps(den_role) is None else why_missing(num_role))])
+                       "" if v else "missing: " + c.why_ratio_missing(den_role, num_role)])
     lines += table(["ratio", "value", "target", "note"], r_rows)
     lines.append("")
+    return lines
 
-    # ---- profile
-    lines.append("## Where the time goes (fastformer-bench --profile)")
-    lines.append("")
-    for role, (shape, b, ops) in profiles.items():
+
+def profile_section(c):
+    """Where the time goes: fastformer-bench --profile's ops on each shape, beside the cost model."""
+    lines = ["## Where the time goes (fastformer-bench --profile)", ""]
+    for role, (shape, b, ops) in c.profiles.items():
         if not ops:
             lines.append(f"{shape}: no profile ("
-                         + (why_missing(role) if not (b and b["result"]) else "the JSON has no profile array") + ").")
+                         + (c.why_missing(role) if not (b and b["result"]) else "the JSON has no profile array")
+                         + ").")
             lines.append("")
             continue
         r = b["result"]
@@ -796,30 +837,28 @@ def main(argv=None) -> int:
                             f"{sum(expected.values()):.2f} ms and {fmt_rate(expected_tps)} tokens/s." if expected_tps
                             else "."))
         lines.append("")
+    return lines
 
-    # ---- cuBLASLt
-    lines.append("## cuBLASLt")
-    lines.append("")
-    lines += cublaslt_section(cublaslt, run)
-    lines.append("")
 
-    # ---- bandwidth
-    lines.append("## Memory bandwidth")
-    lines.append("")
+def bandwidth_section(c):
+    """Memory bandwidth: the device-to-device copy, then ncu's per-kernel DRAM bandwidth."""
+    copy, copy_bw, kernels = c.copy, c.copy_bw, c.kernels
+    lines = ["## Memory bandwidth", ""]
     if copy:
         lines.append(f"Device-to-device copy of {fmt_bytes(copy.get('bytes'))} ({copy.get('device')}"
                      f"{', ' + copy['device_name'] if copy.get('device_name') else ''}): "
                      f"**{fmt_bw(copy_bw)}** counting bytes read and written "
                      f"(best copy {fmt_bw(copy.get('best_bandwidth_bytes_per_second'))}; "
                      f"{copy.get('repeats')} copies, timed with "
-                     f"{'CUDA events' if copy.get('device') == 'cuda' else 'a wall clock'}). 70% of it: {fmt_bw(copy_bw * 0.7) if copy_bw else '—'}.")
+                     f"{'CUDA events' if copy.get('device') == 'cuda' else 'a wall clock'}). "
+                     f"70% of it: {fmt_bw(copy_bw * 0.7) if copy_bw else '—'}.")
     else:
-        s = by_id.get("copy-bandwidth", {})
+        s = c.by_id.get("copy-bandwidth", {})
         lines.append(f"Copy bandwidth not measured ({s.get('status', 'not run')}: {s.get('note', '')}).")
     lines.append("")
     if kernels:
-        lines.append(f"Per kernel (ncu, our kernels, one {ncu_workload} batch; DRAM bytes read + "
-                     f"written over GPU time, caches flushed between kernels; {len(launches)} launches). "
+        lines.append(f"Per kernel (ncu, our kernels, one {c.ncu_workload} batch; DRAM bytes read + "
+                     f"written over GPU time, caches flushed between kernels; {len(c.launches)} launches). "
                      f"'counts' marks the non-GEMM kernels the 70% target is judged on "
                      f"(≥ {SIGNIFICANT_BYTES_PER_LAUNCH / 1e6:.0f} MB per launch).")
         lines.append("")
@@ -832,70 +871,86 @@ def main(argv=None) -> int:
         if len(kernels) > 30:
             lines.append(f"\n({len(kernels) - 30} more kernels in the logs' ncu.csv)")
     else:
-        s = by_id.get("ncu", {})
+        s = c.by_id.get("ncu", {})
         lines.append(f"Per-kernel bandwidth not measured (ncu: {s.get('status', 'not run')}"
                      f"{': ' + s['note'] if s.get('note') else ''}).")
     lines.append("")
+    return lines
 
-    # ---- correctness
-    lines.append("## Correctness on the GPU")
-    lines.append("")
+
+def stage_result(s):
+    """A stage's status and note, for the Correctness table's stage column."""
+    return f"{s.get('status', 'not run')}" + (f": {s['note']}" if s.get("note") else "")
+
+
+def sanitizer_row(c, sid, label):
+    """One compute-sanitizer stage's row of the Correctness table."""
+    p = parse_sanitizer(read_text(c.path(sid + ".out")) + read_text(c.path(sid + ".err")))
+    parts = []
+    if "tests" in p:
+        parts.append(f"{p['tests']} tests ran" + (" (no test matched *Small*)" if p["tests"] == 0 else ""))
+    if "errors" in p:
+        parts.append(f"{p['errors']} errors")
+    if "hazards" in p:
+        parts.append(f"{p['hazards']} hazards ({p.get('warnings', 0)} warnings)")
+    if "failed" in p:
+        parts.append(f"{p['failed']} tests failed")
+    if p.get("skipped"):
+        parts.append(f"{p['skipped']} tests skipped (the sanitizer checked nothing they would run)")
+    return [label, ", ".join(parts) or "—", stage_result(c.by_id.get(sid, {}))]
+
+
+def correctness_section(c):
+    """Correctness on the GPU: ctest -L gpu, the base-long parity test and the sanitizers."""
+    ctest, g = c.ctest, c.parity
+    lines = ["## Correctness on the GPU", ""]
     c_rows = []
-    s = by_id.get("ctest-gpu", {})
+    s = c.by_id.get("ctest-gpu", {})
     if isinstance(ctest, dict):
         c_rows.append(["ctest -L gpu", f"{ctest['passed']} passed, {ctest['skipped']} skipped, "
                        f"{ctest['failed']} failed of {ctest['total']}", s.get("status", "")])
     else:
         c_rows.append(["ctest -L gpu", "no test carries the label gpu" if ctest == "none" else "—",
                        f"{s.get('status', 'not run')}: {s.get('note', '')}"])
-    s = by_id.get("parity-base-long", {})
     c_rows.append(["base-long parity (fastformer_gpu_tests --gtest_filter=*BaseLong*)",
                    f"{g['passed']} passed, {g['skipped']} skipped, {g['failed']} failed of {g['total']}" if g else "—",
-                   f"{s.get('status', 'not run')}" + (f": {s['note']}" if s.get("note") else "")])
-    for sid, label in (("memcheck", "compute-sanitizer memcheck (*Small*)"),
-                       ("racecheck", "compute-sanitizer racecheck (*Small*)")):
-        s = by_id.get(sid, {})
-        p = parse_sanitizer(read_text(os.path.join(run, sid + ".out")) + read_text(os.path.join(run, sid + ".err")))
-        parts = []
-        if "tests" in p:
-            parts.append(f"{p['tests']} tests ran" + (" (no test matched *Small*)" if p["tests"] == 0 else ""))
-        if "errors" in p:
-            parts.append(f"{p['errors']} errors")
-        if "hazards" in p:
-            parts.append(f"{p['hazards']} hazards ({p.get('warnings', 0)} warnings)")
-        if "failed" in p:
-            parts.append(f"{p['failed']} tests failed")
-        if p.get("skipped"):
-            parts.append(f"{p['skipped']} tests skipped (the sanitizer checked nothing they would run)")
-        c_rows.append([label, ", ".join(parts) or "—",
-                       f"{s.get('status', 'not run')}" + (f": {s['note']}" if s.get("note") else "")])
+                   stage_result(c.by_id.get("parity-base-long", {}))])
+    c_rows.append(sanitizer_row(c, "memcheck", "compute-sanitizer memcheck (*Small*)"))
+    c_rows.append(sanitizer_row(c, "racecheck", "compute-sanitizer racecheck (*Small*)"))
     lines += table(["check", "result", "stage"], c_rows)
     lines.append("")
+    return lines
 
-    # ---- stages
-    lines.append("## Stages")
-    lines.append("")
+
+def stages_section(c):
+    """Every stage in the order it ran, with its wall time, start and limit."""
+    meta = c.meta
+    lines = ["## Stages", ""]
     lines.append("In the order they ran: wall time, start (seconds into the run) and the limit each ran "
                  "under (its cap, or what was left of the budget). For planning the next lease.")
     lines.append("")
     lines += table(["stage", "what", "status", "seconds", "at (s)", "limit (s)", "note"],
                    [[s["id"], s["title"], s["status"], s["seconds"], s["at"], s["limit"], s["note"]]
-                    for s in stages])
+                    for s in c.stages])
     lines.append("")
     lines.append(f"Total: {meta.get('elapsed_s', '?')} s of the {meta.get('budget_s', '?')} s budget "
                  f"(the report and the log archive come after the last stage).")
     lines.append("")
+    return lines
 
-    failed = [s for s in stages if s["status"] in ("failed", "timeout")]
-    if failed:
+
+def failures_section(c):
+    """The last lines of each failed stage's output; nothing when none failed."""
+    lines = []
+    if c.failed:
         lines.append("## Failures (last lines of each failed stage)")
         lines.append("")
-        for s in failed:
+        for s in c.failed:
             lines.append(f"### {s['id']}: {s['status']} ({s['note']})")
             lines.append("")
             lines.append("```")
-            err = tail(os.path.join(run, s["id"] + ".err"), 25)
-            out = tail(os.path.join(run, s["id"] + ".out"), 25 if not err else 10)
+            err = tail(c.path(s["id"] + ".err"), 25)
+            out = tail(c.path(s["id"] + ".out"), 25 if not err else 10)
             if err:
                 lines.append("--- stderr")
                 lines += [ln[:300] for ln in err]
@@ -904,14 +959,16 @@ def main(argv=None) -> int:
                 lines += [ln[:300] for ln in out]
             lines.append("```")
             lines.append("")
+    return lines
 
-    # ---- environment and raw results
-    lines.append("## Environment")
-    lines.append("")
+
+def environment_section(c):
+    """The environment the check recorded, every benchmark's raw JSON, and where the logs are."""
+    lines = ["## Environment", ""]
     lines.append("```")
-    lines += read_text(os.path.join(run, "env.txt")).splitlines()
+    lines += read_text(c.path("env.txt")).splitlines()
     lines.append("```")
-    smi = read_text(os.path.join(run, "nvidia-smi.out")).strip()
+    smi = read_text(c.path("nvidia-smi.out")).strip()
     if smi:
         lines.append("")
         lines.append("```")
@@ -921,36 +978,75 @@ def main(argv=None) -> int:
     lines.append("## Raw results (one JSON object per benchmark)")
     lines.append("")
     lines.append("```")
-    for b in benches:
+    for b in c.benches:
         if b["result"]:
             lines.append(json.dumps(dict(b["result"], check_id=b["id"]), sort_keys=True))
-    if copy:
-        lines.append(json.dumps(dict(copy, check_id="copy-bandwidth"), sort_keys=True))
+    if c.copy:
+        lines.append(json.dumps(dict(c.copy, check_id="copy-bandwidth"), sort_keys=True))
     lines.append("```")
     lines.append("")
-    lines.append(f"Logs: {meta.get('run_dir', run)} on the machine that ran the check"
+    lines.append(f"Logs: {c.meta.get('run_dir', c.run)} on the machine that ran the check"
                  " (with OUT set, also gpu-check-logs.tar.gz beside this report).")
+    return lines
 
-    with open(a.out, "w", encoding="utf-8") as f:
+
+def report_lines(c, t_rows):
+    """The whole report, section by section."""
+    return (header_section(c, t_rows) + engine_section(c) + baselines_section(c) + ratios_section(c)
+            + profile_section(c) + ["## cuBLASLt", ""] + cublaslt_section(c.cublaslt, c.run) + [""]
+            + bandwidth_section(c) + correctness_section(c) + stages_section(c) + failures_section(c)
+            + environment_section(c))
+
+
+def summary_lines(c, t_rows):
+    """The few lines the script's output tail ends with: tools, times, targets, failed stages."""
+    meta = c.meta
+    sm = [f"gpu-check summary ({c.mode}{', ' + c.gpu_name if c.gpu_name else ''}): "
+          + ", ".join(f"{n} {k}" for k, n in sorted(c.counts.items())),
+          "  nvcc: " + nvcc_line(c.nvcc, c.run).replace("**", ""),
+          "  cuBLASLt: " + cublaslt_line(c.cublaslt).replace("**", ""),
+          "  driver: " + driver_line(c.driver, meta.get("gpu_why", "")).replace("**", ""),
+          f"  time: {meta.get('elapsed_s', '?')} s of {meta.get('budget_s', '?')} s; per stage: "
+          + ", ".join(f"{s['id']} {s['seconds']}" for s in c.stages if s["status"] != "skipped")]
+    for t in t_rows:
+        sm.append(f"  [{t[3][:100]}] {t[0][:90]}: {t[2]} (target {t[1]})")
+    for s in c.failed:  # with the stage's last words: the output tail may be all one reads
+        last = [ln.strip() for ln in tail(c.path(s["id"] + ".err"), 5)
+                + tail(c.path(s["id"] + ".out"), 3) if ln.strip()]
+        sm.append(f"  stage {s['id']}: {s['status']} ({s['note']})"
+                  + (f" — {last[-1][:160]}" if last and s["note"].startswith(("exit", "stopped")) else ""))
+    return sm
+
+
+def write_lines(path, lines):
+    with open(path, "w", encoding="utf-8") as f:
         f.write("\n".join(lines) + "\n")
 
+
+# ----------------------------------------------------------------------------- main
+
+
+def main(argv=None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--run")
+    ap.add_argument("--out")
+    ap.add_argument("--summary")
+    ap.add_argument("--verdict", nargs="+", metavar="KIND FILE",
+                    help="ctest, gtest, sanitizer or ncu, then the stage's output files")
+    ap.add_argument("--gpu", type=int, default=1, help="with --verdict: 1 when a GPU is present")
+    a = ap.parse_args(argv)
+    if a.verdict:
+        text = "\n".join(read_text(f) for f in a.verdict[1:])
+        status, why = stage_verdict(a.verdict[0], text, bool(a.gpu))
+        print(f"{status}\t{why}" if status else "keep")
+        return 0
+    if not (a.run and a.out):
+        ap.error("--run and --out are required")
+    c = CheckRun(a.run)
+    t_rows = target_rows(c)
+    write_lines(a.out, report_lines(c, t_rows))
     if a.summary:
-        sm = [f"gpu-check summary ({mode}{', ' + gpu_name if gpu_name else ''}): "
-              + ", ".join(f"{n} {k}" for k, n in sorted(counts.items())),
-              "  nvcc: " + nvcc_line(nvcc, run).replace("**", ""),
-              "  cuBLASLt: " + cublaslt_line(cublaslt).replace("**", ""),
-              "  driver: " + driver_line(driver, meta.get("gpu_why", "")).replace("**", ""),
-              f"  time: {meta.get('elapsed_s', '?')} s of {meta.get('budget_s', '?')} s; per stage: "
-              + ", ".join(f"{s['id']} {s['seconds']}" for s in stages if s["status"] != "skipped")]
-        for t in t_rows:
-            sm.append(f"  [{t[3][:100]}] {t[0][:90]}: {t[2]} (target {t[1]})")
-        for s in failed:  # with the stage's last words: the output tail may be all one reads
-            last = [ln.strip() for ln in tail(os.path.join(run, s["id"] + ".err"), 5)
-                    + tail(os.path.join(run, s["id"] + ".out"), 3) if ln.strip()]
-            sm.append(f"  stage {s['id']}: {s['status']} ({s['note']})"
-                      + (f" — {last[-1][:160]}" if last and s["note"].startswith(("exit", "stopped")) else ""))
-        with open(a.summary, "w", encoding="utf-8") as f:
-            f.write("\n".join(sm) + "\n")
+        write_lines(a.summary, summary_lines(c, t_rows))
     return 0
 
 
