@@ -20,6 +20,10 @@ struct OutputOptions {
   bool token_embeddings = false;  ///< the last layer's hidden state of every token
   bool logits = false;            ///< the classifier head's output (when the model has one)
   bool normalize = false;         ///< L2-normalise the pooled embedding
+  /// The first `dimensions` values of the pooled embedding (re-normalised to length 1 when
+  /// `normalize`); 0: all of them. Applied by the request layer (request::apply_dimensions)
+  /// once the engine has computed the whole embedding.
+  int64_t dimensions = 0;
 };
 
 // What the engine returns for one sequence.

@@ -162,13 +162,8 @@ void HttpApi::openai_embeddings(const Request& http_request, Call call) {
     if (v.get_int64().get(d) || d < 1) {
       return fail(call, invalid_argument("dimensions: expected a positive integer"), "dimensions");
     }
-    if (d > model.config().hidden_size) {
-      return fail(call,
-                  invalid_argument("dimensions: " + std::to_string(d) +
-                                   " is over the model's hidden_size " +
-                                   std::to_string(model.config().hidden_size)),
-                  "dimensions");
-    }
+    if (auto refused = request::check_dimensions(d, model))
+      return fail(call, invalid_argument(*refused), "dimensions");
     keep->dimensions = d;
   }
   if (!body["user"].get(v) && !v.is_null() && !v.is_string()) {
@@ -177,7 +172,8 @@ void HttpApi::openai_embeddings(const Request& http_request, Call call) {
                 "user");
   }
   keep->input = encode_input(keep->inputs);
-  keep->input.options.normalize = true;  // OpenAI's embeddings have length 1
+  keep->input.options.normalize = true;               // OpenAI's embeddings have length 1
+  keep->input.options.dimensions = keep->dimensions;  // cut and re-normalised by the request layer
   const bool single = keep->inputs.single;
   const int32_t pad = model.config().pad_token_id;
   submit(
@@ -187,24 +183,11 @@ void HttpApi::openai_embeddings(const Request& http_request, Call call) {
       },
       [keep, pad](const batching::Request& r) {
         json::Writer w;
-        const size_t D = r.results.empty() ? 0 : r.results[0].embedding.size();
-        const size_t dims = keep->dimensions > 0 ? size_t(keep->dimensions) : D;
+        const size_t dims = r.results.empty() ? 0 : r.results[0].embedding.size();
         w.reserve(64 + r.results.size() * (48 + dims * (keep->base64 ? 6 : 12)));
         w.raw("{\"object\":\"list\",\"data\":[");
-        std::vector<float> cut;
         for (size_t i = 0; i < r.results.size(); ++i) {
-          std::span<const float> e = r.results[i].embedding;
-          if (dims < e.size()) {
-            // Matryoshka-style: the first `dimensions` values, re-normalised.
-            cut.assign(e.begin(), e.begin() + ptrdiff_t(dims));
-            double norm = 0;
-            for (const float x : cut) norm += double(x) * x;
-            norm = std::sqrt(norm);
-            if (norm > 0) {
-              for (float& x : cut) x = float(x / norm);
-            }
-            e = cut;
-          }
+          const std::span<const float> e = r.results[i].embedding;
           if (i > 0) w.ch(',');
           w.raw("{\"object\":\"embedding\",\"index\":").number(int64_t(i)).raw(",\"embedding\":");
           if (keep->base64) {

@@ -1,5 +1,6 @@
 #include "server/request/encode_input.h"
 
+#include <cmath>
 #include <string>
 #include <type_traits>
 
@@ -77,6 +78,34 @@ std::optional<std::string> check_options(const OutputOptions& options, const eng
     return "this model has no classifier head (dense_linear)";
   }
   return std::nullopt;
+}
+
+std::optional<std::string> check_dimensions(int64_t dimensions, const engine::Model& model) {
+  const int64_t hidden = model.config().hidden_size;
+  if (dimensions < 0) return "dimensions: expected a positive integer";
+  if (dimensions > hidden) {
+    return "dimensions: " + std::to_string(dimensions) + " is over the model's hidden_size " +
+           std::to_string(hidden);
+  }
+  return std::nullopt;
+}
+
+void apply_dimensions(const OutputOptions& options, std::vector<EncodedSequence>* results) {
+  if (options.dimensions <= 0) return;
+  const size_t dims = size_t(options.dimensions);
+  for (EncodedSequence& seq : *results) {
+    std::vector<float>& e = seq.embedding;
+    if (dims >= e.size()) continue;
+    // Matryoshka-style: the first `dimensions` values, re-normalised.
+    e.resize(dims);
+    if (!options.normalize) continue;
+    double norm = 0;
+    for (const float x : e) norm += double(x) * x;
+    norm = std::sqrt(norm);
+    if (norm > 0) {
+      for (float& x : e) x = float(x / norm);
+    }
+  }
 }
 
 std::optional<Problem> build_request(const EncodeInput& input, const engine::Model& model,

@@ -88,5 +88,12 @@ std::optional<Problem> build_request(const EncodeInput& input, const engine::Mod
 // The output options the model can answer: asking for logits of a model with no classifier
 // head is refused (the message, without the option's name, which differs per protocol).
 std::optional<std::string> check_options(const OutputOptions& options, const engine::Model& model);
+// Why `dimensions` (OutputOptions::dimensions) cannot be served by `model`: "dimensions: 900 is
+// over the model's hidden_size 768", or below 0; nothing when it can.
+std::optional<std::string> check_dimensions(int64_t dimensions, const engine::Model& model);
+// The options every protocol shares that act on a finished request's results: the first
+// options.dimensions values of each embedding, re-normalised when options.normalize (the
+// serving core applies it before any protocol formats its answer).
+void apply_dimensions(const OutputOptions& options, std::vector<EncodedSequence>* results);
 
 }  // namespace fastformer::request

@@ -2,6 +2,8 @@
 
 #include <spdlog/spdlog.h>
 
+#include "server/request/encode_input.h"
+
 namespace fastformer::serving {
 
 using batching::Clock;
@@ -102,6 +104,13 @@ Status Intake::admit_found(Clock::time_point deadline, std::shared_ptr<const Ser
   if (!status.ok()) {
     answered();
     return status;
+  }
+  if (request->options.dimensions > 0) {
+    // The output options that act on the results, before any protocol formats them.
+    request->on_complete = [format = std::move(request->on_complete)](batching::Request& r) {
+      request::apply_dimensions(r.options, &r.results);
+      format(r);
+    };
   }
   request->arrival = Clock::now();
   request->deadline = deadline;

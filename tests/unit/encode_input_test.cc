@@ -412,5 +412,34 @@ TEST(EncodeInput, LogitsNeedAClassifierHead) {
   EXPECT_EQ(check_options(OutputOptions{}, *served(false).model), std::nullopt);
 }
 
+// dimensions (OpenAI's today; the request layer's rule for every protocol): the first values,
+// re-normalised to length 1 when normalize; checked against the hidden size.
+TEST(OutputOptionsTest, DimensionsCutAndRenormalise) {
+  std::vector<EncodedSequence> results(2);
+  results[0].embedding = {3, 4, 12};  // the first two: (3, 4) / 5
+  results[1].embedding = {0, 0, 1};   // a zero cut stays zero
+  OutputOptions options;
+  options.normalize = true;
+  options.dimensions = 2;
+  apply_dimensions(options, &results);
+  EXPECT_EQ(results[0].embedding, (std::vector<float>{0.6f, 0.8f}));
+  EXPECT_EQ(results[1].embedding, (std::vector<float>{0, 0}));
+  std::vector<EncodedSequence> raw(1);
+  raw[0].embedding = {3, 4, 12};
+  options.normalize = false;  // cut only
+  apply_dimensions(options, &raw);
+  EXPECT_EQ(raw[0].embedding, (std::vector<float>{3, 4}));
+  options.dimensions = 0;  // all of it
+  raw[0].embedding = {3, 4, 12};
+  apply_dimensions(options, &raw);
+  EXPECT_EQ(raw[0].embedding.size(), 3u);
+  const engine::Model& model = *served(false).model;
+  const int64_t hidden = model.config().hidden_size;
+  EXPECT_EQ(check_dimensions(hidden, model), std::nullopt);
+  EXPECT_EQ(check_dimensions(hidden + 1, model), "dimensions: " + std::to_string(hidden + 1) +
+                                                     " is over the model's hidden_size " +
+                                                     std::to_string(hidden));
+}
+
 }  // namespace
 }  // namespace fastformer::request
