@@ -7,24 +7,25 @@
 
 namespace fastformer {
 
-std::optional<ServerOptions> parse_server_options(int argc, char** argv, int& exit_code) {
-  ServerOptions f;
-  CLI::App app{"fastformer-server: Fastformer encoders over gRPC, with dynamic ragged batching"};
-  app.set_config();  // no config file: flags and FASTFORMER_* env vars only
-  auto opt = [&](const char* name, auto& value, const char* help, const char* env) {
-    return app.add_option(name, value, help)->envname(env)->capture_default_str();
-  };
-  auto* model_dir = opt("--model-dir", f.model_dir,
-                        "model directory (config.json + model.safetensors): a repository of "
-                        "this one model, version 1",
-                        "FASTFORMER_MODEL_DIR");
-  auto* repository = opt("--model-repository", f.model_repository,
-                         "model repository <dir>/<model>/<version>/ (Triton's layout; optional "
-                         "<dir>/<model>/config.pbtxt)",
-                         "FASTFORMER_MODEL_REPOSITORY");
-  (void)model_dir;
-  (void)repository;
-  opt("--model-control-mode", f.model_control_mode,
+namespace {
+
+// A flag with its environment variable, showing its default in --help.
+template <class T>
+CLI::Option* opt(CLI::App& app, const char* name, T& value, const char* help, const char* env) {
+  return app.add_option(name, value, help)->envname(env)->capture_default_str();
+}
+
+// Where the models come from and how they are loaded (docs/operations.md: the model repository).
+void add_repository_flags(CLI::App& app, ServerOptions& f) {
+  opt(app, "--model-dir", f.model_dir,
+      "model directory (config.json + model.safetensors): a repository of "
+      "this one model, version 1",
+      "FASTFORMER_MODEL_DIR");
+  opt(app, "--model-repository", f.model_repository,
+      "model repository <dir>/<model>/<version>/ (Triton's layout; optional "
+      "<dir>/<model>/config.pbtxt)",
+      "FASTFORMER_MODEL_REPOSITORY");
+  opt(app, "--model-control-mode", f.model_control_mode,
       "none: serve what the repository holds at start; explicit: --load-model at start, then "
       "the load/unload RPCs; poll: rescan every --repository-poll-secs and on SIGHUP",
       "FASTFORMER_MODEL_CONTROL_MODE")
@@ -33,35 +34,39 @@ std::optional<ServerOptions> parse_server_options(int argc, char** argv, int& ex
                  "explicit mode: a model to load at start (repeatable; * = every model)")
       ->envname("FASTFORMER_LOAD_MODEL")
       ->delimiter(',');  // no default shown: an empty list is "none", as docs/operations.md says
-  opt("--repository-poll-secs", f.repository_poll_secs,
+  opt(app, "--repository-poll-secs", f.repository_poll_secs,
       "poll mode: seconds between repository scans (0: on SIGHUP only)",
       "FASTFORMER_REPOSITORY_POLL_SECS")
       ->check(CLI::NonNegativeNumber);
-  opt("--default-model", f.default_model,
+  opt(app, "--default-model", f.default_model,
       "the model a request that names none goes to (default: the only one)",
       "FASTFORMER_DEFAULT_MODEL");
-  opt("--listen", f.listen, "gRPC address host:port (port 0 picks a free one)",
+}
+
+// The gRPC, HTTP and metrics listeners, and the names the default model answers to.
+void add_front_door_flags(CLI::App& app, ServerOptions& f) {
+  opt(app, "--listen", f.listen, "gRPC address host:port (port 0 picks a free one)",
       "FASTFORMER_LISTEN");
-  opt("--metrics-listen", f.metrics_listen, "Prometheus /metrics address host:port",
+  opt(app, "--metrics-listen", f.metrics_listen, "Prometheus /metrics address host:port",
       "FASTFORMER_METRICS_LISTEN");
-  opt("--http-listen", f.http_listen,
+  opt(app, "--http-listen", f.http_listen,
       "HTTP address host:port: OpenAI /v1/embeddings, TEI routes, KServe v2 REST (empty: off)",
       "FASTFORMER_HTTP_LISTEN");
-  opt("--http-threads", f.http_threads, "HTTP I/O threads (JSON parsing and printing run on them)",
-      "FASTFORMER_HTTP_THREADS")
+  opt(app, "--http-threads", f.http_threads,
+      "HTTP I/O threads (JSON parsing and printing run on them)", "FASTFORMER_HTTP_THREADS")
       ->check(CLI::PositiveNumber);
-  opt("--http-max-body-bytes", f.http_max_body_bytes,
+  opt(app, "--http-max-body-bytes", f.http_max_body_bytes,
       "largest HTTP request body accepted; beyond: 413", "FASTFORMER_HTTP_MAX_BODY_BYTES")
       ->check(CLI::PositiveNumber);
-  opt("--http-max-connections", f.http_max_connections,
+  opt(app, "--http-max-connections", f.http_max_connections,
       "HTTP connections open at once; one more is answered 503 and closed (0 = no limit)",
       "FASTFORMER_HTTP_MAX_CONNECTIONS")
       ->check(CLI::NonNegativeNumber);
-  opt("--http-idle-timeout-s", f.http_idle_timeout_s,
+  opt(app, "--http-idle-timeout-s", f.http_idle_timeout_s,
       "an idle kept-alive HTTP connection, or a body in flight, is closed after this long",
       "FASTFORMER_HTTP_IDLE_TIMEOUT_S")
       ->check(CLI::PositiveNumber);
-  opt("--http-header-timeout-s", f.http_header_timeout_s,
+  opt(app, "--http-header-timeout-s", f.http_header_timeout_s,
       "time a client has to send a request's headers, from its first byte",
       "FASTFORMER_HTTP_HEADER_TIMEOUT_S")
       ->check(CLI::PositiveNumber);
@@ -70,9 +75,13 @@ std::optional<ServerOptions> parse_server_options(int argc, char** argv, int& ex
                  "/v1/models, gRPC's and KServe's model_name); repeat or comma-separate")
       ->envname("FASTFORMER_SERVED_MODEL_NAME")
       ->delimiter(',');
-  opt("--backend", f.model.backend, "auto, cpu or cuda", "FASTFORMER_BACKEND")
+}
+
+// Every model's settings (ServerOptions::model; a config.pbtxt overrides them per model).
+void add_model_flags(CLI::App& app, ServerOptions& f) {
+  opt(app, "--backend", f.model.backend, "auto, cpu or cuda", "FASTFORMER_BACKEND")
       ->check(CLI::IsMember({"auto", "cpu", "cuda"}));
-  opt("--device", f.model.device, "CUDA device ordinal", "FASTFORMER_DEVICE")
+  opt(app, "--device", f.model.device, "CUDA device ordinal", "FASTFORMER_DEVICE")
       ->check(CLI::NonNegativeNumber);
   add_dtype_flag(
       app, &f.model.dtype,
@@ -81,85 +90,110 @@ std::optional<ServerOptions> parse_server_options(int argc, char** argv, int& ex
   app.add_flag("--allow-tf32", f.model.allow_tf32,
                "TF32 tensor-core GEMMs for float32 on the CUDA engine")
       ->envname("FASTFORMER_ALLOW_TF32");
-  opt("--threads", f.model.threads, "CPU engine threads, 0 = all cores", "FASTFORMER_THREADS")
+  opt(app, "--threads", f.model.threads, "CPU engine threads, 0 = all cores", "FASTFORMER_THREADS")
       ->check(CLI::NonNegativeNumber);
-  opt("--max-batch-tokens", f.model.max_batch_tokens, "token budget of one batch",
+  opt(app, "--max-batch-tokens", f.model.max_batch_tokens, "token budget of one batch",
       "FASTFORMER_MAX_BATCH_TOKENS")
       ->check(CLI::PositiveNumber);
-  opt("--max-batch-sequences", f.model.max_batch_sequences, "sequence budget of one batch",
+  opt(app, "--max-batch-sequences", f.model.max_batch_sequences, "sequence budget of one batch",
       "FASTFORMER_MAX_BATCH_SEQUENCES")
       ->check(CLI::PositiveNumber);
-  opt("--max-queue-delay-us", f.model.max_queue_delay_us,
+  opt(app, "--max-queue-delay-us", f.model.max_queue_delay_us,
       "how long a non-full batch may wait for more work", "FASTFORMER_MAX_QUEUE_DELAY_US")
       ->check(CLI::NonNegativeNumber);
-  opt("--max-queue-tokens", f.model.max_queue_tokens,
+  opt(app, "--max-queue-tokens", f.model.max_queue_tokens,
       "admitted tokens waiting for a batch; beyond: RESOURCE_EXHAUSTED",
       "FASTFORMER_MAX_QUEUE_TOKENS")
       ->check(CLI::PositiveNumber);
-  opt("--max-request-tokens", f.model.max_request_tokens,
+  opt(app, "--max-request-tokens", f.model.max_request_tokens,
       "tokens in one request; 0 = max(max-batch-tokens, max_position_embeddings)",
       "FASTFORMER_MAX_REQUEST_TOKENS")
       ->check(CLI::NonNegativeNumber);
-  opt("--max-message-bytes", f.max_message_bytes, "largest request message accepted",
-      "FASTFORMER_MAX_MESSAGE_BYTES")
-      ->check(CLI::PositiveNumber);
-  opt("--max-request-inputs", f.model.max_request_inputs,
+  opt(app, "--max-request-inputs", f.model.max_request_inputs,
       "sequences (texts) in one request, every protocol; beyond: INVALID_ARGUMENT / 400 (0 = no "
       "limit)",
       "FASTFORMER_MAX_REQUEST_INPUTS")
       ->check(CLI::NonNegativeNumber);
-  opt("--max-concurrent-streams", f.max_concurrent_streams,
+}
+
+// Server-wide limits and logging.
+void add_server_flags(CLI::App& app, ServerOptions& f) {
+  opt(app, "--max-message-bytes", f.max_message_bytes, "largest request message accepted",
+      "FASTFORMER_MAX_MESSAGE_BYTES")
+      ->check(CLI::PositiveNumber);
+  opt(app, "--max-concurrent-streams", f.max_concurrent_streams,
       "streaming calls (EncodeStream, ModelStreamInfer) open at once, server-wide; beyond: "
       "RESOURCE_EXHAUSTED (0 = no limit)",
       "FASTFORMER_MAX_CONCURRENT_STREAMS")
       ->check(CLI::NonNegativeNumber);
-  opt("--shutdown-timeout-s", f.shutdown_timeout_s, "how long SIGTERM waits for admitted work",
+  opt(app, "--shutdown-timeout-s", f.shutdown_timeout_s, "how long SIGTERM waits for admitted work",
       "FASTFORMER_SHUTDOWN_TIMEOUT_S")
       ->check(CLI::NonNegativeNumber);
-  opt("--log-level", f.log_level, "trace, debug, info, warn, error", "FASTFORMER_LOG_LEVEL")
+  opt(app, "--log-level", f.log_level, "trace, debug, info, warn, error", "FASTFORMER_LOG_LEVEL")
       ->check(CLI::IsMember({"trace", "debug", "info", "warn", "error"}));
-  opt("--log-format", f.log_format, "text or json", "FASTFORMER_LOG_FORMAT")
+  opt(app, "--log-format", f.log_format, "text or json", "FASTFORMER_LOG_FORMAT")
       ->check(CLI::IsMember({"text", "json"}));
-  // Transport security and bearer tokens (docs/security.md).
+}
+
+// Transport security and bearer tokens (docs/security.md).
+void add_security_flags(CLI::App& app, ServerOptions& f) {
   auto* tls_cert =
-      opt("--tls-cert", f.security.tls_cert,
+      opt(app, "--tls-cert", f.security.tls_cert,
           "PEM certificate chain: serve gRPC over TLS (needs --tls-key)", "FASTFORMER_TLS_CERT");
-  auto* tls_key =
-      opt("--tls-key", f.security.tls_key, "PEM private key of --tls-cert", "FASTFORMER_TLS_KEY");
+  auto* tls_key = opt(app, "--tls-key", f.security.tls_key, "PEM private key of --tls-cert",
+                      "FASTFORMER_TLS_KEY");
   tls_cert->needs(tls_key);
   tls_key->needs(tls_cert);
-  opt("--tls-client-ca", f.security.tls_client_ca,
+  opt(app, "--tls-client-ca", f.security.tls_client_ca,
       "PEM CA certificates: mutual TLS, clients must present a certificate they signed",
       "FASTFORMER_TLS_CLIENT_CA")
       ->needs(tls_cert);
   auto* token_file = opt(
-      "--auth-token-file", f.security.auth_token_file,
+      app, "--auth-token-file", f.security.auth_token_file,
       "bearer tokens, one per line: calls need `authorization: Bearer <token>`; re-read on SIGHUP",
       "FASTFORMER_AUTH_TOKEN_FILE");
   app.add_flag("--auth-health", f.security.auth_health,
                "health and reflection need the bearer token too")
       ->envname("FASTFORMER_AUTH_HEALTH")
       ->needs(token_file);
+}
+
+// The combinations CLI11 cannot check alone; throws CLI11's errors.
+void check_combinations(int argc, char** argv, ServerOptions& f) {
+  // The image sets FASTFORMER_MODEL_DIR=/models: a repository given on the command line or in
+  // FASTFORMER_MODEL_REPOSITORY wins over that environment default (never over --model-dir).
+  bool model_dir_flag = false;
+  for (int i = 1; i < argc; ++i) {
+    const std::string_view arg = argv[i];
+    model_dir_flag |= arg == "--model-dir" || arg.starts_with("--model-dir=");
+  }
+  if (!model_dir_flag && !f.model_repository.empty()) f.model_dir.clear();
+  if (!f.model_dir.empty() && !f.model_repository.empty())
+    throw CLI::ExcludesError("--model-dir", "--model-repository");
+  if (f.model_dir.empty() == f.model_repository.empty())
+    throw CLI::RequiredError("--model-dir or --model-repository (exactly one)");
+  if (!f.model_dir.empty() && f.model_control_mode != "none") {
+    throw CLI::ValidationError("--model-control-mode",
+                               "needs --model-repository (--model-dir serves one fixed model)");
+  }
+  if (!f.load_models.empty() && f.model_control_mode != "explicit")
+    throw CLI::ValidationError("--load-model", "needs --model-control-mode explicit");
+}
+
+}  // namespace
+
+std::optional<ServerOptions> parse_server_options(int argc, char** argv, int& exit_code) {
+  ServerOptions f;
+  CLI::App app{"fastformer-server: Fastformer encoders over gRPC, with dynamic ragged batching"};
+  app.set_config();  // no config file: flags and FASTFORMER_* env vars only
+  add_repository_flags(app, f);
+  add_front_door_flags(app, f);
+  add_model_flags(app, f);
+  add_server_flags(app, f);
+  add_security_flags(app, f);
   try {
     app.parse(argc, argv);
-    // The image sets FASTFORMER_MODEL_DIR=/models: a repository given on the command line or in
-    // FASTFORMER_MODEL_REPOSITORY wins over that environment default (never over --model-dir).
-    bool model_dir_flag = false;
-    for (int i = 1; i < argc; ++i) {
-      const std::string_view arg = argv[i];
-      model_dir_flag |= arg == "--model-dir" || arg.starts_with("--model-dir=");
-    }
-    if (!model_dir_flag && !f.model_repository.empty()) f.model_dir.clear();
-    if (!f.model_dir.empty() && !f.model_repository.empty())
-      throw CLI::ExcludesError("--model-dir", "--model-repository");
-    if (f.model_dir.empty() == f.model_repository.empty())
-      throw CLI::RequiredError("--model-dir or --model-repository (exactly one)");
-    if (!f.model_dir.empty() && f.model_control_mode != "none") {
-      throw CLI::ValidationError("--model-control-mode",
-                                 "needs --model-repository (--model-dir serves one fixed model)");
-    }
-    if (!f.load_models.empty() && f.model_control_mode != "explicit")
-      throw CLI::ValidationError("--load-model", "needs --model-control-mode explicit");
+    check_combinations(argc, argv, f);
   } catch (const CLI::ParseError& e) {
     exit_code = app.exit(e);  // what CLI11_PARSE does: prints the help or the error
     return std::nullopt;
