@@ -127,177 +127,261 @@ nlohmann::ordered_json gemm_probe(const engine::ForwardEngine& eng, bool bf16, i
   return rows;
 }
 
+// The flags, one field each; their help text is in add_flags.
+struct BenchOptions {
+  std::string model_dir;                        ///< --model-dir
+  std::string backend_name = "cpu";             ///< --backend: cpu, cuda or auto
+  std::string lengths_text = "uniform:16:256";  ///< --lengths: fixed:L or uniform:MIN:MAX
+  engine::EngineOptions engine;                 ///< --dtype, --threads, --device, --allow-tf32
+  int64_t batch_tokens = 8192;                  ///< --batch-tokens: tokens per ragged batch
+  double seconds = 10;                          ///< --seconds: timed duration
+  uint64_t seed = 1;                            ///< --seed: workload seed
+  int pool_batches = 8;                         ///< --pool-batches: distinct batches, cycled
+  int warmup_batches = 2;                       ///< --warmup-batches: untimed batches first
+  bool json_output = false;                     ///< --json
+  bool print_workload = false;                  ///< --print-workload
+  bool profile = false;                         ///< --profile
+  bool gemm_probe = false;                      ///< --gemm-probe
+};
+
+void add_flags(CLI::App& app, BenchOptions* o) {
+  app.add_option("--model-dir", o->model_dir, "model directory")->required();
+  app.add_option("--backend", o->backend_name, "cpu, cuda or auto")
+      ->check(CLI::IsMember({"auto", "cpu", "cuda"}))
+      ->capture_default_str();
+  add_dtype_flag(app, &o->engine.dtype, "float32, float16 or bfloat16");
+  app.add_option("--threads", o->engine.threads, "CPU threads, 0 = all cores")
+      ->capture_default_str();
+  app.add_option("--device", o->engine.device, "CUDA device ordinal")->capture_default_str();
+  app.add_flag("--allow-tf32", o->engine.allow_tf32, "TF32 GEMMs for float32 on the CUDA engine");
+  app.add_option("--batch-tokens", o->batch_tokens, "tokens per ragged batch")
+      ->check(CLI::PositiveNumber)
+      ->capture_default_str();
+  app.add_option("--lengths", o->lengths_text, "fixed:L or uniform:MIN:MAX")->capture_default_str();
+  app.add_option("--seconds", o->seconds, "timed duration (at least one pass over the pool)")
+      ->capture_default_str();
+  app.add_option("--seed", o->seed, "workload seed")->capture_default_str();
+  app.add_option("--pool-batches", o->pool_batches, "distinct batches, cycled")
+      ->check(CLI::PositiveNumber)
+      ->capture_default_str();
+  app.add_option("--warmup-batches", o->warmup_batches, "untimed batches first")
+      ->capture_default_str();
+  app.add_flag("--json", o->json_output, "print one JSON object");
+  app.add_flag(
+      "--profile", o->profile,
+      "after the timed run, time every op of the forward over one pass of the pool (CUDA events on "
+      "a GPU, the wall clock on the CPU): a \"profile\" array in the JSON, a table on stderr");
+  app.add_flag("--gemm-probe", o->gemm_probe,
+               "CPU engine: after the timed run, time oneDNN's packed fixed-M primitive alone on "
+               "each GEMM shape the model ran (M = the largest batch), on 1 and on --threads "
+               "threads: a \"gemm_probe\" array in the JSON, a table on stderr, and with --profile "
+               "each GEMM op's share of its ceiling");
+  app.add_flag("--print-workload", o->print_workload,
+               "print the workload's batches as JSON (token ids) and exit");
+}
+
+// False (after saying why on stderr) when the model cannot run the workload --lengths asks for.
+bool model_fits_workload(const engine::Model& model, const LengthSpec& lengths,
+                         const std::string& lengths_text) {
+  const auto& config = model.config();
+  if (lengths.max > config.max_position_embeddings) {
+    std::cerr << "fastformer-bench: --lengths " << lengths_text
+              << " exceeds max_position_embeddings " << config.max_position_embeddings << "\n";
+    return false;
+  }
+  if (!model.has_word_embedding()) {
+    std::cerr << "fastformer-bench: the model has no word embedding; the workload is token ids\n";
+    return false;
+  }
+  return true;
+}
+
+// The workload's pool as the engine takes it: one ragged batch per pool batch.
+struct BatchPool {
+  std::vector<engine::RaggedBatch> batches;
+  int64_t largest_batch_tokens = 0;  ///< the engine's buffers and the GEMM probe's M
+};
+
+BatchPool make_batches(const std::vector<WorkloadBatch>& pool, const engine::ModelConfig& config) {
+  BatchPool result;
+  result.batches.resize(pool.size());
+  for (size_t i = 0; i < pool.size(); ++i) {
+    for (const auto& seq : pool[i]) result.batches[i].add({seq, {}}, config);
+    result.largest_batch_tokens =
+        std::max<int64_t>(result.largest_batch_tokens, result.batches[i].num_tokens());
+  }
+  return result;
+}
+
+// What the timed run measured.
+struct TimedRun {
+  std::vector<double> latencies_ms;  ///< one per batch, in the order run
+  int64_t tokens = 0;                ///< real tokens encoded
+  int64_t sequences = 0;             ///< sequences encoded
+  double seconds = 0;                ///< wall time from the first timed batch to the last's end
+
+  double tokens_per_second() const { return double(tokens) / seconds; }
+  double sequences_per_second() const { return double(sequences) / seconds; }
+};
+
+// The warm-up batches untimed, then the pool cycled until `seconds` have passed and every
+// batch has run at least once.
+TimedRun run_timed(engine::Engine& eng, const std::vector<engine::RaggedBatch>& batches,
+                   int warmup_batches, double seconds) {
+  const OutputOptions out_options;
+  for (int i = 0; i < warmup_batches; ++i)
+    eng.encode(batches[size_t(i) % batches.size()], {&out_options, 1});
+  TimedRun run;
+  const auto start = Clock::now();
+  for (size_t i = 0;; ++i) {
+    const auto& batch = batches[i % batches.size()];
+    const auto t0 = Clock::now();
+    eng.encode(batch, {&out_options, 1});
+    const auto t1 = Clock::now();
+    run.latencies_ms.push_back(std::chrono::duration<double, std::milli>(t1 - t0).count());
+    run.tokens += batch.num_tokens();
+    run.sequences += batch.num_sequences();
+    run.seconds = std::chrono::duration<double>(t1 - start).count();
+    if (run.seconds >= seconds && i + 1 >= batches.size()) break;
+  }
+  return run;
+}
+
+// The JSON result of the timed run, with what the engine reports about its GEMMs after it.
+nlohmann::ordered_json result_json(const BenchOptions& options, engine::Engine& eng,
+                                   const engine::Model& model, const TimedRun& run) {
+  nlohmann::ordered_json result = {
+      {"backend", eng.backend_name()},
+      {"device", eng.device_name()},
+      {"dtype", engine::dtype_name(options.engine.dtype)},
+      {"model", model.config().model_name},
+      {"lengths", options.lengths_text},
+      {"batch_tokens", options.batch_tokens},
+      {"seed", options.seed},
+      {"tokens_per_second", run.tokens_per_second()},
+      {"sequences_per_second", run.sequences_per_second()},
+      {"batches", run.latencies_ms.size()},
+      {"tokens", run.tokens},
+      {"sequences", run.sequences},
+      {"seconds", run.seconds},
+      {"batch_latency_p50_ms", percentile(run.latencies_ms, 50)},
+      {"batch_latency_p99_ms", percentile(run.latencies_ms, 99)},
+      {"peak_rss_bytes", peak_rss_bytes()},
+      {"weight_bytes", model.weight_bytes()},
+  };
+  // After the timed run: what the GEMMs reach on one thread, and which kernel (CPU engine).
+  if (const engine::SpeedCheck speed = eng.speed_check(); speed.ran)
+    result["gemm_self_check"] = speed.message;
+  result["packed_weight_bytes"] = eng.packed_weight_bytes();
+  result["gemm_sites"] = eng.gemm_report();
+  return result;
+}
+
+// --gemm-probe: the probe's rows into `rows` (left null where the CPU cannot run bfloat16
+// GEMMs); false, after saying why, when the engine is not the CPU engine.
+bool run_gemm_probe(const engine::Engine& eng, const engine::EngineOptions& options, int64_t m,
+                    nlohmann::ordered_json* rows) {
+  const auto* forward = dynamic_cast<const engine::ForwardEngine*>(&eng);
+  const bool bf16 = options.dtype == engine::Dtype::kBfloat16;
+  if (eng.backend_name() != "cpu" || forward == nullptr) {
+    std::cerr << "fastformer-bench: --gemm-probe times oneDNN's kernels: the CPU engine only\n";
+    return false;
+  }
+  if (bf16 && !engine::cpu_gemm_info().has_bf16) {
+    std::cerr << "GEMM probe: not run (no bfloat16 matmul in oneDNN on this CPU: "
+              << engine::bf16_hardware(engine::cpu_gemm_info().isa) << ")\n";
+    return true;
+  }
+  const int threads = options.threads > 0 ? options.threads
+                                          : int(std::max(1u, std::thread::hardware_concurrency()));
+  *rows = gemm_probe(*forward, bf16, m, threads, std::cerr);
+  return true;
+}
+
+// --profile: one more pass over the pool with every op timed, apart from the timed run so the
+// timestamps between ops cost it nothing; each GEMM op's share of its probed ceiling, if any.
+nlohmann::ordered_json run_profile(engine::Engine& eng,
+                                   const std::vector<engine::RaggedBatch>& batches,
+                                   const nlohmann::ordered_json& probe_rows) {
+  const OutputOptions out_options;
+  eng.set_profiling(true);
+  for (const auto& batch : batches) eng.encode(batch, {&out_options, 1});
+  nlohmann::ordered_json rows = profile_rows(eng.profile());
+  for (auto& row : rows) {
+    for (const auto& p : probe_rows) {
+      if (p["name"] == row["name"] && p["gflops_n_threads"].get<double>() > 0) {
+        row["ceiling_tflops"] = p["gflops_n_threads"].get<double>() / 1e3;
+        row["of_ceiling"] = row["tflops"].get<double>() / row["ceiling_tflops"].get<double>();
+      }
+    }
+  }
+  print_profile(rows, std::cerr);
+  eng.set_profiling(false);
+  return rows;
+}
+
+// The one line printed without --json.
+void print_summary(const engine::Engine& eng, const std::string& lengths_text,
+                   const TimedRun& run) {
+  std::printf(
+      "%s %s: %.0f tokens/s, %.1f sequences/s, %zu batches, p50 %.2f ms, p99 %.2f ms, peak RSS "
+      "%.1f MiB\n",
+      eng.backend_name().c_str(), lengths_text.c_str(), run.tokens_per_second(),
+      run.sequences_per_second(), run.latencies_ms.size(), percentile(run.latencies_ms, 50),
+      percentile(run.latencies_ms, 99), double(peak_rss_bytes()) / (1 << 20));
+}
+
+// Loads the model, builds the workload and the engine, runs and reports; the exit code.
+int run(const BenchOptions& options, const LengthSpec& lengths) {
+  const auto model = engine::Model::load(options.model_dir);
+  const auto& config = model->config();
+  if (!model_fits_workload(*model, lengths, options.lengths_text)) return 2;
+  const auto pool = make_workload(lengths, config.vocab_size, config.pad_token_id,
+                                  options.batch_tokens, options.pool_batches, options.seed);
+  if (options.print_workload) {
+    std::cout << nlohmann::json(pool).dump() << "\n";
+    return 0;
+  }
+  const BatchPool ragged = make_batches(pool, config);
+  engine::EngineOptions engine_options = options.engine;
+  engine_options.max_batch_tokens = std::max(options.batch_tokens, ragged.largest_batch_tokens);
+  auto eng = engine::create_engine(model, engine_options);
+
+  const TimedRun timed = run_timed(*eng, ragged.batches, options.warmup_batches, options.seconds);
+  nlohmann::ordered_json result = result_json(options, *eng, *model, timed);
+  nlohmann::ordered_json probe_rows;
+  if (options.gemm_probe) {
+    if (!run_gemm_probe(*eng, options.engine, ragged.largest_batch_tokens, &probe_rows)) return 2;
+    if (!probe_rows.is_null()) result["gemm_probe"] = probe_rows;
+  }
+  if (options.profile) result["profile"] = run_profile(*eng, ragged.batches, probe_rows);
+  if (options.json_output) {
+    std::cout << result.dump() << "\n";
+  } else {
+    print_summary(*eng, options.lengths_text, timed);
+  }
+  return 0;
+}
+
 }  // namespace
 
 int main(int argc, char** argv) {
   CLI::App app{"fastformer-bench: engine throughput on a synthetic workload, no server"};
-  std::string model_dir, backend_name = "cpu", lengths_text = "uniform:16:256";
-  engine::EngineOptions options;
-  int64_t batch_tokens = 8192;
-  double seconds = 10;
-  uint64_t seed = 1;
-  int pool_batches = 8, warmup_batches = 2;
-  bool json_output = false, print_workload = false, profile = false, probe = false;
-  app.add_option("--model-dir", model_dir, "model directory")->required();
-  app.add_option("--backend", backend_name, "cpu, cuda or auto")
-      ->check(CLI::IsMember({"auto", "cpu", "cuda"}))
-      ->capture_default_str();
-  add_dtype_flag(app, &options.dtype, "float32, float16 or bfloat16");
-  app.add_option("--threads", options.threads, "CPU threads, 0 = all cores")->capture_default_str();
-  app.add_option("--device", options.device, "CUDA device ordinal")->capture_default_str();
-  app.add_flag("--allow-tf32", options.allow_tf32, "TF32 GEMMs for float32 on the CUDA engine");
-  app.add_option("--batch-tokens", batch_tokens, "tokens per ragged batch")
-      ->check(CLI::PositiveNumber)
-      ->capture_default_str();
-  app.add_option("--lengths", lengths_text, "fixed:L or uniform:MIN:MAX")->capture_default_str();
-  app.add_option("--seconds", seconds, "timed duration (at least one pass over the pool)")
-      ->capture_default_str();
-  app.add_option("--seed", seed, "workload seed")->capture_default_str();
-  app.add_option("--pool-batches", pool_batches, "distinct batches, cycled")
-      ->check(CLI::PositiveNumber)
-      ->capture_default_str();
-  app.add_option("--warmup-batches", warmup_batches, "untimed batches first")
-      ->capture_default_str();
-  app.add_flag("--json", json_output, "print one JSON object");
-  app.add_flag(
-      "--profile", profile,
-      "after the timed run, time every op of the forward over one pass of the pool (CUDA events on "
-      "a "
-      "GPU, the wall clock on the CPU): a \"profile\" array in the JSON, a table on stderr");
-  app.add_flag("--gemm-probe", probe,
-               "CPU engine: after the timed run, time oneDNN's packed fixed-M primitive alone on "
-               "each GEMM shape the "
-               "model ran (M = the largest batch), on 1 and on --threads threads: a \"gemm_probe\" "
-               "array in the "
-               "JSON, a table on stderr, and with --profile each GEMM op's share of its ceiling");
-  app.add_flag("--print-workload", print_workload,
-               "print the workload's batches as JSON (token ids) and exit");
+  BenchOptions options;
+  add_flags(app, &options);
   CLI11_PARSE(app, argc, argv);
 
   LengthSpec lengths;
   std::string error;
-  if (!parse_lengths(lengths_text, &lengths, &error)) {
+  if (!parse_lengths(options.lengths_text, &lengths, &error)) {
     std::cerr << "fastformer-bench: --" << error << "\n";
     return 2;
   }
-  engine::parse_backend(backend_name, &options.backend);
+  engine::parse_backend(options.backend_name, &options.engine.backend);
   try {
-    auto model = engine::Model::load(model_dir);
-    const auto& config = model->config();
-    if (lengths.max > config.max_position_embeddings) {
-      std::cerr << "fastformer-bench: --lengths " << lengths_text
-                << " exceeds max_position_embeddings " << config.max_position_embeddings << "\n";
-      return 2;
-    }
-    if (!model->has_word_embedding()) {
-      std::cerr << "fastformer-bench: the model has no word embedding; the workload is token ids\n";
-      return 2;
-    }
-    const auto pool = make_workload(lengths, config.vocab_size, config.pad_token_id, batch_tokens,
-                                    pool_batches, seed);
-    if (print_workload) {
-      std::cout << nlohmann::json(pool).dump() << "\n";
-      return 0;
-    }
-    std::vector<engine::RaggedBatch> batches(pool.size());
-    int64_t largest = 0;
-    for (size_t i = 0; i < pool.size(); ++i) {
-      for (const auto& seq : pool[i]) batches[i].add({seq, {}}, config);
-      largest = std::max<int64_t>(largest, batches[i].num_tokens());
-    }
-    options.max_batch_tokens = std::max(batch_tokens, largest);
-    auto eng = engine::create_engine(model, options);
-    const OutputOptions out_options;
-
-    for (int i = 0; i < warmup_batches; ++i)
-      eng->encode(batches[size_t(i) % batches.size()], {&out_options, 1});
-    std::vector<double> latencies_ms;
-    int64_t tokens = 0, sequences = 0;
-    const auto start = Clock::now();
-    double elapsed = 0;
-    for (size_t i = 0;; ++i) {
-      const auto& batch = batches[i % batches.size()];
-      const auto t0 = Clock::now();
-      eng->encode(batch, {&out_options, 1});
-      const auto t1 = Clock::now();
-      latencies_ms.push_back(std::chrono::duration<double, std::milli>(t1 - t0).count());
-      tokens += batch.num_tokens();
-      sequences += batch.num_sequences();
-      elapsed = std::chrono::duration<double>(t1 - start).count();
-      if (elapsed >= seconds && i + 1 >= batches.size()) break;
-    }
-    nlohmann::ordered_json result = {
-        {"backend", eng->backend_name()},
-        {"device", eng->device_name()},
-        {"dtype", engine::dtype_name(options.dtype)},
-        {"model", config.model_name},
-        {"lengths", lengths_text},
-        {"batch_tokens", batch_tokens},
-        {"seed", seed},
-        {"tokens_per_second", double(tokens) / elapsed},
-        {"sequences_per_second", double(sequences) / elapsed},
-        {"batches", latencies_ms.size()},
-        {"tokens", tokens},
-        {"sequences", sequences},
-        {"seconds", elapsed},
-        {"batch_latency_p50_ms", percentile(latencies_ms, 50)},
-        {"batch_latency_p99_ms", percentile(latencies_ms, 99)},
-        {"peak_rss_bytes", peak_rss_bytes()},
-        {"weight_bytes", model->weight_bytes()},
-    };
-    // After the timed run: what the GEMMs reach on one thread, and which kernel (CPU engine).
-    if (const engine::SpeedCheck speed = eng->speed_check(); speed.ran)
-      result["gemm_self_check"] = speed.message;
-    result["packed_weight_bytes"] = eng->packed_weight_bytes();
-    result["gemm_sites"] = eng->gemm_report();
-    nlohmann::ordered_json probe_rows;
-    if (probe) {
-      const auto* forward = dynamic_cast<const engine::ForwardEngine*>(eng.get());
-      const bool bf16 = options.dtype == engine::Dtype::kBfloat16;
-      if (eng->backend_name() != "cpu" || forward == nullptr) {
-        std::cerr << "fastformer-bench: --gemm-probe times oneDNN's kernels: the CPU engine only\n";
-        return 2;
-      }
-      if (bf16 && !engine::cpu_gemm_info().has_bf16) {
-        std::cerr << "GEMM probe: not run (no bfloat16 matmul in oneDNN on this CPU: "
-                  << engine::bf16_hardware(engine::cpu_gemm_info().isa) << ")\n";
-      } else {
-        const int threads = options.threads > 0
-                                ? options.threads
-                                : int(std::max(1u, std::thread::hardware_concurrency()));
-        probe_rows = gemm_probe(*forward, bf16, largest, threads, std::cerr);
-        result["gemm_probe"] = probe_rows;
-      }
-    }
-    if (profile) {
-      // Apart from the timed run, so the timestamps between ops cost it nothing.
-      eng->set_profiling(true);
-      for (const auto& batch : batches) eng->encode(batch, {&out_options, 1});
-      result["profile"] = profile_rows(eng->profile());
-      for (auto& row : result["profile"]) {
-        for (const auto& p : probe_rows) {
-          if (p["name"] == row["name"] && p["gflops_n_threads"].get<double>() > 0) {
-            row["ceiling_tflops"] = p["gflops_n_threads"].get<double>() / 1e3;
-            row["of_ceiling"] = row["tflops"].get<double>() / row["ceiling_tflops"].get<double>();
-          }
-        }
-      }
-      print_profile(result["profile"], std::cerr);
-      eng->set_profiling(false);
-    }
-    if (json_output) {
-      std::cout << result.dump() << "\n";
-    } else {
-      std::printf(
-          "%s %s: %.0f tokens/s, %.1f sequences/s, %zu batches, p50 %.2f ms, p99 %.2f ms, peak RSS "
-          "%.1f MiB\n",
-          eng->backend_name().c_str(), lengths_text.c_str(), double(tokens) / elapsed,
-          double(sequences) / elapsed, latencies_ms.size(), percentile(latencies_ms, 50),
-          percentile(latencies_ms, 99), double(peak_rss_bytes()) / (1 << 20));
-    }
+    return run(options, lengths);
   } catch (const std::exception& e) {
     std::cerr << "fastformer-bench: " << e.what() << "\n";
     return 1;
   }
-  return 0;
 }
