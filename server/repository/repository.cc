@@ -286,7 +286,16 @@ Status Repository::load_now(const std::string& name) {
     return Status(StatusCode::kInvalidArgument, "failed to load model '" + name + "': " + why);
   }
   // Load every wanted version that is not serving its current files; off the serving path.
-  std::vector<std::pair<int64_t, std::shared_ptr<ServedModel>>> loaded;
+  Loaded loaded;
+  const Status failure = load_versions(name, wanted, present, settings, &loaded);
+  std::lock_guard lock(mu_);
+  return swap_locked(name, print, wanted, std::move(loaded), failure);
+}
+
+Status Repository::load_versions(const std::string& name, const std::set<int64_t>& wanted,
+                                 const std::map<int64_t, std::string>& present,
+                                 const ModelSettings& settings, Loaded* out) {
+  Loaded& loaded = *out;
   Status failure;
   for (const int64_t v : wanted) {
     const std::string& path = present.at(v);
@@ -324,7 +333,12 @@ Status Repository::load_now(const std::string& name) {
       break;
     }
   }
-  std::lock_guard lock(mu_);
+  return failure;
+}
+
+Status Repository::swap_locked(const std::string& name, const std::string& print,
+                               const std::set<int64_t>& wanted, Loaded loaded,
+                               const Status& failure) {
   ModelRecord& model = models_[name];
   model.fingerprint = print;
   if (!failure.ok()) {

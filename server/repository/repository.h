@@ -148,6 +148,16 @@ class Repository {
   // Frees the retiring versions no request holds any more; true when some remain.
   bool reap();
   Status load_now(const std::string& name);
+  // load_now's parts: the wanted versions loaded one by one, stopping at the first failure
+  // (returned; the versions loaded before it in `out`), then, under mu_, all or nothing: on a
+  // failure what was loaded is dropped and what served serves on; else the swap (the new
+  // versions in, the ones they replace and those out of the policy retired).
+  using Loaded = std::vector<std::pair<int64_t, std::shared_ptr<ServedModel>>>;
+  Status load_versions(const std::string& name, const std::set<int64_t>& wanted,
+                       const std::map<int64_t, std::string>& present, const ModelSettings& settings,
+                       Loaded* out);
+  Status swap_locked(const std::string& name, const std::string& print,
+                     const std::set<int64_t>& wanted, Loaded loaded, const Status& failure);
   Status unload_now(const std::string& name, Done done);
   void rescan_now();
   // What ServedModel::load needs from this repository.
