@@ -39,14 +39,21 @@ build-asan: deps
 	$(ASAN_CONFIGURE)
 	cmake --build $(ASAN_DIR) -j$(JOBS)
 
+# The sanitized runs select their ctest tests by label (ctest -L/-LE), each label given where its
+# tests are defined (tests/*/CMakeLists.txt, fastformer_gtest_discover in tests/CMakeLists.txt):
+#   client               the C++ client against a real server (tests/client)
+#   client_unsanitized   client tests for unsanitized builds only (ctest -L client selects them too)
+#   no_tsan              left out of test-tsan
+#
 # Left out under ASan (a Debug build, its engine several times slower than Release), each
 # passing in the Release suites:
-#   fastformer_client_package: links an uninstrumented consumer against the instrumented library.
-#   ClientRetry*: retry schedules timed for a Release server (capacity must free within the
-#     retry budget; 3 attempts must fit in 150 ms).
+#   label client_unsanitized (tests/client/CMakeLists.txt): fastformer_client_package links an
+#     uninstrumented consumer against the instrumented library; ClientRetry's three timed tests
+#     have retry schedules timed for a Release server (capacity must free within the retry
+#     budget; 3 attempts must fit in 150 ms).
 #   e2e sigterm/deadline tests: their load is sized for the Release engine's speed (drain within
 #     --shutdown-timeout-s 30, 40 x 2000 tokens within 60 s deadlines).
-ASAN_CTEST_EXCLUDE := ^(fastformer_client_package|ClientRetryTest\.(Blocking|Async)RetrySucceedsOnceCapacityFrees|ClientRetry\.TheDeadlineCoversEveryAttemptAndWait)$$
+ASAN_CTEST_SELECT := -LE '^client_unsanitized$$'
 ASAN_E2E_DESELECT := \
   --deselect tests/e2e/test_server_lifecycle.py::test_sigterm_under_load \
   --deselect tests/e2e/test_server_overload.py::test_deadlines_under_load \
@@ -59,7 +66,7 @@ ASAN_E2E_DESELECT := \
 # suite (tests/repository: loads, hot swaps under load, unloads in flight, broken versions)
 # against the ASan/UBSan server.
 test-asan: $(TRITON_VENV)/.complete $(HTTP_VENV)/.complete
-	$(SANITIZER_ENV) ctest --test-dir $(ASAN_DIR) --output-on-failure -j$(JOBS) -E '$(ASAN_CTEST_EXCLUDE)'
+	$(SANITIZER_ENV) ctest --test-dir $(ASAN_DIR) --output-on-failure -j$(JOBS) $(ASAN_CTEST_SELECT)
 	$(SANITIZER_ENV) FASTFORMER_BIN_DIR=$(CURDIR)/$(ASAN_DIR)/bin $(PYTHON) -m pytest tests/golden -q -m asan
 	$(SANITIZER_ENV) FASTFORMER_BIN_DIR=$(CURDIR)/$(ASAN_DIR)/bin $(PYTHON) -m pytest tests/e2e -q $(ASAN_E2E_DESELECT)
 	$(SANITIZER_ENV) FASTFORMER_BIN_DIR=$(CURDIR)/$(ASAN_DIR)/bin $(TRITON_VENV)/bin/python -m pytest tests/kserve -q
@@ -69,29 +76,33 @@ test-asan: $(TRITON_VENV)/.complete $(HTTP_VENV)/.complete
 
 # ---- ThreadSanitizer -----------------------------------------------------------------------
 
-# Only what test-tsan runs (its ctest selection: every test but the client label and the
-# structure checks, which look at the Release binaries in make test): the client programs and their tests are not built here (test-tsan-e2e
-# builds them). A test whose
-# executable is missing from this list fails test-tsan loudly ("Could not find executable").
+# Only what test-tsan runs (its ctest selection: every test but the labels client,
+# client_unsanitized and no_tsan): the client programs and their tests are not built here
+# (test-tsan-e2e builds them). A test whose executable is missing from this list fails test-tsan
+# loudly ("Could not find executable": gtest's placeholder test <target>_NOT_BUILT, which carries
+# its binary's label, fastformer_gtest_discover in tests/CMakeLists.txt).
 TSAN_TARGETS := fastformer_unit_tests fastformer_emulation_tests fastformer_request_tests \
   fastformer_tokenizer_tests fastformer_auth_tests sanitizer_gate_data_race \
   fuzz_model_load_replay fuzz_batch_queue_replay fuzz_tokenizer_replay fuzz_request_replay \
   fuzz_infer_request_replay fastformer_repository_tests
-# fastformer_client_tests (label client) is not built here: gtest's discovery leaves a placeholder
-# test for it without the label, excluded by name; any other test not built still fails. The HTTP
-# layer's tests (fastformer_http_tests, fuzz_http_replay) run single-threaded on Boost.Beast and
-# Debian's gRPC (the intake), neither built with TSan: they run in make test and under ASan.
-# Also left out (they run in make test and under ASan): the three largest-shape kernel sweeps,
-# 100 to 120 s each under TSan (KeyScoresAndKeyPooling over three dtypes, every GEMM site's
-# leading dimensions, the base-long emulated engine), which take the same threaded paths as the
-# smaller emulation and engine tests that stay; without them test-tsan takes about half as long.
-TSAN_SLOW := PoolingTest\.KeyScoresAndKeyPoolingMatchTheReference<.*>|GemmSites\.EveryLeadingDimensionAndPointerIs16ByteAligned|Dtypes/EmulatedCudaBaseLongTest\..*
-# The two config.pbtxt tests parse a map field (parameters) with protobuf's TextFormat, whose
-# inline map code compiled with -fsanitize=thread does not match Debian's uninstrumented
-# libprotobuf (a SEGV in RepeatedPtrFieldBase::Clear, not a race); they are single-threaded and
-# run in make test and under ASan. The repository's swap, load-failure and unload tests stay.
-TSAN_PROTOBUF_TEXT := RepositorySettingsTest\.ConfigPbtxtOverridesTheFlags|RepositorySettingsTest\.AConfigPbtxtErrorNamesTheFileAndTheField
-TSAN_CTEST_SELECT := -LE client -E '^(structure\..*|fastformer_client_tests_NOT_BUILT|fastformer_http_tests_NOT_BUILT|fuzz_http_replay|$(TSAN_SLOW)|$(TSAN_PROTOBUF_TEXT))$$'
+# fastformer_client_tests (label client) is not built here: its placeholder test carries the
+# label, so it is left out with the others; any other test not built still fails.
+# Label no_tsan, each run in make test and under ASan:
+#   the structure checks (tests/structure), which read the Release binaries of make test;
+#   the HTTP layer's tests (fastformer_http_tests in tests/unit, fuzz_http_replay in
+#     tests/fuzz), single-threaded on Boost.Beast and Debian's gRPC (the intake), neither built
+#     with TSan (fastformer_http_tests is not built here: its placeholder carries the label);
+#   the three largest-shape kernel sweeps, 100 to 120 s each under TSan (KeyScoresAndKeyPooling
+#     over three dtypes in tests/emulation, given in tests/CMakeLists.txt; every GEMM site's
+#     leading dimensions and the base-long emulated engine in tests/unit), which take the same
+#     threaded paths as the smaller emulation and engine tests that stay; without them test-tsan
+#     takes about half as long;
+#   the two config.pbtxt tests (tests/unit, fastformer_repository_tests): they parse a map field
+#     (parameters) with protobuf's TextFormat, whose inline map code compiled with
+#     -fsanitize=thread does not match Debian's uninstrumented libprotobuf (a SEGV in
+#     RepeatedPtrFieldBase::Clear, not a race); single-threaded. The repository's swap,
+#     load-failure and unload tests stay.
+TSAN_CTEST_SELECT := -LE '^(client|client_unsanitized|no_tsan)$$'
 
 build-tsan: deps
 	cmake -S . -B $(TSAN_DIR) -DCMAKE_BUILD_TYPE=RelWithDebInfo -DFASTFORMER_CUDA=OFF -DFASTFORMER_SERVER=ON \
@@ -119,5 +130,5 @@ test-tsan: build-tsan
 TSAN_E2E := tests/e2e/test_server_batching.py tests/e2e/test_server_overload.py \
   tests/e2e/test_server_lifecycle.py $(wildcard tests/e2e/test_faults.py)
 test-tsan-e2e: build-tsan-all
-	$(SANITIZER_ENV) ctest --test-dir $(TSAN_DIR) --output-on-failure -j$(JOBS) -L client -E '$(ASAN_CTEST_EXCLUDE)'
+	$(SANITIZER_ENV) ctest --test-dir $(TSAN_DIR) --output-on-failure -j$(JOBS) -L '^client$$'
 	$(SANITIZER_ENV) FASTFORMER_BIN_DIR=$(CURDIR)/$(TSAN_DIR)/bin $(PYTHON) -m pytest $(TSAN_E2E) -q
