@@ -213,7 +213,7 @@ void HttpApi::tei_predict(const Request& http_request, Call call) {
       [this, keep, single, served](batching::Request* out) {
         return build(*served, keep->input, "inputs", single, out);
       },
-      [this, keep, single, raw_scores, start](const batching::Request& r) {
+      [keep, single, raw_scores, start](const batching::Request& r) {
         json::Writer w;
         if (!single) w.ch('[');
         for (size_t i = 0; i < r.results.size(); ++i) {
