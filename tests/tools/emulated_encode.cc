@@ -12,6 +12,7 @@
 #include <vector>
 
 #include "common/jsonl_io.h"
+#include "server/cmd/dtype_flag.h"
 #include "server/engine/cuda/emulated_engine.h"
 #include "server/engine/engine.h"
 #include "server/engine/model.h"
@@ -33,9 +34,7 @@ int main(int argc, char** argv) {
   engine_options.max_batch_tokens = 4096;
   app.add_option("--model-dir", model_dir, "model directory (config.json + model.safetensors)")
       ->required();
-  app.add_option("--dtype", engine_options.dtype, "the CUDA engine's dtype")
-      ->check(CLI::IsMember({"float32", "float16", "bfloat16"}))
-      ->capture_default_str();
+  add_dtype_flag(app, &engine_options.dtype, "the CUDA engine's dtype");
   app.add_option("--input", input, "input JSON lines, - for stdin")->capture_default_str();
   app.add_option("--output", output, "output JSON lines, - for stdout")->capture_default_str();
   app.add_flag("--return-logits", out_options.logits, "also write the classifier head's logits");
