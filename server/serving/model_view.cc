@@ -80,6 +80,10 @@ void fill_model_config(const ServedModel& served, inference::ModelConfig* config
   parameters["max_queue_tokens"].set_string_value(std::to_string(served.settings.max_queue_tokens));
   parameters["max_position_embeddings"].set_string_value(
       std::to_string(served.model->config().max_position_embeddings));
+  // The classifier head's class names, as every protocol shows them (ServedModel::label):
+  // label_0, label_1, ... (a config's parameters are strings, one value each).
+  for (int64_t i = 0; i < served.model->num_labels(); ++i)
+    parameters["label_" + std::to_string(i)].set_string_value(served.label(size_t(i)));
 }
 
 void fill_model_statistics(const ServedModel& served, inference::ModelStatistics* stats) {
