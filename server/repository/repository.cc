@@ -323,10 +323,12 @@ Status Repository::load_versions(const std::string& name, const std::set<int64_t
       {
         std::lock_guard lock(mu_);
         VersionRecord& r = models_[name].versions[v];
-        // A version that serves stays READY (its old copy serves on); the reason says why the
-        // new one is not there.
-        transition_locked(name, v, &r, r.served ? r.state : State::kUnavailable,
-                          "load failed: " + why);
+        // A version that serves stays READY (its old copy serves on: no state change, only
+        // the reason says why the new one is not there).
+        if (r.served)
+          r.reason = "load failed: " + why;
+        else
+          transition_locked(name, v, &r, State::kUnavailable, "load failed: " + why);
       }
       failure = Status(StatusCode::kInternal, "failed to load model '" + name + "' version " +
                                                   std::to_string(v) + ": " + why);

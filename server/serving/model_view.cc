@@ -112,12 +112,15 @@ Status fill_statistics(const Intake& intake, const std::string& name, const std:
     fill_model_statistics(*served, response->add_model_stats());
     return Status();
   }
+  std::string model;  // the model's own name (`name` may be an alias); empty: every model
   if (!name.empty()) {
     Status status;
-    if (!intake.find(name, "", &status)) return status;  // NOT_FOUND / no READY version
+    const auto found = intake.find(name, "", &status);
+    if (!found) return status;  // NOT_FOUND / no READY version
+    model = found->name;
   }
   for (const auto& served : intake.repository().serving()) {
-    if (name.empty() || served->name == name)
+    if (model.empty() || served->name == model)
       fill_model_statistics(*served, response->add_model_stats());
   }
   return Status();

@@ -143,6 +143,8 @@ def test_a_served_model_name_is_an_alias_on_kserve_too(start, model):
         result = c.infer("alias-a", [infer_input("input_ids", ids)])
         assert result.get_response().model_name == model.name
         check_against_reference(model, result, [ids[0].tolist()])
+        stats = c.get_inference_statistics("alias-b", as_json=True)["model_stats"]
+        assert [m["name"] for m in stats] == [model.name], stats  # the alias's model, not none
         with pytest.raises(InferenceServerException) as refused:
             c.infer("alias-c", [infer_input("input_ids", ids)])
         assert refused.value.status() == "StatusCode.NOT_FOUND", refused.value
