@@ -102,9 +102,7 @@ const char* dtype_name(Dtype dtype) {
 
 std::unique_ptr<Engine> create_engine(std::shared_ptr<const Model> model,
                                       const EngineOptions& options, std::string* why) {
-  // auto is float32 until the engine learns to pick (engine.h).
-  const std::string dtype =
-      dtype_name(options.dtype == Dtype::kAuto ? Dtype::kFloat32 : options.dtype);
+  const std::string dtype = dtype_name(resolved_dtype(options.dtype));
   if (options.max_batch_tokens <= 0) {
     throw EngineError("max_batch_tokens must be positive, got " +
                       std::to_string(options.max_batch_tokens));

@@ -46,6 +46,9 @@ enum class Dtype { kAuto, kFloat32, kFloat16, kBfloat16 };
 // "auto", "float32", "float16", "bfloat16"; false for anything else.
 bool parse_dtype(std::string_view name, Dtype* out);
 const char* dtype_name(Dtype dtype);
+// The dtype an engine serves for `dtype`: kAuto resolved (float32 until the engine learns to
+// pick), any other value itself. The one place that rule is written.
+inline Dtype resolved_dtype(Dtype dtype) { return dtype == Dtype::kAuto ? Dtype::kFloat32 : dtype; }
 // parse_dtype, or std::invalid_argument naming `name` (for callers that hold a name already
 // checked, as the tests' parameters).
 Dtype dtype_from_name(std::string_view name);

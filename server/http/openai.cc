@@ -1,6 +1,5 @@
 // POST /v1/embeddings and GET /v1/models, as the openai SDK calls them (docs/api.md, "HTTP").
 #include <bit>
-#include <cmath>
 
 #include "server/http/api.h"
 

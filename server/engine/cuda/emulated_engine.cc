@@ -9,7 +9,7 @@ namespace fastformer::engine::cuda {
 std::unique_ptr<Engine> create_emulated_cuda_engine(std::shared_ptr<const Model> model,
                                                     const EngineOptions& options) {
   CudaOpsOptions ops_options;
-  ops_options.dtype = dtype_name(options.dtype == Dtype::kAuto ? Dtype::kFloat32 : options.dtype);
+  ops_options.dtype = dtype_name(resolved_dtype(options.dtype));
   std::string device, why;
   auto ops = emulated::make_cuda_ops(*model, ops_options, &device, &why);
   if (!ops) throw EngineError("emulated CUDA engine: " + why);
