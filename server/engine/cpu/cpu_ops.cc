@@ -7,7 +7,7 @@
 #include <type_traits>
 
 #include "common/half.h"
-#include "server/engine/cpu/vector_math.h"
+#include "server/engine/cpu/vector_rows.h"
 #include "server/engine/error.h"
 
 namespace fastformer::engine {
@@ -34,18 +34,6 @@ inline float to_float(float x) { return x; }
 inline float to_float(uint16_t x) { return bfloat16_to_float(x); }
 inline void store(float* p, float v) { *p = v; }
 inline void store(uint16_t* p, float v) { *p = float_to_bfloat16(v); }
-// A row as float: itself (float32), or widened into `scratch` (bfloat16).
-inline const float* widen(const float* in, float*, int64_t) { return in; }
-inline const float* widen(const uint16_t* in, float* scratch, int64_t n) {
-  bfloat16_to_float_row(in, scratch, n);
-  return scratch;
-}
-// Where a pass writes a float row: the output row itself (float32), or `scratch`, rounded
-// into the row afterwards by narrow() (bfloat16).
-inline float* target(float* out, float*) { return out; }
-inline float* target(uint16_t*, float* scratch) { return scratch; }
-inline void narrow(const float*, float*, int64_t) {}
-inline void narrow(const float* in, uint16_t* out, int64_t n) { float_to_bfloat16_row(in, out, n); }
 
 // The sequence that owns packed row t.
 int32_t sequence_of(const RaggedBatch& batch, int64_t t) {
@@ -53,47 +41,14 @@ int32_t sequence_of(const RaggedBatch& batch, int64_t t) {
   return static_cast<int32_t>(it - batch.cu_seqlens.begin()) - 1;
 }
 
-// out = LN(in) over D values, statistics in float over two passes (mean, then variance).
-FASTFORMER_VECTOR_CLONES
-void layernorm_row(const float* in, float* out, const float* gamma, const float* beta, int64_t D,
-                   float eps) {
-  float sum = 0.0f;
-#pragma omp simd reduction(+ : sum)
-  for (int64_t j = 0; j < D; ++j) sum += in[j];
-  const float mean = sum / static_cast<float>(D);
-  float sq = 0.0f;
-#pragma omp simd reduction(+ : sq)
-  for (int64_t j = 0; j < D; ++j) sq += (in[j] - mean) * (in[j] - mean);
-  const float rstd = 1.0f / std::sqrt(sq / static_cast<float>(D) + eps);
-  for (int64_t j = 0; j < D; ++j) out[j] = (in[j] - mean) * rstd * gamma[j] + beta[j];
-}
-
-FASTFORMER_VECTOR_CLONES
-void multiply_rows(const float* a, const float* b, float* out, int64_t n) {
-  for (int64_t j = 0; j < n; ++j) out[j] = a[j] * b[j];
-}
-
-FASTFORMER_VECTOR_CLONES
-float dot(const float* a, const float* b, int64_t n) {
-  float sum = 0.0f;
-#pragma omp simd reduction(+ : sum)
-  for (int64_t j = 0; j < n; ++j) sum += a[j] * b[j];
-  return sum;
-}
-
-// z = sum_j tanh(e_j) w_j, the pooler's score before its bias.
-FASTFORMER_VECTOR_CLONES
-float tanh_dot(const float* e, const float* w, int64_t D) {
-  float z = 0.0f;
-#pragma omp simd reduction(+ : z)
-  for (int64_t j = 0; j < D; ++j) z += vmath::tanh(e[j]) * w[j];
-  return z;
-}
-
 }  // namespace
 
 CpuOps::CpuOps(int threads, const ModelConfig& config, CpuDtype dtype)
-    : config_(config), dtype_(dtype), bf16_(dtype != CpuDtype::kFloat32), pool_(threads) {}
+    : config_(config),
+      dtype_(dtype),
+      bf16_(dtype != CpuDtype::kFloat32),
+      isa_(rows::detected_isa()),
+      pool_(threads) {}
 
 const CpuMatmul& CpuOps::matmul(const CpuMatmul::Shape& shape) {
   auto it = matmuls_.find(shape);
@@ -169,17 +124,22 @@ void CpuOps::embed_rows(const BatchRef& ref, const float* word, const float* pos
   const RaggedBatch& batch = *batch_;
   const int64_t D = config_.hidden_size;
   pool_.parallel_for(ref.num_tokens, kRowGrain, [&](int64_t begin, int64_t end) {
-    std::vector<float> sum(static_cast<size_t>(D)), out(kFloat<E> ? 0 : size_t(D));
+    std::vector<float> scratch(static_cast<size_t>(D));
     for (int64_t t = begin; t < end; ++t) {
+      // The word row a few tokens ahead, fetched while this one is normalised (rows of a table
+      // far larger than the caches, in the order of the text: no prefetcher follows them).
+      if (const int64_t ahead = t + 4; ahead < end && batch.token_ids[size_t(ahead)] >= 0) {
+        const char* next =
+            reinterpret_cast<const char*>(word + int64_t(batch.token_ids[size_t(ahead)]) * D);
+        for (int64_t byte = 0; byte < D * int64_t(sizeof(float)); byte += 64)
+          __builtin_prefetch(next + byte);
+      }
       const int32_t id = batch.token_ids[size_t(t)];
       const float* src =
           id >= 0 ? word + int64_t(id) * D
                   : batch.input_embeddings.data() + int64_t(batch.embedding_index[size_t(t)]) * D;
       const float* pos = pos_table + int64_t(batch.position_ids[size_t(t)]) * D;
-      for (int64_t j = 0; j < D; ++j) sum[size_t(j)] = src[j] + pos[j];
-      E* dst = row_of<E>(x, t);
-      layernorm_row(sum.data(), target(dst, out.data()), gamma, beta, D, eps);
-      narrow(out.data(), dst, D);
+      rows::embed_row(isa_, src, pos, gamma, beta, D, eps, scratch.data(), row_of<E>(x, t));
     }
   });
 }
@@ -237,38 +197,18 @@ void CpuOps::linear_bf16(const Mat& a, const WeightRef& w, Mat c, Epilogue epilo
 template <class S, class E>
 void CpuOps::pool_chunks(int64_t heads, const S* scores, int64_t score_ld, const Mat& values) {
   const RaggedBatch& batch = *batch_;
-  const int64_t D = values.cols, d = D / heads;
+  const int64_t D = values.cols;
   const int64_t chunks = chunks_->count();
   pool_.parallel_for(chunks, 1, [&](int64_t first, int64_t last) {
-    std::vector<float> scratch(kFloat<E> ? 0 : size_t(D));
+    std::vector<float> scratch;
     for (int64_t c = first; c < last; ++c) {
-      float* m = partials_.m + c * heads;
-      float* l = partials_.l + c * heads;
-      float* v = partials_.v + c * D;
       const int32_t begin = chunks_->begin[size_t(c)], end = chunks_->end[size_t(c)];
-      // Pass 1: the chunk's max per head over real tokens (masked tokens weigh exactly 0:
-      // the reference's -10000 underflows to 0 after exp in float32).
-      for (int64_t h = 0; h < heads; ++h) m[h] = -std::numeric_limits<float>::infinity();
-      for (int32_t t = begin; t < end; ++t) {
-        if (!batch.mask[size_t(t)]) continue;
-        const S* s = scores + int64_t(t) * score_ld;
-        for (int64_t h = 0; h < heads; ++h) m[h] = std::max(m[h], to_float(s[h]));
-      }
-      // Pass 2: sum of weights and weighted values.
-      std::fill(l, l + heads, 0.0f);
-      std::fill(v, v + D, 0.0f);
-      for (int32_t t = begin; t < end; ++t) {
-        if (!batch.mask[size_t(t)]) continue;
-        const S* s = scores + int64_t(t) * score_ld;
-        const float* x = widen(row_of<E>(values, t), scratch.data(), D);
-        for (int64_t h = 0; h < heads; ++h) {
-          const float weight = std::exp(to_float(s[h]) - m[h]);
-          l[h] += weight;
-          float* vh = v + h * d;
-          const float* xh = x + h * d;
-          for (int64_t j = 0; j < d; ++j) vh[j] += weight * xh[j];
-        }
-      }
+      const int64_t len = end - begin;
+      scratch.resize(size_t(rows::pool_scratch_floats(heads, len, D)));
+      rows::pool_chunk(isa_, scores + int64_t(begin) * score_ld, score_ld, heads,
+                       row_of<E>(values, begin), values.ld, D, batch.mask.data() + begin, len,
+                       partials_.m + c * heads, partials_.l + c * heads, partials_.v + c * D,
+                       scratch.data());
     }
   });
 }
@@ -318,32 +258,43 @@ void CpuOps::query_pool(const BatchRef&, const Mat& scores, const Mat& q, Mat pq
 }
 
 template <class E>
-void CpuOps::key_pool_rows(const BatchRef& ref, const Mat& k, const Mat& pq,
+void CpuOps::key_pool_rows(const BatchRef&, const Mat& k, const Mat& pq,
                            const WeightRef& key_att, Mat pk) {
   const RaggedBatch& batch = *batch_;
   const int64_t D = config_.hidden_size, H = config_.num_attention_heads;
   const float* wka = f(key_att.weight);
   const float* bka = f(key_att.bias);
   float* r = token_scores_;
-  // r_t = (K_t * pq) Wka'^T + bka' for every token (padding too; it is masked below): the
-  // product K_t * pq in a row buffer, then H dot products. H is small (a GEMM with so few
-  // output columns runs far below its peak).
-  pool_.parallel_for(ref.num_tokens, kRowGrain, [&](int64_t begin, int64_t end) {
-    std::vector<float> p(static_cast<size_t>(D));
-    std::vector<float> k_scratch(kFloat<E> ? 0 : size_t(D)), pq_scratch(kFloat<E> ? 0 : size_t(D));
-    int32_t b = sequence_of(batch, begin);
-    const float* pq_row = widen(row_of<E>(pq, b), pq_scratch.data(), D);
-    for (int64_t t = begin; t < end; ++t) {
-      if (batch.cu_seqlens[size_t(b) + 1] <= t) {
-        while (batch.cu_seqlens[size_t(b) + 1] <= t) ++b;
-        pq_row = widen(row_of<E>(pq, b), pq_scratch.data(), D);
+  // One pass over K per chunk, which stays in L2 between its two uses: the scores
+  // r_t = K_t (pq_b * Wka')^T + bka' (the weight [H, D] formed once per sequence and worker,
+  // then a register-blocked kernel over the chunk's tokens; K * pq is never formed), then the
+  // chunk's softmax partials pk_h = sum_t b_{t,h} K_{t,h-slice} (vector_rows.h).
+  pool_.parallel_for(chunks_->count(), 1, [&](int64_t first, int64_t last) {
+    std::vector<float> weight(static_cast<size_t>(H * D)), pq_row(static_cast<size_t>(D)), scratch;
+    int32_t formed = -1;  // the sequence `weight` belongs to
+    for (int64_t c = first; c < last; ++c) {
+      const int32_t b = chunks_->sequence[size_t(c)];
+      const int32_t begin = chunks_->begin[size_t(c)], end = chunks_->end[size_t(c)];
+      const int64_t len = end - begin;
+      if (b != formed) {
+        if constexpr (kFloat<E>)
+          std::copy_n(row_of<float>(pq, b), D, pq_row.data());
+        else
+          rows::widen_row(isa_, row_of<uint16_t>(pq, b), pq_row.data(), D);
+        for (int64_t h = 0; h < H; ++h)
+          rows::scale_row(isa_, wka + h * D, pq_row.data(), D, weight.data() + h * D);
+        formed = b;
       }
-      multiply_rows(widen(row_of<E>(k, t), k_scratch.data(), D), pq_row, p.data(), D);
-      for (int64_t h = 0; h < H; ++h) r[t * H + h] = dot(p.data(), wka + h * D, D) + bka[h];
+      const E* keys = row_of<E>(k, begin);
+      float* scores = r + int64_t(begin) * H;
+      rows::key_scores(isa_, keys, k.ld, len, weight.data(), bka, H, D, scores, H);
+      scratch.resize(size_t(rows::pool_scratch_floats(H, len, D)));
+      rows::pool_chunk(isa_, scores, H, H, keys, k.ld, D, batch.mask.data() + begin, len,
+                       partials_.m + c * H, partials_.l + c * H, partials_.v + c * D,
+                       scratch.data());
     }
   });
-  // pk_h = pq_h * sum_t b_{t,h} K_{t,h-slice}: P = K * pq is never stored.
-  pool_chunks<float, E>(H, r, H, k);
+  // pk_h = pq_h * (the chunks' partials combined).
   combine<E>(H, pk, static_cast<const E*>(pq.data), 0.0f);
 }
 
@@ -360,19 +311,17 @@ void CpuOps::mix_rows(const BatchRef& ref, const Mat& q, const Mat& pk, Mat u) {
   const RaggedBatch& batch = *batch_;
   const int64_t D = config_.hidden_size;
   pool_.parallel_for(ref.num_tokens, kRowGrain, [&](int64_t begin, int64_t end) {
-    std::vector<float> q_scratch(kFloat<E> ? 0 : size_t(D)), pk_scratch(kFloat<E> ? 0 : size_t(D));
-    std::vector<float> out(kFloat<E> ? 0 : size_t(D));
-    int32_t b = sequence_of(batch, begin);
-    const float* pk_row = widen(row_of<E>(pk, b), pk_scratch.data(), D);
+    std::vector<float> pk_row(static_cast<size_t>(D));
+    int32_t b = -1;
     for (int64_t t = begin; t < end; ++t) {
-      if (batch.cu_seqlens[size_t(b) + 1] <= t) {
-        while (batch.cu_seqlens[size_t(b) + 1] <= t) ++b;
-        pk_row = widen(row_of<E>(pk, b), pk_scratch.data(), D);
+      if (b < 0 || batch.cu_seqlens[size_t(b) + 1] <= t) {
+        b = sequence_of(batch, t);
+        if constexpr (kFloat<E>)
+          std::copy_n(row_of<float>(pk, b), D, pk_row.data());
+        else
+          rows::widen_row(isa_, row_of<uint16_t>(pk, b), pk_row.data(), D);
       }
-      E* dst = row_of<E>(u, t);
-      multiply_rows(widen(row_of<E>(q, t), q_scratch.data(), D), pk_row, target(dst, out.data()),
-                    D);
-      narrow(out.data(), dst, D);
+      rows::scale_row(isa_, row_of<E>(q, t), pk_row.data(), D, row_of<E>(u, t));
     }
   });
 }
@@ -389,16 +338,10 @@ void CpuOps::layernorm_rows(const Mat& c, const float* bias, const Mat& residual
                             const float* gamma, const float* beta, float eps, Mat out) {
   const int64_t D = c.cols;
   pool_.parallel_for(c.rows, kRowGrain, [&](int64_t begin, int64_t end) {
-    std::vector<float> sum(static_cast<size_t>(D));
-    std::vector<float> c_scratch(kFloat<E> ? 0 : size_t(D)), r_scratch(kFloat<E> ? 0 : size_t(D));
-    std::vector<float> o_scratch(kFloat<E> ? 0 : size_t(D));
+    std::vector<float> scratch(static_cast<size_t>(D));
     for (int64_t r = begin; r < end; ++r) {
-      const float* cr = widen(row_of<E>(c, r), c_scratch.data(), D);
-      const float* rr = widen(row_of<E>(residual, r), r_scratch.data(), D);
-      for (int64_t j = 0; j < D; ++j) sum[size_t(j)] = cr[j] + bias[j] + rr[j];
-      E* dst = row_of<E>(out, r);
-      layernorm_row(sum.data(), target(dst, o_scratch.data()), gamma, beta, D, eps);
-      narrow(o_scratch.data(), dst, D);
+      rows::residual_layernorm_row(isa_, row_of<E>(c, r), bias, row_of<E>(residual, r), gamma, beta,
+                                   D, eps, scratch.data(), row_of<E>(out, r));
     }
   });
 }
@@ -419,9 +362,7 @@ void CpuOps::attention_pool_rows(const BatchRef& ref, const Mat& e, const Weight
   const float b2 = f(fc2.bias)[0];
   float* z = token_scores_;
   pool_.parallel_for(ref.num_tokens, kRowGrain, [&](int64_t begin, int64_t end) {
-    std::vector<float> scratch(kFloat<E> ? 0 : size_t(D));
-    for (int64_t t = begin; t < end; ++t)
-      z[t] = tanh_dot(widen(row_of<E>(e, t), scratch.data(), D), w2, D) + b2;
+    for (int64_t t = begin; t < end; ++t) z[t] = rows::tanh_dot(isa_, row_of<E>(e, t), w2, D) + b2;
   });
   // w_t = m_t exp(z_t) / (sum_u m_u exp(z_u) + 1e-8), as a stable softmax: the 1e-8 term
   // becomes 1e-8 exp(-M) after subtracting the max M, so results equal the reference.

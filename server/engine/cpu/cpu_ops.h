@@ -23,6 +23,7 @@
 
 #include "server/engine/cpu/onednn_gemm.h"
 #include "server/engine/cpu/thread_pool.h"
+#include "server/engine/cpu/vector_rows.h"
 #include "server/engine/ops.h"
 #include "server/engine/ops_report.h"
 
@@ -122,7 +123,8 @@ class CpuOps final : public Ops, public OpsReport {
 
   const ModelConfig config_;
   const CpuDtype dtype_;
-  const bool bf16_;  // bfloat16 buffers (kBfloat16 or kBfloat16Emulated)
+  const bool bf16_;      // bfloat16 buffers (kBfloat16 or kBfloat16Emulated)
+  const rows::Isa isa_;  // the row passes' build (vector_rows.h)
   ThreadPool pool_;
   std::map<CpuMatmul::Shape, std::unique_ptr<CpuMatmul>> matmuls_;
   std::map<PackedMatmul::Shape, std::unique_ptr<PackedMatmul>> packed_matmuls_;

@@ -1,0 +1,29 @@
+// What this CPU's hardware does at best, for the profile's bounds (fastformer-bench --profile
+// and --gemm-probe): the copy bandwidth and the vector multiply-add peak on N threads, and the
+// bfloat16 peaks of the matrix instructions the CPU has (AVX512_BF16's VDPBF16PS, AMX's
+// TDPBF16PS). Each is a short timed loop, best of a few runs; none is used on a serving path.
+//
+// An op's roofline time is the larger of bytes / copy_gbps and flops / the multiply-add peak
+// (the bytes it must move, as the profile counts them: every operand read once and every
+// result written once; a copy moves each byte twice, read and written, and copy_gbps counts
+// both).
+#pragma once
+
+#include <string>
+
+namespace fastformer::engine {
+
+struct HardwarePeak {
+  double gflops = 0;  ///< 0: the CPU (or the OS) does not run it
+  std::string how;    ///< the loop, e.g. "VFMADD231PS zmm x 16 chains"; or why it did not run
+};
+
+// memcpy of `bytes` in all (split over the threads), bytes read + written per second / 1e9.
+double copy_gbps(int threads, size_t bytes = size_t(24) << 20);
+// float32 multiply-adds on the widest vectors the CPU has (AVX-512, AVX2 with FMA, or SSE2
+// multiply and add), independent chains per thread: 2 FLOPs per lane per multiply-add.
+HardwarePeak fma_peak(int threads);
+// AVX512_BF16's VDPBF16PS (2 bfloat16 products per float32 lane: 4 FLOPs per lane).
+HardwarePeak avx512_bf16_peak(int threads);
+
+}  // namespace fastformer::engine

@@ -1,0 +1,413 @@
+#include "server/engine/cpu/vector_rows.h"
+
+#include <algorithm>
+#include <bit>
+#include <cmath>
+#include <cstring>
+#include <limits>
+
+#include "server/engine/cpu/vector_math.h"
+
+namespace fastformer::engine::rows {
+namespace {
+
+// The vector types of the three builds (GCC and Clang vector extensions): the key-score kernel
+// is written over them; the other passes are plain loops the compiler vectorises for each
+// build's target.
+using v16f = float __attribute__((vector_size(64)));
+using v8f = float __attribute__((vector_size(32)));
+using v4f = float __attribute__((vector_size(16)));
+
+#define FF_INLINE [[gnu::always_inline]] inline
+
+FF_INLINE float ld(const float* p, int64_t j) { return p[j]; }
+FF_INLINE float ld(const uint16_t* p, int64_t j) {
+  return std::bit_cast<float>(uint32_t(p[j]) << 16);
+}
+FF_INLINE void st(float* p, int64_t j, float v) { p[j] = v; }
+// common/half.h's float_to_bfloat16 (round to nearest even, NaN kept quiet), branch-free.
+FF_INLINE void st(uint16_t* p, int64_t j, float v) {
+  const uint32_t x = std::bit_cast<uint32_t>(v);
+  const uint32_t rounded = (x + 0x7fffu + ((x >> 16) & 1u)) >> 16;
+  const uint32_t nan = (x >> 16) | 0x40u;
+  p[j] = static_cast<uint16_t>((x & 0x7fffffffu) > 0x7f800000u ? nan : rounded);
+}
+
+// out = LN(x) over D values of x (float, in cache), statistics over two passes.
+template <class O>
+FF_INLINE void layernorm_impl(const float* x, const float* gamma, const float* beta, int64_t D,
+                              float eps, O* out) {
+  float sum = 0.0f;
+#pragma omp simd reduction(+ : sum)
+  for (int64_t j = 0; j < D; ++j) sum += x[j];
+  const float mean = sum / static_cast<float>(D);
+  float sq = 0.0f;
+#pragma omp simd reduction(+ : sq)
+  for (int64_t j = 0; j < D; ++j) sq += (x[j] - mean) * (x[j] - mean);
+  const float rstd = 1.0f / std::sqrt(sq / static_cast<float>(D) + eps);
+#pragma omp simd
+  for (int64_t j = 0; j < D; ++j) st(out, j, (x[j] - mean) * rstd * gamma[j] + beta[j]);
+}
+
+template <class V, class O>
+FF_INLINE void embed_impl(const float* word, const float* pos, const float* gamma,
+                          const float* beta, int64_t D, float eps, float* x, O* out) {
+#pragma omp simd
+  for (int64_t j = 0; j < D; ++j) x[j] = word[j] + pos[j];
+  layernorm_impl(x, gamma, beta, D, eps, out);
+}
+
+template <class V, class E>
+FF_INLINE void residual_layernorm_impl(const E* c, const float* bias, const E* residual,
+                                       const float* gamma, const float* beta, int64_t D, float eps,
+                                       float* x, E* out) {
+#pragma omp simd
+  for (int64_t j = 0; j < D; ++j) x[j] = ld(c, j) + bias[j] + ld(residual, j);
+  layernorm_impl(x, gamma, beta, D, eps, out);
+}
+
+template <class V, class E>
+FF_INLINE void scale_impl(const E* x, const float* scale, int64_t n, E* out) {
+#pragma omp simd
+  for (int64_t j = 0; j < n; ++j) st(out, j, ld(x, j) * scale[j]);
+}
+
+template <class V>
+FF_INLINE void widen_impl(const uint16_t* in, float* out, int64_t n) {
+#pragma omp simd
+  for (int64_t j = 0; j < n; ++j) out[j] = ld(in, j);
+}
+
+// The integer vectors of the same lane count: bfloat16 lanes are widened to float32 in
+// registers (zero-extend to 32 bits, shift left by 16).
+template <class V>
+struct Lanes;
+template <>
+struct Lanes<v16f> {
+  using u16 = uint16_t __attribute__((vector_size(32)));
+  using u32 = uint32_t __attribute__((vector_size(64)));
+};
+template <>
+struct Lanes<v8f> {
+  using u16 = uint16_t __attribute__((vector_size(16)));
+  using u32 = uint32_t __attribute__((vector_size(32)));
+};
+template <>
+struct Lanes<v4f> {
+  using u16 = uint16_t __attribute__((vector_size(8)));
+  using u32 = uint32_t __attribute__((vector_size(16)));
+};
+
+// (By reference, not returned: a vector return value changes the ABI between the builds.)
+template <class V>
+FF_INLINE void loadv(V& v, const float* p) {
+  std::memcpy(&v, p, sizeof(V));
+}
+template <class V>
+FF_INLINE void loadv(V& v, const uint16_t* p) {
+  typename Lanes<V>::u16 half;
+  std::memcpy(&half, p, sizeof(half));
+  const typename Lanes<V>::u32 wide = __builtin_convertvector(half, typename Lanes<V>::u32) << 16;
+  std::memcpy(&v, &wide, sizeof(V));
+}
+template <class V>
+FF_INLINE void storev(float* p, const V& v) {
+  std::memcpy(p, &v, sizeof(V));
+}
+
+// The sum of a vector's lanes, by halves.
+FF_INLINE float hsum(const v4f& v) { return (v[0] + v[2]) + (v[1] + v[3]); }
+FF_INLINE float hsum(const v8f& v) {
+  const v4f half =
+      __builtin_shufflevector(v, v, 0, 1, 2, 3) + __builtin_shufflevector(v, v, 4, 5, 6, 7);
+  return hsum(half);
+}
+FF_INLINE float hsum(const v16f& v) {
+  const v8f half = __builtin_shufflevector(v, v, 0, 1, 2, 3, 4, 5, 6, 7) +
+                   __builtin_shufflevector(v, v, 8, 9, 10, 11, 12, 13, 14, 15);
+  return hsum(half);
+}
+
+// Tokens per block and heads per block of the key-score kernel: TB x HB accumulators, and
+// TB + HB loads for TB x HB multiply-adds; within the registers of each build (32 zmm: 6 x 4
+// accumulators, 6 key vectors and a weight vector; 16 ymm or xmm: 2 x 4, the weight vectors
+// taken from memory by the multiply-add).
+template <class V>
+struct KeyBlock;
+template <>
+struct KeyBlock<v16f> {
+  static constexpr int kTokens = 6, kHeads = 4;
+};
+template <>
+struct KeyBlock<v8f> {
+  static constexpr int kTokens = 2, kHeads = 4;
+};
+template <>
+struct KeyBlock<v4f> {
+  static constexpr int kTokens = 2, kHeads = 4;
+};
+
+// K rows of E (float32, or bfloat16 widened in registers).
+template <class V, class E>
+FF_INLINE void key_scores_impl(const E* k, int64_t ldk, int64_t n, const float* w,
+                               const float* bias, int64_t H, int64_t D, float* r, int64_t ldr) {
+  constexpr int L = sizeof(V) / sizeof(float);
+  constexpr int TB = KeyBlock<V>::kTokens, HB = KeyBlock<V>::kHeads;
+  const int64_t Dv = D - D % L;
+  for (int64_t t0 = 0; t0 < n; t0 += TB) {
+    // A partial block repeats its last token (and below its last head): computed, not stored.
+    const E* kp[TB];
+#pragma GCC unroll 8
+    for (int i = 0; i < TB; ++i) kp[i] = k + std::min<int64_t>(t0 + i, n - 1) * ldk;
+    for (int64_t h0 = 0; h0 < H; h0 += HB) {
+      const float* wp[HB];
+#pragma GCC unroll 8
+      for (int j = 0; j < HB; ++j) wp[j] = w + std::min<int64_t>(h0 + j, H - 1) * D;
+      V acc[TB][HB];
+#pragma GCC unroll 8
+      for (int i = 0; i < TB; ++i) {
+#pragma GCC unroll 8
+        for (int j = 0; j < HB; ++j) acc[i][j] = V{};
+      }
+      for (int64_t x = 0; x < Dv; x += L) {
+        V kv[TB];
+#pragma GCC unroll 8
+        for (int i = 0; i < TB; ++i) loadv(kv[i], kp[i] + x);
+#pragma GCC unroll 8
+        for (int j = 0; j < HB; ++j) {
+          V wv;
+          loadv(wv, wp[j] + x);
+#pragma GCC unroll 8
+          for (int i = 0; i < TB; ++i) acc[i][j] += kv[i] * wv;
+        }
+      }
+      for (int i = 0; i < TB && t0 + i < n; ++i) {
+        for (int j = 0; j < HB && h0 + j < H; ++j) {
+          float s = hsum(acc[i][j]);
+          for (int64_t x = Dv; x < D; ++x) s += ld(kp[i], x) * wp[j][x];
+          r[(t0 + i) * ldr + h0 + j] = s + bias[h0 + j];
+        }
+      }
+    }
+  }
+}
+
+// v[0 .. d) += sum over t < n of w[t] x_t[0 .. d), rows x_t = x + t * stride: the head's slice of the
+// weighted sum, held in registers over a block of tokens when d is a multiple of the vector
+// (DV vectors; DV 0: any d, through memory).
+template <class V, int DV, class E>
+FF_INLINE void weighted_sum(const float* w, const E* x, int64_t stride, int64_t n, int64_t d,
+                            float* v) {
+  constexpr int L = sizeof(V) / sizeof(float);
+  if constexpr (DV > 0) {
+    V acc[DV];
+#pragma GCC unroll 8
+    for (int q = 0; q < DV; ++q) loadv(acc[q], v + q * L);
+    for (int64_t t = 0; t < n; ++t) {
+      if (w[t] == 0.0f) continue;  // a masked token (its row is never read)
+      const V wt = V{} + w[t];
+#pragma GCC unroll 8
+      for (int q = 0; q < DV; ++q) {
+        V xv;
+        loadv(xv, x + t * stride + q * L);
+        acc[q] += wt * xv;
+      }
+    }
+#pragma GCC unroll 8
+    for (int q = 0; q < DV; ++q) storev(v + q * L, acc[q]);
+  } else {
+    for (int64_t t = 0; t < n; ++t) {
+      if (w[t] == 0.0f) continue;
+      const float wt = w[t];
+      const E* row = x + t * stride;
+#pragma omp simd
+      for (int64_t j = 0; j < d; ++j) v[j] += wt * ld(row, j);
+    }
+  }
+}
+
+template <class V, class S, class E>
+FF_INLINE void pool_chunk_impl(const S* scores, int64_t score_ld, int64_t heads, const E* values,
+                               int64_t values_ld, int64_t D, const uint8_t* mask, int64_t len,
+                               float* m, float* l, float* v, float* scratch) {
+  constexpr float kNegInf = -std::numeric_limits<float>::infinity();
+  constexpr int L = sizeof(V) / sizeof(float);
+  const int64_t d = D / heads;
+  float* w = scratch;  // [heads, len]: head-major, so the exp runs along contiguous tokens
+  for (int64_t h = 0; h < heads; ++h) m[h] = kNegInf;
+  for (int64_t t = 0; t < len; ++t) {
+    const S* s = scores + t * score_ld;
+    for (int64_t h = 0; h < heads; ++h) {
+      const float value = mask[t] ? ld(s, h) : kNegInf;
+      w[h * len + t] = value;
+      m[h] = std::max(m[h], value);
+    }
+  }
+  for (int64_t h = 0; h < heads; ++h) {
+    float* wh = w + h * len;
+    const float mh = m[h] == kNegInf ? 0.0f : m[h];  // no real token: every weight is 0
+    float sum = 0.0f;
+#pragma omp simd reduction(+ : sum)
+    for (int64_t t = 0; t < len; ++t) {
+      // A masked token weighs exactly 0 (the reference's -10000 underflows to 0 in float32).
+      const float e = wh[t] == kNegInf ? 0.0f : vmath::exp(wh[t] - mh);
+      wh[t] = e;
+      sum += e;
+    }
+    l[h] = sum;
+  }
+  std::fill(v, v + D, 0.0f);
+  // Blocks of kPoolBlock tokens: the rows widened (or copied) into `x` in order, which the
+  // hardware prefetcher follows, then each head's slice of v held in registers over the block.
+  float* x = w + heads * len;
+  for (int64_t t0 = 0; t0 < len; t0 += kPoolBlock) {
+    const int64_t n = std::min(kPoolBlock, len - t0);
+    for (int64_t t = 0; t < n; ++t) {
+      const E* row = values + (t0 + t) * values_ld;
+      float* dst = x + t * D;
+#pragma omp simd
+      for (int64_t j = 0; j < D; ++j) dst[j] = ld(row, j);
+    }
+    for (int64_t h = 0; h < heads; ++h) {
+      const float* wh = w + h * len + t0;
+      const float* xh = x + h * d;
+      float* vh = v + h * d;
+      if (d == 4 * L)
+        weighted_sum<V, 4>(wh, xh, D, n, d, vh);
+      else if (d == 2 * L)
+        weighted_sum<V, 2>(wh, xh, D, n, d, vh);
+      else if (d == L)
+        weighted_sum<V, 1>(wh, xh, D, n, d, vh);
+      else if (d == 8 * L)
+        weighted_sum<V, 8>(wh, xh, D, n, d, vh);
+      else
+        weighted_sum<V, 0>(wh, xh, D, n, d, vh);
+    }
+  }
+}
+
+template <class V, class E>
+FF_INLINE float tanh_dot_impl(const E* e, const float* w, int64_t D) {
+  float z = 0.0f;
+#pragma omp simd reduction(+ : z)
+  for (int64_t j = 0; j < D; ++j) z += vmath::tanh(ld(e, j)) * w[j];
+  return z;
+}
+
+}  // namespace
+
+// Three builds of each function: NAME_avx512, NAME_avx2 and NAME_baseline, each IMPL<vector>.
+#if defined(__x86_64__)
+#define FF_TARGET_AVX512 \
+  __attribute__((target("avx512f,avx512bw,avx512dq,avx512vl,avx2,fma,bmi,bmi2,f16c")))
+#define FF_TARGET_AVX2 __attribute__((target("avx2,fma,bmi,bmi2,f16c")))
+#else
+#define FF_TARGET_AVX512
+#define FF_TARGET_AVX2
+#endif
+#define FF_BUILDS(RET, NAME, PARAMS, IMPL, ARGS)                             \
+  namespace {                                                                \
+  FF_TARGET_AVX512 RET NAME##_avx512 PARAMS { return IMPL<v16f> ARGS; }      \
+  FF_TARGET_AVX2 RET NAME##_avx2 PARAMS { return IMPL<v8f> ARGS; }           \
+  RET NAME##_baseline PARAMS { return IMPL<v4f> ARGS; }                      \
+  }                                                                          \
+  RET NAME(Isa isa, FF_UNPAREN PARAMS) {                                     \
+    switch (isa) {                                                           \
+      case Isa::kAvx512:                                                     \
+        return NAME##_avx512 ARGS;                                           \
+      case Isa::kAvx2:                                                       \
+        return NAME##_avx2 ARGS;                                             \
+      case Isa::kBaseline:                                                   \
+        break;                                                               \
+    }                                                                        \
+    return NAME##_baseline ARGS;                                             \
+  }
+#define FF_UNPAREN(...) __VA_ARGS__
+
+#define FF_EMBED(O)                                                                             \
+  FF_BUILDS(void, embed_row,                                                                    \
+            (const float* word, const float* pos, const float* gamma, const float* beta,        \
+             int64_t D, float eps, float* scratch, O* out),                                     \
+            embed_impl, (word, pos, gamma, beta, D, eps, scratch, out))
+FF_EMBED(float)
+FF_EMBED(uint16_t)
+
+#define FF_RESIDUAL_LN(E)                                                                       \
+  FF_BUILDS(void, residual_layernorm_row,                                                       \
+            (const E* c, const float* bias, const E* residual, const float* gamma,              \
+             const float* beta, int64_t D, float eps, float* scratch, E* out),                  \
+            residual_layernorm_impl, (c, bias, residual, gamma, beta, D, eps, scratch, out))
+FF_RESIDUAL_LN(float)
+FF_RESIDUAL_LN(uint16_t)
+
+#define FF_SCALE(E)                                                                  \
+  FF_BUILDS(void, scale_row, (const E* x, const float* scale, int64_t n, E* out), \
+            scale_impl, (x, scale, n, out))
+FF_SCALE(float)
+FF_SCALE(uint16_t)
+
+FF_BUILDS(void, widen_row, (const uint16_t* in, float* out, int64_t n), widen_impl, (in, out, n))
+
+#define FF_KEY_SCORES(E)                                                                   \
+  FF_BUILDS(void, key_scores,                                                              \
+            (const E* k, int64_t ldk, int64_t n, const float* w, const float* bias, int64_t H, \
+             int64_t D, float* r, int64_t ldr),                                            \
+            key_scores_impl, (k, ldk, n, w, bias, H, D, r, ldr))
+FF_KEY_SCORES(float)
+FF_KEY_SCORES(uint16_t)
+
+#define FF_POOL(S, E)                                                                        \
+  FF_BUILDS(void, pool_chunk,                                                                \
+            (const S* scores, int64_t score_ld, int64_t heads, const E* values,              \
+             int64_t values_ld, int64_t D, const uint8_t* mask, int64_t len, float* m,        \
+             float* l, float* v, float* scratch),                                            \
+            pool_chunk_impl,                                                                 \
+            (scores, score_ld, heads, values, values_ld, D, mask, len, m, l, v, scratch))
+FF_POOL(float, float)
+FF_POOL(float, uint16_t)
+FF_POOL(uint16_t, uint16_t)
+
+#define FF_TANH_DOT(E)                                                                     \
+  FF_BUILDS(float, tanh_dot, (const E* e, const float* w, int64_t D), tanh_dot_impl, \
+            (e, w, D))
+FF_TANH_DOT(float)
+FF_TANH_DOT(uint16_t)
+
+bool isa_supported(Isa isa) {
+#if defined(__x86_64__)
+  switch (isa) {
+    case Isa::kAvx512:
+      return __builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512bw") &&
+             __builtin_cpu_supports("avx512dq") && __builtin_cpu_supports("avx512vl") &&
+             __builtin_cpu_supports("fma");
+    case Isa::kAvx2:
+      return __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma");
+    case Isa::kBaseline:
+      return true;
+  }
+  return false;
+#else
+  return isa == Isa::kBaseline;
+#endif
+}
+
+Isa detected_isa() {
+  static const Isa isa = isa_supported(Isa::kAvx512) ? Isa::kAvx512
+                         : isa_supported(Isa::kAvx2) ? Isa::kAvx2
+                                                     : Isa::kBaseline;
+  return isa;
+}
+
+const char* isa_name(Isa isa) {
+  switch (isa) {
+    case Isa::kAvx512:
+      return "avx512";
+    case Isa::kAvx2:
+      return "avx2";
+    case Isa::kBaseline:
+      break;
+  }
+  return "baseline";
+}
+
+}  // namespace fastformer::engine::rows

@@ -1,0 +1,80 @@
+// The CPU engine's passes between the GEMMs, a row (or a block of rows) at a time: the
+// embedding and the bias + residual LayerNorm, the pooling passes (masked softmax weights and
+// weighted sums over a chunk), the key scores, the mix and the pooler's tanh scores. CpuOps
+// (cpu_ops.cc) splits the rows over its pool and calls these.
+//
+// Each function is compiled three times from one template (vector_rows.cc): for AVX-512
+// (16 float lanes), for AVX2 with FMA (8 lanes) and for baseline x86-64 (4 lanes), and takes
+// the Isa to run; detected_isa() is the best this CPU has. (Explicit target attributes and a
+// switch, not ifunc clones: the same code runs under the sanitizers.) Rows hold float32 or
+// bfloat16 (uint16_t) elements; statistics, softmax weights and sums are float32, and a
+// bfloat16 store rounds to nearest even (common/half.h).
+//
+// The key scores are the one compute-bound pass (2 H D FLOPs a token against D elements
+// read): a register-blocked kernel, a block of tokens by a block of heads, every K vector
+// loaded once per head block and every weight vector once per token block.
+#pragma once
+
+#include <cstdint>
+
+namespace fastformer::engine::rows {
+
+enum class Isa { kBaseline, kAvx2, kAvx512 };
+
+// The widest of the three this CPU runs (AVX-512 needs F, BW, DQ and VL; AVX2 needs FMA).
+Isa detected_isa();
+bool isa_supported(Isa isa);
+const char* isa_name(Isa isa);  // "avx512", "avx2", "baseline"
+
+// out = LN(word + pos) over D values. `scratch` holds D floats.
+void embed_row(Isa isa, const float* word, const float* pos, const float* gamma, const float* beta,
+               int64_t D, float eps, float* scratch, float* out);
+void embed_row(Isa isa, const float* word, const float* pos, const float* gamma, const float* beta,
+               int64_t D, float eps, float* scratch, uint16_t* out);
+
+// out = LN(c + bias + residual) over D values; `out` may be `residual`. `scratch`: D floats.
+void residual_layernorm_row(Isa isa, const float* c, const float* bias, const float* residual,
+                            const float* gamma, const float* beta, int64_t D, float eps,
+                            float* scratch, float* out);
+void residual_layernorm_row(Isa isa, const uint16_t* c, const float* bias,
+                            const uint16_t* residual, const float* gamma, const float* beta,
+                            int64_t D, float eps, float* scratch, uint16_t* out);
+
+// out_j = x_j * scale_j (the mix: U_t = pk * Q_t); `out` may be `x`.
+void scale_row(Isa isa, const float* x, const float* scale, int64_t n, float* out);
+void scale_row(Isa isa, const uint16_t* x, const float* scale, int64_t n, uint16_t* out);
+
+// bfloat16 -> float32.
+void widen_row(Isa isa, const uint16_t* in, float* out, int64_t n);
+
+// r[t * ldr + h] = sum_j k[t * ldk + j] w[h * D + j] + bias[h], for t < n and h < H: the key
+// scores of n tokens of one sequence against its weight w = pq_b * Wka' ([H, D], dense).
+void key_scores(Isa isa, const float* k, int64_t ldk, int64_t n, const float* w,
+                const float* bias, int64_t H, int64_t D, float* r, int64_t ldr);
+void key_scores(Isa isa, const uint16_t* k, int64_t ldk, int64_t n, const float* w,
+                const float* bias, int64_t H, int64_t D, float* r, int64_t ldr);
+
+// One pooling chunk of `len` tokens: per head h (columns h*d .. h*d+d-1, d = D / heads) the
+// masked softmax partials m[h] (max score), l[h] (sum of exp(score - m)) and v[D] (the
+// exp-weighted sum of the value rows). Masked tokens (mask 0) weigh exactly 0; a chunk with no
+// real token gives m = -inf, l = 0, v = 0. Scores are [len, heads] with row stride score_ld,
+// values [len, D] with stride values_ld. `scratch` holds pool_scratch_floats(heads, len, D).
+inline constexpr int64_t kPoolBlock = 8;  ///< value rows widened at a time
+constexpr int64_t pool_scratch_floats(int64_t heads, int64_t len, int64_t D) {
+  return heads * len + kPoolBlock * D;
+}
+void pool_chunk(Isa isa, const float* scores, int64_t score_ld, int64_t heads, const float* values,
+                int64_t values_ld, int64_t D, const uint8_t* mask, int64_t len, float* m, float* l,
+                float* v, float* scratch);
+void pool_chunk(Isa isa, const float* scores, int64_t score_ld, int64_t heads,
+                const uint16_t* values, int64_t values_ld, int64_t D, const uint8_t* mask,
+                int64_t len, float* m, float* l, float* v, float* scratch);
+void pool_chunk(Isa isa, const uint16_t* scores, int64_t score_ld, int64_t heads,
+                const uint16_t* values, int64_t values_ld, int64_t D, const uint8_t* mask,
+                int64_t len, float* m, float* l, float* v, float* scratch);
+
+// sum_j tanh(e_j) w_j: the pooler's score before its bias.
+float tanh_dot(Isa isa, const float* e, const float* w, int64_t D);
+float tanh_dot(Isa isa, const uint16_t* e, const float* w, int64_t D);
+
+}  // namespace fastformer::engine::rows
