@@ -64,16 +64,16 @@ __attribute__((target("avx512f,avx512vl,fma"))) float fma_avx512(int64_t n) {
 }
 __attribute__((target("avx2,fma"))) float fma_avx2(int64_t n) { return fma_chains<v8f, 12>(n); }
 __attribute__((target("avx512f,avx512bf16"))) float dpbf16_avx512(int64_t n) {
-  __m512 acc[12];
+  __m512 acc[16];
   const __m512bh a = (__m512bh)_mm512_set1_epi32(0x3f803f80);  // pairs of bfloat16 1.0
   const __m512bh b = (__m512bh)_mm512_set1_epi32(0x33d633d6);  // pairs of about 1e-7
-  for (int i = 0; i < 12; ++i) acc[i] = _mm512_setzero_ps();
+  for (int i = 0; i < 16; ++i) acc[i] = _mm512_setzero_ps();
   for (int64_t it = 0; it < n; ++it) {
-#pragma GCC unroll 12
-    for (int i = 0; i < 12; ++i) acc[i] = _mm512_dpbf16_ps(acc[i], a, b);
+#pragma GCC unroll 16
+    for (int i = 0; i < 16; ++i) acc[i] = _mm512_dpbf16_ps(acc[i], a, b);
   }
   float sum = 0;
-  for (int i = 0; i < 12; ++i) {
+  for (int i = 0; i < 16; ++i) {
     float lanes[16];
     _mm512_storeu_ps(lanes, acc[i]);
     sum += lanes[0];
@@ -130,8 +130,8 @@ HardwarePeak fma_peak(int threads) {
 HardwarePeak avx512_bf16_peak(int threads) {
 #if defined(__x86_64__)
   if (__builtin_cpu_supports("avx512bf16"))
-    return time_peak(std::max(threads, 1), 12 * 16 * 4, dpbf16_avx512,
-                     "VDPBF16PS zmm, 12 chains a thread");
+    return time_peak(std::max(threads, 1), 16 * 16 * 4, dpbf16_avx512,
+                     "VDPBF16PS zmm, 16 chains a thread");
 #endif
   (void)threads;
   return {0, "no AVX512_BF16 on this CPU"};

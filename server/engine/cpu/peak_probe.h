@@ -3,10 +3,10 @@
 // bfloat16 peaks of the matrix instructions the CPU has (AVX512_BF16's VDPBF16PS, AMX's
 // TDPBF16PS). Each is a short timed loop, best of a few runs; none is used on a serving path.
 //
-// An op's roofline time is the larger of bytes / copy_gbps and flops / the multiply-add peak
-// (the bytes it must move, as the profile counts them: every operand read once and every
-// result written once; a copy moves each byte twice, read and written, and copy_gbps counts
-// both).
+// An op's roofline time is the larger of bytes / copy_gbps (measured on a copy of about the op's
+// size: caches hold a small one) and flops / the multiply-add peak (the bytes it must move, as
+// the profile counts them: every operand read once and every result written once; a copy
+// moves each byte twice, read and written, and copy_gbps counts both).
 #pragma once
 
 #include <string>
@@ -19,7 +19,7 @@ struct HardwarePeak {
 };
 
 // memcpy of `bytes` in all (split over the threads), bytes read + written per second / 1e9.
-double copy_gbps(int threads, size_t bytes = size_t(24) << 20);
+double copy_gbps(int threads, size_t bytes);
 // float32 multiply-adds on the widest vectors the CPU has (AVX-512, AVX2 with FMA, or SSE2
 // multiply and add), independent chains per thread: 2 FLOPs per lane per multiply-add.
 HardwarePeak fma_peak(int threads);

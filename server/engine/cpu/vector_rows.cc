@@ -169,10 +169,17 @@ FF_INLINE void key_scores_impl(const E* k, int64_t ldk, int64_t n, const float* 
 #pragma GCC unroll 8
         for (int j = 0; j < HB; ++j) acc[i][j] = V{};
       }
+      // The first head block reads the block's key rows from memory: the next block's rows are
+      // fetched meanwhile (the later head blocks find these rows in L1).
+      const bool fetch = h0 == 0 && t0 + TB < n;
       for (int64_t x = 0; x < Dv; x += L) {
         V kv[TB];
 #pragma GCC unroll 8
         for (int i = 0; i < TB; ++i) loadv(kv[i], kp[i] + x);
+        if (fetch) {
+#pragma GCC unroll 8
+          for (int i = 0; i < TB; ++i) __builtin_prefetch(kp[i] + TB * ldk + x);
+        }
 #pragma GCC unroll 8
         for (int j = 0; j < HB; ++j) {
           V wv;
@@ -260,10 +267,16 @@ FF_INLINE void pool_chunk_impl(const S* scores, int64_t score_ld, int64_t heads,
   // Blocks of kPoolBlock tokens: the rows widened (or copied) into `x` in order, which the
   // hardware prefetcher follows, then each head's slice of v held in registers over the block.
   float* x = w + heads * len;
+  constexpr int64_t kPoolAhead = 4;
   for (int64_t t0 = 0; t0 < len; t0 += kPoolBlock) {
     const int64_t n = std::min(kPoolBlock, len - t0);
     for (int64_t t = 0; t < n; ++t) {
       const E* row = values + (t0 + t) * values_ld;
+      if (t0 + t + kPoolAhead < len) {  // a row kPoolAhead ahead, on its way while this one is read
+        const char* next = reinterpret_cast<const char*>(row + kPoolAhead * values_ld);
+        for (int64_t byte = 0; byte < D * int64_t(sizeof(E)); byte += 64)
+          __builtin_prefetch(next + byte);
+      }
       float* dst = x + t * D;
 #pragma omp simd
       for (int64_t j = 0; j < D; ++j) dst[j] = ld(row, j);
