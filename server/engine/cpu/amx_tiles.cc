@@ -8,6 +8,8 @@
 #include <mutex>
 #include <utility>
 
+#include "server/engine/error.h"
+
 #if defined(__x86_64__)
 #include <cpuid.h>
 #endif
@@ -237,6 +239,21 @@ void ModelTiles::tdpbf16ps(int c, int a, int b) {
   }
   zero_rows_from(c, c_rows);
   config_.start_row = 0;
+}
+
+float hardware_peak_loop(int64_t iterations) {
+#if defined(FASTFORMER_AMX_INTRINSICS)
+  uint16_t a[16 * 32], b[16 * 32];
+  std::fill(std::begin(a), std::end(a), uint16_t{0x3f80});  // 1.0
+  std::fill(std::begin(b), std::end(b), uint16_t{0x3580});  // 2^-20
+  alignas(64) float c[4 * 16 * 16];
+  HardwareTiles tiles;
+  peak_loop(tiles, a, b, iterations, c);
+  return c[0];
+#else
+  (void)iterations;
+  throw EngineError("this build has no AMX intrinsics (built without -mamx-tile -mamx-bf16)");
+#endif
 }
 
 }  // namespace amx

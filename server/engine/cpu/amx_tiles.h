@@ -233,4 +233,44 @@ class HardwareTiles {
 #undef FASTFORMER_AMX_EACH_TILE
 #endif  // FASTFORMER_AMX_INTRINSICS
 
+// The matrix units' peak loop (fastformer-bench's hardware peak, peak_probe.h): TDPBF16PS back
+// to back on four independent accumulator tiles (tiles 0..3, 16 x 16 float32), against one A
+// tile (4: 16 rows x 32 bfloat16, `a` of 16 x 32) and one B tile (5: 16 pair rows x 16
+// columns, `b` of 16 x 32), `iterations` times: 4 x 16 x 16 x 32 x 2 = 65,536 FLOPs an
+// iteration. Leaves the four sums in `c` (4 x 16 x 16 float32) and the tiles released. Over the
+// tile layer, so the unit tests run it on the model.
+template <class Tiles>
+void peak_loop(Tiles& tiles, const uint16_t* a, const uint16_t* b, int64_t iterations, float* c) {
+  TileConfig config;
+  config.palette_id = 1;
+  for (int t = 0; t < 6; ++t) {
+    config.rows[t] = kMaxRows;
+    config.colsb[t] = kBytesPerRow;
+  }
+  tiles.load_config(config);
+  tiles.template zero<0>();
+  tiles.template zero<1>();
+  tiles.template zero<2>();
+  tiles.template zero<3>();
+  tiles.template load<4>(a, kBytesPerRow);
+  tiles.template load<5>(b, kBytesPerRow);
+  for (int64_t i = 0; i < iterations; ++i) {
+    tiles.template dpbf16ps<0, 4, 5>();
+    tiles.template dpbf16ps<1, 4, 5>();
+    tiles.template dpbf16ps<2, 4, 5>();
+    tiles.template dpbf16ps<3, 4, 5>();
+  }
+  tiles.template store<0>(c, kBytesPerRow);
+  tiles.template store<1>(c + 256, kBytesPerRow);
+  tiles.template store<2>(c + 512, kBytesPerRow);
+  tiles.template store<3>(c + 768, kBytesPerRow);
+  tiles.release();
+}
+inline constexpr double kPeakLoopFlops = 4.0 * 16 * 16 * 32 * 2;  ///< per iteration
+
+// peak_loop on the instructions, with operands of bfloat16 1.0 and 2^-20; returns c[0][0][0]
+// (iterations x 32 x 2^-20). Call only where amx_available(); EngineError in a build without
+// the intrinsics.
+float hardware_peak_loop(int64_t iterations);
+
 }  // namespace fastformer::engine::amx

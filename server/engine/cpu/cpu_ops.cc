@@ -15,6 +15,8 @@ namespace {
 
 // Rows per piece of work in the row-wise passes.
 constexpr int64_t kRowGrain = 16;
+// Most rows per piece of the AMX kernel's GEMMs (A's rows stream through an L2 panel of W).
+constexpr int64_t kAmxRows = 512;
 // Rows per GEMM piece: large enough for oneDNN to reach full speed, small enough that
 // pieces balance over the pool.
 constexpr int64_t kGemmRows = 128;
@@ -43,11 +45,12 @@ int32_t sequence_of(const RaggedBatch& batch, int64_t t) {
 
 }  // namespace
 
-CpuOps::CpuOps(int threads, const ModelConfig& config, CpuDtype dtype)
+CpuOps::CpuOps(int threads, const ModelConfig& config, CpuDtype dtype, Bf16Gemm bf16_gemm)
     : config_(config),
       dtype_(dtype),
       bf16_(dtype != CpuDtype::kFloat32),
       isa_(rows::detected_isa()),
+      bf16_gemm_(dtype != CpuDtype::kFloat32 ? bf16_gemm : Bf16Gemm::kOnednn),
       pool_(threads) {}
 
 const CpuMatmul& CpuOps::matmul(const CpuMatmul::Shape& shape) {
@@ -70,6 +73,19 @@ const CpuOps::PackedSite& CpuOps::packed_site(const WeightRef& w,
   return it->second;
 }
 
+const CpuOps::AmxSite& CpuOps::amx_site(const WeightRef& w, const AmxMatmul::Shape& shape) {
+  const auto key = std::make_pair(w.weight, shape);
+  auto it = amx_sites_.find(key);
+  if (it == amx_sites_.end()) {
+    auto mm = std::make_unique<AmxMatmul>(
+        shape, bf16_gemm_ == Bf16Gemm::kAmx ? TileBackend::kHardware : TileBackend::kModel);
+    AmxMatmul::Weights weights = mm->pack(f(w.weight));
+    kernels_[w.weight] = mm->implementation();
+    it = amx_sites_.emplace(key, AmxSite{std::move(mm), std::move(weights)}).first;
+  }
+  return it->second;
+}
+
 std::string CpuOps::gemm_kernel(const WeightRef& w) const {
   const auto it = kernels_.find(w.weight);
   return it == kernels_.end() ? std::string() : it->second;
@@ -78,6 +94,7 @@ std::string CpuOps::gemm_kernel(const WeightRef& w) const {
 size_t CpuOps::packed_weight_bytes() const {
   size_t bytes = 0;
   for (const auto& [key, site] : packed_sites_) bytes += site.weights.bytes();
+  for (const auto& [key, site] : amx_sites_) bytes += site.weights.bytes();
   return bytes;
 }
 
@@ -178,6 +195,23 @@ void CpuOps::linear(const Mat& a, const WeightRef& w, Mat c, Epilogue epilogue, 
 
 void CpuOps::linear_bf16(const Mat& a, const WeightRef& w, Mat c, Epilogue epilogue,
                          Activation act) {
+  if (const AmxMatmul::Shape amx{w.out, w.in, a.ld, c.ld, epilogue, act};
+      bf16_gemm_ != Bf16Gemm::kOnednn && AmxMatmul::supports(amx, nullptr)) {
+    // The AMX kernel takes any row count: pieces of a multiple of its 32-row blocks, four a
+    // worker (for balance), at most kAmxRows rows.
+    const AmxSite& site = amx_site(w, amx);
+    const int64_t pieces = std::max<int64_t>(1, std::min<int64_t>(pool_.size() * 4,
+                                                                  (a.rows + 31) / 32));
+    const int64_t rows = std::min<int64_t>(kAmxRows, ((a.rows + pieces - 1) / pieces + 31) / 32 * 32);
+    const float* bias = f(w.bias);
+    pool_.parallel_for((a.rows + rows - 1) / rows, 1, [&](int64_t first, int64_t last) {
+      for (int64_t i = first; i < last; ++i) {
+        const int64_t r0 = i * rows, m = std::min(rows, a.rows - r0);
+        site.matmul->run(m, row_of<uint16_t>(a, r0), site.weights, bias, row_of<uint16_t>(c, r0));
+      }
+    });
+    return;
+  }
   const PackedSite& site = packed_site(
       w, {w.out, w.in, a.ld, c.ld, epilogue, act, true, dtype_ == CpuDtype::kBfloat16Emulated});
   // Blocks of the largest power of two that still gives every worker two pieces, then the

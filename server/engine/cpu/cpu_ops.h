@@ -21,6 +21,7 @@
 #include <utility>
 #include <vector>
 
+#include "server/engine/cpu/amx_gemm.h"
 #include "server/engine/cpu/onednn_gemm.h"
 #include "server/engine/cpu/thread_pool.h"
 #include "server/engine/cpu/vector_rows.h"
@@ -35,10 +36,16 @@ enum class CpuDtype {
   kBfloat16Emulated,  ///< bfloat16 buffers over float32 GEMMs (PackedMatmul::Shape::emulate): tests
 };
 
+// Who runs the bfloat16 GEMMs: oneDNN (PackedMatmul), or the hand-written AMX kernel
+// (AmxMatmul, amx_gemm.h) on the tiles or on their portable model (tests, any CPU). The AMX
+// kernel takes the shapes it supports (K a multiple of 32); oneDNN keeps the others.
+enum class Bf16Gemm { kOnednn, kAmx, kAmxModel };
+
 class CpuOps final : public Ops, public OpsReport {
  public:
   // `threads` workers share every pass.
-  CpuOps(int threads, const ModelConfig& config, CpuDtype dtype = CpuDtype::kFloat32);
+  CpuOps(int threads, const ModelConfig& config, CpuDtype dtype = CpuDtype::kFloat32,
+         Bf16Gemm bf16_gemm = Bf16Gemm::kOnednn);
 
   size_t element_size() const override { return bf16_ ? sizeof(uint16_t) : sizeof(float); }
   const void* upload(std::span<const float> host) override;
@@ -119,16 +126,24 @@ class CpuOps final : public Ops, public OpsReport {
     PackedMatmul::Weights weights;
   };
   const PackedSite& packed_site(const WeightRef& w, const PackedMatmul::Shape& shape);
+  // bfloat16 on the AMX kernel: the site of `w`, made on first use.
+  struct AmxSite {
+    std::unique_ptr<AmxMatmul> matmul;
+    AmxMatmul::Weights weights;
+  };
+  const AmxSite& amx_site(const WeightRef& w, const AmxMatmul::Shape& shape);
   void linear_bf16(const Mat& a, const WeightRef& w, Mat c, Epilogue epilogue, Activation act);
 
   const ModelConfig config_;
   const CpuDtype dtype_;
   const bool bf16_;      // bfloat16 buffers (kBfloat16 or kBfloat16Emulated)
   const rows::Isa isa_;  // the row passes' build (vector_rows.h)
+  const Bf16Gemm bf16_gemm_;
   ThreadPool pool_;
   std::map<CpuMatmul::Shape, std::unique_ptr<CpuMatmul>> matmuls_;
   std::map<PackedMatmul::Shape, std::unique_ptr<PackedMatmul>> packed_matmuls_;
   std::map<std::pair<const void*, PackedMatmul::Shape>, PackedSite> packed_sites_;
+  std::map<std::pair<const void*, AmxMatmul::Shape>, AmxSite> amx_sites_;
   std::map<const void*, std::string> kernels_;       // weight -> oneDNN's kernel, for profiles
   std::vector<std::pair<int64_t, int64_t>> pieces_;  // the current GEMM's row pieces
   // The workspace, sized at start-up, kWorkspaceAlignment-aligned.

@@ -12,6 +12,7 @@
 #include <immintrin.h>
 #endif
 
+#include "server/engine/cpu/amx_tiles.h"
 #include "server/engine/cpu/vector_rows.h"
 
 namespace fastformer::engine {
@@ -82,6 +83,9 @@ __attribute__((target("avx512f,avx512bf16"))) float dpbf16_avx512(int64_t n) {
 }
 #endif
 float fma_baseline(int64_t n) { return fma_chains<v4f, 8>(n); }
+// Each thread asks for its tiles itself (the permission is per process, the tile state per
+// thread: peak_loop configures and releases them).
+float amx_loop(int64_t n) { return amx::hardware_peak_loop(n / 8); }
 
 // FLOP/s of `kernel` (flops_per_iteration per call iteration) on `threads` threads.
 HardwarePeak time_peak(int threads, double flops_per_iteration, float (*kernel)(int64_t),
@@ -135,6 +139,13 @@ HardwarePeak avx512_bf16_peak(int threads) {
 #endif
   (void)threads;
   return {0, "no AVX512_BF16 on this CPU"};
+}
+
+HardwarePeak amx_bf16_peak(int threads) {
+  std::string why;
+  if (!amx_available(&why)) return {0, why};
+  return time_peak(std::max(threads, 1), amx::kPeakLoopFlops / 8, amx_loop,
+                   "TDPBF16PS on 4 independent tiles a thread");
 }
 
 }  // namespace fastformer::engine

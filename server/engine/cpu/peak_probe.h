@@ -25,5 +25,8 @@ double copy_gbps(int threads, size_t bytes);
 HardwarePeak fma_peak(int threads);
 // AVX512_BF16's VDPBF16PS (2 bfloat16 products per float32 lane: 4 FLOPs per lane).
 HardwarePeak avx512_bf16_peak(int threads);
+// AMX's TDPBF16PS back to back on four independent accumulator tiles (amx::peak_loop: 16 x 16 x
+// 32 products each); 0 with the reason where there is no AMX or the kernel refuses the tiles.
+HardwarePeak amx_bf16_peak(int threads);
 
 }  // namespace fastformer::engine

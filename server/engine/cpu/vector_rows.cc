@@ -5,6 +5,7 @@
 #include <cmath>
 #include <cstring>
 #include <limits>
+#include <utility>
 
 #include "server/engine/cpu/vector_math.h"
 
@@ -103,12 +104,21 @@ template <class V>
 FF_INLINE void loadv(V& v, const float* p) {
   std::memcpy(&v, p, sizeof(V));
 }
+// Each bfloat16 lane paired with a zero below it: (0, h[i]) as 16-bit halves is h[i] << 16 as
+// a little-endian 32-bit lane, the float32 it denotes (one interleave; a zero-extend and a
+// shift come out as four instructions for 16 lanes in GCC).
+template <class U16, size_t... I>
+FF_INLINE void interleave_zero(const U16& half, void* out, std::index_sequence<I...>) {
+  constexpr int L = sizeof(U16) / sizeof(uint16_t);
+  const U16 zero = {};
+  const auto wide = __builtin_shufflevector(zero, half, (I % 2 ? L + int(I / 2) : int(I / 2))...);
+  std::memcpy(out, &wide, sizeof(wide));
+}
 template <class V>
 FF_INLINE void loadv(V& v, const uint16_t* p) {
   typename Lanes<V>::u16 half;
   std::memcpy(&half, p, sizeof(half));
-  const typename Lanes<V>::u32 wide = __builtin_convertvector(half, typename Lanes<V>::u32) << 16;
-  std::memcpy(&v, &wide, sizeof(V));
+  interleave_zero(half, &v, std::make_index_sequence<2 * sizeof(V) / sizeof(float)>{});
 }
 template <class V>
 FF_INLINE void storev(float* p, const V& v) {
@@ -257,44 +267,39 @@ FF_INLINE void pool_chunk_impl(const S* scores, int64_t score_ld, int64_t heads,
 #pragma omp simd reduction(+ : sum)
     for (int64_t t = 0; t < len; ++t) {
       // A masked token weighs exactly 0 (the reference's -10000 underflows to 0 in float32).
-      const float e = wh[t] == kNegInf ? 0.0f : vmath::exp(wh[t] - mh);
-      wh[t] = e;
-      sum += e;
+      // (exp first, then the choice: an exp under a condition is not vectorised.)
+      const float e = vmath::exp(wh[t] - mh);
+      const float weight = wh[t] == kNegInf ? 0.0f : e;
+      wh[t] = weight;
+      sum += weight;
     }
     l[h] = sum;
   }
   std::fill(v, v + D, 0.0f);
-  // Blocks of kPoolBlock tokens: the rows widened (or copied) into `x` in order, which the
-  // hardware prefetcher follows, then each head's slice of v held in registers over the block.
-  float* x = w + heads * len;
-  constexpr int64_t kPoolAhead = 4;
+  // Blocks of kPoolBlock tokens, each head's slice of v held in registers over the block, the
+  // value rows widened in registers. The head slices read each row in pieces, which no
+  // hardware prefetcher follows: the next block's rows are fetched while this one is summed.
   for (int64_t t0 = 0; t0 < len; t0 += kPoolBlock) {
     const int64_t n = std::min(kPoolBlock, len - t0);
-    for (int64_t t = 0; t < n; ++t) {
-      const E* row = values + (t0 + t) * values_ld;
-      if (t0 + t + kPoolAhead < len) {  // a row kPoolAhead ahead, on its way while this one is read
-        const char* next = reinterpret_cast<const char*>(row + kPoolAhead * values_ld);
-        for (int64_t byte = 0; byte < D * int64_t(sizeof(E)); byte += 64)
-          __builtin_prefetch(next + byte);
-      }
-      float* dst = x + t * D;
-#pragma omp simd
-      for (int64_t j = 0; j < D; ++j) dst[j] = ld(row, j);
+    for (int64_t t = t0 + kPoolBlock; t < std::min(len, t0 + 2 * kPoolBlock); ++t) {
+      const char* row = reinterpret_cast<const char*>(values + t * values_ld);
+      for (int64_t byte = 0; byte < D * int64_t(sizeof(E)); byte += 64)
+        __builtin_prefetch(row + byte);
     }
     for (int64_t h = 0; h < heads; ++h) {
       const float* wh = w + h * len + t0;
-      const float* xh = x + h * d;
+      const E* xh = values + t0 * values_ld + h * d;
       float* vh = v + h * d;
       if (d == 4 * L)
-        weighted_sum<V, 4>(wh, xh, D, n, d, vh);
+        weighted_sum<V, 4>(wh, xh, values_ld, n, d, vh);
       else if (d == 2 * L)
-        weighted_sum<V, 2>(wh, xh, D, n, d, vh);
+        weighted_sum<V, 2>(wh, xh, values_ld, n, d, vh);
       else if (d == L)
-        weighted_sum<V, 1>(wh, xh, D, n, d, vh);
+        weighted_sum<V, 1>(wh, xh, values_ld, n, d, vh);
       else if (d == 8 * L)
-        weighted_sum<V, 8>(wh, xh, D, n, d, vh);
+        weighted_sum<V, 8>(wh, xh, values_ld, n, d, vh);
       else
-        weighted_sum<V, 0>(wh, xh, D, n, d, vh);
+        weighted_sum<V, 0>(wh, xh, values_ld, n, d, vh);
     }
   }
 }
@@ -302,7 +307,7 @@ FF_INLINE void pool_chunk_impl(const S* scores, int64_t score_ld, int64_t heads,
 template <class V, class E>
 FF_INLINE float tanh_dot_impl(const E* e, const float* w, int64_t D) {
   float z = 0.0f;
-#pragma omp simd reduction(+ : z)
+#pragma omp simd reduction(+ : z) simdlen(16)
   for (int64_t j = 0; j < D; ++j) z += vmath::tanh(ld(e, j)) * w[j];
   return z;
 }
@@ -311,8 +316,16 @@ FF_INLINE float tanh_dot_impl(const E* e, const float* w, int64_t D) {
 
 // Three builds of each function: NAME_avx512, NAME_avx2 and NAME_baseline, each IMPL<vector>.
 #if defined(__x86_64__)
+// GCC vectorises AVX-512 loops 256 bits wide unless told (its tuning for the first AVX-512
+// CPUs, which clocked down on 512-bit instructions): these passes want the full width.
+#if defined(__clang__)
 #define FF_TARGET_AVX512 \
   __attribute__((target("avx512f,avx512bw,avx512dq,avx512vl,avx2,fma,bmi,bmi2,f16c")))
+#else
+#define FF_TARGET_AVX512                                                                      \
+  __attribute__((target("avx512f,avx512bw,avx512dq,avx512vl,avx2,fma,bmi,bmi2,f16c,"       \
+                        "prefer-vector-width=512")))
+#endif
 #define FF_TARGET_AVX2 __attribute__((target("avx2,fma,bmi,bmi2,f16c")))
 #else
 #define FF_TARGET_AVX512
