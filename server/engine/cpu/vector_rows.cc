@@ -34,51 +34,6 @@ FF_INLINE void st(uint16_t* p, int64_t j, float v) {
   p[j] = static_cast<uint16_t>((x & 0x7fffffffu) > 0x7f800000u ? nan : rounded);
 }
 
-// out = LN(x) over D values of x (float, in cache), statistics over two passes.
-template <class O>
-FF_INLINE void layernorm_impl(const float* x, const float* gamma, const float* beta, int64_t D,
-                              float eps, O* out) {
-  float sum = 0.0f;
-#pragma omp simd reduction(+ : sum)
-  for (int64_t j = 0; j < D; ++j) sum += x[j];
-  const float mean = sum / static_cast<float>(D);
-  float sq = 0.0f;
-#pragma omp simd reduction(+ : sq)
-  for (int64_t j = 0; j < D; ++j) sq += (x[j] - mean) * (x[j] - mean);
-  const float rstd = 1.0f / std::sqrt(sq / static_cast<float>(D) + eps);
-#pragma omp simd
-  for (int64_t j = 0; j < D; ++j) st(out, j, (x[j] - mean) * rstd * gamma[j] + beta[j]);
-}
-
-template <class V, class O>
-FF_INLINE void embed_impl(const float* word, const float* pos, const float* gamma,
-                          const float* beta, int64_t D, float eps, float* x, O* out) {
-#pragma omp simd
-  for (int64_t j = 0; j < D; ++j) x[j] = word[j] + pos[j];
-  layernorm_impl(x, gamma, beta, D, eps, out);
-}
-
-template <class V, class E>
-FF_INLINE void residual_layernorm_impl(const E* c, const float* bias, const E* residual,
-                                       const float* gamma, const float* beta, int64_t D, float eps,
-                                       float* x, E* out) {
-#pragma omp simd
-  for (int64_t j = 0; j < D; ++j) x[j] = ld(c, j) + bias[j] + ld(residual, j);
-  layernorm_impl(x, gamma, beta, D, eps, out);
-}
-
-template <class V, class E>
-FF_INLINE void scale_impl(const E* x, const float* scale, int64_t n, E* out) {
-#pragma omp simd
-  for (int64_t j = 0; j < n; ++j) st(out, j, ld(x, j) * scale[j]);
-}
-
-template <class V>
-FF_INLINE void widen_impl(const uint16_t* in, float* out, int64_t n) {
-#pragma omp simd
-  for (int64_t j = 0; j < n; ++j) out[j] = ld(in, j);
-}
-
 // The integer vectors of the same lane count: bfloat16 lanes are widened to float32 in
 // registers (zero-extend to 32 bits, shift left by 16).
 template <class V>
@@ -87,16 +42,19 @@ template <>
 struct Lanes<v16f> {
   using u16 = uint16_t __attribute__((vector_size(32)));
   using u32 = uint32_t __attribute__((vector_size(64)));
+  using i32 = int32_t __attribute__((vector_size(64)));
 };
 template <>
 struct Lanes<v8f> {
   using u16 = uint16_t __attribute__((vector_size(16)));
   using u32 = uint32_t __attribute__((vector_size(32)));
+  using i32 = int32_t __attribute__((vector_size(32)));
 };
 template <>
 struct Lanes<v4f> {
   using u16 = uint16_t __attribute__((vector_size(8)));
   using u32 = uint32_t __attribute__((vector_size(16)));
+  using i32 = int32_t __attribute__((vector_size(16)));
 };
 
 // (By reference, not returned: a vector return value changes the ABI between the builds.)
@@ -136,6 +94,111 @@ FF_INLINE float hsum(const v16f& v) {
   const v8f half = __builtin_shufflevector(v, v, 0, 1, 2, 3, 4, 5, 6, 7) +
                    __builtin_shufflevector(v, v, 8, 9, 10, 11, 12, 13, 14, 15);
   return hsum(half);
+}
+
+// Stores a float vector as bfloat16, rounded to nearest even (NaN kept quiet), as st() does.
+template <class V>
+FF_INLINE void storev(uint16_t* p, const V& v) {
+  using U = typename Lanes<V>::u32;
+  U x;
+  std::memcpy(&x, &v, sizeof(V));
+  const U rounded = (x + 0x7fffu + ((x >> 16) & 1u)) >> 16;
+  const U nan = (x >> 16) | 0x40u;
+  const U bits = (x & 0x7fffffffu) > 0x7f800000u ? nan : rounded;
+  const typename Lanes<V>::u16 half = __builtin_convertvector(bits, typename Lanes<V>::u16);
+  std::memcpy(p, &half, sizeof(half));
+}
+
+// out = LN(x) over D values of x (float, in cache), statistics over two passes.
+template <class V, class O>
+FF_INLINE void layernorm_impl(const float* x, const float* gamma, const float* beta, int64_t D,
+                              float eps, O* out) {
+  constexpr int L = sizeof(V) / sizeof(float);
+  const int64_t Dv = D - D % L;
+  V acc{};
+  for (int64_t j = 0; j < Dv; j += L) {
+    V xv;
+    loadv(xv, x + j);
+    acc += xv;
+  }
+  float sum = hsum(acc);
+  for (int64_t j = Dv; j < D; ++j) sum += x[j];
+  const float mean = sum / static_cast<float>(D);
+  acc = V{};
+  for (int64_t j = 0; j < Dv; j += L) {
+    V xv;
+    loadv(xv, x + j);
+    xv -= mean;
+    acc += xv * xv;
+  }
+  float sq = hsum(acc);
+  for (int64_t j = Dv; j < D; ++j) sq += (x[j] - mean) * (x[j] - mean);
+  const float rstd = 1.0f / std::sqrt(sq / static_cast<float>(D) + eps);
+  for (int64_t j = 0; j < Dv; j += L) {
+    V xv, g, b;
+    loadv(xv, x + j);
+    loadv(g, gamma + j);
+    loadv(b, beta + j);
+    storev(out + j, (xv - mean) * rstd * g + b);
+  }
+  for (int64_t j = Dv; j < D; ++j) st(out, j, (x[j] - mean) * rstd * gamma[j] + beta[j]);
+}
+
+template <class V, class O>
+FF_INLINE void embed_impl(const float* word, const float* pos, const float* gamma,
+                          const float* beta, int64_t D, float eps, float* x, O* out) {
+  constexpr int L = sizeof(V) / sizeof(float);
+  const int64_t Dv = D - D % L;
+  for (int64_t j = 0; j < Dv; j += L) {
+    V a, b;
+    loadv(a, word + j);
+    loadv(b, pos + j);
+    storev(x + j, a + b);
+  }
+  for (int64_t j = Dv; j < D; ++j) x[j] = word[j] + pos[j];
+  layernorm_impl<V>(x, gamma, beta, D, eps, out);
+}
+
+template <class V, class E>
+FF_INLINE void residual_layernorm_impl(const E* c, const float* bias, const E* residual,
+                                       const float* gamma, const float* beta, int64_t D, float eps,
+                                       float* x, E* out) {
+  constexpr int L = sizeof(V) / sizeof(float);
+  const int64_t Dv = D - D % L;
+  for (int64_t j = 0; j < Dv; j += L) {
+    V cv, b, r;
+    loadv(cv, c + j);
+    loadv(b, bias + j);
+    loadv(r, residual + j);
+    storev(x + j, cv + b + r);
+  }
+  for (int64_t j = Dv; j < D; ++j) x[j] = ld(c, j) + bias[j] + ld(residual, j);
+  layernorm_impl<V>(x, gamma, beta, D, eps, out);
+}
+
+template <class V, class E>
+FF_INLINE void scale_impl(const E* x, const float* scale, int64_t n, E* out) {
+  constexpr int L = sizeof(V) / sizeof(float);
+  const int64_t nv = n - n % L;
+  for (int64_t j = 0; j < nv; j += L) {
+    V a, b;
+    loadv(a, x + j);
+    loadv(b, scale + j);
+    storev(out + j, a * b);
+  }
+  for (int64_t j = nv; j < n; ++j) st(out, j, ld(x, j) * scale[j]);
+}
+
+template <class V>
+FF_INLINE void widen_impl(const uint16_t* in, float* out, int64_t n) {
+  constexpr int L = sizeof(V) / sizeof(float);
+  const int64_t nv = n - n % L;
+  for (int64_t j = 0; j < nv; j += L) {
+    V a;
+    loadv(a, in + j);
+    storev(out + j, a);
+  }
+  for (int64_t j = nv; j < n; ++j) out[j] = ld(in, j);
 }
 
 // Tokens per block and heads per block of the key-score kernel: TB x HB accumulators, and
@@ -304,11 +367,60 @@ FF_INLINE void pool_chunk_impl(const S* scores, int64_t score_ld, int64_t heads,
   }
 }
 
+// exp(y) in every lane, y <= 0: vmath::exp's range reduction and polynomial written on the
+// vector type (GCC vectorises the scalar form only 256 bits wide for AVX-512).
+template <class V>
+FF_INLINE void exp_nonpositive(V& y) {
+  using I = typename Lanes<V>::i32;
+  y = y < -87.0f ? V{} - 87.0f : y;
+  const I n = __builtin_convertvector(y * 1.44269504088896341f - 0.5f, I);  // round, as y <= 0
+  const V nf = __builtin_convertvector(n, V);
+  const V r = (y - nf * 0.693359375f) + nf * 2.12194440e-4f;  // y - n ln 2, in two parts
+  V p = V{} + 1.9875691500e-4f;
+  p = p * r + 1.3981999507e-3f;
+  p = p * r + 8.3334519073e-3f;
+  p = p * r + 4.1665795894e-2f;
+  p = p * r + 1.6666665459e-1f;
+  p = p * r + 5.0000001201e-1f;
+  p = p * r * r + r + 1.0f;
+  const I scale = (n + 127) << 23;  // 2^n
+  V two_n;
+  std::memcpy(&two_n, &scale, sizeof(V));
+  y = p * two_n;
+}
+
+// tanh in every lane: sign(x) (1 - t) / (1 + t), t = exp(-2|x|) (vmath::tanh's formula).
+template <class V>
+FF_INLINE void tanh_vector(V& x) {
+  using U = typename Lanes<V>::u32;
+  U bits;
+  std::memcpy(&bits, &x, sizeof(V));
+  const U sign = bits & 0x80000000u;
+  bits &= 0x7fffffffu;
+  V t;
+  std::memcpy(&t, &bits, sizeof(V));
+  t = -2.0f * t;
+  exp_nonpositive(t);
+  const V magnitude = (1.0f - t) / (1.0f + t);
+  std::memcpy(&bits, &magnitude, sizeof(V));
+  bits |= sign;
+  std::memcpy(&x, &bits, sizeof(V));
+}
+
 template <class V, class E>
 FF_INLINE float tanh_dot_impl(const E* e, const float* w, int64_t D) {
-  float z = 0.0f;
-#pragma omp simd reduction(+ : z) simdlen(16)
-  for (int64_t j = 0; j < D; ++j) z += vmath::tanh(ld(e, j)) * w[j];
+  constexpr int L = sizeof(V) / sizeof(float);
+  const int64_t Dv = D - D % L;
+  V acc{};
+  for (int64_t j = 0; j < Dv; j += L) {
+    V x, wv;
+    loadv(x, e + j);
+    loadv(wv, w + j);
+    tanh_vector(x);
+    acc += x * wv;
+  }
+  float z = hsum(acc);
+  for (int64_t j = Dv; j < D; ++j) z += vmath::tanh(ld(e, j)) * w[j];
   return z;
 }
 
