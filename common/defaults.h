@@ -13,7 +13,8 @@ inline constexpr const char* kListen = "0.0.0.0:50051";
 inline constexpr const char* kMetricsListen = "0.0.0.0:8002";
 inline constexpr const char* kBackend = "auto";
 inline constexpr int kDevice = 0;
-inline constexpr const char* kDtype = "float32";
+/// The engine picks: bfloat16 where its GEMMs are fast in bfloat16, float32 elsewhere (engine.h)
+inline constexpr const char* kDtype = "auto";
 inline constexpr int kThreads = 0;  ///< 0 = all cores
 inline constexpr int64_t kMaxBatchTokens = 16384;
 inline constexpr int64_t kMaxBatchSequences = 256;

@@ -321,8 +321,10 @@ for s in socks:
 print(*(s.getsockname()[1] for s in socks))
 EOF
 )
+# float32, here and in the offline encoders below: the answers are compared within 1e-5, a
+# float32 rule (the default dtype, auto, is bfloat16 on a CPU with AVX512_BF16 or AMX).
 ENV_ARGS=(-e "FASTFORMER_LISTEN=127.0.0.1:$GRPC_PORT" -e "FASTFORMER_METRICS_LISTEN=127.0.0.1:$METRICS_PORT"
-  -e "FASTFORMER_HTTP_LISTEN=127.0.0.1:$HTTP_PORT")
+  -e "FASTFORMER_HTTP_LISTEN=127.0.0.1:$HTTP_PORT" -e "FASTFORMER_DTYPE=float32")
 mapfile -t entrypoint <"$WORK/entrypoint"
 log "run: ${entrypoint[*]} (image entry point) with /models = demo model (tiny), gRPC 127.0.0.1:$GRPC_PORT, metrics 127.0.0.1:$METRICS_PORT"
 R "${ENV_ARGS[@]}" -v "$MODEL:/models:ro" "$CTR" -- "${entrypoint[@]}" >"$WORK/server.log" 2>&1 &
@@ -377,7 +379,7 @@ requests_before=$(scrape)
 R "${ENV_ARGS[@]}" -v "$IO:/io:ro" "$CTR" -- fastformer-client encode --target "127.0.0.1:$GRPC_PORT" \
   --input /io/input.jsonl --return-token-embeddings >"$WORK/served.jsonl" 2>"$WORK/client.log" ||
   fail "fastformer-client encode failed: $(cat "$WORK/client.log")"
-R -v "$MODEL:/models:ro" -v "$IO:/io:ro" "$CTR" -- fastformer-encode --backend cpu \
+R -v "$MODEL:/models:ro" -v "$IO:/io:ro" "$CTR" -- fastformer-encode --backend cpu --dtype float32 \
   --input /io/input.jsonl --return-token-embeddings >"$WORK/offline.jsonl" 2>"$WORK/encode.log" ||
   fail "fastformer-encode in the image failed: $(cat "$WORK/encode.log")"
 compare() {
@@ -417,7 +419,7 @@ EOF
 compare "$WORK/served.jsonl" "$WORK/offline.jsonl" "the image's fastformer-encode" ||
   fail "the server's answer differs from the offline encoder in the image"
 if [ -x "$BIN_DIR/fastformer-encode" ]; then
-  "$BIN_DIR/fastformer-encode" --model-dir "$MODEL" --backend cpu --input "$IO/input.jsonl" \
+  "$BIN_DIR/fastformer-encode" --model-dir "$MODEL" --backend cpu --dtype float32 --input "$IO/input.jsonl" \
     --return-token-embeddings >"$WORK/host.jsonl" 2>"$WORK/host-encode.log" ||
     fail "$BIN_DIR/fastformer-encode failed: $(cat "$WORK/host-encode.log")"
   compare "$WORK/served.jsonl" "$WORK/host.jsonl" "the host's $BIN_DIR/fastformer-encode" ||

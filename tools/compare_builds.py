@@ -47,6 +47,7 @@ def serve(bin_dir: Path, args) -> float:
     # FASTFORMER_HTTP_LISTEN, not the flag: an older build ignores the variable but not a flag.
     server = subprocess.Popen([str(bin_dir / "fastformer-server"), "--model-dir", args.model_dir,
                                "--listen", target, "--metrics-listen", f"127.0.0.1:{free_port()}",
+                               "--dtype", "float32",  # as fastformer-bench: the same dtype in every build
                                "--threads", str(args.threads), "--log-level", "warn"],
                               env={**os.environ, "FASTFORMER_HTTP_LISTEN": "127.0.0.1:0"})
     try:

@@ -68,7 +68,7 @@ def main() -> int:
     grpc_port, metrics_port = free_port(), free_port()
     server = subprocess.Popen([str(bin_dir / "fastformer-server"), "--model-dir", str(model),
                                "--listen", f"127.0.0.1:{grpc_port}", "--metrics-listen", f"127.0.0.1:{metrics_port}",
-                               "--http-listen", "127.0.0.1:0",
+                               "--http-listen", "127.0.0.1:0", "--dtype", "float32",  # as fastformer-bench below
                                "--threads", str(args.threads), "--log-level", "warn"])
     target = f"127.0.0.1:{grpc_port}"
     try:

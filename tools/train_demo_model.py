@@ -359,7 +359,9 @@ def main(argv=None) -> int:
 
     status = 0
     if args.verify_with:
-        r = subprocess.run([args.verify_with, "--model-dir", out, "--backend", "cpu",
+        # float32: the 1e-4 logit rule is float32's (the default, auto, is bfloat16 on a CPU
+        # with AVX512_BF16 or AMX)
+        r = subprocess.run([args.verify_with, "--model-dir", out, "--backend", "cpu", "--dtype", "float32",
                             "--return-logits", "--threads", str(args.threads),
                             "--input", os.path.join(out, "test_ids.jsonl")],
                            capture_output=True, text=True)

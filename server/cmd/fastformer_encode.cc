@@ -68,6 +68,7 @@ int main(int argc, char** argv) {
                          truncation = "none";
   OutputOptions out_options;
   engine::EngineOptions engine_options;  // the shared defaults (common/defaults.h)
+  engine_options.dtype = engine::dtype_from_name(defaults::kDtype);
   app.add_option("--model-dir", model_dir, "model directory (config.json + model.safetensors)")
       ->required()
       ->envname("FASTFORMER_MODEL_DIR");
@@ -75,7 +76,8 @@ int main(int argc, char** argv) {
       ->check(CLI::IsMember({"auto", "cpu", "cuda"}))
       ->capture_default_str();
   add_dtype_flag(app, &engine_options.dtype,
-                 "float32, float16 or bfloat16 (CPU: float32, or bfloat16 with AVX512_BF16/AMX)");
+                 "auto, float32, float16 or bfloat16 (auto: bfloat16 on a CPU with AVX512_BF16/AMX "
+                 "or a GPU of compute capability 8.0+, float32 elsewhere)");
   app.add_option("--input", input, "input JSON lines, - for stdin")->capture_default_str();
   app.add_option("--output", output, "output JSON lines, - for stdout")->capture_default_str();
   app.add_flag("--return-token-embeddings", out_options.token_embeddings,
@@ -111,6 +113,9 @@ int main(int argc, char** argv) {
     spdlog::info("model {}: {} parameters ({}), backend {} ({}), max batch tokens {}",
                  model->config().model_name, model->parameter_count(), model->stored_dtype(),
                  eng->device_name(), why, eng->max_batch_tokens());
+    if (engine_options.dtype == engine::Dtype::kAuto) {
+      spdlog::info("dtype auto: {} ({})", engine::dtype_name(eng->dtype().dtype), eng->dtype().why);
+    }
     if (tokenizer != nullptr) {
       spdlog::info("tokenizer: {}", tokenizer->description());
     }

@@ -83,9 +83,9 @@ void add_model_flags(CLI::App& app, ServerOptions& f) {
       ->check(CLI::IsMember({"auto", "cpu", "cuda"}));
   opt(app, "--device", f.model.device, "CUDA device ordinal", "FASTFORMER_DEVICE")
       ->check(CLI::NonNegativeNumber);
-  add_dtype_flag(
-      app, &f.model.dtype,
-      "serving dtype: float32, float16, bfloat16 (CPU: float32, or bfloat16 with AVX512_BF16/AMX)")
+  add_dtype_flag(app, &f.model.dtype,
+                 "serving dtype: auto, float32, float16, bfloat16 (auto: bfloat16 on a CPU with "
+                 "AVX512_BF16/AMX or a GPU of compute capability 8.0+, float32 elsewhere)")
       ->envname("FASTFORMER_DTYPE");
   app.add_flag("--allow-tf32", f.model.allow_tf32,
                "TF32 tensor-core GEMMs for float32 on the CUDA engine")

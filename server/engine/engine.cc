@@ -100,9 +100,18 @@ const char* dtype_name(Dtype dtype) {
   return "auto";
 }
 
+DtypeChoice choose_cpu_dtype(Dtype requested, const CpuGemmInfo& gemm) {
+  if (requested != Dtype::kAuto) return {requested, ""};
+  const std::string found = "oneDNN " + gemm.version + " finds " + gemm.isa;
+  if (gemm.has_bf16)
+    return {Dtype::kBfloat16, found + ": bfloat16 GEMMs on " + bf16_hardware(gemm.isa)};
+  return {Dtype::kFloat32,
+          found + ": no AVX512_BF16 or AMX on this CPU" +
+              (std::getenv("ONEDNN_MAX_CPU_ISA") ? " (ONEDNN_MAX_CPU_ISA is set)" : "")};
+}
+
 std::unique_ptr<Engine> create_engine(std::shared_ptr<const Model> model,
                                       const EngineOptions& options, std::string* why) {
-  const std::string dtype = dtype_name(resolved_dtype(options.dtype));
   if (options.max_batch_tokens <= 0) {
     throw EngineError("max_batch_tokens must be positive, got " +
                       std::to_string(options.max_batch_tokens));
@@ -112,23 +121,25 @@ std::unique_ptr<Engine> create_engine(std::shared_ptr<const Model> model,
 #if defined(FASTFORMER_HAVE_CUDA_ENGINE)
   if (options.backend != Backend::kCpu) {
     cuda::CudaOpsOptions cuda_options;
-    cuda_options.dtype = dtype;
+    cuda_options.dtype = dtype_name(options.dtype);  // the plugin resolves auto for its device
     cuda_options.device = options.device;
     cuda_options.allow_tf32 = options.allow_tf32;
-    std::string device;
+    cuda::CudaOpsChoice chosen;
     Ops* raw_ops = nullptr;
     int status = cuda::kPluginNoDevice;
     if (auto make = cuda_plugin(&cuda_why))
-      status = make(model.get(), &cuda_options, &raw_ops, &device, &cuda_why);
+      status = make(model.get(), &cuda_options, &raw_ops, &chosen, &cuda_why);
     if (status == cuda::kPluginError) throw EngineError("CUDA engine: " + cuda_why);
     if (std::unique_ptr<Ops> ops(raw_ops); status == cuda::kPluginOk) {
       if (why != nullptr)
-        *why = options.backend == Backend::kAuto ? "auto: CUDA device " + device + " is usable"
-                                                 : "cuda requested";
-      const std::string name =
-          device + " (device " + std::to_string(options.device) + ", " + dtype + ")";
-      return std::make_unique<ForwardEngine>(std::move(model), std::move(ops),
-                                             options.max_batch_tokens, "cuda", name);
+        *why = options.backend == Backend::kAuto
+                   ? "auto: CUDA device " + chosen.device_name + " is usable"
+                   : "cuda requested";
+      const std::string name = chosen.device_name + " (device " + std::to_string(options.device) +
+                               ", " + chosen.dtype + ")";
+      return std::make_unique<ForwardEngine>(
+          std::move(model), std::move(ops), options.max_batch_tokens, "cuda", name,
+          DtypeChoice{dtype_from_name(chosen.dtype), chosen.dtype_why});
     }
   }
 #endif
@@ -136,12 +147,14 @@ std::unique_ptr<Engine> create_engine(std::shared_ptr<const Model> model,
     throw EngineError("backend cuda: " + cuda_why + "; use --backend cpu or auto");
   }
   const CpuGemmInfo& gemm = cpu_gemm_info();
+  DtypeChoice choice = choose_cpu_dtype(options.dtype, gemm);
+  const std::string dtype = dtype_name(choice.dtype);
   // FASTFORMER_CPU_BFLOAT16=emulate (tests only): the bfloat16 engine over float32
   // primitives, so its storage and rounding are tested on every CPU, with or without
-  // bfloat16 GEMMs. Slower than float32; never a serving choice.
+  // bfloat16 GEMMs. Slower than float32; never a serving choice, so never auto's.
   const char* bf16_env = std::getenv("FASTFORMER_CPU_BFLOAT16");
-  const bool emulate_bf16 =
-      dtype == "bfloat16" && bf16_env != nullptr && std::string(bf16_env) == "emulate";
+  const bool emulate_bf16 = options.dtype == Dtype::kBfloat16 && bf16_env != nullptr &&
+                            std::string(bf16_env) == "emulate";
   if (dtype == "bfloat16" && !gemm.has_bf16 && !emulate_bf16) {
     throw EngineError("dtype bfloat16 on the CPU needs AVX512_BF16 or AMX, and oneDNN " +
                       gemm.version + " finds only " + gemm.isa + " on this CPU" +
@@ -171,7 +184,7 @@ std::unique_ptr<Engine> create_engine(std::shared_ptr<const Model> model,
   const std::string device = "cpu (" + std::to_string(threads) + " threads, " + dtype +
                              ", oneDNN " + gemm.version + " " + gemm.isa + bf16_note + ")";
   return std::make_unique<ForwardEngine>(std::move(model), std::move(ops), options.max_batch_tokens,
-                                         "cpu", device, report);
+                                         "cpu", device, std::move(choice), report);
 }
 
 }  // namespace fastformer::engine

@@ -39,26 +39,42 @@ struct OpProfile {
 
 bool parse_backend(const std::string& name, Backend* out);
 
-// The serving dtype, one value from the flag (--dtype) and config.pbtxt to the engine. kAuto:
-// the engine picks, float32 today (the CPU issue after issue 33 makes it pick bfloat16 where
-// the hardware has it, and the default).
+// The serving dtype, one value from the flag (--dtype) and config.pbtxt to the engine. kAuto
+// (the programs' default, defaults::kDtype): the engine picks for its hardware, bfloat16 where
+// its GEMMs are fast in bfloat16 (a CPU with AVX512_BF16 or AMX, a GPU of compute capability
+// 8.0 or later), float32 elsewhere.
 enum class Dtype { kAuto, kFloat32, kFloat16, kBfloat16 };
 // "auto", "float32", "float16", "bfloat16"; false for anything else.
 bool parse_dtype(std::string_view name, Dtype* out);
 const char* dtype_name(Dtype dtype);
-// The dtype an engine serves for `dtype`: kAuto resolved (float32 until the engine learns to
-// pick), any other value itself. The one place that rule is written.
-inline Dtype resolved_dtype(Dtype dtype) { return dtype == Dtype::kAuto ? Dtype::kFloat32 : dtype; }
 // parse_dtype, or std::invalid_argument naming `name` (for callers that hold a name already
 // checked, as the tests' parameters).
 Dtype dtype_from_name(std::string_view name);
+
+// The dtype an engine serves for the one it was asked for, and why when it picked (kAuto).
+struct DtypeChoice {
+  Dtype dtype = Dtype::kFloat32;  ///< never kAuto
+  /// kAuto only: what the hardware offers, for the start-up log's "dtype auto: bfloat16 (...)",
+  /// e.g. "oneDNN 2.6.3 finds avx512_core_bf16: bfloat16 GEMMs on AVX512_BF16, no AMX"; "" else
+  std::string why;
+};
+
+struct CpuGemmInfo;  // what oneDNN runs on this CPU (cpu/onednn_gemm.h)
+// The CPU engine's dtype for `requested`: kAuto is bfloat16 where oneDNN finds bfloat16 GEMMs
+// in hardware (`gemm.has_bf16`: AVX512_BF16 or AMX), float32 elsewhere, never the emulated
+// bfloat16 (FASTFORMER_CPU_BFLOAT16=emulate is for tests, and only for an explicit bfloat16);
+// any other value is itself. The one place the CPU's rule is written (the CUDA engine's:
+// cuda::choose_cuda_dtype, which the plugin applies to its device).
+DtypeChoice choose_cpu_dtype(Dtype requested, const CpuGemmInfo& gemm);
 
 struct EngineOptions {
   Backend backend = Backend::kAuto;  ///< defaults::kBackend
   int threads = defaults::kThreads;  ///< CPU threads; 0 = all cores
   int64_t max_batch_tokens =
-      defaults::kMaxBatchTokens;   ///< buffers are sized for this many tokens at start-up
-  Dtype dtype = Dtype::kFloat32;   ///< serving dtype (CPU: float32, or bfloat16 on AVX512_BF16/AMX)
+      defaults::kMaxBatchTokens;  ///< buffers are sized for this many tokens at start-up
+  /// Serving dtype. float32 unless asked: a program's default is kAuto (defaults::kDtype), but
+  /// an engine built in code (fastformer-bench, the tests) serves the dtype it names.
+  Dtype dtype = Dtype::kFloat32;
   int device = defaults::kDevice;  ///< CUDA device ordinal
   bool allow_tf32 = false;         ///< TF32 GEMMs for float32 on the CUDA engine
 };
@@ -75,6 +91,8 @@ class Engine {
 
   virtual std::string backend_name() const = 0;  ///< "cpu" or "cuda"
   virtual std::string device_name() const = 0;   ///< e.g. "cpu (2 threads)"
+  // The dtype it serves (what --dtype auto resolved to, and why), for every report of it.
+  virtual const DtypeChoice& dtype() const = 0;
   virtual int64_t max_batch_tokens() const = 0;
   virtual const Model& model() const = 0;
   // Device memory held by the engine and the device's total, for metrics (0, 0 on CPU).

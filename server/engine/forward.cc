@@ -61,14 +61,15 @@ size_t ForwardEngine::packed_weight_bytes() const {
 
 ForwardEngine::ForwardEngine(std::shared_ptr<const Model> model, std::unique_ptr<Ops> ops,
                              int64_t max_batch_tokens, std::string backend, std::string device,
-                             OpsReport* report) try
+                             DtypeChoice dtype, OpsReport* report) try
     : model_(std::move(model)),
       prepared_(prepare_weights(*model_)),
       ops_(std::move(ops)),
       report_(report),
       max_batch_tokens_(max_batch_tokens),
       backend_(std::move(backend)),
-      device_(std::move(device)) {
+      device_(std::move(device)),
+      dtype_(std::move(dtype)) {
   const ModelConfig& c = model_->config();
   const ModelWeights& w = model_->weights();
   const int64_t D = c.hidden_size;

@@ -34,13 +34,14 @@ class ForwardEngine final : public Engine {
  public:
   ForwardEngine(std::shared_ptr<const Model> model, std::unique_ptr<Ops> ops,
                 int64_t max_batch_tokens, std::string backend, std::string device,
-                OpsReport* report = nullptr);
+                DtypeChoice dtype, OpsReport* report = nullptr);
   ~ForwardEngine() override;
 
   std::vector<EncodedSequence> encode(const RaggedBatch& batch,
                                       std::span<const OutputOptions> options) override;
   std::string backend_name() const override { return backend_; }
   std::string device_name() const override { return device_; }
+  const DtypeChoice& dtype() const override { return dtype_; }
   int64_t max_batch_tokens() const override { return max_batch_tokens_; }
   const Model& model() const override { return *model_; }
   std::pair<size_t, size_t> device_memory() const override { return ops_->device_memory(); }
@@ -73,6 +74,7 @@ class ForwardEngine final : public Engine {
   size_t reserved_bytes_ = 0;  // the workspace reserved for the largest batch
   PoolingChunks chunks_;  // the current batch's; kept so asynchronous copies read stable memory
   std::string backend_, device_;
+  DtypeChoice dtype_;
   const void* word_embedding_ = nullptr;
   const void* position_embeddings_ = nullptr;
   const void* embedding_ln_gamma_ = nullptr;

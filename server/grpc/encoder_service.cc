@@ -120,7 +120,7 @@ grpc::ServerUnaryReactor* EncoderService::GetModelInfo(grpc::CallbackServerConte
   info->set_num_labels(uint32_t(model.num_labels()));
   for (int64_t i = 0; i < model.num_labels(); ++i) info->add_labels(served->label(size_t(i)));
   info->set_accepts_token_ids(model.has_word_embedding());
-  info->set_dtype(engine::dtype_name(served->settings.dtype));
+  info->set_dtype(engine::dtype_name(engine.dtype().dtype));  // as served: never "auto"
   info->set_backend(engine.backend_name());
   info->set_device(engine.device_name());
   info->set_max_batch_tokens(uint32_t(served->settings.max_batch_tokens));

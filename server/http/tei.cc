@@ -325,7 +325,7 @@ void HttpApi::tei_info(Call call) {
   json::Writer w;
   w.raw("{\"model_id\":").string(served->name).raw(",\"model_sha\":null");
   w.raw(",\"model_dtype\":")
-      .string(engine::dtype_name(served->settings.dtype))
+      .string(engine::dtype_name(engine.dtype().dtype))  // as served: never "auto"
       .raw(",\"model_type\":");
   if (model.num_labels() > 0) {
     w.raw("{\"classifier\":{\"id2label\":{");

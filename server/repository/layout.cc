@@ -152,9 +152,9 @@ ModelSettings read_settings(const std::filesystem::path& model_dir, const std::s
   for (const auto& [key, value] : config.parameters()) {
     const std::string& v = value.string_value();
     if (key == "dtype") {
-      if (!engine::parse_dtype(v, &s.dtype) || s.dtype == engine::Dtype::kAuto) {
+      if (!engine::parse_dtype(v, &s.dtype)) {
         throw std::invalid_argument(f + ": parameters \"dtype\": \"" + v +
-                                    "\" is not float32, float16 or bfloat16");
+                                    "\" is not auto, float32, float16 or bfloat16");
       }
     } else if (key == "backend") {
       s.backend = v;

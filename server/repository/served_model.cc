@@ -130,7 +130,7 @@ std::shared_ptr<ServedModel> ServedModel::load(const std::string& name, int64_t 
 
   metrics::ModelLabels labels{served->name,
                               served->version,
-                              engine::dtype_name(settings.dtype),
+                              engine::dtype_name(served->engine->dtype().dtype),
                               served->engine->backend_name(),
                               served->engine->device_name(),
                               context.server_version};
@@ -172,6 +172,11 @@ std::shared_ptr<ServedModel> ServedModel::load(const std::string& name, int64_t 
           : "",
       served->engine->backend_name(), served->engine->device_name(), why,
       served->engine->max_batch_tokens());
+  // What --dtype auto (the default) chose, and why: what this hardware offers.
+  if (settings.dtype == engine::Dtype::kAuto) {
+    spdlog::info("model {} version {}: dtype auto: {} ({})", served->name, served->version,
+                 engine::dtype_name(served->engine->dtype().dtype), served->engine->dtype().why);
+  }
   for (const std::string& site : served->engine->gemm_report()) spdlog::info("GEMM {}", site);
   if (const size_t packed = served->engine->packed_weight_bytes(); packed > 0) {
     spdlog::info("packed GEMM weights: {:.1f} MiB beside the model's {:.1f} MiB",

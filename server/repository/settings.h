@@ -19,8 +19,8 @@ namespace fastformer::repository {
 // the fields by hand. A new setting is a field here, its flag (server_options.cc), its
 // config.pbtxt key (read_settings) and the line of the accessor that hands it out.
 struct ModelSettings {
-  std::string backend = defaults::kBackend;  ///< auto, cpu or cuda
-  engine::Dtype dtype = engine::Dtype::kFloat32;
+  std::string backend = defaults::kBackend;                         ///< auto, cpu or cuda
+  engine::Dtype dtype = engine::dtype_from_name(defaults::kDtype);  ///< auto: the engine picks
   int device = defaults::kDevice;
   int threads = defaults::kThreads;
   bool allow_tf32 = false;

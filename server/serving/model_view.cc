@@ -72,7 +72,7 @@ void fill_model_config(const ServedModel& served, inference::ModelConfig* config
   group->set_kind(engine.backend_name() == "cpu" ? inference::ModelInstanceGroup::KIND_CPU
                                                  : inference::ModelInstanceGroup::KIND_GPU);
   auto& parameters = *config->mutable_parameters();
-  parameters["dtype"].set_string_value(engine::dtype_name(served.settings.dtype));
+  parameters["dtype"].set_string_value(engine::dtype_name(engine.dtype().dtype));  // never "auto"
   parameters["device"].set_string_value(engine.device_name());
   parameters["max_batch_tokens"].set_string_value(std::to_string(served.settings.max_batch_tokens));
   parameters["max_request_tokens"].set_string_value(

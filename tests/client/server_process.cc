@@ -82,6 +82,11 @@ ServerProcess::ServerProcess(const std::filesystem::path& model_dir,
   if (std::find(flags.begin(), flags.end(), "--threads") == flags.end()) {
     args.insert(args.end(), {"--threads", "1"});
   }
+  // float32 unless a test names its dtype: the checks against the reference are float32's,
+  // and the default, auto, is bfloat16 on a CPU with AVX512_BF16 or AMX.
+  if (std::find(flags.begin(), flags.end(), "--dtype") == flags.end()) {
+    args.insert(args.end(), {"--dtype", "float32"});
+  }
   // Everything the child needs is made before fork: after it, only async-signal-safe calls.
   std::vector<char*> argv;
   for (auto& a : args) argv.push_back(a.data());

@@ -7,7 +7,6 @@ the length of the notebook's ids, and so the accuracy is the same."""
 from __future__ import annotations
 
 import json
-import os
 import subprocess
 import sys
 import time
@@ -16,6 +15,7 @@ import grpc
 import numpy as np
 import pytest
 from fastformer_testing import REPO, ServerProcess, server_opts  # tests/pysupport, on sys.path by conftest.py
+from fastformer_testing.cpu_features import has_bf16_gemms
 
 LOGIT_TOLERANCE = 1e-4  # relative to the page's largest |logit|
 PAGES_PER_REQUEST = 16
@@ -29,14 +29,6 @@ def stubs(tmp_path_factory):
     sys.path.insert(0, str(out))
     from fastformer.v1 import encoder_pb2, encoder_pb2_grpc
     return encoder_pb2, encoder_pb2_grpc
-
-
-def _cpu_has_bf16() -> bool:
-    try:
-        flags = next((line for line in open("/proc/cpuinfo") if line.startswith("flags")), "").split()
-    except OSError:
-        return False
-    return "amx_bf16" in flags or "avx512_bf16" in flags
 
 
 def _serve(demo_model_dir, stubs, log_dir, env=None, **flags):
@@ -60,7 +52,9 @@ def _serve(demo_model_dir, stubs, log_dir, env=None, **flags):
 
 @pytest.fixture(scope="module")
 def server(demo_model_dir, stubs, tmp_path_factory):
-    srv, channel, stub, info = _serve(demo_model_dir, stubs, tmp_path_factory.mktemp("server"))
+    # float32: the 1e-4 logit rule is float32's (the default, auto, is bfloat16 on a CPU with
+    # AVX512_BF16 or AMX; the bfloat16 test below names its dtype too).
+    srv, channel, stub, info = _serve(demo_model_dir, stubs, tmp_path_factory.mktemp("server"), dtype="float32")
     yield stub, info
     channel.close()
     srv.stop()
@@ -110,7 +104,7 @@ def test_the_split_in_bfloat16_gives_the_notebook_labels(demo_model_dir, stubs, 
     runs the same bfloat16 engine over float32 GEMMs (FASTFORMER_CPU_BFLOAT16=emulate) and
     says so."""
     pb, _ = stubs
-    hardware = _cpu_has_bf16() and not os.environ.get("ONEDNN_MAX_CPU_ISA")
+    hardware = has_bf16_gemms()
     env = None if hardware else {"FASTFORMER_CPU_BFLOAT16": "emulate"}
     srv, channel, stub, info = _serve(demo_model_dir, stubs, tmp_path, env=env, dtype="bfloat16")
     try:

@@ -53,7 +53,8 @@ def cpu_engine(demo_split, require_binary, tmp_path_factory):
     encode = require_binary("fastformer-encode")
     out = tmp_path_factory.mktemp("cpu") / "out.jsonl"
     embeddings, logits, _ = _encode([encode, "--model-dir", demo_split.model_dir, "--backend", "cpu",
-                                     "--return-logits", "--input", demo_split.ids_path], out, timeout=600)
+                                     "--dtype", "float32", "--return-logits", "--input", demo_split.ids_path],
+                                    out, timeout=600)
     assert len(logits) == len(demo_split.torch_logits), "fastformer-encode: one output line per page"
     return embeddings, logits
 

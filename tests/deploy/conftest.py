@@ -247,9 +247,9 @@ def run_server_env(tiny_model, model_repository, tmp_path_factory):
     the real server started with a deployment's FASTFORMER_* variables and arguments. A model
     directory that is set becomes the tiny model, a model repository the two-model repository
     (a variable set to "" stays "": that is how a manifest clears the image's), addresses move
-    to port 0 on 127.0.0.1 (server.local_port), backend (cuda -> cpu), dtype (the CPU
-    engine serves float32 only) and threads are the test's, so check those values separately
-    (choices from --help). while_up(server) runs while it is SERVING: probes, say."""
+    to port 0 on 127.0.0.1 (server.local_port), backend (cuda -> cpu), dtype (float32, the
+    parity checks' dtype, where auto would be bfloat16 on a CPU with AVX512_BF16 or AMX) and
+    threads are the test's, so check those values separately (choices from --help). while_up(server) runs while it is SERVING: probes, say."""
     logs = tmp_path_factory.mktemp("env-runs")
     count = [0]
 

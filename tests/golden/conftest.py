@@ -90,13 +90,17 @@ def write_jsonl(path, items):
 
 def run_encode(encode_bin, model_dir, items, tmp_path, *flags, name="in", timeout=300,
                use_stdio=False, check=True, env=None) -> EncodeRun:
-    """Run fastformer-encode on `items` (dicts, or raw strings written verbatim as lines);
-    `env` (a dict) is added to the environment."""
+    """Run fastformer-encode on `items` (dicts, or raw strings written verbatim as lines), on the
+    CPU in float32 unless `flags` name a --dtype; `env` (a dict) is added to the environment."""
     env = dict(os.environ, **env) if env else None
     inp = Path(tmp_path) / f"{name}.jsonl"
     out = Path(tmp_path) / f"{name}.out.jsonl"
     write_jsonl(inp, items)
     cmd = [str(encode_bin), "--model-dir", str(model_dir), "--backend", "cpu"]
+    if "--dtype" not in flags:
+        # float32 unless a test names its dtype: the parity tolerance (1e-4) is float32's, and
+        # the default, auto, is bfloat16 on a CPU with AVX512_BF16 or AMX.
+        cmd += ["--dtype", "float32"]
     if use_stdio:
         cmd += ["--input", "-", "--output", "-"]
         with open(inp, "rb") as fin:

@@ -1,8 +1,9 @@
 """One default per setting (issue 23, point 4): the defaults docs/operations.md's flag table
 states are the ones fastformer-server's --help reports, and fastformer-encode and
 fastformer-bench report the same default for every flag they share with the server (all
-three take them from common/defaults.h). The one deliberate difference is named here:
-fastformer-bench measures one engine, so its --backend defaults to cpu."""
+three take them from common/defaults.h). The deliberate differences are named here:
+fastformer-bench measures one engine in one named dtype, so its --backend defaults to cpu and
+its --dtype to float32 (the others' auto would make its figures depend on the machine)."""
 
 from __future__ import annotations
 
@@ -14,7 +15,7 @@ import pytest
 
 REPO = Path(__file__).resolve().parents[2]
 # Flags whose default differs on purpose, per binary.
-DELIBERATE = {"fastformer-bench": {"--backend": "cpu"}}
+DELIBERATE = {"fastformer-bench": {"--backend": "cpu", "--dtype": "float32"}}
 
 
 def help_defaults(binary: Path) -> dict:

@@ -25,6 +25,7 @@ import pytest
 import torch
 
 import export_fastformer as ex
+from fastformer_testing.cpu_features import has_bf16_gemms
 import make_demo_model as mdm
 import reference as ref
 
@@ -157,17 +158,6 @@ def test_normalize(golden, basic_model, tmp_path):
         assert "token_embeddings" not in o and "logits" not in o
 
 
-def cpu_flags() -> set:
-    try:
-        with open("/proc/cpuinfo") as f:
-            for line in f:
-                if line.startswith("flags"):
-                    return set(line.split(":", 1)[1].split())
-    except OSError:
-        pass
-    return set()
-
-
 @pytest.mark.parametrize("mode", ["hardware", "emulated"])
 def test_cpu_bfloat16_against_float64_reference(golden, basic_model, tmp_path, mode):
     """--dtype bfloat16 on the CPU: pooled-embedding cosine >= 0.999 to the float64
@@ -183,11 +173,10 @@ def test_cpu_bfloat16_against_float64_reference(golden, basic_model, tmp_path, m
     env = {"FASTFORMER_CPU_BFLOAT16": "emulate"} if mode == "emulated" else None
     run = golden.run_encode(encode, model_dir, items_for("ids", seqs), tmp_path, "--dtype", "bfloat16",
                             "--return-logits", "--threads", "2", check=False, env=env)
-    flags = cpu_flags()
     if run.returncode != 0 and mode == "hardware":
         err = run.stderr.decode("utf-8", "replace") if isinstance(run.stderr, bytes) else run.stderr
         assert "needs AVX512_BF16 or AMX" in err, err
-        assert not ({"avx512_bf16", "amx_bf16"} & flags) or os.environ.get("ONEDNN_MAX_CPU_ISA"), \
+        assert not has_bf16_gemms(), \
             f"refused bfloat16 on a CPU whose flags have avx512_bf16/amx_bf16: {err}"
         pytest.skip("this CPU has no AVX512_BF16 or AMX: the refusal was checked, bfloat16 parity not run")
     refs = ref.reference_encode(model, seqs)
@@ -215,12 +204,16 @@ def test_cpu_bfloat16_refused_without_the_instructions(golden, basic_model, tmp_
     assert proc.returncode == 1, (proc.returncode, err)
     assert "dtype bfloat16 on the CPU needs AVX512_BF16 or AMX" in err, err
     assert "finds only avx2" in err and "ONEDNN_MAX_CPU_ISA is set" in err, err
-    # float32 still serves under the same limit
+    # The default, auto, serves float32 under the same limit (never the emulated bfloat16, even
+    # with FASTFORMER_CPU_BFLOAT16=emulate), and says why.
     proc = subprocess.run([str(encode), "--model-dir", str(model_dir), "--backend", "cpu", "--input", "-",
-                           "--output", "-"], input=b'{"token_ids": [1, 2]}\n', capture_output=True, env=env,
-                          timeout=60)
-    assert proc.returncode == 0, proc.stderr.decode("utf-8", "replace")
+                           "--output", "-"], input=b'{"token_ids": [1, 2]}\n', capture_output=True,
+                          env=dict(env, FASTFORMER_CPU_BFLOAT16="emulate"), timeout=60)
+    err = proc.stderr.decode("utf-8", "replace")
+    assert proc.returncode == 0, err
     assert json.loads(proc.stdout.decode().splitlines()[0])["num_tokens"] == 2
+    assert re.search(r"dtype auto: float32 \(oneDNN [0-9.]+ finds avx2: no AVX512_BF16 or AMX on this CPU "
+                     r"\(ONEDNN_MAX_CPU_ISA is set\)\)", err), err
 
 
 @pytest.mark.asan

@@ -96,6 +96,25 @@ TEST_P(GpuEngineTest, BaseLongShapeMatchesTheCpuEngine) {
   test::expect_parity(test::encode_all(*gpu, in), cpu_reference(model, in, 1024), GetParam());
 }
 
+// --dtype auto on the device: the plugin picks for its compute capability (bfloat16 from 8.0,
+// float32 before: cuda::choose_cuda_dtype), says why, and serves it within that dtype's parity.
+TEST(GpuEngineAutoDtype, IsTheDevicesPick) {
+  test::TempDir dir;
+  auto model = tiny_model(dir, 1024);
+  std::string why;
+  auto gpu = gpu_engine(model, "auto", 2048, &why);
+  if (!gpu) GTEST_SKIP() << "no usable GPU: " << why;
+  const std::string& reason = gpu->dtype().why;
+  const size_t at = reason.find(", compute capability ");
+  ASSERT_NE(at, std::string::npos) << reason;
+  const int major = std::stoi(reason.substr(at + std::string(", compute capability ").size()));
+  const std::string want = major >= 8 ? "bfloat16" : "float32";
+  EXPECT_EQ(engine::dtype_name(gpu->dtype().dtype), want) << reason;
+  EXPECT_THAT(gpu->device_name(), ::testing::HasSubstr(", " + want + ")"));
+  const auto in = test::make_parity_inputs(model->config());
+  test::expect_parity(test::encode_all(*gpu, in), cpu_reference(model, in, 2048), want);
+}
+
 // The profile's CUDA-event path (the emulation times with the host clock instead): every op of
 // the forward timed, the times adding up to no more than the batch's, outputs unchanged.
 TEST_P(GpuEngineTest, ProfileTimesEveryOpWithEvents) {

@@ -11,6 +11,7 @@
 #include <string>
 #include <vector>
 
+#include "common/defaults.h"
 #include "common/jsonl_io.h"
 #include "server/cmd/dtype_flag.h"
 #include "server/engine/cuda/emulated_engine.h"
@@ -32,9 +33,12 @@ int main(int argc, char** argv) {
   OutputOptions out_options;
   engine::EngineOptions engine_options;
   engine_options.max_batch_tokens = 4096;
+  // As fastformer-encode: auto, the CUDA engine's pick for its device (the emulation is an
+  // sm_90 device, so bfloat16).
+  engine_options.dtype = engine::dtype_from_name(defaults::kDtype);
   app.add_option("--model-dir", model_dir, "model directory (config.json + model.safetensors)")
       ->required();
-  add_dtype_flag(app, &engine_options.dtype, "the CUDA engine's dtype");
+  add_dtype_flag(app, &engine_options.dtype, "the CUDA engine's dtype (auto: bfloat16 here)");
   app.add_option("--input", input, "input JSON lines, - for stdin")->capture_default_str();
   app.add_option("--output", output, "output JSON lines, - for stdout")->capture_default_str();
   app.add_flag("--return-logits", out_options.logits, "also write the classifier head's logits");

@@ -256,6 +256,10 @@ class FakeEngine final : public engine::Engine {
   }
   std::string backend_name() const override { return "fake"; }
   std::string device_name() const override { return "fake"; }
+  const engine::DtypeChoice& dtype() const override {
+    static const engine::DtypeChoice float32;
+    return float32;
+  }
   int64_t max_batch_tokens() const override { return 1 << 20; }
   const engine::Model& model() const override { throw std::logic_error("no model"); }
 };
@@ -431,6 +435,10 @@ class GatedEngine final : public engine::Engine {
   }
   std::string backend_name() const override { return "fake"; }
   std::string device_name() const override { return "fake"; }
+  const engine::DtypeChoice& dtype() const override {
+    static const engine::DtypeChoice float32;
+    return float32;
+  }
   int64_t max_batch_tokens() const override { return 1 << 20; }
   const engine::Model& model() const override { throw std::logic_error("no model"); }
 

@@ -14,6 +14,7 @@
 #include <string>
 #include <tuple>
 
+#include "server/engine/cuda/cuda_ops.h"
 #include "server/engine/cuda/emulated_engine.h"
 #include "server/engine/engine.h"
 #include "server/engine/model.h"
@@ -87,6 +88,33 @@ TEST(EmulatedCudaEngine, BatchOverItsBuffersIsAClearError) {
 
 INSTANTIATE_TEST_SUITE_P(Dtypes, EmulatedCudaEngineTest,
                          ::testing::Values("float32", "float16", "bfloat16"));
+
+// --dtype auto's rule for the CUDA engine, both branches on any machine: the compute
+// capability is injected.
+TEST(ChooseCudaDtype, AutoIsBfloat16FromComputeCapability8) {
+  std::string why;
+  EXPECT_EQ(engine::cuda::choose_cuda_dtype("Tesla T4", 7, 5, &why), "float32");
+  EXPECT_EQ(why, "Tesla T4, compute capability 7.5: no bfloat16 tensor cores before 8.0");
+  EXPECT_EQ(engine::cuda::choose_cuda_dtype("Tesla V100", 7, 0, &why), "float32");
+  EXPECT_EQ(engine::cuda::choose_cuda_dtype("NVIDIA A100", 8, 0, &why), "bfloat16");
+  EXPECT_EQ(why, "NVIDIA A100, compute capability 8.0: bfloat16 tensor cores");
+  EXPECT_EQ(engine::cuda::choose_cuda_dtype("NVIDIA H200", 9, 0, &why), "bfloat16");
+}
+
+// The emulation is an sm_90 device: auto is bfloat16 there, and the engine says why.
+TEST_F(EmulatedCudaEngineTest, AutoIsTheDevicesPick) {
+  engine::EngineOptions options;
+  options.dtype = engine::Dtype::kAuto;
+  options.max_batch_tokens = 2048;
+  auto cuda = engine::cuda::create_emulated_cuda_engine(*model_, options);
+  EXPECT_EQ(cuda->dtype().dtype, engine::Dtype::kBfloat16);
+  EXPECT_EQ(cuda->dtype().why, "host emulation, compute capability 9.0: bfloat16 tensor cores");
+  EXPECT_EQ(cuda->device_name(), "cuda bfloat16 on host emulation");
+  test::expect_parity(test::encode_all(*cuda, test::make_parity_inputs((*model_)->config())),
+                      *reference_, "bfloat16");
+  options.dtype = engine::Dtype::kFloat32;
+  EXPECT_EQ(engine::cuda::create_emulated_cuda_engine(*model_, options)->dtype().why, "");
+}
 
 // The emulated CUDA engine in `dtype` against the CPU engine (float32, one thread) on three
 // sequences of 1, 9 and 300 tokens (two pooling chunks).

@@ -434,13 +434,13 @@ TEST(GemmSites, EveryLeadingDimensionAndPointerIs16ByteAligned) {
       } else {
         engine::cuda::CudaOpsOptions options;
         options.dtype = backend.substr(5);
-        std::string device, why;
-        inner = engine::cuda::emulated::make_cuda_ops(*model, options, &device, &why);
+        std::string why;
+        inner = engine::cuda::emulated::make_cuda_ops(*model, options, nullptr, &why);
         ASSERT_TRUE(inner) << why;
       }
       const size_t e = inner->element_size();
       engine::ForwardEngine eng(model, std::make_unique<RecordingOps>(std::move(inner), &sites), 32,
-                                "test", backend);
+                                "test", backend, {});
       eng.set_profiling(true);
       engine::RaggedBatch batch;
       for (const int n : {1, 5, 11})

@@ -363,6 +363,58 @@ TEST_F(EngineTest, CpuBfloat16EmulatedMatchesFloat32) {
   EXPECT_FALSE(bf16->gemm_report().empty());
 }
 
+// --dtype auto's rule for the CPU, both branches on any machine: what oneDNN finds is injected.
+TEST(ChooseCpuDtype, AutoIsBfloat16ExactlyWhereOneDnnHasBfloat16Gemms) {
+  CpuGemmInfo zen4{"2.6.3", "avx512_core_bf16", true, false};
+  const DtypeChoice bf16 = choose_cpu_dtype(Dtype::kAuto, zen4);
+  EXPECT_EQ(bf16.dtype, Dtype::kBfloat16);
+  EXPECT_EQ(bf16.why, "oneDNN 2.6.3 finds avx512_core_bf16: bfloat16 GEMMs on AVX512_BF16, no AMX");
+  CpuGemmInfo sapphire_rapids{"3.4.1", "avx512_core_amx", true, true};
+  EXPECT_EQ(choose_cpu_dtype(Dtype::kAuto, sapphire_rapids).dtype, Dtype::kBfloat16);
+  EXPECT_THAT(choose_cpu_dtype(Dtype::kAuto, sapphire_rapids).why, HasSubstr("on AMX"));
+
+  CpuGemmInfo zen3{"2.6.3", "avx2", false, false};
+  const DtypeChoice f32 = choose_cpu_dtype(Dtype::kAuto, zen3);
+  EXPECT_EQ(f32.dtype, Dtype::kFloat32);
+  EXPECT_THAT(f32.why, HasSubstr("oneDNN 2.6.3 finds avx2: no AVX512_BF16 or AMX on this CPU"));
+  CpuGemmInfo skylake{"2.6.3", "avx512_core", false, false};
+  EXPECT_EQ(choose_cpu_dtype(Dtype::kAuto, skylake).dtype, Dtype::kFloat32);
+
+  // A named dtype is itself, with no reason to give, whatever the CPU.
+  for (const Dtype named : {Dtype::kFloat32, Dtype::kFloat16, Dtype::kBfloat16}) {
+    for (const CpuGemmInfo& cpu : {zen4, zen3}) {
+      const DtypeChoice choice = choose_cpu_dtype(named, cpu);
+      EXPECT_EQ(choice.dtype, named);
+      EXPECT_EQ(choice.why, "");
+    }
+  }
+}
+
+// The CPU engine asked for auto: bfloat16 GEMMs on the hardware where oneDNN has them, else
+// float32, never the emulated bfloat16 (FASTFORMER_CPU_BFLOAT16=emulate is for tests, and
+// only for an explicit bfloat16).
+TEST_F(EngineTest, AutoServesBfloat16OnlyOnBfloat16Hardware) {
+  ::setenv("FASTFORMER_CPU_BFLOAT16", "emulate", 1);
+  EngineOptions options;
+  options.backend = Backend::kCpu;
+  options.threads = 2;
+  options.dtype = Dtype::kAuto;
+  const auto engine = create_engine(model_, options);
+  ::unsetenv("FASTFORMER_CPU_BFLOAT16");
+  const bool bf16 = cpu_gemm_info().has_bf16;
+  EXPECT_EQ(engine->dtype().dtype, bf16 ? Dtype::kBfloat16 : Dtype::kFloat32);
+  EXPECT_EQ(engine->dtype().why, choose_cpu_dtype(Dtype::kAuto, cpu_gemm_info()).why);
+  EXPECT_THAT(engine->device_name(), HasSubstr(bf16 ? ", bfloat16," : ", float32,"));
+  EXPECT_THAT(engine->device_name(), Not(HasSubstr("emulated")));
+  const test::ParityInputs inputs = test::make_parity_inputs(model_->config());
+  options.dtype = Dtype::kFloat32;
+  const auto f32 = create_engine(model_, options);
+  EXPECT_EQ(f32->dtype().dtype, Dtype::kFloat32);
+  EXPECT_EQ(f32->dtype().why, "");
+  test::expect_parity(test::encode_all(*engine, inputs), test::encode_all(*f32, inputs),
+                      bf16 ? "bfloat16" : "float32");
+}
+
 TEST_F(EngineTest, BatchInvariance) {
   // Lengths 1, 5, 300 and 513 (crosses the 256-token pooling chunks twice), some with
   // interior pads, and an input-embedding sequence, encoded together and alone.

@@ -113,8 +113,25 @@ TEST(RepositorySettingsTest, AConfigPbtxtErrorNamesTheFileAndTheField) {
   EXPECT_NE(why("version_policy: { latest: { num_versions: 0 } }").find("num_versions"),
             std::string::npos);
   EXPECT_NE(why(R"(parameters { key: "dtype" value: { string_value: "float64" } })")
-                .find("\"float64\" is not float32, float16 or bfloat16"),
+                .find("\"float64\" is not auto, float32, float16 or bfloat16"),
             std::string::npos);
+}
+
+// A model's dtype: auto unless the flags or its config.pbtxt name one; a config may pin float32
+// under a server that picks, or say auto under one started with a dtype.
+TEST(RepositorySettingsTest, TheDtypeIsAutoUnlessNamed) {
+  EXPECT_EQ(ModelSettings{}.dtype, engine::Dtype::kAuto);
+  TempDir dir;
+  const auto dtype_in_config = [&](const char* name, engine::Dtype flags) {
+    write_text(
+        dir.path() / "config.pbtxt",
+        std::string(R"(parameters { key: "dtype" value: { string_value: ")") + name + "\" } }");
+    ModelSettings from_flags = defaults();
+    from_flags.dtype = flags;
+    return read_settings(dir.path(), "m", from_flags).dtype;
+  };
+  EXPECT_EQ(dtype_in_config("float32", engine::Dtype::kAuto), engine::Dtype::kFloat32);
+  EXPECT_EQ(dtype_in_config("auto", engine::Dtype::kFloat32), engine::Dtype::kAuto);
 }
 
 // The one settings struct hands each part its options: nothing is copied field by field.

@@ -31,12 +31,13 @@ struct DeviceInfo {
   std::string name;     ///< e.g. "NVIDIA H200" or "host emulation"
   std::string why;      ///< why not usable (no driver, no device, ...)
   size_t total_bytes = 0;
+  int major = 0, minor = 0;  ///< compute capability (the emulation's: sm_90's limits)
 };
 
 // Asks the driver about device `ordinal` without failing when there is no GPU or driver,
 // and makes it the calling thread's device.
 #if defined(FF_EMULATION)
-DeviceInfo probe_device(int) { return DeviceInfo{true, "host emulation", "", 0}; }
+DeviceInfo probe_device(int) { return DeviceInfo{true, "host emulation", "", 0, 9, 0}; }
 #else
 DeviceInfo probe_device(int ordinal) {
   DeviceInfo info;
@@ -63,6 +64,8 @@ DeviceInfo probe_device(int ordinal) {
   }
   info.usable = true;
   info.name = prop.name;
+  info.major = prop.major;
+  info.minor = prop.minor;
   return info;
 }
 #endif
@@ -466,21 +469,24 @@ class CudaOps final : public Ops {
 }  // namespace
 
 std::unique_ptr<Ops> make_cuda_ops(const Model& model, const CudaOpsOptions& options,
-                                   std::string* device_name, std::string* why) {
+                                   CudaOpsChoice* chosen, std::string* why) {
   const DeviceInfo info = probe_device(options.device);
   if (!info.usable) {
     if (why) *why = info.why;
     return nullptr;
   }
-  if (device_name) *device_name = info.name;
+  CudaOpsChoice choice{info.name, options.dtype, ""};
+  if (options.dtype == "auto")
+    choice.dtype = choose_cuda_dtype(info.name, info.major, info.minor, &choice.dtype_why);
+  if (chosen) *chosen = choice;
   const ModelConfig& c = model.config();
-  if (options.dtype == "float32")
+  if (choice.dtype == "float32")
     return std::make_unique<CudaOps<float>>(c, options, info.total_bytes);
-  if (options.dtype == "float16")
+  if (choice.dtype == "float16")
     return std::make_unique<CudaOps<ff_half>>(c, options, info.total_bytes);
-  if (options.dtype == "bfloat16")
+  if (choice.dtype == "bfloat16")
     return std::make_unique<CudaOps<ff_bfloat16>>(c, options, info.total_bytes);
-  throw EngineError("dtype " + options.dtype + ": expected float32, float16 or bfloat16");
+  throw EngineError("dtype " + options.dtype + ": expected auto, float32, float16 or bfloat16");
 }
 
 }  // namespace FF_KERNELS_ABI

@@ -10,6 +10,7 @@
 #include <cstdint>
 #include <memory>
 #include <string>
+#include <string_view>
 
 #include "server/engine/model.h"
 #include "server/engine/ops.h"
@@ -17,21 +18,45 @@
 namespace fastformer::engine::cuda {
 
 struct CudaOpsOptions {
-  std::string dtype = "float32";  ///< float32, float16 or bfloat16
+  std::string dtype = "float32";  ///< float32, float16, bfloat16, or auto (choose_cuda_dtype)
   int device = 0;
   bool allow_tf32 = false;  ///< TF32 tensor-core GEMMs for float32
 };
+
+// What make_cuda_ops built on, and in which dtype.
+struct CudaOpsChoice {
+  std::string device_name;  ///< e.g. "NVIDIA H200" or "host emulation"
+  std::string dtype;        ///< float32, float16 or bfloat16: options.dtype, or auto's pick
+  std::string dtype_why;    ///< auto only: why, e.g. "NVIDIA H200, compute capability 9.0: ..."
+};
+
+// The CUDA engine's --dtype auto on a device of compute capability major.minor: bfloat16 from
+// 8.0 (Ampere and later multiply bfloat16 on tensor cores at float16's rate, with float32's
+// range: no overflow to guard against), float32 before (no bfloat16 tensor cores, and float16
+// can overflow: see the check after each batch). Header-only: the plugin links no engine.cc.
+inline std::string choose_cuda_dtype(std::string_view device, int major, int minor,
+                                     std::string* why) {
+  const std::string capability = std::string(device) + ", compute capability " +
+                                 std::to_string(major) + "." + std::to_string(minor);
+  if (major >= 8) {
+    *why = capability + ": bfloat16 tensor cores";
+    return "bfloat16";
+  }
+  *why = capability + ": no bfloat16 tensor cores before 8.0";
+  return "float32";
+}
 
 namespace device {
 // Null (and `why` set) when no usable device exists; throws when one exists but
 // the engine cannot be built on it (out of memory, ...).
 std::unique_ptr<Ops> make_cuda_ops(const Model& model, const CudaOpsOptions& options,
-                                   std::string* device_name, std::string* why);
+                                   CudaOpsChoice* chosen, std::string* why);
 }  // namespace device
 
 namespace emulated {
+// The host emulation is an sm_90 device (kernels/emulation/emulator.h): auto is bfloat16.
 std::unique_ptr<Ops> make_cuda_ops(const Model& model, const CudaOpsOptions& options,
-                                   std::string* device_name, std::string* why);
+                                   CudaOpsChoice* chosen, std::string* why);
 }  // namespace emulated
 
 }  // namespace fastformer::engine::cuda

@@ -11,11 +11,12 @@
 
 #include "server/engine/cuda/cuda_ops.h"
 
-extern "C" __attribute__((visibility("default"))) int fastformer_make_cuda_ops_v2(
+extern "C" __attribute__((visibility("default"))) int fastformer_make_cuda_ops_v3(
     const fastformer::engine::Model* model, const fastformer::engine::cuda::CudaOpsOptions* options,
-    fastformer::engine::Ops** ops, std::string* device_name, std::string* why) {
+    fastformer::engine::Ops** ops, fastformer::engine::cuda::CudaOpsChoice* chosen,
+    std::string* why) {
   try {
-    auto made = fastformer::engine::cuda::device::make_cuda_ops(*model, *options, device_name, why);
+    auto made = fastformer::engine::cuda::device::make_cuda_ops(*model, *options, chosen, why);
     if (!made) return fastformer::engine::cuda::kPluginNoDevice;
     *ops = made.release();
     return fastformer::engine::cuda::kPluginOk;

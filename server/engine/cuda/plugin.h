@@ -12,11 +12,12 @@ inline constexpr int kPluginNoDevice = 1;  ///< no usable device; *why says why 
 inline constexpr int kPluginError = 2;     ///< a device exists but the engine failed; *why says why
 
 using MakeCudaOpsFn = int (*)(const Model* model, const CudaOpsOptions* options, Ops** ops,
-                              std::string* device_name, std::string* why);
+                              CudaOpsChoice* chosen, std::string* why);
 inline constexpr const char* kPluginLibrary = "libfastformer_cuda_engine.so";
 // Versioned: bump the suffix whenever Ops, CudaOpsOptions or this signature change, so that a
 // stale plugin found on the loader path is refused ("has no ...") instead of run with another
-// layout. v2: the workspace plan (Ops::reserve/workspace/begin_batch).
-inline constexpr const char* kPluginSymbol = "fastformer_make_cuda_ops_v2";
+// layout. v2: the workspace plan (Ops::reserve/workspace/begin_batch). v3: dtype "auto", and
+// the device and dtype it chose (CudaOpsChoice).
+inline constexpr const char* kPluginSymbol = "fastformer_make_cuda_ops_v3";
 
 }  // namespace fastformer::engine::cuda

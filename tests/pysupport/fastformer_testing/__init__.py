@@ -10,6 +10,8 @@ on sys.path and imports from here; its own models and protocol clients stay in t
                  sanitizer check); server_opts(), stop_all(), scrape_metrics()
   sanitizers     SANITIZER_REPORT, the regex of a sanitizer's report; fail_on_sanitizer_reports()
   golden_answers answers against a golden file (issue 33's "behaviour unchanged")
+  cpu_features   cpu_flags(), has_bf16_gemms(): what --dtype auto should pick on this CPU, read
+                 from /proc/cpuinfo and ONEDNN_MAX_CPU_ISA (not from the engine)
 """
 
 from .binaries import REPO, TOOLS, bin_dir, binary, child_env, die_with_parent

@@ -35,8 +35,11 @@ SERVER = "fastformer-server"
 # Every listener on a port the server binds itself (read from its log), so suites side by side
 # cannot collide.
 LOOPBACK = {"listen": ANY, "metrics-listen": ANY, "http-listen": ANY}
-# The engine of a test server: the CPU backend on 2 threads.
-TEST_ENGINE = {"backend": "cpu", "threads": 2}
+# The engine of a test server: the CPU backend on 2 threads, in float32. The parity checks'
+# tolerance (1e-4) is float32's, and the server's default dtype, auto, is bfloat16 on a CPU with
+# AVX512_BF16 or AMX: pinned, every machine gives the same answers. A test of auto itself, or of
+# bfloat16, names its dtype in its flags (which override these).
+TEST_ENGINE = {"backend": "cpu", "threads": 2, "dtype": "float32"}
 # The listening flags by the name server_ports gives their log lines.
 LISTENER_FLAGS = {"listen": "grpc", "metrics-listen": "metrics", "http-listen": "http"}
 

@@ -1,0 +1,90 @@
+"""--dtype auto, the server's default (issue 34, item 4: the speed by default). A server started
+without --dtype serves bfloat16 exactly where this CPU has bfloat16 GEMMs in hardware (the
+avx512_bf16 or amx_bf16 flag of /proc/cpuinfo, unless ONEDNN_MAX_CPU_ISA caps oneDNN below them;
+read here, not asked of the engine), float32 elsewhere. What it serves, never "auto", is what
+GetModelInfo, TEI's /info, KServe's model config and the fastformer_model_info gauge report, and
+its start-up log names the choice and the reason. ONEDNN_MAX_CPU_ISA=AVX2 makes any CPU one without
+bfloat16 GEMMs, so the float32 branch runs through the server on every machine, and the bfloat16
+branch on every machine that has them.
+
+Every other suite pins --dtype float32 (fastformer_testing.server.TEST_ENGINE): its 1e-4 parity
+is float32's.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+import urllib.request
+
+import numpy as np
+import pytest
+from fastformer_testing.cpu_features import has_bf16_gemms
+
+# The server's environment: as the test runner's (whose ONEDNN_MAX_CPU_ISA, if any, it inherits),
+# or capped to AVX2.
+ISA_CAPS = {"this-cpu": None, "avx2": {"ONEDNN_MAX_CPU_ISA": "AVX2"}}
+
+
+def _expected(env) -> str:
+    return "bfloat16" if has_bf16_gemms(None if env is None else env) else "float32"
+
+
+def _get_json(srv, path):
+    with urllib.request.urlopen(f"http://127.0.0.1:{srv.http_port}{path}", timeout=10) as r:
+        return json.loads(r.read().decode("utf-8"))
+
+
+@pytest.mark.parametrize("cap", list(ISA_CAPS))
+def test_auto_serves_bfloat16_exactly_where_the_cpu_has_bfloat16_gemms(e2e, servers, cap):
+    env = ISA_CAPS[cap]
+    want = _expected(env)
+    srv = servers.start("head", extra_env=env, dtype=None)  # no --dtype: the default
+    model = srv.model
+
+    info = srv.stub.GetModelInfo(e2e.pb.GetModelInfoRequest(), timeout=e2e.RPC_TIMEOUT_S)
+    assert info.dtype == want, f"GetModelInfo.dtype {info.dtype!r}, this CPU ({cap}) wants {want!r}"
+    assert f", {want}, oneDNN" in info.device, f"GetModelInfo.device {info.device!r}"
+    assert _get_json(srv, "/info")["model_dtype"] == want
+    config = _get_json(srv, f"/v2/models/{info.model_name}/config")
+    assert config["parameters"]["dtype"]["string_value"] == want, config["parameters"]
+    (labels, _), = srv.metrics().series("fastformer_model_info")
+    assert labels["dtype"] == want, f"fastformer_model_info labels {labels}"
+
+    # It serves: bfloat16's pooled embeddings keep a cosine of 0.999 to the float64 reference
+    # (the reduced-precision rule), float32's are within the engine's 1e-4.
+    rng = np.random.default_rng(34)
+    seqs = [e2e.make_ids(rng, n, model.vocab) for n in (3, 40, 300)]
+    reply = srv.stub.Encode(e2e.make_request(seqs, "ids"), timeout=e2e.RPC_TIMEOUT_S)
+    assert len(reply.encodings) == len(seqs)
+    for i, (seq, got) in enumerate(zip(seqs, reply.encodings)):
+        ours = np.asarray(got.embedding, dtype=np.float64)
+        ref = np.asarray(model.reference(seq).embedding, dtype=np.float64)
+        if want == "float32":
+            e2e.assert_close(f"seq {i}", ours, ref)
+        else:
+            cosine = float(ours @ ref / (np.linalg.norm(ours) * np.linalg.norm(ref)))
+            assert cosine >= 0.999, f"seq {i}: cosine {cosine:.6f} to the float64 reference"
+
+
+@pytest.mark.parametrize("cap", list(ISA_CAPS))
+def test_the_start_up_log_names_the_choice_and_the_reason(servers, cap):
+    env = ISA_CAPS[cap]
+    want = _expected(env)
+    srv = servers.start("head", extra_env=env, dtype=None)
+    line = re.search(r"dtype auto: .*", srv.log_text())
+    assert line, f"no 'dtype auto:' line in the log:\n{srv.log_tail()}"
+    if want == "bfloat16":
+        reason = r"oneDNN [0-9.]+ finds avx512_core_(bf16|amx): bfloat16 GEMMs on (AVX512_BF16, no AMX|AMX)"
+    else:
+        reason = r"oneDNN [0-9.]+ finds \w+: no AVX512_BF16 or AMX on this CPU"
+        if env:
+            reason += r" \(ONEDNN_MAX_CPU_ISA is set\)"
+    assert re.fullmatch(rf"dtype auto: {want} \({reason}\)", line.group(0)), line.group(0)
+
+
+def test_a_named_dtype_is_served_as_named_without_a_choice_to_log(servers):
+    srv = servers.start("head")  # the suites' --dtype float32
+    assert "dtype auto" not in srv.log_text(), srv.log_tail()
+    (labels, _), = srv.metrics().series("fastformer_model_info")
+    assert labels["dtype"] == "float32", labels
