@@ -17,6 +17,7 @@
 #include "common/workload.h"
 #include "server/cmd/dtype_flag.h"
 #include "server/engine/cpu/onednn_gemm.h"
+#include "server/engine/cpu/peak_probe.h"
 #include "server/engine/engine.h"
 #include "server/engine/forward.h"
 #include "server/engine/model.h"
@@ -61,24 +62,57 @@ nlohmann::ordered_json profile_rows(const std::vector<engine::OpProfile>& ops) {
   return rows;
 }
 
-void print_profile(const nlohmann::ordered_json& rows, std::ostream& out) {
-  char line[320];
+void print_rows(const nlohmann::ordered_json& rows, std::ostream& out);
+
+void print_profile(const nlohmann::ordered_json& rows, const nlohmann::ordered_json& roofline,
+                   std::ostream& out) {
+  char line[400];
+  std::snprintf(line, sizeof line, "%-20s %5s %6s %10s %12s %12s %9s %8s %7s %9s %9s %8s %8s  %s\n",
+                "op", "layer", "calls", "ms", "MB", "GFLOP", "GB/s", "TFLOP/s", "share", "ceiling",
+                "bound ms", "x bound", "of peak", "kernel");
+  out << "profile (per batch; ceiling: the GEMM probe's N-thread TFLOP/s for the op's shape";
+  if (!roofline.is_null()) {
+    out << "; bound: the larger of bytes / copy rate and FLOPs / multiply-add peak, for ops "
+           "other than GEMMs; of peak: a GEMM's share of the hardware's peak)\n"
+        << "roofline: memcpy (GB/s copied)";
+    for (const auto& copy : roofline["copy"])
+      out << " " << (copy["bytes"].get<size_t>() >> 20) << " MiB " << copy["gbps"].get<double>();
+    out << "; multiply-add peak " << roofline["fma_gflops"].get<double>() << " GFLOP/s ("
+        << roofline["fma_how"].get<std::string>() << ")";
+    if (roofline["bf16_gflops"].get<double>() > 0)
+      out << ", bfloat16 peak " << roofline["bf16_gflops"].get<double>() << " GFLOP/s ("
+          << roofline["bf16_how"].get<std::string>() << ")";
+    if (roofline["amx_gflops"].get<double>() > 0)
+      out << ", AMX peak " << roofline["amx_gflops"].get<double>() << " GFLOP/s ("
+          << roofline["amx_how"].get<std::string>() << ")";
+    out << "\n" << line;
+    return print_rows(rows, out);
+  }
+  out << ")\n" << line;
+  print_rows(rows, out);
+}
+
+// The profile's rows and their total (print_profile's table body).
+void print_rows(const nlohmann::ordered_json& rows, std::ostream& out) {
+  char line[400];
   double total_ms = 0;
-  std::snprintf(line, sizeof line, "%-20s %5s %6s %10s %12s %12s %9s %8s %7s %9s  %s\n", "op",
-                "layer", "calls", "ms", "MB", "GFLOP", "GB/s", "TFLOP/s", "share", "ceiling",
-                "kernel");
-  out << "profile (per batch; ceiling: the GEMM probe's N-thread TFLOP/s for the op's shape)\n"
-      << line;
   for (const auto& r : rows) {
-    char ceiling[32] = "";
+    char ceiling[32] = "", bound[32] = "", of_bound[32] = "", of_peak[32] = "";
     if (r.contains("of_ceiling"))
       std::snprintf(ceiling, sizeof ceiling, "%.0f%%", 100 * r["of_ceiling"].get<double>());
-    std::snprintf(
-        line, sizeof line, "%-20s %5d %6.1f %10.4f %12.3f %12.3f %9.1f %8.2f %6.1f%% %9s  %s\n",
-        r["name"].get<std::string>().c_str(), r["layer"].get<int>(), r["calls"].get<double>(),
-        r["ms"].get<double>(), r["bytes"].get<double>() / 1e6, r["flops"].get<double>() / 1e9,
-        r["gbps"].get<double>(), r["tflops"].get<double>(), 100 * r["share"].get<double>(), ceiling,
-        r["kernel"].get<std::string>().c_str());
+    if (r.contains("bound_ms")) {
+      std::snprintf(bound, sizeof bound, "%.4f", r["bound_ms"].get<double>());
+      std::snprintf(of_bound, sizeof of_bound, "%.2fx", r["of_bound"].get<double>());
+    }
+    if (r.contains("of_peak"))
+      std::snprintf(of_peak, sizeof of_peak, "%.0f%%", 100 * r["of_peak"].get<double>());
+    std::snprintf(line, sizeof line,
+                  "%-20s %5d %6.1f %10.4f %12.3f %12.3f %9.1f %8.2f %6.1f%% %9s %9s %8s %8s  %s\n",
+                  r["name"].get<std::string>().c_str(), r["layer"].get<int>(),
+                  r["calls"].get<double>(), r["ms"].get<double>(), r["bytes"].get<double>() / 1e6,
+                  r["flops"].get<double>() / 1e9, r["gbps"].get<double>(),
+                  r["tflops"].get<double>(), 100 * r["share"].get<double>(), ceiling, bound,
+                  of_bound, of_peak, r["kernel"].get<std::string>().c_str());
     out << line;
     total_ms += r["ms"].get<double>();
   }
@@ -86,11 +120,35 @@ void print_profile(const nlohmann::ordered_json& rows, std::ostream& out) {
   out << line;
 }
 
+// The hardware peak (GFLOP/s) of a GEMM kernel by its name: AMX's tiles for an AMX kernel
+// (oneDNN's "avx512_core_amx_bf16", ours "amx:"), AVX512_BF16's dot product for another
+// bfloat16 one, else the float32 multiply-add peak.
+double kernel_peak(const std::string& kernel, const nlohmann::ordered_json& roofline) {
+  const double amx = roofline["amx_gflops"].get<double>();
+  const double dot = roofline["bf16_gflops"].get<double>();
+  if (kernel.find("amx") != std::string::npos && amx > 0) return amx;
+  if (kernel.find("bf16") != std::string::npos && dot > 0) return dot;
+  return roofline["fma_gflops"].get<double>();
+}
+
 // The GEMM probe: each GEMM site's shape (as the graph ran it, M = the largest batch's
 // tokens) timed alone with oneDNN's packed, fixed-M primitive, on one thread and on all of
 // the engine's threads (oneDNN's own team): the ceiling for that op on this CPU.
 nlohmann::ordered_json gemm_probe(const engine::ForwardEngine& eng, bool bf16, int64_t m,
-                                  int threads, std::ostream& out) {
+                                  int threads, const nlohmann::ordered_json& roofline,
+                                  std::ostream& out) {
+  // The hardware's peak for each probed kernel on `threads` threads (measure_roofline).
+  if (!roofline.is_null()) {
+    out << "hardware peak on " << threads << " threads: float32 "
+        << roofline["fma_gflops"].get<double>() << " GFLOP/s ("
+        << roofline["fma_how"].get<std::string>() << ")";
+    if (bf16)
+      out << "; bfloat16 AVX512_BF16 " << roofline["bf16_gflops"].get<double>() << " ("
+          << roofline["bf16_how"].get<std::string>() << "); AMX "
+          << roofline["amx_gflops"].get<double>() << " ("
+          << roofline["amx_how"].get<std::string>() << ")";
+    out << "\n";
+  }
   nlohmann::ordered_json rows = nlohmann::ordered_json::array();
   std::vector<std::string> seen;
   char line[320];
@@ -98,8 +156,9 @@ nlohmann::ordered_json gemm_probe(const engine::ForwardEngine& eng, bool bf16, i
   out << "GEMM probe (oneDNN " << info.version << " " << info.isa << ", "
       << (bf16 ? "bfloat16" : "float32") << ", M fixed at " << m
       << ", packed weights; bfloat16 GEMMs here: " << engine::bf16_hardware(info.isa) << ")\n";
-  std::snprintf(line, sizeof line, "%-20s %6s %6s %6s %12s %12s  %s\n", "op", "M", "N", "K",
-                "1 thread", (std::to_string(threads) + " threads").c_str(), "kernel (GFLOP/s)");
+  std::snprintf(line, sizeof line, "%-20s %6s %6s %6s %12s %12s %8s  %s\n", "op", "M", "N", "K",
+                "1 thread", (std::to_string(threads) + " threads").c_str(), "of peak",
+                "kernel (GFLOP/s)");
   out << line;
   for (const engine::GemmSite& site : eng.gemm_sites()) {
     const std::string name = site.name;
@@ -111,8 +170,12 @@ nlohmann::ordered_json gemm_probe(const engine::ForwardEngine& eng, bool bf16, i
     std::string kernel;
     const double one = engine::probe_gflops(shape, m, 1, 0.3, &kernel);
     const double all = engine::probe_gflops(shape, m, threads, 0.3, nullptr);
-    std::snprintf(line, sizeof line, "%-20s %6lld %6lld %6lld %12.1f %12.1f  %s\n", name.c_str(),
-                  (long long)m, (long long)shape.n, (long long)shape.k, one, all, kernel.c_str());
+    const double peak = roofline.is_null() ? 0 : kernel_peak(kernel, roofline);
+    char of_peak[32] = "";
+    if (peak > 0) std::snprintf(of_peak, sizeof of_peak, "%.0f%%", 100 * all / peak);
+    std::snprintf(line, sizeof line, "%-20s %6lld %6lld %6lld %12.1f %12.1f %8s  %s\n",
+                  name.c_str(), (long long)m, (long long)shape.n, (long long)shape.k, one, all,
+                  of_peak, kernel.c_str());
     out << line;
     rows.push_back({{"name", name},
                     {"m", m},
@@ -122,7 +185,9 @@ nlohmann::ordered_json gemm_probe(const engine::ForwardEngine& eng, bool bf16, i
                     {"kernel", kernel},
                     {"gflops_1_thread", one},
                     {"threads", threads},
-                    {"gflops_n_threads", all}});
+                    {"gflops_n_threads", all},
+                    {"peak_gflops", peak},
+                    {"of_peak", peak > 0 ? all / peak : 0.0}});
   }
   return rows;
 }
@@ -154,6 +219,7 @@ void add_flags(CLI::App& app, BenchOptions* o) {
       ->capture_default_str();
   app.add_option("--device", o->engine.device, "CUDA device ordinal")->capture_default_str();
   app.add_flag("--allow-tf32", o->engine.allow_tf32, "TF32 GEMMs for float32 on the CUDA engine");
+  add_cpu_gemm_flag(app, &o->engine.cpu_gemm);
   app.add_option("--batch-tokens", o->batch_tokens, "tokens per ragged batch")
       ->check(CLI::PositiveNumber)
       ->capture_default_str();
@@ -253,7 +319,7 @@ nlohmann::ordered_json result_json(const BenchOptions& options, engine::Engine& 
   nlohmann::ordered_json result = {
       {"backend", eng.backend_name()},
       {"device", eng.device_name()},
-      {"dtype", engine::dtype_name(options.engine.dtype)},
+      {"dtype", engine::dtype_name(eng.dtype().dtype)},
       {"model", model.config().model_name},
       {"lengths", options.lengths_text},
       {"batch_tokens", options.batch_tokens},
@@ -277,12 +343,18 @@ nlohmann::ordered_json result_json(const BenchOptions& options, engine::Engine& 
   return result;
 }
 
+// The CPU engine's threads: --threads, or every core.
+int bench_threads(const engine::EngineOptions& options) {
+  return options.threads > 0 ? options.threads
+                             : int(std::max(1u, std::thread::hardware_concurrency()));
+}
+
 // --gemm-probe: the probe's rows into `rows` (left null where the CPU cannot run bfloat16
 // GEMMs); false, after saying why, when the engine is not the CPU engine.
 bool run_gemm_probe(const engine::Engine& eng, const engine::EngineOptions& options, int64_t m,
-                    nlohmann::ordered_json* rows) {
+                    const nlohmann::ordered_json& roofline, nlohmann::ordered_json* rows) {
   const auto* forward = dynamic_cast<const engine::ForwardEngine*>(&eng);
-  const bool bf16 = options.dtype == engine::Dtype::kBfloat16;
+  const bool bf16 = eng.dtype().dtype == engine::Dtype::kBfloat16;
   if (eng.backend_name() != "cpu" || forward == nullptr) {
     std::cerr << "fastformer-bench: --gemm-probe times oneDNN's kernels: the CPU engine only\n";
     return false;
@@ -292,17 +364,68 @@ bool run_gemm_probe(const engine::Engine& eng, const engine::EngineOptions& opti
               << engine::bf16_hardware(engine::cpu_gemm_info().isa) << ")\n";
     return true;
   }
-  const int threads = options.threads > 0 ? options.threads
-                                          : int(std::max(1u, std::thread::hardware_concurrency()));
-  *rows = gemm_probe(*forward, bf16, m, threads, std::cerr);
+  *rows = gemm_probe(*forward, bf16, m, bench_threads(options), roofline, std::cerr);
   return true;
+}
+
+// The hardware's bounds on the CPU engine's `threads` threads (peak_probe.h): the copy rate,
+// the float32 multiply-add peak, and for a bfloat16 engine the bfloat16 peaks its GEMMs may run
+// on (AVX512_BF16's dot product, AMX's tiles; 0 with the reason where the CPU has none).
+nlohmann::ordered_json measure_roofline(int threads, bool bf16) {
+  const engine::HardwarePeak fma = engine::fma_peak(threads);
+  const engine::HardwarePeak dot =
+      bf16 ? engine::avx512_bf16_peak(threads) : engine::HardwarePeak{0, "float32 engine"};
+  const engine::HardwarePeak amx =
+      bf16 ? engine::amx_bf16_peak(threads) : engine::HardwarePeak{0, "float32 engine"};
+  // The copy rate at sizes from the L2s to well past the L3: an op's bytes are costed at the
+  // rate of a copy of its own size (the smallest measured size that holds them).
+  nlohmann::ordered_json copies = nlohmann::ordered_json::array();
+  for (const size_t mib : {4, 16, 64, 256})
+    copies.push_back({{"bytes", mib << 20}, {"gbps", engine::copy_gbps(threads, mib << 20)}});
+  nlohmann::ordered_json out = {{"threads", threads}};
+  out["copy"] = copies;
+  out["fma_gflops"] = fma.gflops;
+  out["fma_how"] = fma.how;
+  out["bf16_gflops"] = dot.gflops;
+  out["bf16_how"] = dot.how;
+  out["amx_gflops"] = amx.gflops;
+  out["amx_how"] = amx.how;
+  return out;
+}
+
+// A profile row's bounds: for a GEMM (it names a kernel) its share of the hardware's peak for
+// its dtype; for any other op the roofline time (the larger of the time to copy its bytes, at
+// the rate of a copy of that size, and its FLOPs at the multiply-add peak) and how many times
+// that it took.
+void add_bounds(nlohmann::ordered_json& row, const nlohmann::ordered_json& roofline) {
+  const std::string kernel = row["kernel"].get<std::string>();
+  if (!kernel.empty()) {
+    const double peak = kernel_peak(kernel, roofline);
+    row["peak_tflops"] = peak / 1e3;
+    row["of_peak"] = row["tflops"].get<double>() / (peak / 1e3);
+    return;
+  }
+  const double bytes = row["bytes"].get<double>();
+  double gbps = 0;
+  for (const auto& copy : roofline["copy"]) {
+    gbps = copy["gbps"].get<double>();
+    if (copy["bytes"].get<double>() >= bytes) break;
+  }
+  const double copy_ms = bytes / (gbps * 1e6);
+  const double fma_ms = row["flops"].get<double>() / (roofline["fma_gflops"].get<double>() * 1e6);
+  const double bound = std::max(copy_ms, fma_ms);
+  if (bound <= 0) return;
+  row["bound_ms"] = bound;
+  row["bound"] = copy_ms >= fma_ms ? "bytes" : "flops";
+  row["of_bound"] = row["ms"].get<double>() / bound;
 }
 
 // --profile: one more pass over the pool with every op timed, apart from the timed run so the
 // timestamps between ops cost it nothing; each GEMM op's share of its probed ceiling, if any.
 nlohmann::ordered_json run_profile(engine::Engine& eng,
                                    const std::vector<engine::RaggedBatch>& batches,
-                                   const nlohmann::ordered_json& probe_rows) {
+                                   const nlohmann::ordered_json& probe_rows,
+                                   const nlohmann::ordered_json& roofline) {
   const OutputOptions out_options;
   eng.set_profiling(true);
   for (const auto& batch : batches) eng.encode(batch, {&out_options, 1});
@@ -314,8 +437,9 @@ nlohmann::ordered_json run_profile(engine::Engine& eng,
         row["of_ceiling"] = row["tflops"].get<double>() / row["ceiling_tflops"].get<double>();
       }
     }
+    if (!roofline.is_null()) add_bounds(row, roofline);
   }
-  print_profile(rows, std::cerr);
+  print_profile(rows, roofline, std::cerr);
   eng.set_profiling(false);
   return rows;
 }
@@ -350,11 +474,18 @@ int run(const BenchOptions& options, const LengthSpec& lengths) {
   const TimedRun timed = run_timed(*eng, ragged.batches, options.warmup_batches, options.seconds);
   nlohmann::ordered_json result = result_json(options, *eng, *model, timed);
   nlohmann::ordered_json probe_rows;
+  nlohmann::ordered_json roofline;  // the hardware's bounds, beside the probe and the profile
+  if ((options.profile || options.gemm_probe) && eng->backend_name() == "cpu") {
+    roofline = measure_roofline(bench_threads(options.engine),
+                                eng->dtype().dtype == engine::Dtype::kBfloat16);
+    result["roofline"] = roofline;
+  }
   if (options.gemm_probe) {
-    if (!run_gemm_probe(*eng, options.engine, ragged.largest_batch_tokens, &probe_rows)) return 2;
+    if (!run_gemm_probe(*eng, options.engine, ragged.largest_batch_tokens, roofline, &probe_rows))
+      return 2;
     if (!probe_rows.is_null()) result["gemm_probe"] = probe_rows;
   }
-  if (options.profile) result["profile"] = run_profile(*eng, ragged.batches, probe_rows);
+  if (options.profile) result["profile"] = run_profile(*eng, ragged.batches, probe_rows, roofline);
   if (options.json_output) {
     std::cout << result.dump() << "\n";
   } else {

@@ -57,6 +57,45 @@ cuda::MakeCudaOpsFn cuda_plugin(std::string* why) {
 }  // namespace
 #endif
 
+namespace {
+
+// Who runs the CPU engine's bfloat16 GEMMs for --cpu-gemm, and a note for the device string when
+// it is not oneDNN or a request was refused. FASTFORMER_CPU_GEMM=amx-model (tests only): the
+// AMX kernel on the portable model of the tiles, on any CPU (slow; never a serving choice).
+Bf16Gemm choose_bf16_gemm(CpuGemm requested, CpuDtype dtype, std::string* note) {
+  const char* env = std::getenv("FASTFORMER_CPU_GEMM");
+  if (dtype == CpuDtype::kFloat32) {
+    if (requested == CpuGemm::kAmx) *note = "; --cpu-gemm amx is for bfloat16: oneDNN's GEMMs";
+    return Bf16Gemm::kOnednn;
+  }
+  if (env != nullptr && std::string(env) == "amx-model") {
+    *note = "; GEMMs on the AMX kernel over the tile model (tests)";
+    return Bf16Gemm::kAmxModel;
+  }
+  if (requested != CpuGemm::kAmx) return Bf16Gemm::kOnednn;
+  std::string why;
+  if (!amx_available(&why)) {
+    *note = "; --cpu-gemm amx refused (" + why + "): oneDNN's GEMMs";
+    return Bf16Gemm::kOnednn;
+  }
+  *note = "; GEMMs on the hand-written AMX kernel (K % 32 == 0; oneDNN for the others)";
+  return Bf16Gemm::kAmx;
+}
+
+}  // namespace
+
+bool parse_cpu_gemm(std::string_view name, CpuGemm* out) {
+  for (const CpuGemm g : {CpuGemm::kOnednn, CpuGemm::kAmx}) {
+    if (name == cpu_gemm_name(g)) {
+      *out = g;
+      return true;
+    }
+  }
+  return false;
+}
+
+const char* cpu_gemm_name(CpuGemm gemm) { return gemm == CpuGemm::kAmx ? "amx" : "onednn"; }
+
 bool parse_backend(const std::string& name, Backend* out) {
   if (name == "auto")
     *out = Backend::kAuto;
@@ -175,14 +214,17 @@ std::unique_ptr<Engine> create_engine(std::shared_ptr<const Model> model,
   const CpuDtype cpu_dtype = dtype == "float32" ? CpuDtype::kFloat32
                              : emulate_bf16     ? CpuDtype::kBfloat16Emulated
                                                 : CpuDtype::kBfloat16;
-  auto ops = std::make_unique<CpuOps>(threads, model->config(), cpu_dtype);
+  std::string gemm_note;
+  const Bf16Gemm bf16_gemm = choose_bf16_gemm(options.cpu_gemm, cpu_dtype, &gemm_note);
+  auto ops = std::make_unique<CpuOps>(threads, model->config(), cpu_dtype, bf16_gemm);
   OpsReport* report = ops.get();
   const std::string bf16_note =
       cpu_dtype == CpuDtype::kBfloat16Emulated ? ", bfloat16 emulated over float32 GEMMs (tests)"
       : cpu_dtype == CpuDtype::kBfloat16       ? ", bfloat16 GEMMs on " + bf16_hardware(gemm.isa)
                                                : "";
   const std::string device = "cpu (" + std::to_string(threads) + " threads, " + dtype +
-                             ", oneDNN " + gemm.version + " " + gemm.isa + bf16_note + ")";
+                             ", oneDNN " + gemm.version + " " + gemm.isa + bf16_note + gemm_note +
+                             ")";
   return std::make_unique<ForwardEngine>(std::move(model), std::move(ops), options.max_batch_tokens,
                                          "cpu", device, std::move(choice), report);
 }

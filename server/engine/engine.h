@@ -67,6 +67,15 @@ struct CpuGemmInfo;  // what oneDNN runs on this CPU (cpu/onednn_gemm.h)
 // cuda::choose_cuda_dtype, which the plugin applies to its device).
 DtypeChoice choose_cpu_dtype(Dtype requested, const CpuGemmInfo& gemm);
 
+// Who runs the CPU engine's bfloat16 GEMMs (--cpu-gemm): oneDNN's kernels, or the hand-written
+// AMX kernel (cpu/amx_gemm.h) where the CPU has AMX and the kernel grants the tiles (else oneDNN,
+// and the engine's device string says why). Opt-in until it is measured on an AMX CPU
+// (docs/kernels.md). float32 always runs oneDNN.
+enum class CpuGemm { kOnednn, kAmx };
+// "onednn", "amx"; false for anything else.
+bool parse_cpu_gemm(std::string_view name, CpuGemm* out);
+const char* cpu_gemm_name(CpuGemm gemm);
+
 struct EngineOptions {
   Backend backend = Backend::kAuto;  ///< defaults::kBackend
   int threads = defaults::kThreads;  ///< CPU threads; 0 = all cores
@@ -77,6 +86,7 @@ struct EngineOptions {
   Dtype dtype = Dtype::kFloat32;
   int device = defaults::kDevice;  ///< CUDA device ordinal
   bool allow_tf32 = false;         ///< TF32 GEMMs for float32 on the CUDA engine
+  CpuGemm cpu_gemm = CpuGemm::kOnednn;  ///< the CPU engine's bfloat16 GEMMs
 };
 
 class Engine {

@@ -113,7 +113,7 @@ double copy_gbps(int threads, size_t bytes) {
   const double seconds = best_seconds(threads, 5, [&](int i) {
     std::memcpy(dst.get() + size_t(i) * slice, src.get() + size_t(i) * slice, slice);
   });
-  return 2.0 * double(slice) * threads / seconds / 1e9;
+  return double(slice) * threads / seconds / 1e9;
 }
 
 HardwarePeak fma_peak(int threads) {

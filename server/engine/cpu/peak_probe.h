@@ -3,10 +3,10 @@
 // bfloat16 peaks of the matrix instructions the CPU has (AVX512_BF16's VDPBF16PS, AMX's
 // TDPBF16PS). Each is a short timed loop, best of a few runs; none is used on a serving path.
 //
-// An op's roofline time is the larger of bytes / copy_gbps (measured on a copy of about the op's
-// size: caches hold a small one) and flops / the multiply-add peak (the bytes it must move, as
-// the profile counts them: every operand read once and every result written once; a copy
-// moves each byte twice, read and written, and copy_gbps counts both).
+// An op's roofline time is the larger of the time to copy the bytes it moves and the time of
+// its FLOPs at the multiply-add peak: bytes / copy_gbps, where the bytes are the profile's (every
+// operand read once and every result written once) and copy_gbps is memcpy's rate, bytes copied
+// per second, measured on a copy of about the op's size (caches hold a small one).
 #pragma once
 
 #include <string>
@@ -18,7 +18,8 @@ struct HardwarePeak {
   std::string how;    ///< the loop, e.g. "VFMADD231PS zmm x 16 chains"; or why it did not run
 };
 
-// memcpy of `bytes` in all (split over the threads), bytes read + written per second / 1e9.
+// memcpy of `bytes` in all (split over the threads): bytes copied per second / 1e9 (each byte
+// read once and written once).
 double copy_gbps(int threads, size_t bytes);
 // float32 multiply-adds on the widest vectors the CPU has (AVX-512, AVX2 with FMA, or SSE2
 // multiply and add), independent chains per thread: 2 FLOPs per lane per multiply-add.
