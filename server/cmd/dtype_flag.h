@@ -30,8 +30,7 @@ inline CLI::Option* add_dtype_flag(CLI::App& app, engine::Dtype* dtype, const st
 inline CLI::Option* add_cpu_gemm_flag(CLI::App& app, engine::CpuGemm* gemm) {
   return app
       .add_option_function<std::string>(
-          "--cpu-gemm",
-          [gemm](const std::string& name) { engine::parse_cpu_gemm(name, gemm); },
+          "--cpu-gemm", [gemm](const std::string& name) { engine::parse_cpu_gemm(name, gemm); },
           "the CPU engine's bfloat16 GEMMs: onednn, or amx (the hand-written AMX kernel where the "
           "CPU has AMX and grants the tiles, else onednn and the log says why; opt-in until "
           "measured on an AMX CPU)")

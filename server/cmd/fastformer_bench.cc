@@ -145,8 +145,8 @@ nlohmann::ordered_json gemm_probe(const engine::ForwardEngine& eng, bool bf16, i
     if (bf16)
       out << "; bfloat16 AVX512_BF16 " << roofline["bf16_gflops"].get<double>() << " ("
           << roofline["bf16_how"].get<std::string>() << "); AMX "
-          << roofline["amx_gflops"].get<double>() << " ("
-          << roofline["amx_how"].get<std::string>() << ")";
+          << roofline["amx_gflops"].get<double>() << " (" << roofline["amx_how"].get<std::string>()
+          << ")";
     out << "\n";
   }
   nlohmann::ordered_json rows = nlohmann::ordered_json::array();

@@ -87,6 +87,7 @@ void add_model_flags(CLI::App& app, ServerOptions& f) {
                  "serving dtype: auto, float32, float16, bfloat16 (auto: bfloat16 on a CPU with "
                  "AVX512_BF16/AMX or a GPU of compute capability 8.0+, float32 elsewhere)")
       ->envname("FASTFORMER_DTYPE");
+  add_cpu_gemm_flag(app, &f.model.cpu_gemm)->envname("FASTFORMER_CPU_GEMM");
   app.add_flag("--allow-tf32", f.model.allow_tf32,
                "TF32 tensor-core GEMMs for float32 on the CUDA engine")
       ->envname("FASTFORMER_ALLOW_TF32");

@@ -60,15 +60,15 @@ cuda::MakeCudaOpsFn cuda_plugin(std::string* why) {
 namespace {
 
 // Who runs the CPU engine's bfloat16 GEMMs for --cpu-gemm, and a note for the device string when
-// it is not oneDNN or a request was refused. FASTFORMER_CPU_GEMM=amx-model (tests only): the
+// it is not oneDNN or a request was refused. FASTFORMER_AMX_TILES=model (tests only): the
 // AMX kernel on the portable model of the tiles, on any CPU (slow; never a serving choice).
 Bf16Gemm choose_bf16_gemm(CpuGemm requested, CpuDtype dtype, std::string* note) {
-  const char* env = std::getenv("FASTFORMER_CPU_GEMM");
+  const char* env = std::getenv("FASTFORMER_AMX_TILES");
   if (dtype == CpuDtype::kFloat32) {
     if (requested == CpuGemm::kAmx) *note = "; --cpu-gemm amx is for bfloat16: oneDNN's GEMMs";
     return Bf16Gemm::kOnednn;
   }
-  if (env != nullptr && std::string(env) == "amx-model") {
+  if (env != nullptr && std::string(env) == "model") {
     *note = "; GEMMs on the AMX kernel over the tile model (tests)";
     return Bf16Gemm::kAmxModel;
   }

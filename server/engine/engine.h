@@ -84,8 +84,8 @@ struct EngineOptions {
   /// Serving dtype. float32 unless asked: a program's default is kAuto (defaults::kDtype), but
   /// an engine built in code (fastformer-bench, the tests) serves the dtype it names.
   Dtype dtype = Dtype::kFloat32;
-  int device = defaults::kDevice;  ///< CUDA device ordinal
-  bool allow_tf32 = false;         ///< TF32 GEMMs for float32 on the CUDA engine
+  int device = defaults::kDevice;       ///< CUDA device ordinal
+  bool allow_tf32 = false;              ///< TF32 GEMMs for float32 on the CUDA engine
   CpuGemm cpu_gemm = CpuGemm::kOnednn;  ///< the CPU engine's bfloat16 GEMMs
 };
 

@@ -156,6 +156,11 @@ ModelSettings read_settings(const std::filesystem::path& model_dir, const std::s
         throw std::invalid_argument(f + ": parameters \"dtype\": \"" + v +
                                     "\" is not auto, float32, float16 or bfloat16");
       }
+    } else if (key == "cpu_gemm") {
+      if (!engine::parse_cpu_gemm(v, &s.cpu_gemm)) {
+        throw std::invalid_argument(f + ": parameters \"cpu_gemm\": \"" + v +
+                                    "\" is not onednn or amx");
+      }
     } else if (key == "backend") {
       s.backend = v;
     } else if (key == "max_batch_tokens") {

@@ -24,6 +24,7 @@ struct ModelSettings {
   int device = defaults::kDevice;
   int threads = defaults::kThreads;
   bool allow_tf32 = false;
+  engine::CpuGemm cpu_gemm = engine::CpuGemm::kOnednn;  ///< the CPU engine's bfloat16 GEMMs
   int64_t max_batch_tokens = defaults::kMaxBatchTokens;
   int64_t max_batch_sequences = defaults::kMaxBatchSequences;
   int64_t max_queue_delay_us = defaults::kMaxQueueDelayUs;
@@ -36,8 +37,8 @@ struct ModelSettings {
 
   // max_request_tokens, resolved against the model when 0.
   int64_t request_tokens(const engine::ModelConfig& model) const;
-  // The engine's: backend, dtype, device, threads, TF32, and buffers for a full batch or the
-  // longest request (which runs in a batch of its own). Throws std::invalid_argument for a
+  // The engine's: backend, dtype, device, threads, TF32, CPU GEMMs, and buffers for a full batch or
+  // the longest request (which runs in a batch of its own). Throws std::invalid_argument for a
   // backend that is not auto, cpu or cuda.
   engine::EngineOptions engine_options(const engine::ModelConfig& model) const;
   // The batch queue's: the batch budgets, the queue delay, this model's queue limit.

@@ -19,7 +19,7 @@ import urllib.request
 
 import numpy as np
 import pytest
-from fastformer_testing.cpu_features import has_bf16_gemms
+from fastformer_testing.cpu_features import cpu_flags, has_bf16_gemms
 
 # The server's environment: as the test runner's (whose ONEDNN_MAX_CPU_ISA, if any, it inherits),
 # or capped to AVX2.
@@ -88,3 +88,49 @@ def test_a_named_dtype_is_served_as_named_without_a_choice_to_log(servers):
     assert "dtype auto" not in srv.log_text(), srv.log_tail()
     (labels, _), = srv.metrics().series("fastformer_model_info")
     assert labels["dtype"] == "float32", labels
+
+
+def _bf16_env():
+    # bfloat16 on any CPU: the emulated bfloat16 where there are no bfloat16 GEMMs (tests only).
+    return None if has_bf16_gemms() else {"FASTFORMER_CPU_BFLOAT16": "emulate"}
+
+
+def _assert_serves_bf16(e2e, srv):
+    rng = np.random.default_rng(35)
+    seqs = [e2e.make_ids(rng, n, srv.model.vocab) for n in (5, 300)]
+    reply = srv.stub.Encode(e2e.make_request(seqs, "ids"), timeout=e2e.RPC_TIMEOUT_S)
+    for i, (seq, got) in enumerate(zip(seqs, reply.encodings)):
+        ours = np.asarray(got.embedding, dtype=np.float64)
+        ref = np.asarray(srv.model.reference(seq).embedding, dtype=np.float64)
+        cosine = float(ours @ ref / (np.linalg.norm(ours) * np.linalg.norm(ref)))
+        assert cosine >= 0.999, f"seq {i}: cosine {cosine:.6f} to the float64 reference"
+
+
+def test_cpu_gemm_amx_runs_the_tiles_where_the_cpu_has_amx_and_says_why_not_elsewhere(e2e, servers):
+    """--cpu-gemm amx (issue 34: the hand-written AMX kernel, opt-in): the engine takes it where
+    /proc/cpuinfo has amx_bf16 and amx_tile (and the kernel grants the tiles), else keeps oneDNN and
+    its device string, GetModelInfo's too, says why; either way the server answers."""
+    srv = servers.start("head", extra_env=_bf16_env(), dtype="bfloat16", cpu_gemm="amx")
+    info = srv.stub.GetModelInfo(e2e.pb.GetModelInfoRequest(), timeout=e2e.RPC_TIMEOUT_S)
+    if {"amx_bf16", "amx_tile"} <= cpu_flags():
+        assert "GEMMs on the hand-written AMX kernel" in info.device, info.device
+    else:
+        assert re.search(r"--cpu-gemm amx refused \(no AMX on this CPU [^)]*\)\): oneDNN's GEMMs",
+                         info.device), info.device
+    _assert_serves_bf16(e2e, srv)
+
+
+def test_the_amx_kernel_serves_through_the_server_on_the_tile_model(e2e, servers):
+    """The same kernel over the portable model of the tile instructions (FASTFORMER_AMX_TILES=model,
+    tests only), on any CPU: its packing, blocking and epilogues behind every protocol."""
+    env = dict(_bf16_env() or {}, FASTFORMER_AMX_TILES="model")
+    srv = servers.start("head", extra_env=env, dtype="bfloat16")
+    info = srv.stub.GetModelInfo(e2e.pb.GetModelInfoRequest(), timeout=e2e.RPC_TIMEOUT_S)
+    assert "GEMMs on the AMX kernel over the tile model (tests)" in info.device, info.device
+    _assert_serves_bf16(e2e, srv)
+
+
+def test_a_cpu_gemm_outside_onednn_and_amx_is_refused_at_start_up(servers):
+    srv = servers.start("head", wait=False, cpu_gemm="tiles")
+    assert srv.wait_exit(timeout=30) != 0
+    assert "--cpu-gemm: tiles not in {onednn,amx}" in srv.log_text(), srv.log_tail()

@@ -1,5 +1,5 @@
 // The CPU engine with its bfloat16 GEMMs on the hand-written AMX kernel (--cpu-gemm amx,
-// cpu/amx_gemm.h), on any CPU: FASTFORMER_CPU_GEMM=amx-model runs the same kernel (packing,
+// cpu/amx_gemm.h), on any CPU: FASTFORMER_AMX_TILES=model runs the same kernel (packing,
 // blocking, row pieces, fused epilogues) over the portable model of the tile instructions, in
 // the engine's own graph, against the float32 engine (the bfloat16 parity rule) and against the
 // bfloat16 engine on oneDNN. Where the CPU has AMX the real tiles run too; elsewhere the
@@ -71,7 +71,7 @@ TEST(CpuAmxEngine, TileModelMatchesFloat32AndOnednnBfloat16) {
   const ScopedEnv emulate("FASTFORMER_CPU_BFLOAT16", "emulate");  // bf16 buffers on any CPU
   std::unique_ptr<Engine> amx, onednn;
   {
-    const ScopedEnv tiles("FASTFORMER_CPU_GEMM", "amx-model");
+    const ScopedEnv tiles("FASTFORMER_AMX_TILES", "model");
     amx = create_engine(model, bf16_options());
   }
   onednn = create_engine(model, bf16_options());
@@ -99,7 +99,7 @@ TEST(CpuAmxEngine, ShapesTheKernelRefusesStayOnOnednn) {
   const ScopedEnv emulate("FASTFORMER_CPU_BFLOAT16", "emulate");
   std::unique_ptr<Engine> amx;
   {
-    const ScopedEnv tiles("FASTFORMER_CPU_GEMM", "amx-model");
+    const ScopedEnv tiles("FASTFORMER_AMX_TILES", "model");
     amx = create_engine(model, bf16_options());
   }
   const test::ParityInputs inputs = test::make_parity_inputs(model->config());

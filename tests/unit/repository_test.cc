@@ -81,6 +81,7 @@ TEST(RepositorySettingsTest, ConfigPbtxtOverridesTheFlags) {
     dynamic_batching { max_queue_delay_microseconds: 2000 }
     instance_group [ { kind: KIND_CPU count: 1 } ]
     parameters { key: "dtype" value: { string_value: "bfloat16" } }
+    parameters { key: "cpu_gemm" value: { string_value: "amx" } }
     parameters { key: "max_batch_tokens" value: { string_value: "512" } }
     parameters { key: "max_queue_tokens" value: { string_value: "4096" } }
   )");
@@ -89,6 +90,8 @@ TEST(RepositorySettingsTest, ConfigPbtxtOverridesTheFlags) {
   EXPECT_EQ(s.max_queue_delay_us, 2000);
   EXPECT_EQ(s.backend, "cpu");
   EXPECT_EQ(s.dtype, engine::Dtype::kBfloat16);
+  EXPECT_EQ(s.cpu_gemm, engine::CpuGemm::kAmx);
+  EXPECT_EQ(s.engine_options(engine::ModelConfig{}).cpu_gemm, engine::CpuGemm::kAmx);
   EXPECT_EQ(s.max_batch_tokens, 512);
   EXPECT_EQ(s.max_queue_tokens, 4096);
   EXPECT_EQ(s.version_policy.latest().num_versions(), 2u);
@@ -114,6 +117,9 @@ TEST(RepositorySettingsTest, AConfigPbtxtErrorNamesTheFileAndTheField) {
             std::string::npos);
   EXPECT_NE(why(R"(parameters { key: "dtype" value: { string_value: "float64" } })")
                 .find("\"float64\" is not auto, float32, float16 or bfloat16"),
+            std::string::npos);
+  EXPECT_NE(why(R"(parameters { key: "cpu_gemm" value: { string_value: "tiles" } })")
+                .find("parameters \"cpu_gemm\": \"tiles\" is not onednn or amx"),
             std::string::npos);
 }
 

@@ -4,6 +4,8 @@
 // where the rows are bfloat16). Shapes include tails: widths that are not a multiple of any
 // vector, partial token and head blocks of the key-score kernel, masked tokens and a chunk
 // with no real token.
+#include "server/engine/cpu/vector_rows.h"
+
 #include <gtest/gtest.h>
 
 #include <cmath>
@@ -14,7 +16,6 @@
 #include <vector>
 
 #include "common/half.h"
-#include "server/engine/cpu/vector_rows.h"
 
 namespace fastformer::engine::rows {
 namespace {
@@ -59,8 +60,7 @@ void reference_layernorm(const std::vector<double>& x, const std::vector<float>&
   for (double v : x) var += (v - mean) * (v - mean);
   var /= double(D);
   out.resize(D);
-  for (size_t j = 0; j < D; ++j)
-    out[j] = (x[j] - mean) / std::sqrt(var + eps) * gamma[j] + beta[j];
+  for (size_t j = 0; j < D; ++j) out[j] = (x[j] - mean) / std::sqrt(var + eps) * gamma[j] + beta[j];
 }
 
 TEST_P(VectorRowsTest, ResidualLayerNormFloatAndBfloat16) {
@@ -68,14 +68,16 @@ TEST_P(VectorRowsTest, ResidualLayerNormFloatAndBfloat16) {
     SCOPED_TRACE("D " + std::to_string(D));
     const auto c = random_floats(size_t(D), -2, 2, 1), res = random_floats(size_t(D), -1, 3, 2);
     const auto bias = random_floats(size_t(D), -0.5, 0.5, 3);
-    const auto gamma = random_floats(size_t(D), 0.5, 1.5, 4), beta = random_floats(size_t(D), -1, 1, 5);
+    const auto gamma = random_floats(size_t(D), 0.5, 1.5, 4),
+               beta = random_floats(size_t(D), -1, 1, 5);
     std::vector<float> scratch(static_cast<size_t>(D));
     // float32, out aliasing the residual
     std::vector<float> out = res;
     residual_layernorm_row(isa(), c.data(), bias.data(), out.data(), gamma.data(), beta.data(), D,
                            1e-5f, scratch.data(), out.data());
     std::vector<double> x(static_cast<size_t>(D)), want;
-    for (int64_t j = 0; j < D; ++j) x[size_t(j)] = double(c[size_t(j)]) + bias[size_t(j)] + res[size_t(j)];
+    for (int64_t j = 0; j < D; ++j)
+      x[size_t(j)] = double(c[size_t(j)]) + bias[size_t(j)] + res[size_t(j)];
     reference_layernorm(x, gamma, beta, 1e-5, want);
     for (int64_t j = 0; j < D; ++j)
       ASSERT_NEAR(out[size_t(j)], want[size_t(j)], tol(want[size_t(j)], 4, false)) << j;
@@ -85,7 +87,8 @@ TEST_P(VectorRowsTest, ResidualLayerNormFloatAndBfloat16) {
     residual_layernorm_row(isa(), c16.data(), bias.data(), r16.data(), gamma.data(), beta.data(), D,
                            1e-5f, scratch.data(), out16.data());
     const auto cf = from_bf16(c16), rf = from_bf16(r16);
-    for (int64_t j = 0; j < D; ++j) x[size_t(j)] = double(cf[size_t(j)]) + bias[size_t(j)] + rf[size_t(j)];
+    for (int64_t j = 0; j < D; ++j)
+      x[size_t(j)] = double(cf[size_t(j)]) + bias[size_t(j)] + rf[size_t(j)];
     reference_layernorm(x, gamma, beta, 1e-5, want);
     const auto got = from_bf16(out16);
     for (int64_t j = 0; j < D; ++j)
@@ -96,7 +99,8 @@ TEST_P(VectorRowsTest, ResidualLayerNormFloatAndBfloat16) {
 TEST_P(VectorRowsTest, EmbedRow) {
   const int64_t D = 260;
   const auto word = random_floats(size_t(D), -1, 1, 6), pos = random_floats(size_t(D), -1, 1, 7);
-  const auto gamma = random_floats(size_t(D), 0.5, 1.5, 8), beta = random_floats(size_t(D), -1, 1, 9);
+  const auto gamma = random_floats(size_t(D), 0.5, 1.5, 8),
+             beta = random_floats(size_t(D), -1, 1, 9);
   std::vector<float> scratch(static_cast<size_t>(D)), out(static_cast<size_t>(D));
   std::vector<uint16_t> out16(static_cast<size_t>(D));
   embed_row(isa(), word.data(), pos.data(), gamma.data(), beta.data(), D, 1e-12f, scratch.data(),
@@ -176,12 +180,14 @@ Partials reference_chunk(const std::vector<float>& scores, int64_t heads,
              std::vector<double>(size_t(D), 0)};
   for (int64_t h = 0; h < heads; ++h) {
     for (int64_t t = 0; t < len; ++t)
-      if (mask[size_t(t)]) p.m[size_t(h)] = std::max(p.m[size_t(h)], double(scores[size_t(t * heads + h)]));
+      if (mask[size_t(t)])
+        p.m[size_t(h)] = std::max(p.m[size_t(h)], double(scores[size_t(t * heads + h)]));
     for (int64_t t = 0; t < len; ++t) {
       if (!mask[size_t(t)]) continue;
       const double e = std::exp(double(scores[size_t(t * heads + h)]) - p.m[size_t(h)]);
       p.l[size_t(h)] += e;
-      for (int64_t j = 0; j < d; ++j) p.v[size_t(h * d + j)] += e * values[size_t(t * D + h * d + j)];
+      for (int64_t j = 0; j < d; ++j)
+        p.v[size_t(h * d + j)] += e * values[size_t(t * D + h * d + j)];
     }
   }
   return p;
@@ -194,7 +200,8 @@ TEST_P(VectorRowsTest, PoolChunkFloatAndBfloat16) {
   std::vector<uint8_t> mask(size_t(len), 1);
   mask[3] = mask[20] = mask[36] = 0;
   scores[size_t(20 * heads + 1)] = 1e4f;  // a masked token's score must not become the max
-  std::vector<float> m(static_cast<size_t>(heads)), l(static_cast<size_t>(heads)), v(static_cast<size_t>(D)), scratch(static_cast<size_t>(heads * len + D));
+  std::vector<float> m(static_cast<size_t>(heads)), l(static_cast<size_t>(heads)),
+      v(static_cast<size_t>(D)), scratch(static_cast<size_t>(heads * len + D));
   auto check = [&](const Partials& want, const char* what) {
     SCOPED_TRACE(what);
     for (int64_t h = 0; h < heads; ++h) {

@@ -200,9 +200,10 @@ void CpuOps::linear_bf16(const Mat& a, const WeightRef& w, Mat c, Epilogue epilo
     // The AMX kernel takes any row count: pieces of a multiple of its 32-row blocks, four a
     // worker (for balance), at most kAmxRows rows.
     const AmxSite& site = amx_site(w, amx);
-    const int64_t pieces = std::max<int64_t>(1, std::min<int64_t>(pool_.size() * 4,
-                                                                  (a.rows + 31) / 32));
-    const int64_t rows = std::min<int64_t>(kAmxRows, ((a.rows + pieces - 1) / pieces + 31) / 32 * 32);
+    const int64_t pieces =
+        std::max<int64_t>(1, std::min<int64_t>(pool_.size() * 4, (a.rows + 31) / 32));
+    const int64_t rows =
+        std::min<int64_t>(kAmxRows, ((a.rows + pieces - 1) / pieces + 31) / 32 * 32);
     const float* bias = f(w.bias);
     pool_.parallel_for((a.rows + rows - 1) / rows, 1, [&](int64_t first, int64_t last) {
       for (int64_t i = first; i < last; ++i) {
@@ -292,8 +293,8 @@ void CpuOps::query_pool(const BatchRef&, const Mat& scores, const Mat& q, Mat pq
 }
 
 template <class E>
-void CpuOps::key_pool_rows(const BatchRef&, const Mat& k, const Mat& pq,
-                           const WeightRef& key_att, Mat pk) {
+void CpuOps::key_pool_rows(const BatchRef&, const Mat& k, const Mat& pq, const WeightRef& key_att,
+                           Mat pk) {
   const RaggedBatch& batch = *batch_;
   const int64_t D = config_.hidden_size, H = config_.num_attention_heads;
   const float* wka = f(key_att.weight);

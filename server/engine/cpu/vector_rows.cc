@@ -272,9 +272,9 @@ FF_INLINE void key_scores_impl(const E* k, int64_t ldk, int64_t n, const float* 
   }
 }
 
-// v[0 .. d) += sum over t < n of w[t] x_t[0 .. d), rows x_t = x + t * stride: the head's slice of the
-// weighted sum, held in registers over a block of tokens when d is a multiple of the vector
-// (DV vectors; DV 0: any d, through memory).
+// v[0 .. d) += sum over t < n of w[t] x_t[0 .. d), rows x_t = x + t * stride: the head's slice of
+// the weighted sum, held in registers over a block of tokens when d is a multiple of the vector (DV
+// vectors; DV 0: any d, through memory).
 template <class V, int DV, class E>
 FF_INLINE void weighted_sum(const float* w, const E* x, int64_t stride, int64_t n, int64_t d,
                             float* v) {
@@ -434,80 +434,80 @@ FF_INLINE float tanh_dot_impl(const E* e, const float* w, int64_t D) {
 #define FF_TARGET_AVX512 \
   __attribute__((target("avx512f,avx512bw,avx512dq,avx512vl,avx2,fma,bmi,bmi2,f16c")))
 #else
-#define FF_TARGET_AVX512                                                                      \
-  __attribute__((target("avx512f,avx512bw,avx512dq,avx512vl,avx2,fma,bmi,bmi2,f16c,"       \
-                        "prefer-vector-width=512")))
+#define FF_TARGET_AVX512                                                  \
+  __attribute__((                                                         \
+      target("avx512f,avx512bw,avx512dq,avx512vl,avx2,fma,bmi,bmi2,f16c," \
+             "prefer-vector-width=512")))
 #endif
 #define FF_TARGET_AVX2 __attribute__((target("avx2,fma,bmi,bmi2,f16c")))
 #else
 #define FF_TARGET_AVX512
 #define FF_TARGET_AVX2
 #endif
-#define FF_BUILDS(RET, NAME, PARAMS, IMPL, ARGS)                             \
-  namespace {                                                                \
-  FF_TARGET_AVX512 RET NAME##_avx512 PARAMS { return IMPL<v16f> ARGS; }      \
-  FF_TARGET_AVX2 RET NAME##_avx2 PARAMS { return IMPL<v8f> ARGS; }           \
-  RET NAME##_baseline PARAMS { return IMPL<v4f> ARGS; }                      \
-  }                                                                          \
-  RET NAME(Isa isa, FF_UNPAREN PARAMS) {                                     \
-    switch (isa) {                                                           \
-      case Isa::kAvx512:                                                     \
-        return NAME##_avx512 ARGS;                                           \
-      case Isa::kAvx2:                                                       \
-        return NAME##_avx2 ARGS;                                             \
-      case Isa::kBaseline:                                                   \
-        break;                                                               \
-    }                                                                        \
-    return NAME##_baseline ARGS;                                             \
+#define FF_BUILDS(RET, NAME, PARAMS, IMPL, ARGS)                        \
+  namespace {                                                           \
+  FF_TARGET_AVX512 RET NAME##_avx512 PARAMS { return IMPL<v16f> ARGS; } \
+  FF_TARGET_AVX2 RET NAME##_avx2 PARAMS { return IMPL<v8f> ARGS; }      \
+  RET NAME##_baseline PARAMS { return IMPL<v4f> ARGS; }                 \
+  }                                                                     \
+  RET NAME(Isa isa, FF_UNPAREN PARAMS) {                                \
+    switch (isa) {                                                      \
+      case Isa::kAvx512:                                                \
+        return NAME##_avx512 ARGS;                                      \
+      case Isa::kAvx2:                                                  \
+        return NAME##_avx2 ARGS;                                        \
+      case Isa::kBaseline:                                              \
+        break;                                                          \
+    }                                                                   \
+    return NAME##_baseline ARGS;                                        \
   }
 #define FF_UNPAREN(...) __VA_ARGS__
 
-#define FF_EMBED(O)                                                                             \
-  FF_BUILDS(void, embed_row,                                                                    \
-            (const float* word, const float* pos, const float* gamma, const float* beta,        \
-             int64_t D, float eps, float* scratch, O* out),                                     \
+#define FF_EMBED(O)                                                                      \
+  FF_BUILDS(void, embed_row,                                                             \
+            (const float* word, const float* pos, const float* gamma, const float* beta, \
+             int64_t D, float eps, float* scratch, O* out),                              \
             embed_impl, (word, pos, gamma, beta, D, eps, scratch, out))
 FF_EMBED(float)
 FF_EMBED(uint16_t)
 
-#define FF_RESIDUAL_LN(E)                                                                       \
-  FF_BUILDS(void, residual_layernorm_row,                                                       \
-            (const E* c, const float* bias, const E* residual, const float* gamma,              \
-             const float* beta, int64_t D, float eps, float* scratch, E* out),                  \
+#define FF_RESIDUAL_LN(E)                                                          \
+  FF_BUILDS(void, residual_layernorm_row,                                          \
+            (const E* c, const float* bias, const E* residual, const float* gamma, \
+             const float* beta, int64_t D, float eps, float* scratch, E* out),     \
             residual_layernorm_impl, (c, bias, residual, gamma, beta, D, eps, scratch, out))
 FF_RESIDUAL_LN(float)
 FF_RESIDUAL_LN(uint16_t)
 
-#define FF_SCALE(E)                                                                  \
-  FF_BUILDS(void, scale_row, (const E* x, const float* scale, int64_t n, E* out), \
-            scale_impl, (x, scale, n, out))
+#define FF_SCALE(E)                                                                           \
+  FF_BUILDS(void, scale_row, (const E* x, const float* scale, int64_t n, E* out), scale_impl, \
+            (x, scale, n, out))
 FF_SCALE(float)
 FF_SCALE(uint16_t)
 
 FF_BUILDS(void, widen_row, (const uint16_t* in, float* out, int64_t n), widen_impl, (in, out, n))
 
-#define FF_KEY_SCORES(E)                                                                   \
-  FF_BUILDS(void, key_scores,                                                              \
+#define FF_KEY_SCORES(E)                                                                       \
+  FF_BUILDS(void, key_scores,                                                                  \
             (const E* k, int64_t ldk, int64_t n, const float* w, const float* bias, int64_t H, \
-             int64_t D, float* r, int64_t ldr),                                            \
+             int64_t D, float* r, int64_t ldr),                                                \
             key_scores_impl, (k, ldk, n, w, bias, H, D, r, ldr))
 FF_KEY_SCORES(float)
 FF_KEY_SCORES(uint16_t)
 
-#define FF_POOL(S, E)                                                                        \
-  FF_BUILDS(void, pool_chunk,                                                                \
-            (const S* scores, int64_t score_ld, int64_t heads, const E* values,              \
-             int64_t values_ld, int64_t D, const uint8_t* mask, int64_t len, float* m,        \
-             float* l, float* v, float* scratch),                                            \
-            pool_chunk_impl,                                                                 \
-            (scores, score_ld, heads, values, values_ld, D, mask, len, m, l, v, scratch))
+#define FF_POOL(S, E)                                                                              \
+  FF_BUILDS(                                                                                       \
+      void, pool_chunk,                                                                            \
+      (const S* scores, int64_t score_ld, int64_t heads, const E* values, int64_t values_ld,       \
+       int64_t D, const uint8_t* mask, int64_t len, float* m, float* l, float* v, float* scratch), \
+      pool_chunk_impl,                                                                             \
+      (scores, score_ld, heads, values, values_ld, D, mask, len, m, l, v, scratch))
 FF_POOL(float, float)
 FF_POOL(float, uint16_t)
 FF_POOL(uint16_t, uint16_t)
 
-#define FF_TANH_DOT(E)                                                                     \
-  FF_BUILDS(float, tanh_dot, (const E* e, const float* w, int64_t D), tanh_dot_impl, \
-            (e, w, D))
+#define FF_TANH_DOT(E) \
+  FF_BUILDS(float, tanh_dot, (const E* e, const float* w, int64_t D), tanh_dot_impl, (e, w, D))
 FF_TANH_DOT(float)
 FF_TANH_DOT(uint16_t)
 

@@ -36,9 +36,9 @@ void embed_row(Isa isa, const float* word, const float* pos, const float* gamma,
 void residual_layernorm_row(Isa isa, const float* c, const float* bias, const float* residual,
                             const float* gamma, const float* beta, int64_t D, float eps,
                             float* scratch, float* out);
-void residual_layernorm_row(Isa isa, const uint16_t* c, const float* bias,
-                            const uint16_t* residual, const float* gamma, const float* beta,
-                            int64_t D, float eps, float* scratch, uint16_t* out);
+void residual_layernorm_row(Isa isa, const uint16_t* c, const float* bias, const uint16_t* residual,
+                            const float* gamma, const float* beta, int64_t D, float eps,
+                            float* scratch, uint16_t* out);
 
 // out_j = x_j * scale_j (the mix: U_t = pk * Q_t); `out` may be `x`.
 void scale_row(Isa isa, const float* x, const float* scale, int64_t n, float* out);
@@ -49,8 +49,8 @@ void widen_row(Isa isa, const uint16_t* in, float* out, int64_t n);
 
 // r[t * ldr + h] = sum_j k[t * ldk + j] w[h * D + j] + bias[h], for t < n and h < H: the key
 // scores of n tokens of one sequence against its weight w = pq_b * Wka' ([H, D], dense).
-void key_scores(Isa isa, const float* k, int64_t ldk, int64_t n, const float* w,
-                const float* bias, int64_t H, int64_t D, float* r, int64_t ldr);
+void key_scores(Isa isa, const float* k, int64_t ldk, int64_t n, const float* w, const float* bias,
+                int64_t H, int64_t D, float* r, int64_t ldr);
 void key_scores(Isa isa, const uint16_t* k, int64_t ldk, int64_t n, const float* w,
                 const float* bias, int64_t H, int64_t D, float* r, int64_t ldr);
 
