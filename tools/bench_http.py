@@ -65,6 +65,8 @@ def main() -> int:
     ap.add_argument("--rounds", type=int, default=2)
     ap.add_argument("--concurrency", type=int, default=16)
     ap.add_argument("--threads", type=int, default=0)
+    ap.add_argument("--dtype", default="float32",
+                    help="the server's --dtype (float32, as the figures of docs/benchmarks.md; its default is auto)")
     ap.add_argument("--json", default=None)
     args = ap.parse_args()
     bin_dir = Path(args.build_dir) / "bin"
@@ -77,7 +79,7 @@ def main() -> int:
     grpc_port, http_port = free_port(), free_port()
     server = subprocess.Popen([str(bin_dir / "fastformer-server"), "--model-dir", str(model),
                                "--listen", f"127.0.0.1:{grpc_port}", "--metrics-listen", f"127.0.0.1:{free_port()}",
-                               "--http-listen", f"127.0.0.1:{http_port}", "--threads", str(args.threads),
+                               "--http-listen", f"127.0.0.1:{http_port}", "--threads", str(args.threads), "--dtype", args.dtype,
                                "--log-level", "warn"], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     results = {"saturation": {}, "low_load": {}}
     try:

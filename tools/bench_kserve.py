@@ -93,6 +93,8 @@ def main() -> int:
     ap.add_argument("--lengths", default="16:256")
     ap.add_argument("--count", type=int, default=256)
     ap.add_argument("--threads", type=int, default=2)
+    ap.add_argument("--dtype", default="float32",
+                    help="the server's --dtype (float32, as the figures of docs/benchmarks.md; its default is auto)")
     ap.add_argument("--seed", type=int, default=1)
     ap.add_argument("--stability", type=int, default=25,
                     help="perf_analyzer's --stability-percentage: its last 3 windows within this %% of each other")
@@ -115,7 +117,7 @@ def main() -> int:
     target = f"127.0.0.1:{port}"
     server = subprocess.Popen([str(bin_dir / "fastformer-server"), "--model-dir", args.model_dir, "--listen", target,
                                "--metrics-listen", f"127.0.0.1:{metrics_port}", "--http-listen", "127.0.0.1:0", "--backend", "cpu",
-                               "--threads", str(args.threads)], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+                               "--threads", str(args.threads), "--dtype", args.dtype], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     rows = []
     try:
         wait_serving(bin_dir / "fastformer-client", target, server)

@@ -72,6 +72,8 @@ def main() -> int:
     ap.add_argument("--seconds", type=float, default=10)
     ap.add_argument("--load", type=float, default=0.8)
     ap.add_argument("--threads", type=int, default=0)
+    ap.add_argument("--dtype", default="float32",
+                    help="the server's --dtype (float32, as the figures of docs/benchmarks.md; its default is auto)")
     ap.add_argument("--json", default=None)
     args = ap.parse_args()
     bin_dir = Path(args.build_dir) / "bin"
@@ -88,7 +90,7 @@ def main() -> int:
     server = subprocess.Popen([str(bin_dir / "fastformer-server"), "--model-repository", str(work / "repo"),
                                "--model-control-mode", "explicit", "--load-model", "embed",
                                "--listen", f"127.0.0.1:{grpc_port}", "--metrics-listen", f"127.0.0.1:{free_port()}",
-                               "--http-listen", f"127.0.0.1:{http_port}", "--threads", str(args.threads)],
+                               "--http-listen", f"127.0.0.1:{http_port}", "--threads", str(args.threads), "--dtype", args.dtype],
                               stdout=log, stderr=subprocess.STDOUT)
     figures = {}
     try:

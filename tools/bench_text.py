@@ -107,6 +107,8 @@ def main() -> int:
     ap.add_argument("--concurrency", type=int, default=4)
     ap.add_argument("--pages-per-request", type=int, default=8)
     ap.add_argument("--threads", type=int, default=2)
+    ap.add_argument("--dtype", default="float32",
+                    help="the server's --dtype (float32, as the figures of docs/benchmarks.md; its default is auto)")
     ap.add_argument("--json", action="store_true")
     args = ap.parse_args()
     model_dir, bin_dir = Path(args.model_dir), REPO / args.build_dir / "bin"
@@ -128,7 +130,7 @@ def main() -> int:
     port, metrics_port = free_port(), free_port()
     server = subprocess.Popen([str(bin_dir / "fastformer-server"), "--model-dir", str(model_dir),
                                "--listen", f"127.0.0.1:{port}", "--metrics-listen", f"127.0.0.1:{metrics_port}",
-                               "--http-listen", "127.0.0.1:0", "--backend", "cpu", "--threads", str(args.threads)],
+                               "--http-listen", "127.0.0.1:0", "--backend", "cpu", "--threads", str(args.threads), "--dtype", args.dtype],
                               stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     channel = grpc.insecure_channel(f"127.0.0.1:{port}")
     stub = pb_grpc.EncoderStub(channel)
