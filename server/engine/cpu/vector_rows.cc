@@ -306,6 +306,28 @@ FF_INLINE void weighted_sum(const float* w, const E* x, int64_t stride, int64_t 
   }
 }
 
+// exp(y) in every lane, y <= 0: vmath::exp's range reduction and polynomial written on the
+// vector type (GCC vectorises the scalar form only 256 bits wide for AVX-512).
+template <class V>
+FF_INLINE void exp_nonpositive(V& y) {
+  using I = typename Lanes<V>::i32;
+  y = y < -87.0f ? V{} - 87.0f : y;
+  const I n = __builtin_convertvector(y * 1.44269504088896341f - 0.5f, I);  // round, as y <= 0
+  const V nf = __builtin_convertvector(n, V);
+  const V r = (y - nf * 0.693359375f) + nf * 2.12194440e-4f;  // y - n ln 2, in two parts
+  V p = V{} + 1.9875691500e-4f;
+  p = p * r + 1.3981999507e-3f;
+  p = p * r + 8.3334519073e-3f;
+  p = p * r + 4.1665795894e-2f;
+  p = p * r + 1.6666665459e-1f;
+  p = p * r + 5.0000001201e-1f;
+  p = p * r * r + r + 1.0f;
+  const I scale = (n + 127) << 23;  // 2^n
+  V two_n;
+  std::memcpy(&two_n, &scale, sizeof(V));
+  y = p * two_n;
+}
+
 template <class V, class S, class E>
 FF_INLINE void pool_chunk_impl(const S* scores, int64_t score_ld, int64_t heads, const E* values,
                                int64_t values_ld, int64_t D, const uint8_t* mask, int64_t len,
@@ -326,13 +348,21 @@ FF_INLINE void pool_chunk_impl(const S* scores, int64_t score_ld, int64_t heads,
   for (int64_t h = 0; h < heads; ++h) {
     float* wh = w + h * len;
     const float mh = m[h] == kNegInf ? 0.0f : m[h];  // no real token: every weight is 0
-    float sum = 0.0f;
-#pragma omp simd reduction(+ : sum)
-    for (int64_t t = 0; t < len; ++t) {
-      // A masked token weighs exactly 0 (the reference's -10000 underflows to 0 in float32).
-      // (exp first, then the choice: an exp under a condition is not vectorised.)
-      const float e = vmath::exp(wh[t] - mh);
-      const float weight = wh[t] == kNegInf ? 0.0f : e;
+    // A masked token weighs exactly 0 (the reference's -10000 underflows to 0 in float32).
+    const int64_t lv = len - len % L;
+    V acc{};
+    for (int64_t t = 0; t < lv; t += L) {
+      V x;
+      loadv(x, wh + t);
+      V e = x - mh;  // <= 0
+      exp_nonpositive(e);
+      e = x == kNegInf ? V{} : e;
+      storev(wh + t, e);
+      acc += e;
+    }
+    float sum = hsum(acc);
+    for (int64_t t = lv; t < len; ++t) {
+      const float weight = wh[t] == kNegInf ? 0.0f : vmath::exp(wh[t] - mh);
       wh[t] = weight;
       sum += weight;
     }
@@ -365,28 +395,6 @@ FF_INLINE void pool_chunk_impl(const S* scores, int64_t score_ld, int64_t heads,
         weighted_sum<V, 0>(wh, xh, values_ld, n, d, vh);
     }
   }
-}
-
-// exp(y) in every lane, y <= 0: vmath::exp's range reduction and polynomial written on the
-// vector type (GCC vectorises the scalar form only 256 bits wide for AVX-512).
-template <class V>
-FF_INLINE void exp_nonpositive(V& y) {
-  using I = typename Lanes<V>::i32;
-  y = y < -87.0f ? V{} - 87.0f : y;
-  const I n = __builtin_convertvector(y * 1.44269504088896341f - 0.5f, I);  // round, as y <= 0
-  const V nf = __builtin_convertvector(n, V);
-  const V r = (y - nf * 0.693359375f) + nf * 2.12194440e-4f;  // y - n ln 2, in two parts
-  V p = V{} + 1.9875691500e-4f;
-  p = p * r + 1.3981999507e-3f;
-  p = p * r + 8.3334519073e-3f;
-  p = p * r + 4.1665795894e-2f;
-  p = p * r + 1.6666665459e-1f;
-  p = p * r + 5.0000001201e-1f;
-  p = p * r * r + r + 1.0f;
-  const I scale = (n + 127) << 23;  // 2^n
-  V two_n;
-  std::memcpy(&two_n, &scale, sizeof(V));
-  y = p * two_n;
 }
 
 // tanh in every lane: sign(x) (1 - t) / (1 + t), t = exp(-2|x|) (vmath::tanh's formula).
