@@ -25,6 +25,7 @@
 #include "common/half.h"
 #include "server/engine/cpu/amx_tiles.h"
 #include "server/engine/error.h"
+#include "tests/support/random_values.h"
 #include "tests/support/reference_activation.h"
 
 namespace fastformer::engine {
@@ -253,13 +254,7 @@ TEST(AmxTileModel, FaultsWhereTheReferenceFaults) {
 
 // ---- The GEMM against double ---------------------------------------------------------------
 
-std::vector<float> random_values(size_t n, uint32_t seed, float scale) {
-  std::mt19937 rng(seed);
-  std::normal_distribution<float> normal(0.0f, scale);
-  std::vector<float> v(n);
-  for (auto& x : v) x = normal(rng);
-  return v;
-}
+using ::fastformer::test::random_values;
 
 struct GemmCase {
   int64_t m, n, k, lda, ldc;

@@ -31,6 +31,7 @@
 #include "server/engine/ops.h"
 #include "server/engine/prepared_weights.h"
 #include "server/engine/workspace.h"
+#include "tests/support/random_values.h"
 #include "tests/support/reference_activation.h"
 #include "tests/support/test_models.h"
 
@@ -41,13 +42,7 @@ namespace cuda = engine::cuda::emulated;
 using cuda::GemmEpilogue;
 using cuda::StorageType;
 
-std::vector<float> random_values(size_t n, uint32_t seed, float scale) {
-  std::mt19937 rng(seed);
-  std::normal_distribution<float> normal(0.0f, scale);
-  std::vector<float> v(n);
-  for (auto& x : v) x = normal(rng);
-  return v;
-}
+using ::fastformer::test::random_values;
 
 // Host arrays in a storage type (the emulation's device memory is host memory).
 struct Stored {

@@ -22,6 +22,7 @@
 
 #include "common/half.h"
 #include "server/engine/error.h"
+#include "tests/support/random_values.h"
 #include "tests/support/reference_activation.h"
 
 namespace fastformer::engine {
@@ -30,13 +31,7 @@ namespace {
 using ::testing::HasSubstr;
 using ::testing::Not;
 
-std::vector<float> random_values(size_t n, uint32_t seed, float scale = 1.0f) {
-  std::mt19937 rng(seed);
-  std::normal_distribution<float> normal(0.0f, scale);
-  std::vector<float> v(n);
-  for (auto& x : v) x = normal(rng);
-  return v;
-}
+using ::fastformer::test::random_values;
 
 struct Case {
   int64_t m, n, k, lda, ldc;

@@ -18,6 +18,7 @@
 
 #include "kernels/kernels.h"
 #include "tests/emulation/device_buffer.h"
+#include "tests/support/random_values.h"
 
 namespace fastformer {
 namespace {
@@ -55,13 +56,7 @@ double tolerance(double want) {
   return 1.25 * relative * std::abs(want) + 1e-5;
 }
 
-std::vector<float> random_floats(size_t n, float lo, float hi, uint32_t seed) {
-  std::mt19937 rng(seed);
-  std::uniform_real_distribution<float> dist(lo, hi);
-  std::vector<float> v(n);
-  for (float& x : v) x = dist(rng);
-  return v;
-}
+using ::fastformer::test::random_floats;
 
 // Host values in dtype T, and the doubles the kernels see in them.
 template <class T>

@@ -315,7 +315,7 @@ void CpuOps::key_pool_rows(const BatchRef&, const Mat& k, const Mat& pq, const W
         if constexpr (kFloat<E>)
           std::copy_n(row_of<float>(pq, b), D, pq_row.data());
         else
-          rows::widen_row(isa_, row_of<uint16_t>(pq, b), pq_row.data(), D);
+          bfloat16_to_float_row(row_of<uint16_t>(pq, b), pq_row.data(), D);
         for (int64_t h = 0; h < H; ++h)
           rows::scale_row(isa_, wka + h * D, pq_row.data(), D, weight.data() + h * D);
         formed = b;
@@ -354,7 +354,7 @@ void CpuOps::mix_rows(const BatchRef& ref, const Mat& q, const Mat& pk, Mat u) {
         if constexpr (kFloat<E>)
           std::copy_n(row_of<float>(pk, b), D, pk_row.data());
         else
-          rows::widen_row(isa_, row_of<uint16_t>(pk, b), pk_row.data(), D);
+          bfloat16_to_float_row(row_of<uint16_t>(pk, b), pk_row.data(), D);
       }
       rows::scale_row(isa_, row_of<E>(q, t), pk_row.data(), D, row_of<E>(u, t));
     }

@@ -26,6 +26,21 @@
 
 namespace fastformer::engine::vmath {
 
+// exp's range reduction and polynomial, for float and for the vector types of vector_rows.cc
+// (one definition of the constants): ln 2 in two parts (x - n ln 2 stays exact), and e^r for
+// |r| <= ln 2 / 2.
+inline constexpr float kLn2High = 0.693359375f, kLn2Low = -2.12194440e-4f;
+// (By reference, not returned: a vector return value changes the ABI between builds.)
+template <class T>
+[[gnu::always_inline]] inline void exp_polynomial(const T& r, T& p) {
+  p = r * 1.9875691500e-4f + 1.3981999507e-3f;
+  p = p * r + 8.3334519073e-3f;
+  p = p * r + 4.1665795894e-2f;
+  p = p * r + 1.6666665459e-1f;
+  p = p * r + 5.0000001201e-1f;
+  p = p * r * r + r + 1.0f;
+}
+
 inline float exp(float x) {
   x = x < -87.0f ? -87.0f : (x > 88.0f ? 88.0f : x);
   // n = round(x / ln 2) by truncation after adding +-0.5 (std::floor is a library call
@@ -35,15 +50,10 @@ inline float exp(float x) {
   const float t = x == x ? x * 1.44269504088896341f : 0.0f;
   const auto ni = static_cast<int32_t>(t + std::copysign(0.5f, t));
   const float n = static_cast<float>(ni);
-  const float r = (x - n * 0.693359375f) + n * 2.12194440e-4f;  // x - n ln2, in two parts
-  float p = 1.9875691500e-4f;
-  p = p * r + 1.3981999507e-3f;
-  p = p * r + 8.3334519073e-3f;
-  p = p * r + 4.1665795894e-2f;
-  p = p * r + 1.6666665459e-1f;
-  p = p * r + 5.0000001201e-1f;
-  p = p * r * r + r + 1.0f;
-  const int32_t bits = (ni + 127) << 23;  // 2^n
+  const float r = (x - n * kLn2High) - n * kLn2Low;  // x - n ln2, in two parts
+  const int32_t bits = (ni + 127) << 23;             // 2^n
+  float p;
+  exp_polynomial(r, p);
   return p * std::bit_cast<float>(bits);
 }
 

@@ -189,18 +189,6 @@ FF_INLINE void scale_impl(const E* x, const float* scale, int64_t n, E* out) {
   for (int64_t j = nv; j < n; ++j) st(out, j, ld(x, j) * scale[j]);
 }
 
-template <class V>
-FF_INLINE void widen_impl(const uint16_t* in, float* out, int64_t n) {
-  constexpr int L = sizeof(V) / sizeof(float);
-  const int64_t nv = n - n % L;
-  for (int64_t j = 0; j < nv; j += L) {
-    V a;
-    loadv(a, in + j);
-    storev(out + j, a);
-  }
-  for (int64_t j = nv; j < n; ++j) out[j] = ld(in, j);
-}
-
 // Tokens per block and heads per block of the key-score kernel: TB x HB accumulators, and
 // TB + HB loads for TB x HB multiply-adds; within the registers of each build (32 zmm: 6 x 4
 // accumulators, 6 key vectors and a weight vector; 16 ymm or xmm: 2 x 4, the weight vectors
@@ -306,26 +294,20 @@ FF_INLINE void weighted_sum(const float* w, const E* x, int64_t stride, int64_t 
   }
 }
 
-// exp(y) in every lane, y <= 0: vmath::exp's range reduction and polynomial written on the
-// vector type (GCC vectorises the scalar form only 256 bits wide for AVX-512).
+// exp(y) in every lane, y <= 0: vmath::exp's range reduction and polynomial on the vector type
+// (GCC vectorises the scalar form only 256 bits wide for AVX-512).
 template <class V>
 FF_INLINE void exp_nonpositive(V& y) {
   using I = typename Lanes<V>::i32;
   y = y < -87.0f ? V{} - 87.0f : y;
   const I n = __builtin_convertvector(y * 1.44269504088896341f - 0.5f, I);  // round, as y <= 0
   const V nf = __builtin_convertvector(n, V);
-  const V r = (y - nf * 0.693359375f) + nf * 2.12194440e-4f;  // y - n ln 2, in two parts
-  V p = V{} + 1.9875691500e-4f;
-  p = p * r + 1.3981999507e-3f;
-  p = p * r + 8.3334519073e-3f;
-  p = p * r + 4.1665795894e-2f;
-  p = p * r + 1.6666665459e-1f;
-  p = p * r + 5.0000001201e-1f;
-  p = p * r * r + r + 1.0f;
-  const I scale = (n + 127) << 23;  // 2^n
+  const V r = (y - nf * vmath::kLn2High) - nf * vmath::kLn2Low;  // y - n ln 2, in two parts
+  const I scale = (n + 127) << 23;                               // 2^n
   V two_n;
   std::memcpy(&two_n, &scale, sizeof(V));
-  y = p * two_n;
+  vmath::exp_polynomial(r, y);
+  y *= two_n;
 }
 
 template <class V, class S, class E>
@@ -492,8 +474,6 @@ FF_RESIDUAL_LN(uint16_t)
             (x, scale, n, out))
 FF_SCALE(float)
 FF_SCALE(uint16_t)
-
-FF_BUILDS(void, widen_row, (const uint16_t* in, float* out, int64_t n), widen_impl, (in, out, n))
 
 #define FF_KEY_SCORES(E)                                                                       \
   FF_BUILDS(void, key_scores,                                                                  \

@@ -44,9 +44,6 @@ void residual_layernorm_row(Isa isa, const uint16_t* c, const float* bias, const
 void scale_row(Isa isa, const float* x, const float* scale, int64_t n, float* out);
 void scale_row(Isa isa, const uint16_t* x, const float* scale, int64_t n, uint16_t* out);
 
-// bfloat16 -> float32.
-void widen_row(Isa isa, const uint16_t* in, float* out, int64_t n);
-
 // r[t * ldr + h] = sum_j k[t * ldk + j] w[h * D + j] + bias[h], for t < n and h < H: the key
 // scores of n tokens of one sequence against its weight w = pq_b * Wka' ([H, D], dense).
 void key_scores(Isa isa, const float* k, int64_t ldk, int64_t n, const float* w, const float* bias,
