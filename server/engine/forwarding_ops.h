@@ -16,6 +16,7 @@ class ForwardingOps : public Ops {
   explicit ForwardingOps(Ops& inner) : inner_(inner) {}
 
   size_t element_size() const override { return inner_.element_size(); }
+  size_t uploaded_element_size() const override { return inner_.uploaded_element_size(); }
   const void* upload(std::span<const float> host) override { return inner_.upload(host); }
   void reserve(const WorkspacePlan& largest) override { inner_.reserve(largest); }
   void* workspace() override { return inner_.workspace(); }

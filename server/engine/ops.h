@@ -59,9 +59,13 @@ class Ops {
 
   // Bytes per element of the serving dtype.
   virtual size_t element_size() const = 0;
+  // Bytes per element of what upload() makes (the embedding tables and the other parameters
+  // the kernels read as they are): the serving dtype's unless an engine keeps float32.
+  virtual size_t uploaded_element_size() const { return element_size(); }
 
-  // Makes float32 host data available in engine memory in the serving dtype. The host
-  // array outlives the Ops (an engine may serve it in place); the result lives as long.
+  // Makes float32 host data available in engine memory, in the serving dtype or float32
+  // (uploaded_element_size()). The host array outlives the Ops (an engine may serve it in
+  // place); the result lives as long.
   virtual const void* upload(std::span<const float> host) = 0;
   // Allocates the workspace for `largest`, the plan of the largest batch the engine serves
   // (workspace.h), and sizes by it whatever per-batch memory of its own the ops keep. The

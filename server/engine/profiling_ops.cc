@@ -11,7 +11,8 @@ namespace {
 // profile's bytes and FLOPs (fastformer-bench --profile) and the per-token figures of the cost
 // model (docs/kernels.md, "Cost model"; tools/cost_model.py writes the same formulas). Bytes:
 // every operand read once and every result written once, in the serving dtype (`e` bytes an
-// element; float32 host rows at 4), weights included, and nothing a kernel keeps in between
+// element; float32 host rows at 4; the embedding tables as uploaded, float32 on the CPU
+// engine), weights included, and nothing a kernel keeps in between
 // (chunk partials, token scores), so bytes / time is the share of bandwidth an op reaches.
 // FLOPs: 2 per multiply-add; a LayerNorm 8 per element, an exp or tanh 1.
 namespace cost {
@@ -24,9 +25,10 @@ Cost begin_batch(const RaggedBatch& batch) {  // ids, embedding indices, positio
   const double T = n(batch.num_tokens()), B = n(batch.num_sequences());
   return {T * (4 + 4 + 4 + 1) + (B + 1) * 4 + n(int64_t(batch.input_embeddings.size())) * 4, 0};
 }
-Cost embed(const BatchRef& b, const Mat& x, size_t e) {  // word + position rows in, LN, x out
+// word + position rows in (`p` bytes an element: the tables as uploaded), LN, x out
+Cost embed(const BatchRef& b, const Mat& x, size_t e, size_t p) {
   const double T = n(b.num_tokens), D = n(x.cols);
-  return {T * (8 + 3 * D * n(e)) + 2 * D * n(e), 8 * T * D};
+  return {T * (8 + 2 * D * n(p) + D * n(e)) + 2 * D * n(p), 8 * T * D};
 }
 Cost linear(const Mat& a, const WeightRef& w, Epilogue epilogue, size_t e) {
   const double M = n(a.rows), N = n(w.out), K = n(w.in);
@@ -100,7 +102,7 @@ BatchRef ProfilingOps::begin_batch(const RaggedBatch& batch, const WorkspacePlan
 void ProfilingOps::embed(const BatchRef& batch, const void* word_embedding,
                          const void* position_embeddings, const void* ln_gamma, const void* ln_beta,
                          double eps, Mat x) {
-  issue("embed", layer_, cost::embed(batch, x, element_size()));
+  issue("embed", layer_, cost::embed(batch, x, element_size(), uploaded_element_size()));
   inner_.embed(batch, word_embedding, position_embeddings, ln_gamma, ln_beta, eps, x);
 }
 

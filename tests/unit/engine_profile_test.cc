@@ -5,6 +5,7 @@
 #include <gtest/gtest.h>
 
 #include <chrono>
+#include <cstdlib>
 #include <functional>
 #include <map>
 #include <memory>
@@ -12,6 +13,7 @@
 #include <string>
 #include <vector>
 
+#include "server/engine/cpu/onednn_gemm.h"
 #include "server/engine/cuda/emulated_engine.h"
 #include "server/engine/engine.h"
 #include "server/engine/model.h"
@@ -31,7 +33,8 @@ struct Case {
   std::string name;
   MakeEngine make;
   size_t element_size;
-  double min_covered;  // the least share of the encode() wall time the ops' times must cover
+  size_t table_element_size;  // the embedding tables as the engine keeps them
+  double min_covered;         // the least share of the encode() wall time the ops' times must cover
 };
 
 void PrintTo(const Case& c, std::ostream* out) { *out << c.name; }
@@ -136,6 +139,11 @@ TEST_P(EngineProfileTest, EveryOpOncePerLayerWithItsCost) {
   // A += U Wt^T reads A, U and Wt and writes A: (T D + D D + 2 T D) elements.
   EXPECT_EQ(rows[6].name, "transform_gemm");
   EXPECT_EQ(rows[6].bytes, e * (T * D + D * D + 2 * T * D));
+  // embed reads a word and a position row a token (and an id and a position id), LN's gamma
+  // and beta once, in the tables' element size, and writes x in the serving dtype.
+  const double p = double(GetParam().table_element_size);
+  EXPECT_EQ(rows[1].name, "embed");
+  EXPECT_EQ(rows[1].bytes, T * (8 + 2 * D * p + D * e) + 2 * D * p);
   // The timestamps span the batch: the ops' times add up to (most of) encode()'s, never more.
   const double batch_ms = wall_ms / kBatches;
   EXPECT_GT(total_ms, 0.0);
@@ -143,29 +151,43 @@ TEST_P(EngineProfileTest, EveryOpOncePerLayerWithItsCost) {
   EXPECT_GE(total_ms, GetParam().min_covered * batch_ms);
 }
 
-INSTANTIATE_TEST_SUITE_P(Engines, EngineProfileTest,
-                         ::testing::Values(Case{"cpu",
-                                                [](std::shared_ptr<const engine::Model> model) {
-                                                  engine::EngineOptions options;
-                                                  options.backend = engine::Backend::kCpu;
-                                                  options.threads = 2;
-                                                  options.max_batch_tokens = 512;
-                                                  return engine::create_engine(std::move(model),
-                                                                               options);
-                                                },
-                                                sizeof(float), 0.7},
-                                           Case{"emulated_cuda_bfloat16",
-                                                [](std::shared_ptr<const engine::Model> model) {
-                                                  engine::EngineOptions options;
-                                                  options.dtype = engine::Dtype::kBfloat16;
-                                                  options.max_batch_tokens = 512;
-                                                  return engine::cuda::create_emulated_cuda_engine(
-                                                      std::move(model), options);
-                                                },
-                                                2, 0.9}),
-                         [](const ::testing::TestParamInfo<Case>& info) {
-                           return info.param.name;
-                         });
+INSTANTIATE_TEST_SUITE_P(
+    Engines, EngineProfileTest,
+    ::testing::Values(Case{"cpu",
+                           [](std::shared_ptr<const engine::Model> model) {
+                             engine::EngineOptions options;
+                             options.backend = engine::Backend::kCpu;
+                             options.threads = 2;
+                             options.max_batch_tokens = 512;
+                             return engine::create_engine(std::move(model), options);
+                           },
+                           sizeof(float), sizeof(float), 0.7},
+                      Case{"cpu_bfloat16",
+                           [](std::shared_ptr<const engine::Model> model) {
+                             engine::EngineOptions options;
+                             options.backend = engine::Backend::kCpu;
+                             options.dtype = engine::Dtype::kBfloat16;
+                             options.threads = 2;
+                             options.max_batch_tokens = 512;
+                             // bfloat16 buffers on any CPU (the tests'
+                             // emulation where the CPU has no bf16 GEMMs)
+                             const bool emulate = !engine::cpu_gemm_info().has_bf16;
+                             if (emulate) ::setenv("FASTFORMER_CPU_BFLOAT16", "emulate", 1);
+                             auto engine = engine::create_engine(std::move(model), options);
+                             if (emulate) ::unsetenv("FASTFORMER_CPU_BFLOAT16");
+                             return engine;
+                           },
+                           2, sizeof(float), 0.7},
+                      Case{"emulated_cuda_bfloat16",
+                           [](std::shared_ptr<const engine::Model> model) {
+                             engine::EngineOptions options;
+                             options.dtype = engine::Dtype::kBfloat16;
+                             options.max_batch_tokens = 512;
+                             return engine::cuda::create_emulated_cuda_engine(std::move(model),
+                                                                              options);
+                           },
+                           2, 2, 0.9}),
+    [](const ::testing::TestParamInfo<Case>& info) { return info.param.name; });
 
 // A profile has no fixed count of timestamps: a 12-layer model issues 2 + 10 x 12 + 8 = 130 ops a
 // batch, over the first reservation (64), on both engines, and still gets every op once per

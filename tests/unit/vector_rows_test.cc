@@ -8,11 +8,13 @@
 
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <cmath>
 #include <cstdint>
 #include <limits>
 #include <random>
 #include <string>
+#include <type_traits>
 #include <vector>
 
 #include "common/half.h"
@@ -133,28 +135,45 @@ TEST_P(VectorRowsTest, KeyScoresAgainstDouble) {
   struct Case {
     int64_t n, H, D, ldk;
   };
-  for (const Case& cs : {Case{37, 12, 768, 770}, Case{5, 16, 256, 256}, Case{1, 12, 768, 768},
-                         Case{3, 5, 36, 40}, Case{9, 1, 20, 20}}) {
+  // Heads a multiple of the lanes take the kernel vectorised over heads (16 and 32 on every
+  // build, 8 on AVX2 and baseline, 12 on baseline), the rest the token x head blocks.
+  for (const Case& cs :
+       {Case{37, 12, 768, 770}, Case{5, 16, 256, 256}, Case{1, 12, 768, 768}, Case{3, 5, 36, 40},
+        Case{9, 1, 20, 20}, Case{29, 16, 256, 531}, Case{13, 32, 64, 64}, Case{11, 8, 40, 48}}) {
     SCOPED_TRACE("n " + std::to_string(cs.n) + " H " + std::to_string(cs.H) + " D " +
                  std::to_string(cs.D));
-    const auto k = random_floats(size_t(cs.n * cs.ldk), -1, 1, 12);
-    const auto w = random_floats(size_t(cs.H * cs.D), -1, 1, 13);
+    const auto wka = random_floats(size_t(cs.H * cs.D), -1, 1, 13);
+    const auto pq = random_floats(size_t(cs.D), -1, 1, 17);
     const auto bias = random_floats(size_t(cs.H), -1, 1, 14);
+    std::vector<float> w(size_t(cs.H * cs.D));
+    key_weight(isa(), wka.data(), pq.data(), cs.H, cs.D, w.data());
     const int64_t ldr = cs.H + 3;
     const float guard = 12345.0f;
-    std::vector<float> r(size_t(cs.n * ldr), guard);
-    key_scores(isa(), k.data(), cs.ldk, cs.n, w.data(), bias.data(), cs.H, cs.D, r.data(), ldr);
-    for (int64_t t = 0; t < cs.n; ++t) {
-      for (int64_t h = 0; h < ldr; ++h) {
-        const float got = r[size_t(t * ldr + h)];
-        if (h >= cs.H) {
-          ASSERT_EQ(got, guard) << "wrote past the heads at token " << t;
-          continue;
+    const auto k = random_floats(size_t(cs.n * cs.ldk), -1, 1, 12);
+    const auto k16 = to_bf16(k);
+    for (const bool bf16 : {false, true}) {
+      SCOPED_TRACE(bf16 ? "bfloat16 K" : "float K");
+      std::vector<float> r(size_t(cs.n * ldr), guard);
+      if (bf16)
+        key_scores(isa(), k16.data(), cs.ldk, cs.n, w.data(), bias.data(), cs.H, cs.D, r.data(),
+                   ldr);
+      else
+        key_scores(isa(), k.data(), cs.ldk, cs.n, w.data(), bias.data(), cs.H, cs.D, r.data(), ldr);
+      for (int64_t t = 0; t < cs.n; ++t) {
+        for (int64_t h = 0; h < ldr; ++h) {
+          const float got = r[size_t(t * ldr + h)];
+          if (h >= cs.H) {
+            ASSERT_EQ(got, guard) << "wrote past the heads at token " << t;
+            continue;
+          }
+          double want = bias[size_t(h)];
+          for (int64_t j = 0; j < cs.D; ++j) {
+            const size_t at = size_t(t * cs.ldk + j);
+            const double kj = bf16 ? double(bfloat16_to_float(k16[at])) : double(k[at]);
+            want += kj * double(pq[size_t(j)]) * double(wka[size_t(h * cs.D + j)]);
+          }
+          ASSERT_NEAR(got, want, 2e-6 * double(cs.D)) << "token " << t << " head " << h;
         }
-        double want = bias[size_t(h)];
-        for (int64_t j = 0; j < cs.D; ++j)
-          want += double(k[size_t(t * cs.ldk + j)]) * w[size_t(h * cs.D + j)];
-        ASSERT_NEAR(got, want, 2e-6 * double(cs.D)) << "token " << t << " head " << h;
       }
     }
   }
@@ -185,57 +204,82 @@ Partials reference_chunk(const std::vector<float>& scores, int64_t heads,
   return p;
 }
 
+// Every layout the pooling takes: head-major weights (4 heads of 16, 12 of 64), token-major
+// (heads a multiple of the lanes: 16 of 16, the official model's; 32 of 32), one head (the
+// pooler's), on every build; rows and scores strided as the engine passes them.
 TEST_P(VectorRowsTest, PoolChunkFloatAndBfloat16) {
-  const int64_t len = 37, heads = 4, D = 64;
-  auto scores = random_floats(size_t(len * heads), -6, 6, 15);
-  const auto values = random_floats(size_t(len * D), -2, 2, 16);
-  std::vector<uint8_t> mask(size_t(len), 1);
-  mask[3] = mask[20] = mask[36] = 0;
-  scores[size_t(20 * heads + 1)] = 1e4f;  // a masked token's score must not become the max
-  std::vector<float> m(static_cast<size_t>(heads)), l(static_cast<size_t>(heads)),
-      v(static_cast<size_t>(D)), scratch(static_cast<size_t>(heads * len + D));
-  auto check = [&](const Partials& want, const char* what) {
-    SCOPED_TRACE(what);
-    for (int64_t h = 0; h < heads; ++h) {
-      ASSERT_NEAR(m[size_t(h)], want.m[size_t(h)], 1e-6) << h;
-      ASSERT_NEAR(l[size_t(h)], want.l[size_t(h)], 1e-5 * want.l[size_t(h)]) << h;
-    }
-    for (int64_t j = 0; j < D; ++j) ASSERT_NEAR(v[size_t(j)], want.v[size_t(j)], 2e-5 * 37) << j;
+  struct Shape {
+    int64_t heads, D, score_ld, values_ld;
   };
-  pool_chunk(isa(), scores.data(), heads, heads, values.data(), D, D, mask.data(), len, m.data(),
-             l.data(), v.data(), scratch.data());
-  check(reference_chunk(scores, heads, values, D, mask), "float scores, float values");
-  // bfloat16 values (the key pool's), then bfloat16 scores too (the query pool's)
-  const auto values16 = to_bf16(values), scores16 = to_bf16(scores);
-  pool_chunk(isa(), scores.data(), heads, heads, values16.data(), D, D, mask.data(), len, m.data(),
-             l.data(), v.data(), scratch.data());
-  check(reference_chunk(scores, heads, from_bf16(values16), D, mask), "bfloat16 values");
-  pool_chunk(isa(), scores16.data(), heads, heads, values16.data(), D, D, mask.data(), len,
-             m.data(), l.data(), v.data(), scratch.data());
-  check(reference_chunk(from_bf16(scores16), heads, from_bf16(values16), D, mask),
-        "bfloat16 scores and values");
-  // No real token: m = -inf, l = 0, v = 0 (combine() skips such a chunk).
-  std::fill(mask.begin(), mask.end(), 0);
-  pool_chunk(isa(), scores.data(), heads, heads, values.data(), D, D, mask.data(), len, m.data(),
-             l.data(), v.data(), scratch.data());
-  for (int64_t h = 0; h < heads; ++h) {
-    EXPECT_EQ(m[size_t(h)], -std::numeric_limits<float>::infinity());
-    EXPECT_EQ(l[size_t(h)], 0.0f);
+  for (const Shape shape :
+       {Shape{4, 64, 4, 64}, Shape{16, 256, 16 + 3, 256 + 32}, Shape{1, 64, 1, 64},
+        Shape{1, 256, 1, 256 + 16}, Shape{12, 768, 12, 768}, Shape{32, 1024, 32 + 1, 1024}}) {
+    const int64_t len = 37, heads = shape.heads, D = shape.D;
+    SCOPED_TRACE(std::to_string(heads) + " heads, D " + std::to_string(D));
+    auto scores = random_floats(size_t(len * heads), -6, 6, 15);
+    const auto values = random_floats(size_t(len * D), -2, 2, 16);
+    std::vector<uint8_t> mask(size_t(len), 1);
+    mask[3] = mask[20] = mask[36] = 0;
+    scores[size_t(20 * heads + heads - 1)] = 1e4f;  // a masked token's score must not be the max
+    std::vector<float> m(static_cast<size_t>(heads)), l(static_cast<size_t>(heads)),
+        v(static_cast<size_t>(D)), scratch(static_cast<size_t>(pool_scratch_floats(heads, len, D)));
+    // The engine's strides: scores and rows inside wider matrices.
+    auto strided = [&](const auto& x, int64_t cols, int64_t ld) {
+      std::remove_cvref_t<decltype(x)> out(size_t(len * ld), 0);
+      for (int64_t t = 0; t < len; ++t)
+        std::copy_n(x.begin() + t * cols, cols, out.begin() + t * ld);
+      return out;
+    };
+    auto check = [&](const Partials& want, const char* what) {
+      SCOPED_TRACE(what);
+      for (int64_t h = 0; h < heads; ++h) {
+        ASSERT_NEAR(m[size_t(h)], want.m[size_t(h)], 1e-6) << h;
+        ASSERT_NEAR(l[size_t(h)], want.l[size_t(h)], 1e-5 * want.l[size_t(h)]) << h;
+      }
+      for (int64_t j = 0; j < D; ++j) ASSERT_NEAR(v[size_t(j)], want.v[size_t(j)], 2e-5 * 37) << j;
+    };
+    const int64_t sld = shape.score_ld, vld = shape.values_ld;
+    const auto scores_s = strided(scores, heads, sld);
+    const auto values_s = strided(values, D, vld);
+    pool_chunk(isa(), scores_s.data(), sld, heads, values_s.data(), vld, D, mask.data(), len,
+               m.data(), l.data(), v.data(), scratch.data());
+    check(reference_chunk(scores, heads, values, D, mask), "float scores, float values");
+    // bfloat16 values (the key pool's), then bfloat16 scores too (the query pool's)
+    const auto values16 = to_bf16(values), scores16 = to_bf16(scores);
+    const auto values16_s = strided(values16, D, vld), scores16_s = strided(scores16, heads, sld);
+    pool_chunk(isa(), scores_s.data(), sld, heads, values16_s.data(), vld, D, mask.data(), len,
+               m.data(), l.data(), v.data(), scratch.data());
+    check(reference_chunk(scores, heads, from_bf16(values16), D, mask), "bfloat16 values");
+    pool_chunk(isa(), scores16_s.data(), sld, heads, values16_s.data(), vld, D, mask.data(), len,
+               m.data(), l.data(), v.data(), scratch.data());
+    check(reference_chunk(from_bf16(scores16), heads, from_bf16(values16), D, mask),
+          "bfloat16 scores and values");
+    // No real token: m = -inf, l = 0, v = 0 (combine() skips such a chunk).
+    std::fill(mask.begin(), mask.end(), 0);
+    pool_chunk(isa(), scores_s.data(), sld, heads, values_s.data(), vld, D, mask.data(), len,
+               m.data(), l.data(), v.data(), scratch.data());
+    for (int64_t h = 0; h < heads; ++h) {
+      EXPECT_EQ(m[size_t(h)], -std::numeric_limits<float>::infinity());
+      EXPECT_EQ(l[size_t(h)], 0.0f);
+    }
+    for (float x : v) ASSERT_EQ(x, 0.0f);
   }
-  for (float x : v) ASSERT_EQ(x, 0.0f);
 }
 
+// Lengths with and without the four-vector steps' remainder and a scalar tail.
 TEST_P(VectorRowsTest, TanhDot) {
-  const int64_t D = 771;
-  const auto e = random_floats(size_t(D), -4, 4, 17), w = random_floats(size_t(D), -1, 1, 18);
-  double want = 0;
-  for (int64_t j = 0; j < D; ++j) want += std::tanh(double(e[size_t(j)])) * w[size_t(j)];
-  EXPECT_NEAR(tanh_dot(isa(), e.data(), w.data(), D), want, 1e-6 * double(D));
-  const auto e16 = to_bf16(e);
-  want = 0;
-  for (int64_t j = 0; j < D; ++j)
-    want += std::tanh(double(bfloat16_to_float(e16[size_t(j)]))) * w[size_t(j)];
-  EXPECT_NEAR(tanh_dot(isa(), e16.data(), w.data(), D), want, 1e-6 * double(D));
+  for (const int64_t D : {771, 800, 256, 5}) {
+    SCOPED_TRACE("D " + std::to_string(D));
+    const auto e = random_floats(size_t(D), -4, 4, 17), w = random_floats(size_t(D), -1, 1, 18);
+    double want = 0;
+    for (int64_t j = 0; j < D; ++j) want += std::tanh(double(e[size_t(j)])) * w[size_t(j)];
+    EXPECT_NEAR(tanh_dot(isa(), e.data(), w.data(), D), want, 1e-6 * double(D));
+    const auto e16 = to_bf16(e);
+    want = 0;
+    for (int64_t j = 0; j < D; ++j)
+      want += std::tanh(double(bfloat16_to_float(e16[size_t(j)]))) * w[size_t(j)];
+    EXPECT_NEAR(tanh_dot(isa(), e16.data(), w.data(), D), want, 1e-6 * double(D));
+  }
 }
 
 INSTANTIATE_TEST_SUITE_P(Builds, VectorRowsTest,

@@ -301,9 +301,9 @@ void CpuOps::key_pool_rows(const BatchRef&, const Mat& k, const Mat& pq, const W
   const float* bka = f(key_att.bias);
   float* r = token_scores_;
   // One pass over K per chunk, which stays in L2 between its two uses: the scores
-  // r_t = K_t (pq_b * Wka')^T + bka' (the weight [H, D] formed once per sequence and worker,
-  // then a register-blocked kernel over the chunk's tokens; K * pq is never formed), then the
-  // chunk's softmax partials pk_h = sum_t b_{t,h} K_{t,h-slice} (vector_rows.h).
+  // r_t = K_t (pq_b * Wka')^T + bka' (the weight formed once per sequence and worker, in the
+  // kernel's layout, then a register-blocked kernel over the chunk's tokens; K * pq is never
+  // formed), then the chunk's softmax partials pk_h = sum_t b_{t,h} K_{t,h-slice} (vector_rows.h).
   pool_.parallel_for(chunks_->count(), 1, [&](int64_t first, int64_t last) {
     std::vector<float> weight(static_cast<size_t>(H * D)), pq_row(static_cast<size_t>(D)), scratch;
     int32_t formed = -1;  // the sequence `weight` belongs to
@@ -316,8 +316,7 @@ void CpuOps::key_pool_rows(const BatchRef&, const Mat& k, const Mat& pq, const W
           std::copy_n(row_of<float>(pq, b), D, pq_row.data());
         else
           bfloat16_to_float_row(row_of<uint16_t>(pq, b), pq_row.data(), D);
-        for (int64_t h = 0; h < H; ++h)
-          rows::scale_row(isa_, wka + h * D, pq_row.data(), D, weight.data() + h * D);
+        rows::key_weight(isa_, wka, pq_row.data(), H, D, weight.data());
         formed = b;
       }
       const E* keys = row_of<E>(k, begin);

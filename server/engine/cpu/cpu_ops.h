@@ -48,6 +48,7 @@ class CpuOps final : public Ops, public OpsReport {
          Bf16Gemm bf16_gemm = Bf16Gemm::kOnednn);
 
   size_t element_size() const override { return bf16_ ? sizeof(uint16_t) : sizeof(float); }
+  size_t uploaded_element_size() const override { return sizeof(float); }  // used in place
   const void* upload(std::span<const float> host) override;
   void reserve(const WorkspacePlan& largest) override;
   void* workspace() override { return arena_.get(); }

@@ -5,6 +5,7 @@
 #include <cmath>
 #include <cstring>
 #include <limits>
+#include <type_traits>
 #include <utility>
 
 #include "server/engine/cpu/vector_math.h"
@@ -208,12 +209,94 @@ struct KeyBlock<v4f> {
   static constexpr int kTokens = 2, kHeads = 4;
 };
 
+// Whether the key scores run vectorised over heads ([D, H] weight) for this build and H.
+template <class V>
+constexpr bool key_scores_by_head(int64_t H) {
+  return H % int64_t(sizeof(V) / sizeof(float)) == 0;
+}
+
+// w = pq * Wka' in key_scores_impl's layout: [D, H] where H is a multiple of the lanes, else
+// [H, D].
+template <class V>
+FF_INLINE void key_weight_impl(const float* wka, const float* pq, int64_t H, int64_t D, float* w) {
+  if (key_scores_by_head<V>(H)) {
+    for (int64_t j = 0; j < D; ++j)
+      for (int64_t h = 0; h < H; ++h) w[j * H + h] = wka[h * D + j] * pq[j];
+    return;
+  }
+  for (int64_t h = 0; h < H; ++h)
+    for (int64_t j = 0; j < D; ++j) w[h * D + j] = wka[h * D + j] * pq[j];
+}
+
+// The scores vectorised over heads: for each group of L heads, blocks of TB tokens, one
+// accumulator a token; per element j of D, the weight row w[j, g .. g+L) is loaded once and
+// multiplied by each token's k[j] broadcast from memory (no horizontal sums).
+template <class V, class E>
+FF_INLINE void key_scores_heads(const E* k, int64_t ldk, int64_t n, const float* w,
+                                const float* bias, int64_t H, int64_t D, float* r, int64_t ldr) {
+  constexpr int L = sizeof(V) / sizeof(float);
+  constexpr int TB = sizeof(V) == 64 ? 16 : 6;
+  constexpr int64_t kPiece = 256;  // bfloat16 K: widened a piece of D at a time
+  [[maybe_unused]] float widened[TB][kPiece];
+  for (int64_t g = 0; g < H; g += L) {
+    V b;
+    loadv(b, bias + g);
+    for (int64_t t0 = 0; t0 < n; t0 += TB) {
+      // A partial block repeats its last token: computed, not stored.
+      const E* kp[TB];
+#pragma GCC unroll 16
+      for (int i = 0; i < TB; ++i) kp[i] = k + std::min<int64_t>(t0 + i, n - 1) * ldk;
+      if (g == 0) {  // the next block's rows, fetched while this one is summed
+        for (int64_t t = t0 + TB; t < std::min(n, t0 + 2 * TB); ++t) {
+          const char* row = reinterpret_cast<const char*>(k + t * ldk);
+          for (int64_t byte = 0; byte < D * int64_t(sizeof(E)); byte += 64)
+            __builtin_prefetch(row + byte);
+        }
+      }
+      V acc[TB];
+#pragma GCC unroll 16
+      for (int i = 0; i < TB; ++i) acc[i] = b;
+      for (int64_t j0 = 0; j0 < D; j0 += kPiece) {
+        const int64_t pn = std::min(kPiece, D - j0);
+        const float* kr[TB];
+        if constexpr (std::is_same_v<E, float>) {
+#pragma GCC unroll 16
+          for (int i = 0; i < TB; ++i) kr[i] = kp[i] + j0;
+        } else {  // bfloat16 rows widened once, so each k[j] is one broadcast from memory
+          const int64_t pv = pn - pn % L;
+          for (int i = 0; i < TB; ++i) {
+            for (int64_t j = 0; j < pv; j += L) {
+              V x;
+              loadv(x, kp[i] + j0 + j);
+              storev(widened[i] + j, x);
+            }
+            for (int64_t j = pv; j < pn; ++j) widened[i][j] = ld(kp[i], j0 + j);
+            kr[i] = widened[i];
+          }
+        }
+        for (int64_t j = 0; j < pn; ++j) {
+          V wv;
+          loadv(wv, w + (j0 + j) * H + g);
+#pragma GCC unroll 16
+          for (int i = 0; i < TB; ++i) acc[i] += wv * kr[i][j];  // (V{} + x would add a zero first)
+        }
+      }
+      for (int i = 0; i < TB && t0 + i < n; ++i) storev(r + (t0 + i) * ldr + g, acc[i]);
+    }
+  }
+}
+
 // K rows of E (float32, or bfloat16 widened in registers).
 template <class V, class E>
 FF_INLINE void key_scores_impl(const E* k, int64_t ldk, int64_t n, const float* w,
                                const float* bias, int64_t H, int64_t D, float* r, int64_t ldr) {
   constexpr int L = sizeof(V) / sizeof(float);
   constexpr int TB = KeyBlock<V>::kTokens, HB = KeyBlock<V>::kHeads;
+  if (key_scores_by_head<V>(H)) {
+    key_scores_heads<V>(k, ldk, n, w, bias, H, D, r, ldr);
+    return;
+  }
+  // Otherwise [H, D]: register blocks of TB tokens x HB heads along D, then a sum of lanes each.
   const int64_t Dv = D - D % L;
   for (int64_t t0 = 0; t0 < n; t0 += TB) {
     // A partial block repeats its last token (and below its last head): computed, not stored.
@@ -273,12 +356,12 @@ FF_INLINE void weighted_sum(const float* w, const E* x, int64_t stride, int64_t 
     for (int q = 0; q < DV; ++q) loadv(acc[q], v + q * L);
     for (int64_t t = 0; t < n; ++t) {
       if (w[t] == 0.0f) continue;  // a masked token (its row is never read)
-      const V wt = V{} + w[t];
+      const float wt = w[t];
 #pragma GCC unroll 8
       for (int q = 0; q < DV; ++q) {
         V xv;
         loadv(xv, x + t * stride + q * L);
-        acc[q] += wt * xv;
+        acc[q] += xv * wt;
       }
     }
 #pragma GCC unroll 8
@@ -310,14 +393,13 @@ FF_INLINE void exp_nonpositive(V& y) {
   y *= two_n;
 }
 
-template <class V, class S, class E>
-FF_INLINE void pool_chunk_impl(const S* scores, int64_t score_ld, int64_t heads, const E* values,
-                               int64_t values_ld, int64_t D, const uint8_t* mask, int64_t len,
-                               float* m, float* l, float* v, float* scratch) {
+// Head-major softmax weights w[h, t] (the exp along contiguous tokens), m and l per head: for
+// any head count.
+template <class V, class S>
+FF_INLINE void weights_by_head(const S* scores, int64_t score_ld, int64_t heads,
+                               const uint8_t* mask, int64_t len, float* m, float* l, float* w) {
   constexpr float kNegInf = -std::numeric_limits<float>::infinity();
   constexpr int L = sizeof(V) / sizeof(float);
-  const int64_t d = D / heads;
-  float* w = scratch;  // [heads, len]: head-major, so the exp runs along contiguous tokens
   for (int64_t h = 0; h < heads; ++h) m[h] = kNegInf;
   for (int64_t t = 0; t < len; ++t) {
     const S* s = scores + t * score_ld;
@@ -350,6 +432,132 @@ FF_INLINE void pool_chunk_impl(const S* scores, int64_t score_ld, int64_t heads,
     }
     l[h] = sum;
   }
+}
+
+// Token-major softmax weights, vectorised over heads (heads a multiple of the lanes): w[t, h] =
+// exp(s[t, h] - m[h]) for real tokens, 0 for masked ones; m and l (the sums) per head. One
+// vector load a token per L heads, where the head-major form gathers heads scalars a token.
+template <class V, class S>
+FF_INLINE void weights_by_token(const S* scores, int64_t score_ld, int64_t heads,
+                                const uint8_t* mask, int64_t len, float* m, float* l, float* w) {
+  constexpr float kNegInf = -std::numeric_limits<float>::infinity();
+  constexpr int L = sizeof(V) / sizeof(float);
+  for (int64_t g = 0; g < heads; g += L) {
+    V mx = V{} + kNegInf;
+    for (int64_t t = 0; t < len; ++t) {
+      if (!mask[t]) continue;
+      V x;
+      loadv(x, scores + t * score_ld + g);
+      mx = x > mx ? x : mx;
+    }
+    storev(m + g, mx);
+    const V mh = mx == kNegInf ? V{} : mx;  // no real token: every weight is 0
+    V sum{};
+    for (int64_t t = 0; t < len; ++t) {
+      float* wt = w + t * heads + g;
+      if (!mask[t]) {
+        storev(wt, V{});  // a masked token weighs exactly 0
+        continue;
+      }
+      V e;
+      loadv(e, scores + t * score_ld + g);
+      e -= mh;  // <= 0
+      exp_nonpositive(e);
+      storev(wt, e);
+      sum += e;
+    }
+    storev(l + g, sum);
+  }
+}
+
+// v[q0 L .. (q0 + NB) L) = sum over real tokens t of w[t, head] x_t[...], token-major weights
+// w [len, heads]: NB accumulators held over the whole chunk (independent chains, where the
+// head-major form chains one head's FMAs), rows read in order. VPH: vectors per head within the
+// block (NB: the whole block is one head); h0 the block's first head.
+template <class V, int NB, int VPH, class E>
+FF_INLINE void weighted_sum_by_token(const float* w, int64_t heads, int64_t h0, const E* x,
+                                     int64_t stride, const uint8_t* mask, int64_t len, float* v) {
+  constexpr int L = sizeof(V) / sizeof(float);
+  V acc[NB];
+#pragma GCC unroll 16
+  for (int q = 0; q < NB; ++q) acc[q] = V{};
+  for (int64_t t = 0; t < len; ++t) {
+    if (!mask[t]) continue;
+    const float* wt = w + t * heads + h0;
+    const E* row = x + t * stride;
+#pragma GCC unroll 16
+    for (int q = 0; q < NB; ++q) {
+      V xv;
+      loadv(xv, row + q * L);
+      acc[q] += xv * wt[q / VPH];
+    }
+  }
+#pragma GCC unroll 16
+  for (int q = 0; q < NB; ++q) storev(v + q * L, acc[q]);
+}
+
+// The token-major pooling of a chunk, where its shape allows: each vector within one head
+// (d a multiple of the lanes), blocks of NB vectors tiling the row, heads a multiple of the
+// lanes (or one head: the pooler's). Returns false where it does not apply.
+template <class V, int NB, class S, class E>
+FF_INLINE bool pool_by_token(const S* scores, int64_t score_ld, int64_t heads, const E* values,
+                             int64_t values_ld, int64_t D, const uint8_t* mask, int64_t len,
+                             float* m, float* l, float* v, float* w) {
+  constexpr int L = sizeof(V) / sizeof(float);
+  const int64_t d = D / heads;
+  if (d % L != 0 || (D / L) % NB != 0 || (heads % L != 0 && heads != 1)) return false;
+  const int64_t vph = d / L;
+  int layout = 0;  // VPH as a template argument
+  if (vph % NB == 0)
+    layout = NB;
+  else if (NB % vph == 0)
+    layout = int(vph);
+  else
+    return false;
+  if (heads == 1)  // one head: the two layouts are the same
+    weights_by_head<V>(scores, score_ld, heads, mask, len, m, l, w);
+  else
+    weights_by_token<V>(scores, score_ld, heads, mask, len, m, l, w);
+  for (int64_t q0 = 0; q0 < D / L; q0 += NB) {
+    const int64_t h0 = q0 / vph;
+    const E* x = values + q0 * L;
+    float* out = v + q0 * L;
+    switch (layout) {
+      case 1:
+        weighted_sum_by_token<V, NB, 1>(w, heads, h0, x, values_ld, mask, len, out);
+        break;
+      case 2:
+        weighted_sum_by_token<V, NB, 2>(w, heads, h0, x, values_ld, mask, len, out);
+        break;
+      case 4:
+        weighted_sum_by_token<V, NB, 4>(w, heads, h0, x, values_ld, mask, len, out);
+        break;
+      case 8:
+        weighted_sum_by_token<V, NB, 8>(w, heads, h0, x, values_ld, mask, len, out);
+        break;
+      default:
+        weighted_sum_by_token<V, NB, NB>(w, heads, h0, x, values_ld, mask, len, out);
+        break;
+    }
+  }
+  return true;
+}
+
+template <class V, class S, class E>
+FF_INLINE void pool_chunk_impl(const S* scores, int64_t score_ld, int64_t heads, const E* values,
+                               int64_t values_ld, int64_t D, const uint8_t* mask, int64_t len,
+                               float* m, float* l, float* v, float* scratch) {
+  constexpr int L = sizeof(V) / sizeof(float);
+  const int64_t d = D / heads;
+  // 32 vector registers on AVX-512 hold 16 accumulators, 16 on AVX2 and SSE hold 8.
+  constexpr int kBlock = sizeof(V) == 64 ? 16 : 8;
+  if (pool_by_token<V, kBlock>(scores, score_ld, heads, values, values_ld, D, mask, len, m, l, v,
+                               scratch) ||
+      pool_by_token<V, kBlock / 2>(scores, score_ld, heads, values, values_ld, D, mask, len, m, l,
+                                   v, scratch))
+    return;
+  float* w = scratch;  // [heads, len]: head-major, so the exp runs along contiguous tokens
+  weights_by_head<V>(scores, score_ld, heads, mask, len, m, l, w);
   std::fill(v, v + D, 0.0f);
   // Blocks of kPoolBlock tokens, each head's slice of v held in registers over the block, the
   // value rows widened in registers. The head slices read each row in pieces, which no
@@ -379,37 +587,63 @@ FF_INLINE void pool_chunk_impl(const S* scores, int64_t score_ld, int64_t heads,
   }
 }
 
-// tanh in every lane: sign(x) (1 - t) / (1 + t), t = exp(-2|x|) (vmath::tanh's formula).
-template <class V>
-FF_INLINE void tanh_vector(V& x) {
+// tanh in every lane of N vectors: sign(x) (1 - t) / (1 + t), t = exp(-2|x|) (vmath::tanh's
+// formula), each step over the N vectors in turn: N independent chains in flight (one tanh is
+// a chain of some twenty dependent operations, which one vector at a time leaves waiting).
+template <int N, class V>
+FF_INLINE void tanh_vectors(V* x) {
   using U = typename Lanes<V>::u32;
-  U bits;
-  std::memcpy(&bits, &x, sizeof(V));
-  const U sign = bits & 0x80000000u;
-  bits &= 0x7fffffffu;
-  V t;
-  std::memcpy(&t, &bits, sizeof(V));
-  t = -2.0f * t;
-  exp_nonpositive(t);
-  const V magnitude = (1.0f - t) / (1.0f + t);
-  std::memcpy(&bits, &magnitude, sizeof(V));
-  bits |= sign;
-  std::memcpy(&x, &bits, sizeof(V));
+  U sign[N];
+  V t[N];
+#pragma GCC unroll 8
+  for (int q = 0; q < N; ++q) {
+    U bits;
+    std::memcpy(&bits, &x[q], sizeof(V));
+    sign[q] = bits & 0x80000000u;
+    bits &= 0x7fffffffu;
+    std::memcpy(&t[q], &bits, sizeof(V));
+    t[q] = -2.0f * t[q];
+  }
+#pragma GCC unroll 8
+  for (int q = 0; q < N; ++q) exp_nonpositive(t[q]);
+#pragma GCC unroll 8
+  for (int q = 0; q < N; ++q) {
+    const V magnitude = (1.0f - t[q]) / (1.0f + t[q]);
+    U bits;
+    std::memcpy(&bits, &magnitude, sizeof(V));
+    bits |= sign[q];
+    std::memcpy(&x[q], &bits, sizeof(V));
+  }
 }
 
 template <class V, class E>
 FF_INLINE float tanh_dot_impl(const E* e, const float* w, int64_t D) {
   constexpr int L = sizeof(V) / sizeof(float);
-  const int64_t Dv = D - D % L;
-  V acc{};
-  for (int64_t j = 0; j < Dv; j += L) {
-    V x, wv;
-    loadv(x, e + j);
-    loadv(wv, w + j);
-    tanh_vector(x);
-    acc += x * wv;
+  constexpr int N = 4;  // vectors a step
+  const int64_t Dn = D - D % (N * L), Dv = D - D % L;
+  V acc[N] = {};
+  for (int64_t j = 0; j < Dn; j += N * L) {
+    V x[N];
+#pragma GCC unroll 8
+    for (int q = 0; q < N; ++q) loadv(x[q], e + j + q * L);
+    tanh_vectors<N>(x);
+#pragma GCC unroll 8
+    for (int q = 0; q < N; ++q) {
+      V wv;
+      loadv(wv, w + j + q * L);
+      acc[q] += x[q] * wv;
+    }
   }
-  float z = hsum(acc);
+  for (int64_t j = Dn; j < Dv; j += L) {
+    V x[1], wv;
+    loadv(x[0], e + j);
+    loadv(wv, w + j);
+    tanh_vectors<1>(x);
+    acc[0] += x[0] * wv;
+  }
+#pragma GCC unroll 8
+  for (int q = 1; q < N; ++q) acc[0] += acc[q];
+  float z = hsum(acc[0]);
   for (int64_t j = Dv; j < D; ++j) z += vmath::tanh(ld(e, j)) * w[j];
   return z;
 }
@@ -474,6 +708,9 @@ FF_RESIDUAL_LN(uint16_t)
             (x, scale, n, out))
 FF_SCALE(float)
 FF_SCALE(uint16_t)
+
+FF_BUILDS(void, key_weight, (const float* wka, const float* pq, int64_t H, int64_t D, float* w),
+          key_weight_impl, (wka, pq, H, D, w))
 
 #define FF_KEY_SCORES(E)                                                                       \
   FF_BUILDS(void, key_scores,                                                                  \

@@ -44,8 +44,13 @@ void residual_layernorm_row(Isa isa, const uint16_t* c, const float* bias, const
 void scale_row(Isa isa, const float* x, const float* scale, int64_t n, float* out);
 void scale_row(Isa isa, const uint16_t* x, const float* scale, int64_t n, uint16_t* out);
 
-// r[t * ldr + h] = sum_j k[t * ldk + j] w[h * D + j] + bias[h], for t < n and h < H: the key
-// scores of n tokens of one sequence against its weight w = pq_b * Wka' ([H, D], dense).
+// The key-score weight of one sequence, w = pq_b * Wka' (Wka [H, D], pq [D]), H * D floats in
+// the layout key_scores takes for this build: [D, H] where H is a multiple of its lanes (the
+// scores are then vectorised over heads), [H, D] otherwise.
+void key_weight(Isa isa, const float* wka, const float* pq, int64_t H, int64_t D, float* w);
+
+// r[t * ldr + h] = sum_j k[t * ldk + j] w[h, j] + bias[h], for t < n and h < H: the key
+// scores of n tokens of one sequence against its weight w (from key_weight, the same isa).
 void key_scores(Isa isa, const float* k, int64_t ldk, int64_t n, const float* w, const float* bias,
                 int64_t H, int64_t D, float* r, int64_t ldr);
 void key_scores(Isa isa, const uint16_t* k, int64_t ldk, int64_t n, const float* w,
