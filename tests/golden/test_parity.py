@@ -57,6 +57,8 @@ CASES = [
     Case("d64_2layers_tanhgelu_head_shared", 128, 2, 2, 160, "gelu_pytorch_tanh", 2, True),
     Case("d32_2layers_swish_head_pad3", 64, 2, 2, 128, "swish", 4, False, pad=3),
     Case("d16_2layers_gelu_no_word_embedding", 64, 4, 2, 128, "gelu", 3, False, word_embedding=False),
+    # 16 heads (the official preset's): the CPU's pooling token-major and key scores over heads
+    Case("d16_16heads_1layer_gelu_head", 256, 16, 1, 128, "gelu", 3, False),
 ]
 
 
@@ -158,18 +160,32 @@ def test_normalize(golden, basic_model, tmp_path):
         assert "token_embeddings" not in o and "logits" not in o
 
 
+# 16 heads of 16, as the official preset: the CPU's bfloat16 key scores then run on VDPBF16PS
+# (its model in the emulated mode) and the pooling token-major over heads.
+HEADS16 = Case("heads16", 256, 16, 1, 128, "gelu", 3, False, max_positions=512, vocab=211)
+
+
+@pytest.fixture(scope="module")
+def heads16_model(tmp_path_factory):
+    d = tmp_path_factory.mktemp("heads16")
+    model, cfg = make_model(HEADS16, d, seed=6)
+    return d, model, cfg
+
+
 @pytest.mark.parametrize("mode", ["hardware", "emulated"])
-def test_cpu_bfloat16_against_float64_reference(golden, basic_model, tmp_path, mode):
+@pytest.mark.parametrize("which", ["basic", "heads16"])
+def test_cpu_bfloat16_against_float64_reference(golden, request, tmp_path, mode, which):
     """--dtype bfloat16 on the CPU: pooled-embedding cosine >= 0.999 to the float64
     reference and the same logits argmax (the GPU's reduced-precision rule); on a CPU
     without AVX512_BF16 or AMX, a start-up refusal that says so. "emulated"
     (FASTFORMER_CPU_BFLOAT16=emulate) runs the same bfloat16 buffers, packed weights and row
     pieces over float32 GEMMs, on every CPU."""
-    model_dir, model, cfg = basic_model
+    model_dir, model, cfg = request.getfixturevalue(f"{which}_model")
+    case = BASIC if which == "basic" else HEADS16
     encode = golden.encode_binary()
     rng = np.random.default_rng(3)
     lengths = [1, 9, 300, 2, 511]
-    seqs = make_ids(rng, lengths, BASIC.vocab, 0)
+    seqs = make_ids(rng, lengths, case.vocab, 0)
     env = {"FASTFORMER_CPU_BFLOAT16": "emulate"} if mode == "emulated" else None
     run = golden.run_encode(encode, model_dir, items_for("ids", seqs), tmp_path, "--dtype", "bfloat16",
                             "--return-logits", "--threads", "2", check=False, env=env)

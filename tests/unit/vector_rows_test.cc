@@ -145,8 +145,9 @@ TEST_P(VectorRowsTest, KeyScoresAgainstDouble) {
     const auto wka = random_floats(size_t(cs.H * cs.D), -1, 1, 13);
     const auto pq = random_floats(size_t(cs.D), -1, 1, 17);
     const auto bias = random_floats(size_t(cs.H), -1, 1, 14);
-    std::vector<float> w(size_t(cs.H * cs.D));
-    key_weight(isa(), wka.data(), pq.data(), cs.H, cs.D, w.data());
+    std::vector<float> w(size_t(cs.H * cs.D)), wka_t(size_t(cs.H * cs.D));
+    transpose_key_att(wka.data(), cs.H, cs.D, wka_t.data());
+    key_weight(isa(), wka.data(), wka_t.data(), pq.data(), cs.H, cs.D, w.data());
     const int64_t ldr = cs.H + 3;
     const float guard = 12345.0f;
     const auto k = random_floats(size_t(cs.n * cs.ldk), -1, 1, 12);
@@ -175,6 +176,60 @@ TEST_P(VectorRowsTest, KeyScoresAgainstDouble) {
           ASSERT_NEAR(got, want, 2e-6 * double(cs.D)) << "token " << t << " head " << h;
         }
       }
+    }
+  }
+}
+
+// The key scores on VDPBF16PS and on its model: both against double over the same bfloat16
+// weight (pq * Wka rounded to nearest even, in pairs), and the instruction bit for bit equal to
+// the model where the CPU has it; odd D (the last element alone), partial token blocks, strided
+// rows and scores.
+TEST_P(VectorRowsTest, KeyScoresOnBfloat16PairsAgainstDoubleAndTheInstruction) {
+  struct Case {
+    int64_t n, H, D, ldk;
+  };
+  for (const Case& cs :
+       {Case{37, 16, 256, 531}, Case{16, 32, 64, 64}, Case{5, 16, 37, 40}, Case{1, 16, 2, 2}}) {
+    SCOPED_TRACE("n " + std::to_string(cs.n) + " H " + std::to_string(cs.H) + " D " +
+                 std::to_string(cs.D));
+    const auto wka = random_floats(size_t(cs.H * cs.D), -1, 1, 13);
+    const auto pq = random_floats(size_t(cs.D), -1, 1, 17);
+    const auto bias = random_floats(size_t(cs.H), -1, 1, 14);
+    const auto k16 = to_bf16(random_floats(size_t(cs.n * cs.ldk), -1, 1, 12));
+    std::vector<float> wka_t(size_t(cs.H * cs.D));
+    transpose_key_att(wka.data(), cs.H, cs.D, wka_t.data());
+    std::vector<uint32_t> pairs(size_t((cs.D + 1) / 2 * cs.H));
+    key_weight_pairs(isa(), wka_t.data(), pq.data(), cs.H, cs.D, pairs.data());
+    const int64_t ldr = cs.H + 3;
+    const float guard = 12345.0f;
+    auto run = [&](DotBf16 how) {
+      std::vector<float> r(size_t(cs.n * ldr), guard);
+      key_scores_pairs(how, k16.data(), cs.ldk, cs.n, pairs.data(), bias.data(), cs.H, cs.D,
+                       r.data(), ldr);
+      return r;
+    };
+    const auto model = run(DotBf16::kModel);
+    for (int64_t t = 0; t < cs.n; ++t) {
+      for (int64_t h = 0; h < ldr; ++h) {
+        const float got = model[size_t(t * ldr + h)];
+        if (h >= cs.H) {
+          ASSERT_EQ(got, guard) << "wrote past the heads at token " << t;
+          continue;
+        }
+        double want = bias[size_t(h)];
+        for (int64_t j = 0; j < cs.D; ++j) {
+          // The weight as the pairs hold it: pq * Wka rounded to bfloat16.
+          const float wj =
+              bfloat16_to_float(float_to_bfloat16(wka[size_t(h * cs.D + j)] * pq[size_t(j)]));
+          want += double(bfloat16_to_float(k16[size_t(t * cs.ldk + j)])) * double(wj);
+        }
+        ASSERT_NEAR(got, want, 2e-6 * double(cs.D)) << "token " << t << " head " << h;
+      }
+    }
+    if (dot_bf16_available()) {
+      EXPECT_EQ(run(DotBf16::kHardware), model) << "VDPBF16PS and its model differ";
+    } else {
+      RecordProperty("vdpbf16ps", "not on this CPU: the model only");
     }
   }
 }

@@ -45,12 +45,22 @@ int32_t sequence_of(const RaggedBatch& batch, int64_t t) {
 
 }  // namespace
 
+namespace {
+std::optional<rows::DotBf16> choose_key_dot(CpuDtype dtype, int64_t heads) {
+  if (dtype == CpuDtype::kFloat32 || heads % 16 != 0) return std::nullopt;
+  if (rows::dot_bf16_available()) return rows::DotBf16::kHardware;
+  if (dtype == CpuDtype::kBfloat16Emulated) return rows::DotBf16::kModel;
+  return std::nullopt;
+}
+}  // namespace
+
 CpuOps::CpuOps(int threads, const ModelConfig& config, CpuDtype dtype, Bf16Gemm bf16_gemm)
     : config_(config),
       dtype_(dtype),
       bf16_(dtype != CpuDtype::kFloat32),
       isa_(rows::detected_isa()),
       bf16_gemm_(dtype != CpuDtype::kFloat32 ? bf16_gemm : Bf16Gemm::kOnednn),
+      key_dot_(choose_key_dot(dtype, config.num_attention_heads)),
       pool_(threads) {}
 
 const CpuMatmul& CpuOps::matmul(const CpuMatmul::Shape& shape) {
@@ -299,6 +309,12 @@ void CpuOps::key_pool_rows(const BatchRef&, const Mat& k, const Mat& pq, const W
   const int64_t D = config_.hidden_size, H = config_.num_attention_heads;
   const float* wka = f(key_att.weight);
   const float* bka = f(key_att.bias);
+  std::vector<float>& transposed = key_att_t_[key_att.weight];
+  if (transposed.empty()) {
+    transposed.resize(static_cast<size_t>(H * D));
+    rows::transpose_key_att(wka, H, D, transposed.data());
+  }
+  const float* wka_t = transposed.data();
   float* r = token_scores_;
   // One pass over K per chunk, which stays in L2 between its two uses: the scores
   // r_t = K_t (pq_b * Wka')^T + bka' (the weight formed once per sequence and worker, in the
@@ -306,6 +322,12 @@ void CpuOps::key_pool_rows(const BatchRef&, const Mat& k, const Mat& pq, const W
   // formed), then the chunk's softmax partials pk_h = sum_t b_{t,h} K_{t,h-slice} (vector_rows.h).
   pool_.parallel_for(chunks_->count(), 1, [&](int64_t first, int64_t last) {
     std::vector<float> weight(static_cast<size_t>(H * D)), pq_row(static_cast<size_t>(D)), scratch;
+    std::vector<uint32_t> pairs;  // the weight in bfloat16 pairs, with key_dot_
+    bool on_pairs = false;
+    if constexpr (!kFloat<E>) {
+      on_pairs = key_dot_.has_value();
+      if (on_pairs) pairs.resize(static_cast<size_t>((D + 1) / 2 * H));
+    }
     int32_t formed = -1;  // the sequence `weight` belongs to
     for (int64_t c = first; c < last; ++c) {
       const int32_t b = chunks_->sequence[size_t(c)];
@@ -316,12 +338,22 @@ void CpuOps::key_pool_rows(const BatchRef&, const Mat& k, const Mat& pq, const W
           std::copy_n(row_of<float>(pq, b), D, pq_row.data());
         else
           bfloat16_to_float_row(row_of<uint16_t>(pq, b), pq_row.data(), D);
-        rows::key_weight(isa_, wka, pq_row.data(), H, D, weight.data());
+        if (on_pairs)
+          rows::key_weight_pairs(isa_, wka_t, pq_row.data(), H, D, pairs.data());
+        else
+          rows::key_weight(isa_, wka, wka_t, pq_row.data(), H, D, weight.data());
         formed = b;
       }
       const E* keys = row_of<E>(k, begin);
       float* scores = r + int64_t(begin) * H;
-      rows::key_scores(isa_, keys, k.ld, len, weight.data(), bka, H, D, scores, H);
+      if constexpr (!kFloat<E>) {
+        if (on_pairs)
+          rows::key_scores_pairs(*key_dot_, keys, k.ld, len, pairs.data(), bka, H, D, scores, H);
+        else
+          rows::key_scores(isa_, keys, k.ld, len, weight.data(), bka, H, D, scores, H);
+      } else {
+        rows::key_scores(isa_, keys, k.ld, len, weight.data(), bka, H, D, scores, H);
+      }
       scratch.resize(size_t(rows::pool_scratch_floats(H, len, D)));
       rows::pool_chunk(isa_, scores, H, H, keys, k.ld, D, batch.mask.data() + begin, len,
                        partials_.m + c * H, partials_.l + c * H, partials_.v + c * D,

@@ -8,6 +8,10 @@
 #include <type_traits>
 #include <utility>
 
+#if defined(__x86_64__)
+#include <immintrin.h>
+#endif
+
 #include "server/engine/cpu/vector_math.h"
 
 namespace fastformer::engine::rows {
@@ -215,17 +219,69 @@ constexpr bool key_scores_by_head(int64_t H) {
   return H % int64_t(sizeof(V) / sizeof(float)) == 0;
 }
 
-// w = pq * Wka' in key_scores_impl's layout: [D, H] where H is a multiple of the lanes, else
-// [H, D].
+// out[0 .. n) = x[0 .. n) * s (a row times one scalar).
 template <class V>
-FF_INLINE void key_weight_impl(const float* wka, const float* pq, int64_t H, int64_t D, float* w) {
+FF_INLINE void scale_by(const float* x, float s, int64_t n, float* out) {
+  constexpr int L = sizeof(V) / sizeof(float);
+  const int64_t nv = n - n % L;
+  for (int64_t j = 0; j < nv; j += L) {
+    V v;
+    loadv(v, x + j);
+    storev(out + j, v * s);
+  }
+  for (int64_t j = nv; j < n; ++j) out[j] = x[j] * s;
+}
+
+// w = pq * Wka' in key_scores_impl's layout: [D, H] (rows of Wka^T scaled) where H is a
+// multiple of the lanes, else [H, D] (Wka's rows times pq).
+template <class V>
+FF_INLINE void key_weight_impl(const float* wka, const float* wka_t, const float* pq, int64_t H,
+                               int64_t D, float* w) {
   if (key_scores_by_head<V>(H)) {
-    for (int64_t j = 0; j < D; ++j)
-      for (int64_t h = 0; h < H; ++h) w[j * H + h] = wka[h * D + j] * pq[j];
+    for (int64_t j = 0; j < D; ++j) scale_by<V>(wka_t + j * H, pq[j], H, w + j * H);
     return;
   }
-  for (int64_t h = 0; h < H; ++h)
-    for (int64_t j = 0; j < D; ++j) w[h * D + j] = wka[h * D + j] * pq[j];
+  for (int64_t h = 0; h < H; ++h) scale_impl<V>(wka + h * D, pq, D, w + h * D);
+}
+
+// The weight in bfloat16 pairs along D (vector_rows.h): rows 2p and 2p+1 of Wka^T scaled,
+// rounded, and interleaved as the low and high halves of each word.
+template <class V>
+FF_INLINE void key_weight_pairs_impl(const float* wka_t, const float* pq, int64_t H, int64_t D,
+                                     uint32_t* w) {
+  using U = typename Lanes<V>::u32;
+  constexpr int L = sizeof(V) / sizeof(float);
+  const int64_t Hv = H - H % L;
+  // bfloat16 bits in the low half of each lane, as st() rounds
+  auto rounded = [](const V& v, U& out) {
+    U x;
+    std::memcpy(&x, &v, sizeof(V));
+    const U nearest = (x + 0x7fffu + ((x >> 16) & 1u)) >> 16;
+    const U nan = (x >> 16) | 0x40u;
+    out = (x & 0x7fffffffu) > 0x7f800000u ? nan : nearest;
+  };
+  for (int64_t p = 0; p < (D + 1) / 2; ++p) {
+    const float* lo = wka_t + 2 * p * H;
+    const float* hi = lo + H;
+    const bool has_hi = 2 * p + 1 < D;
+    const float s_lo = pq[2 * p], s_hi = has_hi ? pq[2 * p + 1] : 0.0f;
+    for (int64_t h = 0; h < Hv; h += L) {
+      V a, b = V{};
+      loadv(a, lo + h);
+      if (has_hi) loadv(b, hi + h);
+      U low, high;
+      rounded(a * s_lo, low);
+      rounded(b * s_hi, high);
+      const U bits = low | (high << 16);
+      std::memcpy(w + p * H + h, &bits, sizeof(U));
+    }
+    for (int64_t h = Hv; h < H; ++h) {
+      uint16_t l, u = 0;
+      st(&l, 0, lo[h] * s_lo);
+      if (has_hi) st(&u, 0, hi[h] * s_hi);
+      w[p * H + h] = uint32_t(l) | (uint32_t(u) << 16);
+    }
+  }
 }
 
 // The scores vectorised over heads: for each group of L heads, blocks of TB tokens, one
@@ -709,8 +765,12 @@ FF_RESIDUAL_LN(uint16_t)
 FF_SCALE(float)
 FF_SCALE(uint16_t)
 
-FF_BUILDS(void, key_weight, (const float* wka, const float* pq, int64_t H, int64_t D, float* w),
-          key_weight_impl, (wka, pq, H, D, w))
+FF_BUILDS(void, key_weight,
+          (const float* wka, const float* wka_t, const float* pq, int64_t H, int64_t D, float* w),
+          key_weight_impl, (wka, wka_t, pq, H, D, w))
+FF_BUILDS(void, key_weight_pairs,
+          (const float* wka_t, const float* pq, int64_t H, int64_t D, uint32_t* w),
+          key_weight_pairs_impl, (wka_t, pq, H, D, w))
 
 #define FF_KEY_SCORES(E)                                                                       \
   FF_BUILDS(void, key_scores,                                                                  \
@@ -735,6 +795,111 @@ FF_POOL(uint16_t, uint16_t)
   FF_BUILDS(float, tanh_dot, (const E* e, const float* w, int64_t D), tanh_dot_impl, (e, w, D))
 FF_TANH_DOT(float)
 FF_TANH_DOT(uint16_t)
+
+// ---- The key scores on VDPBF16PS (vector_rows.h) ----
+
+namespace {
+
+// The same blocking for the instruction and its model (a macro: the hardware build must be one
+// function with the AVX512_BF16 target, whose intrinsics GCC inlines only into such a function).
+// Per group of 16 heads, blocks of 16 tokens, one accumulator a token; per pair p of D one
+// weight row of 16 head pairs, and each token's key pair broadcast.
+#define FF_KEY_PAIRS_KERNEL(NAME, ATTRIBUTES, DOT)                                           \
+  ATTRIBUTES void NAME(const uint16_t* k, int64_t ldk, int64_t n, const uint32_t* w,         \
+                       const float* bias, int64_t H, int64_t D, float* r, int64_t ldr) {     \
+    constexpr int TB = 16;                                                                   \
+    const int64_t pairs = D / 2;                                                             \
+    for (int64_t g = 0; g < H; g += 16) {                                                    \
+      v16f b;                                                                                \
+      loadv(b, bias + g);                                                                    \
+      for (int64_t t0 = 0; t0 < n; t0 += TB) {                                               \
+        const uint16_t* kp[TB];                                                              \
+        for (int i = 0; i < TB; ++i) kp[i] = k + std::min<int64_t>(t0 + i, n - 1) * ldk;     \
+        if (g == 0) {                                                                        \
+          for (int64_t t = t0 + TB; t < std::min(n, t0 + 2 * TB); ++t) {                     \
+            const char* row = reinterpret_cast<const char*>(k + t * ldk);                    \
+            for (int64_t byte = 0; byte < D * 2; byte += 64) __builtin_prefetch(row + byte); \
+          }                                                                                  \
+        }                                                                                    \
+        v16f acc[TB];                                                                        \
+        _Pragma("GCC unroll 16") for (int i = 0; i < TB; ++i) acc[i] = b;                    \
+        for (int64_t p = 0; p < pairs; ++p) {                                                \
+          u32x16 wv;                                                                         \
+          std::memcpy(&wv, w + p * H + g, sizeof(wv));                                       \
+          _Pragma("GCC unroll 16") for (int i = 0; i < TB; ++i) {                            \
+            uint32_t pair;                                                                   \
+            std::memcpy(&pair, kp[i] + 2 * p, sizeof(pair));                                 \
+            DOT(acc[i], pair, wv);                                                           \
+          }                                                                                  \
+        }                                                                                    \
+        if (D % 2 != 0) { /* the last element alone: its pair's high half is 0 */            \
+          u32x16 wv;                                                                         \
+          std::memcpy(&wv, w + pairs * H + g, sizeof(wv));                                   \
+          for (int i = 0; i < TB; ++i) DOT(acc[i], uint32_t(kp[i][D - 1]), wv);              \
+        }                                                                                    \
+        for (int i = 0; i < TB && t0 + i < n; ++i) storev(r + (t0 + i) * ldr + g, acc[i]);   \
+      }                                                                                      \
+    }                                                                                        \
+  }
+
+using u32x16 = Lanes<v16f>::u32;
+
+// Intel's definition: lane i += a.bf16[2i+1] * b.bf16[2i+1], then += a.bf16[2i] * b.bf16[2i]
+// (bfloat16 products are exact in float32, so contraction changes nothing).
+FF_INLINE void model_dot(v16f& acc, uint32_t pair, const u32x16& wv) {
+  const u32x16 a = u32x16{} + pair;
+  const u32x16 a_lo = a << 16, a_hi = a & 0xffff0000u, w_lo = wv << 16, w_hi = wv & 0xffff0000u;
+  v16f x_lo, x_hi, y_lo, y_hi;
+  std::memcpy(&x_lo, &a_lo, sizeof(v16f));
+  std::memcpy(&x_hi, &a_hi, sizeof(v16f));
+  std::memcpy(&y_lo, &w_lo, sizeof(v16f));
+  std::memcpy(&y_hi, &w_hi, sizeof(v16f));
+  acc += x_hi * y_hi;
+  acc += x_lo * y_lo;
+}
+FF_KEY_PAIRS_KERNEL(key_scores_pairs_model, , model_dot)
+
+#if defined(__x86_64__)
+#define FF_TARGET_BF16 __attribute__((target("avx512f,avx512bw,avx512vl,avx512bf16")))
+[[gnu::always_inline]] FF_TARGET_BF16 inline void hardware_dot(v16f& acc, uint32_t pair,
+                                                               const u32x16& wv) {
+  __m512 a;
+  __m512i x;
+  std::memcpy(&a, &acc, sizeof(a));
+  std::memcpy(&x, &wv, sizeof(x));
+  a = _mm512_dpbf16_ps(a, (__m512bh)_mm512_set1_epi32(int(pair)), (__m512bh)x);
+  std::memcpy(&acc, &a, sizeof(a));
+}
+FF_KEY_PAIRS_KERNEL(key_scores_pairs_hardware, FF_TARGET_BF16, hardware_dot)
+#endif
+
+}  // namespace
+
+bool dot_bf16_available() {
+#if defined(__x86_64__)
+  static const bool available = isa_supported(Isa::kAvx512) && __builtin_cpu_supports("avx512bf16");
+  return available;
+#else
+  return false;
+#endif
+}
+
+void transpose_key_att(const float* wka, int64_t H, int64_t D, float* wka_t) {
+  for (int64_t h = 0; h < H; ++h)
+    for (int64_t j = 0; j < D; ++j) wka_t[j * H + h] = wka[h * D + j];
+}
+
+void key_scores_pairs(DotBf16 how, const uint16_t* k, int64_t ldk, int64_t n, const uint32_t* w,
+                      const float* bias, int64_t H, int64_t D, float* r, int64_t ldr) {
+#if defined(__x86_64__)
+  if (how == DotBf16::kHardware) {
+    key_scores_pairs_hardware(k, ldk, n, w, bias, H, D, r, ldr);
+    return;
+  }
+#endif
+  (void)how;
+  key_scores_pairs_model(k, ldk, n, w, bias, H, D, r, ldr);
+}
 
 bool isa_supported(Isa isa) {
 #if defined(__x86_64__)

@@ -44,10 +44,14 @@ void residual_layernorm_row(Isa isa, const uint16_t* c, const float* bias, const
 void scale_row(Isa isa, const float* x, const float* scale, int64_t n, float* out);
 void scale_row(Isa isa, const uint16_t* x, const float* scale, int64_t n, uint16_t* out);
 
-// The key-score weight of one sequence, w = pq_b * Wka' (Wka [H, D], pq [D]), H * D floats in
-// the layout key_scores takes for this build: [D, H] where H is a multiple of its lanes (the
-// scores are then vectorised over heads), [H, D] otherwise.
-void key_weight(Isa isa, const float* wka, const float* pq, int64_t H, int64_t D, float* w);
+// Wka^T [D, H] from Wka [H, D]: once per weight, for the per-sequence weights below.
+void transpose_key_att(const float* wka, int64_t H, int64_t D, float* wka_t);
+
+// The key-score weight of one sequence, w = pq_b * Wka' (Wka [H, D] and its transpose, pq
+// [D]), H * D floats in the layout key_scores takes for this build: [D, H] where H is a
+// multiple of its lanes (the scores are then vectorised over heads), [H, D] otherwise.
+void key_weight(Isa isa, const float* wka, const float* wka_t, const float* pq, int64_t H,
+                int64_t D, float* w);
 
 // r[t * ldr + h] = sum_j k[t * ldk + j] w[h, j] + bias[h], for t < n and h < H: the key
 // scores of n tokens of one sequence against its weight w (from key_weight, the same isa).
@@ -55,6 +59,20 @@ void key_scores(Isa isa, const float* k, int64_t ldk, int64_t n, const float* w,
                 int64_t H, int64_t D, float* r, int64_t ldr);
 void key_scores(Isa isa, const uint16_t* k, int64_t ldk, int64_t n, const float* w,
                 const float* bias, int64_t H, int64_t D, float* r, int64_t ldr);
+
+// The key scores of bfloat16 keys on AVX512_BF16's VDPBF16PS, two products an instruction: the
+// weight rounded to bfloat16 (nearest even) and laid out in pairs along D, [ceil(D/2), H]
+// 32-bit words (element 2p in the low half, 2p+1 in the high); the key pairs are broadcast
+// straight from the bfloat16 rows. H must be a multiple of 16. `kHardware` needs
+// dot_bf16_available(); `kModel` is a portable model of the instruction as Intel's reference
+// defines it (lane += a_hi b_hi, then += a_lo b_lo, each product exact in float32; denormals
+// aside), running the same blocking on any CPU for the tests.
+enum class DotBf16 { kHardware, kModel };
+bool dot_bf16_available();
+void key_weight_pairs(Isa isa, const float* wka_t, const float* pq, int64_t H, int64_t D,
+                      uint32_t* w);
+void key_scores_pairs(DotBf16 how, const uint16_t* k, int64_t ldk, int64_t n, const uint32_t* w,
+                      const float* bias, int64_t H, int64_t D, float* r, int64_t ldr);
 
 // One pooling chunk of `len` tokens: per head h (columns h*d .. h*d+d-1, d = D / heads) the
 // masked softmax partials m[h] (max score), l[h] (sum of exp(score - m)) and v[D] (the
