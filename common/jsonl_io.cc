@@ -46,12 +46,36 @@ std::optional<InputLine> parse_input_line(const std::string& line, int64_t hidde
     return std::nullopt;
   }
   for (const auto& [key, value] : j.items()) {
-    if (key != "token_ids" && key != "input_embeddings" && key != "text" && key != "id") {
-      *error = "unknown field \"" + key + "\" (expected token_ids, input_embeddings or text)";
+    if (key != "token_ids" && key != "input_embeddings" && key != "text" && key != "id" &&
+        key != "spans") {
+      *error = "unknown field \"" + key +
+               "\" (expected token_ids, input_embeddings or text, and optionally spans)";
       return std::nullopt;
     }
   }
   InputLine in;
+  if (j.contains("spans")) {
+    const json& spans = j["spans"];
+    if (!spans.is_array()) {
+      *error = "spans: expected an array of [begin, end] token ranges";
+      return std::nullopt;
+    }
+    auto int32 = [](const json& v) {
+      return v.is_number_integer() && v.get<int64_t>() >= std::numeric_limits<int32_t>::min() &&
+             v.get<int64_t>() <= std::numeric_limits<int32_t>::max();
+    };
+    in.spans.reserve(spans.size());
+    for (size_t i = 0; i < spans.size(); ++i) {
+      const json& s = spans[i];
+      if (!s.is_array() || s.size() != 2 || !int32(s[0]) || !int32(s[1])) {
+        *error = "spans: element " + std::to_string(i) + " is " + s.dump() +
+                 ", expected [begin, end] (32-bit integers)";
+        return std::nullopt;
+      }
+      in.spans.push_back(
+          {static_cast<int32_t>(s[0].get<int64_t>()), static_cast<int32_t>(s[1].get<int64_t>())});
+    }
+  }
   if (has_text) {
     const json& text = j["text"];
     if (!text.is_string()) {
@@ -133,6 +157,17 @@ void append_output_line(const EncodedSequence& seq, int64_t hidden_size, std::st
   if (!seq.logits.empty()) {
     out->append(",\"logits\":");
     append_floats(seq.logits.data(), int64_t(seq.logits.size()), out);
+  }
+  if (!seq.span_embeddings.empty() && !seq.embedding.empty()) {
+    // Each span's row as wide as the pooled embedding (after any `dimensions`).
+    const int64_t width = int64_t(seq.embedding.size());
+    const int64_t spans = int64_t(seq.span_embeddings.size()) / width;
+    out->append(",\"span_embeddings\":[");
+    for (int64_t i = 0; i < spans; ++i) {
+      if (i) out->push_back(',');
+      append_floats(seq.span_embeddings.data() + i * width, width, out);
+    }
+    out->push_back(']');
   }
   out->append("}\n");
 }

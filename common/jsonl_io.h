@@ -2,8 +2,11 @@
 //
 // Input, one sequence a line: {"token_ids": [1, 2, 3]}, {"input_embeddings": [[...], ...]} or
 // {"text": "..."} (tokenized by whoever encodes it: fastformer-encode, or the server).
+// Any of them may carry "spans": [[begin, end], ...], token ranges (special tokens counted) to
+// pool an embedding each from the sequence's one pass (late chunking).
 // Output, in input order: {"embedding": [...], "num_tokens": n} plus "token_embeddings"
-// ([[...], ...]) and "logits" ([...]) when asked.
+// ([[...], ...]), "logits" ([...]) and "span_embeddings" ([[...], ...], one per span) when
+// asked.
 #pragma once
 
 #include <cstdint>
@@ -21,8 +24,9 @@ struct InputLine {
   std::vector<float> input_embeddings;  ///< flattened rows
   int64_t rows = 0;                     ///< embedding rows
   std::optional<std::string> text;      ///< a text line (not empty), to be tokenized
+  std::vector<TokenSpan> spans;         ///< "spans": [[begin, end], ...] token ranges to pool
 
-  SequenceInput view() const { return {token_ids, input_embeddings}; }
+  SequenceInput view() const { return {token_ids, input_embeddings, spans}; }
 };
 
 // Parses one line. On failure returns nullopt and sets `error` (without the line number).

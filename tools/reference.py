@@ -502,6 +502,29 @@ class EncodeResult:
         return iter((self.embedding, self.token_embeddings, self.logits))
 
 
+def reference_span_pool(model: Model, token_states, mask, spans, mode="model"):
+    """Late chunking's reference: one embedding per span [begin, end) of a document, pooled from
+    the final token states [n, D] of the whole document's one pass (reference_encode's
+    token_embeddings), `mask` [n] 1 for real tokens. `model`: the model's attention pooler
+    restricted to the span (its softmax over the span's real tokens, with the sequence
+    pooler's + 1e-8); `mean`: the mean of the span's real tokens' states. Returns [spans, D]."""
+    if mode not in ("model", "mean"):
+        raise ValueError(f"mode must be 'model' or 'mean', not {mode!r}")
+    pooler = model.fastformer_model.poolers[0]
+    dtype = next(pooler.parameters()).dtype
+    x = torch.as_tensor(np.asarray(token_states)).to(dtype)
+    m = torch.as_tensor(np.asarray(mask)).to(dtype)
+    out = []
+    with torch.no_grad():
+        for begin, end in spans:
+            xs, ms = x[begin:end], m[begin:end]
+            if mode == "model":
+                out.append(pooler(xs.unsqueeze(0), ms.unsqueeze(0))[0])
+            else:
+                out.append((xs * ms.unsqueeze(1)).sum(0) / ms.sum())
+    return torch.stack(out).cpu().numpy()
+
+
 def reference_encode(model: Model, sequences: Sequence, kind="ids", padded=False,
                      dtype=torch.float64) -> List[EncodeResult]:
     """Run `sequences` (lists of token ids, or [n, D] arrays of input embeddings)

@@ -48,9 +48,10 @@ std::optional<std::string> prepare_line(const engine::Model& model,
   request::EncodeInput input;
   input.truncate = truncate;
   input.options = options;
-  input.rows.push_back(line.text                ? request::Row::from_text(*line.text)
-                       : line.token_ids.empty() ? request::Row::embeddings(line.input_embeddings)
-                                                : request::Row::ids(line.token_ids));
+  input.rows.push_back((line.text                ? request::Row::from_text(*line.text)
+                        : line.token_ids.empty() ? request::Row::embeddings(line.input_embeddings)
+                                                 : request::Row::ids(line.token_ids))
+                           .with_spans(line.spans));
   pending->request = std::make_unique<batching::Request>();
   const request::Limits one_line{std::numeric_limits<int64_t>::max()};  // --max-batch-tokens
   if (auto problem =
@@ -83,7 +84,14 @@ int main(int argc, char** argv) {
   app.add_flag("--return-token-embeddings", out_options.token_embeddings,
                "also write each token's final hidden state");
   app.add_flag("--return-logits", out_options.logits, "also write the classifier head's logits");
-  app.add_flag("--normalize", out_options.normalize, "L2-normalise the pooled embedding");
+  app.add_flag("--normalize", out_options.normalize,
+               "L2-normalise the pooled embedding (and each span's)");
+  std::string span_pooling = "model";
+  app.add_option("--span-pooling", span_pooling,
+                 "how a line's \"spans\" are pooled: model (the model's attention pooler over "
+                 "the span's tokens) or mean (their final states' mean)")
+      ->check(CLI::IsMember({"model", "mean"}))
+      ->capture_default_str();
   app.add_option("--truncation", truncation,
                  "sequences over max_position_embeddings: none (an error), right (keep the first "
                  "tokens), left (keep the last); a text keeps its special tokens")
@@ -97,6 +105,7 @@ int main(int argc, char** argv) {
       ->check(CLI::NonNegativeNumber)
       ->capture_default_str();
   CLI11_PARSE(app, argc, argv);
+  out_options.span_pooling = span_pooling == "mean" ? SpanPooling::kMean : SpanPooling::kModel;
 
   auto log = spdlog::stderr_color_st("encode");
   spdlog::set_default_logger(log);

@@ -155,6 +155,20 @@ WeightRef ForwardEngine::upload(const PreparedLinear& linear) {
   return r;
 }
 
+namespace {
+// Downloads `rows` in pieces of at most `max_rows` rows (the ops' download staging holds a
+// batch's [T, D]; a batch may have more spans than tokens).
+void download_in_pieces(Ops& ops, const Mat& rows, int64_t max_rows, float* dst) {
+  const size_t elem = ops.element_size();
+  for (int64_t r0 = 0; r0 < rows.rows; r0 += max_rows) {
+    const int64_t n = std::min(max_rows, rows.rows - r0);
+    const Mat piece{static_cast<char*>(rows.data) + r0 * rows.ld * int64_t(elem), n, rows.cols,
+                    rows.ld};
+    ops.download(piece, dst + r0 * rows.cols);
+  }
+}
+}  // namespace
+
 std::vector<EncodedSequence> ForwardEngine::encode(const RaggedBatch& batch,
                                                    std::span<const OutputOptions> options) {
   try {
@@ -256,6 +270,34 @@ std::vector<EncodedSequence> ForwardEngine::run(const RaggedBatch& batch,
     normalized_host.resize(pooled_host.size());
     ops.download(pooled, normalized_host.data());
   }
+  // Spans (late chunking): per pooling mode, one plan over the sequences that ask for it.
+  // span_rows[i]: where batch span i's row is (mode, row), in span_host / span_normalized.
+  std::vector<float> span_host[2], span_normalized[2];
+  std::vector<std::pair<int, int32_t>> span_rows(batch.spans.size());
+  if (!batch.spans.empty()) {
+    std::vector<SpanPooling> modes(static_cast<size_t>(B));
+    for (int32_t b = 0; b < B; ++b) modes[size_t(b)] = option(b).span_pooling;
+    for (int m = 0; m < 2; ++m) {
+      const SpanPooling mode = m == 0 ? SpanPooling::kModel : SpanPooling::kMean;
+      plan_span_chunks(batch, modes, mode, span_chunks_[m], span_owners_[m]);
+      const std::vector<int32_t>& owners = span_owners_[m];
+      if (owners.empty()) continue;
+      for (size_t r = 0; r < owners.size(); ++r)
+        span_rows[size_t(owners[r])] = {m, static_cast<int32_t>(r)};
+      const Mat rows = ops.span_pool(ref, span_chunks_[m], mode, x);
+      span_host[m].resize(size_t(rows.rows * D));
+      download_in_pieces(ops, rows, T, span_host[m].data());
+      bool normalize = false;
+      for (int32_t b = 0; b < B; ++b)
+        normalize |= modes[size_t(b)] == mode && option(b).normalize &&
+                     batch.span_first[size_t(b) + 1] > batch.span_first[size_t(b)];
+      if (normalize) {
+        ops.l2_normalize(rows);
+        span_normalized[m].resize(span_host[m].size());
+        download_in_pieces(ops, rows, T, span_normalized[m].data());
+      }
+    }
+  }
   std::vector<float> tokens_host;
   bool any_tokens = false;
   for (int32_t b = 0; b < B; ++b) any_tokens |= option(b).token_embeddings;
@@ -278,6 +320,14 @@ std::vector<EncodedSequence> ForwardEngine::run(const RaggedBatch& batch,
     if (o.logits && classifier_.out > 0) {
       e.logits.assign(logits_host.begin() + b * classifier_.out,
                       logits_host.begin() + (b + 1) * classifier_.out);
+    }
+    const int32_t s0 = batch.span_first[size_t(b)], s1 = batch.span_first[size_t(b) + 1];
+    e.span_embeddings.reserve(size_t((s1 - s0) * D));
+    for (int32_t i = s0; i < s1; ++i) {
+      const auto [m, row] = span_rows[size_t(i)];
+      const std::vector<float>& from = o.normalize ? span_normalized[m] : span_host[m];
+      e.span_embeddings.insert(e.span_embeddings.end(), from.begin() + row * D,
+                               from.begin() + (row + 1) * D);
     }
   }
   return out;

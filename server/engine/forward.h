@@ -73,6 +73,9 @@ class ForwardEngine final : public Engine {
   int64_t max_batch_tokens_;
   size_t reserved_bytes_ = 0;  // the workspace reserved for the largest batch
   PoolingChunks chunks_;  // the current batch's; kept so asynchronous copies read stable memory
+  // The current batch's spans per pooling mode (kModel, kMean) and each plan row's span.
+  PoolingChunks span_chunks_[2];
+  std::vector<int32_t> span_owners_[2];
   std::string backend_, device_;
   DtypeChoice dtype_;
   const void* word_embedding_ = nullptr;

@@ -49,6 +49,10 @@ class ForwardingOps : public Ops {
                       Mat pooled) override {
     inner_.attention_pool(batch, e, fc2, x, pooled);
   }
+  Mat span_pool(const BatchRef& batch, const PoolingChunks& spans, SpanPooling mode,
+                const Mat& x) override {
+    return inner_.span_pool(batch, spans, mode, x);
+  }
   void l2_normalize(Mat rows) override { inner_.l2_normalize(rows); }
   void download(const Mat& src, float* dst) override { inner_.download(src, dst); }
   void synchronize() override { inner_.synchronize(); }

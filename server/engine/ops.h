@@ -111,6 +111,15 @@ class Ops {
   virtual void attention_pool(const BatchRef& batch, const Mat& e, const WeightRef& fc2,
                               const Mat& x, Mat pooled) = 0;
 
+  // The batch's spans (late chunking), after attention_pool, whose token scores kModel reuses:
+  // row i of the result is span i of `spans` (plan_span_chunks) pooled over its real tokens,
+  // by the softmax of the pooler's scores with the sequence pooling's + 1e-8 (kModel: a span
+  // over a whole sequence gives its pooled row, bit for bit) or as their mean (kMean). Returns
+  // [spans, D] in the serving dtype, in memory of the ops' own (one per mode, grown on
+  // demand), valid until the next begin_batch.
+  virtual Mat span_pool(const BatchRef& batch, const PoolingChunks& spans, SpanPooling mode,
+                        const Mat& x) = 0;
+
   // Each row scaled to unit L2 norm (norm clamped below at 1e-12, as F.normalize).
   virtual void l2_normalize(Mat rows) = 0;
 

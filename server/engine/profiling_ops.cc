@@ -58,6 +58,13 @@ Cost attention_pool(const BatchRef& b, const Mat& x, size_t e) {  // E and X in,
   const double T = n(b.num_tokens), B = n(b.num_sequences), D = n(x.cols);
   return {n(e) * (2 * T * D + D + 1 + B * D), T * (5 * D + 4)};
 }
+Cost span_pool(const PoolingChunks& spans, const Mat& x, size_t e) {  // span rows of X, out
+  double tokens = 0;
+  for (int32_t c = 0; c < spans.count(); ++c)
+    tokens += n(spans.end[size_t(c)] - spans.begin[size_t(c)]);
+  const double S = n(int64_t(spans.first.size()) - 1), D = n(x.cols);
+  return {n(e) * (tokens * D + S * D) + tokens * 4, 2 * tokens * D};
+}
 Cost l2_normalize(const Mat& rows, size_t e) {
   return {n(e) * 2 * n(rows.rows * rows.cols), 3 * n(rows.rows * rows.cols)};
 }
@@ -147,6 +154,13 @@ void ProfilingOps::attention_pool(const BatchRef& batch, const Mat& e, const Wei
                                   const Mat& x, Mat pooled) {
   issue("attention_pool", layer_, cost::attention_pool(batch, x, element_size()));
   inner_.attention_pool(batch, e, fc2, x, pooled);
+}
+
+Mat ProfilingOps::span_pool(const BatchRef& batch, const PoolingChunks& spans, SpanPooling mode,
+                            const Mat& x) {
+  issue(mode == SpanPooling::kModel ? "span_pool_model" : "span_pool_mean", layer_,
+        cost::span_pool(spans, x, element_size()));
+  return inner_.span_pool(batch, spans, mode, x);
 }
 
 void ProfilingOps::l2_normalize(Mat rows) {

@@ -48,6 +48,8 @@ class ProfilingOps final : public ForwardingOps {
                                const void* gamma, const void* beta, double eps, Mat out) override;
   void attention_pool(const BatchRef& batch, const Mat& e, const WeightRef& fc2, const Mat& x,
                       Mat pooled) override;
+  Mat span_pool(const BatchRef& batch, const PoolingChunks& spans, SpanPooling mode,
+                const Mat& x) override;
   void l2_normalize(Mat rows) override;
   void download(const Mat& src, float* dst) override;
   void synchronize() override;  // the closing timestamp, the inner synchronize, then the rows

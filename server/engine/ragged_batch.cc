@@ -52,7 +52,7 @@ std::optional<InputError> validate_sequence(const ModelConfig& c, bool has_word_
       return error("token_ids", "every token is the pad token (pad_token_id " +
                                     std::to_string(c.pad_token_id) + "): nothing to encode");
     }
-    return std::nullopt;
+    return validate_spans(c, s, index);
   }
   const int64_t D = c.hidden_size;
   if (static_cast<int64_t>(s.input_embeddings.size()) % D != 0) {
@@ -69,6 +69,33 @@ std::optional<InputError> validate_sequence(const ModelConfig& c, bool has_word_
     if (!std::isfinite(s.input_embeddings[i])) {
       return error("input_embeddings", "row " + std::to_string(i / D) + " column " +
                                            std::to_string(i % D) + " is not finite (NaN or Inf)");
+    }
+  }
+  return validate_spans(c, s, index);
+}
+
+std::optional<InputError> validate_spans(const ModelConfig& c, const SequenceInput& s,
+                                         size_t index) {
+  const int64_t n = sequence_length(s, c.hidden_size);
+  for (size_t i = 0; i < s.spans.size(); ++i) {
+    const TokenSpan span = s.spans[i];
+    const std::string what = "span " + std::to_string(i) + " [" + std::to_string(span.begin) +
+                             ", " + std::to_string(span.end) + ")";
+    auto error = [&](const std::string& why) {
+      return InputError{index, "spans", what + " " + why};
+    };
+    if (span.begin < 0 || span.end > n)
+      return error("is outside the sequence's " + std::to_string(n) + " tokens [0, " +
+                   std::to_string(n) + ")");
+    if (span.end < span.begin) return error("is reversed (end before begin)");
+    if (span.end == span.begin) return error("is empty");
+    if (!s.token_ids.empty()) {
+      bool any_real = false;
+      for (int32_t t = span.begin; t < span.end && !any_real; ++t)
+        any_real = s.token_ids[size_t(t)] != c.pad_token_id;
+      if (!any_real)
+        return error("holds only pad tokens (pad_token_id " + std::to_string(c.pad_token_id) +
+                     "): nothing to pool");
     }
   }
   return std::nullopt;
@@ -98,6 +125,8 @@ void RaggedBatch::add(const SequenceInput& s, const ModelConfig& c) {
     }
   }
   cu_seqlens.push_back(start + n);
+  for (const TokenSpan& span : s.spans) spans.push_back({start + span.begin, start + span.end});
+  span_first.push_back(static_cast<int32_t>(spans.size()));
 }
 
 void RaggedBatch::clear() {
@@ -107,6 +136,8 @@ void RaggedBatch::clear() {
   input_embeddings.clear();
   mask.clear();
   position_ids.clear();
+  spans.clear();
+  span_first.assign(1, 0);
 }
 
 }  // namespace fastformer::engine

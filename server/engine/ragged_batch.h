@@ -21,6 +21,11 @@ namespace fastformer::engine {
 std::optional<InputError> validate_sequence(const ModelConfig& config, bool has_word_embedding,
                                             const SequenceInput& sequence, size_t index);
 
+// Checks a sequence's spans (SequenceInput::spans) against its length: each inside it, not
+// reversed, not empty, and holding a real (not pad) token. The field is "spans".
+std::optional<InputError> validate_spans(const ModelConfig& config, const SequenceInput& sequence,
+                                         size_t index);
+
 // The words for a token id outside the vocabulary: "has id 1000, outside [0, vocab_size 1000)"
 // (validate_sequence and the request layer put the token's position before it).
 std::string id_outside_vocabulary(int64_t id, int64_t vocab_size);
@@ -38,6 +43,8 @@ struct RaggedBatch {
   std::vector<float> input_embeddings;   ///< [E, D] rows supplied by callers
   std::vector<uint8_t> mask;             ///< [T]; 1 for a real token, 0 for padding
   std::vector<int32_t> position_ids;     ///< [T]; position of the token within its sequence
+  std::vector<TokenSpan> spans;          ///< the sequences' spans, in batch rows
+  std::vector<int32_t> span_first{0};    ///< B+1: sequence b owns spans span_first[b] ..
 
   int32_t num_sequences() const { return static_cast<int32_t>(cu_seqlens.size()) - 1; }
   int32_t num_tokens() const { return cu_seqlens.back(); }

@@ -62,4 +62,26 @@ void plan_chunks(const RaggedBatch& batch, PoolingChunks& chunks) {
   }
 }
 
+void plan_span_chunks(const RaggedBatch& batch, std::span<const SpanPooling> modes,
+                      SpanPooling mode, PoolingChunks& chunks, std::vector<int32_t>& owners) {
+  chunks.begin.clear();
+  chunks.end.clear();
+  chunks.sequence.clear();
+  chunks.first.assign(1, 0);
+  owners.clear();
+  for (int32_t b = 0; b < batch.num_sequences(); ++b) {
+    if (modes[size_t(b)] != mode) continue;
+    for (int32_t i = batch.span_first[size_t(b)]; i < batch.span_first[size_t(b) + 1]; ++i) {
+      const TokenSpan span = batch.spans[size_t(i)];
+      for (int32_t t = span.begin; t < span.end; t += kernels::kChunkTokens) {
+        chunks.begin.push_back(t);
+        chunks.end.push_back(std::min(t + kernels::kChunkTokens, span.end));
+        chunks.sequence.push_back(static_cast<int32_t>(owners.size()));
+      }
+      owners.push_back(i);
+      chunks.first.push_back(chunks.count());
+    }
+  }
+}
+
 }  // namespace fastformer::engine

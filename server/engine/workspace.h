@@ -9,6 +9,7 @@
 
 #include <cstddef>
 #include <cstdint>
+#include <span>
 #include <vector>
 
 #include "server/engine/config.h"
@@ -91,5 +92,13 @@ struct PoolingChunks {
 
 // Fills `chunks` for `batch`, reusing its capacity.
 void plan_chunks(const RaggedBatch& batch, PoolingChunks& chunks);
+
+// The pooling chunks of the batch's spans that are pooled by `mode` (sequence b's spans are
+// when modes[b] == mode): each span's tokens in chunks of at most kernels::kChunkTokens, as a
+// sequence's are, so a span over a whole sequence gets the sequence's chunks. Span i of the
+// plan owns chunks first[i] .. first[i+1]-1 (`sequence` holds i); owners[i] is its index in
+// batch.spans.
+void plan_span_chunks(const RaggedBatch& batch, std::span<const SpanPooling> modes,
+                      SpanPooling mode, PoolingChunks& chunks, std::vector<int32_t>& owners);
 
 }  // namespace fastformer::engine

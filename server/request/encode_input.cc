@@ -1,6 +1,7 @@
 #include "server/request/encode_input.h"
 
 #include <cmath>
+#include <cstring>
 #include <string>
 #include <type_traits>
 
@@ -11,7 +12,9 @@ namespace fastformer::request {
 namespace {
 
 Field field_of(const std::string& engine_field) {
-  return engine_field == "input_embeddings" ? Field::kInputEmbeddings : Field::kTokenIds;
+  return engine_field == "input_embeddings" ? Field::kInputEmbeddings
+         : engine_field == "spans"          ? Field::kSpans
+                                            : Field::kTokenIds;
 }
 
 // The token ids of `row` kept under `truncate` (the first or last max_len of a longer row),
@@ -56,6 +59,8 @@ const char* field_name(Field field) {
       return "input_embeddings";
     case Field::kText:
       return "text";
+    case Field::kSpans:
+      return "spans";
   }
   return "?";
 }
@@ -93,18 +98,28 @@ std::optional<std::string> check_dimensions(int64_t dimensions, const engine::Mo
 void apply_dimensions(const OutputOptions& options, std::vector<EncodedSequence>* results) {
   if (options.dimensions <= 0) return;
   const size_t dims = size_t(options.dimensions);
-  for (EncodedSequence& seq : *results) {
-    std::vector<float>& e = seq.embedding;
-    if (dims >= e.size()) continue;
-    // Matryoshka-style: the first `dimensions` values, re-normalised.
-    e.resize(dims);
-    if (!options.normalize) continue;
+  // Matryoshka-style: the first `dimensions` values of a row, re-normalised.
+  auto cut = [&](const float* row, float* to) {
+    std::memmove(to, row, dims * sizeof(float));  // `to` at or before `row`
+    if (!options.normalize) return;
     double norm = 0;
-    for (const float x : e) norm += double(x) * x;
+    for (size_t j = 0; j < dims; ++j) norm += double(to[j]) * to[j];
     norm = std::sqrt(norm);
     if (norm > 0) {
-      for (float& x : e) x = float(x / norm);
+      for (size_t j = 0; j < dims; ++j) to[j] = float(to[j] / norm);
     }
+  };
+  for (EncodedSequence& seq : *results) {
+    std::vector<float>& e = seq.embedding;
+    const size_t width = e.size();
+    if (dims >= width) continue;
+    cut(e.data(), e.data());
+    e.resize(dims);
+    // Each span's embedding the same way, packed to `dims` a row.
+    std::vector<float>& spans = seq.span_embeddings;
+    const size_t count = spans.size() / width;
+    for (size_t i = 0; i < count; ++i) cut(spans.data() + i * width, spans.data() + i * dims);
+    spans.resize(count * dims);
   }
 }
 
@@ -132,6 +147,7 @@ std::optional<Problem> build_request(const EncodeInput& input, const engine::Mod
   for (size_t i = 0; i < rows; ++i) {
     const Row& row = input.rows[i];
     SequenceInput in;
+    in.spans = row.spans;
     switch (row.field) {
       case Field::kText: {
         std::vector<int32_t>& ids = out->text_ids.emplace_back();
@@ -164,11 +180,15 @@ std::optional<Problem> build_request(const EncodeInput& input, const engine::Mod
         }
         break;
       }
+      case Field::kSpans:  // names a refusal only; a row's input is one of the three above
+        return Problem{i, Field::kSpans, {}, "a row needs token_ids, input_embeddings or text"};
     }
     if (row.field != Field::kText) {
       if (auto error = engine::validate_sequence(c, model.has_word_embedding(), in, i)) {
         return Problem{i, field_of(error->field), {}, std::move(error->message)};
       }
+    } else if (auto error = engine::validate_spans(c, in, i)) {
+      return Problem{i, Field::kSpans, {}, std::move(error->message)};
     }
     total += engine::sequence_length(in, D);
     if (total > limits.max_request_tokens) {

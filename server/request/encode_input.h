@@ -27,7 +27,7 @@ namespace fastformer::request {
 using text::Truncate;
 
 // Which input of a row a rule speaks of.
-enum class Field { kTokenIds, kInputEmbeddings, kText };
+enum class Field { kTokenIds, kInputEmbeddings, kText, kSpans };
 
 // One row (sequence) of a request, as its protocol decoded it: exactly one input is set.
 // The spans view storage the protocol keeps alive for as long as the request.
@@ -37,13 +37,21 @@ struct Row {
   std::span<const int64_t> wide_token_ids;  ///< kTokenIds from a 64-bit tensor (KServe v2)
   std::span<const float> input_embeddings;  ///< kInputEmbeddings: rows of hidden_size
   std::string_view text;                    ///< kText: UTF-8, tokenized here
+  /// Token ranges of the row (as tokenized: special tokens included) to pool one embedding
+  /// each from its single pass (late chunking); checked against the row's final length.
+  std::span<const TokenSpan> spans = {};
 
-  static Row ids(std::span<const int32_t> v) { return {Field::kTokenIds, v, {}, {}, {}}; }
-  static Row wide_ids(std::span<const int64_t> v) { return {Field::kTokenIds, {}, v, {}, {}}; }
+  static Row ids(std::span<const int32_t> v) { return {Field::kTokenIds, v, {}, {}, {}, {}}; }
+  static Row wide_ids(std::span<const int64_t> v) { return {Field::kTokenIds, {}, v, {}, {}, {}}; }
   static Row embeddings(std::span<const float> v) {
-    return {Field::kInputEmbeddings, {}, {}, v, {}};
+    return {Field::kInputEmbeddings, {}, {}, v, {}, {}};
   }
-  static Row from_text(std::string_view v) { return {Field::kText, {}, {}, {}, v}; }
+  static Row from_text(std::string_view v) { return {Field::kText, {}, {}, {}, v, {}}; }
+  Row with_spans(std::span<const TokenSpan> s) const {
+    Row r = *this;
+    r.spans = s;
+    return r;
+  }
 };
 
 // One request in neutral form.
@@ -67,7 +75,8 @@ struct Problem {
   std::string message;
 };
 
-// The field's name in fastformer.v1 and the JSON lines: token_ids, input_embeddings, text.
+// The field's name in fastformer.v1 and the JSON lines: token_ids, input_embeddings, text,
+// spans.
 const char* field_name(Field field);
 
 // The problem without its row: "token_ids: token 5 has id 1000, outside [0, vocab_size 1000)".

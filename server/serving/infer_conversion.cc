@@ -293,6 +293,7 @@ namespace {
 Status refuse(const request::Problem& p) {
   const char* tensor = p.field == request::Field::kTokenIds          ? "input_ids"
                        : p.field == request::Field::kInputEmbeddings ? "input_embeddings"
+                       : p.field == request::Field::kSpans           ? "spans"
                                                                      : "text";
   std::string where = tensor;
   if (p.row) {

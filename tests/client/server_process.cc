@@ -144,7 +144,12 @@ void ServerProcess::wait_serving() {
   options.target = target();
   Client client(options);
   HealthStatus health = HealthStatus::kUnknown;
-  while ((health = client.Health("", nullptr, 1000ms)) != HealthStatus::kServing) {
+  // The encoder's service, not the server's "": gRPC's default health service answers ""
+  // SERVING from BuildAndStart until the server sets it NOT_SERVING a moment later, and a
+  // probe in that window would start the tests before the model is warm (a named service is
+  // NOT_FOUND until the server sets it).
+  while ((health = client.Health("fastformer.v1.Encoder", nullptr, 1000ms)) !=
+         HealthStatus::kServing) {
     if (exited()) fail("exited before SERVING");
     if (std::chrono::steady_clock::now() > give_up) {
       fail(std::string("not SERVING after 60 s (health ") + health_status_name(health) + ")");

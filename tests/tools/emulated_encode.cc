@@ -45,7 +45,14 @@ int main(int argc, char** argv) {
   app.add_option("--max-batch-tokens", engine_options.max_batch_tokens, "tokens per ragged batch")
       ->check(CLI::PositiveNumber)
       ->capture_default_str();
+  app.add_flag("--normalize", out_options.normalize,
+               "L2-normalise the pooled embedding (and each span's)");
+  std::string span_pooling = "model";
+  app.add_option("--span-pooling", span_pooling, "a line's spans pooled by: model or mean")
+      ->check(CLI::IsMember({"model", "mean"}))
+      ->capture_default_str();
   CLI11_PARSE(app, argc, argv);
+  out_options.span_pooling = span_pooling == "mean" ? SpanPooling::kMean : SpanPooling::kModel;
 
   std::shared_ptr<const engine::Model> model;
   std::unique_ptr<engine::Engine> eng;

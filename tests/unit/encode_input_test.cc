@@ -61,19 +61,26 @@ struct RowSpec {
   std::vector<int64_t> wide;  ///< a 64-bit id row (KServe v2's tensors)
   std::vector<float> embeddings;
   std::string text;
+  std::vector<TokenSpan> spans = {};  ///< late chunking's token ranges
 
   Row row() const {
     switch (field) {
       case Field::kText:
-        return Row::from_text(text);
+        return Row::from_text(text).with_spans(spans);
       case Field::kInputEmbeddings:
-        return Row::embeddings(embeddings);
+        return Row::embeddings(embeddings).with_spans(spans);
       case Field::kTokenIds:
+      case Field::kSpans:
         break;
     }
-    return wide.empty() ? Row::ids(ids) : Row::wide_ids(wide);
+    return (wide.empty() ? Row::ids(ids) : Row::wide_ids(wide)).with_spans(spans);
   }
 };
+
+RowSpec spanned(RowSpec row, std::vector<TokenSpan> spans) {
+  row.spans = std::move(spans);
+  return row;
+}
 
 RowSpec ids(std::vector<int32_t> v) { return {Field::kTokenIds, std::move(v), {}, {}, {}}; }
 RowSpec wide(std::vector<int64_t> v) { return {Field::kTokenIds, {}, std::move(v), {}, {}}; }
@@ -311,6 +318,63 @@ const std::vector<Case>& cases() {
        10,
        "sequences: the request has 11 tokens, over max_request_tokens 10",
        "text: the request has 11 tokens, over max_request_tokens 10"},
+      {"spans inside a row of ids, overlapping, are kept",
+       true,
+       {spanned(ids({1, 2, 3, 4}), {{0, 4}, {1, 2}, {0, 2}})},
+       kNone,
+       1000,
+       "",
+       "",
+       {{4, 1, 4}}},
+      {"a span past the row's end",
+       true,
+       {ids({1}), spanned(ids({1, 2, 3, 4}), {{0, 2}, {2, 5}})},
+       kNone,
+       1000,
+       "sequence 1: spans: span 1 [2, 5) is outside the sequence's 4 tokens [0, 4)",
+       "spans: span 1 [2, 5) is outside the sequence's 4 tokens [0, 4)"},
+      {"a reversed span",
+       true,
+       {spanned(ids({1, 2, 3, 4}), {{3, 1}})},
+       kNone,
+       1000,
+       "sequence 0: spans: span 0 [3, 1) is reversed (end before begin)",
+       "spans: span 0 [3, 1) is reversed (end before begin)"},
+      {"an empty span",
+       true,
+       {spanned(ids({1, 2, 3, 4}), {{2, 2}})},
+       kNone,
+       1000,
+       "sequence 0: spans: span 0 [2, 2) is empty",
+       "spans: span 0 [2, 2) is empty"},
+      {"a span of pad tokens only",
+       true,
+       {spanned(ids({5, 0, 0, 6}), {{0, 4}, {1, 3}})},
+       kNone,
+       1000,
+       "sequence 0: spans: span 1 [1, 3) holds only pad tokens (pad_token_id 0): nothing to pool",
+       "spans: span 1 [1, 3) holds only pad tokens (pad_token_id 0): nothing to pool"},
+      {"a span checked against the row as truncated",
+       true,
+       {spanned(ids(count(1, 11)), {{0, 10}})},
+       kRight,
+       1000,
+       "sequence 0: spans: span 0 [0, 10) is outside the sequence's 8 tokens [0, 8)",
+       "spans: span 0 [0, 10) is outside the sequence's 8 tokens [0, 8)"},
+      {"a span past a text's tokens",
+       true,
+       {spanned(txt("a b"), {{0, 40}})},
+       kNone,
+       1000,
+       "sequence 0: spans: span 0 [0, 40) is outside",
+       "spans: span 0 [0, 40) is outside"},
+      {"spans over input embeddings",
+       false,
+       {spanned(emb(rows_of(3)), {{0, 1}, {1, 3}, {-1, 2}})},
+       kNone,
+       1000,
+       "sequence 0: spans: span 2 [-1, 2) is outside the sequence's 3 tokens [0, 3)",
+       "spans: span 2 [-1, 2) is outside the sequence's 3 tokens [0, 3)"},
       {"the token budget counts kept tokens",
        true,
        {ids(count(1, 11)), ids({1, 2})},
@@ -337,12 +401,19 @@ TEST_P(EncodeInputRules, AnswersAsTheRuleSays) {
       build_request(input, *s.model, s.tokenizer.get(), Limits{c.max_request_tokens}, &out);
   if (!c.v1.empty()) {
     ASSERT_TRUE(problem.has_value()) << "accepted";
+    if (c.v1.ends_with("is outside")) {  // the rest names the text's token count
+      EXPECT_TRUE(format_v1(*problem).starts_with(c.v1)) << format_v1(*problem);
+      EXPECT_TRUE(describe(*problem).starts_with(c.described)) << describe(*problem);
+      return;
+    }
     EXPECT_EQ(format_v1(*problem), c.v1);
     EXPECT_EQ(describe(*problem), c.described);
     return;
   }
   ASSERT_FALSE(problem.has_value()) << format_v1(*problem);
   ASSERT_EQ(out.sequences.size(), c.kept.size());
+  for (size_t i = 0; i < c.kept.size(); ++i)  // the row's spans ride on its sequence
+    EXPECT_EQ(out.sequences[i].spans.size(), c.rows[i].spans.size()) << "row " << i;
   EXPECT_TRUE(out.options.normalize);
   for (size_t i = 0; i < c.kept.size(); ++i) {
     const SequenceInput& seq = out.sequences[i];
@@ -433,6 +504,14 @@ TEST(OutputOptionsTest, DimensionsCutAndRenormalise) {
   raw[0].embedding = {3, 4, 12};
   apply_dimensions(options, &raw);
   EXPECT_EQ(raw[0].embedding.size(), 3u);
+  // Span embeddings are cut the same way, each row of the pooled embedding's width.
+  std::vector<EncodedSequence> spans(1);
+  spans[0].embedding = {3, 4, 12};
+  spans[0].span_embeddings = {3, 4, 12, 0, 5, 1, 6, 8, 0};
+  options.normalize = true;
+  options.dimensions = 2;
+  apply_dimensions(options, &spans);
+  EXPECT_EQ(spans[0].span_embeddings, (std::vector<float>{0.6f, 0.8f, 0, 1, 0.6f, 0.8f}));
   const engine::Model& model = *served(false).model;
   const int64_t hidden = model.config().hidden_size;
   EXPECT_EQ(check_dimensions(hidden, model), std::nullopt);

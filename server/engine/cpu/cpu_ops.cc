@@ -240,44 +240,46 @@ void CpuOps::linear_bf16(const Mat& a, const WeightRef& w, Mat c, Epilogue epilo
 }
 
 template <class S, class E>
-void CpuOps::pool_chunks(int64_t heads, const S* scores, int64_t score_ld, const Mat& values) {
+void CpuOps::pool_chunks(int64_t heads, const S* scores, int64_t score_ld, const Mat& values,
+                         const PoolingChunks& plan, const Partials& partials) {
   const RaggedBatch& batch = *batch_;
   const int64_t D = values.cols;
-  const int64_t chunks = chunks_->count();
+  const int64_t chunks = plan.count();
   pool_.parallel_for(chunks, 1, [&](int64_t first, int64_t last) {
     std::vector<float> scratch;
     for (int64_t c = first; c < last; ++c) {
-      const int32_t begin = chunks_->begin[size_t(c)], end = chunks_->end[size_t(c)];
+      const int32_t begin = plan.begin[size_t(c)], end = plan.end[size_t(c)];
       const int64_t len = end - begin;
       scratch.resize(size_t(rows::pool_scratch_floats(heads, len, D)));
       rows::pool_chunk(isa_, scores + int64_t(begin) * score_ld, score_ld, heads,
                        row_of<E>(values, begin), values.ld, D, batch.mask.data() + begin, len,
-                       partials_.m + c * heads, partials_.l + c * heads, partials_.v + c * D,
+                       partials.m + c * heads, partials.l + c * heads, partials.v + c * D,
                        scratch.data());
     }
   });
 }
 
 template <class E>
-void CpuOps::combine(int64_t heads, Mat out, const E* scale_by, float denominator_extra) {
+void CpuOps::combine(int64_t heads, Mat out, const E* scale_by, float denominator_extra,
+                     const PoolingChunks& plan, const Partials& partials) {
   const int64_t D = out.cols, d = D / heads;
   pool_.parallel_for(out.rows, 1, [&](int64_t first, int64_t last) {
     std::vector<double> acc(static_cast<size_t>(d));  // one per piece, not per head and sequence
     for (int64_t b = first; b < last; ++b) {
-      const int32_t c0 = chunks_->first[size_t(b)], c1 = chunks_->first[size_t(b) + 1];
+      const int32_t c0 = plan.first[size_t(b)], c1 = plan.first[size_t(b) + 1];
       E* o = row_of<E>(out, b);
       for (int64_t h = 0; h < heads; ++h) {
         double M = -std::numeric_limits<double>::infinity();
         for (int32_t c = c0; c < c1; ++c)
-          M = std::max(M, double(partials_.m[size_t(c * heads + h)]));
+          M = std::max(M, double(partials.m[size_t(c * heads + h)]));
         double L = 0.0;
         std::fill(acc.begin(), acc.end(), 0.0);
         for (int32_t c = c0; c < c1; ++c) {
-          const float mc = partials_.m[size_t(c * heads + h)];
+          const float mc = partials.m[size_t(c * heads + h)];
           if (std::isinf(mc)) continue;  // chunk of padding only
           const double scale = std::exp(double(mc) - M);
-          L += double(partials_.l[size_t(c * heads + h)]) * scale;
-          const float* v = partials_.v + int64_t(c) * D + h * d;
+          L += double(partials.l[size_t(c * heads + h)]) * scale;
+          const float* v = partials.v + int64_t(c) * D + h * d;
           for (int64_t j = 0; j < d; ++j) acc[size_t(j)] += double(v[j]) * scale;
         }
         const double denom = L + double(denominator_extra) * std::exp(-M);
@@ -294,11 +296,12 @@ void CpuOps::combine(int64_t heads, Mat out, const E* scale_by, float denominato
 void CpuOps::query_pool(const BatchRef&, const Mat& scores, const Mat& q, Mat pq) {
   const int64_t H = config_.num_attention_heads;
   if (bf16_) {
-    pool_chunks<uint16_t, uint16_t>(H, static_cast<const uint16_t*>(scores.data), scores.ld, q);
-    combine<uint16_t>(H, pq, nullptr, 0.0f);
+    pool_chunks<uint16_t, uint16_t>(H, static_cast<const uint16_t*>(scores.data), scores.ld, q,
+                                    *chunks_, partials_);
+    combine<uint16_t>(H, pq, nullptr, 0.0f, *chunks_, partials_);
   } else {
-    pool_chunks<float, float>(H, f(scores.data), scores.ld, q);
-    combine<float>(H, pq, nullptr, 0.0f);
+    pool_chunks<float, float>(H, f(scores.data), scores.ld, q, *chunks_, partials_);
+    combine<float>(H, pq, nullptr, 0.0f, *chunks_, partials_);
   }
 }
 
@@ -361,7 +364,7 @@ void CpuOps::key_pool_rows(const BatchRef&, const Mat& k, const Mat& pq, const W
     }
   });
   // pk_h = pq_h * (the chunks' partials combined).
-  combine<E>(H, pk, static_cast<const E*>(pq.data), 0.0f);
+  combine<E>(H, pk, static_cast<const E*>(pq.data), 0.0f, *chunks_, partials_);
 }
 
 void CpuOps::key_pool(const BatchRef& ref, const Mat& k, const Mat& pq, const WeightRef& key_att,
@@ -432,8 +435,42 @@ void CpuOps::attention_pool_rows(const BatchRef& ref, const Mat& e, const Weight
   });
   // w_t = m_t exp(z_t) / (sum_u m_u exp(z_u) + 1e-8), as a stable softmax: the 1e-8 term
   // becomes 1e-8 exp(-M) after subtracting the max M, so results equal the reference.
-  pool_chunks<float, E>(1, z, 1, x);
-  combine<E>(1, pooled, nullptr, 1e-8f);
+  pool_chunks<float, E>(1, z, 1, x, *chunks_, partials_);
+  combine<E>(1, pooled, nullptr, 1e-8f, *chunks_, partials_);
+}
+
+template <class E>
+void CpuOps::span_pool_rows(const PoolingChunks& spans, SpanPooling mode, const Mat& x, Mat out,
+                            const Partials& partials) {
+  // kModel: the pooler's scores z (token_scores_, from attention_pool) and its + 1e-8, as the
+  // sequence's pooling; kMean: every score 0 (one value read at stride 0), so each real token
+  // weighs exp(0) = 1 and the combine divides by their count.
+  static constexpr float kZero = 0.0f;
+  if (mode == SpanPooling::kModel) {
+    pool_chunks<float, E>(1, token_scores_, 1, x, spans, partials);
+    combine<E>(1, out, nullptr, 1e-8f, spans, partials);
+  } else {
+    pool_chunks<float, E>(1, &kZero, 0, x, spans, partials);
+    combine<E>(1, out, nullptr, 0.0f, spans, partials);
+  }
+}
+
+Mat CpuOps::span_pool(const BatchRef&, const PoolingChunks& spans, SpanPooling mode, const Mat& x) {
+  SpanMemory& memory = span_memory_[mode == SpanPooling::kModel ? 0 : 1];
+  const int64_t D = x.cols, chunks = spans.count();
+  const int64_t count = int64_t(spans.first.size()) - 1;
+  memory.m.resize(size_t(std::max<int64_t>(chunks, 1)));
+  memory.l.resize(size_t(std::max<int64_t>(chunks, 1)));
+  memory.v.resize(size_t(std::max<int64_t>(chunks * D, 1)));
+  memory.out.resize(size_t(std::max<int64_t>(count * D, 1)) * element_size());
+  const Partials partials{memory.m.data(), memory.l.data(), memory.v.data()};
+  Mat out{memory.out.data(), count, D, D};
+  if (count == 0) return out;
+  if (bf16_)
+    span_pool_rows<uint16_t>(spans, mode, x, out, partials);
+  else
+    span_pool_rows<float>(spans, mode, x, out, partials);
+  return out;
 }
 
 void CpuOps::attention_pool(const BatchRef& ref, const Mat& e, const WeightRef& fc2, const Mat& x,

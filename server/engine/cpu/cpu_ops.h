@@ -66,6 +66,8 @@ class CpuOps final : public Ops, public OpsReport {
                                const void* gamma, const void* beta, double eps, Mat out) override;
   void attention_pool(const BatchRef& batch, const Mat& e, const WeightRef& fc2, const Mat& x,
                       Mat pooled) override;
+  Mat span_pool(const BatchRef& batch, const PoolingChunks& spans, SpanPooling mode,
+                const Mat& x) override;
   void l2_normalize(Mat rows) override;
   void download(const Mat& src, float* dst) override;
   void synchronize() override {}
@@ -113,12 +115,18 @@ class CpuOps final : public Ops, public OpsReport {
   void download_rows(const Mat& src, float* dst);
   // Scores (S: float, or E) are per (token, head) in `scores` ([T, heads], ld score_ld);
   // values [T, D] in E.
+  // `chunks` and `partials`: the batch's (chunks_, partials_) or a span plan's.
   template <class S, class E>
-  void pool_chunks(int64_t heads, const S* scores, int64_t score_ld, const Mat& values);
-  // Combines chunk partials into one row per sequence: out_b = v / (L + extra * exp(-M)),
-  // times scale_by's row b where given ([B, D] dense, in E).
+  void pool_chunks(int64_t heads, const S* scores, int64_t score_ld, const Mat& values,
+                   const PoolingChunks& chunks, const Partials& partials);
+  // Combines chunk partials into one row per sequence (or span): out_b = v / (L + extra *
+  // exp(-M)), times scale_by's row b where given ([B, D] dense, in E).
   template <class E>
-  void combine(int64_t heads, Mat out, const E* scale_by, float denominator_extra);
+  void combine(int64_t heads, Mat out, const E* scale_by, float denominator_extra,
+               const PoolingChunks& chunks, const Partials& partials);
+  template <class E>
+  void span_pool_rows(const PoolingChunks& spans, SpanPooling mode, const Mat& x, Mat out,
+                      const Partials& partials);
 
   // float32: the primitive for `shape`, created on first use (load and warm-up), then reused.
   const CpuMatmul& matmul(const CpuMatmul::Shape& shape);
@@ -165,6 +173,12 @@ class CpuOps final : public Ops, public OpsReport {
   const RaggedBatch* batch_ = nullptr;
   const PoolingChunks* chunks_ = nullptr;
   Partials partials_;
+  // span_pool's memory, per mode: the chunks' partials and the [spans, D] result.
+  struct SpanMemory {
+    std::vector<float> m, l, v;
+    std::vector<uint8_t> out;
+  };
+  SpanMemory span_memory_[2];
   float* token_scores_ = nullptr;  // [T, H] key scores r, or [T] pooler scores z
   std::vector<std::chrono::steady_clock::time_point> timers_;  // the profile's timestamps
 };

@@ -208,6 +208,7 @@ class CudaOps final : public Ops {
   ~CudaOps() override {
     ff_stream_synchronize(stream_);
     for (void* p : uploads_) ff_free(p);
+    for (SpanMemory& m : span_memory_) ff_free(m.memory);
     ff_free(memory_);
     ff_free_host(host_staging_);
     ff_stream_destroy(stream_);
@@ -258,11 +259,13 @@ class CudaOps final : public Ops {
       take(mask_, T_max);
       take(input_embeddings_, T_max * D);
       take(download_staging_, staging);
+      take(zero_score_, 1);
     };
     place(nullptr);
     memory_ = static_cast<char*>(ff_malloc(used));
     memory_bytes_ = used;
     place(memory_);
+    ff_memset_async(zero_score_, 0, sizeof(float), stream_);  // span_pool's kMean scores
     host_staging_bytes_ = staging * sizeof(float);
     host_staging_ = static_cast<char*>(ff_malloc_host(host_staging_bytes_));
     gemm_.set_max_rows(largest.tokens);  // every GEMM has T or B <= T rows
@@ -392,6 +395,42 @@ class CudaOps final : public Ops {
     ff_check_launch("attention pooler");
   }
 
+  // The spans' chunks go up as a sequence's do, with their own partials and result rows (device
+  // memory per mode, grown when a batch needs more); the pooler's scores are attention_pool's.
+  Mat span_pool(const BatchRef&, const PoolingChunks& spans, SpanPooling mode,
+                const Mat& x) override {
+    use_device();
+    SpanMemory& m = span_memory_[mode == SpanPooling::kModel ? 0 : 1];
+    const int32_t S = int32_t(spans.first.size()) - 1, C = spans.count();
+    if (S == 0) return Mat{nullptr, 0, x.cols, x.cols};
+    m.reserve(C, S, size_t(D()));
+    // Host copies the asynchronous uploads read until the batch's synchronize.
+    m.begin_host = spans.begin;
+    m.end_host = spans.end;
+    m.first_host = spans.first;
+    ff_memcpy_async(m.begin, m.begin_host.data(), size_t(C) * 4, ff_host_to_device, stream_);
+    ff_memcpy_async(m.end, m.end_host.data(), size_t(C) * 4, ff_host_to_device, stream_);
+    ff_memcpy_async(m.first, m.first_host.data(), size_t(S + 1) * 4, ff_host_to_device, stream_);
+    int32_t most = 0;
+    for (int32_t i = 0; i < S; ++i)
+      most = std::max(most, spans.first[size_t(i) + 1] - spans.first[size_t(i)]);
+    k::BatchArgs a = args_;
+    a.num_sequences = S;
+    a.num_chunks = C;
+    a.chunk_begin = m.begin;
+    a.chunk_end = m.end;
+    a.seq_first_chunk = m.first;
+    a.max_sequence_chunks = most;
+    const k::Partials partials{m.max, m.sum, m.values};
+    const bool model = mode == SpanPooling::kModel;
+    k::launch_pool_partials<T, float>(a, model ? scores_ : zero_score_, model ? 1 : 0, 1, t(x.data),
+                                      x.ld, D(), partials, stream_);
+    k::launch_pool_combine<T>(a, partials, 1, D(), nullptr, model ? 1e-8f : 0.0f, t(m.out),
+                              stream_);
+    ff_check_launch("span pooling");
+    return Mat{m.out, S, x.cols, x.cols};
+  }
+
   void l2_normalize(Mat rows) override {
     k::launch_l2_normalize<T>(t(rows.data), int32_t(rows.rows), int32_t(rows.cols), stream_);
     ff_check_launch("l2_normalize");
@@ -459,7 +498,42 @@ class CudaOps final : public Ops {
   int32_t *token_seq_, *token_ids_, *embedding_index_, *position_ids_, *cu_seqlens_, *chunk_begin_,
       *chunk_end_, *seq_first_chunk_;
   uint8_t* mask_;
-  float *input_embeddings_, *scores_ = nullptr, *download_staging_;
+  float *input_embeddings_, *scores_ = nullptr, *download_staging_, *zero_score_ = nullptr;
+  // span_pool's device memory (one allocation, grown on demand) and the host arrays it uploads.
+  struct SpanMemory {
+    char* memory = nullptr;
+    size_t bytes = 0;
+    int32_t *begin = nullptr, *end = nullptr, *first = nullptr;
+    float *max = nullptr, *sum = nullptr, *values = nullptr;
+    T* out = nullptr;
+    std::vector<int32_t> begin_host, end_host, first_host;
+    void reserve(int32_t chunks, int32_t spans, size_t D) {
+      auto round = [](size_t n) {
+        return (n + kWorkspaceAlignment - 1) / kWorkspaceAlignment * kWorkspaceAlignment;
+      };
+      const size_t c = size_t(chunks), s = size_t(spans);
+      const size_t need = 2 * round(c * 4) + round((s + 1) * 4) + 2 * round(c * 4) +
+                          round(c * D * 4) + round(s * D * sizeof(T));
+      if (need > bytes) {
+        ff_free(memory);  // the last batch's use of it ended with its synchronize
+        bytes = std::max(need, 2 * bytes);
+        memory = static_cast<char*>(ff_malloc(bytes));
+      }
+      char* at = memory;
+      auto take = [&](auto*& piece, size_t piece_bytes) {
+        piece = reinterpret_cast<std::remove_reference_t<decltype(piece)>>(at);
+        at += round(piece_bytes);
+      };
+      take(begin, c * 4);
+      take(end, c * 4);
+      take(first, (s + 1) * 4);
+      take(max, c * 4);
+      take(sum, c * 4);
+      take(values, c * D * 4);
+      take(out, s * D * sizeof(T));
+    }
+  };
+  SpanMemory span_memory_[2];
   k::Partials partials_;
   k::BatchArgs args_;
   std::vector<int32_t> token_seq_host_;
