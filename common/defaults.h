@@ -24,6 +24,9 @@ inline constexpr int64_t kMaxRequestTokens =
     0;  ///< 0 = max(max_batch_tokens, max_position_embeddings)
 inline constexpr int64_t kMaxMessageBytes = int64_t(64) << 20;
 inline constexpr int64_t kMaxRequestInputs = 2048;  ///< OpenAI's own limit on inputs
+/// Chunks (spans) over all rows of one request (late chunking): a 65,536-token document in
+/// 16-token chunks.
+inline constexpr int64_t kMaxRequestSpans = 4096;
 inline constexpr const char* kHttpListen = "0.0.0.0:8000";
 inline constexpr int kHttpThreads = 2;
 inline constexpr int64_t kHttpMaxConnections = 1024;

@@ -37,8 +37,11 @@ struct Request {
   Clock::time_point arrival{};                 ///< when the request was admitted
   uint64_t input_ns = 0;                       ///< time the API layer took to convert the call
   std::vector<std::vector<int32_t>> text_ids;  ///< ids made by the intake (texts, narrowed ids)
-  int64_t texts = 0;                           ///< text sequences tokenized by the API layer
-  uint64_t tokenize_ns = 0;                    ///< the time that took
+  std::vector<std::vector<TokenSpan>> spans;   ///< chunks made by the intake (windows), per row
+  /// Spans a protocol converted from its wire types (rows view them); kept as long as the rows.
+  std::vector<std::vector<TokenSpan>> given_spans;
+  int64_t texts = 0;         ///< text sequences tokenized by the API layer
+  uint64_t tokenize_ns = 0;  ///< the time that took
   Clock::time_point deadline = Clock::time_point::max();  ///< the call's deadline
   std::function<bool()> is_cancelled;  ///< true once the client gave up (may be empty)
   // Called exactly once, from the engine or batcher thread, when the request ends.

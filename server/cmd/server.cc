@@ -154,11 +154,13 @@ bool Server::load_models() {
   spdlog::info(
       "limits: max-batch-tokens {}, max-batch-sequences {}, max-queue-delay-us {}, "
       "max-queue-tokens {} (per model and over all), max-request-tokens {}, "
-      "max-request-inputs {}, max-message-bytes {}, max-concurrent-streams {}, "
+      "max-request-inputs {}, max-request-spans {}, max-message-bytes {}, "
+      "max-concurrent-streams {}, "
       "http-max-body-bytes {}, http-max-connections {} (a model's config.pbtxt may set its own)",
       f.model.max_batch_tokens, f.model.max_batch_sequences, f.model.max_queue_delay_us,
       f.model.max_queue_tokens, f.model.max_request_tokens, f.model.max_request_inputs,
-      f.max_message_bytes, f.max_concurrent_streams, f.http_max_body_bytes, f.http_max_connections);
+      f.model.max_request_spans, f.max_message_bytes, f.max_concurrent_streams,
+      f.http_max_body_bytes, f.http_max_connections);
   repository_ = std::make_unique<repository::Repository>(std::move(o), metrics_);
   std::string why;
   if (!repository_->start(&why)) {

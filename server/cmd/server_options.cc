@@ -115,6 +115,11 @@ void add_model_flags(CLI::App& app, ServerOptions& f) {
       "limit)",
       "FASTFORMER_MAX_REQUEST_INPUTS")
       ->check(CLI::NonNegativeNumber);
+  opt(app, "--max-request-spans", f.model.max_request_spans,
+      "chunks (late chunking: spans and windows) over all sequences of one request, every "
+      "protocol; beyond: INVALID_ARGUMENT / 400 (0 = no limit)",
+      "FASTFORMER_MAX_REQUEST_SPANS")
+      ->check(CLI::NonNegativeNumber);
 }
 
 // Server-wide limits and logging.

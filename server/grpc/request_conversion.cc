@@ -5,6 +5,7 @@
 
 #include <algorithm>
 #include <chrono>
+#include <limits>
 #include <optional>
 #include <span>
 #include <string>
@@ -28,6 +29,17 @@ Status convert_request(const v1::EncodeRequest& proto, const engine::Model& mode
                    : proto.truncation() == v1::TRUNCATION_LEFT ? request::Truncate::kLeft
                                                                : request::Truncate::kNone;
   input.options = {proto.return_token_embeddings(), proto.return_logits(), proto.normalize()};
+  if (!v1::ChunkPooling_IsValid(proto.chunk_pooling())) {
+    return invalid_argument("chunk_pooling: unknown value " +
+                            std::to_string(proto.chunk_pooling()) +
+                            " (expected CHUNK_POOLING_MODEL or CHUNK_POOLING_MEAN)");
+  }
+  input.options.span_pooling =
+      proto.chunk_pooling() == v1::CHUNK_POOLING_MEAN ? SpanPooling::kMean : SpanPooling::kModel;
+  // The caller's spans, converted (uint32 on the wire) into the request's storage, which the
+  // rows (and then its sequences) view.
+  std::vector<std::vector<TokenSpan>>& spans = out->given_spans;
+  spans.assign(size_t(proto.sequences_size()), {});
   if (auto refused = request::check_options(input.options, model))
     return invalid_argument("return_logits: " + *refused);
   // The wire's shape: a Sequence holds any of its three inputs, and must hold exactly one.
@@ -56,6 +68,21 @@ Status convert_request(const v1::EncodeRequest& proto, const engine::Model& mode
     } else {
       input.rows.push_back(ids.empty() ? request::Row::embeddings(embeddings)
                                        : request::Row::ids(ids));
+    }
+    if (s.has_chunking()) {
+      const v1::Chunking& c = s.chunking();
+      constexpr uint32_t kMax = uint32_t(std::numeric_limits<int32_t>::max());
+      for (const v1::TokenSpan& span : c.spans()) {
+        // Past int32: out of every sequence's range, as validate_spans then says.
+        spans[size_t(i)].push_back(
+            {int32_t(std::min(span.begin(), kMax)), int32_t(std::min(span.end(), kMax))});
+      }
+      if (c.window_tokens() > kMax || c.overlap_tokens() > kMax)
+        return refuse("chunking", "window_tokens and overlap_tokens must be below 2^31");
+      input.rows.back() =
+          input.rows.back()
+              .with_spans(spans[size_t(i)])
+              .with_windows(int32_t(c.window_tokens()), int32_t(c.overlap_tokens()));
     }
   }
   if (auto problem = request::build_request(input, model, tokenizer, limits, out))
@@ -121,12 +148,24 @@ std::string explain_encode_parse_failure(const std::string& bytes) {
 }
 
 void fill_response(const batching::Request& request, v1::EncodeResponse* response) {
-  for (const EncodedSequence& seq : request.results) {
+  for (size_t b = 0; b < request.results.size(); ++b) {
+    const EncodedSequence& seq = request.results[b];
     v1::Encoding* e = response->add_encodings();
     e->mutable_embedding()->Add(seq.embedding.begin(), seq.embedding.end());
     e->mutable_token_embeddings()->Add(seq.token_embeddings.begin(), seq.token_embeddings.end());
     e->mutable_logits()->Add(seq.logits.begin(), seq.logits.end());
     e->set_num_tokens(static_cast<uint32_t>(seq.num_tokens));
+    const size_t width = seq.embedding.size();
+    if (width > 0 && !seq.span_embeddings.empty()) {
+      const std::span<const TokenSpan> spans = request.sequences[b].spans;
+      for (size_t k = 0; k < spans.size(); ++k) {
+        v1::Chunk* chunk = e->add_chunks();
+        chunk->mutable_embedding()->Add(seq.span_embeddings.begin() + int64_t(k * width),
+                                        seq.span_embeddings.begin() + int64_t((k + 1) * width));
+        chunk->mutable_tokens()->set_begin(uint32_t(spans[k].begin));
+        chunk->mutable_tokens()->set_end(uint32_t(spans[k].end));
+      }
+    }
   }
   const auto queued = request.first_compute - request.arrival;
   response->set_queue_time_us(static_cast<uint64_t>(

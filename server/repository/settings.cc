@@ -40,6 +40,7 @@ request::Limits ModelSettings::request_limits(const engine::ModelConfig& model) 
   request::Limits limits;
   limits.max_request_tokens = request_tokens(model);
   limits.max_request_inputs = max_request_inputs;
+  limits.max_request_spans = max_request_spans;
   return limits;
 }
 

@@ -33,6 +33,7 @@ struct ModelSettings {
   /// 0: max(max_batch_tokens, max_position_embeddings)
   int64_t max_request_tokens = defaults::kMaxRequestTokens;
   int64_t max_request_inputs = defaults::kMaxRequestInputs;
+  int64_t max_request_spans = defaults::kMaxRequestSpans;
   inference::ModelVersionPolicy version_policy;  ///< default: latest 1
 
   // max_request_tokens, resolved against the model when 0.

@@ -1,5 +1,6 @@
 #include "server/request/encode_input.h"
 
+#include <algorithm>
 #include <cmath>
 #include <cstring>
 #include <string>
@@ -46,6 +47,40 @@ std::optional<Problem> keep_ids(std::span<const Id> ids, size_t row, const engin
     std::vector<int32_t>& narrow = storage->emplace_back(keep.begin(), keep.end());
     *kept = narrow;
   }
+  return std::nullopt;
+}
+
+// The row's windows appended to its spans, in `storage` (which `in->spans` then views): over
+// the tokens as tokenized, a text's special tokens (tokenizer.json's) belonging to no window.
+std::optional<Problem> add_windows(const Row& row, size_t i, const text::Tokenizer* tokenizer,
+                                   int64_t tokens, SequenceInput* in,
+                                   std::vector<TokenSpan>* storage) {
+  const int32_t w = row.window_tokens, overlap = row.overlap_tokens;
+  if (w <= 0)
+    return Problem{i,
+                   Field::kSpans,
+                   {},
+                   "window_tokens " + std::to_string(w) + " must be at least 1 (0: no windows)"};
+  if (overlap < 0 || overlap >= w)
+    return Problem{i,
+                   Field::kSpans,
+                   {},
+                   "overlap_tokens " + std::to_string(overlap) + " must be in [0, window_tokens " +
+                       std::to_string(w) + ")"};
+  std::vector<int32_t> content;  // the positions windows cover
+  const bool text = row.field == Field::kText && tokenizer != nullptr;
+  for (int64_t t = 0; t < tokens; ++t) {
+    if (text && tokenizer->is_special(in->token_ids[size_t(t)])) continue;
+    content.push_back(int32_t(t));
+  }
+  storage->assign(in->spans.begin(), in->spans.end());
+  const int64_t stride = w - overlap;
+  for (int64_t s = 0; s < int64_t(content.size()); s += stride) {
+    const int64_t e = std::min<int64_t>(s + w, int64_t(content.size()));
+    storage->push_back({content[size_t(s)], content[size_t(e - 1)] + 1});
+    if (e == int64_t(content.size())) break;
+  }
+  in->spans = *storage;
   return std::nullopt;
 }
 
@@ -143,7 +178,9 @@ std::optional<Problem> build_request(const EncodeInput& input, const engine::Mod
   // Views into text_ids must not move: one slot per row that may need one, reserved up front.
   out->text_ids.clear();
   out->text_ids.reserve(rows);
-  int64_t total = 0;
+  out->spans.clear();
+  out->spans.reserve(rows);
+  int64_t total = 0, spans = 0;
   for (size_t i = 0; i < rows; ++i) {
     const Row& row = input.rows[i];
     SequenceInput in;
@@ -189,6 +226,23 @@ std::optional<Problem> build_request(const EncodeInput& input, const engine::Mod
       }
     } else if (auto error = engine::validate_spans(c, in, i)) {
       return Problem{i, Field::kSpans, {}, std::move(error->message)};
+    }
+    if (row.window_tokens != 0 || row.overlap_tokens != 0) {
+      if (auto p = add_windows(row, i, tokenizer, engine::sequence_length(in, D), &in,
+                               &out->spans.emplace_back()))
+        return p;
+      // A window of pad tokens only has nothing to pool: refused as a caller's span would be.
+      if (auto error = engine::validate_spans(c, in, i))
+        return Problem{i, Field::kSpans, {}, std::move(error->message)};
+    }
+    spans += int64_t(in.spans.size());
+    if (limits.max_request_spans > 0 && spans > limits.max_request_spans) {
+      return Problem{i,
+                     Field::kSpans,
+                     {},
+                     "the request has " + std::string(i + 1 < rows ? "at least " : "") +
+                         std::to_string(spans) + " chunks, over max_request_spans " +
+                         std::to_string(limits.max_request_spans)};
     }
     total += engine::sequence_length(in, D);
     if (total > limits.max_request_tokens) {

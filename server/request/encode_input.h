@@ -40,6 +40,11 @@ struct Row {
   /// Token ranges of the row (as tokenized: special tokens included) to pool one embedding
   /// each from its single pass (late chunking); checked against the row's final length.
   std::span<const TokenSpan> spans = {};
+  /// Server-made chunks: windows of `window_tokens` tokens, each `window_tokens -
+  /// overlap_tokens` after the last, over the row's tokens as tokenized (a text's special
+  /// tokens excluded: they belong to no chunk); appended after `spans`. 0: none.
+  int32_t window_tokens = 0;
+  int32_t overlap_tokens = 0;
 
   static Row ids(std::span<const int32_t> v) { return {Field::kTokenIds, v, {}, {}, {}, {}}; }
   static Row wide_ids(std::span<const int64_t> v) { return {Field::kTokenIds, {}, v, {}, {}, {}}; }
@@ -50,6 +55,12 @@ struct Row {
   Row with_spans(std::span<const TokenSpan> s) const {
     Row r = *this;
     r.spans = s;
+    return r;
+  }
+  Row with_windows(int32_t tokens, int32_t overlap) const {
+    Row r = *this;
+    r.window_tokens = tokens;
+    r.overlap_tokens = overlap;
     return r;
   }
 };
@@ -64,6 +75,7 @@ struct EncodeInput {
 struct Limits {
   int64_t max_request_tokens = 0;  ///< tokens over all rows of one request
   int64_t max_request_inputs = 0;  ///< rows (sequences, texts) in one request; 0: no limit
+  int64_t max_request_spans = 0;   ///< chunks (spans and windows) over all rows; 0: no limit
 };
 
 // Why a request is refused. `row` empty: the request as a whole (the token budget, no rows);

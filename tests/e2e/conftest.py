@@ -380,6 +380,9 @@ MODEL_SPECS = {
     # no classifier head and no word embedding: accepts only input embeddings, no logits
     "noemb": dict(seed=8, hidden=64, heads=4, layers=2, intermediate=128, max_positions=512, vocab=1000,
                   num_labels=0, act="gelu", word_embedding=False, model_name="e2e-noemb"),
+    # late chunking's clients: "text"'s shape and tokenizer with 8,192 positions, no head
+    "long": dict(seed=11, hidden=64, heads=4, layers=2, intermediate=128, max_positions=8192, vocab=1000,
+                 num_labels=0, act="gelu", tokenizer=True, model_name="e2e-long"),
     # heavier (about 1.6 MFLOP per token): a queue of a few thousand tokens takes visible time
     "load": dict(seed=3, hidden=128, heads=4, layers=4, intermediate=512, max_positions=2048, vocab=1000,
                  num_labels=3, act="gelu_new", model_name="e2e-load"),

@@ -98,15 +98,36 @@ def _set_text(q, i: int, value) -> None:
         raise InvalidArgument(f"sequence {i}: text: not valid UTF-8 ({e.reason} at character {e.start})") from None
 
 
+def _set_chunking(q, i: int, s) -> None:
+    """Late chunking: a sequence dict's "spans" (token ranges [begin, end)) and server windows
+    ("window_tokens", "overlap_tokens"), into Sequence.chunking."""
+    spans, window, overlap = s.get("spans"), s.get("window_tokens"), s.get("overlap_tokens")
+    if spans is None and window is None and overlap is None:
+        return
+    for k, (b, e) in enumerate(spans or []):
+        if isinstance(b, bool) or isinstance(e, bool) or int(b) != b or int(e) != e or b < 0 or e < 0:
+            raise TypeError(f"sequence {i}: spans: element {k} is ({b!r}, {e!r}), expected two non-negative ints")
+        span = q.chunking.spans.add()
+        span.begin, span.end = int(b), int(e)
+    for name, value in (("window_tokens", window), ("overlap_tokens", overlap)):
+        if value is not None:
+            if isinstance(value, bool) or int(value) != value or value < 0:
+                raise TypeError(f"sequence {i}: {name}: expected a non-negative int, got {value!r}")
+            setattr(q.chunking, name, int(value))
+    q.chunking.SetInParent()
+
+
 def _add_sequence(req, i: int, s) -> None:
     q = req.sequences.add()
     if isinstance(s, str):
         _set_text(q, i, s)
         return
     if isinstance(s, Mapping):
-        unknown = set(s) - {"token_ids", "input_embeddings", "text"}
+        unknown = set(s) - {"token_ids", "input_embeddings", "text", "spans", "window_tokens", "overlap_tokens"}
         if unknown:
-            raise TypeError(f"sequence {i}: unknown keys {sorted(unknown)} (token_ids, input_embeddings, text)")
+            raise TypeError(f"sequence {i}: unknown keys {sorted(unknown)} (token_ids, input_embeddings, text; "
+                            "spans, window_tokens, overlap_tokens)")
+        _set_chunking(q, i, s)
         if s.get("token_ids") is not None:
             q.token_ids.extend(_ids(i, s["token_ids"]))
         if s.get("input_embeddings") is not None:
@@ -146,8 +167,11 @@ def _routing(name: str, value) -> str:
     return str(value)
 
 
+_CHUNK_POOLING = {"model": 0, "mean": 1}
+
+
 def build_request(sequences, *, return_token_embeddings=False, return_logits=False, normalize=False,
-                  truncation=None, request_id=None, model_name=None, model_version=None):
+                  truncation=None, request_id=None, model_name=None, model_version=None, chunk_pooling="model"):
     """An EncodeRequest. sequences: a list whose items are each one kind: a text (str, tokenized
     by the server), token ids (a list or 1-D integer array), input embeddings (a 2-D float array
     [n, hidden]), or a dict {"text": ...} / {"token_ids": ...} / {"input_embeddings": ...}
@@ -163,6 +187,9 @@ def build_request(sequences, *, return_token_embeddings=False, return_logits=Fal
                            truncation=truncation_value(truncation),
                            model_name=_routing("model_name", model_name),
                            model_version=_routing("model_version", model_version))
+    if chunk_pooling not in _CHUNK_POOLING:
+        raise ValueError(f"chunk_pooling: expected \"model\" or \"mean\", got {chunk_pooling!r}")
+    req.chunk_pooling = _CHUNK_POOLING[chunk_pooling]
     for i, s in enumerate(sequences):
         _add_sequence(req, i, s)
     return req
@@ -222,6 +249,9 @@ class EncodeResult:
     queue_time_us, compute_time_us   the server's timings (docs/api.md)
     request_id        the request's id (EncodeStream: the message's, maybe assigned)
     model_name, model_version   the model and version that answered
+    chunks            late chunking: per sequence, (embeddings float32 [k, hidden], token ranges
+                      int64 [k, 2]) of its chunks (spans first, then windows); None when no
+                      sequence was chunked
     """
     embeddings: np.ndarray
     token_embeddings: Optional[List[np.ndarray]]
@@ -232,6 +262,7 @@ class EncodeResult:
     request_id: str = ""
     model_name: str = ""
     model_version: str = ""
+    chunks: Optional[List[Tuple[np.ndarray, np.ndarray]]] = None
 
     def __len__(self) -> int:
         return len(self.embeddings)
@@ -269,8 +300,19 @@ def result_from_raw(raw: _wire.RawResponse, n_sequences: Optional[int], tokens: 
             if len(e.logits) != labels:
                 raise bad(f"sequence {i}: {len(e.logits)} logits, sequence 0 has {labels}")
             lg[i] = e.logits
+    chunks = None
+    if any(e.chunks for e in encs):
+        chunks = []
+        for i, e in enumerate(encs):
+            rows = np.empty((len(e.chunks), hidden), dtype=np.float32)
+            ranges = np.empty((len(e.chunks), 2), dtype=np.int64)
+            for k, (vec, b, end) in enumerate(e.chunks):
+                if len(vec) != hidden:
+                    raise bad(f"sequence {i}: chunk {k} of {len(vec)} values, the embedding has {hidden}")
+                rows[k], ranges[k] = vec, (b, end)
+            chunks.append((rows, ranges))
     return EncodeResult(emb, tok, lg, [e.num_tokens for e in encs], raw.queue_time_us, raw.compute_time_us, rid,
-                        raw.model_name, raw.model_version)
+                        raw.model_name, raw.model_version, chunks)
 
 
 def model_info_dict(info) -> Dict[str, Any]:
@@ -558,15 +600,17 @@ class ClientBase:
             raise from_rpc_error(e, request_id) from e
 
     def _encode_steps(self, sequences, *, return_token_embeddings, return_logits, normalize, truncation,
-                      request_id, deadline_s, return_result, model_name=None, model_version=None) -> Steps:
+                      request_id, deadline_s, return_result, model_name=None, model_version=None,
+                      chunk_pooling="model") -> Steps:
         req = build_request(sequences, return_token_embeddings=return_token_embeddings,
                             return_logits=return_logits, normalize=normalize, truncation=truncation,
-                            request_id=request_id, model_name=model_name, model_version=model_version)
+                            request_id=request_id, model_name=model_name, model_version=model_version,
+                            chunk_pooling=chunk_pooling)
         raw = yield from self._unary("encode", req, self._cfg.timeout(deadline_s), request_id)
         if raw.error is not None and raw.error[0] != 0:
             raise error_for(raw.error[0], raw.error[1], request_id)
         res = result_from_raw(raw, len(req.sequences), req.return_token_embeddings, req.return_logits)
-        if return_token_embeddings or return_logits or return_result:
+        if return_token_embeddings or return_logits or return_result or res.chunks is not None:
             return res
         return res.embeddings
 

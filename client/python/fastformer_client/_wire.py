@@ -100,6 +100,7 @@ class RawEncoding:
     token_embeddings: np.ndarray
     logits: np.ndarray
     num_tokens: int
+    chunks: List[Tuple[np.ndarray, int, int]] = field(default_factory=list)  # (embedding, begin, end)
 
 
 @dataclass
@@ -118,9 +119,26 @@ def _int32(v: int) -> int:
     return v - (1 << 32) if v >= 1 << 31 else v
 
 
+def _chunk(buf, start, end) -> Tuple[np.ndarray, int, int]:
+    """A Chunk: its embedding (field 1) and token range (field 2, a TokenSpan: begin 1, end 2)."""
+    emb = _Floats()
+    begin = stop = 0
+    for num, wt, v in _fields(buf, start, end):
+        if num == 1:
+            emb.add(buf, wt, v)
+        elif num == 2 and wt == 2:
+            for n2, w2, v2 in _fields(buf, *v):
+                if n2 == 1 and w2 == 0:
+                    begin = v2 & 0xFFFFFFFF
+                elif n2 == 2 and w2 == 0:
+                    stop = v2 & 0xFFFFFFFF
+    return emb.array(), begin, stop
+
+
 def _encoding(buf, start, end) -> RawEncoding:
     emb, tok, lg = _Floats(), _Floats(), _Floats()
     num_tokens = 0
+    chunks = []
     for num, wt, v in _fields(buf, start, end):
         if num == 1:
             emb.add(buf, wt, v)
@@ -130,7 +148,9 @@ def _encoding(buf, start, end) -> RawEncoding:
             lg.add(buf, wt, v)
         elif num == 4 and wt == 0:
             num_tokens = v & 0xFFFFFFFF
-    return RawEncoding(emb.array(), tok.array(), lg.array(), num_tokens)
+        elif num == 5 and wt == 2:
+            chunks.append(_chunk(buf, *v))
+    return RawEncoding(emb.array(), tok.array(), lg.array(), num_tokens, chunks)
 
 
 def _string(buf, v) -> str:

@@ -58,7 +58,8 @@ class Client(ClientBase):
                normalize: bool = False, truncation: Union[None, str, int] = None,
                request_id: Optional[str] = None, deadline_s: Optional[float] = None,
                return_result: bool = False, model_name: Optional[str] = None,
-               model_version: Union[None, str, int] = None) -> Union[np.ndarray, EncodeResult]:
+               model_version: Union[None, str, int] = None,
+               chunk_pooling: str = "model") -> Union[np.ndarray, EncodeResult]:
         """Encodes the sequences of one request.
 
         sequences: a list whose items are each a text (a str, tokenized by the server with the
@@ -73,12 +74,17 @@ class Client(ClientBase):
         model_name, model_version: the model and version that should answer, on a server with a
         model repository (None: the default model, its newest READY version); the EncodeResult
         says which answered (.model_name, .model_version).
+        Late chunking: a dict sequence may carry "spans" (token ranges [begin, end), special tokens
+        counted) and "window_tokens" / "overlap_tokens" (the server's windows); each chunk is
+        pooled from the sequence's one pass, by chunk_pooling "model" (the model's pooler over
+        the chunk) or "mean", and the EncodeResult's .chunks holds them.
         Raises the FastformerError subclass of the status (InvalidArgument, ResourceExhausted, ...).
         """
         return self._run(self._encode_steps(
             sequences, return_token_embeddings=return_token_embeddings, return_logits=return_logits,
             normalize=normalize, truncation=truncation, request_id=request_id, deadline_s=deadline_s,
-            return_result=return_result, model_name=model_name, model_version=model_version))
+            return_result=return_result, model_name=model_name, model_version=model_version,
+            chunk_pooling=chunk_pooling))
 
     def encode_stream(self, requests: Iterable, *, return_token_embeddings: bool = False,
                       return_logits: bool = False, normalize: bool = False, truncation=None,
