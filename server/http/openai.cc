@@ -118,6 +118,7 @@ void HttpApi::openai_embeddings(const Request& http_request, Call call) {
     std::string model;
     bool base64 = false;
     int64_t dimensions = 0;
+    bool late_chunking = false;
   };
   auto keep = std::make_shared<Keep>();
   simdjson::dom::element v;
@@ -165,6 +166,16 @@ void HttpApi::openai_embeddings(const Request& http_request, Call call) {
       return fail(call, invalid_argument(*refused), "dimensions");
     keep->dimensions = d;
   }
+  // Jina's extension (the openai SDK sends it in extra_body): the inputs are one document's
+  // consecutive chunks, one embedding each from one pass.
+  if (!body["late_chunking"].get(v) && !v.is_null()) {
+    if (v.get_bool().get(keep->late_chunking)) {
+      return fail(call,
+                  invalid_argument(std::string("late_chunking: expected a boolean, got ") +
+                                   json::type_name(v)),
+                  "late_chunking");
+    }
+  }
   if (!body["user"].get(v) && !v.is_null() && !v.is_string()) {
     return fail(call,
                 invalid_argument(std::string("user: expected a string, got ") + json::type_name(v)),
@@ -173,6 +184,7 @@ void HttpApi::openai_embeddings(const Request& http_request, Call call) {
   keep->input = encode_input(keep->inputs);
   keep->input.options.normalize = true;               // OpenAI's embeddings have length 1
   keep->input.options.dimensions = keep->dimensions;  // cut and re-normalised by the request layer
+  keep->input.late_chunking = keep->late_chunking;
   const bool single = keep->inputs.single;
   const int32_t pad = model.config().pad_token_id;
   submit(
@@ -183,10 +195,19 @@ void HttpApi::openai_embeddings(const Request& http_request, Call call) {
       [keep, pad](const batching::Request& r) {
         json::Writer w;
         const size_t dims = r.results.empty() ? 0 : r.results[0].embedding.size();
-        w.reserve(64 + r.results.size() * (48 + dims * (keep->base64 ? 6 : 12)));
+        // One embedding per input: each sequence's, or with late chunking each chunk's (the
+        // one document's span embeddings, in input order).
+        const size_t count = keep->late_chunking && dims > 0
+                                 ? r.results[0].span_embeddings.size() / dims
+                                 : r.results.size();
+        auto embedding = [&](size_t i) -> std::span<const float> {
+          if (!keep->late_chunking) return r.results[i].embedding;
+          return std::span<const float>(r.results[0].span_embeddings).subspan(i * dims, dims);
+        };
+        w.reserve(64 + count * (48 + dims * (keep->base64 ? 6 : 12)));
         w.raw("{\"object\":\"list\",\"data\":[");
-        for (size_t i = 0; i < r.results.size(); ++i) {
-          const std::span<const float> e = r.results[i].embedding;
+        for (size_t i = 0; i < count; ++i) {
+          const std::span<const float> e = embedding(i);
           if (i > 0) w.ch(',');
           w.raw("{\"object\":\"embedding\",\"index\":").number(int64_t(i)).raw(",\"embedding\":");
           if (keep->base64) {

@@ -158,6 +158,93 @@ void apply_dimensions(const OutputOptions& options, std::vector<EncodedSequence>
   }
 }
 
+namespace {
+
+// build_request for input.late_chunking: the rows joined into one document, one span each.
+std::optional<Problem> build_late_chunked(const EncodeInput& input, const engine::Model& model,
+                                          const text::Tokenizer* tokenizer, const Limits& limits,
+                                          batching::Request* out) {
+  const engine::ModelConfig& c = model.config();
+  const size_t rows = input.rows.size();
+  const Field kind = input.rows[0].field;
+  for (size_t i = 0; i < rows; ++i) {
+    const Field f = input.rows[i].field;
+    if (f == Field::kInputEmbeddings)
+      return Problem{i, f, {}, "late chunking takes texts or token ids, not input embeddings"};
+    if (f != kind)
+      return Problem{i, f, {}, "late chunking joins the inputs into one document: send one kind"};
+  }
+  if (limits.max_request_spans > 0 && int64_t(rows) > limits.max_request_spans) {
+    return Problem{std::nullopt,
+                   Field::kSpans,
+                   {},
+                   "the request has " + std::to_string(rows) + " chunks, over max_request_spans " +
+                       std::to_string(limits.max_request_spans)};
+  }
+  out->text_ids.clear();
+  out->spans.clear();
+  std::vector<int32_t>& ids = out->text_ids.emplace_back();
+  std::vector<TokenSpan>& spans = out->spans.emplace_back();
+  if (kind == Field::kText) {
+    std::vector<std::string_view> texts;
+    for (const Row& r : input.rows) texts.push_back(r.text);
+    size_t which = rows;
+    const auto start = batching::Clock::now();
+    std::optional<std::string> refused =
+        text::chunk_texts(tokenizer, c, texts, &ids, &spans, &which);
+    out->tokenize_ns += batching::ns_since(start);
+    out->texts = int64_t(rows);
+    if (refused) {
+      return Problem{which < rows ? std::optional<size_t>(which) : std::nullopt,
+                     Field::kText,
+                     {},
+                     std::move(*refused)};
+    }
+  } else {
+    for (size_t i = 0; i < rows; ++i) {
+      const Row& r = input.rows[i];
+      const size_t n = r.wide_token_ids.empty() ? r.token_ids.size() : r.wide_token_ids.size();
+      if (n == 0)
+        return Problem{i, Field::kTokenIds, {}, "empty: a chunk needs at least one token"};
+      for (size_t t = 0; t < n; ++t) {
+        const int64_t id = r.wide_token_ids.empty() ? r.token_ids[t] : r.wide_token_ids[t];
+        if (id < 0 || id >= c.vocab_size)
+          return Problem{i, Field::kTokenIds, int64_t(t),
+                         engine::id_outside_vocabulary(id, c.vocab_size)};
+        ids.push_back(int32_t(id));
+      }
+      spans.push_back({int32_t(ids.size() - n), int32_t(ids.size())});
+    }
+  }
+  const int64_t n = int64_t(ids.size());
+  if (n > c.max_position_embeddings) {
+    return Problem{std::nullopt,
+                   kind,
+                   {},
+                   "late chunking: the document is " + std::to_string(n) +
+                       " tokens, over max_position_embeddings " +
+                       std::to_string(c.max_position_embeddings) +
+                       " (one pass holds the whole document; cut it into documents that fit)"};
+  }
+  if (n > limits.max_request_tokens) {
+    return Problem{std::nullopt,
+                   kind,
+                   {},
+                   "the request has " + std::to_string(n) + " tokens, over max_request_tokens " +
+                       std::to_string(limits.max_request_tokens)};
+  }
+  SequenceInput in;
+  in.token_ids = ids;
+  in.spans = spans;
+  if (auto error = engine::validate_sequence(c, model.has_word_embedding(), in, 0))
+    return Problem{std::nullopt, field_of(error->field), {}, std::move(error->message)};
+  out->sequences.assign(1, in);
+  out->options = input.options;
+  return std::nullopt;
+}
+
+}  // namespace
+
 std::optional<Problem> build_request(const EncodeInput& input, const engine::Model& model,
                                      const text::Tokenizer* tokenizer, const Limits& limits,
                                      batching::Request* out) {
@@ -173,6 +260,7 @@ std::optional<Problem> build_request(const EncodeInput& input, const engine::Mod
                        " sequences, over max_request_inputs " +
                        std::to_string(limits.max_request_inputs)};
   }
+  if (input.late_chunking) return build_late_chunked(input, model, tokenizer, limits, out);
   out->sequences.clear();
   out->sequences.reserve(rows);
   // Views into text_ids must not move: one slot per row that may need one, reserved up front.

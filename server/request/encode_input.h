@@ -70,6 +70,10 @@ struct EncodeInput {
   std::vector<Row> rows;
   Truncate truncate = Truncate::kNone;  ///< rows over max_position_embeddings: refuse or cut
   OutputOptions options;                ///< what to return for every row
+  /// Late chunking in Jina's form: the rows are one document's consecutive chunks (texts
+  /// joined with one space and tokenized once, or token ids concatenated as they are); the
+  /// request is that one sequence, with one span per row (EncodedSequence::span_embeddings).
+  bool late_chunking = false;
 };
 
 struct Limits {

@@ -71,4 +71,49 @@ std::optional<std::string> tokenize_text(const Tokenizer* tok, const engine::Mod
   return std::nullopt;
 }
 
+std::optional<std::string> chunk_texts(const Tokenizer* tok, const engine::ModelConfig& c,
+                                       std::span<const std::string_view> texts,
+                                       std::vector<int32_t>* ids, std::vector<TokenSpan>* spans,
+                                       size_t* which) {
+  *which = texts.size();
+  std::string document;
+  for (size_t i = 0; i < texts.size(); ++i) {
+    if (i > 0) document += ' ';
+    document += texts[i];
+  }
+  if (auto refused = tokenize_text(tok, c, document, Truncate::kNone, ids)) return refused;
+  // The document's own tokens: between the special tokens the post-processor put around them.
+  size_t begin = 0, end = ids->size();
+  while (begin < end && tok->is_special((*ids)[begin])) ++begin;
+  while (end > begin && tok->is_special((*ids)[end - 1])) --end;
+  spans->clear();
+  size_t at = begin;
+  for (size_t i = 0; i < texts.size(); ++i) {
+    std::vector<int32_t> piece;
+    try {
+      piece = tok->encode(texts[i], nullptr, /*add_special_tokens=*/false).ids;
+    } catch (const tokenizer::TokenizerError& e) {
+      *which = i;
+      return std::string(e.what());
+    }
+    if (piece.empty()) {
+      *which = i;
+      return "the text tokenizes to no tokens, and a chunk needs at least one";
+    }
+    if (at + piece.size() > end || !std::equal(piece.begin(), piece.end(), ids->begin() + at)) {
+      *which = i;
+      return "late chunking: this tokenizer joins the text's tokens with its neighbour's across "
+             "the joining space, so the chunk's tokens are not its own (character offsets are "
+             "not supported yet); send token ids instead";
+    }
+    spans->push_back({int32_t(at), int32_t(at + piece.size())});
+    at += piece.size();
+  }
+  if (at != end) {
+    return "late chunking: the document has tokens that belong to no text (" +
+           std::to_string(end - at) + " after the last)";
+  }
+  return std::nullopt;
+}
+
 }  // namespace fastformer::text

@@ -11,10 +11,12 @@
 #include <filesystem>
 #include <memory>
 #include <optional>
+#include <span>
 #include <string>
 #include <string_view>
 #include <vector>
 
+#include "common/sequence.h"
 #include "server/engine/model.h"
 #include "server/text/tokenizer/tokenizer.h"
 
@@ -39,5 +41,19 @@ enum class Truncate { kNone, kRight, kLeft };
 std::optional<std::string> tokenize_text(const Tokenizer* tokenizer,
                                          const engine::ModelConfig& config, std::string_view text,
                                          Truncate truncate, std::vector<int32_t>* ids);
+
+// Late chunking in Jina's form: `texts` are one document's consecutive chunks, joined with one
+// space and tokenized once into `ids` (special tokens included, no truncation: a document over
+// the model's positions is refused); `spans` gets each text's token range in it. A token
+// belongs to the text its characters come from: each text alone must tokenize (without special
+// tokens) to exactly its stretch of the document's tokens, which holds for tokenizers that
+// split at whitespace; where a token would straddle two texts the call is refused (character
+// offsets would be needed). Returns why (and sets *which to the text at fault, or to
+// texts.size() for the document), or nothing.
+std::optional<std::string> chunk_texts(const Tokenizer* tokenizer,
+                                       const engine::ModelConfig& config,
+                                       std::span<const std::string_view> texts,
+                                       std::vector<int32_t>* ids, std::vector<TokenSpan>* spans,
+                                       size_t* which);
 
 }  // namespace fastformer::text

@@ -56,6 +56,8 @@ BASE_SPEC = dict(hidden=64, heads=4, layers=2, intermediate=128, max_positions=5
 TEXT_SPEC = dict(BASE_SPEC, seed=11, num_labels=3, model_name="http-text", tokenizer=True)
 EMBED_SPEC = dict(BASE_SPEC, seed=12, num_labels=0, model_name="http-embed", tokenizer=True)
 IDS_SPEC = dict(BASE_SPEC, seed=13, num_labels=3, model_name="http-ids")
+# late chunking's: the demo tokenizer and 8,192 positions (the others have 512)
+LONG_SPEC = dict(BASE_SPEC, seed=14, num_labels=0, model_name="http-long", tokenizer=True, max_positions=8192)
 TEXT_LABELS = ["negative", "neutral", "positive"]  # text_model's labels.json
 ALIASES = ["alias1", "alias2"]  # the shared server's --served-model-name
 
@@ -205,6 +207,11 @@ def embed_model(models_root):
 @pytest.fixture(scope="session")
 def ids_model(models_root):
     return Model(models_root, IDS_SPEC)
+
+
+@pytest.fixture(scope="session")
+def long_model(models_root):
+    return Model(models_root, LONG_SPEC)
 
 
 @pytest.fixture(scope="session")

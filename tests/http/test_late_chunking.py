@@ -1,0 +1,97 @@
+"""Late chunking on POST /v1/embeddings (issue 35), Jina's form, through OpenAI's own SDK
+(`extra_body={"late_chunking": True}`): the `input` list is one document's consecutive chunks
+(texts joined with one space and tokenized once; token ids concatenated as they are), one
+embedding per element, each the model's pooler over the element's tokens of the one pass:
+checked against the float64 reference pooled from the whole document's token states
+(tools/reference.py, reference_span_pool), with the document's ids worked out by hand from the
+demo tokenizer's vocabulary."""
+from __future__ import annotations
+
+import numpy as np
+import openai
+import pytest
+
+import make_demo_model as mdm
+import reference as ref
+from conftest import Server, assert_close, unit
+
+VOCAB = {w: i for i, w in enumerate(mdm.DEMO_WORDS)}
+CLS, SEP = VOCAB["[CLS]"], VOCAB["[SEP]"]
+
+
+@pytest.fixture(scope="module")
+def long_server(long_model, logs):
+    srv = Server(long_model.dir, logs, "shared-long").wait_ready()
+    yield srv
+    srv.stop()
+
+
+@pytest.fixture(scope="module")
+def client(long_server):
+    c = openai.OpenAI(base_url=f"{long_server.base}/v1", api_key="dummy", max_retries=0, timeout=60)
+    yield c
+    c.close()
+
+
+def words(text):  # the demo tokenizer on text of whole vocabulary words: lower-cased, split
+    return [VOCAB[w] for w in text.lower().replace(".", " .").split()]
+
+
+def expected(model, chunks_ids):
+    """Per chunk: the unit reference embedding pooled over its tokens of the one document."""
+    doc = [CLS] + [t for c in chunks_ids for t in c] + [SEP]
+    spans, at = [], 1
+    for c in chunks_ids:
+        spans.append((at, at + len(c)))
+        at += len(c)
+    states = model.reference([doc])[0].token_embeddings
+    pooled = ref.reference_span_pool(model.ref_model, states, np.ones(len(doc)), spans, "model")
+    return [unit(p) for p in pooled]
+
+
+def test_texts_are_one_document_with_an_embedding_per_chunk(client, long_model):
+    sentence = "The quick brown fox jump over the lazy dog. "
+    texts = [(sentence * 30).strip(), "The server has a fast model.", (sentence * 200).strip()]
+    r = client.embeddings.create(model=long_model.name, input=texts, extra_body={"late_chunking": True})
+    assert [d.index for d in r.data] == [0, 1, 2]
+    want = expected(long_model, [words(t) for t in texts])
+    for d, w in zip(r.data, want):
+        assert_close(np.asarray(d.embedding), w)
+    # The same texts without late chunking: each embedded alone, a different vector.
+    alone = client.embeddings.create(model=long_model.name, input=texts)
+    assert not np.allclose(np.asarray(alone.data[1].embedding), np.asarray(r.data[1].embedding), atol=1e-3)
+    n = 2 + sum(len(words(t)) for t in texts)
+    assert r.usage.prompt_tokens == n
+
+
+def test_token_ids_are_concatenated_as_they_are(client, long_model):
+    rng = np.random.default_rng(5)
+    chunks = [[int(x) for x in rng.integers(4, long_model.vocab, k)] for k in (300, 1, 2000)]
+    r = client.embeddings.create(model=long_model.name, input=chunks, extra_body={"late_chunking": True},
+                                 encoding_format="float")
+    doc = [t for c in chunks for t in c]
+    spans, at = [], 0
+    for c in chunks:
+        spans.append((at, at + len(c)))
+        at += len(c)
+    states = long_model.reference([doc])[0].token_embeddings
+    want = ref.reference_span_pool(long_model.ref_model, states, np.ones(len(doc)), spans, "model")
+    for d, w in zip(r.data, want):
+        assert_close(np.asarray(d.embedding), unit(w))
+
+
+@pytest.mark.parametrize("value", ["yes", 1, [True], {"on": True}])
+def test_a_late_chunking_that_is_not_a_boolean_is_a_400(client, long_model, value):
+    with pytest.raises(openai.BadRequestError) as e:
+        client.embeddings.create(model=long_model.name, input=["a b", "c"], extra_body={"late_chunking": value})
+    assert e.value.status_code == 400
+    body = e.value.body if isinstance(e.value.body, dict) else {}
+    assert "late_chunking: expected a boolean" in str(e.value)
+    assert body.get("param") == "late_chunking", body
+
+
+def test_a_document_over_the_positions_is_refused_naming_the_limit(client, long_model):
+    chunks = [[5] * 5000, [6] * 5000]
+    with pytest.raises(openai.BadRequestError) as e:
+        client.embeddings.create(model=long_model.name, input=chunks, extra_body={"late_chunking": True})
+    assert "the document is 10000 tokens, over max_position_embeddings 8192" in str(e.value)
