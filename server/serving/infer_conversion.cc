@@ -5,6 +5,7 @@
 
 #include <algorithm>
 #include <cstring>
+#include <limits>
 #include <optional>
 
 #include "server/text/tokenizer/unicode.h"
@@ -129,7 +130,15 @@ Status read_parameters(const inference::ModelInferRequest& proto, OutputOptions*
                        Truncate* truncate) {
   // Parameters we do not know are ignored, as the protocol asks (clients add their own).
   for (const auto& [key, value] : proto.parameters()) {
-    if (key == "normalize") {
+    if (key == "span_pooling") {
+      const std::string& v = value.string_param();
+      if (value.parameter_choice_case() != inference::InferParameter::kStringParam ||
+          (v != "model" && v != "mean")) {
+        return invalid_argument(
+            "parameters: span_pooling must be the string \"model\" or \"mean\"");
+      }
+      options->span_pooling = v == "mean" ? SpanPooling::kMean : SpanPooling::kModel;
+    } else if (key == "normalize") {
       if (value.parameter_choice_case() != inference::InferParameter::kBoolParam) {
         return invalid_argument("parameters: normalize must be a bool parameter");
       }
@@ -148,7 +157,7 @@ Status read_parameters(const inference::ModelInferRequest& proto, OutputOptions*
 }
 
 Status read_outputs(const inference::ModelInferRequest& proto, const engine::Model& model,
-                    const text::Tokenizer* tokenizer, InferCall* call) {
+                    const text::Tokenizer* tokenizer, bool spans, InferCall* call) {
   const std::vector<TensorSpec> outputs = model_outputs(model, tokenizer);
   std::string names;
   for (const TensorSpec& o : outputs) names += (names.empty() ? "" : ", ") + o.name;
@@ -158,8 +167,9 @@ Status read_outputs(const inference::ModelInferRequest& proto, const engine::Mod
     if (name == "logits") call->logits = true;
     call->output_order.push_back(name);
   };
-  if (proto.outputs_size() == 0) {
-    for (const TensorSpec& o : outputs) want(o.name);
+  if (proto.outputs_size() == 0) {  // every output, span_embeddings when spans are sent
+    for (const TensorSpec& o : outputs)
+      if (o.name != "span_embeddings" || spans) want(o.name);
     return Status();
   }
   for (int i = 0; i < proto.outputs_size(); ++i) {
@@ -268,6 +278,7 @@ std::vector<TensorSpec> model_inputs(const engine::Model& model, const text::Tok
   inputs.push_back({"attention_mask", "INT64", inference::TYPE_INT64, {-1, -1}, true});
   inputs.push_back(
       {"input_embeddings", "FP32", inference::TYPE_FP32, {-1, -1, D}, model.has_word_embedding()});
+  inputs.push_back({"spans", "INT64", inference::TYPE_INT64, {-1, 3}, true});
   return inputs;
 }
 
@@ -283,6 +294,7 @@ std::vector<TensorSpec> model_outputs(const engine::Model& model,
   }
   if (tokenizer != nullptr)
     outputs.push_back({"num_tokens", "INT64", inference::TYPE_INT64, {-1}, false});
+  outputs.push_back({"span_embeddings", "FP32", inference::TYPE_FP32, {-1, D}, false});
   return outputs;
 }
 
@@ -320,17 +332,19 @@ Status convert_infer_request(const inference::ModelInferRequest& proto, const en
         "raw_input_contents: " + std::to_string(proto.raw_input_contents_size()) + " entries for " +
         std::to_string(proto.inputs_size()) + " inputs; send one per input, or typed contents");
   }
-  std::optional<Input> ids_in, mask_in, embeddings_in, text_in;
+  std::optional<Input> ids_in, mask_in, embeddings_in, text_in, spans_in;
   for (int i = 0; i < proto.inputs_size(); ++i) {
     const InputTensorProto& t = proto.inputs(i);
     std::optional<Input>* slot = t.name() == "input_ids"          ? &ids_in
                                  : t.name() == "attention_mask"   ? &mask_in
                                  : t.name() == "input_embeddings" ? &embeddings_in
                                  : t.name() == "text"             ? &text_in
+                                 : t.name() == "spans"            ? &spans_in
                                                                   : nullptr;
     if (slot == nullptr) {
-      return invalid_argument("inputs[" + std::to_string(i) + "]: unknown input '" + t.name() +
-                              "' (expected input_ids, attention_mask, input_embeddings or text)");
+      return invalid_argument(
+          "inputs[" + std::to_string(i) + "]: unknown input '" + t.name() +
+          "' (expected input_ids, attention_mask, input_embeddings or text, and spans)");
     }
     if (slot->has_value())
       return invalid_argument("inputs[" + std::to_string(i) + "]: input '" + t.name() +
@@ -347,7 +361,50 @@ Status convert_infer_request(const inference::ModelInferRequest& proto, const en
 
   request::EncodeInput input;
   if (Status s = read_parameters(proto, &input.options, &input.truncate); !s.ok()) return s;
-  if (Status s = read_outputs(proto, model, tokenizer, call); !s.ok()) return s;
+  if (Status s = read_outputs(proto, model, tokenizer, spans_in.has_value(), call); !s.ok())
+    return s;
+  // Late chunking: spans [K, 3] of (row, begin, end), grouped by row into the request's storage
+  // (the rows view it), each remembering its slot for the span_embeddings output.
+  std::vector<std::vector<TokenSpan>>& row_spans = out->given_spans;
+  row_spans.clear();
+  if (spans_in) {
+    const auto& shape = spans_in->tensor->shape();
+    if (shape.size() != 2 || shape[1] != 3) {
+      return invalid_argument("spans: shape " + shape_string(shape) +
+                              " must be [chunks, 3]: row, begin, end");
+    }
+    std::vector<int64_t> values;
+    if (Status s = read_integers(*spans_in, shape[0] * 3, &values); !s.ok()) return s;
+    if (limits.max_request_spans > 0 && shape[0] > limits.max_request_spans) {
+      return invalid_argument("spans: the request has " + std::to_string(shape[0]) +
+                              " chunks, over max_request_spans " +
+                              std::to_string(limits.max_request_spans));
+    }
+    for (int64_t k = 0; k < shape[0]; ++k) {
+      const int64_t row = values[size_t(3 * k)], b = values[size_t(3 * k + 1)],
+                    e = values[size_t(3 * k + 2)];
+      constexpr int64_t kMax = std::numeric_limits<int32_t>::max();
+      if (row < 0 || row >= kMax || b < -kMax || b > kMax || e < -kMax || e > kMax) {
+        return invalid_argument("spans: chunk " + std::to_string(k) + " (" + std::to_string(row) +
+                                ", " + std::to_string(b) + ", " + std::to_string(e) +
+                                ") is out of range");
+      }
+      if (size_t(row) >= row_spans.size()) row_spans.resize(size_t(row) + 1);
+      call->span_slots.emplace_back(row, int64_t(row_spans[size_t(row)].size()));
+      row_spans[size_t(row)].push_back({int32_t(b), int32_t(e)});
+    }
+  }
+  // A span naming a row the request does not have is refused once the rows are known.
+  auto attach_spans = [&]() -> Status {
+    if (row_spans.size() > input.rows.size()) {
+      return invalid_argument("spans: a chunk names row " + std::to_string(row_spans.size() - 1) +
+                              ", but the request has " + std::to_string(input.rows.size()) +
+                              " rows");
+    }
+    for (size_t r = 0; r < row_spans.size(); ++r)
+      input.rows[r] = input.rows[r].with_spans(row_spans[r]);
+    return Status();
+  };
   input.options.token_embeddings = call->token_embeddings;
   input.options.logits = call->logits;
   auto check_batch = [&](const std::string& tensor, int64_t B) {
@@ -362,6 +419,7 @@ Status convert_infer_request(const inference::ModelInferRequest& proto, const en
     if (Status s = read_texts(*text_in, &texts); !s.ok()) return s;
     if (Status s = check_batch("text", int64_t(texts.size())); !s.ok()) return s;
     for (const std::string_view t : texts) input.rows.push_back(request::Row::from_text(t));
+    if (Status s = attach_spans(); !s.ok()) return s;
     if (auto problem = request::build_request(input, model, tokenizer, limits, out))
       return refuse(*problem);
     call->rows = int64_t(texts.size());
@@ -417,6 +475,7 @@ Status convert_infer_request(const inference::ModelInferRequest& proto, const en
           std::span<const float>(call->embeddings.data() + r * L * D, size_t(n * D))));
     }
   }
+  if (Status s = attach_spans(); !s.ok()) return s;
   if (auto problem = request::build_request(input, model, tokenizer, limits, out))
     return refuse(*problem);
   return Status();
@@ -447,6 +506,18 @@ void fill_infer_response(const InferCall& call, const batching::Request& request
       tensor->add_shape(B), tensor->add_shape(labels);
       raw->assign(size_t(B * labels) * 4, '\0');
       for (int64_t r = 0; r < B; ++r) put(r, request.results[size_t(r)].logits, labels);
+    } else if (name == "span_embeddings") {
+      // [chunks, D] in the spans input's order; each row of the request holds its own.
+      const int64_t K = int64_t(call.span_slots.size());
+      tensor->add_shape(K), tensor->add_shape(D);
+      raw->assign(size_t(K * D) * 4, '\0');
+      for (int64_t k = 0; k < K; ++k) {
+        const auto [row, index] = call.span_slots[size_t(k)];
+        const std::vector<float>& from = request.results[size_t(row)].span_embeddings;
+        const int64_t width = int64_t(request.results[size_t(row)].embedding.size());
+        std::memcpy(raw->data() + size_t(k * D) * 4, from.data() + index * width,
+                    size_t(std::min(width, D)) * 4);
+      }
     } else if (name == "num_tokens") {
       tensor->set_datatype("INT64");
       tensor->add_shape(B);

@@ -47,6 +47,10 @@ struct InferCall {
   int64_t length = 0;  ///< the token_embeddings output's length dimension
   bool embedding = false, token_embeddings = false, logits = false;  ///< outputs asked for
   std::vector<std::string> output_order;  ///< the outputs in the order they are answered
+  /// Late chunking: the `spans` input's rows (row, begin, end), and for each the sequence and
+  /// its index among that sequence's spans (the span_embeddings output follows the input's
+  /// order).
+  std::vector<std::pair<int64_t, int64_t>> span_slots;
 };
 
 // INVALID_ARGUMENT naming the tensor, the row and the limit for anything wrong (the model and

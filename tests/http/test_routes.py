@@ -255,7 +255,7 @@ def test_kserve_health_metadata_config(curl, server, text_model):
     for path in (f"/v2/models/{text_model.name}", f"/v2/models/{text_model.name}/versions/1"):
         r = curl(server, "GET", path)
         assert r.status == 200 and r.json()["name"] == text_model.name and r.json()["versions"] == ["1"]
-        assert {i["name"] for i in r.json()["inputs"]} == {"text", "input_ids", "attention_mask", "input_embeddings"}
+        assert {i["name"] for i in r.json()["inputs"]} == {"text", "input_ids", "attention_mask", "input_embeddings", "spans"}
     assert curl(server, "GET", f"/v2/models/{text_model.name}/ready").status == 200
     assert curl(server, "GET", f"/v2/models/{text_model.name}/versions/1/ready").status == 200
     r = curl(server, "GET", f"/v2/models/{text_model.name}/config")

@@ -79,7 +79,7 @@ def test_model_metadata_and_config(client, text_model):
     config = client.get_model_config(text_model.name)
     assert config["name"] == text_model.name
     assert config["max_batch_size"] == 256  # --max-batch-sequences' default
-    assert {i["name"] for i in config["input"]} == {"text", "input_ids", "attention_mask", "input_embeddings"}
+    assert {i["name"] for i in config["input"]} == {"text", "input_ids", "attention_mask", "input_embeddings", "spans"}
     with pytest.raises(InferenceServerException) as err:
         client.get_model_metadata("no-such-model")
     assert "no-such-model" in err.value.message()

@@ -87,17 +87,20 @@ def test_model_metadata_and_config(client, model):
     assert meta["name"] == model.name and meta["versions"] == ["1"]
     inputs = {t["name"]: (t["datatype"], [int(d) for d in t["shape"]]) for t in meta["inputs"]}
     assert inputs == {"input_ids": ("INT64", [-1, -1]), "attention_mask": ("INT64", [-1, -1]),
-                      "input_embeddings": ("FP32", [-1, -1, model.hidden])}
+                      "input_embeddings": ("FP32", [-1, -1, model.hidden]), "spans": ("INT64", [-1, 3])}
     out = {t["name"]: (t["datatype"], [int(d) for d in t["shape"]]) for t in meta["outputs"]}
     assert out == {"embedding": ("FP32", [-1, model.hidden]), "token_embeddings": ("FP32", [-1, -1, model.hidden]),
-                   "logits": ("FP32", [-1, model.num_labels])}
+                   "logits": ("FP32", [-1, model.num_labels]), "span_embeddings": ("FP32", [-1, model.hidden])}
 
     config = client.get_model_config(model.name, as_json=True)["config"]
     assert config["name"] == model.name
     assert int(config["max_batch_size"]) > 0
     assert "dynamic_batching" in config
     dims = {t["name"]: [int(d) for d in t["dims"]] for t in config["input"]}
-    assert dims == {"input_ids": [-1], "attention_mask": [-1], "input_embeddings": [-1, model.hidden]}
+    # spans (late chunking) is [chunks, 3] of (row, begin, end); optional, like attention_mask
+    assert dims == {"input_ids": [-1], "attention_mask": [-1], "input_embeddings": [-1, model.hidden],
+                    "spans": [3]}
+    assert {t["name"]: t.get("optional", False) for t in config["input"]}["spans"] is True
     assert {t["name"]: t["data_type"] for t in config["input"]}["input_ids"] == "TYPE_INT64"
     assert {t["name"]: [int(d) for d in t["dims"]] for t in config["output"]}["embedding"] == [model.hidden]
 

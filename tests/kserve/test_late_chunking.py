@@ -1,0 +1,62 @@
+"""Late chunking over KServe v2 gRPC through tritonclient (issue 35): the optional `spans`
+input, INT64 [chunks, 3] of (row, begin, end) over any rows of the batch in any order, and the
+`span_embeddings` output, FP32 [chunks, D] in the spans' order; `parameters.span_pooling`
+"model" (default) or "mean". Each chunk against the float64 reference pooled from its row's
+token states of one pass (tools/reference.py, reference_span_pool), and the refusals."""
+from __future__ import annotations
+
+import numpy as np
+import pytest
+import tritonclient.grpc as grpcclient
+from tritonclient.utils import InferenceServerException
+
+import reference as ref
+from conftest import close
+
+
+def infer(client, model, ids, spans, pooling=None, outputs=("embedding", "span_embeddings")):
+    inputs = [grpcclient.InferInput("input_ids", list(ids.shape), "INT64"),
+              grpcclient.InferInput("spans", list(spans.shape), "INT64")]
+    inputs[0].set_data_from_numpy(ids)
+    inputs[1].set_data_from_numpy(spans)
+    params = {} if pooling is None else {"span_pooling": pooling}
+    return client.infer(model.name, inputs, outputs=[grpcclient.InferRequestedOutput(o) for o in outputs],
+                        parameters=params)
+
+
+@pytest.mark.parametrize("pooling", [None, "mean"], ids=["model-by-default", "mean"])
+def test_spans_over_two_rows_in_any_order_match_the_reference(client, model, pooling):
+    rng = np.random.default_rng(7)
+    ids = rng.integers(1, model.vocab, (2, 500)).astype(np.int64)
+    spans = np.array([[1, 0, 256], [0, 10, 11], [0, 0, 500], [1, 256, 500], [0, 100, 400]], dtype=np.int64)
+    result = infer(client, model, ids, spans, pooling)
+    got = result.as_numpy("span_embeddings")
+    assert got.shape == (len(spans), model.hidden)
+    refs = model.reference([list(r) for r in ids])
+    mode = pooling or "model"
+    for k, (row, b, e) in enumerate(spans):
+        want = ref.reference_span_pool(model.ref_model, refs[row].token_embeddings, np.ones(500), [(b, e)], mode)[0]
+        ok, worst = close(got[k], want)
+        assert ok, f"chunk {k} {tuple(spans[k])}: differs from the reference by {worst:.2e}"
+    if mode == "model":  # row 0's whole span is its pooled embedding, bit for bit
+        assert np.array_equal(got[2], result.as_numpy("embedding")[0])
+
+
+@pytest.mark.parametrize("spans, message", [
+    (np.array([[0, 0, 501]]), "spans: row 0: span 0 [0, 501) is outside the sequence's 500 tokens"),
+    (np.array([[2, 0, 5]]), "spans: a chunk names row 2, but the request has 2 rows"),
+    (np.array([[0, 5, 5]]), "spans: row 0: span 0 [5, 5) is empty"),
+    (np.array([[0, 0, 5, 1]]), "spans: shape [1, 4] must be [chunks, 3]"),
+])
+def test_bad_spans_are_refused_naming_the_tensor(client, model, spans, message):
+    ids = np.ones((2, 500), dtype=np.int64)
+    with pytest.raises(InferenceServerException) as e:
+        infer(client, model, ids, spans.astype(np.int64))
+    assert "INVALID_ARGUMENT" in str(e.value.status()) and message in e.value.message(), e.value.message()
+
+
+def test_span_pooling_must_be_model_or_mean(client, model):
+    ids = np.ones((1, 10), dtype=np.int64)
+    with pytest.raises(InferenceServerException) as e:
+        infer(client, model, ids, np.array([[0, 0, 5]], dtype=np.int64), "max")
+    assert "parameters: span_pooling must be the string" in e.value.message()
