@@ -270,6 +270,8 @@ const std::vector<HttpApi::Route>& HttpApi::routes() {
        [](HttpApi& a, R r, Call c, P) { a.tei_predict(r, std::move(c)); }},
       {V::post, "/tokenize", "POST /tokenize",
        [](HttpApi& a, R r, Call c, P) { a.tei_tokenize(r, std::move(c)); }},
+      {V::post, "/embed_chunks", "POST /embed_chunks",
+       [](HttpApi& a, R r, Call c, P) { a.tei_embed_chunks(r, std::move(c)); }},
       {V::get, "/info", "GET /info", [](HttpApi& a, R, Call c, P) { a.tei_info(std::move(c)); }},
       {V::get, "/health", "GET /health",
        [](HttpApi& a, R, Call c, P) { a.tei_health(std::move(c)); }},
@@ -391,7 +393,8 @@ void HttpApi::handle(Request& request, std::shared_ptr<Responder> responder) {
   fail(call, {StatusCode::kNotFound,
               "no route " + route +
                   " (routes: POST /v1/embeddings, GET /v1/models, POST /embed, /embed_all, "
-                  "/predict, /tokenize, /, GET /info, /health, and KServe v2 under /v2)"});
+                  "/embed_chunks, /predict, /tokenize, /, GET /info, /health, and KServe v2 "
+                  "under /v2)"});
 }
 
 void HttpApi::openai_model(Call call, const std::string& id) {

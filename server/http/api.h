@@ -79,6 +79,7 @@ class HttpApi final : public Handler {
   void tei_embed(const Request& request, Call call, bool all_tokens);
   void tei_predict(const Request& request, Call call);
   void tei_tokenize(const Request& request, Call call);
+  void tei_embed_chunks(const Request& request, Call call);
   void tei_info(Call call);
   void tei_health(Call call);
   void tei_default(const Request& request, Call call);  // POST /: predict or embed

@@ -85,6 +85,109 @@ size_t characters(const Inputs& inputs) {
 
 }  // namespace
 
+// POST /embed_chunks: late chunking of one document in TEI's style (ours; TEI has no such
+// route): {"inputs": a text or token ids, "chunking": {"spans": [[begin, end], ...],
+// "window_tokens": n, "overlap_tokens": m}, "pooling": "model" | "mean", "normalize": true,
+// "truncate", "truncation_direction"} -> [{"embedding": [...], "tokens": [begin, end]}, ...],
+// the spans first, then the windows (docs/api.md).
+void HttpApi::tei_embed_chunks(const Request& http_request, Call call) {
+  const auto served = find(call, "");
+  if (!served) return;
+  thread_local simdjson::dom::parser parser;
+  simdjson::dom::object body;
+  if (auto e = read_object(parser, http_request, &body)) return fail(call, invalid_argument(*e));
+  struct Keep {
+    Inputs inputs;
+    request::EncodeInput input;
+    std::vector<TokenSpan> spans;
+  };
+  auto keep = std::make_shared<Keep>();
+  simdjson::dom::element v;
+  if (body["inputs"].get(v)) return fail(call, invalid_argument("inputs: is required"));
+  if (auto e = read_inputs(v, "inputs", &keep->inputs)) return fail(call, invalid_argument(*e));
+  if (keep->inputs.size() != 1) {
+    return fail(call, invalid_argument("inputs: one document (a text or an array of token ids), "
+                                       "got " +
+                                       std::to_string(keep->inputs.size())));
+  }
+  keep->input = encode_input(keep->inputs);
+  bool normalize = true;
+  if (auto e = read_bool(body, "normalize", &normalize)) return fail(call, invalid_argument(*e));
+  if (auto e = read_truncation(body, &keep->input.truncate))
+    return fail(call, invalid_argument(*e));
+  keep->input.options.normalize = normalize;
+  if (!body["pooling"].get(v) && !v.is_null()) {
+    std::string_view p;
+    if (v.get_string().get(p) || (p != "model" && p != "mean"))
+      return fail(call, invalid_argument("pooling: expected \"model\" or \"mean\""));
+    keep->input.options.span_pooling = p == "mean" ? SpanPooling::kMean : SpanPooling::kModel;
+  }
+  simdjson::dom::object chunking;
+  if (body["chunking"].get(v) || v.get_object().get(chunking)) {
+    return fail(call, invalid_argument("chunking: is required, an object with spans and/or "
+                                       "window_tokens (and overlap_tokens)"));
+  }
+  int64_t window = 0, overlap = 0;
+  for (const auto [key, value] : chunking) {
+    if (key == "spans") {
+      simdjson::dom::array spans;
+      if (value.get_array().get(spans))
+        return fail(call, invalid_argument("chunking.spans: expected an array of [begin, end]"));
+      size_t k = 0;
+      for (const simdjson::dom::element s : spans) {
+        simdjson::dom::array pair;
+        int64_t b = 0, e = 0;
+        if (s.get_array().get(pair) || pair.size() != 2 || pair.at(0).get_int64().get(b) ||
+            pair.at(1).get_int64().get(e) || b < INT32_MIN || b > INT32_MAX || e < INT32_MIN ||
+            e > INT32_MAX) {
+          return fail(call, invalid_argument("chunking.spans[" + std::to_string(k) +
+                                             "]: expected [begin, end] (integers)"));
+        }
+        keep->spans.push_back({int32_t(b), int32_t(e)});
+        ++k;
+      }
+    } else if (key == "window_tokens" || key == "overlap_tokens") {
+      int64_t n = 0;
+      if (value.get_int64().get(n) || n < 0 || n > INT32_MAX)
+        return fail(call, invalid_argument("chunking." + std::string(key) +
+                                           ": expected a non-negative integer"));
+      (key == "window_tokens" ? window : overlap) = n;
+    } else {
+      return fail(call, invalid_argument("chunking: unknown field \"" + std::string(key) +
+                                         "\" (spans, window_tokens, overlap_tokens)"));
+    }
+  }
+  if (keep->spans.empty() && window == 0)
+    return fail(call, invalid_argument("chunking: give spans or window_tokens"));
+  keep->input.rows[0] =
+      keep->input.rows[0].with_spans(keep->spans).with_windows(int32_t(window), int32_t(overlap));
+  const auto start = call.start;
+  submit(
+      call, served, keep,
+      [this, keep, served](batching::Request* out) {
+        return build(*served, keep->input, "inputs", true, out);
+      },
+      [keep, start](const batching::Request& r) {
+        const EncodedSequence& seq = r.results[0];
+        const std::span<const TokenSpan> spans = r.sequences[0].spans;
+        const size_t width = seq.embedding.size();
+        json::Writer w;
+        w.reserve(16 + spans.size() * (32 + width * 12));
+        w.ch('[');
+        for (size_t k = 0; k < spans.size(); ++k) {
+          if (k > 0) w.ch(',');
+          w.raw("{\"embedding\":");
+          w.floats(std::span<const float>(seq.span_embeddings).subspan(k * width, width));
+          w.raw(",\"tokens\":[").number(int64_t(spans[k].begin)).ch(',');
+          w.number(int64_t(spans[k].end)).raw("]}");
+        }
+        w.ch(']');
+        Response response = json_response(bhttp::status::ok, w.take());
+        set_timing(response, r, start, characters(keep->inputs));
+        return response;
+      });
+}
+
 void HttpApi::tei_embed(const Request& http_request, Call call, bool all_tokens) {
   const auto served = find(call, "");  // TEI serves one model: the default one
   if (!served) return;

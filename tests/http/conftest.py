@@ -30,6 +30,7 @@ import concurrent.futures as cf
 import http.client
 import http.server
 import json
+import shutil
 import subprocess
 import sys
 import threading
@@ -187,6 +188,38 @@ def close(ours, want, tol=TOL):
 def assert_close(ours, want, tol=TOL, what="embedding"):
     ok, worst = close(ours, want, tol)
     assert ok, f"{what}: differs from the expectation by {worst:.2e} (tolerance {tol})"
+
+
+@pytest.fixture(scope="session")
+def curl(tmp_path_factory):
+    """curl on the command line: curl(srv, method, path, body=None, headers=()) -> Reply."""
+    exe = shutil.which("curl")
+    if exe is None:
+        pytest.fail("curl is not installed (apt-get install curl)", pytrace=False)
+    root = tmp_path_factory.mktemp("curl")
+    count = [0]
+
+    def _curl(srv, method, path, body=None, headers=()) -> Reply:
+        count[0] += 1
+        out, head = root / f"{count[0]}.body", root / f"{count[0]}.head"
+        cmd = [exe, "-s", "-S", "-X", method, "-o", str(out), "-D", str(head), "-w", "%{http_code}",
+               "--max-time", "30"]
+        for h in headers:
+            cmd += ["-H", h]
+        if body is not None:
+            data = root / f"{count[0]}.in"
+            data.write_bytes(body if isinstance(body, bytes) else json.dumps(body).encode())
+            cmd += ["-H", "Content-Type: application/json", "--data-binary", f"@{data}"]
+        done = subprocess.run(cmd + [f"{srv.base}{path}"], capture_output=True, text=True, timeout=60)
+        assert done.returncode == 0, f"curl {method} {path}: exit {done.returncode}: {done.stderr}"
+        hdrs = {}
+        for line in head.read_text(errors="replace").splitlines()[1:]:
+            if ":" in line:
+                k, v = line.split(":", 1)
+                hdrs[k.strip().lower()] = v.strip()
+        return Reply(int(done.stdout.strip()), hdrs, out.read_bytes() if out.exists() else b"")
+
+    return _curl
 
 
 @pytest.fixture(scope="session")

@@ -95,3 +95,49 @@ def test_a_document_over_the_positions_is_refused_naming_the_limit(client, long_
     with pytest.raises(openai.BadRequestError) as e:
         client.embeddings.create(model=long_model.name, input=chunks, extra_body={"late_chunking": True})
     assert "the document is 10000 tokens, over max_position_embeddings 8192" in str(e.value)
+
+
+# ----------------------------------------------------------------------------- POST /embed_chunks
+
+
+@pytest.mark.parametrize("pooling", ["model", "mean"])
+def test_embed_chunks_by_curl_windows_and_spans(curl, long_server, long_model, pooling):
+    """One text, the server's 64-token windows (over its tokens, [CLS] and [SEP] in none) after the
+    caller's spans; each chunk normalised, against the reference pooled from the text's one pass."""
+    sentence = "The quick brown fox jump over the lazy dog. "
+    text = (sentence * 20).strip()
+    doc = [CLS] + words(text) + [SEP]
+    r = curl(long_server, "POST", "/embed_chunks",
+             {"inputs": text, "chunking": {"spans": [[0, len(doc)], [1, 2]], "window_tokens": 64, "overlap_tokens": 8},
+              "pooling": pooling})
+    assert r.status == 200, r.body[:300]
+    got = r.json()
+    content = list(range(1, len(doc) - 1))
+    windows, s = [], 0
+    while s < len(content):
+        e = min(s + 64, len(content))
+        windows.append((content[s], content[e - 1] + 1))
+        if e == len(content):
+            break
+        s += 56
+    want_ranges = [(0, len(doc)), (1, 2)] + windows
+    assert [tuple(c["tokens"]) for c in got] == want_ranges
+    states = long_model.reference([doc])[0].token_embeddings
+    want = ref.reference_span_pool(long_model.ref_model, states, np.ones(len(doc)), want_ranges, pooling)
+    for c, w in zip(got, want):
+        assert_close(np.asarray(c["embedding"]), unit(w))
+
+
+@pytest.mark.parametrize("body, message", [
+    ({"inputs": ["a", "b"], "chunking": {"window_tokens": 4}}, "inputs: one document"),
+    ({"inputs": "the dog", "chunking": {}}, "chunking: give spans or window_tokens"),
+    ({"inputs": "the dog", "chunking": {"spans": [[0, 99]]}}, "span 0 [0, 99) is outside"),
+    ({"inputs": "the dog", "chunking": {"window_tokens": 2, "overlap_tokens": 2}},
+     "overlap_tokens 2 must be in [0, window_tokens 2)"),
+    ({"inputs": "the dog", "chunking": {"windows": 2}}, "chunking: unknown field \"windows\""),
+    ({"inputs": "the dog", "chunking": {"window_tokens": 2}, "pooling": "max"}, "pooling: expected"),
+])
+def test_embed_chunks_refusals_by_curl(curl, long_server, body, message):
+    r = curl(long_server, "POST", "/embed_chunks", body)
+    assert r.status in (400, 413, 422), (r.status, r.body[:300])
+    assert message in r.json()["error"], r.json()
