@@ -17,12 +17,15 @@ int main(int argc, char** argv) {
   std::string tokenizer_path;
   bool no_special = false;
   int max_length = 0;
-  bool bench = false;
+  bool bench = false, offsets = false;
   int repeat = 1;
   app.add_option("--tokenizer", tokenizer_path, "tokenizer.json")->required();
   app.add_flag("--no-special-tokens", no_special, "do not run the post-processor");
   app.add_option("--max-length", max_length,
                  "truncate to this many tokens (special tokens included)");
+  app.add_flag("--offsets", offsets,
+               "also write each token's [start, end) in the text (code points): \"offsets\", and "
+               "the ids as the offsets path computes them");
   app.add_flag("--bench", bench,
                "print only the throughput (texts/s, tokens/s) of the encode loop");
   app.add_option("--repeat", repeat, "with --bench: passes over the texts")
@@ -47,7 +50,8 @@ int main(int argc, char** argv) {
       size_t tokens = 0;
       const auto start = std::chrono::steady_clock::now();
       for (int r = 0; r < repeat; ++r) {
-        for (const auto& t : texts) tokens += tokenizer.encode(t, !no_special).ids.size();
+        for (const auto& t : texts)
+          tokens += tokenizer.encode(t, tokenizer.truncation(), !no_special, offsets).ids.size();
       }
       const double s =
           std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
@@ -62,7 +66,13 @@ int main(int argc, char** argv) {
     for (const auto& t : texts) {
       nlohmann::json result;
       try {
-        result["ids"] = tokenizer.encode(t, !no_special).ids;
+        const auto enc = tokenizer.encode(t, tokenizer.truncation(), !no_special, offsets);
+        result["ids"] = enc.ids;
+        if (offsets) {
+          nlohmann::json list = nlohmann::json::array();
+          for (const auto& [s, e] : enc.offsets) list.push_back({s, e});
+          result["offsets"] = list;
+        }
       } catch (const fastformer::tokenizer::TokenizerError& e) {
         result["error"] = e.what();
       }

@@ -42,6 +42,9 @@ def main() -> int:
     ap.add_argument("--only", nargs="*", default=None, help="tokenizer names (default: all)")
     ap.add_argument("--bench-repeat", type=int, default=1, help="passes of the one-core throughput run")
     ap.add_argument("--no-sweep", action="store_true", help="skip the every-code-point sweep")
+    ap.add_argument("--offsets", action="store_true",
+                    help="also compare each token's character offsets (Encoding.offsets), through "
+                         "fastformer-tokenize --offsets")
     args = ap.parse_args()
 
     out = Path(args.out)
@@ -73,18 +76,32 @@ def main() -> int:
         tok_path = out / f"{name}.json"
         tok.save(str(tok_path))
         # Chunk by chunk against the CLI's streamed output, so that 1.7M texts fit in memory.
-        bad, shown, n_tokens, hf_s = 0, 0, 0, 0.0
+        bad, bad_offsets, shown, n_tokens, hf_s = 0, 0, 0, 0, 0.0
         with open(texts_path, "rb") as stdin:
-            proc = subprocess.Popen([args.bin, "--tokenizer", str(tok_path)], stdin=stdin, stdout=subprocess.PIPE)
+            cmd = [args.bin, "--tokenizer", str(tok_path)] + (["--offsets"] if args.offsets else [])
+            proc = subprocess.Popen(cmd, stdin=stdin, stdout=subprocess.PIPE)
             for start in range(0, len(texts), CHUNK):
                 chunk = texts[start:start + CHUNK]
                 t0 = time.perf_counter()
-                expected = [e.ids for e in tok.encode_batch(chunk)]
+                encodings = tok.encode_batch(chunk)
+                expected = [e.ids for e in encodings]
                 hf_s += time.perf_counter() - t0
                 for k, e in enumerate(expected):
                     got = json.loads(proc.stdout.readline())
                     n_tokens += len(e)
                     if got.get("ids") == e:
+                        if not args.offsets:
+                            continue
+                        want = [list(o) for o in encodings[k].offsets]
+                        if got.get("offsets") == want:
+                            continue
+                        bad_offsets += 1
+                        if shown < 5:
+                            shown += 1
+                            g = got.get("offsets") or []
+                            j = next((j for j in range(min(len(g), len(want))) if g[j] != want[j]), 0)
+                            print(f"  text {start + k}: {chunk[k][:200]!r}\n    offsets differ at token {j} "
+                                  f"({encodings[k].tokens[j]!r}): hf {want[max(0, j - 2):j + 3]} ours {g[max(0, j - 2):j + 3]}")
                         continue
                     bad += 1
                     if shown < 5:
@@ -92,8 +109,9 @@ def main() -> int:
                         show_mismatch(tok, start + k, chunk[k], e, got)
             assert proc.stdout.readline() == b"" and proc.wait() == 0, "fastformer-tokenize: extra output or failure"
         print(f"{name}: {len(texts)} texts, {n_tokens} tokens, vocab {tok.get_vocab_size()}, "
-              f"mismatches {bad} (HF encode_batch {len(texts) / hf_s:.0f} texts/s, all cores)")
-        failed = failed or bool(bad)
+              f"mismatches {bad}" + (f", offset mismatches {bad_offsets}" if args.offsets else "") +
+              f" (HF encode_batch {len(texts) / hf_s:.0f} texts/s, all cores)")
+        failed = failed or bool(bad) or bool(bad_offsets)
         with open(texts_path, "rb") as stdin:
             bench = subprocess.run([args.bin, "--tokenizer", str(tok_path), "--bench", "--repeat", str(args.bench_repeat)],
                                    stdin=stdin, capture_output=True, check=True)

@@ -24,16 +24,60 @@ std::string join_names(const char* kind, const auto& parts) {
 }
 
 // ---- normalizers: text (code points) -> text ----------------------------------------------
+// A text being normalized, each of its code points with the range of the original text it
+// comes from (tokenizers' NormalizedString alignments, in code points).
+struct Aligned {
+  std::u32string text;
+  std::vector<Offsets> align;
+
+  // `text` aligned to itself from `start`: character i to [start + i, start + i + 1).
+  static Aligned identity(std::u32string text, uint32_t start = 0);
+};
+// A replacement of the whole text, as tokenizers' NormalizedString::transform applies it: each
+// new character with its change (1: inserted, aligned as the previous original character; 0:
+// replaces the next original character, taking its alignment; -n: replaces it and removes the
+// n after it); `initial_removed` original characters are dropped from the front first.
+void transform(Aligned& text, const std::vector<std::pair<char32_t, int>>& changes,
+               size_t initial_removed = 0);
+// tokenizers' NormalizedString::filter: keeps the characters `keep` holds for.
+template <typename Keep>
+void filter(Aligned& text, Keep keep) {
+  std::vector<std::pair<char32_t, int>> changes;
+  changes.reserve(text.text.size());
+  int removed = 0;
+  size_t removed_start = 0;
+  bool have_last = false;
+  char32_t last = 0;
+  for (const char32_t c : text.text) {
+    if (keep(c)) {
+      if (have_last)
+        changes.emplace_back(last, -removed);
+      else
+        removed_start = size_t(removed);
+      last = c;
+      have_last = true;
+      removed = 0;
+    } else {
+      ++removed;
+    }
+  }
+  if (have_last) changes.emplace_back(last, -removed);
+  transform(text, changes, removed_start);
+}
+
 class Normalizer {
  public:
   virtual ~Normalizer() = default;
   virtual void normalize(std::u32string& text) const = 0;
+  // The same text, with its alignments kept (Tokenizer::encode's offsets).
+  virtual void normalize(Aligned& text) const = 0;
   virtual std::string name() const = 0;
 };
 
 class LowercaseNormalizer : public Normalizer {  // char::to_lowercase of each char
  public:
   void normalize(std::u32string& text) const override;
+  void normalize(Aligned& text) const override;
   std::string name() const override { return "Lowercase"; }
 };
 
@@ -42,17 +86,26 @@ class UnicodeNormalizer : public Normalizer {  // ICU Normalizer2
  public:
   explicit UnicodeNormalizer(NormalForm form);
   void normalize(std::u32string& text) const override;
+  // unicode-normalization-alignments' iterators, which the crate's NormalizedString applies:
+  // each character decomposed (its first piece replacing it, the rest inserted), marks
+  // reordered by combining class, then (NFC, NFKC) recomposed, a composite taking its parts'
+  // changes (their sum, less one).
+  void normalize(Aligned& text) const override;
   std::string name() const override;
 
  private:
   NormalForm form_;
   const icu::Normalizer2* normalizer_;
   std::unique_ptr<icu::FilteredNormalizer2> filtered_;
+  // The decomposition (canonical, or compatibility for NFKC/NFKD), for the aligned path.
+  const icu::Normalizer2* decomposer_ = nullptr;
+  std::unique_ptr<icu::FilteredNormalizer2> filtered_decomposer_;
 };
 
 class StripAccentsNormalizer : public Normalizer {  // drops every combining mark (M*); no NFD
  public:
   void normalize(std::u32string& text) const override;
+  void normalize(Aligned& text) const override;
   std::string name() const override { return "StripAccents"; }
 };
 
@@ -61,6 +114,7 @@ class BertNormalizer : public Normalizer {
   // strip_accents: tokenizer.json's null means "same as lowercase".
   BertNormalizer(bool clean_text, bool handle_chinese_chars, bool strip_accents, bool lowercase);
   void normalize(std::u32string& text) const override;
+  void normalize(Aligned& text) const override;
   std::string name() const override { return "BertNormalizer"; }
 
  private:
@@ -72,6 +126,7 @@ class SequenceNormalizer : public Normalizer {
   explicit SequenceNormalizer(std::vector<std::unique_ptr<Normalizer>> parts)
       : parts_(std::move(parts)) {}
   void normalize(std::u32string& text) const override;
+  void normalize(Aligned& text) const override;
   std::string name() const override;
 
  private:
@@ -88,15 +143,24 @@ struct Span {
   bool is_match;
 };
 // Applies a behavior to the spans covering a word (tokenizers' NormalizedString::split) and
-// appends the non-empty pieces to `out`.
-void split_spans(const std::u32string& word, const std::vector<Span>& spans, SplitBehavior behavior,
-                 std::vector<std::u32string>& out);
+// appends the non-empty pieces to `out`, and each piece's start (`word_start` + its offset in
+// the word) to `starts`.
+void split_spans(const std::u32string& word, size_t word_start, const std::vector<Span>& spans,
+                 SplitBehavior behavior, std::vector<std::u32string>& out,
+                 std::vector<size_t>& starts);
 
 class PreTokenizer {
  public:
   virtual ~PreTokenizer() = default;
-  // Splits each word of `words` further (the words of the previous pre-tokenizer).
-  virtual void pre_tokenize(std::vector<std::u32string>& words) const = 0;
+  // Splits each word of `words` further (the words of the previous pre-tokenizer); `starts`
+  // holds each word's first character in the normalized text, and is kept in step. (The
+  // supported pre-tokenizers only split: a word is a stretch of the normalized text.)
+  virtual void pre_tokenize(std::vector<std::u32string>& words,
+                            std::vector<size_t>& starts) const = 0;
+  void pre_tokenize(std::vector<std::u32string>& words) const {
+    std::vector<size_t> starts(words.size(), 0);
+    pre_tokenize(words, starts);
+  }
   virtual std::string name() const = 0;
 };
 
@@ -105,7 +169,8 @@ class CharSplitPreTokenizer : public PreTokenizer {
  public:
   enum class Kind { kWhitespaceSplit, kPunctuation, kBert };
   CharSplitPreTokenizer(Kind kind, SplitBehavior punctuation_behavior = SplitBehavior::kIsolated);
-  void pre_tokenize(std::vector<std::u32string>& words) const override;
+  using PreTokenizer::pre_tokenize;
+  void pre_tokenize(std::vector<std::u32string>& words, std::vector<size_t>& starts) const override;
   std::string name() const override;
 
  private:
@@ -121,7 +186,8 @@ class RegexSplitPreTokenizer : public PreTokenizer {
   RegexSplitPreTokenizer(const std::string& pattern, bool is_regex, SplitBehavior behavior,
                          bool invert, Flavor flavor = Flavor::kOniguruma,
                          std::string name = "Split");
-  void pre_tokenize(std::vector<std::u32string>& words) const override;
+  using PreTokenizer::pre_tokenize;
+  void pre_tokenize(std::vector<std::u32string>& words, std::vector<size_t>& starts) const override;
   std::string name() const override { return name_; }
 
  private:
@@ -137,7 +203,8 @@ class SequencePreTokenizer : public PreTokenizer {
  public:
   explicit SequencePreTokenizer(std::vector<std::unique_ptr<PreTokenizer>> parts)
       : parts_(std::move(parts)) {}
-  void pre_tokenize(std::vector<std::u32string>& words) const override;
+  using PreTokenizer::pre_tokenize;
+  void pre_tokenize(std::vector<std::u32string>& words, std::vector<size_t>& starts) const override;
   std::string name() const override;
 
  private:
@@ -150,7 +217,10 @@ using Vocab = std::unordered_map<std::string, int32_t>;
 class Model {
  public:
   virtual ~Model() = default;
-  virtual void tokenize(const std::string& word, Encoding& out) const = 0;
+  // Appends the word's tokens to `out`, and with `ranges` each token's [start, end) in the word,
+  // in code points (an unknown word's one token covers it all).
+  virtual void tokenize(const std::string& word, Encoding& out,
+                        std::vector<Offsets>* ranges = nullptr) const = 0;
   virtual const Vocab& vocab() const = 0;
   virtual std::string name() const = 0;
 };
@@ -158,7 +228,8 @@ class Model {
 class WordLevelModel : public Model {  // the whole word, or unk_token
  public:
   WordLevelModel(Vocab vocab, std::string unk_token);
-  void tokenize(const std::string& word, Encoding& out) const override;
+  void tokenize(const std::string& word, Encoding& out,
+                std::vector<Offsets>* ranges = nullptr) const override;
   const Vocab& vocab() const override { return vocab_; }
   std::string name() const override { return "WordLevel"; }
 
@@ -171,7 +242,8 @@ class WordPieceModel : public Model {  // greedy longest match from the left
  public:
   WordPieceModel(Vocab vocab, std::string unk_token, std::string continuing_subword_prefix,
                  size_t max_input_chars_per_word);
-  void tokenize(const std::string& word, Encoding& out) const override;
+  void tokenize(const std::string& word, Encoding& out,
+                std::vector<Offsets>* ranges = nullptr) const override;
   const Vocab& vocab() const override { return vocab_; }
   std::string name() const override { return "WordPiece"; }
 
@@ -198,7 +270,8 @@ class PostProcessor {
         before_(std::move(before)),
         after_(std::move(after)),
         sequence_type_id_(sequence_type_id) {}
-  void process(Encoding& enc) const;
+  // Adds the special tokens; with `offsets`, each at (0, 0), as `tokenizers` gives them.
+  void process(Encoding& enc, bool offsets = false) const;
   size_t added_tokens() const;
   int32_t max_id() const;  // the largest id it adds (-1: none)
   const std::string& name() const { return name_; }

@@ -11,7 +11,16 @@ namespace fastformer::tokenizer {
 WordLevelModel::WordLevelModel(Vocab vocab, std::string unk_token)
     : vocab_(std::move(vocab)), unk_token_(std::move(unk_token)) {}
 
-void WordLevelModel::tokenize(const std::string& word, Encoding& out) const {
+namespace {
+size_t code_points(const std::string& s, size_t begin, size_t end) {
+  size_t n = 0;
+  for (size_t i = begin; i < end; ++i) n += (static_cast<unsigned char>(s[i]) & 0xC0) != 0x80;
+  return n;
+}
+}  // namespace
+
+void WordLevelModel::tokenize(const std::string& word, Encoding& out,
+                              std::vector<Offsets>* ranges) const {
   auto it = vocab_.find(word);
   if (it == vocab_.end()) {
     it = vocab_.find(unk_token_);
@@ -23,6 +32,7 @@ void WordLevelModel::tokenize(const std::string& word, Encoding& out) const {
   }
   out.ids.push_back(it->second);
   out.tokens.push_back(it->first);
+  if (ranges) ranges->push_back({0, uint32_t(code_points(word, 0, word.size()))});
 }
 
 WordPieceModel::WordPieceModel(Vocab vocab, std::string unk_token,
@@ -41,11 +51,22 @@ void WordPieceModel::push_unk(Encoding& out) const {
   out.tokens.push_back(it->first);
 }
 
-void WordPieceModel::tokenize(const std::string& word, Encoding& out) const {
-  size_t chars = 0;
-  for (char b : word) chars += (static_cast<unsigned char>(b) & 0xC0) != 0x80;
-  if (chars > max_chars_) return push_unk(out);
+void WordPieceModel::tokenize(const std::string& word, Encoding& out,
+                              std::vector<Offsets>* ranges) const {
+  const size_t chars = code_points(word, 0, word.size());
   const size_t first = out.ids.size();
+  const size_t first_range = ranges ? ranges->size() : 0;
+  auto unknown = [&] {  // the whole word as one [UNK]
+    out.ids.resize(first);
+    out.tokens.resize(first);
+    push_unk(out);
+    if (ranges) {
+      ranges->resize(first_range);
+      ranges->push_back({0, uint32_t(chars)});
+    }
+  };
+  if (chars > max_chars_) return unknown();
+  size_t start_chars = 0;
   std::string candidate;
   size_t start = 0;
   while (start < word.size()) {
@@ -59,13 +80,14 @@ void WordPieceModel::tokenize(const std::string& word, Encoding& out) const {
       do --end;  // back one UTF-8 character
       while (end > start && (static_cast<unsigned char>(word[end]) & 0xC0) == 0x80);
     }
-    if (found == vocab_.end()) {  // no piece fits: the whole word is unknown
-      out.ids.resize(first);
-      out.tokens.resize(first);
-      return push_unk(out);
-    }
+    if (found == vocab_.end()) return unknown();  // no piece fits: the whole word is unknown
     out.ids.push_back(found->second);
     out.tokens.push_back(found->first);
+    if (ranges) {
+      const size_t end_chars = start_chars + code_points(word, start, end);
+      ranges->push_back({uint32_t(start_chars), uint32_t(end_chars)});
+      start_chars = end_chars;
+    }
     start = end;
   }
 }

@@ -9,17 +9,19 @@
 
 namespace fastformer::tokenizer {
 
-void PostProcessor::process(Encoding& enc) const {
+void PostProcessor::process(Encoding& enc, bool offsets) const {
   Encoding result;
   auto add = [&](const SpecialPiece& p) {
     result.ids.insert(result.ids.end(), p.ids.begin(), p.ids.end());
     result.tokens.insert(result.tokens.end(), p.tokens.begin(), p.tokens.end());
     result.type_ids.insert(result.type_ids.end(), p.ids.size(), p.type_id);
+    if (offsets) result.offsets.insert(result.offsets.end(), p.ids.size(), Offsets{0, 0});
   };
   for (const auto& p : before_) add(p);
   result.ids.insert(result.ids.end(), enc.ids.begin(), enc.ids.end());
   result.tokens.insert(result.tokens.end(), enc.tokens.begin(), enc.tokens.end());
   result.type_ids.insert(result.type_ids.end(), enc.ids.size(), sequence_type_id_);
+  if (offsets) result.offsets.insert(result.offsets.end(), enc.offsets.begin(), enc.offsets.end());
   for (const auto& p : after_) add(p);
   enc = std::move(result);
 }

@@ -12,8 +12,9 @@
 
 namespace fastformer::tokenizer {
 
-void split_spans(const std::u32string& word, const std::vector<Span>& spans, SplitBehavior behavior,
-                 std::vector<std::u32string>& out) {
+void split_spans(const std::u32string& word, size_t word_start, const std::vector<Span>& spans,
+                 SplitBehavior behavior, std::vector<std::u32string>& out,
+                 std::vector<size_t>& starts) {
   // (begin, end, remove) as tokenizers' NormalizedString::split builds them.
   struct Piece {
     size_t begin, end;
@@ -62,7 +63,10 @@ void split_spans(const std::u32string& word, const std::vector<Span>& spans, Spl
       break;
   }
   for (const Piece& p : pieces) {
-    if (!p.remove && p.end > p.begin) out.push_back(word.substr(p.begin, p.end - p.begin));
+    if (!p.remove && p.end > p.begin) {
+      out.push_back(word.substr(p.begin, p.end - p.begin));
+      starts.push_back(word_start + p.begin);
+    }
   }
 }
 
@@ -72,8 +76,9 @@ CharSplitPreTokenizer::CharSplitPreTokenizer(Kind kind, SplitBehavior punctuatio
 namespace {
 // tokenizers' Pattern for Fn(char) -> bool: each matching char is a delimiter of its own.
 template <typename Pred>
-void split_on_chars(const std::u32string& word, Pred pred, SplitBehavior behavior,
-                    std::vector<Span>& spans, std::vector<std::u32string>& out) {
+void split_on_chars(const std::u32string& word, size_t word_start, Pred pred,
+                    SplitBehavior behavior, std::vector<Span>& spans,
+                    std::vector<std::u32string>& out, std::vector<size_t>& starts) {
   spans.clear();
   size_t last = 0;
   for (size_t i = 0; i < word.size(); ++i) {
@@ -84,31 +89,39 @@ void split_on_chars(const std::u32string& word, Pred pred, SplitBehavior behavio
     }
   }
   if (last < word.size()) spans.push_back({last, word.size(), false});
-  split_spans(word, spans, behavior, out);
+  split_spans(word, word_start, spans, behavior, out, starts);
 }
 }  // namespace
 
-void CharSplitPreTokenizer::pre_tokenize(std::vector<std::u32string>& words) const {
+void CharSplitPreTokenizer::pre_tokenize(std::vector<std::u32string>& words,
+                                         std::vector<size_t>& starts) const {
   std::vector<std::u32string> out;
+  std::vector<size_t> out_starts;
   std::vector<Span> spans;
-  for (const auto& word : words) {
+  for (size_t w = 0; w < words.size(); ++w) {
+    const std::u32string& word = words[w];
+    const size_t start = starts[w];
     switch (kind_) {
       case Kind::kWhitespaceSplit:
-        split_on_chars(word, is_whitespace, SplitBehavior::kRemoved, spans, out);
+        split_on_chars(word, start, is_whitespace, SplitBehavior::kRemoved, spans, out, out_starts);
         break;
       case Kind::kPunctuation:
-        split_on_chars(word, is_punctuation, behavior_, spans, out);
+        split_on_chars(word, start, is_punctuation, behavior_, spans, out, out_starts);
         break;
       case Kind::kBert: {
         std::vector<std::u32string> parts;
-        split_on_chars(word, is_whitespace, SplitBehavior::kRemoved, spans, parts);
-        for (const auto& part : parts)
-          split_on_chars(part, is_punctuation, SplitBehavior::kIsolated, spans, out);
+        std::vector<size_t> part_starts;
+        split_on_chars(word, start, is_whitespace, SplitBehavior::kRemoved, spans, parts,
+                       part_starts);
+        for (size_t k = 0; k < parts.size(); ++k)
+          split_on_chars(parts[k], part_starts[k], is_punctuation, SplitBehavior::kIsolated, spans,
+                         out, out_starts);
         break;
       }
     }
   }
   words = std::move(out);
+  starts = std::move(out_starts);
 }
 
 std::string CharSplitPreTokenizer::name() const {
@@ -190,14 +203,17 @@ RegexSplitPreTokenizer::RegexSplitPreTokenizer(const std::string& pattern, bool 
   }
 }
 
-void RegexSplitPreTokenizer::pre_tokenize(std::vector<std::u32string>& words) const {
+void RegexSplitPreTokenizer::pre_tokenize(std::vector<std::u32string>& words,
+                                          std::vector<size_t>& starts) const {
   std::vector<std::u32string> out;
+  std::vector<size_t> out_starts;
   std::vector<Span> spans;
   UErrorCode status = U_ZERO_ERROR;
   std::unique_ptr<icu::RegexMatcher> matcher(regex_->matcher(status));
   if (U_FAILURE(status))
     throw TokenizerError(std::string("ICU regex matcher: ") + u_errorName(status));
-  for (const auto& word : words) {
+  for (size_t w = 0; w < words.size(); ++w) {
+    const std::u32string& word = words[w];
     if (word.empty()) continue;
     const icu::UnicodeString text = to_icu(word);
     const bool bmp_only = static_cast<size_t>(text.length()) == word.size();
@@ -218,9 +234,10 @@ void RegexSplitPreTokenizer::pre_tokenize(std::vector<std::u32string>& words) co
     if (U_FAILURE(status))
       throw TokenizerError(std::string("ICU regex search: ") + u_errorName(status));
     if (prev != word.size()) spans.push_back({prev, word.size(), invert_});
-    split_spans(word, spans, behavior_, out);
+    split_spans(word, starts[w], spans, behavior_, out, out_starts);
   }
   words = std::move(out);
+  starts = std::move(out_starts);
 }
 
 std::unique_ptr<PreTokenizer> make_whitespace_pre_tokenizer() {
@@ -229,8 +246,9 @@ std::unique_ptr<PreTokenizer> make_whitespace_pre_tokenizer() {
                                                   "Whitespace");
 }
 
-void SequencePreTokenizer::pre_tokenize(std::vector<std::u32string>& words) const {
-  for (const auto& part : parts_) part->pre_tokenize(words);
+void SequencePreTokenizer::pre_tokenize(std::vector<std::u32string>& words,
+                                        std::vector<size_t>& starts) const {
+  for (const auto& part : parts_) part->pre_tokenize(words, starts);
 }
 
 std::string SequencePreTokenizer::name() const { return join_names("Sequence", parts_); }

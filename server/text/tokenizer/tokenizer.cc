@@ -319,22 +319,63 @@ Encoding Tokenizer::encode(std::string_view utf8_text, bool add_special_tokens) 
   return encode(utf8_text, truncation_.get(), add_special_tokens);
 }
 
+std::vector<Offsets> byte_offsets(std::string_view utf8_text, const std::vector<Offsets>& offsets) {
+  // The byte where each code point starts, and the end.
+  std::vector<uint32_t> at;
+  at.reserve(utf8_text.size() + 1);
+  for (size_t i = 0; i < utf8_text.size(); ++i)
+    if ((static_cast<unsigned char>(utf8_text[i]) & 0xC0) != 0x80) at.push_back(uint32_t(i));
+  at.push_back(uint32_t(utf8_text.size()));
+  std::vector<Offsets> out;
+  out.reserve(offsets.size());
+  for (const auto& [s, e] : offsets) {
+    const auto byte = [&](uint32_t cp) { return cp < at.size() ? at[cp] : at.back(); };
+    out.push_back({byte(s), byte(e)});
+  }
+  return out;
+}
+
 Encoding Tokenizer::encode(std::string_view utf8_text, const Truncation* truncation,
-                           bool add_special_tokens) const {
+                           bool add_special_tokens, bool offsets) const {
   const std::u32string text = decode_utf8(utf8_text);
   Encoding enc;
   std::vector<std::u32string> words;
+  std::vector<size_t> starts;
+  std::vector<Offsets> ranges;
 
-  // A stretch of text between added tokens: normalize, pre-tokenize, model.
+  // A stretch of text between added tokens: normalize, pre-tokenize, model. With offsets, the
+  // normalized text keeps each character's range in the stretch (tokenizers' alignments), the
+  // words their starts in it, the model each token's range in its word.
   auto encode_span = [&](size_t begin, size_t end) {
     if (begin == end) return;
     std::u32string span = text.substr(begin, end - begin);
-    if (normalizer_) normalizer_->normalize(span);
+    Aligned aligned;
+    if (offsets) {
+      aligned = Aligned::identity(std::move(span));
+      if (normalizer_) normalizer_->normalize(aligned);
+      span = aligned.text;
+    } else if (normalizer_) {
+      normalizer_->normalize(span);
+    }
     words.clear();
+    starts.assign(1, 0);
     words.push_back(std::move(span));
-    if (pre_tokenizer_) pre_tokenizer_->pre_tokenize(words);
-    for (const auto& w : words) {
-      if (!w.empty()) model_->tokenize(encode_utf8(w), enc);
+    if (pre_tokenizer_) pre_tokenizer_->pre_tokenize(words, starts);
+    for (size_t w = 0; w < words.size(); ++w) {
+      if (words[w].empty()) continue;
+      if (!offsets) {
+        model_->tokenize(encode_utf8(words[w]), enc);
+        continue;
+      }
+      ranges.clear();
+      model_->tokenize(encode_utf8(words[w]), enc, &ranges);
+      for (const auto& [s, e] : ranges) {
+        // A token's normalized characters -> the original: the first one's start, the last
+        // one's end (tokenizers' expand_alignments), shifted to the stretch's place.
+        const size_t first = starts[w] + s, last = starts[w] + e - 1;
+        const Offsets a = aligned.align[first], b = aligned.align[last];
+        enc.offsets.push_back({uint32_t(begin) + a.first, uint32_t(begin) + b.second});
+      }
     }
   };
 
@@ -358,6 +399,7 @@ Encoding Tokenizer::encode(std::string_view utf8_text, const Truncation* truncat
     encode_span(span_begin, i);
     enc.ids.push_back(added_tokens_[best].id);
     enc.tokens.push_back(added_tokens_[best].content);
+    if (offsets) enc.offsets.push_back({uint32_t(i), uint32_t(i + added[best].size())});
     i += added[best].size();
     span_begin = i;
   }
@@ -377,14 +419,17 @@ Encoding Tokenizer::encode(std::string_view utf8_text, const Truncation* truncat
       if (truncation->direction == TruncationDirection::kRight) {
         enc.ids.resize(keep);
         enc.tokens.resize(keep);
+        if (offsets) enc.offsets.resize(keep);
       } else {
-        enc.ids.erase(enc.ids.begin(), enc.ids.end() - static_cast<std::ptrdiff_t>(keep));
-        enc.tokens.erase(enc.tokens.begin(), enc.tokens.end() - static_cast<std::ptrdiff_t>(keep));
+        const auto cut = static_cast<std::ptrdiff_t>(enc.ids.size() - keep);
+        enc.ids.erase(enc.ids.begin(), enc.ids.begin() + cut);
+        enc.tokens.erase(enc.tokens.begin(), enc.tokens.begin() + cut);
+        if (offsets) enc.offsets.erase(enc.offsets.begin(), enc.offsets.begin() + cut);
       }
     }
   }
   if (add_special_tokens && post_processor_) {
-    post_processor_->process(enc);
+    post_processor_->process(enc, offsets);
   } else {
     enc.type_ids.assign(enc.ids.size(), 0);
   }

@@ -14,6 +14,7 @@
 #include <stdexcept>
 #include <string>
 #include <string_view>
+#include <utility>
 #include <vector>
 
 namespace fastformer::tokenizer {
@@ -36,11 +37,22 @@ struct Truncation {
   TruncationDirection direction = TruncationDirection::kRight;
 };
 
+// A token's [start, end) in the original text, in code points (as `tokenizers`' Python
+// Encoding.offsets), or in UTF-8 bytes (byte_offsets()).
+using Offsets = std::pair<uint32_t, uint32_t>;
+
 struct Encoding {
   std::vector<int32_t> ids;
   std::vector<std::string> tokens;
   std::vector<int32_t> type_ids;
+  /// Filled when asked (encode's `offsets`): each token's range in the original text, in code
+  /// points, exact to `tokenizers`' Encoding.offsets (through the normalizers' alignments);
+  /// the post-processor's special tokens get (0, 0).
+  std::vector<Offsets> offsets;
 };
+
+// Code-point offsets of `utf8_text` as UTF-8 byte offsets.
+std::vector<Offsets> byte_offsets(std::string_view utf8_text, const std::vector<Offsets>& offsets);
 
 // A token in tokenizer.json's "added_tokens", matched in the raw text before normalization.
 struct AddedToken {
@@ -62,9 +74,11 @@ class Tokenizer {
 
   // Throws TokenizerError on invalid UTF-8. Truncates by truncation() (tokenizer.json's).
   Encoding encode(std::string_view utf8_text, bool add_special_tokens = true) const;
-  // The same with another truncation rule for this call (null: none), e.g. a request's.
+  // The same with another truncation rule for this call (null: none), e.g. a request's;
+  // `offsets`: also each token's character range (Encoding::offsets), tracked through the
+  // normalizer's changes (a little slower on non-ASCII text).
   Encoding encode(std::string_view utf8_text, const Truncation* truncation,
-                  bool add_special_tokens = true) const;
+                  bool add_special_tokens = true, bool offsets = false) const;
 
   // tokenizer.json's "truncation" (nullptr when absent); set_truncation replaces it (e.g. with
   // the model's number of positions), clear_truncation removes it.
