@@ -40,6 +40,10 @@ struct Request {
   std::vector<std::vector<TokenSpan>> spans;   ///< chunks made by the intake (windows), per row
   /// Spans a protocol converted from its wire types (rows view them); kept as long as the rows.
   std::vector<std::vector<TokenSpan>> given_spans;
+  std::vector<std::vector<TokenSpan>> given_char_spans;  ///< the same, character spans
+  /// A chunked text row's tokens' character ranges (code points; empty for other rows), for
+  /// each chunk's character range in the answer.
+  std::vector<std::vector<std::pair<uint32_t, uint32_t>>> text_offsets;
   int64_t texts = 0;         ///< text sequences tokenized by the API layer
   uint64_t tokenize_ns = 0;  ///< the time that took
   Clock::time_point deadline = Clock::time_point::max();  ///< the call's deadline

@@ -40,6 +40,7 @@ Status convert_request(const v1::EncodeRequest& proto, const engine::Model& mode
   // rows (and then its sequences) view.
   std::vector<std::vector<TokenSpan>>& spans = out->given_spans;
   spans.assign(size_t(proto.sequences_size()), {});
+  out->given_char_spans.assign(size_t(proto.sequences_size()), {});
   if (auto refused = request::check_options(input.options, model))
     return invalid_argument("return_logits: " + *refused);
   // The wire's shape: a Sequence holds any of its three inputs, and must hold exactly one.
@@ -79,10 +80,15 @@ Status convert_request(const v1::EncodeRequest& proto, const engine::Model& mode
       }
       if (c.window_tokens() > kMax || c.overlap_tokens() > kMax)
         return refuse("chunking", "window_tokens and overlap_tokens must be below 2^31");
-      input.rows.back() =
-          input.rows.back()
-              .with_spans(spans[size_t(i)])
-              .with_windows(int32_t(c.window_tokens()), int32_t(c.overlap_tokens()));
+      std::vector<TokenSpan>& chars = out->given_char_spans[size_t(i)];
+      for (const v1::TokenSpan& span : c.char_spans()) {
+        chars.push_back(
+            {int32_t(std::min(span.begin(), kMax)), int32_t(std::min(span.end(), kMax))});
+      }
+      input.rows.back() = input.rows.back()
+                              .with_spans(spans[size_t(i)])
+                              .with_windows(int32_t(c.window_tokens()), int32_t(c.overlap_tokens()))
+                              .with_char_chunks(chars, c.sentences());
     }
   }
   if (auto problem = request::build_request(input, model, tokenizer, limits, out))
@@ -164,6 +170,10 @@ void fill_response(const batching::Request& request, v1::EncodeResponse* respons
                                         seq.span_embeddings.begin() + int64_t((k + 1) * width));
         chunk->mutable_tokens()->set_begin(uint32_t(spans[k].begin));
         chunk->mutable_tokens()->set_end(uint32_t(spans[k].end));
+        if (const auto chars = request::chunk_characters(request, b, spans[k])) {
+          chunk->mutable_chars()->set_begin(chars->first);
+          chunk->mutable_chars()->set_end(chars->second);
+        }
       }
     }
   }

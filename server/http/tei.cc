@@ -6,6 +6,7 @@
 
 #include "server/http/api.h"
 #include "server/text/tokenizer/tokenizer.h"
+#include "server/text/tokenizer/unicode.h"
 
 namespace fastformer::http {
 
@@ -99,7 +100,7 @@ void HttpApi::tei_embed_chunks(const Request& http_request, Call call) {
   struct Keep {
     Inputs inputs;
     request::EncodeInput input;
-    std::vector<TokenSpan> spans;
+    std::vector<TokenSpan> spans, char_spans;
   };
   auto keep = std::make_shared<Keep>();
   simdjson::dom::element v;
@@ -128,11 +129,13 @@ void HttpApi::tei_embed_chunks(const Request& http_request, Call call) {
                                        "window_tokens (and overlap_tokens)"));
   }
   int64_t window = 0, overlap = 0;
+  bool sentences = false;
   for (const auto [key, value] : chunking) {
-    if (key == "spans") {
+    if (key == "spans" || key == "char_spans") {
       simdjson::dom::array spans;
+      const std::string field = "chunking." + std::string(key);
       if (value.get_array().get(spans))
-        return fail(call, invalid_argument("chunking.spans: expected an array of [begin, end]"));
+        return fail(call, invalid_argument(field + ": expected an array of [begin, end]"));
       size_t k = 0;
       for (const simdjson::dom::element s : spans) {
         simdjson::dom::array pair;
@@ -140,12 +143,15 @@ void HttpApi::tei_embed_chunks(const Request& http_request, Call call) {
         if (s.get_array().get(pair) || pair.size() != 2 || pair.at(0).get_int64().get(b) ||
             pair.at(1).get_int64().get(e) || b < INT32_MIN || b > INT32_MAX || e < INT32_MIN ||
             e > INT32_MAX) {
-          return fail(call, invalid_argument("chunking.spans[" + std::to_string(k) +
+          return fail(call, invalid_argument(field + "[" + std::to_string(k) +
                                              "]: expected [begin, end] (integers)"));
         }
-        keep->spans.push_back({int32_t(b), int32_t(e)});
+        (key == "spans" ? keep->spans : keep->char_spans).push_back({int32_t(b), int32_t(e)});
         ++k;
       }
+    } else if (key == "sentences") {
+      if (value.get_bool().get(sentences))
+        return fail(call, invalid_argument("chunking.sentences: expected true or false"));
     } else if (key == "window_tokens" || key == "overlap_tokens") {
       int64_t n = 0;
       if (value.get_int64().get(n) || n < 0 || n > INT32_MAX)
@@ -154,13 +160,17 @@ void HttpApi::tei_embed_chunks(const Request& http_request, Call call) {
       (key == "window_tokens" ? window : overlap) = n;
     } else {
       return fail(call, invalid_argument("chunking: unknown field \"" + std::string(key) +
-                                         "\" (spans, window_tokens, overlap_tokens)"));
+                                         "\" (spans, char_spans, sentences, window_tokens, "
+                                         "overlap_tokens)"));
     }
   }
-  if (keep->spans.empty() && window == 0)
-    return fail(call, invalid_argument("chunking: give spans or window_tokens"));
-  keep->input.rows[0] =
-      keep->input.rows[0].with_spans(keep->spans).with_windows(int32_t(window), int32_t(overlap));
+  if (keep->spans.empty() && keep->char_spans.empty() && !sentences && window == 0)
+    return fail(call,
+                invalid_argument("chunking: give spans, char_spans, sentences or window_tokens"));
+  keep->input.rows[0] = keep->input.rows[0]
+                            .with_spans(keep->spans)
+                            .with_windows(int32_t(window), int32_t(overlap))
+                            .with_char_chunks(keep->char_spans, sentences);
   const auto start = call.start;
   submit(
       call, served, keep,
@@ -179,7 +189,12 @@ void HttpApi::tei_embed_chunks(const Request& http_request, Call call) {
           w.raw("{\"embedding\":");
           w.floats(std::span<const float>(seq.span_embeddings).subspan(k * width, width));
           w.raw(",\"tokens\":[").number(int64_t(spans[k].begin)).ch(',');
-          w.number(int64_t(spans[k].end)).raw("]}");
+          w.number(int64_t(spans[k].end)).ch(']');
+          if (const auto chars = request::chunk_characters(r, 0, spans[k])) {
+            w.raw(",\"text\":[").number(int64_t(chars->first)).ch(',');
+            w.number(int64_t(chars->second)).ch(']');
+          }
+          w.ch('}');
         }
         w.ch(']');
         Response response = json_response(bhttp::status::ok, w.take());
@@ -381,7 +396,8 @@ void HttpApi::tei_tokenize(const Request& http_request, Call call) {
   for (size_t i = 0; i < inputs.texts.size(); ++i) {
     tokenizer::Encoding encoding;
     try {
-      encoding = tokenizer->encode(inputs.texts[i], special);
+      encoding = tokenizer->encode(inputs.texts[i], tokenizer->truncation(), special,
+                                   /*offsets=*/true);
     } catch (const std::exception& e) {
       return fail(call, invalid_argument((inputs.single ? std::string("inputs")
                                                         : "inputs[" + std::to_string(i) + "]") +
@@ -403,15 +419,23 @@ void HttpApi::tei_tokenize(const Request& http_request, Call call) {
     }
     if (i > 0) w.ch(',');
     w.ch('[');
+    // TEI's answer: a special token's own text and null offsets; any other token the text's
+    // characters [start, stop), counted in Unicode code points as TEI counts them (its
+    // `input.chars().skip(start).take(stop - start)`).
+    const std::u32string chars = tokenizer::decode_utf8(inputs.texts[i]);
     for (size_t k = 0; k < encoding.ids.size(); ++k) {
       if (k > 0) w.ch(',');
-      w.raw("{\"id\":")
-          .number(int64_t(encoding.ids[k]))
-          .raw(",\"text\":")
-          .string(encoding.tokens[k]);
-      w.raw(",\"special\":")
-          .boolean((k < first || k >= last) && tokenizer->is_special(encoding.ids[k]));
-      w.raw(",\"start\":null,\"stop\":null}");  // offsets are not tracked (docs/api.md)
+      const bool is_special = (k < first || k >= last) && tokenizer->is_special(encoding.ids[k]);
+      w.raw("{\"id\":").number(int64_t(encoding.ids[k])).raw(",\"text\":");
+      if (is_special) {
+        w.string(encoding.tokens[k]);
+        w.raw(",\"special\":true,\"start\":null,\"stop\":null}");
+        continue;
+      }
+      const auto [start, stop] = encoding.offsets[k];
+      w.string(tokenizer::encode_utf8(std::u32string_view(chars).substr(start, stop - start)));
+      w.raw(",\"special\":false,\"start\":").number(int64_t(start));
+      w.raw(",\"stop\":").number(int64_t(stop)).ch('}');
     }
     w.ch(']');
   }

@@ -8,6 +8,7 @@
 
 #include "server/engine/error.h"
 #include "server/engine/ragged_batch.h"
+#include "server/text/tokenizer/unicode.h"
 
 namespace fastformer::request {
 namespace {
@@ -50,35 +51,61 @@ std::optional<Problem> keep_ids(std::span<const Id> ids, size_t row, const engin
   return std::nullopt;
 }
 
-// The row's windows appended to its spans, in `storage` (which `in->spans` then views): over
-// the tokens as tokenized, a text's special tokens (tokenizer.json's) belonging to no window.
-std::optional<Problem> add_windows(const Row& row, size_t i, const text::Tokenizer* tokenizer,
-                                   int64_t tokens, SequenceInput* in,
-                                   std::vector<TokenSpan>* storage) {
-  const int32_t w = row.window_tokens, overlap = row.overlap_tokens;
-  if (w <= 0)
-    return Problem{i,
-                   Field::kSpans,
-                   {},
-                   "window_tokens " + std::to_string(w) + " must be at least 1 (0: no windows)"};
-  if (overlap < 0 || overlap >= w)
-    return Problem{i,
-                   Field::kSpans,
-                   {},
-                   "overlap_tokens " + std::to_string(overlap) + " must be in [0, window_tokens " +
-                       std::to_string(w) + ")"};
-  std::vector<int32_t> content;  // the positions windows cover
+// The row's chunks in `storage` (which `in->spans` then views): its token spans, then its
+// character spans and sentences (a text's, through `offsets`), then its windows over the tokens
+// as tokenized (a text's special tokens, tokenizer.json's, belonging to no window).
+std::optional<Problem> add_chunks(const Row& row, size_t i, const text::Tokenizer* tokenizer,
+                                  int64_t tokens, const std::vector<tokenizer::Offsets>& offsets,
+                                  SequenceInput* in, std::vector<TokenSpan>* storage) {
+  storage->assign(row.spans.begin(), row.spans.end());
   const bool text = row.field == Field::kText && tokenizer != nullptr;
-  for (int64_t t = 0; t < tokens; ++t) {
-    if (text && tokenizer->is_special(in->token_ids[size_t(t)])) continue;
-    content.push_back(int32_t(t));
+  if (!row.char_spans.empty() || row.sentences) {
+    if (!text) {
+      return Problem{i,
+                     Field::kSpans,
+                     {},
+                     "character spans and sentences need a text (this row is token ids or "
+                     "embeddings: give token spans)"};
+    }
+    const std::u32string chars = tokenizer::decode_utf8(row.text);
+    const std::vector<int32_t> ids(in->token_ids.begin(), in->token_ids.end());
+    const auto content = text::content_tokens(*tokenizer, ids);
+    size_t which = 0;
+    if (auto why = text::token_spans_of_chars(row.char_spans, chars.size(), offsets, content,
+                                              storage, &which))
+      return Problem{i, Field::kSpans, {}, std::move(*why)};
+    if (row.sentences) {
+      const std::vector<TokenSpan> sentences = text::sentence_spans(chars);
+      if (auto why = text::token_spans_of_chars(sentences, chars.size(), offsets, content, storage,
+                                                &which))
+        return Problem{
+            i, Field::kSpans, {}, "sentence " + std::to_string(which) + " holds no token: " + *why};
+    }
   }
-  storage->assign(in->spans.begin(), in->spans.end());
-  const int64_t stride = w - overlap;
-  for (int64_t s = 0; s < int64_t(content.size()); s += stride) {
-    const int64_t e = std::min<int64_t>(s + w, int64_t(content.size()));
-    storage->push_back({content[size_t(s)], content[size_t(e - 1)] + 1});
-    if (e == int64_t(content.size())) break;
+  const int32_t w = row.window_tokens, overlap = row.overlap_tokens;
+  if (w != 0 || overlap != 0) {
+    if (w <= 0)
+      return Problem{i,
+                     Field::kSpans,
+                     {},
+                     "window_tokens " + std::to_string(w) + " must be at least 1 (0: no windows)"};
+    if (overlap < 0 || overlap >= w)
+      return Problem{i,
+                     Field::kSpans,
+                     {},
+                     "overlap_tokens " + std::to_string(overlap) +
+                         " must be in [0, window_tokens " + std::to_string(w) + ")"};
+    std::vector<int32_t> content;  // the positions windows cover
+    for (int64_t t = 0; t < tokens; ++t) {
+      if (text && tokenizer->is_special(in->token_ids[size_t(t)])) continue;
+      content.push_back(int32_t(t));
+    }
+    const int64_t stride = w - overlap;
+    for (int64_t s = 0; s < int64_t(content.size()); s += stride) {
+      const int64_t e = std::min<int64_t>(s + w, int64_t(content.size()));
+      storage->push_back({content[size_t(s)], content[size_t(e - 1)] + 1});
+      if (e == int64_t(content.size())) break;
+    }
   }
   in->spans = *storage;
   return std::nullopt;
@@ -245,6 +272,21 @@ std::optional<Problem> build_late_chunked(const EncodeInput& input, const engine
 
 }  // namespace
 
+std::optional<std::pair<uint32_t, uint32_t>> chunk_characters(const batching::Request& request,
+                                                              size_t row, TokenSpan chunk) {
+  if (row >= request.text_offsets.size()) return std::nullopt;
+  const auto& offsets = request.text_offsets[row];
+  std::optional<std::pair<uint32_t, uint32_t>> range;
+  for (int32_t t = std::max(chunk.begin, 0); t < chunk.end && size_t(t) < offsets.size(); ++t) {
+    const auto [s, e] = offsets[size_t(t)];
+    if (e <= s) continue;  // a special token, (0, 0)
+    if (!range) range = std::pair<uint32_t, uint32_t>{s, e};
+    range->first = std::min(range->first, s);
+    range->second = std::max(range->second, e);
+  }
+  return range;
+}
+
 std::optional<Problem> build_request(const EncodeInput& input, const engine::Model& model,
                                      const text::Tokenizer* tokenizer, const Limits& limits,
                                      batching::Request* out) {
@@ -268,6 +310,7 @@ std::optional<Problem> build_request(const EncodeInput& input, const engine::Mod
   out->text_ids.reserve(rows);
   out->spans.clear();
   out->spans.reserve(rows);
+  out->text_offsets.clear();
   int64_t total = 0, spans = 0;
   for (size_t i = 0; i < rows; ++i) {
     const Row& row = input.rows[i];
@@ -277,8 +320,12 @@ std::optional<Problem> build_request(const EncodeInput& input, const engine::Mod
       case Field::kText: {
         std::vector<int32_t>& ids = out->text_ids.emplace_back();
         const auto start = batching::Clock::now();
+        // A chunked text keeps its tokens' character offsets (character spans, sentences, and
+        // each chunk's character range in the answer).
+        if (row.chunked()) out->text_offsets.resize(rows);
         std::optional<std::string> refused =
-            text::tokenize_text(tokenizer, c, row.text, input.truncate, &ids);
+            text::tokenize_text(tokenizer, c, row.text, input.truncate, &ids,
+                                row.chunked() ? &out->text_offsets[i] : nullptr);
         out->tokenize_ns += batching::ns_since(start);
         ++out->texts;
         if (refused) return Problem{i, Field::kText, {}, std::move(*refused)};
@@ -315,9 +362,13 @@ std::optional<Problem> build_request(const EncodeInput& input, const engine::Mod
     } else if (auto error = engine::validate_spans(c, in, i)) {
       return Problem{i, Field::kSpans, {}, std::move(error->message)};
     }
-    if (row.window_tokens != 0 || row.overlap_tokens != 0) {
-      if (auto p = add_windows(row, i, tokenizer, engine::sequence_length(in, D), &in,
-                               &out->spans.emplace_back()))
+    if (row.window_tokens != 0 || row.overlap_tokens != 0 || !row.char_spans.empty() ||
+        row.sentences) {
+      static const std::vector<tokenizer::Offsets> kNone;
+      const std::vector<tokenizer::Offsets>& offsets =
+          i < out->text_offsets.size() ? out->text_offsets[i] : kNone;
+      if (auto p = add_chunks(row, i, tokenizer, engine::sequence_length(in, D), offsets, &in,
+                              &out->spans.emplace_back()))
         return p;
       // A window of pad tokens only has nothing to pool: refused as a caller's span would be.
       if (auto error = engine::validate_spans(c, in, i))

@@ -45,6 +45,11 @@ struct Row {
   /// tokens excluded: they belong to no chunk); appended after `spans`. 0: none.
   int32_t window_tokens = 0;
   int32_t overlap_tokens = 0;
+  /// Text rows: chunks given as character spans [begin, end) of the text (code points), and
+  /// the text's sentences as chunks (text::sentence_spans); each becomes the tokens whose first
+  /// character it holds. After `spans`, before the windows.
+  std::span<const TokenSpan> char_spans = {};
+  bool sentences = false;
 
   static Row ids(std::span<const int32_t> v) { return {Field::kTokenIds, v, {}, {}, {}, {}}; }
   static Row wide_ids(std::span<const int64_t> v) { return {Field::kTokenIds, {}, v, {}, {}, {}}; }
@@ -62,6 +67,16 @@ struct Row {
     r.window_tokens = tokens;
     r.overlap_tokens = overlap;
     return r;
+  }
+  Row with_char_chunks(std::span<const TokenSpan> chars, bool by_sentence) const {
+    Row r = *this;
+    r.char_spans = chars;
+    r.sentences = by_sentence;
+    return r;
+  }
+  bool chunked() const {
+    return !spans.empty() || window_tokens != 0 || overlap_tokens != 0 || !char_spans.empty() ||
+           sentences;
   }
 };
 
@@ -120,5 +135,10 @@ std::optional<std::string> check_dimensions(int64_t dimensions, const engine::Mo
 // options.dimensions values of each embedding, re-normalised when options.normalize (the
 // serving core applies it before any protocol formats its answer).
 void apply_dimensions(const OutputOptions& options, std::vector<EncodedSequence>* results);
+// A chunk's character range in its text row (code points): from its first token's start to its
+// last token's end, the special tokens left out; nothing for a row that is not a chunked text
+// (or a chunk of special tokens only).
+std::optional<std::pair<uint32_t, uint32_t>> chunk_characters(const batching::Request& request,
+                                                              size_t row, TokenSpan chunk);
 
 }  // namespace fastformer::request

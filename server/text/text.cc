@@ -3,6 +3,7 @@
 #include <algorithm>
 
 #include "server/engine/error.h"
+#include "server/text/tokenizer/unicode.h"
 
 namespace fastformer::text {
 
@@ -34,7 +35,8 @@ std::shared_ptr<const Tokenizer> load_tokenizer(const std::filesystem::path& dir
 
 std::optional<std::string> tokenize_text(const Tokenizer* tok, const engine::ModelConfig& c,
                                          std::string_view text, Truncate truncate,
-                                         std::vector<int32_t>* ids) {
+                                         std::vector<int32_t>* ids,
+                                         std::vector<tokenizer::Offsets>* offsets) {
   if (tok == nullptr) {
     return "this model takes no text: its model directory has no tokenizer.json (send token_ids)";
   }
@@ -49,7 +51,9 @@ std::optional<std::string> tokenize_text(const Tokenizer* tok, const engine::Mod
     rule = &by_request;
   }
   try {
-    *ids = tok->encode(text, rule).ids;
+    tokenizer::Encoding enc = tok->encode(text, rule, true, offsets != nullptr);
+    *ids = std::move(enc.ids);
+    if (offsets) *offsets = std::move(enc.offsets);
   } catch (const tokenizer::TokenizerError& e) {
     return std::string(e.what());
   }
@@ -71,47 +75,108 @@ std::optional<std::string> tokenize_text(const Tokenizer* tok, const engine::Mod
   return std::nullopt;
 }
 
+std::pair<size_t, size_t> content_tokens(const Tokenizer& tok, const std::vector<int32_t>& ids) {
+  size_t begin = 0, end = ids.size();
+  while (begin < end && tok.is_special(ids[begin])) ++begin;
+  while (end > begin && tok.is_special(ids[end - 1])) --end;
+  return {begin, end};
+}
+
+std::optional<std::string> token_spans_of_chars(std::span<const TokenSpan> chars, size_t text_chars,
+                                                const std::vector<tokenizer::Offsets>& offsets,
+                                                std::pair<size_t, size_t> content,
+                                                std::vector<TokenSpan>* out, size_t* which) {
+  for (size_t i = 0; i < chars.size(); ++i) {
+    *which = i;
+    const TokenSpan s = chars[i];
+    const std::string what = "character span " + std::to_string(i) + " [" +
+                             std::to_string(s.begin) + ", " + std::to_string(s.end) + ")";
+    if (s.begin < 0 || size_t(s.end) > text_chars || s.end < 0)
+      return what + " is outside the text's " + std::to_string(text_chars) + " characters";
+    if (s.end < s.begin) return what + " is reversed (end before begin)";
+    // The tokens whose first character lies in the span (their starts never decrease).
+    size_t first = content.second, last = content.first;
+    for (size_t t = content.first; t < content.second; ++t) {
+      const uint32_t start = offsets[t].first;
+      if (start >= uint32_t(s.begin) && start < uint32_t(s.end)) {
+        first = std::min(first, t);
+        last = t + 1;
+      }
+    }
+    if (first >= last) return what + " holds no token's first character: an empty chunk";
+    out->push_back({int32_t(first), int32_t(last)});
+  }
+  return std::nullopt;
+}
+
+std::vector<TokenSpan> sentence_spans(std::u32string_view text) {
+  auto terminator = [](char32_t c) {
+    return c == U'.' || c == U'!' || c == U'?' || c == U'\u3002' || c == U'\uFF01' ||
+           c == U'\uFF1F' || c == U'\uFF0E' || c == U'\u2026';
+  };
+  auto closer = [](char32_t c) {
+    return c == U'"' || c == U'\'' || c == U')' || c == U']' || c == U'}' || c == U'\u201D' ||
+           c == U'\u2019' || c == U'\u00BB' || c == U'\u300D' || c == U'\u300F' || c == U'\uFF09';
+  };
+  auto space = [](char32_t c) { return tokenizer::is_whitespace(c); };
+  std::vector<TokenSpan> out;
+  size_t i = 0;
+  const size_t n = text.size();
+  while (i < n && space(text[i])) ++i;
+  size_t start = i;
+  while (i < n) {
+    if (!terminator(text[i])) {
+      ++i;
+      continue;
+    }
+    size_t end = i;
+    while (end < n && terminator(text[end])) ++end;
+    while (end < n && closer(text[end])) ++end;
+    if (end == n || space(text[end])) {
+      out.push_back({int32_t(start), int32_t(end)});
+      i = end;
+      while (i < n && space(text[i])) ++i;
+      start = i;
+    } else {
+      i = end;
+    }
+  }
+  if (start < n) {
+    size_t end = n;
+    while (end > start && space(text[end - 1])) --end;
+    out.push_back({int32_t(start), int32_t(end)});
+  }
+  return out;
+}
+
 std::optional<std::string> chunk_texts(const Tokenizer* tok, const engine::ModelConfig& c,
                                        std::span<const std::string_view> texts,
                                        std::vector<int32_t>* ids, std::vector<TokenSpan>* spans,
                                        size_t* which) {
   *which = texts.size();
   std::string document;
+  std::vector<TokenSpan> chars;  // each text's characters in the document
+  size_t at = 0;
   for (size_t i = 0; i < texts.size(); ++i) {
-    if (i > 0) document += ' ';
+    if (i > 0) {
+      document += ' ';
+      ++at;
+    }
     document += texts[i];
+    size_t n = 0;
+    for (const char b : texts[i]) n += (static_cast<unsigned char>(b) & 0xC0) != 0x80;
+    chars.push_back({int32_t(at), int32_t(at + n)});
+    at += n;
   }
-  if (auto refused = tokenize_text(tok, c, document, Truncate::kNone, ids)) return refused;
-  // The document's own tokens: between the special tokens the post-processor put around them.
-  size_t begin = 0, end = ids->size();
-  while (begin < end && tok->is_special((*ids)[begin])) ++begin;
-  while (end > begin && tok->is_special((*ids)[end - 1])) --end;
+  std::vector<tokenizer::Offsets> offsets;
+  if (auto refused = tokenize_text(tok, c, document, Truncate::kNone, ids, &offsets))
+    return refused;
   spans->clear();
-  size_t at = begin;
-  for (size_t i = 0; i < texts.size(); ++i) {
-    std::vector<int32_t> piece;
-    try {
-      piece = tok->encode(texts[i], nullptr, /*add_special_tokens=*/false).ids;
-    } catch (const tokenizer::TokenizerError& e) {
-      *which = i;
-      return std::string(e.what());
-    }
-    if (piece.empty()) {
-      *which = i;
-      return "the text tokenizes to no tokens, and a chunk needs at least one";
-    }
-    if (at + piece.size() > end || !std::equal(piece.begin(), piece.end(), ids->begin() + at)) {
-      *which = i;
-      return "late chunking: this tokenizer joins the text's tokens with its neighbour's across "
-             "the joining space, so the chunk's tokens are not its own (character offsets are "
-             "not supported yet); send token ids instead";
-    }
-    spans->push_back({int32_t(at), int32_t(at + piece.size())});
-    at += piece.size();
-  }
-  if (at != end) {
-    return "late chunking: the document has tokens that belong to no text (" +
-           std::to_string(end - at) + " after the last)";
+  size_t span = 0;
+  if (auto refused =
+          token_spans_of_chars(chars, at, offsets, content_tokens(*tok, *ids), spans, &span)) {
+    *which = span;
+    return "the text holds no token's first character, and a chunk needs at least one token";
   }
   return std::nullopt;
 }

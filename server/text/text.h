@@ -14,6 +14,7 @@
 #include <span>
 #include <string>
 #include <string_view>
+#include <utility>
 #include <vector>
 
 #include "common/sequence.h"
@@ -38,18 +39,38 @@ enum class Truncate { kNone, kRight, kLeft };
 // training. With kNone a text still longer than the model's positions is refused; with
 // kRight/kLeft the tokenizer truncates it, keeping room for its special tokens.
 // Returns why the text is refused (without a field name), or nothing.
+// With `offsets`: also each token's character range in `text` (code points; the special tokens
+// the post-processor adds: (0, 0)), exact to `tokenizers`' Encoding.offsets.
 std::optional<std::string> tokenize_text(const Tokenizer* tokenizer,
                                          const engine::ModelConfig& config, std::string_view text,
-                                         Truncate truncate, std::vector<int32_t>* ids);
+                                         Truncate truncate, std::vector<int32_t>* ids,
+                                         std::vector<tokenizer::Offsets>* offsets = nullptr);
+
+// The tokens of `ids` between the special tokens the post-processor put around the text:
+// [begin, end).
+std::pair<size_t, size_t> content_tokens(const Tokenizer& tokenizer,
+                                         const std::vector<int32_t>& ids);
+
+// Character spans [start, end) (code points) of a text -> token ranges, by the rule that a
+// token belongs to the span that holds its first character; the special tokens belong to none.
+// Returns why a span is refused (out of the text, reversed, or holding no token's start), with
+// *which set to it, or nothing.
+std::optional<std::string> token_spans_of_chars(std::span<const TokenSpan> chars, size_t text_chars,
+                                                const std::vector<tokenizer::Offsets>& offsets,
+                                                std::pair<size_t, size_t> content,
+                                                std::vector<TokenSpan>* out, size_t* which);
+
+// The sentences of a text as character spans: a sentence ends after a run of . ! ? (and
+// their fullwidth and ideographic forms, and …), with any closing quotes or brackets after it,
+// where whitespace or the end of the text follows; the whitespace between sentences belongs to
+// none. Text without such an end is one sentence.
+std::vector<TokenSpan> sentence_spans(std::u32string_view text);
 
 // Late chunking in Jina's form: `texts` are one document's consecutive chunks, joined with one
 // space and tokenized once into `ids` (special tokens included, no truncation: a document over
-// the model's positions is refused); `spans` gets each text's token range in it. A token
-// belongs to the text its characters come from: each text alone must tokenize (without special
-// tokens) to exactly its stretch of the document's tokens, which holds for tokenizers that
-// split at whitespace; where a token would straddle two texts the call is refused (character
-// offsets would be needed). Returns why (and sets *which to the text at fault, or to
-// texts.size() for the document), or nothing.
+// the model's positions is refused); `spans` gets each text's token range in it: the tokens
+// whose first character is one of the text's (the tokenizer's character offsets). Returns why
+// (and sets *which to the text at fault, or to texts.size() for the document), or nothing.
 std::optional<std::string> chunk_texts(const Tokenizer* tokenizer,
                                        const engine::ModelConfig& config,
                                        std::span<const std::string_view> texts,

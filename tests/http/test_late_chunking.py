@@ -130,7 +130,7 @@ def test_embed_chunks_by_curl_windows_and_spans(curl, long_server, long_model, p
 
 @pytest.mark.parametrize("body, message", [
     ({"inputs": ["a", "b"], "chunking": {"window_tokens": 4}}, "inputs: one document"),
-    ({"inputs": "the dog", "chunking": {}}, "chunking: give spans or window_tokens"),
+    ({"inputs": "the dog", "chunking": {}}, "chunking: give spans, char_spans, sentences or window_tokens"),
     ({"inputs": "the dog", "chunking": {"spans": [[0, 99]]}}, "span 0 [0, 99) is outside"),
     ({"inputs": "the dog", "chunking": {"window_tokens": 2, "overlap_tokens": 2}},
      "overlap_tokens 2 must be in [0, window_tokens 2)"),

@@ -150,14 +150,22 @@ def test_tei_tokenize(curl, server):
     out = r.json()
     assert [[t["id"] for t in row] for row in out] == [TEXTS[TEXT], TEXTS["zebra"]]
     words = {i: w for w, i in V.items()}
-    for row in out:
+    for source, row in zip([TEXT, "zebra"], out):
         for t in row:
             assert set(t) == {"id", "text", "special", "start", "stop"}
-            assert t["text"] == words[t["id"]] and t["start"] is None and t["stop"] is None
             # Hugging Face's special-tokens mask: what the post-processor adds, not the [UNK]
             # the model made of an unknown word ("zebra")
-            assert t["special"] == (t["text"] in ("[CLS]", "[SEP]")), t
-    assert "[UNK]" in [t["text"] for t in out[1]], out[1]
+            assert t["special"] == (words[t["id"]] in ("[CLS]", "[SEP]")), t
+            if t["special"]:  # TEI: the token's own text, no offsets
+                assert t["text"] == words[t["id"]] and t["start"] is None and t["stop"] is None
+            else:  # TEI: the text's characters [start, stop), in code points
+                assert t["text"] == source[t["start"]:t["stop"]] and t["start"] < t["stop"], t
+    assert [(t["text"], t["start"], t["stop"]) for t in out[1] if not t["special"]] == [("zebra", 0, 5)]
+    assert words[out[1][1]["id"]] == "[UNK]"
+    # Offsets through the normalizer: lower-cased, accents stripped, the original's characters.
+    r = curl(server, "POST", "/tokenize", {"inputs": "Héllo  WÖRLD!", "add_special_tokens": False})
+    assert [(words[t["id"]], t["text"], t["start"], t["stop"]) for t in r.json()[0]] == \
+        [("hello", "Héllo", 0, 5), ("world", "WÖRLD", 7, 12), ("!", "!", 12, 13)]
     r = curl(server, "POST", "/tokenize", {"inputs": "the lazy dog", "add_special_tokens": False})
     assert r.status == 200 and [t["id"] for t in r.json()[0]] == ids("the", "lazy", "dog")
 

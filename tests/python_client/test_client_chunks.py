@@ -46,7 +46,8 @@ def test_spans_and_windows_of_token_ids_match_the_reference(ffc, long_server, lo
         res = client.encode([{"token_ids": ids, "spans": spans, "window_tokens": 1024, "overlap_tokens": 24}],
                             chunk_pooling=pooling)
     want_ranges = spans + windows(list(range(n)), 1024, 24)
-    rows, ranges = res.chunks[0]
+    rows, ranges, chars = res.chunks[0]
+    assert chars is None  # token ids: no characters
     assert ranges.tolist() == [list(r) for r in want_ranges]
     states = long_model.reference(ids).token_embeddings
     want = ref.reference_span_pool(long_model.model, states, np.ones(n), want_ranges, pooling)
@@ -63,7 +64,7 @@ def test_text_windows_leave_the_special_tokens_out(ffc, long_server, long_model,
         res = client.encode([{"text": text, "window_tokens": 64, "overlap_tokens": 0}], normalize=True)
         ids = client.encode([text], return_result=True).num_tokens[0]
     n = ids
-    rows, ranges = res.chunks[0]
+    rows, ranges, chars = res.chunks[0]
     assert ranges[0][0] == 1 and ranges[-1][1] == n - 1, ranges
     assert all(int(e - b) <= 64 for b, e in ranges)
     np.testing.assert_allclose(np.linalg.norm(rows, axis=1), 1.0, atol=1e-5)
@@ -111,3 +112,24 @@ def pyc_close(label, got, want):
     got = np.asarray(got, dtype=np.float64)
     err = np.abs(got - want) / np.maximum(1.0, np.abs(want))
     assert err.max() <= TOL, f"{label}: worst scaled error {err.max():.3e}"
+
+
+def test_text_chunks_by_characters_and_sentences_with_their_character_ranges(ffc, long_server, long_model):
+    """Character spans and sentences of a text: each chunk the tokens whose first character it
+    holds (the tokenizer's offsets), its character range answered; pooled from the text's pass."""
+    import make_demo_model as mdm
+    vocab = {w: i for i, w in enumerate(mdm.DEMO_WORDS)}
+    text = "The quick brown fox.  The lazy dog!  Hello world?"
+    #       0         1         2         3         4
+    with ffc.Client(long_server.target, deadline_s=60.0) as client:
+        res = client.encode([{"text": text, "char_spans": [(4, 15), (0, 3)], "sentences": True}])
+    rows, ranges, chars = res.chunks[0]
+    words = text.lower().replace(".", " .").replace("!", " !").replace("?", " ?").split()
+    doc = [vocab["[CLS]"]] + [vocab[w] for w in words] + [vocab["[SEP]"]]
+    # "quick brown" = tokens 2..4, "The" = 1..2; sentences: "The quick brown fox." = 1..6,
+    # "The lazy dog!" = 6..10, "Hello world?" = 10..13
+    assert ranges.tolist() == [[2, 4], [1, 2], [1, 6], [6, 10], [10, 13]]
+    assert chars.tolist() == [[4, 15], [0, 3], [0, 20], [22, 35], [37, 49]]
+    states = long_model.reference(doc).token_embeddings
+    want = ref.reference_span_pool(long_model.model, states, np.ones(len(doc)), ranges.tolist(), "model")
+    pyc_close("character chunks", rows, want)

@@ -102,13 +102,19 @@ def _set_chunking(q, i: int, s) -> None:
     """Late chunking: a sequence dict's "spans" (token ranges [begin, end)) and server windows
     ("window_tokens", "overlap_tokens"), into Sequence.chunking."""
     spans, window, overlap = s.get("spans"), s.get("window_tokens"), s.get("overlap_tokens")
-    if spans is None and window is None and overlap is None:
+    chars, sentences = s.get("char_spans"), s.get("sentences")
+    if spans is None and window is None and overlap is None and chars is None and not sentences:
         return
-    for k, (b, e) in enumerate(spans or []):
-        if isinstance(b, bool) or isinstance(e, bool) or int(b) != b or int(e) != e or b < 0 or e < 0:
-            raise TypeError(f"sequence {i}: spans: element {k} is ({b!r}, {e!r}), expected two non-negative ints")
-        span = q.chunking.spans.add()
-        span.begin, span.end = int(b), int(e)
+    for name, values, field in (("spans", spans, q.chunking.spans), ("char_spans", chars, q.chunking.char_spans)):
+        for k, (b, e) in enumerate(values or []):
+            if isinstance(b, bool) or isinstance(e, bool) or int(b) != b or int(e) != e or b < 0 or e < 0:
+                raise TypeError(f"sequence {i}: {name}: element {k} is ({b!r}, {e!r}), expected two non-negative ints")
+            span = field.add()
+            span.begin, span.end = int(b), int(e)
+    if sentences is not None:
+        if not isinstance(sentences, bool):
+            raise TypeError(f"sequence {i}: sentences: expected a bool, got {sentences!r}")
+        q.chunking.sentences = sentences
     for name, value in (("window_tokens", window), ("overlap_tokens", overlap)):
         if value is not None:
             if isinstance(value, bool) or int(value) != value or value < 0:
@@ -123,10 +129,11 @@ def _add_sequence(req, i: int, s) -> None:
         _set_text(q, i, s)
         return
     if isinstance(s, Mapping):
-        unknown = set(s) - {"token_ids", "input_embeddings", "text", "spans", "window_tokens", "overlap_tokens"}
+        unknown = set(s) - {"token_ids", "input_embeddings", "text", "spans", "window_tokens", "overlap_tokens",
+                            "char_spans", "sentences"}
         if unknown:
             raise TypeError(f"sequence {i}: unknown keys {sorted(unknown)} (token_ids, input_embeddings, text; "
-                            "spans, window_tokens, overlap_tokens)")
+                            "spans, char_spans, sentences, window_tokens, overlap_tokens)")
         _set_chunking(q, i, s)
         if s.get("token_ids") is not None:
             q.token_ids.extend(_ids(i, s["token_ids"]))
@@ -250,7 +257,8 @@ class EncodeResult:
     request_id        the request's id (EncodeStream: the message's, maybe assigned)
     model_name, model_version   the model and version that answered
     chunks            late chunking: per sequence, (embeddings float32 [k, hidden], token ranges
-                      int64 [k, 2]) of its chunks (spans first, then windows); None when no
+                      int64 [k, 2], character ranges int64 [k, 2] for a text, else None) of its
+                      chunks (spans, character spans, sentences, windows); None when no
                       sequence was chunked
     """
     embeddings: np.ndarray
@@ -262,7 +270,7 @@ class EncodeResult:
     request_id: str = ""
     model_name: str = ""
     model_version: str = ""
-    chunks: Optional[List[Tuple[np.ndarray, np.ndarray]]] = None
+    chunks: Optional[List[Tuple[np.ndarray, np.ndarray, Optional[np.ndarray]]]] = None
 
     def __len__(self) -> int:
         return len(self.embeddings)
@@ -306,11 +314,14 @@ def result_from_raw(raw: _wire.RawResponse, n_sequences: Optional[int], tokens: 
         for i, e in enumerate(encs):
             rows = np.empty((len(e.chunks), hidden), dtype=np.float32)
             ranges = np.empty((len(e.chunks), 2), dtype=np.int64)
-            for k, (vec, b, end) in enumerate(e.chunks):
+            chars = np.empty((len(e.chunks), 2), dtype=np.int64) if e.chunks and e.chunks[0][3] else None
+            for k, (vec, b, end, ch) in enumerate(e.chunks):
                 if len(vec) != hidden:
                     raise bad(f"sequence {i}: chunk {k} of {len(vec)} values, the embedding has {hidden}")
                 rows[k], ranges[k] = vec, (b, end)
-            chunks.append((rows, ranges))
+                if chars is not None:
+                    chars[k] = ch or (0, 0)
+            chunks.append((rows, ranges, chars))
     return EncodeResult(emb, tok, lg, [e.num_tokens for e in encs], raw.queue_time_us, raw.compute_time_us, rid,
                         raw.model_name, raw.model_version, chunks)
 

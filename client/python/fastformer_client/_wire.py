@@ -100,7 +100,8 @@ class RawEncoding:
     token_embeddings: np.ndarray
     logits: np.ndarray
     num_tokens: int
-    chunks: List[Tuple[np.ndarray, int, int]] = field(default_factory=list)  # (embedding, begin, end)
+    # (embedding, token begin, token end, character range (begin, end) or None)
+    chunks: List[Tuple[np.ndarray, int, int, Optional[Tuple[int, int]]]] = field(default_factory=list)
 
 
 @dataclass
@@ -119,20 +120,29 @@ def _int32(v: int) -> int:
     return v - (1 << 32) if v >= 1 << 31 else v
 
 
-def _chunk(buf, start, end) -> Tuple[np.ndarray, int, int]:
-    """A Chunk: its embedding (field 1) and token range (field 2, a TokenSpan: begin 1, end 2)."""
-    emb = _Floats()
+def _span(buf, v) -> Tuple[int, int]:
+    """A TokenSpan: begin (field 1) and end (field 2)."""
     begin = stop = 0
+    for n2, w2, v2 in _fields(buf, *v):
+        if n2 == 1 and w2 == 0:
+            begin = v2 & 0xFFFFFFFF
+        elif n2 == 2 and w2 == 0:
+            stop = v2 & 0xFFFFFFFF
+    return begin, stop
+
+
+def _chunk(buf, start, end):
+    """A Chunk: its embedding (field 1), token range (field 2) and character range (field 3)."""
+    emb = _Floats()
+    tokens, chars = (0, 0), None
     for num, wt, v in _fields(buf, start, end):
         if num == 1:
             emb.add(buf, wt, v)
         elif num == 2 and wt == 2:
-            for n2, w2, v2 in _fields(buf, *v):
-                if n2 == 1 and w2 == 0:
-                    begin = v2 & 0xFFFFFFFF
-                elif n2 == 2 and w2 == 0:
-                    stop = v2 & 0xFFFFFFFF
-    return emb.array(), begin, stop
+            tokens = _span(buf, v)
+        elif num == 3 and wt == 2:
+            chars = _span(buf, v)
+    return emb.array(), tokens[0], tokens[1], chars
 
 
 def _encoding(buf, start, end) -> RawEncoding:
