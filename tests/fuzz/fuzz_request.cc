@@ -3,8 +3,11 @@
 // runs -> the CPU engine -> the response. A request is either refused with
 // INVALID_ARGUMENT or becomes batches that respect every model limit and encode.
 //
-// Input: byte 0 picks the model (bits 0-1) and max_request_tokens (bits 2-3); the rest is
-// the serialized EncodeRequest.
+// Input: byte 0 picks the model (bits 0-1), max_request_tokens (bits 2-3) and
+// max_request_spans (bits 4-5); the rest is the serialized EncodeRequest. Late chunking's
+// Sequence.chunking (token spans, character spans, sentences, windows) is part of the message:
+// an accepted request's chunks lie inside their sequences, hold a real token, and each comes
+// back as one Chunk.
 #include <array>
 #include <cstdint>
 #include <memory>
@@ -26,6 +29,7 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
   const engine::ModelConfig& c = model.config();
   request::Limits limits;
   limits.max_request_tokens = std::array<int64_t, 4>{1, 16, 40, 64}[(choice >> 2) & 3];
+  limits.max_request_spans = std::array<int64_t, 4>{0, 1, 4, 16}[(choice >> 4) & 3];
 
   const std::string_view bytes = in.rest();
   v1::EncodeRequest proto;
@@ -45,13 +49,18 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
   }
   // Accepted: every sequence within the model's limits, the request within its own.
   FUZZ_CHECK(int(request->sequences.size()) == proto.sequences_size());
-  int64_t total = 0;
+  int64_t total = 0, spans = 0;
   for (size_t i = 0; i < request->sequences.size(); ++i) {
     const SequenceInput& s = request->sequences[i];
     FUZZ_CHECK(!engine::validate_sequence(c, model.has_word_embedding(), s, i));
-    total += engine::sequence_length(s, c.hidden_size);
+    const int64_t n = engine::sequence_length(s, c.hidden_size);
+    for (const TokenSpan& span : s.spans)
+      FUZZ_CHECK(0 <= span.begin && span.begin < span.end && span.end <= n);
+    total += n;
+    spans += int64_t(s.spans.size());
   }
   FUZZ_CHECK(total <= limits.max_request_tokens);
+  FUZZ_CHECK(limits.max_request_spans == 0 || spans <= limits.max_request_spans);
   FUZZ_CHECK(!request->options.logits || model.num_labels() > 0);
 
   // Through the queue, as the server batches it, and the engine.
@@ -60,6 +69,12 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
   v1::EncodeResponse response;
   rpc::fill_response(*request, &response);
   FUZZ_CHECK(response.encodings_size() == proto.sequences_size());
+  for (int i = 0; i < response.encodings_size(); ++i) {
+    FUZZ_CHECK(response.encodings(i).chunks_size() ==
+               int(request->sequences[size_t(i)].spans.size()));
+    for (const v1::Chunk& chunk : response.encodings(i).chunks())
+      FUZZ_CHECK(chunk.embedding_size() == response.encodings(i).embedding_size());
+  }
   FUZZ_CHECK(request::outcome_status(*request).ok());
   return 0;
 }

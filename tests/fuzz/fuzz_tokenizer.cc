@@ -1,7 +1,8 @@
 // Fuzz target: a tokenizer.json and a text through Tokenizer::from_json and encode(), what the
 // server runs at start-up and on every text request. Any tokenizer.json must either load or
 // throw TokenizerError; any bytes must either encode or throw TokenizerError (invalid UTF-8),
-// and the ids must be ids of the tokenizer, no more than the truncation allows.
+// and the ids must be ids of the tokenizer, no more than the truncation allows. With offsets
+// (late chunking, TEI's /tokenize): the same ids, one [start, end) per token inside the text.
 //
 // Input: the tokenizer.json text, the marker line "\n--text--\n", then the text's bytes (no
 // marker: a fixed BERT-style tokenizer.json, and the whole input is the text).
@@ -48,6 +49,14 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
       FUZZ_CHECK(encoding.ids.size() <= tokenizer.truncation()->max_length);
     FUZZ_CHECK(encoding.ids.size() == encoding.tokens.size() &&
                encoding.ids.size() == encoding.type_ids.size());
+    const auto with_offsets = tokenizer.encode(text, tokenizer.truncation(), true, true);
+    FUZZ_CHECK(with_offsets.ids == encoding.ids);
+    FUZZ_CHECK(with_offsets.offsets.size() == with_offsets.ids.size());
+    size_t chars = 0;
+    for (const char b : text) chars += (static_cast<unsigned char>(b) & 0xC0) != 0x80;
+    for (const auto& [start, end] : with_offsets.offsets) FUZZ_CHECK(start <= end && end <= chars);
+    const auto bytes = fastformer::tokenizer::byte_offsets(text, with_offsets.offsets);
+    for (const auto& [start, end] : bytes) FUZZ_CHECK(start <= end && end <= text.size());
   } catch (const TokenizerError&) {
     // Rejected with a message: what the server turns into INVALID_ARGUMENT.
   }

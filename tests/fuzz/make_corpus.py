@@ -107,17 +107,37 @@ def field(number, wire_type, payload):
     return key + varint(len(payload)) + payload
 
 
-def sequence(ids=(), embeddings=(), text=b""):
+def sequence(ids=(), embeddings=(), text=b"", chunking=b""):
     out = field(3, 2, text) if text else b""
     if ids:
         out += field(1, 2, b"".join(varint(i) for i in ids))
     if embeddings:
         out += field(2, 2, struct.pack(f"<{len(embeddings)}f", *embeddings))
+    if chunking:
+        out += field(4, 2, chunking)
     return out
 
 
-def request(seqs, request_id="r", token_embeddings=False, logits=False, normalize=False, truncation=0):
+def chunking(spans=(), window=0, overlap=0, char_spans=(), sentences=False):
+    """Sequence.chunking: TokenSpan {begin 1, end 2} spans (1) and char_spans (4), windows (2, 3),
+    sentences (5)."""
+    span = lambda b, e: field(1, 0, b) + field(2, 0, e)  # noqa: E731
+    out = b"".join(field(1, 2, span(b, e)) for b, e in spans)
+    out += b"".join(field(4, 2, span(b, e)) for b, e in char_spans)
+    if window:
+        out += field(2, 0, window)
+    if overlap:
+        out += field(3, 0, overlap)
+    if sentences:
+        out += field(5, 0, 1)
+    return out
+
+
+def request(seqs, request_id="r", token_embeddings=False, logits=False, normalize=False, truncation=0,
+            chunk_pooling=0):
     out = field(1, 2, request_id.encode())
+    if chunk_pooling:
+        out += field(9, 0, chunk_pooling)
     for s in seqs:
         out += field(2, 2, s)
     if token_embeddings:
@@ -131,10 +151,10 @@ def request(seqs, request_id="r", token_embeddings=False, logits=False, normaliz
     return out
 
 
-def choice(model, limit):
+def choice(model, limit, spans=0):
     """model 0: ids + 3 labels; 1: embeddings only; 2: pad 5, F16; 3: shared, BF16.
-    limit: max_request_tokens 1, 16, 40, 64 (index 0-3)."""
-    return bytes([model | limit << 2])
+    limit: max_request_tokens 1, 16, 40, 64 (index 0-3); spans: max_request_spans none, 1, 4, 16."""
+    return bytes([model | limit << 2 | spans << 4])
 
 
 def request_seeds():
@@ -175,6 +195,15 @@ def request_seeds():
         "text_not_utf8": choice(0, 3) + request([sequence(text=b"a\xffb")]),
         "text_without_tokenizer": choice(3, 3) + request([sequence(text=b"a b")]),
         "text_and_ids": choice(0, 3) + request([sequence([1], text=b"a")]),
+        # late chunking
+        "chunk_spans": choice(0, 3, 3) + request([sequence([1, 2, 3, 4, 5], chunking=chunking([(0, 2), (1, 5)]))]),
+        "chunk_windows_mean": choice(2, 3, 3) + request(
+            [sequence([1, 2, 3, 4, 5, 6], chunking=chunking(window=2, overlap=1))], chunk_pooling=1),
+        "chunk_text_chars_sentences": choice(0, 3, 3) + request(
+            [sequence(text="A b. é! ab".encode(), chunking=chunking(char_spans=[(0, 3)], sentences=True))]),
+        "chunk_bad_span": choice(0, 3, 3) + request([sequence([1, 2], chunking=chunking([(1, 9)]))]),
+        "chunk_over_spans": choice(0, 3, 1) + request([sequence([1, 2, 3], chunking=chunking([(0, 1), (1, 2)]))]),
+        "chunk_embeddings": choice(1, 3, 2) + request([sequence(embeddings=row * 3, chunking=chunking([(0, 3)], window=2))]),
     }
 
 
