@@ -42,6 +42,7 @@ struct EncodeFlags {
   bool logits = false;
   bool normalize = false;
   std::string truncation = "none";
+  std::string span_pooling = "model";  ///< how a line's "spans" are pooled
   int batch = 32;
 };
 
@@ -77,6 +78,9 @@ void append_encoding(const v1::Encoding& encoding, int64_t hidden_size, std::str
                               encoding.token_embeddings().end());
   seq.logits.assign(encoding.logits().begin(), encoding.logits().end());
   seq.num_tokens = static_cast<int32_t>(encoding.num_tokens());
+  for (const v1::Chunk& chunk : encoding.chunks())  // late chunking: "span_embeddings"
+    seq.span_embeddings.insert(seq.span_embeddings.end(), chunk.embedding().begin(),
+                               chunk.embedding().end());
   jsonl::append_output_line(seq, hidden_size, out);
 }
 
@@ -88,6 +92,8 @@ class EncodeBatcher {
     request_.set_return_token_embeddings(flags.token_embeddings);
     request_.set_return_logits(flags.logits);
     request_.set_normalize(flags.normalize);
+    request_.set_chunk_pooling(flags.span_pooling == "mean" ? v1::CHUNK_POOLING_MEAN
+                                                            : v1::CHUNK_POOLING_MODEL);
     request_.set_truncation(flags.truncation == "right"  ? v1::TRUNCATION_RIGHT
                             : flags.truncation == "left" ? v1::TRUNCATION_LEFT
                                                          : v1::TRUNCATION_UNSPECIFIED);
@@ -101,6 +107,11 @@ class EncodeBatcher {
     seq->mutable_input_embeddings()->Assign(input.input_embeddings.begin(),
                                             input.input_embeddings.end());
     if (input.text) seq->set_text(*input.text);
+    for (const TokenSpan& span : input.spans) {  // late chunking: the line's "spans"
+      v1::TokenSpan* s = seq->mutable_chunking()->add_spans();
+      s->set_begin(uint32_t(std::max(span.begin, 0)));
+      s->set_end(uint32_t(std::max(span.end, 0)));
+    }
     if (request_.sequences_size() == 1) first_line_ = line;
     last_line_ = line;
     return request_.sequences_size() < batch_ || flush();
@@ -270,7 +281,13 @@ int main(int argc, char** argv) {
                    "also write each token's final hidden state");
   encode->add_flag("--return-logits", encode_flags.logits,
                    "also write the classifier head's logits");
-  encode->add_flag("--normalize", encode_flags.normalize, "L2-normalise the pooled embedding");
+  encode->add_flag("--normalize", encode_flags.normalize,
+                   "L2-normalise the pooled embedding (and each span's)");
+  encode
+      ->add_option("--span-pooling", encode_flags.span_pooling,
+                   "a line's \"spans\" (late chunking) pooled by: model or mean")
+      ->check(CLI::IsMember({"model", "mean"}))
+      ->capture_default_str();
   encode
       ->add_option("--truncation", encode_flags.truncation,
                    "over-long sequences: none (an error), right (keep the first tokens), left "

@@ -109,6 +109,38 @@ std::optional<std::string> token_spans_of_chars(std::span<const TokenSpan> chars
   return std::nullopt;
 }
 
+std::optional<std::string> char_spans_of_bytes(std::string_view utf8,
+                                               std::span<const TokenSpan> bytes,
+                                               std::vector<TokenSpan>* chars) {
+  auto continuation = [&](size_t b) {
+    return b < utf8.size() && (static_cast<unsigned char>(utf8[b]) & 0xC0) == 0x80;
+  };
+  // The code point each byte boundary starts (for boundaries that are not inside a character).
+  std::vector<int32_t> index(utf8.size() + 1, -1);
+  int32_t cp = 0;
+  for (size_t b = 0; b <= utf8.size(); ++b) {
+    if (!continuation(b)) index[b] = cp++;
+  }
+  for (size_t i = 0; i < bytes.size(); ++i) {
+    const TokenSpan s = bytes[i];
+    const std::string what = "byte span " + std::to_string(i) + " [" + std::to_string(s.begin) +
+                             ", " + std::to_string(s.end) + ")";
+    if (s.begin < 0 || s.end < 0 || size_t(s.end) > utf8.size())
+      return what + " is outside the text's " + std::to_string(utf8.size()) + " bytes";
+    if (s.end < s.begin) return what + " is reversed (end before begin)";
+    for (const int32_t b : {s.begin, s.end}) {
+      if (index[size_t(b)] < 0) {
+        size_t lead = size_t(b);
+        while (lead > 0 && continuation(lead)) --lead;
+        return what + " cuts a character (byte " + std::to_string(b) +
+               " is inside the one at byte " + std::to_string(lead) + ")";
+      }
+    }
+    chars->push_back({index[size_t(s.begin)], index[size_t(s.end)]});
+  }
+  return std::nullopt;
+}
+
 std::vector<TokenSpan> sentence_spans(std::u32string_view text) {
   auto terminator = [](char32_t c) {
     return c == U'.' || c == U'!' || c == U'?' || c == U'\u3002' || c == U'\uFF01' ||

@@ -60,6 +60,13 @@ std::optional<std::string> token_spans_of_chars(std::span<const TokenSpan> chars
                                                 std::pair<size_t, size_t> content,
                                                 std::vector<TokenSpan>* out, size_t* which);
 
+// Byte spans [begin, end) of a UTF-8 text (the C++ API's unit) -> character spans (code points,
+// the unit of the protocols). Refuses a span outside the text, reversed, or cutting a UTF-8
+// character: "byte span 0 [1, 3) cuts a character (byte 1 is inside the one at byte 0)".
+std::optional<std::string> char_spans_of_bytes(std::string_view utf8,
+                                               std::span<const TokenSpan> bytes,
+                                               std::vector<TokenSpan>* chars);
+
 // The sentences of a text as character spans: a sentence ends after a run of . ! ? (and
 // their fullwidth and ideographic forms, and …), with any closing quotes or brackets after it,
 // where whitespace or the end of the text follows; the whitespace between sentences belongs to

@@ -355,3 +355,28 @@ def test_loadgen_exit_codes(e2e, servers):
     assert p.returncode == 1 and "UNAVAILABLE" in p.stderr, p.stderr
     p = loadgen(e2e, "--help")
     assert p.returncode == 0 and "--sweep-concurrency" in p.stdout
+
+
+@pytest.mark.parametrize("pooling", ["model", "mean"])
+def test_encode_spans_late_chunking(e2e, models, servers, tmp_path, pooling):
+    """A line's "spans" (late chunking) through fastformer-client (Sequence.chunking) give the
+    "span_embeddings" fastformer-encode gives offline, each the reference pooled from the
+    line's one pass (tools/reference.py, reference_span_pool)."""
+    import reference as ref
+    model = models.get("head")
+    srv = servers.shared("head")
+    rng = np.random.default_rng(11)
+    ids = [int(x) for x in rng.integers(1, model.vocab, 300)]
+    spans = [[0, 1], [0, 256], [100, 300], [0, 300]]
+    path = write_lines(tmp_path / "in.jsonl", [{"token_ids": ids, "spans": spans}, {"token_ids": ids[:5]}])
+    want = encode_offline(e2e, model, path, "--span-pooling", pooling)
+    p = client(e2e, "encode", "--target", srv.target, "--input", path, "--span-pooling", pooling)
+    assert p.returncode == 0, p.stderr
+    assert_same_output(p.stdout, want, tol=OTHER_BATCHES_TOL)
+    got = np.asarray(json.loads(p.stdout.splitlines()[0])["span_embeddings"], dtype=np.float64)
+    states = model.reference(ids).token_embeddings
+    expected = ref.reference_span_pool(model.model, states, np.asarray([t != 0 for t in ids], dtype=np.float64),
+                                       spans, pooling)
+    err = np.abs(got - expected) / np.maximum(1.0, np.abs(expected))
+    assert err.max() <= 1e-4, f"worst scaled error {err.max():.2e}"
+    assert "span_embeddings" not in json.loads(p.stdout.splitlines()[1])

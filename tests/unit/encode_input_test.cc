@@ -520,5 +520,45 @@ TEST(OutputOptionsTest, DimensionsCutAndRenormalise) {
                                                      std::to_string(hidden));
 }
 
+// The C++ API's byte spans: whole characters only ("é" is 2 bytes, "€" 3).
+TEST(LateChunkingText, ByteSpansBecomeCharacterSpansOrAreRefused) {
+  const std::string text = "a\xC3\xA9 \xE2\x82\xAC!";  // a é space € !
+  std::vector<TokenSpan> chars;
+  const std::vector<TokenSpan> good{{0, 3}, {4, 7}, {0, 8}, {3, 3}};
+  ASSERT_EQ(text::char_spans_of_bytes(text, good, &chars), std::nullopt);
+  ASSERT_EQ(chars.size(), 4u);
+  EXPECT_EQ(chars[0].begin, 0);
+  EXPECT_EQ(chars[0].end, 2);
+  EXPECT_EQ(chars[1].begin, 3);
+  EXPECT_EQ(chars[1].end, 4);
+  EXPECT_EQ(chars[2].end, 5);
+  EXPECT_EQ(chars[3].begin, 2);
+  const std::vector<TokenSpan> cut{{0, 2}};
+  EXPECT_EQ(text::char_spans_of_bytes(text, cut, &chars),
+            "byte span 0 [0, 2) cuts a character (byte 2 is inside the one at byte 1)");
+  const std::vector<TokenSpan> inside{{5, 7}};
+  EXPECT_EQ(text::char_spans_of_bytes(text, inside, &chars),
+            "byte span 0 [5, 7) cuts a character (byte 5 is inside the one at byte 4)");
+  const std::vector<TokenSpan> past{{0, 9}};
+  EXPECT_EQ(text::char_spans_of_bytes(text, past, &chars),
+            "byte span 0 [0, 9) is outside the text's 8 bytes");
+}
+
+// The sentence rule (docs/api.md): terminators and closers, the whitespace between left out.
+TEST(LateChunkingText, SentencesEndAtTerminatorsBeforeWhitespace) {
+  auto spans = [](std::u32string_view t) {
+    std::vector<std::pair<int, int>> out;
+    for (const TokenSpan s : text::sentence_spans(t)) out.emplace_back(s.begin, s.end);
+    return out;
+  };
+  using P = std::vector<std::pair<int, int>>;
+  EXPECT_EQ(spans(U"One. Two!  (Three?) four"), (P{{0, 4}, {5, 9}, {11, 19}, {20, 24}}));
+  EXPECT_EQ(spans(U"3.14 is pi. Done."), (P{{0, 11}, {12, 17}}));
+  EXPECT_EQ(spans(U"He said \"Go.\" Then left."), (P{{0, 13}, {14, 24}}));
+  EXPECT_EQ(spans(U"\u4F60\u597D\u3002\u518D\u89C1\u3002"), (P{{0, 6}}));  // no space between
+  EXPECT_EQ(spans(U"  no end  "), (P{{2, 8}}));
+  EXPECT_EQ(spans(U""), P{});
+}
+
 }  // namespace
 }  // namespace fastformer::request

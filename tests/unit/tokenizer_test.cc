@@ -210,6 +210,36 @@ TEST(TokenizerPipeline, BertEndToEnd) {
   EXPECT_THROW(t.encode("bad \xFF"), TokenizerError);
 }
 
+// Character offsets, worked out by hand as `tokenizers` gives them (its Encoding.offsets): the
+// original's characters through lower-casing, accent stripping (NFD, then the mark dropped),
+// WordPiece pieces and an unknown word; special tokens (0, 0); an added token in the text its
+// own span; bytes for the C++ API; truncation keeps them in step.
+TEST(TokenizerPipeline, OffsetsFollowTheOriginalCharacters) {
+  auto t = Tokenizer::from_json(kBertJson);
+  using O = std::vector<Offsets>;
+  //                         0    5 7   11   16      24
+  const std::string text = "Hello CAF\xC3\x89, playing!";  // "Hello CAFÉ, playing!"
+  const Encoding e = t.encode(text, nullptr, true, true);
+  EXPECT_EQ(e.ids, (std::vector<int32_t>{2, 4, 9, 1, 7, 8, 6, 3}));
+  EXPECT_EQ(e.offsets,
+            (O{{0, 0}, {0, 5}, {6, 10}, {10, 11}, {12, 16}, {16, 19}, {19, 20}, {0, 0}}));
+  EXPECT_EQ(byte_offsets(text, e.offsets),
+            (O{{0, 0}, {0, 5}, {6, 11}, {11, 12}, {13, 17}, {17, 20}, {20, 21}, {0, 0}}));
+  // A decomposed accent (e + U+0301) that the normalizer drops falls in no token's range:
+  // tokenizers' filter keeps the kept character's own alignment.
+  const Encoding d = t.encode("cafe\xCC\x81 world", nullptr, false, true);
+  EXPECT_EQ(d.ids, (std::vector<int32_t>{9, 5}));
+  EXPECT_EQ(d.offsets, (O{{0, 4}, {6, 11}}));
+  const Encoding s = t.encode("hello[SEP]world", nullptr, true, true);
+  EXPECT_EQ(s.offsets, (O{{0, 0}, {0, 5}, {5, 10}, {10, 15}, {0, 0}}));
+  t.set_truncation({4, TruncationDirection::kLeft});
+  const Encoding cut = t.encode("hello world hello cafe", t.truncation(), true, true);
+  EXPECT_EQ(cut.ids, (std::vector<int32_t>{2, 4, 9, 3}));
+  EXPECT_EQ(cut.offsets, (O{{0, 0}, {12, 17}, {18, 22}, {0, 0}}));
+  // Without offsets asked, none are made.
+  EXPECT_TRUE(t.encode(text).offsets.empty());
+}
+
 TEST(TokenizerPipeline, TruncationLeavesRoomForSpecialTokens) {
   auto t = Tokenizer::from_json(kBertJson);
   t.set_truncation({4, TruncationDirection::kRight});
