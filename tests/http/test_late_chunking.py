@@ -141,3 +141,30 @@ def test_embed_chunks_refusals_by_curl(curl, long_server, body, message):
     r = curl(long_server, "POST", "/embed_chunks", body)
     assert r.status in (400, 413, 422), (r.status, r.body[:300])
     assert message in r.json()["error"], r.json()
+
+
+def test_hostile_chunks_among_good_requests_cost_no_answer(long_server, long_model):
+    """Bad chunking requests, concurrent with good ones on every door, are each refused with
+    their message; every good request gets its answer."""
+    import concurrent.futures as cf
+    text = "The quick brown fox jump over the lazy dog. " * 20
+    good = [("/embed_chunks", {"inputs": text, "chunking": {"window_tokens": 32}}),
+            ("/v1/embeddings", {"input": ["the dog", "the fox"], "late_chunking": True}),
+            ("/embed_chunks", {"inputs": text, "chunking": {"sentences": True}, "pooling": "mean"})] * 6
+    bad = [("/embed_chunks", {"inputs": text, "chunking": {"char_spans": [[5, 2]]}}, "is reversed"),
+           ("/embed_chunks", {"inputs": text, "chunking": {"char_spans": [[3, 4]]}}, "holds no token's first character"),
+           ("/embed_chunks", {"inputs": [1] * 9000, "chunking": {"window_tokens": 8}}, "max_position_embeddings 8192"),
+           ("/v1/embeddings", {"input": ["the dog", ""], "late_chunking": True}, "input"),
+           ("/v1/embeddings", {"input": ["a"], "late_chunking": "true"}, "late_chunking: expected a boolean")] * 3
+
+    def call(item):
+        return item, long_server.call("POST", item[0], item[1], timeout=60)
+
+    with cf.ThreadPoolExecutor(8) as pool:
+        answers = list(pool.map(call, good + bad))
+    for item, r in answers:
+        if len(item) == 2:
+            assert r.status == 200, (item[0], r.status, r.body[:300])
+        else:
+            assert r.status in (400, 413, 422), (item, r.status)
+            assert item[2] in r.body.decode(), (item, r.body[:300])
