@@ -110,6 +110,16 @@ def load_model(tmp_path_factory):
     return Model(tmp_path_factory.mktemp("models"), LOAD_SPEC)
 
 
+# late chunking's: 8,192 positions and a tokenizer (the others have 512)
+LONG_SPEC = dict(seed=12, hidden=64, heads=4, layers=2, intermediate=128, max_positions=8192, vocab=1000,
+                 num_labels=0, act="gelu", model_name="kserve-long", tokenizer=True)
+
+
+@pytest.fixture(scope="session")
+def long_model(tmp_path_factory):
+    return Model(tmp_path_factory.mktemp("models"), LONG_SPEC)
+
+
 @pytest.fixture(scope="session")
 def logs(tmp_path_factory):
     return tmp_path_factory.mktemp("logs")

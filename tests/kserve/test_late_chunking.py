@@ -11,7 +11,17 @@ import tritonclient.grpc as grpcclient
 from tritonclient.utils import InferenceServerException
 
 import reference as ref
-from conftest import close
+from conftest import Server, close
+
+
+@pytest.fixture(scope="module")
+def long_client(long_model, logs):
+    """tritonclient on a server of the 8,192-position model."""
+    srv = Server(long_model.dir, logs, "late-chunking-long").wait_ready()
+    c = grpcclient.InferenceServerClient(srv.url)
+    yield c
+    c.close()
+    srv.stop()
 
 
 def infer(client, model, ids, spans, pooling=None, outputs=("embedding", "span_embeddings")):
@@ -25,17 +35,18 @@ def infer(client, model, ids, spans, pooling=None, outputs=("embedding", "span_e
 
 
 @pytest.mark.parametrize("pooling", [None, "mean"], ids=["model-by-default", "mean"])
-def test_spans_over_two_rows_in_any_order_match_the_reference(client, model, pooling):
+def test_spans_over_two_rows_in_any_order_match_the_reference(long_client, long_model, pooling):
+    client, model, n = long_client, long_model, 5000
     rng = np.random.default_rng(7)
-    ids = rng.integers(1, model.vocab, (2, 500)).astype(np.int64)
-    spans = np.array([[1, 0, 256], [0, 10, 11], [0, 0, 500], [1, 256, 500], [0, 100, 400]], dtype=np.int64)
+    ids = rng.integers(1, model.vocab, (2, n)).astype(np.int64)
+    spans = np.array([[1, 0, 256], [0, 10, 11], [0, 0, n], [1, 256, n], [0, 100, 4000]], dtype=np.int64)
     result = infer(client, model, ids, spans, pooling)
     got = result.as_numpy("span_embeddings")
     assert got.shape == (len(spans), model.hidden)
     refs = model.reference([list(r) for r in ids])
     mode = pooling or "model"
     for k, (row, b, e) in enumerate(spans):
-        want = ref.reference_span_pool(model.ref_model, refs[row].token_embeddings, np.ones(500), [(b, e)], mode)[0]
+        want = ref.reference_span_pool(model.ref_model, refs[row].token_embeddings, np.ones(n), [(b, e)], mode)[0]
         ok, worst = close(got[k], want)
         assert ok, f"chunk {k} {tuple(spans[k])}: differs from the reference by {worst:.2e}"
     if mode == "model":  # row 0's whole span is its pooled embedding, bit for bit
