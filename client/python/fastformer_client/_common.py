@@ -132,8 +132,8 @@ def _add_sequence(req, i: int, s) -> None:
         unknown = set(s) - {"token_ids", "input_embeddings", "text", "spans", "window_tokens", "overlap_tokens",
                             "char_spans", "sentences"}
         if unknown:
-            raise TypeError(f"sequence {i}: unknown keys {sorted(unknown)} (token_ids, input_embeddings, text; "
-                            "spans, char_spans, sentences, window_tokens, overlap_tokens)")
+            raise TypeError(f"sequence {i}: unknown keys {sorted(unknown)} (token_ids, input_embeddings, text) "
+                            "(late chunking: spans, char_spans, sentences, window_tokens, overlap_tokens)")
         _set_chunking(q, i, s)
         if s.get("token_ids") is not None:
             q.token_ids.extend(_ids(i, s["token_ids"]))
