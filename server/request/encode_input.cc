@@ -362,8 +362,7 @@ std::optional<Problem> build_request(const EncodeInput& input, const engine::Mod
     } else if (auto error = engine::validate_spans(c, in, i)) {
       return Problem{i, Field::kSpans, {}, std::move(error->message)};
     }
-    if (row.window_tokens != 0 || row.overlap_tokens != 0 || !row.char_spans.empty() ||
-        row.sentences) {
+    if (row.server_chunked()) {
       static const std::vector<tokenizer::Offsets> kNone;
       const std::vector<tokenizer::Offsets>& offsets =
           i < out->text_offsets.size() ? out->text_offsets[i] : kNone;

@@ -74,10 +74,11 @@ struct Row {
     r.sentences = by_sentence;
     return r;
   }
-  bool chunked() const {
-    return !spans.empty() || window_tokens != 0 || overlap_tokens != 0 || !char_spans.empty() ||
-           sentences;
+  // Chunks the request layer makes (character spans, sentences, windows), beside `spans`.
+  bool server_chunked() const {
+    return window_tokens != 0 || overlap_tokens != 0 || !char_spans.empty() || sentences;
   }
+  bool chunked() const { return !spans.empty() || server_chunked(); }
 };
 
 // One request in neutral form.

@@ -195,8 +195,7 @@ std::optional<std::string> chunk_texts(const Tokenizer* tok, const engine::Model
       ++at;
     }
     document += texts[i];
-    size_t n = 0;
-    for (const char b : texts[i]) n += (static_cast<unsigned char>(b) & 0xC0) != 0x80;
+    const size_t n = tokenizer::code_point_count(texts[i]);
     chars.push_back({int32_t(at), int32_t(at + n)});
     at += n;
   }

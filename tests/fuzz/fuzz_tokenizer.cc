@@ -11,6 +11,7 @@
 #include <string_view>
 
 #include "server/text/tokenizer/tokenizer.h"
+#include "server/text/tokenizer/unicode.h"
 #include "tests/fuzz/fuzz_input.h"
 
 namespace {
@@ -52,8 +53,7 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
     const auto with_offsets = tokenizer.encode(text, tokenizer.truncation(), true, true);
     FUZZ_CHECK(with_offsets.ids == encoding.ids);
     FUZZ_CHECK(with_offsets.offsets.size() == with_offsets.ids.size());
-    size_t chars = 0;
-    for (const char b : text) chars += (static_cast<unsigned char>(b) & 0xC0) != 0x80;
+    const size_t chars = fastformer::tokenizer::code_point_count(text);
     for (const auto& [start, end] : with_offsets.offsets) FUZZ_CHECK(start <= end && end <= chars);
     const auto bytes = fastformer::tokenizer::byte_offsets(text, with_offsets.offsets);
     for (const auto& [start, end] : bytes) FUZZ_CHECK(start <= end && end <= text.size());

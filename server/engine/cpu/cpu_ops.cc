@@ -324,13 +324,12 @@ void CpuOps::key_pool_rows(const BatchRef&, const Mat& k, const Mat& pq, const W
   // kernel's layout, then a register-blocked kernel over the chunk's tokens; K * pq is never
   // formed), then the chunk's softmax partials pk_h = sum_t b_{t,h} K_{t,h-slice} (vector_rows.h).
   pool_.parallel_for(chunks_->count(), 1, [&](int64_t first, int64_t last) {
-    std::vector<float> weight(static_cast<size_t>(H * D)), pq_row(static_cast<size_t>(D)), scratch;
-    std::vector<uint32_t> pairs;  // the weight in bfloat16 pairs, with key_dot_
     bool on_pairs = false;
-    if constexpr (!kFloat<E>) {
-      on_pairs = key_dot_.has_value();
-      if (on_pairs) pairs.resize(static_cast<size_t>((D + 1) / 2 * H));
-    }
+    if constexpr (!kFloat<E>) on_pairs = key_dot_.has_value();
+    // The sequence's weight in float32, or in bfloat16 pairs with key_dot_.
+    std::vector<float> weight(on_pairs ? 0 : static_cast<size_t>(H * D)),
+        pq_row(static_cast<size_t>(D)), scratch;
+    std::vector<uint32_t> pairs(on_pairs ? static_cast<size_t>((D + 1) / 2 * H) : 0);
     int32_t formed = -1;  // the sequence `weight` belongs to
     for (int64_t c = first; c < last; ++c) {
       const int32_t b = chunks_->sequence[size_t(c)];

@@ -11,14 +11,6 @@ namespace fastformer::tokenizer {
 WordLevelModel::WordLevelModel(Vocab vocab, std::string unk_token)
     : vocab_(std::move(vocab)), unk_token_(std::move(unk_token)) {}
 
-namespace {
-size_t code_points(const std::string& s, size_t begin, size_t end) {
-  size_t n = 0;
-  for (size_t i = begin; i < end; ++i) n += (static_cast<unsigned char>(s[i]) & 0xC0) != 0x80;
-  return n;
-}
-}  // namespace
-
 void WordLevelModel::tokenize(const std::string& word, Encoding& out,
                               std::vector<Offsets>* ranges) const {
   auto it = vocab_.find(word);
@@ -32,7 +24,7 @@ void WordLevelModel::tokenize(const std::string& word, Encoding& out,
   }
   out.ids.push_back(it->second);
   out.tokens.push_back(it->first);
-  if (ranges) ranges->push_back({0, uint32_t(code_points(word, 0, word.size()))});
+  if (ranges) ranges->push_back({0, uint32_t(code_point_count(word))});
 }
 
 WordPieceModel::WordPieceModel(Vocab vocab, std::string unk_token,
@@ -53,7 +45,7 @@ void WordPieceModel::push_unk(Encoding& out) const {
 
 void WordPieceModel::tokenize(const std::string& word, Encoding& out,
                               std::vector<Offsets>* ranges) const {
-  const size_t chars = code_points(word, 0, word.size());
+  const size_t chars = code_point_count(word);
   const size_t first = out.ids.size();
   const size_t first_range = ranges ? ranges->size() : 0;
   auto unknown = [&] {  // the whole word as one [UNK]
@@ -84,7 +76,8 @@ void WordPieceModel::tokenize(const std::string& word, Encoding& out,
     out.ids.push_back(found->second);
     out.tokens.push_back(found->first);
     if (ranges) {
-      const size_t end_chars = start_chars + code_points(word, start, end);
+      const size_t end_chars =
+          start_chars + code_point_count(std::string_view(word).substr(start, end - start));
       ranges->push_back({uint32_t(start_chars), uint32_t(end_chars)});
       start_chars = end_chars;
     }

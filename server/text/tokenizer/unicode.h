@@ -19,6 +19,12 @@ namespace fastformer::tokenizer {
 std::u32string decode_utf8(std::string_view utf8);
 void append_utf8(std::string& out, char32_t c);
 std::string encode_utf8(std::u32string_view text);
+// Code points in UTF-8 bytes (those that are not continuation bytes), for valid UTF-8.
+inline size_t code_point_count(std::string_view utf8) {
+  size_t n = 0;
+  for (const char b : utf8) n += (static_cast<unsigned char>(b) & 0xC0) != 0x80;
+  return n;
+}
 // Code points <-> ICU's UTF-16 strings, for the ICU normalizers and regexes.
 icu::UnicodeString to_icu(const std::u32string& text);
 std::u32string from_icu(const icu::UnicodeString& text);
