@@ -240,13 +240,14 @@ void CpuOps::linear_bf16(const Mat& a, const WeightRef& w, Mat c, Epilogue epilo
 }
 
 template <class S, class E>
-void CpuOps::pool_chunks(int64_t heads, const S* scores, int64_t score_ld, const Mat& values,
-                         const PoolingChunks& plan, const Partials& partials) {
+void CpuOps::pool_chunks(const S* scores, int64_t score_ld, const Mat& values,
+                         const PoolingChunks& plan, const Partials& partials,
+                         const Combine<E>& how) {
   const RaggedBatch& batch = *batch_;
-  const int64_t D = values.cols;
+  const int64_t D = values.cols, heads = how.heads;
   const int64_t chunks = plan.count();
   pool_.parallel_for(chunks, 1, [&](int64_t first, int64_t last) {
-    std::vector<float> scratch;
+    thread_local std::vector<float> scratch;
     for (int64_t c = first; c < last; ++c) {
       const int32_t begin = plan.begin[size_t(c)], end = plan.end[size_t(c)];
       const int64_t len = end - begin;
@@ -255,53 +256,70 @@ void CpuOps::pool_chunks(int64_t heads, const S* scores, int64_t score_ld, const
                        row_of<E>(values, begin), values.ld, D, batch.mask.data() + begin, len,
                        partials.m + c * heads, partials.l + c * heads, partials.v + c * D,
                        scratch.data());
+      finish_single(how, c, plan, partials);
     }
   });
+  combine(how, plan, partials);
 }
 
 template <class E>
-void CpuOps::combine(int64_t heads, Mat out, const E* scale_by, float denominator_extra,
-                     const PoolingChunks& plan, const Partials& partials) {
-  const int64_t D = out.cols, d = D / heads;
-  pool_.parallel_for(out.rows, 1, [&](int64_t first, int64_t last) {
-    std::vector<double> acc(static_cast<size_t>(d));  // one per piece, not per head and sequence
-    for (int64_t b = first; b < last; ++b) {
-      const int32_t c0 = plan.first[size_t(b)], c1 = plan.first[size_t(b) + 1];
-      E* o = row_of<E>(out, b);
-      for (int64_t h = 0; h < heads; ++h) {
-        double M = -std::numeric_limits<double>::infinity();
-        for (int32_t c = c0; c < c1; ++c)
-          M = std::max(M, double(partials.m[size_t(c * heads + h)]));
-        double L = 0.0;
-        std::fill(acc.begin(), acc.end(), 0.0);
-        for (int32_t c = c0; c < c1; ++c) {
-          const float mc = partials.m[size_t(c * heads + h)];
-          if (std::isinf(mc)) continue;  // chunk of padding only
-          const double scale = std::exp(double(mc) - M);
-          L += double(partials.l[size_t(c * heads + h)]) * scale;
-          const float* v = partials.v + int64_t(c) * D + h * d;
-          for (int64_t j = 0; j < d; ++j) acc[size_t(j)] += double(v[j]) * scale;
-        }
-        const double denom = L + double(denominator_extra) * std::exp(-M);
-        for (int64_t j = 0; j < d; ++j) {
-          double value = acc[size_t(j)] / denom;
-          if (scale_by != nullptr) value *= to_float(scale_by[b * D + h * d + j]);
-          store(o + h * d + j, static_cast<float>(value));
-        }
-      }
+void CpuOps::combine_sequence(const Combine<E>& how, int64_t b, const PoolingChunks& plan,
+                              const Partials& partials, double* acc) const {
+  const int64_t heads = how.heads, D = how.out.cols, d = D / heads;
+  const int32_t c0 = plan.first[size_t(b)], c1 = plan.first[size_t(b) + 1];
+  E* o = row_of<E>(how.out, b);
+  for (int64_t h = 0; h < heads; ++h) {
+    double M = -std::numeric_limits<double>::infinity();
+    for (int32_t c = c0; c < c1; ++c) M = std::max(M, double(partials.m[size_t(c * heads + h)]));
+    double L = 0.0;
+    std::fill_n(acc, d, 0.0);
+    for (int32_t c = c0; c < c1; ++c) {
+      const float mc = partials.m[size_t(c * heads + h)];
+      if (std::isinf(mc)) continue;  // chunk of padding only
+      const double scale = std::exp(double(mc) - M);
+      L += double(partials.l[size_t(c * heads + h)]) * scale;
+      const float* v = partials.v + int64_t(c) * D + h * d;
+      for (int64_t j = 0; j < d; ++j) acc[j] += double(v[j]) * scale;
     }
+    const double denom = L + double(how.denominator_extra) * std::exp(-M);
+    for (int64_t j = 0; j < d; ++j) {
+      double value = acc[j] / denom;
+      if (how.scale_by != nullptr) value *= to_float(how.scale_by[b * D + h * d + j]);
+      store(o + h * d + j, static_cast<float>(value));
+    }
+  }
+}
+
+template <class E>
+void CpuOps::finish_single(const Combine<E>& how, int64_t c, const PoolingChunks& plan,
+                           const Partials& partials) const {
+  const int32_t b = plan.sequence[size_t(c)];
+  if (plan.first[size_t(b) + 1] - plan.first[size_t(b)] != 1) return;
+  thread_local std::vector<double> acc;
+  acc.resize(size_t(how.out.cols / how.heads));
+  combine_sequence(how, b, plan, partials, acc.data());
+}
+
+template <class E>
+void CpuOps::combine(const Combine<E>& how, const PoolingChunks& plan, const Partials& partials) {
+  std::vector<int32_t>& several = several_chunks_;
+  several.clear();
+  for (int32_t b = 0; b + 1 < int32_t(plan.first.size()); ++b)
+    if (plan.first[size_t(b) + 1] - plan.first[size_t(b)] > 1) several.push_back(b);
+  pool_.parallel_for(int64_t(several.size()), 1, [&](int64_t first, int64_t last) {
+    std::vector<double> acc(static_cast<size_t>(how.out.cols / how.heads));
+    for (int64_t i = first; i < last; ++i)
+      combine_sequence(how, several[size_t(i)], plan, partials, acc.data());
   });
 }
 
 void CpuOps::query_pool(const BatchRef&, const Mat& scores, const Mat& q, Mat pq) {
   const int64_t H = config_.num_attention_heads;
   if (bf16_) {
-    pool_chunks<uint16_t, uint16_t>(H, static_cast<const uint16_t*>(scores.data), scores.ld, q,
-                                    *chunks_, partials_);
-    combine<uint16_t>(H, pq, nullptr, 0.0f, *chunks_, partials_);
+    pool_chunks(static_cast<const uint16_t*>(scores.data), scores.ld, q, *chunks_, partials_,
+                Combine<uint16_t>{H, pq});
   } else {
-    pool_chunks<float, float>(H, f(scores.data), scores.ld, q, *chunks_, partials_);
-    combine<float>(H, pq, nullptr, 0.0f, *chunks_, partials_);
+    pool_chunks(f(scores.data), scores.ld, q, *chunks_, partials_, Combine<float>{H, pq});
   }
 }
 
@@ -319,6 +337,8 @@ void CpuOps::key_pool_rows(const BatchRef&, const Mat& k, const Mat& pq, const W
   }
   const float* wka_t = transposed.data();
   float* r = token_scores_;
+  // pk_h = pq_h * (the chunks' partials combined).
+  const Combine<E> how{H, pk, static_cast<const E*>(pq.data), 0.0f};
   // One pass over K per chunk, which stays in L2 between its two uses: the scores
   // r_t = K_t (pq_b * Wka')^T + bka' (the weight formed once per sequence and worker, in the
   // kernel's layout, then a register-blocked kernel over the chunk's tokens; K * pq is never
@@ -326,10 +346,15 @@ void CpuOps::key_pool_rows(const BatchRef&, const Mat& k, const Mat& pq, const W
   pool_.parallel_for(chunks_->count(), 1, [&](int64_t first, int64_t last) {
     bool on_pairs = false;
     if constexpr (!kFloat<E>) on_pairs = key_dot_.has_value();
-    // The sequence's weight in float32, or in bfloat16 pairs with key_dot_.
-    std::vector<float> weight(on_pairs ? 0 : static_cast<size_t>(H * D)),
-        pq_row(static_cast<size_t>(D)), scratch;
-    std::vector<uint32_t> pairs(on_pairs ? static_cast<size_t>((D + 1) / 2 * H) : 0);
+    // The sequence's weight in float32, or in bfloat16 pairs with key_dot_ (a piece is often
+    // one chunk: the buffers are the worker's, not the piece's).
+    thread_local std::vector<float> weight, pq_row, scratch;
+    thread_local std::vector<uint32_t> pairs;
+    if (on_pairs)
+      pairs.resize(static_cast<size_t>((D + 1) / 2 * H));
+    else
+      weight.resize(static_cast<size_t>(H * D));
+    pq_row.resize(static_cast<size_t>(D));
     int32_t formed = -1;  // the sequence `weight` belongs to
     for (int64_t c = first; c < last; ++c) {
       const int32_t b = chunks_->sequence[size_t(c)];
@@ -360,10 +385,10 @@ void CpuOps::key_pool_rows(const BatchRef&, const Mat& k, const Mat& pq, const W
       rows::pool_chunk(isa_, scores, H, H, keys, k.ld, D, batch.mask.data() + begin, len,
                        partials_.m + c * H, partials_.l + c * H, partials_.v + c * D,
                        scratch.data());
+      finish_single(how, c, *chunks_, partials_);
     }
   });
-  // pk_h = pq_h * (the chunks' partials combined).
-  combine<E>(H, pk, static_cast<const E*>(pq.data), 0.0f, *chunks_, partials_);
+  combine(how, *chunks_, partials_);
 }
 
 void CpuOps::key_pool(const BatchRef& ref, const Mat& k, const Mat& pq, const WeightRef& key_att,
@@ -434,8 +459,7 @@ void CpuOps::attention_pool_rows(const BatchRef& ref, const Mat& e, const Weight
   });
   // w_t = m_t exp(z_t) / (sum_u m_u exp(z_u) + 1e-8), as a stable softmax: the 1e-8 term
   // becomes 1e-8 exp(-M) after subtracting the max M, so results equal the reference.
-  pool_chunks<float, E>(1, z, 1, x, *chunks_, partials_);
-  combine<E>(1, pooled, nullptr, 1e-8f, *chunks_, partials_);
+  pool_chunks(z, 1, x, *chunks_, partials_, Combine<E>{1, pooled, nullptr, 1e-8f});
 }
 
 template <class E>
@@ -446,11 +470,9 @@ void CpuOps::span_pool_rows(const PoolingChunks& spans, SpanPooling mode, const 
   // weighs exp(0) = 1 and the combine divides by their count.
   static constexpr float kZero = 0.0f;
   if (mode == SpanPooling::kModel) {
-    pool_chunks<float, E>(1, token_scores_, 1, x, spans, partials);
-    combine<E>(1, out, nullptr, 1e-8f, spans, partials);
+    pool_chunks(token_scores_, 1, x, spans, partials, Combine<E>{1, out, nullptr, 1e-8f});
   } else {
-    pool_chunks<float, E>(1, &kZero, 0, x, spans, partials);
-    combine<E>(1, out, nullptr, 0.0f, spans, partials);
+    pool_chunks(&kZero, 0, x, spans, partials, Combine<E>{1, out, nullptr, 0.0f});
   }
 }
 

@@ -113,17 +113,31 @@ class CpuOps final : public Ops, public OpsReport {
   void l2_normalize_rows(Mat rows);
   template <class E>
   void download_rows(const Mat& src, float* dst);
-  // Scores (S: float, or E) are per (token, head) in `scores` ([T, heads], ld score_ld);
-  // values [T, D] in E.
-  // `chunks` and `partials`: the batch's (chunks_, partials_) or a span plan's.
-  template <class S, class E>
-  void pool_chunks(int64_t heads, const S* scores, int64_t score_ld, const Mat& values,
-                   const PoolingChunks& chunks, const Partials& partials);
-  // Combines chunk partials into one row per sequence (or span): out_b = v / (L + extra *
+  // How chunk partials become one row per sequence (or span): out_b = v / (L + extra *
   // exp(-M)), times scale_by's row b where given ([B, D] dense, in E).
   template <class E>
-  void combine(int64_t heads, Mat out, const E* scale_by, float denominator_extra,
-               const PoolingChunks& chunks, const Partials& partials);
+  struct Combine {
+    int64_t heads;
+    Mat out;
+    const E* scale_by = nullptr;
+    float denominator_extra = 0.0f;
+  };
+  // Scores (S: float, or E) are per (token, head) in `scores` ([T, heads], ld score_ld);
+  // values [T, D] in E.
+  // `chunks` and `partials`: the batch's (chunks_, partials_) or a span plan's. A sequence of
+  // one chunk is combined by the worker that pooled it (finish_single); combine() then does
+  // the sequences of several chunks, in a pass of its own only when there are any.
+  template <class S, class E>
+  void pool_chunks(const S* scores, int64_t score_ld, const Mat& values,
+                   const PoolingChunks& chunks, const Partials& partials, const Combine<E>& how);
+  template <class E>
+  void combine(const Combine<E>& how, const PoolingChunks& chunks, const Partials& partials);
+  template <class E>
+  void combine_sequence(const Combine<E>& how, int64_t b, const PoolingChunks& chunks,
+                        const Partials& partials, double* acc) const;
+  template <class E>
+  void finish_single(const Combine<E>& how, int64_t chunk, const PoolingChunks& chunks,
+                     const Partials& partials) const;
   template <class E>
   void span_pool_rows(const PoolingChunks& spans, SpanPooling mode, const Mat& x, Mat out,
                       const Partials& partials);
@@ -173,6 +187,7 @@ class CpuOps final : public Ops, public OpsReport {
   const RaggedBatch* batch_ = nullptr;
   const PoolingChunks* chunks_ = nullptr;
   Partials partials_;
+  std::vector<int32_t> several_chunks_;  // combine()'s sequences of several chunks
   // span_pool's memory, per mode: the chunks' partials and the [spans, D] result.
   struct SpanMemory {
     std::vector<float> m, l, v;

@@ -1,8 +1,34 @@
 #include "server/engine/cpu/thread_pool.h"
 
 #include <algorithm>
+#include <chrono>
+
+#if defined(__x86_64__)
+#include <immintrin.h>
+#endif
 
 namespace fastformer::engine {
+
+namespace {
+
+inline void cpu_relax() {
+#if defined(__x86_64__)
+  _mm_pause();
+#endif
+}
+
+// Spins until `done()` or kSpin has passed; true when done() held.
+template <class Done>
+bool spin_until(const Done& done) {
+  const auto until = std::chrono::steady_clock::now() + ThreadPool::kSpin;
+  for (int i = 1;; ++i) {
+    if (done()) return true;
+    cpu_relax();
+    if (i % 64 == 0 && std::chrono::steady_clock::now() >= until) return false;
+  }
+}
+
+}  // namespace
 
 ThreadPool::ThreadPool(int threads) {
   for (int i = 1; i < std::max(threads, 1); ++i) workers_.emplace_back([this] { worker_loop(); });
@@ -12,6 +38,7 @@ ThreadPool::~ThreadPool() {
   {
     std::lock_guard lock(mu_);
     stop_ = true;
+    stopping_.store(true, std::memory_order_release);
   }
   work_cv_.notify_all();
   for (auto& w : workers_) w.join();
@@ -28,6 +55,12 @@ void ThreadPool::run_pieces() {
 void ThreadPool::worker_loop() {
   uint64_t seen = 0;
   for (;;) {
+    // The next job usually follows within microseconds (the graph's ops back to back): look for
+    // it a while before sleeping, as waking a sleeping thread costs tens of microseconds.
+    spin_until([&] {
+      return posted_.load(std::memory_order_acquire) != seen ||
+             stopping_.load(std::memory_order_acquire);
+    });
     {
       std::unique_lock lock(mu_);
       work_cv_.wait(lock, [&] { return stop_ || generation_ != seen; });
@@ -35,9 +68,9 @@ void ThreadPool::worker_loop() {
       seen = generation_;
     }
     run_pieces();
-    {
+    if (busy_.fetch_sub(1, std::memory_order_acq_rel) == 1) {
       std::lock_guard lock(mu_);
-      if (--busy_ == 0) done_cv_.notify_one();
+      done_cv_.notify_one();
     }
   }
 }
@@ -56,13 +89,17 @@ void ThreadPool::parallel_for(int64_t n, int64_t grain,
     n_ = n;
     grain_ = grain;
     next_.store(0);
-    busy_ = static_cast<int>(workers_.size());
+    busy_.store(static_cast<int>(workers_.size()), std::memory_order_relaxed);
     ++generation_;
+    posted_.store(generation_, std::memory_order_release);
   }
   work_cv_.notify_all();
   run_pieces();
-  std::unique_lock lock(mu_);
-  done_cv_.wait(lock, [&] { return busy_ == 0; });
+  if (!spin_until([&] { return busy_.load(std::memory_order_acquire) == 0; })) {
+    std::unique_lock lock(mu_);
+    done_cv_.wait(lock, [&] { return busy_.load(std::memory_order_acquire) == 0; });
+  }
+  std::lock_guard lock(mu_);
   job_ = nullptr;
 }
 

@@ -1,9 +1,13 @@
 // A small fork-join pool for the CPU engine's element-wise and reduction passes.
-// Workers sleep on a condition variable between jobs (no spinning); the GEMMs run inside the
-// pool's pieces, oneDNN kept to the calling thread.
+// Between jobs a worker (and the caller, waiting for the workers) spins for at most kSpin, then
+// sleeps on a condition variable: the forward graph issues its ops back to back, and waking a
+// sleeping thread costs tens of microseconds (more in a VM), so an idle pool holds its cores
+// for at most kSpin after each job. The GEMMs run inside the pool's pieces, oneDNN kept to the
+// calling thread.
 #pragma once
 
 #include <atomic>
+#include <chrono>
 #include <condition_variable>
 #include <cstdint>
 #include <functional>
@@ -20,6 +24,8 @@ class ThreadPool {
   ThreadPool(const ThreadPool&) = delete;
   ThreadPool& operator=(const ThreadPool&) = delete;
 
+  static constexpr std::chrono::microseconds kSpin{100};
+
   int size() const { return static_cast<int>(workers_.size()) + 1; }
 
   // Calls fn(begin, end) over [0, n) in pieces of about `grain` indices, spread over the
@@ -33,9 +39,11 @@ class ThreadPool {
   std::vector<std::thread> workers_;
   std::mutex mu_;
   std::condition_variable work_cv_, done_cv_;
-  uint64_t generation_ = 0;
+  uint64_t generation_ = 0;  // under mu_; posted_ is its copy for the spinning workers
+  std::atomic<uint64_t> posted_{0};
   bool stop_ = false;
-  int busy_ = 0;
+  std::atomic<bool> stopping_{false};
+  std::atomic<int> busy_{0};  // workers still in the current job
   const std::function<void(int64_t, int64_t)>* job_ = nullptr;
   int64_t n_ = 0, grain_ = 1;
   std::atomic<int64_t> next_{0};
