@@ -44,6 +44,21 @@ struct Request {
   /// A chunked text row's tokens' character ranges (code points; empty for other rows), for
   /// each chunk's character range in the answer.
   std::vector<std::vector<std::pair<uint32_t, uint32_t>>> text_offsets;
+  /// Rows longer than max_position_embeddings run as several passes (macro-chunks,
+  /// EncodeInput::macro_overlap_tokens). Empty when every row is one sequence; else one entry
+  /// per row, and `rows` holds the rows as sent (the whole ids, spans in the row's positions),
+  /// which request::merge_passes puts back in `sequences` once their results are merged.
+  struct RowPasses {
+    int32_t first = 0;                ///< the row's first sequence
+    int32_t count = 1;                ///< its sequences (passes)
+    std::vector<int32_t> starts;      ///< each pass's first token in the row
+    std::vector<int32_t> span_pass;   ///< per span of the row: the pass it is pooled from
+    std::vector<int32_t> span_index;  ///< and its index among that pass's spans
+  };
+  std::vector<RowPasses> passes;
+  std::vector<SequenceInput> rows;
+  /// The rows as the protocols read them: `sequences`, or `rows` while they are split.
+  const std::vector<SequenceInput>& row_inputs() const { return passes.empty() ? sequences : rows; }
   int64_t texts = 0;         ///< text sequences tokenized by the API layer
   uint64_t tokenize_ns = 0;  ///< the time that took
   Clock::time_point deadline = Clock::time_point::max();  ///< the call's deadline

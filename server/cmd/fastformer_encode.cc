@@ -43,10 +43,11 @@ struct Pending {
 std::optional<std::string> prepare_line(const engine::Model& model,
                                         const text::Tokenizer* tokenizer,
                                         request::Truncate truncate, const OutputOptions& options,
-                                        Pending* pending) {
+                                        std::optional<int32_t> macro_overlap, Pending* pending) {
   const jsonl::InputLine& line = pending->line;
   request::EncodeInput input;
   input.truncate = truncate;
+  input.macro_overlap_tokens = macro_overlap;
   input.options = options;
   input.rows.push_back((line.text                ? request::Row::from_text(*line.text)
                         : line.token_ids.empty() ? request::Row::embeddings(line.input_embeddings)
@@ -97,6 +98,13 @@ int main(int argc, char** argv) {
                  "tokens), left (keep the last); a text keeps its special tokens")
       ->check(CLI::IsMember({"none", "right", "left"}))
       ->capture_default_str();
+  std::optional<int32_t> macro_overlap;
+  app.add_option("--macro-overlap-tokens", macro_overlap,
+                 "macro-chunks: a line over max_position_embeddings P runs as passes of P tokens "
+                 "overlapping by this many, each span pooled from the pass that holds it with the "
+                 "most context, the line's embedding the mean of its passes' (unset: such a line "
+                 "is an error)")
+      ->check(CLI::NonNegativeNumber);
   app.add_option("--max-batch-tokens", engine_options.max_batch_tokens,
                  "tokens per ragged batch (and the engine's buffer size)")
       ->check(CLI::PositiveNumber)
@@ -166,11 +174,36 @@ int main(int argc, char** argv) {
   std::string buffer;
   auto flush = [&]() {
     if (pending.empty()) return;
+    // The lines' sequences (a line over the positions has several: its macro-chunks) in
+    // batches of at most --max-batch-tokens, then each line's result.
     engine::RaggedBatch batch;
-    for (const Pending& p : pending) batch.add(p.request->sequences.front(), config);
-    const auto encoded = eng->encode(batch, {&out_options, 1});
+    std::vector<std::pair<batching::Request*, size_t>> where;
+    int64_t tokens = 0;
+    auto run = [&]() {
+      if (where.empty()) return;
+      auto encoded = eng->encode(batch, {&out_options, 1});
+      for (size_t i = 0; i < where.size(); ++i)
+        where[i].first->results[where[i].second] = std::move(encoded[i]);
+      batch = {};
+      where.clear();
+      tokens = 0;
+    };
+    for (const Pending& p : pending) {
+      p.request->results.resize(p.request->sequences.size());
+      for (size_t s = 0; s < p.request->sequences.size(); ++s) {
+        const int64_t n = engine::sequence_length(p.request->sequences[s], D);
+        if (tokens + n > eng->max_batch_tokens()) run();
+        batch.add(p.request->sequences[s], config);
+        where.emplace_back(p.request.get(), s);
+        tokens += n;
+      }
+    }
+    run();
     buffer.clear();
-    for (const auto& seq : encoded) jsonl::append_output_line(seq, D, &buffer);
+    for (const Pending& p : pending) {
+      request::merge_passes(p.request.get());
+      jsonl::append_output_line(p.request->results[0], D, &buffer);
+    }
     std::fwrite(buffer.data(), 1, buffer.size(), out);
     pending.clear();
     pending_tokens = 0;
@@ -187,14 +220,21 @@ int main(int argc, char** argv) {
       std::optional<Pending> parsed;
       if (auto read = jsonl::parse_input_line(line, D, &error)) {
         parsed = Pending{std::move(*read), nullptr};
-        if (auto bad = prepare_line(*model, tokenizer.get(), truncate, out_options, &*parsed)) {
+        if (auto bad = prepare_line(*model, tokenizer.get(), truncate, out_options, macro_overlap,
+                                    &*parsed)) {
           error = *bad;
           parsed.reset();
         }
       }
-      const int64_t n = parsed ? engine::sequence_length(parsed->request->sequences.front(), D) : 0;
-      if (parsed && n > eng->max_batch_tokens()) {
-        error = "sequence of " + std::to_string(n) + " tokens exceeds --max-batch-tokens " +
+      int64_t n = 0, longest = 0;  // the line's tokens (its passes'), and its longest pass
+      if (parsed) {
+        for (const SequenceInput& s : parsed->request->sequences) {
+          n += engine::sequence_length(s, D);
+          longest = std::max(longest, engine::sequence_length(s, D));
+        }
+      }
+      if (parsed && longest > eng->max_batch_tokens()) {
+        error = "sequence of " + std::to_string(longest) + " tokens exceeds --max-batch-tokens " +
                 std::to_string(eng->max_batch_tokens());
         parsed.reset();
       }

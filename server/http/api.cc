@@ -173,7 +173,9 @@ Status HttpApi::build(const serving::ServedModel& model, const request::EncodeIn
   const std::optional<request::Problem> problem =
       request::build_request(input, *model.model, model.tokenizer(), model.config.limits, out);
   if (!problem) return Status();
-  std::string where = param;
+  std::string where = problem->field == request::Field::kMacroChunks && !problem->row
+                          ? "macro_overlap_tokens"
+                          : param;
   if (problem->row && !single) where += "[" + std::to_string(*problem->row) + "]";
   return invalid_argument(where + ": " +
                           (problem->row ? request::describe(*problem) : problem->message));

@@ -133,6 +133,10 @@ std::optional<std::string> read_inputs(const simdjson::dom::element& value, cons
                                        Inputs* out);
 // The rows of `inputs` (views into it).
 request::EncodeInput encode_input(const Inputs& inputs);
+// The optional `macro_overlap_tokens` of a JSON body (POST /v1/embeddings and /embed_chunks):
+// a non-negative integer, or an error naming the field; absent or null leaves it unset.
+std::optional<std::string> read_macro_overlap(const simdjson::dom::object& body,
+                                              std::optional<int32_t>* overlap);
 
 // The response of `status` with `body` as application/json.
 Response json_response(bhttp::status status, std::string body);

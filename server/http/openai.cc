@@ -25,6 +25,19 @@ int64_t real_tokens(const batching::Request& r, int32_t pad) {
 
 }  // namespace
 
+std::optional<std::string> read_macro_overlap(const simdjson::dom::object& body,
+                                              std::optional<int32_t>* overlap) {
+  simdjson::dom::element v;
+  if (body["macro_overlap_tokens"].get(v) || v.is_null()) return std::nullopt;
+  int64_t n = 0;
+  if (v.get_int64().get(n) || n < 0 || n > INT32_MAX) {
+    return std::string("macro_overlap_tokens: expected a non-negative integer, got ") +
+           (v.is_int64() ? std::to_string(n) : std::string(json::type_name(v)));
+  }
+  *overlap = int32_t(n);
+  return std::nullopt;
+}
+
 std::optional<std::string> read_inputs(const simdjson::dom::element& value, const char* field,
                                        Inputs* out) {
   const std::string f = field;
@@ -176,6 +189,9 @@ void HttpApi::openai_embeddings(const Request& http_request, Call call) {
                   "late_chunking");
     }
   }
+  std::optional<int32_t> macro;
+  if (auto e = read_macro_overlap(body, &macro))
+    return fail(call, invalid_argument(*e), "macro_overlap_tokens");
   if (!body["user"].get(v) && !v.is_null() && !v.is_string()) {
     return fail(call,
                 invalid_argument(std::string("user: expected a string, got ") + json::type_name(v)),
@@ -185,6 +201,7 @@ void HttpApi::openai_embeddings(const Request& http_request, Call call) {
   keep->input.options.normalize = true;               // OpenAI's embeddings have length 1
   keep->input.options.dimensions = keep->dimensions;  // cut and re-normalised by the request layer
   keep->input.late_chunking = keep->late_chunking;
+  keep->input.macro_overlap_tokens = macro;
   const bool single = keep->inputs.single;
   const int32_t pad = model.config().pad_token_id;
   submit(

@@ -117,6 +117,8 @@ void HttpApi::tei_embed_chunks(const Request& http_request, Call call) {
   if (auto e = read_truncation(body, &keep->input.truncate))
     return fail(call, invalid_argument(*e));
   keep->input.options.normalize = normalize;
+  if (auto e = read_macro_overlap(body, &keep->input.macro_overlap_tokens))
+    return fail(call, invalid_argument(*e));
   if (!body["pooling"].get(v) && !v.is_null()) {
     std::string_view p;
     if (v.get_string().get(p) || (p != "model" && p != "mean"))

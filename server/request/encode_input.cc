@@ -3,6 +3,7 @@
 #include <algorithm>
 #include <cmath>
 #include <cstring>
+#include <limits>
 #include <string>
 #include <type_traits>
 
@@ -123,6 +124,8 @@ const char* field_name(Field field) {
       return "text";
     case Field::kSpans:
       return "spans";
+    case Field::kMacroChunks:
+      return "macro_overlap_tokens";
   }
   return "?";
 }
@@ -136,7 +139,8 @@ std::string what(const Problem& p) {
 std::string describe(const Problem& p) { return std::string(field_name(p.field)) + ": " + what(p); }
 
 std::string format_v1(const Problem& p) {
-  if (!p.row) return "sequences: " + what(p);
+  if (!p.row)
+    return (p.field == Field::kMacroChunks ? "macro_overlap_tokens: " : "sequences: ") + what(p);
   return engine::InputError{*p.row, field_name(p.field), what(p)}.to_string();
 }
 
@@ -187,6 +191,127 @@ void apply_dimensions(const OutputOptions& options, std::vector<EncodedSequence>
 
 namespace {
 
+// The model's config without its position limit: a row run as macro-chunks may be longer.
+engine::ModelConfig unbounded(const engine::ModelConfig& c) {
+  engine::ModelConfig u = c;
+  u.max_position_embeddings = std::numeric_limits<int32_t>::max();
+  return u;
+}
+
+std::optional<Problem> check_macro(const EncodeInput& input, const engine::ModelConfig& c) {
+  if (!input.macro_overlap_tokens) return std::nullopt;
+  const int64_t overlap = *input.macro_overlap_tokens, P = c.max_position_embeddings;
+  if (overlap < 0 || overlap >= P)
+    return Problem{std::nullopt,
+                   Field::kMacroChunks,
+                   {},
+                   std::to_string(overlap) + " must be in [0, max_position_embeddings " +
+                       std::to_string(P) + ")"};
+  if (input.truncate != Truncate::kNone)
+    return Problem{std::nullopt,
+                   Field::kMacroChunks,
+                   {},
+                   "macro-chunks keep the whole row, truncation cuts it: ask for one of them"};
+  return std::nullopt;
+}
+
+// The tokens the passes of an n-token row compute (n when it fits one pass): what the token
+// budget counts.
+int64_t macro_tokens(int64_t n, int64_t P, int64_t overlap) {
+  if (n <= P) return n;
+  return (1 + (n - P + (P - overlap) - 1) / (P - overlap)) * P;
+}
+
+Problem macro_logits(std::optional<size_t> row, const engine::ModelConfig& c) {
+  return Problem{row,
+                 Field::kMacroChunks,
+                 {},
+                 "logits are not served for a row over max_position_embeddings " +
+                     std::to_string(c.max_position_embeddings) +
+                     " run as macro-chunks (a classification is one pass)"};
+}
+
+// The pass of `starts` (each P tokens) that holds `span` whole with the most context on both
+// sides (the earlier on a tie); -1 if none holds it.
+int32_t pass_for(TokenSpan span, const std::vector<int32_t>& starts, int32_t P) {
+  int32_t best = -1;
+  int64_t most = -1;
+  for (size_t w = 0; w < starts.size(); ++w) {
+    const int32_t a = starts[w], b = a + P;
+    if (span.begin < a || span.end > b) continue;
+    const int64_t context = std::min(span.begin - a, b - span.end);
+    if (context > most) {
+      most = context;
+      best = int32_t(w);
+    }
+  }
+  return best;
+}
+
+// Cuts row `in` (longer than P = max_position_embeddings) into passes of P tokens, each
+// P - overlap after the last and the last ending at the row's end, appended to out->sequences;
+// each span goes to the pass that holds it with the most context (pass_for).
+std::optional<Problem> add_passes(const SequenceInput& in, std::optional<size_t> row, Field field,
+                                  const engine::Model& model, int32_t overlap,
+                                  batching::Request* out, batching::Request::RowPasses* plan) {
+  const engine::ModelConfig& c = model.config();
+  const int64_t D = c.hidden_size;
+  const int32_t P = c.max_position_embeddings, n = int32_t(engine::sequence_length(in, D));
+  plan->first = int32_t(out->sequences.size());
+  plan->starts.clear();
+  for (int32_t s = 0;; s += P - overlap) {
+    if (int64_t(s) + P >= n) {
+      plan->starts.push_back(n - P);
+      break;
+    }
+    plan->starts.push_back(s);
+  }
+  const size_t passes = plan->starts.size();
+  plan->count = int32_t(passes);
+  std::vector<std::vector<TokenSpan>> local(passes);
+  plan->span_pass.assign(in.spans.size(), 0);
+  plan->span_index.assign(in.spans.size(), 0);
+  for (size_t k = 0; k < in.spans.size(); ++k) {
+    const TokenSpan span = in.spans[k];
+    const int32_t w = pass_for(span, plan->starts, P);
+    if (w < 0) {
+      return Problem{row,
+                     Field::kSpans,
+                     {},
+                     "span " + std::to_string(k) + " [" + std::to_string(span.begin) + ", " +
+                         std::to_string(span.end) + ") lies in no single macro-chunk: passes of " +
+                         "max_position_embeddings " + std::to_string(P) + " tokens start every " +
+                         std::to_string(P - overlap) + " tokens (macro_overlap_tokens " +
+                         std::to_string(overlap) + "), so a chunk of at most " +
+                         std::to_string(overlap + 1) +
+                         " tokens always fits one; raise macro_overlap_tokens or cut the chunk"};
+    }
+    const int32_t start = plan->starts[size_t(w)];
+    plan->span_pass[k] = w;
+    plan->span_index[k] = int32_t(local[size_t(w)].size());
+    local[size_t(w)].push_back({span.begin - start, span.end - start});
+  }
+  for (size_t w = 0; w < passes; ++w) {
+    const int32_t start = plan->starts[w];
+    SequenceInput pass;
+    if (!in.token_ids.empty())
+      pass.token_ids = in.token_ids.subspan(size_t(start), size_t(P));
+    else
+      pass.input_embeddings = in.input_embeddings.subspan(size_t(start * D), size_t(P * D));
+    out->spans.push_back(std::move(local[w]));  // its buffer, which the view keeps, moves along
+    pass.spans = out->spans.back();
+    if (auto error = engine::validate_sequence(c, model.has_word_embedding(), pass, 0)) {
+      return Problem{row,
+                     field,
+                     {},
+                     "macro-chunk " + std::to_string(w) + " (tokens [" + std::to_string(start) +
+                         ", " + std::to_string(start + P) + ")): " + error->message};
+    }
+    out->sequences.push_back(pass);
+  }
+  return std::nullopt;
+}
+
 // build_request for input.late_chunking: the rows joined into one document, one span each.
 std::optional<Problem> build_late_chunked(const EncodeInput& input, const engine::Model& model,
                                           const text::Tokenizer* tokenizer, const Limits& limits,
@@ -217,8 +342,8 @@ std::optional<Problem> build_late_chunked(const EncodeInput& input, const engine
     for (const Row& r : input.rows) texts.push_back(r.text);
     size_t which = rows;
     const auto start = batching::Clock::now();
-    std::optional<std::string> refused =
-        text::chunk_texts(tokenizer, c, texts, &ids, &spans, &which);
+    std::optional<std::string> refused = text::chunk_texts(
+        tokenizer, input.macro_overlap_tokens ? unbounded(c) : c, texts, &ids, &spans, &which);
     out->tokenize_ns += batching::ns_since(start);
     out->texts = int64_t(rows);
     if (refused) {
@@ -244,33 +369,100 @@ std::optional<Problem> build_late_chunked(const EncodeInput& input, const engine
     }
   }
   const int64_t n = int64_t(ids.size());
-  if (n > c.max_position_embeddings) {
+  const bool split = n > c.max_position_embeddings;
+  if (split && !input.macro_overlap_tokens) {
     return Problem{std::nullopt,
                    kind,
                    {},
                    "late chunking: the document is " + std::to_string(n) +
                        " tokens, over max_position_embeddings " +
                        std::to_string(c.max_position_embeddings) +
-                       " (one pass holds the whole document; cut it into documents that fit)"};
+                       " (one pass holds the whole document; ask for macro-chunks with "
+                       "macro_overlap_tokens, or cut it into documents that fit)"};
   }
-  if (n > limits.max_request_tokens) {
+  if (split && input.options.logits) return macro_logits(std::nullopt, c);
+  const int64_t cost = input.macro_overlap_tokens
+                           ? macro_tokens(n, c.max_position_embeddings, *input.macro_overlap_tokens)
+                           : n;
+  if (cost > limits.max_request_tokens) {
     return Problem{std::nullopt,
                    kind,
                    {},
-                   "the request has " + std::to_string(n) + " tokens, over max_request_tokens " +
+                   "the request has " + std::to_string(cost) + " tokens, over max_request_tokens " +
                        std::to_string(limits.max_request_tokens)};
   }
   SequenceInput in;
   in.token_ids = ids;
   in.spans = spans;
+  out->options = input.options;
+  out->sequences.clear();
+  if (split) {
+    out->rows.assign(1, in);
+    out->passes.assign(1, {});
+    return add_passes(in, std::nullopt, kind, model, *input.macro_overlap_tokens, out,
+                      &out->passes[0]);
+  }
   if (auto error = engine::validate_sequence(c, model.has_word_embedding(), in, 0))
     return Problem{std::nullopt, field_of(error->field), {}, std::move(error->message)};
   out->sequences.assign(1, in);
-  out->options = input.options;
   return std::nullopt;
 }
 
 }  // namespace
+
+void merge_passes(batching::Request* request) {
+  batching::Request& r = *request;
+  if (r.passes.empty()) return;
+  std::vector<EncodedSequence> merged(r.passes.size());
+  for (size_t i = 0; i < r.passes.size(); ++i) {
+    const batching::Request::RowPasses& plan = r.passes[i];
+    EncodedSequence& row = merged[i];
+    if (plan.count == 1) {
+      row = std::move(r.results[size_t(plan.first)]);
+      continue;
+    }
+    const EncodedSequence* pass = r.results.data() + plan.first;
+    const size_t width = pass[0].embedding.size();
+    const int64_t P = pass[0].num_tokens;
+    // The row's embedding: the mean of its passes' (each normalised by the engine if asked).
+    std::vector<double> sum(width, 0.0);
+    for (int32_t w = 0; w < plan.count; ++w)
+      for (size_t j = 0; j < width; ++j) sum[j] += pass[w].embedding[j];
+    double norm = 0.0;
+    for (size_t j = 0; j < width; ++j) {
+      sum[j] /= plan.count;
+      norm += sum[j] * sum[j];
+    }
+    norm = std::sqrt(norm);
+    row.embedding.resize(width);
+    for (size_t j = 0; j < width; ++j)
+      row.embedding[j] = float(r.options.normalize && norm > 0 ? sum[j] / norm : sum[j]);
+    // Each chunk from the pass that holds it with the most context.
+    row.span_embeddings.resize(plan.span_pass.size() * width);
+    for (size_t k = 0; k < plan.span_pass.size(); ++k) {
+      const std::vector<float>& from = pass[plan.span_pass[k]].span_embeddings;
+      std::copy_n(from.begin() + int64_t(size_t(plan.span_index[k]) * width), width,
+                  row.span_embeddings.begin() + int64_t(k * width));
+    }
+    const int64_t n = int64_t(plan.starts.back()) + P;
+    row.num_tokens = n;
+    if (!pass[0].token_embeddings.empty()) {
+      // Token t from the pass that holds it with the most context on both sides.
+      const size_t D = pass[0].token_embeddings.size() / size_t(P);
+      row.token_embeddings.resize(size_t(n) * D);
+      for (int64_t t = 0; t < n; ++t) {
+        const TokenSpan token{int32_t(t), int32_t(t + 1)};
+        const int32_t w = pass_for(token, plan.starts, int32_t(P));
+        std::copy_n(pass[w].token_embeddings.begin() + (t - plan.starts[size_t(w)]) * int64_t(D), D,
+                    row.token_embeddings.begin() + t * int64_t(D));
+      }
+    }
+  }
+  r.results = std::move(merged);
+  r.sequences = std::move(r.rows);
+  r.rows.clear();
+  r.passes.clear();
+}
 
 std::optional<std::pair<uint32_t, uint32_t>> chunk_characters(const batching::Request& request,
                                                               size_t row, TokenSpan chunk) {
@@ -302,7 +494,14 @@ std::optional<Problem> build_request(const EncodeInput& input, const engine::Mod
                        " sequences, over max_request_inputs " +
                        std::to_string(limits.max_request_inputs)};
   }
+  if (auto p = check_macro(input, c)) return p;
+  out->passes.clear();
+  out->rows.clear();
   if (input.late_chunking) return build_late_chunked(input, model, tokenizer, limits, out);
+  const bool macro = input.macro_overlap_tokens.has_value();
+  const engine::ModelConfig any_length = unbounded(c);
+  const engine::ModelConfig& row_config = macro ? any_length : c;  // what a row may hold
+  bool split_any = false;
   out->sequences.clear();
   out->sequences.reserve(rows);
   // Views into text_ids must not move: one slot per row that may need one, reserved up front.
@@ -324,7 +523,7 @@ std::optional<Problem> build_request(const EncodeInput& input, const engine::Mod
         // each chunk's character range in the answer).
         if (row.chunked()) out->text_offsets.resize(rows);
         std::optional<std::string> refused =
-            text::tokenize_text(tokenizer, c, row.text, input.truncate, &ids,
+            text::tokenize_text(tokenizer, row_config, row.text, input.truncate, &ids,
                                 row.chunked() ? &out->text_offsets[i] : nullptr);
         out->tokenize_ns += batching::ns_since(start);
         ++out->texts;
@@ -352,11 +551,12 @@ std::optional<Problem> build_request(const EncodeInput& input, const engine::Mod
         }
         break;
       }
-      case Field::kSpans:  // names a refusal only; a row's input is one of the three above
+      case Field::kSpans:  // name refusals only; a row's input is one of the three above
+      case Field::kMacroChunks:
         return Problem{i, Field::kSpans, {}, "a row needs token_ids, input_embeddings or text"};
     }
     if (row.field != Field::kText) {
-      if (auto error = engine::validate_sequence(c, model.has_word_embedding(), in, i)) {
+      if (auto error = engine::validate_sequence(row_config, model.has_word_embedding(), in, i)) {
         return Problem{i, field_of(error->field), {}, std::move(error->message)};
       }
     } else if (auto error = engine::validate_spans(c, in, i)) {
@@ -382,7 +582,8 @@ std::optional<Problem> build_request(const EncodeInput& input, const engine::Mod
                          std::to_string(spans) + " chunks, over max_request_spans " +
                          std::to_string(limits.max_request_spans)};
     }
-    total += engine::sequence_length(in, D);
+    const int64_t length = engine::sequence_length(in, D);
+    total += macro ? macro_tokens(length, max_len, *input.macro_overlap_tokens) : length;
     if (total > limits.max_request_tokens) {
       return Problem{std::nullopt,
                      row.field,
@@ -391,7 +592,26 @@ std::optional<Problem> build_request(const EncodeInput& input, const engine::Mod
                          std::to_string(total) + " tokens, over max_request_tokens " +
                          std::to_string(limits.max_request_tokens)};
     }
+    if (macro) {
+      out->rows.push_back(in);
+      batching::Request::RowPasses& plan = out->passes.emplace_back();
+      plan.first = int32_t(out->sequences.size());
+      if (length > max_len) {
+        if (input.options.logits) return macro_logits(i, c);
+        if (auto p = add_passes(in, i, row.field, model, *input.macro_overlap_tokens, out, &plan))
+          return p;
+        split_any = true;
+        continue;
+      }
+      plan.span_index.resize(in.spans.size());
+      for (size_t k = 0; k < in.spans.size(); ++k) plan.span_index[k] = int32_t(k);
+      plan.span_pass.assign(in.spans.size(), 0);
+    }
     out->sequences.push_back(in);
+  }
+  if (!split_any) {
+    out->passes.clear();
+    out->rows.clear();
   }
   out->options = input.options;
   return std::nullopt;

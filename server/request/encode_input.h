@@ -27,7 +27,8 @@ namespace fastformer::request {
 using text::Truncate;
 
 // Which input of a row a rule speaks of.
-enum class Field { kTokenIds, kInputEmbeddings, kText, kSpans };
+// kMacroChunks: the request's macro_overlap_tokens (EncodeInput), or what it cannot serve.
+enum class Field { kTokenIds, kInputEmbeddings, kText, kSpans, kMacroChunks };
 
 // One row (sequence) of a request, as its protocol decoded it: exactly one input is set.
 // The spans view storage the protocol keeps alive for as long as the request.
@@ -90,6 +91,12 @@ struct EncodeInput {
   /// joined with one space and tokenized once, or token ids concatenated as they are); the
   /// request is that one sequence, with one span per row (EncodedSequence::span_embeddings).
   bool late_chunking = false;
+  /// Macro-chunks ("long late chunking"): a row (or late-chunked document) longer than
+  /// max_position_embeddings P runs as passes of P tokens, each starting P - overlap after the
+  /// last (the last one ending at the row's end), instead of being refused; each chunk is
+  /// pooled from the pass that holds it with the most context on both sides, and the row's own
+  /// embedding is the mean of its passes' (docs/api.md, "Macro-chunks"). Unset: refused.
+  std::optional<int32_t> macro_overlap_tokens;
 };
 
 struct Limits {
@@ -108,7 +115,7 @@ struct Problem {
 };
 
 // The field's name in fastformer.v1 and the JSON lines: token_ids, input_embeddings, text,
-// spans.
+// spans, macro_overlap_tokens.
 const char* field_name(Field field);
 
 // The problem without its row: "token_ids: token 5 has id 1000, outside [0, vocab_size 1000)".
@@ -136,6 +143,12 @@ std::optional<std::string> check_dimensions(int64_t dimensions, const engine::Mo
 // options.dimensions values of each embedding, re-normalised when options.normalize (the
 // serving core applies it before any protocol formats its answer).
 void apply_dimensions(const OutputOptions& options, std::vector<EncodedSequence>* results);
+// Puts a request whose rows ran as several passes (batching::Request::passes) back into one
+// result per row: each chunk's embedding from its pass, the row's embedding the mean of its
+// passes' (re-normalised when options.normalize), token embeddings each from the pass that
+// holds the token with the most context; `sequences` becomes the rows. Nothing to do when
+// `passes` is empty. The serving core calls it before apply_dimensions and any protocol.
+void merge_passes(batching::Request* request);
 // A chunk's character range in its text row (code points): from its first token's start to its
 // last token's end, the special tokens left out; nothing for a row that is not a chunked text
 // (or a chunk of special tokens only).

@@ -127,7 +127,7 @@ Status read_floats(const Input& input, int64_t count, std::vector<float>* out) {
 }
 
 Status read_parameters(const inference::ModelInferRequest& proto, OutputOptions* options,
-                       Truncate* truncate) {
+                       Truncate* truncate, std::optional<int32_t>* macro_overlap) {
   // Parameters we do not know are ignored, as the protocol asks (clients add their own).
   for (const auto& [key, value] : proto.parameters()) {
     if (key == "span_pooling") {
@@ -151,6 +151,13 @@ Status read_parameters(const inference::ModelInferRequest& proto, OutputOptions*
             "parameters: truncation must be the string \"none\", \"right\" or \"left\"");
       }
       *truncate = v == "right" ? Truncate::kRight : v == "left" ? Truncate::kLeft : Truncate::kNone;
+    } else if (key == "macro_overlap_tokens") {
+      if (value.parameter_choice_case() != inference::InferParameter::kInt64Param ||
+          value.int64_param() < 0 || value.int64_param() > INT32_MAX) {
+        return invalid_argument(
+            "parameters: macro_overlap_tokens must be a non-negative int64 parameter");
+      }
+      *macro_overlap = int32_t(value.int64_param());
     }
   }
   return Status();
@@ -306,6 +313,7 @@ Status refuse(const request::Problem& p) {
   const char* tensor = p.field == request::Field::kTokenIds          ? "input_ids"
                        : p.field == request::Field::kInputEmbeddings ? "input_embeddings"
                        : p.field == request::Field::kSpans           ? "spans"
+                       : p.field == request::Field::kMacroChunks     ? "macro_overlap_tokens"
                                                                      : "text";
   std::string where = tensor;
   if (p.row) {
@@ -360,7 +368,10 @@ Status convert_infer_request(const inference::ModelInferRequest& proto, const en
     return invalid_argument("attention_mask: not used with text (each text is one row)");
 
   request::EncodeInput input;
-  if (Status s = read_parameters(proto, &input.options, &input.truncate); !s.ok()) return s;
+  if (Status s =
+          read_parameters(proto, &input.options, &input.truncate, &input.macro_overlap_tokens);
+      !s.ok())
+    return s;
   if (Status s = read_outputs(proto, model, tokenizer, spans_in.has_value(), call); !s.ok())
     return s;
   // Late chunking: spans [K, 3] of (row, begin, end), grouped by row into the request's storage
@@ -423,7 +434,7 @@ Status convert_infer_request(const inference::ModelInferRequest& proto, const en
     if (auto problem = request::build_request(input, model, tokenizer, limits, out))
       return refuse(*problem);
     call->rows = int64_t(texts.size());
-    for (const SequenceInput& row : out->sequences)
+    for (const SequenceInput& row : out->row_inputs())
       call->length = std::max(call->length, int64_t(row.token_ids.size()));
     return Status();
   }

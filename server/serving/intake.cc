@@ -105,9 +105,11 @@ Status Intake::admit_found(Clock::time_point deadline, std::shared_ptr<const Ser
     answered();
     return status;
   }
-  if (request->options.dimensions > 0) {
-    // The output options that act on the results, before any protocol formats them.
+  if (request->options.dimensions > 0 || !request->passes.empty()) {
+    // What acts on the results before any protocol formats them: a row run as macro-chunks
+    // back to one result, then the output options.
     request->on_complete = [format = std::move(request->on_complete)](batching::Request& r) {
+      if (r.outcome == batching::Outcome::kOk) request::merge_passes(&r);
       request::apply_dimensions(r.options, &r.results);
       format(r);
     };

@@ -48,7 +48,9 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
     return 0;
   }
   // Accepted: every sequence within the model's limits, the request within its own.
-  FUZZ_CHECK(int(request->sequences.size()) == proto.sequences_size());
+  // One sequence a row, or (macro-chunks) a row over the positions in several passes.
+  FUZZ_CHECK(int(request->row_inputs().size()) == proto.sequences_size());
+  FUZZ_CHECK(request->passes.empty() || proto.has_macro_overlap_tokens());
   int64_t total = 0, spans = 0;
   for (size_t i = 0; i < request->sequences.size(); ++i) {
     const SequenceInput& s = request->sequences[i];
@@ -57,7 +59,13 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
     for (const TokenSpan& span : s.spans)
       FUZZ_CHECK(0 <= span.begin && span.begin < span.end && span.end <= n);
     total += n;
-    spans += int64_t(s.spans.size());
+    if (request->passes.empty()) spans += int64_t(s.spans.size());
+  }
+  for (const SequenceInput& row : request->row_inputs()) {
+    if (!request->passes.empty()) spans += int64_t(row.spans.size());
+    const int64_t n = engine::sequence_length(row, c.hidden_size);
+    for (const TokenSpan& span : row.spans)
+      FUZZ_CHECK(0 <= span.begin && span.begin < span.end && span.end <= n);
   }
   FUZZ_CHECK(total <= limits.max_request_tokens);
   FUZZ_CHECK(limits.max_request_spans == 0 || spans <= limits.max_request_spans);
@@ -65,6 +73,7 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
 
   // Through the queue, as the server batches it, and the engine.
   fuzz::run_request(served, request);
+  request::merge_passes(request.get());  // as the serving core does before any protocol
 
   v1::EncodeResponse response;
   rpc::fill_response(*request, &response);

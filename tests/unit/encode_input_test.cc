@@ -71,6 +71,7 @@ struct RowSpec {
         return Row::embeddings(embeddings).with_spans(spans);
       case Field::kTokenIds:
       case Field::kSpans:
+      case Field::kMacroChunks:
         break;
     }
     return (wide.empty() ? Row::ids(ids) : Row::wide_ids(wide)).with_spans(spans);
@@ -558,6 +559,171 @@ TEST(LateChunkingText, SentencesEndAtTerminatorsBeforeWhitespace) {
   EXPECT_EQ(spans(U"\u4F60\u597D\u3002\u518D\u89C1\u3002"), (P{{0, 6}}));  // no space between
   EXPECT_EQ(spans(U"  no end  "), (P{{2, 8}}));
   EXPECT_EQ(spans(U""), P{});
+}
+
+}  // namespace
+}  // namespace fastformer::request
+
+namespace fastformer::request {
+namespace {
+
+// Macro-chunks on the 8-position model, overlap 2: a 20-token row runs as passes starting at
+// 0, 6 and 12 (the last ending at the row's end); each span goes to the pass that holds it with
+// the most context on both sides, the earlier on a tie (worked out by hand below).
+TEST(MacroChunks, PassesStartEveryPMinusOverlapAndEachSpanGoesWhereItHasMostContext) {
+  const Served& s = served(true);
+  std::vector<int32_t> ids(20);
+  for (int i = 0; i < 20; ++i) ids[size_t(i)] = 10 + i;
+  const std::vector<TokenSpan> spans{{5, 7}, {7, 9}, {10, 13}, {6, 8}, {13, 20}, {0, 1}};
+  const std::vector<int32_t> short_row{3, 4};
+  EncodeInput input;
+  input.rows = {Row::ids(short_row), Row::ids(ids).with_spans(spans)};
+  // Without macro-chunks: refused, naming the limit.
+  batching::Request refused;
+  auto problem = build_request(input, *s.model, s.tokenizer.get(), Limits{1000}, &refused);
+  ASSERT_TRUE(problem);
+  EXPECT_EQ(format_v1(*problem),
+            "sequence 1: token_ids: 20 tokens exceed max_position_embeddings 8");
+  input.macro_overlap_tokens = 2;
+  batching::Request out;
+  ASSERT_FALSE(build_request(input, *s.model, s.tokenizer.get(), Limits{1000}, &out));
+  ASSERT_EQ(out.passes.size(), 2u);
+  ASSERT_EQ(out.rows.size(), 2u);
+  EXPECT_EQ(out.passes[0].first, 0);
+  EXPECT_EQ(out.passes[0].count, 1);
+  const batching::Request::RowPasses& plan = out.passes[1];
+  EXPECT_EQ(plan.first, 1);
+  EXPECT_EQ(plan.count, 3);
+  EXPECT_EQ(plan.starts, (std::vector<int32_t>{0, 6, 12}));
+  // [5,7): only pass 0 ([0,8)); [7,9): pass 1 (context 1 and 5); [10,13): pass 1 (4 and 1;
+  // pass 2 starts at 12); [6,8): passes 0 and 1 both give context 0, the earlier wins;
+  // [13,20): pass 2 only; [0,1): pass 0.
+  EXPECT_EQ(plan.span_pass, (std::vector<int32_t>{0, 1, 1, 0, 2, 0}));
+  EXPECT_EQ(plan.span_index, (std::vector<int32_t>{0, 0, 1, 1, 0, 2}));
+  ASSERT_EQ(out.sequences.size(), 4u);
+  EXPECT_EQ(out.sequences[2].token_ids.front(), 16);  // pass 1 starts at token 6
+  EXPECT_EQ(out.sequences[3].token_ids.size(), 8u);
+  EXPECT_EQ(out.sequences[3].token_ids.back(), 29);
+  ASSERT_EQ(out.sequences[2].spans.size(), 2u);
+  EXPECT_EQ(out.sequences[2].spans[0].begin, 1);  // [7,9) in pass 1's positions
+  EXPECT_EQ(out.sequences[2].spans[1].end, 7);    // [10,13) -> [4,7)
+  EXPECT_EQ(out.row_inputs()[1].token_ids.size(), 20u);
+  // A span of more than overlap + 1 tokens that crosses a pass boundary fits no pass.
+  const std::vector<TokenSpan> wide{{5, 10}};
+  input.rows[1] = Row::ids(ids).with_spans(wide);
+  problem = build_request(input, *s.model, s.tokenizer.get(), Limits{1000}, &out);
+  ASSERT_TRUE(problem);
+  EXPECT_EQ(format_v1(*problem),
+            "sequence 1: spans: span 0 [5, 10) lies in no single macro-chunk: passes of "
+            "max_position_embeddings 8 tokens start every 6 tokens (macro_overlap_tokens 2), so a "
+            "chunk of at most 3 tokens always fits one; raise macro_overlap_tokens or cut the "
+            "chunk");
+  // The token budget counts what the passes compute (3 passes of 8) beside the 2-token row.
+  input.rows[1] = Row::ids(ids);
+  problem = build_request(input, *s.model, s.tokenizer.get(), Limits{25}, &out);
+  ASSERT_TRUE(problem);
+  EXPECT_EQ(format_v1(*problem),
+            "sequences: the request has 26 tokens, over max_request_tokens 25");
+  EXPECT_FALSE(build_request(input, *s.model, s.tokenizer.get(), Limits{26}, &out));
+  // The overlap must leave a pass room to move; truncation and logits are refused with them.
+  input.macro_overlap_tokens = 8;
+  problem = build_request(input, *s.model, s.tokenizer.get(), Limits{1000}, &out);
+  ASSERT_TRUE(problem);
+  EXPECT_EQ(format_v1(*problem),
+            "macro_overlap_tokens: 8 must be in [0, max_position_embeddings 8)");
+  input.macro_overlap_tokens = 0;
+  input.truncate = Truncate::kRight;
+  problem = build_request(input, *s.model, s.tokenizer.get(), Limits{1000}, &out);
+  ASSERT_TRUE(problem);
+  EXPECT_EQ(describe(*problem),
+            "macro_overlap_tokens: macro-chunks keep the whole row, truncation cuts it: ask for "
+            "one of them");
+  input.truncate = Truncate::kNone;
+  input.options.logits = true;
+  problem = build_request(input, *s.model, s.tokenizer.get(), Limits{1000}, &out);
+  ASSERT_TRUE(problem);
+  EXPECT_EQ(format_v1(*problem),
+            "sequence 1: macro_overlap_tokens: logits are not served for a row over "
+            "max_position_embeddings 8 run as macro-chunks (a classification is one pass)");
+  // Overlap 0: passes 0, 8 and 12 (the last one ends at 20).
+  input.options.logits = false;
+  ASSERT_FALSE(build_request(input, *s.model, s.tokenizer.get(), Limits{1000}, &out));
+  EXPECT_EQ(out.passes[1].starts, (std::vector<int32_t>{0, 8, 12}));
+  // Rows that all fit one pass leave the request as it was.
+  input.rows = {Row::ids(short_row)};
+  ASSERT_FALSE(build_request(input, *s.model, s.tokenizer.get(), Limits{1000}, &out));
+  EXPECT_TRUE(out.passes.empty());
+  EXPECT_TRUE(out.rows.empty());
+}
+
+// A late-chunked (Jina form) document over the positions runs as passes too.
+TEST(MacroChunks, LateChunkedDocumentsOverThePositions) {
+  const Served& s = served(true);
+  const std::string a = "a b c a b", b = "c a b c a";  // 10 tokens (no special tokens here)
+  EncodeInput input;
+  input.rows = {Row::from_text(a), Row::from_text(b)};
+  input.late_chunking = true;
+  batching::Request out;
+  auto problem = build_request(input, *s.model, s.tokenizer.get(), Limits{1000}, &out);
+  ASSERT_TRUE(problem);
+  EXPECT_NE(describe(*problem).find("over max_position_embeddings 8"), std::string::npos);
+  input.macro_overlap_tokens = 4;  // passes at 0 and 2 (the last ends at token 10)
+  ASSERT_FALSE(build_request(input, *s.model, s.tokenizer.get(), Limits{1000}, &out));
+  ASSERT_EQ(out.passes.size(), 1u);
+  EXPECT_EQ(out.passes[0].starts, (std::vector<int32_t>{0, 2}));
+  // Chunk 0 [0,5): pass 0 (context 0 and 3); chunk 1 [5,10): pass 1 ([2,10): 3 and 0).
+  EXPECT_EQ(out.passes[0].span_pass, (std::vector<int32_t>{0, 1}));
+  EXPECT_EQ(out.row_inputs().size(), 1u);
+}
+
+// merge_passes by hand: the row's embedding is the mean of its passes' (re-normalised when
+// normalize), each chunk comes from its pass, each token from the pass with most context.
+TEST(MacroChunks, MergeMakesOneResultPerRow) {
+  batching::Request r;
+  const std::vector<int32_t> ids(12, 5);
+  const std::vector<TokenSpan> row_spans{{0, 2}, {9, 12}};
+  SequenceInput row;
+  row.token_ids = ids;
+  row.spans = row_spans;
+  r.rows = {row};
+  batching::Request::RowPasses plan;
+  plan.first = 0;
+  plan.count = 2;
+  plan.starts = {0, 4};  // passes of 8 tokens: [0,8) and [4,12)
+  plan.span_pass = {0, 1};
+  plan.span_index = {0, 0};
+  r.passes = {plan};
+  r.sequences.resize(2);
+  r.results.resize(2);
+  for (int w = 0; w < 2; ++w) {
+    EncodedSequence& e = r.results[size_t(w)];
+    e.num_tokens = 8;
+    e.embedding = w == 0 ? std::vector<float>{1, 0} : std::vector<float>{0, 1};
+    e.span_embeddings = w == 0 ? std::vector<float>{7, 7} : std::vector<float>{9, 9};
+    for (int t = 0; t < 8; ++t)
+      e.token_embeddings.insert(e.token_embeddings.end(), {float(w), float(t)});
+  }
+  r.options.normalize = true;
+  merge_passes(&r);
+  ASSERT_EQ(r.results.size(), 1u);
+  EXPECT_TRUE(r.passes.empty());
+  ASSERT_EQ(r.sequences.size(), 1u);
+  EXPECT_EQ(r.sequences[0].token_ids.size(), 12u);
+  const float h = float(1 / std::sqrt(2.0));
+  EXPECT_FLOAT_EQ(r.results[0].embedding[0], h);
+  EXPECT_FLOAT_EQ(r.results[0].embedding[1], h);
+  EXPECT_EQ(r.results[0].span_embeddings, (std::vector<float>{7, 7, 9, 9}));
+  EXPECT_EQ(r.results[0].num_tokens, 12);
+  // Tokens 0-5 from pass 0 (token 5: context 5 and 2 there, 1 and 6 in pass 1; token 6: 6 and 1
+  // against 2 and 5, so pass 1), 6-11 from pass 1 at their positions minus 4.
+  std::vector<float> expect;
+  for (int t = 0; t < 12; ++t) {
+    if (t < 6)
+      expect.insert(expect.end(), {0.0f, float(t)});
+    else
+      expect.insert(expect.end(), {1.0f, float(t - 4)});
+  }
+  EXPECT_EQ(r.results[0].token_embeddings, expect);
 }
 
 }  // namespace

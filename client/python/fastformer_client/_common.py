@@ -178,7 +178,8 @@ _CHUNK_POOLING = {"model": 0, "mean": 1}
 
 
 def build_request(sequences, *, return_token_embeddings=False, return_logits=False, normalize=False,
-                  truncation=None, request_id=None, model_name=None, model_version=None, chunk_pooling="model"):
+                  truncation=None, request_id=None, model_name=None, model_version=None, chunk_pooling="model",
+                  macro_overlap_tokens=None):
     """An EncodeRequest. sequences: a list whose items are each one kind: a text (str, tokenized
     by the server), token ids (a list or 1-D integer array), input embeddings (a 2-D float array
     [n, hidden]), or a dict {"text": ...} / {"token_ids": ...} / {"input_embeddings": ...}
@@ -197,6 +198,11 @@ def build_request(sequences, *, return_token_embeddings=False, return_logits=Fal
     if chunk_pooling not in _CHUNK_POOLING:
         raise ValueError(f"chunk_pooling: expected \"model\" or \"mean\", got {chunk_pooling!r}")
     req.chunk_pooling = _CHUNK_POOLING[chunk_pooling]
+    if macro_overlap_tokens is not None:
+        if isinstance(macro_overlap_tokens, bool) or not isinstance(macro_overlap_tokens, (int, np.integer)) \
+                or not 0 <= int(macro_overlap_tokens) < 2**31:
+            raise ValueError(f"macro_overlap_tokens: expected a non-negative integer, got {macro_overlap_tokens!r}")
+        req.macro_overlap_tokens = int(macro_overlap_tokens)
     for i, s in enumerate(sequences):
         _add_sequence(req, i, s)
     return req
@@ -612,11 +618,11 @@ class ClientBase:
 
     def _encode_steps(self, sequences, *, return_token_embeddings, return_logits, normalize, truncation,
                       request_id, deadline_s, return_result, model_name=None, model_version=None,
-                      chunk_pooling="model") -> Steps:
+                      chunk_pooling="model", macro_overlap_tokens=None) -> Steps:
         req = build_request(sequences, return_token_embeddings=return_token_embeddings,
                             return_logits=return_logits, normalize=normalize, truncation=truncation,
                             request_id=request_id, model_name=model_name, model_version=model_version,
-                            chunk_pooling=chunk_pooling)
+                            chunk_pooling=chunk_pooling, macro_overlap_tokens=macro_overlap_tokens)
         raw = yield from self._unary("encode", req, self._cfg.timeout(deadline_s), request_id)
         if raw.error is not None and raw.error[0] != 0:
             raise error_for(raw.error[0], raw.error[1], request_id)

@@ -59,7 +59,8 @@ class Client(ClientBase):
                request_id: Optional[str] = None, deadline_s: Optional[float] = None,
                return_result: bool = False, model_name: Optional[str] = None,
                model_version: Union[None, str, int] = None,
-               chunk_pooling: str = "model") -> Union[np.ndarray, EncodeResult]:
+               chunk_pooling: str = "model",
+               macro_overlap_tokens: Optional[int] = None) -> Union[np.ndarray, EncodeResult]:
         """Encodes the sequences of one request.
 
         sequences: a list whose items are each a text (a str, tokenized by the server with the
@@ -78,13 +79,17 @@ class Client(ClientBase):
         counted) and "window_tokens" / "overlap_tokens" (the server's windows); each chunk is
         pooled from the sequence's one pass, by chunk_pooling "model" (the model's pooler over
         the chunk) or "mean", and the EncodeResult's .chunks holds them.
+        macro_overlap_tokens: a sequence longer than max_position_embeddings P runs as passes of
+        P tokens overlapping by this many (macro-chunks) instead of being refused; each chunk is
+        pooled from the pass that holds it with the most context, and the sequence's embedding is
+        the mean of its passes' (None: refused).
         Raises the FastformerError subclass of the status (InvalidArgument, ResourceExhausted, ...).
         """
         return self._run(self._encode_steps(
             sequences, return_token_embeddings=return_token_embeddings, return_logits=return_logits,
             normalize=normalize, truncation=truncation, request_id=request_id, deadline_s=deadline_s,
             return_result=return_result, model_name=model_name, model_version=model_version,
-            chunk_pooling=chunk_pooling))
+            chunk_pooling=chunk_pooling, macro_overlap_tokens=macro_overlap_tokens))
 
     def encode_stream(self, requests: Iterable, *, return_token_embeddings: bool = False,
                       return_logits: bool = False, normalize: bool = False, truncation=None,
