@@ -39,7 +39,7 @@ Status convert_request(const v1::EncodeRequest& proto, const engine::Model& mode
   if (proto.has_macro_overlap_tokens()) {
     // A uint32 over int32's range is over any model's positions: the request layer's message.
     input.macro_overlap_tokens =
-        int32_t(std::min<uint32_t>(proto.macro_overlap_tokens(), uint32_t(INT32_MAX)));
+        int32_t(std::min<uint32_t>(proto.macro_overlap_tokens().value(), uint32_t(INT32_MAX)));
   }
   // The caller's spans, converted (uint32 on the wire) into the request's storage, which the
   // rows (and then its sequences) view.

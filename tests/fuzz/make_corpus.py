@@ -134,10 +134,12 @@ def chunking(spans=(), window=0, overlap=0, char_spans=(), sentences=False):
 
 
 def request(seqs, request_id="r", token_embeddings=False, logits=False, normalize=False, truncation=0,
-            chunk_pooling=0):
+            chunk_pooling=0, macro_overlap=None):
     out = field(1, 2, request_id.encode())
     if chunk_pooling:
         out += field(9, 0, chunk_pooling)
+    if macro_overlap is not None:  # google.protobuf.UInt32Value {value 1}
+        out += field(10, 2, field(1, 0, macro_overlap) if macro_overlap else b"")
     for s in seqs:
         out += field(2, 2, s)
     if token_embeddings:
@@ -201,6 +203,14 @@ def request_seeds():
             [sequence([1, 2, 3, 4, 5, 6], chunking=chunking(window=2, overlap=1))], chunk_pooling=1),
         "chunk_text_chars_sentences": choice(0, 3, 3) + request(
             [sequence(text="A b. é! ab".encode(), chunking=chunking(char_spans=[(0, 3)], sentences=True))]),
+        # macro-chunks: 44 tokens over the 16 positions, passes at 0, 12, 24 and 28 (overlap 4;
+        # 64 tokens computed), spans and windows in them
+        "macro_chunks": choice(0, 3, 3) + request(
+            [sequence(list(range(1, 12)) * 4, chunking=chunking([(0, 2), (14, 18), (30, 44)], window=5))],
+            macro_overlap=4, token_embeddings=True),
+        "macro_no_overlap_crossing": choice(0, 3, 3) + request(
+            [sequence(list(range(1, 12)) * 2, chunking=chunking([(14, 18)]))], macro_overlap=0),
+        "macro_logits": choice(0, 3) + request([sequence([1] * 20)], macro_overlap=2, logits=True),
         "chunk_bad_span": choice(0, 3, 3) + request([sequence([1, 2], chunking=chunking([(1, 9)]))]),
         "chunk_over_spans": choice(0, 3, 1) + request([sequence([1, 2, 3], chunking=chunking([(0, 1), (1, 2)]))]),
         "chunk_embeddings": choice(1, 3, 2) + request([sequence(embeddings=row * 3, chunking=chunking([(0, 3)], window=2))]),

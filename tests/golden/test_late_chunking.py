@@ -143,3 +143,97 @@ def test_emulated_cuda_engine_spans(golden, long_model, tmp_path, dtype):
                 assert cosine.min() >= 0.999, f"{pooling}: worst span cosine {cosine.min():.6f}"
             if pooling == "model":
                 assert o["span_embeddings"][-1] == o["embedding"]
+
+
+# ---------------------------------------------------------------------------- macro-chunks
+# A document longer than the model's positions with macro_overlap_tokens (fastformer-encode's
+# --macro-overlap-tokens): passes of P tokens, each P - overlap after the last and the last
+# ending at the document's end; each span pooled from the pass that holds it with the most
+# context on both sides (the earlier on a tie); the document's embedding the mean of its passes'.
+# The expectation below is computed independently: the reference model run on each pass's ids.
+
+def passes_of(n, P, overlap):
+    starts, s = [], 0
+    while s + P < n:
+        starts.append(s)
+        s += P - overlap
+    starts.append(n - P)
+    return starts
+
+
+def pass_for(span, starts, P):
+    best, most = None, -1
+    for w, a in enumerate(starts):
+        if span[0] >= a and span[1] <= a + P and min(span[0] - a, a + P - span[1]) > most:
+            best, most = w, min(span[0] - a, a + P - span[1])
+    return best
+
+
+@pytest.fixture(scope="module")
+def short_model(tmp_path_factory):
+    """A small model with 512 positions, for documents over them."""
+    d = tmp_path_factory.mktemp("macro_chunks")
+    mdm.make_demo_model(d, preset="tiny", seed=22, hidden=64, heads=4, layers=2, intermediate=96,
+                        max_positions=512, vocab=VOCAB, num_labels=0, pad_token_id=PAD,
+                        log=lambda *a: None)
+    model, _ = ref.load_model_dir(d)
+    return d, model
+
+
+@pytest.mark.parametrize("mode", ["model", "mean"])
+def test_macro_chunks_against_each_pass_of_the_reference(golden, short_model, tmp_path, mode):
+    model_dir, model = short_model
+    n, P, overlap = 2000, 512, 128
+    ids = document(n, seed=33)
+    starts = passes_of(n, P, overlap)
+    assert starts == [0, 384, 768, 1152, 1488]
+    spans = [[0, 1], [500, 501], [n - 1, n]] + [[b, min(b + 100, n)] for b in range(0, n, 100)]
+    spans += [[380, 509], [1488, 2000]]  # 129 tokens across a boundary; the last pass whole
+    spans = [s for s in spans if real(ids, s)]
+    refs = ref.reference_encode(model, [ids[a:a + P] for a in starts])
+    run = golden.run_encode(golden.encode_binary(), model_dir, [{"token_ids": ids, "spans": spans}],
+                            tmp_path, "--span-pooling", mode, "--macro-overlap-tokens", str(overlap),
+                            "--return-token-embeddings", "--max-batch-tokens", "1024",
+                            name=f"macro{mode}")
+    (out,) = run.outputs
+    got = np.asarray(out["span_embeddings"], dtype=np.float64)
+    want = []
+    for s in spans:
+        w = pass_for(s, starts, P)
+        a = starts[w]
+        pass_ids = ids[a:a + P]
+        mask = np.asarray([t != PAD for t in pass_ids], dtype=np.float64)
+        want.append(ref.reference_span_pool(model, refs[w].token_embeddings, mask,
+                                            [[s[0] - a, s[1] - a]], mode)[0])
+    golden.assert_close(f"macro-chunk {mode} spans", got, np.asarray(want), TOL)
+    # The document's embedding: the mean of its passes' pooled embeddings.
+    golden.assert_close("the mean of the passes' embeddings",
+                        np.asarray(out["embedding"], dtype=np.float64),
+                        np.mean([r.embedding for r in refs], axis=0), TOL)
+    # Each token's state from the pass that holds it with the most context.
+    tokens = np.asarray(out["token_embeddings"], dtype=np.float64).reshape(n, -1)
+    for t in (0, 383, 448, 449, 1000, 1487, 1999):
+        w = pass_for([t, t + 1], starts, P)
+        golden.assert_close(f"token {t}", tokens[t], refs[w].token_embeddings[t - starts[w]], TOL)
+
+
+def test_macro_chunks_refusals(golden, short_model, tmp_path):
+    model_dir, _ = short_model
+    ids = document(1000, seed=34)
+    encode = golden.encode_binary()
+    # Without macro-chunks a document over the positions is refused, naming the limit.
+    run = golden.run_encode(encode, model_dir, [{"token_ids": ids, "spans": [[0, 10]]}], tmp_path,
+                            name="nomacro", check=False)
+    assert run.returncode == 2, run.stderr
+    assert "1000 tokens exceed max_position_embeddings 512" in run.stderr, run.stderr
+    # A span that fits no single pass is refused with the rule.
+    run = golden.run_encode(encode, model_dir, [{"token_ids": ids, "spans": [[400, 520]]}], tmp_path,
+                            "--macro-overlap-tokens", "64", name="crossing", check=False)
+    assert run.returncode == 2, run.stderr
+    assert "span 0 [400, 520) lies in no single macro-chunk" in run.stderr, run.stderr
+    assert "a chunk of at most 65 tokens always fits one" in run.stderr, run.stderr
+    # An overlap that leaves a pass no room to move.
+    run = golden.run_encode(encode, model_dir, [{"token_ids": ids}], tmp_path,
+                            "--macro-overlap-tokens", "512", name="overlap", check=False)
+    assert run.returncode == 2, run.stderr
+    assert "macro_overlap_tokens: 512 must be in [0, max_position_embeddings 512)" in run.stderr

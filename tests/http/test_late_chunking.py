@@ -93,6 +93,77 @@ def test_a_document_over_the_positions_is_refused_naming_the_limit(client, long_
     assert "the document is 10000 tokens, over max_position_embeddings 8192" in str(e.value)
 
 
+# ----------------------------------------------------------------------------- macro-chunks
+# A document over the long model's 8,192 positions with macro_overlap_tokens: passes of 8,192
+# tokens every 8,192 - overlap, the last ending at the document's end; each chunk pooled from the
+# pass that holds it with the most context (docs/api.md, "Macro-chunks"). The expectation: the
+# reference model run on each pass's ids alone, the pass chosen by the rule written out here.
+
+MACRO_DOC = [int(x) for x in np.random.default_rng(11).integers(4, 200, 10000)]
+MACRO_P, MACRO_OVERLAP = 8192, 4096
+MACRO_STARTS = [0, 10000 - 8192]  # 0 + 8192 < 10000; the next would pass the end: the last ends there
+
+
+@pytest.fixture(scope="module")
+def macro_passes(long_model):
+    assert long_model.config.max_position_embeddings == MACRO_P
+    return [long_model.reference([MACRO_DOC[a:a + MACRO_P]])[0].token_embeddings for a in MACRO_STARTS]
+
+
+def macro_expected(model, passes, spans, pooling="model"):
+    out = []
+    for b, e in spans:
+        best, most = None, -1
+        for w, a in enumerate(MACRO_STARTS):
+            if b >= a and e <= a + MACRO_P and min(b - a, a + MACRO_P - e) > most:
+                best, most = w, min(b - a, a + MACRO_P - e)
+        a = MACRO_STARTS[best]
+        out.append(unit(ref.reference_span_pool(model.ref_model, passes[best], np.ones(MACRO_P),
+                                                [(b - a, e - a)], pooling)[0]))
+    return out
+
+
+def test_late_chunking_over_the_positions_with_macro_chunks(client, long_model, macro_passes):
+    chunks = [MACRO_DOC[:5000], MACRO_DOC[5000:]]
+    r = client.embeddings.create(model=long_model.name, input=chunks,
+                                 extra_body={"late_chunking": True, "macro_overlap_tokens": MACRO_OVERLAP})
+    # [0, 5000) lies only in pass 0; [5000, 10000) only in pass 1 ([1808, 10000)).
+    for d, w in zip(r.data, macro_expected(long_model, macro_passes, [(0, 5000), (5000, 10000)])):
+        assert_close(np.asarray(d.embedding), w)
+
+
+def test_embed_chunks_over_the_positions_with_macro_chunks_by_curl(curl, long_server, long_model,
+                                                                    macro_passes):
+    r = curl(long_server, "POST", "/embed_chunks",
+             {"inputs": MACRO_DOC, "chunking": {"window_tokens": 256, "spans": [[1700, 2000], [9000, 9001]]},
+              "macro_overlap_tokens": MACRO_OVERLAP})
+    assert r.status == 200, r.body[:300]
+    got = r.json()
+    want_ranges = [(1700, 2000), (9000, 9001)] + [(b, min(b + 256, 10000)) for b in range(0, 10000, 256)]
+    assert [tuple(c["tokens"]) for c in got] == want_ranges
+    for c, w in zip(got, macro_expected(long_model, macro_passes, want_ranges)):
+        assert_close(np.asarray(c["embedding"]), w)
+
+
+@pytest.mark.parametrize("value, message", [
+    ("x", "macro_overlap_tokens: expected a non-negative integer, got a string"),
+    (-1, "macro_overlap_tokens: expected a non-negative integer, got -1"),
+    (8192, "macro_overlap_tokens: 8192 must be in [0, max_position_embeddings 8192)"),
+])
+def test_a_bad_macro_overlap_is_a_400_naming_it(client, long_model, value, message):
+    with pytest.raises(openai.BadRequestError) as e:
+        client.embeddings.create(model=long_model.name, input=[[5] * 9000],
+                                 extra_body={"macro_overlap_tokens": value})
+    assert message in str(e.value), str(e.value)
+
+
+def test_a_chunk_across_passes_is_refused_by_curl(curl, long_server):
+    r = curl(long_server, "POST", "/embed_chunks",
+             {"inputs": MACRO_DOC, "chunking": {"spans": [[1000, 9000]]}, "macro_overlap_tokens": 16})
+    assert r.status in (400, 422), (r.status, r.body[:300])
+    assert "span 0 [1000, 9000) lies in no single macro-chunk" in r.json()["error"], r.json()
+
+
 # ----------------------------------------------------------------------------- POST /embed_chunks
 
 

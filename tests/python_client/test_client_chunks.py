@@ -17,7 +17,7 @@ TOL = 1e-4
 
 @pytest.fixture
 def long_server(servers):
-    return servers.shared("long", max_request_spans=64, max_batch_tokens=8192)
+    return servers.shared("long", max_request_spans=64, max_batch_tokens=8192, max_request_tokens=16384)
 
 
 @pytest.fixture
@@ -133,3 +133,32 @@ def test_text_chunks_by_characters_and_sentences_with_their_character_ranges(ffc
     states = long_model.reference(doc).token_embeddings
     want = ref.reference_span_pool(long_model.model, states, np.ones(len(doc)), ranges.tolist(), "model")
     pyc_close("character chunks", rows, want)
+
+
+def test_macro_chunks_over_the_positions_through_grpc(ffc, long_server, long_model):
+    """A 9,000-token sequence over the 8,192 positions with macro_overlap_tokens=2048: passes
+    [0, 8192) and [808, 9000) (the last ends at the sequence's end); each chunk from the pass that
+    holds it with the most context, the sequence's embedding the mean of its passes' (normalize
+    off), against the reference run on each pass alone. Without the option it is refused."""
+    rng = np.random.default_rng(8)
+    n, P = 9000, 8192
+    ids = [int(x) for x in rng.integers(4, long_model.vocab, n)]
+    spans = [(0, 1), (500, 756), (4000, 4256), (8500, 9000)]
+    with ffc.Client(long_server.target, deadline_s=300.0) as client:
+        with pytest.raises(ffc.InvalidArgument) as e:
+            client.encode([{"token_ids": ids, "spans": spans}])
+        assert "9000 tokens exceed max_position_embeddings 8192" in str(e.value)
+        res = client.encode([{"token_ids": ids, "spans": spans}], macro_overlap_tokens=2048)
+    starts = [0, n - P]
+    passes = [long_model.reference(ids[a:a + P]) for a in starts]
+    # (0,1) and (500,756): pass 0 only; (4000,4256): pass 0 (context 4000 / 3936) over pass 1
+    # (3192 / 4744); (8500,9000): pass 1 only.
+    chosen = [0, 0, 0, 1]
+    want = [ref.reference_span_pool(long_model.model, passes[w].token_embeddings, np.ones(P),
+                                    [(b - starts[w], e - starts[w])], "model")[0]
+            for (b, e), w in zip(spans, chosen)]
+    rows, ranges, _ = res.chunks[0]
+    assert ranges.tolist() == [list(s) for s in spans]
+    pyc_close("macro-chunk spans", rows, np.asarray(want))
+    pyc_close("the mean of the passes' embeddings", res.embeddings[0],
+              np.mean([p.embedding for p in passes], axis=0))

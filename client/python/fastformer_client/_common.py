@@ -202,7 +202,7 @@ def build_request(sequences, *, return_token_embeddings=False, return_logits=Fal
         if isinstance(macro_overlap_tokens, bool) or not isinstance(macro_overlap_tokens, (int, np.integer)) \
                 or not 0 <= int(macro_overlap_tokens) < 2**31:
             raise ValueError(f"macro_overlap_tokens: expected a non-negative integer, got {macro_overlap_tokens!r}")
-        req.macro_overlap_tokens = int(macro_overlap_tokens)
+        req.macro_overlap_tokens.value = int(macro_overlap_tokens)
     for i, s in enumerate(sequences):
         _add_sequence(req, i, s)
     return req
