@@ -42,7 +42,8 @@ struct EncodeFlags {
   bool logits = false;
   bool normalize = false;
   std::string truncation = "none";
-  std::string span_pooling = "model";  ///< how a line's "spans" are pooled
+  std::string span_pooling = "model";     ///< how a line's "spans" are pooled
+  std::optional<uint32_t> macro_overlap;  ///< macro-chunks for lines over the positions
   int batch = 32;
 };
 
@@ -94,6 +95,8 @@ class EncodeBatcher {
     request_.set_normalize(flags.normalize);
     request_.set_chunk_pooling(flags.span_pooling == "mean" ? v1::CHUNK_POOLING_MEAN
                                                             : v1::CHUNK_POOLING_MODEL);
+    if (flags.macro_overlap)
+      request_.mutable_macro_overlap_tokens()->set_value(*flags.macro_overlap);
     request_.set_truncation(flags.truncation == "right"  ? v1::TRUNCATION_RIGHT
                             : flags.truncation == "left" ? v1::TRUNCATION_LEFT
                                                          : v1::TRUNCATION_UNSPECIFIED);
@@ -288,6 +291,9 @@ int main(int argc, char** argv) {
                    "a line's \"spans\" (late chunking) pooled by: model or mean")
       ->check(CLI::IsMember({"model", "mean"}))
       ->capture_default_str();
+  encode->add_option("--macro-overlap-tokens", encode_flags.macro_overlap,
+                     "macro-chunks: a line over max_position_embeddings runs as overlapping passes "
+                     "(this many tokens shared) instead of being refused (docs/api.md)");
   encode
       ->add_option("--truncation", encode_flags.truncation,
                    "over-long sequences: none (an error), right (keep the first tokens), left "

@@ -380,3 +380,25 @@ def test_encode_spans_late_chunking(e2e, models, servers, tmp_path, pooling):
     err = np.abs(got - expected) / np.maximum(1.0, np.abs(expected))
     assert err.max() <= 1e-4, f"worst scaled error {err.max():.2e}"
     assert "span_embeddings" not in json.loads(p.stdout.splitlines()[1])
+
+
+def test_encode_macro_chunks_over_the_positions(e2e, models, servers, tmp_path):
+    """--macro-overlap-tokens: a 1,200-token line over the model's 512 positions runs as
+    overlapping passes on the server (EncodeRequest.macro_overlap_tokens), as fastformer-encode
+    runs them offline (whose passes tests/golden checks against the reference); without the
+    flag the line is refused naming the limit."""
+    model = models.get("head")
+    srv = servers.shared("head")
+    assert model.max_positions == 512
+    rng = np.random.default_rng(12)
+    ids = [int(x) for x in rng.integers(1, model.vocab, 1200)]
+    spans = [[0, 1], [300, 400], [700, 800], [1100, 1200]]
+    path = write_lines(tmp_path / "in.jsonl", [{"token_ids": ids, "spans": spans}, {"token_ids": ids[:5]}])
+    p = client(e2e, "encode", "--target", srv.target, "--input", path)
+    assert p.returncode != 0 and "1200 tokens exceed max_position_embeddings 512" in p.stderr, p.stderr
+    want = encode_offline(e2e, model, path, "--macro-overlap-tokens", 128)
+    p = client(e2e, "encode", "--target", srv.target, "--input", path, "--macro-overlap-tokens", 128)
+    assert p.returncode == 0, p.stderr
+    assert_same_output(p.stdout, want, tol=OTHER_BATCHES_TOL)
+    got = np.asarray(json.loads(p.stdout.splitlines()[0])["span_embeddings"], dtype=np.float64)
+    assert got.size == len(spans) * model.hidden

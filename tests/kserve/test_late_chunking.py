@@ -71,3 +71,34 @@ def test_span_pooling_must_be_model_or_mean(client, model):
     with pytest.raises(InferenceServerException) as e:
         infer(client, model, ids, np.array([[0, 0, 5]], dtype=np.int64), "max")
     assert "parameters: span_pooling must be the string" in e.value.message()
+
+
+def test_macro_chunks_parameter_for_a_row_over_the_positions(long_client, long_model):
+    """parameters.macro_overlap_tokens (int64): a 9,000-token row over the 8,192 positions runs as
+    passes [0, 8192) and [808, 9000); each chunk from the pass that holds it with the most
+    context, the row's embedding the mean of its passes', against the reference run on each
+    pass alone. Without the parameter the row is refused naming the limit."""
+    client, model, n, P = long_client, long_model, 9000, 8192
+    ids = np.random.default_rng(9).integers(1, model.vocab, (1, n)).astype(np.int64)
+    spans = np.array([[0, 0, 1], [0, 4000, 4256], [0, 8500, 9000]], dtype=np.int64)
+    with pytest.raises(InferenceServerException) as e:
+        infer(client, model, ids, spans)
+    assert "9000 tokens exceed max_position_embeddings 8192" in str(e.value)
+    inputs = [grpcclient.InferInput("input_ids", list(ids.shape), "INT64"),
+              grpcclient.InferInput("spans", list(spans.shape), "INT64")]
+    inputs[0].set_data_from_numpy(ids)
+    inputs[1].set_data_from_numpy(spans)
+    result = client.infer(model.name, inputs, parameters={"macro_overlap_tokens": 2048},
+                          outputs=[grpcclient.InferRequestedOutput(o) for o in ("embedding", "span_embeddings")])
+    starts = [0, n - P]
+    passes = [model.reference([list(ids[0, a:a + P])])[0] for a in starts]
+    # (0, 1): pass 0 only; (4000, 4256): context 4000 / 3936 in pass 0 against 3192 / 4744 in
+    # pass 1, so pass 0; (8500, 9000): pass 1 only.
+    for k, ((_, b, e), w) in enumerate(zip(spans, [0, 0, 1])):
+        a = starts[w]
+        want = ref.reference_span_pool(model.ref_model, passes[w].token_embeddings, np.ones(P),
+                                       [(b - a, e - a)], "model")[0]
+        ok, worst = close(result.as_numpy("span_embeddings")[k], want)
+        assert ok, f"chunk {k}: differs from the reference by {worst:.2e}"
+    ok, worst = close(result.as_numpy("embedding")[0], np.mean([p.embedding for p in passes], axis=0))
+    assert ok, f"the row's embedding differs from the mean of its passes' by {worst:.2e}"
