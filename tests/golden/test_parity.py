@@ -59,6 +59,8 @@ CASES = [
     Case("d16_2layers_gelu_no_word_embedding", 64, 4, 2, 128, "gelu", 3, False, word_embedding=False),
     # 16 heads (the official preset's): the CPU's pooling token-major and key scores over heads
     Case("d16_16heads_1layer_gelu_head", 256, 16, 1, 128, "gelu", 3, False),
+    # 12 heads (base-long's): the CPU's key scores run padded to 16 heads (zero weights)
+    Case("d16_12heads_2layers_gelu_head_pad5", 192, 12, 2, 128, "gelu", 3, False, pad=5),
 ]
 
 
@@ -172,8 +174,19 @@ def heads16_model(tmp_path_factory):
     return d, model, cfg
 
 
+# 12 heads, as base-long: the key scores padded to 16 heads (bfloat16: on VDPBF16PS).
+HEADS12 = Case("heads12", 192, 12, 1, 128, "gelu", 3, False, max_positions=512, vocab=211)
+
+
+@pytest.fixture(scope="module")
+def heads12_model(tmp_path_factory):
+    d = tmp_path_factory.mktemp("heads12")
+    model, cfg = make_model(HEADS12, d, seed=7)
+    return d, model, cfg
+
+
 @pytest.mark.parametrize("mode", ["hardware", "emulated"])
-@pytest.mark.parametrize("which", ["basic", "heads16"])
+@pytest.mark.parametrize("which", ["basic", "heads16", "heads12"])
 def test_cpu_bfloat16_against_float64_reference(golden, request, tmp_path, mode, which):
     """--dtype bfloat16 on the CPU: pooled-embedding cosine >= 0.999 to the float64
     reference and the same logits argmax (the GPU's reduced-precision rule); on a CPU
@@ -181,7 +194,7 @@ def test_cpu_bfloat16_against_float64_reference(golden, request, tmp_path, mode,
     (FASTFORMER_CPU_BFLOAT16=emulate) runs the same bfloat16 buffers, packed weights and row
     pieces over float32 GEMMs, on every CPU."""
     model_dir, model, cfg = request.getfixturevalue(f"{which}_model")
-    case = BASIC if which == "basic" else HEADS16
+    case = {"basic": BASIC, "heads16": HEADS16, "heads12": HEADS12}[which]
     encode = golden.encode_binary()
     rng = np.random.default_rng(3)
     lengths = [1, 9, 300, 2, 511]

@@ -46,8 +46,16 @@ int32_t sequence_of(const RaggedBatch& batch, int64_t t) {
 }  // namespace
 
 namespace {
+// The key scores' head count: H, or H rounded up to a multiple of 16 where that costs at most
+// a third more (base-long's 12 heads: 16), so the kernels vectorised over heads (and
+// VDPBF16PS) serve it; the padding heads have zero weights and bias, and no one reads them.
+int64_t key_heads(int64_t H) {
+  const int64_t padded = (H + 15) / 16 * 16;
+  return 3 * padded <= 4 * H ? padded : H;
+}
+
 std::optional<rows::DotBf16> choose_key_dot(CpuDtype dtype, int64_t heads) {
-  if (dtype == CpuDtype::kFloat32 || heads % 16 != 0) return std::nullopt;
+  if (dtype == CpuDtype::kFloat32 || key_heads(heads) % 16 != 0) return std::nullopt;
   if (rows::dot_bf16_available()) return rows::DotBf16::kHardware;
   if (dtype == CpuDtype::kBfloat16Emulated) return rows::DotBf16::kModel;
   return std::nullopt;
@@ -327,16 +335,18 @@ template <class E>
 void CpuOps::key_pool_rows(const BatchRef&, const Mat& k, const Mat& pq, const WeightRef& key_att,
                            Mat pk) {
   const RaggedBatch& batch = *batch_;
-  const int64_t D = config_.hidden_size, H = config_.num_attention_heads;
-  const float* wka = f(key_att.weight);
-  const float* bka = f(key_att.bias);
-  std::vector<float>& transposed = key_att_t_[key_att.weight];
-  if (transposed.empty()) {
-    transposed.resize(static_cast<size_t>(H * D));
-    rows::transpose_key_att(wka, H, D, transposed.data());
+  const int64_t D = config_.hidden_size, H = config_.num_attention_heads, Hs = key_heads(H);
+  KeyAtt& att = key_att_[key_att.weight];
+  if (att.wka_t.empty()) {
+    // Wka [Hs, D], Wka^T [D, Hs] and the bias [Hs], zero past the model's H heads.
+    att.wka.assign(static_cast<size_t>(Hs * D), 0.0f);
+    std::copy_n(f(key_att.weight), H * D, att.wka.begin());
+    att.wka_t.resize(static_cast<size_t>(Hs * D));
+    rows::transpose_key_att(att.wka.data(), Hs, D, att.wka_t.data());
+    att.bias.assign(static_cast<size_t>(Hs), 0.0f);
+    std::copy_n(f(key_att.bias), H, att.bias.begin());
   }
-  const float* wka_t = transposed.data();
-  float* r = token_scores_;
+  const float *wka = att.wka.data(), *wka_t = att.wka_t.data(), *bka = att.bias.data();
   // pk_h = pq_h * (the chunks' partials combined).
   const Combine<E> how{H, pk, static_cast<const E*>(pq.data), 0.0f};
   // One pass over K per chunk, which stays in L2 between its two uses: the scores
@@ -348,12 +358,12 @@ void CpuOps::key_pool_rows(const BatchRef&, const Mat& k, const Mat& pq, const W
     if constexpr (!kFloat<E>) on_pairs = key_dot_.has_value();
     // The sequence's weight in float32, or in bfloat16 pairs with key_dot_ (a piece is often
     // one chunk: the buffers are the worker's, not the piece's).
-    thread_local std::vector<float> weight, pq_row, scratch;
+    thread_local std::vector<float> weight, pq_row, scratch, chunk_scores;
     thread_local std::vector<uint32_t> pairs;
     if (on_pairs)
-      pairs.resize(static_cast<size_t>((D + 1) / 2 * H));
+      pairs.resize(static_cast<size_t>((D + 1) / 2 * Hs));
     else
-      weight.resize(static_cast<size_t>(H * D));
+      weight.resize(static_cast<size_t>(Hs * D));
     pq_row.resize(static_cast<size_t>(D));
     int32_t formed = -1;  // the sequence `weight` belongs to
     for (int64_t c = first; c < last; ++c) {
@@ -366,23 +376,25 @@ void CpuOps::key_pool_rows(const BatchRef&, const Mat& k, const Mat& pq, const W
         else
           bfloat16_to_float_row(row_of<uint16_t>(pq, b), pq_row.data(), D);
         if (on_pairs)
-          rows::key_weight_pairs(isa_, wka_t, pq_row.data(), H, D, pairs.data());
+          rows::key_weight_pairs(isa_, wka_t, pq_row.data(), Hs, D, pairs.data());
         else
-          rows::key_weight(isa_, wka, wka_t, pq_row.data(), H, D, weight.data());
+          rows::key_weight(isa_, wka, wka_t, pq_row.data(), Hs, D, weight.data());
         formed = b;
       }
       const E* keys = row_of<E>(k, begin);
-      float* scores = r + int64_t(begin) * H;
+      // The chunk's scores [len, Hs], the worker's: read by the pooling right after.
+      chunk_scores.resize(static_cast<size_t>(len * Hs));
+      float* scores = chunk_scores.data();
       if constexpr (!kFloat<E>) {
         if (on_pairs)
-          rows::key_scores_pairs(*key_dot_, keys, k.ld, len, pairs.data(), bka, H, D, scores, H);
+          rows::key_scores_pairs(*key_dot_, keys, k.ld, len, pairs.data(), bka, Hs, D, scores, Hs);
         else
-          rows::key_scores(isa_, keys, k.ld, len, weight.data(), bka, H, D, scores, H);
+          rows::key_scores(isa_, keys, k.ld, len, weight.data(), bka, Hs, D, scores, Hs);
       } else {
-        rows::key_scores(isa_, keys, k.ld, len, weight.data(), bka, H, D, scores, H);
+        rows::key_scores(isa_, keys, k.ld, len, weight.data(), bka, Hs, D, scores, Hs);
       }
       scratch.resize(size_t(rows::pool_scratch_floats(H, len, D)));
-      rows::pool_chunk(isa_, scores, H, H, keys, k.ld, D, batch.mask.data() + begin, len,
+      rows::pool_chunk(isa_, scores, Hs, H, keys, k.ld, D, batch.mask.data() + begin, len,
                        partials_.m + c * H, partials_.l + c * H, partials_.v + c * D,
                        scratch.data());
       finish_single(how, c, *chunks_, partials_);

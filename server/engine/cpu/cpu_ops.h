@@ -165,16 +165,21 @@ class CpuOps final : public Ops, public OpsReport {
   const Bf16Gemm bf16_gemm_;
   // bfloat16 key scores on VDPBF16PS (rows::key_scores_pairs): the instruction where the CPU
   // has it, its model in the tests' emulated bfloat16 elsewhere; none for float32 or a head
-  // count that is not a multiple of 16.
+  // count that its padding (key_heads) does not bring to a multiple of 16.
   const std::optional<rows::DotBf16> key_dot_;
   ThreadPool pool_;
   std::map<CpuMatmul::Shape, std::unique_ptr<CpuMatmul>> matmuls_;
   std::map<PackedMatmul::Shape, std::unique_ptr<PackedMatmul>> packed_matmuls_;
   std::map<std::pair<const void*, PackedMatmul::Shape>, PackedSite> packed_sites_;
   std::map<std::pair<const void*, AmxMatmul::Shape>, AmxSite> amx_sites_;
-  std::map<const void*, std::string> kernels_;           // weight -> oneDNN's kernel, for profiles
-  std::map<const void*, std::vector<float>> key_att_t_;  // Wka -> Wka^T, made on first use
-  std::vector<std::pair<int64_t, int64_t>> pieces_;      // the current GEMM's row pieces
+  std::map<const void*, std::string> kernels_;  // weight -> oneDNN's kernel, for profiles
+  // The key scores' weight, made on first use: Wka, Wka^T and the bias, padded with zero heads
+  // to the kernels' head count (key_heads in cpu_ops.cc: base-long's 12 heads run as 16).
+  struct KeyAtt {
+    std::vector<float> wka, wka_t, bias;
+  };
+  std::map<const void*, KeyAtt> key_att_;
+  std::vector<std::pair<int64_t, int64_t>> pieces_;  // the current GEMM's row pieces
   // The workspace, sized at start-up, kWorkspaceAlignment-aligned.
   struct AlignedDelete {
     void operator()(std::byte* p) const {
