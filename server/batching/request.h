@@ -49,8 +49,9 @@ struct Request {
   /// per row, and `rows` holds the rows as sent (the whole ids, spans in the row's positions),
   /// which request::merge_passes puts back in `sequences` once their results are merged.
   struct RowPasses {
-    int32_t first = 0;                ///< the row's first sequence
-    int32_t count = 1;                ///< its sequences (passes)
+    int32_t first = 0;  ///< the row's first sequence
+    int32_t count = 1;  ///< its sequences (passes)
+    // With count > 1 (a row of one sequence needs none of these):
     std::vector<int32_t> starts;      ///< each pass's first token in the row
     std::vector<int32_t> span_pass;   ///< per span of the row: the pass it is pooled from
     std::vector<int32_t> span_index;  ///< and its index among that pass's spans

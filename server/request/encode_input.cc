@@ -215,11 +215,19 @@ std::optional<Problem> check_macro(const EncodeInput& input, const engine::Model
   return std::nullopt;
 }
 
+// Where the passes of an n-token row (n > P) start: every P - overlap tokens, the last one
+// ending at the row's end.
+std::vector<int32_t> pass_starts(int64_t n, int64_t P, int64_t overlap) {
+  std::vector<int32_t> starts;
+  for (int64_t s = 0; s + P < n; s += P - overlap) starts.push_back(int32_t(s));
+  starts.push_back(int32_t(n - P));
+  return starts;
+}
+
 // The tokens the passes of an n-token row compute (n when it fits one pass): what the token
 // budget counts.
 int64_t macro_tokens(int64_t n, int64_t P, int64_t overlap) {
-  if (n <= P) return n;
-  return (1 + (n - P + (P - overlap) - 1) / (P - overlap)) * P;
+  return n <= P ? n : int64_t(pass_starts(n, P, overlap).size()) * P;
 }
 
 Problem macro_logits(std::optional<size_t> row, const engine::ModelConfig& c) {
@@ -258,14 +266,7 @@ std::optional<Problem> add_passes(const SequenceInput& in, std::optional<size_t>
   const int64_t D = c.hidden_size;
   const int32_t P = c.max_position_embeddings, n = int32_t(engine::sequence_length(in, D));
   plan->first = int32_t(out->sequences.size());
-  plan->starts.clear();
-  for (int32_t s = 0;; s += P - overlap) {
-    if (int64_t(s) + P >= n) {
-      plan->starts.push_back(n - P);
-      break;
-    }
-    plan->starts.push_back(s);
-  }
+  plan->starts = pass_starts(n, P, overlap);
   const size_t passes = plan->starts.size();
   plan->count = int32_t(passes);
   std::vector<std::vector<TokenSpan>> local(passes);
@@ -603,9 +604,6 @@ std::optional<Problem> build_request(const EncodeInput& input, const engine::Mod
         split_any = true;
         continue;
       }
-      plan.span_index.resize(in.spans.size());
-      for (size_t k = 0; k < in.spans.size(); ++k) plan.span_index[k] = int32_t(k);
-      plan.span_pass.assign(in.spans.size(), 0);
     }
     out->sequences.push_back(in);
   }

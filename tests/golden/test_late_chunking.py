@@ -27,15 +27,20 @@ VOCAB = 211
 PAD = 0
 
 
-@pytest.fixture(scope="module")
-def long_model(tmp_path_factory):
-    """A small model with 65,536 positions (the demo model has 512)."""
-    d = tmp_path_factory.mktemp("late_chunking")
-    mdm.make_demo_model(d, preset="tiny", seed=21, hidden=64, heads=4, layers=2, intermediate=96,
-                        max_positions=65536, vocab=VOCAB, num_labels=0, pad_token_id=PAD,
+def small_model(tmp_path_factory, name, seed, max_positions):
+    """(directory, reference model) of a small model with `max_positions` positions."""
+    d = tmp_path_factory.mktemp(name)
+    mdm.make_demo_model(d, preset="tiny", seed=seed, hidden=64, heads=4, layers=2, intermediate=96,
+                        max_positions=max_positions, vocab=VOCAB, num_labels=0, pad_token_id=PAD,
                         log=lambda *a: None)
     model, _ = ref.load_model_dir(d)
     return d, model
+
+
+@pytest.fixture(scope="module")
+def long_model(tmp_path_factory):
+    """A small model with 65,536 positions (the demo model has 512)."""
+    return small_model(tmp_path_factory, "late_chunking", 21, 65536)
 
 
 def document(n, seed):
@@ -172,12 +177,7 @@ def pass_for(span, starts, P):
 @pytest.fixture(scope="module")
 def short_model(tmp_path_factory):
     """A small model with 512 positions, for documents over them."""
-    d = tmp_path_factory.mktemp("macro_chunks")
-    mdm.make_demo_model(d, preset="tiny", seed=22, hidden=64, heads=4, layers=2, intermediate=96,
-                        max_positions=512, vocab=VOCAB, num_labels=0, pad_token_id=PAD,
-                        log=lambda *a: None)
-    model, _ = ref.load_model_dir(d)
-    return d, model
+    return small_model(tmp_path_factory, "macro_chunks", 22, 512)
 
 
 @pytest.mark.parametrize("mode", ["model", "mean"])

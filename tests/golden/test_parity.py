@@ -103,12 +103,17 @@ def items_for(kind, seqs):
     return [{"input_embeddings": e.tolist()} for e in seqs]
 
 
+def case_model(tmp_path_factory, case: Case, seed):
+    """(directory, reference model, config) of `case`'s model."""
+    d = tmp_path_factory.mktemp(case.name)
+    model, cfg = make_model(case, d, seed=seed)
+    return d, model, cfg
+
+
 @pytest.fixture(scope="module")
 def parity_model(request, tmp_path_factory):
     case = request.param
-    d = tmp_path_factory.mktemp(case.name)
-    model, cfg = make_model(case, d)
-    return case, d, model, cfg
+    return (case, *case_model(tmp_path_factory, case, 11))
 
 
 # token ids for every model with a word embedding; input embeddings for all
@@ -140,9 +145,7 @@ BASIC = Case("basic", 64, 4, 2, 128, "gelu", 3, False, max_positions=512, vocab=
 
 @pytest.fixture(scope="module")
 def basic_model(tmp_path_factory):
-    d = tmp_path_factory.mktemp("basic")
-    model, cfg = make_model(BASIC, d, seed=5)
-    return d, model, cfg
+    return case_model(tmp_path_factory, BASIC, 5)
 
 
 @pytest.mark.asan
@@ -169,9 +172,7 @@ HEADS16 = Case("heads16", 256, 16, 1, 128, "gelu", 3, False, max_positions=512, 
 
 @pytest.fixture(scope="module")
 def heads16_model(tmp_path_factory):
-    d = tmp_path_factory.mktemp("heads16")
-    model, cfg = make_model(HEADS16, d, seed=6)
-    return d, model, cfg
+    return case_model(tmp_path_factory, HEADS16, 6)
 
 
 # 12 heads, as base-long: the key scores padded to 16 heads (bfloat16: on VDPBF16PS).
@@ -180,9 +181,7 @@ HEADS12 = Case("heads12", 192, 12, 1, 128, "gelu", 3, False, max_positions=512, 
 
 @pytest.fixture(scope="module")
 def heads12_model(tmp_path_factory):
-    d = tmp_path_factory.mktemp("heads12")
-    model, cfg = make_model(HEADS12, d, seed=7)
-    return d, model, cfg
+    return case_model(tmp_path_factory, HEADS12, 7)
 
 
 @pytest.mark.parametrize("mode", ["hardware", "emulated"])

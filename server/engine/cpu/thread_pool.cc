@@ -36,9 +36,8 @@ ThreadPool::ThreadPool(int threads) {
 
 ThreadPool::~ThreadPool() {
   {
-    std::lock_guard lock(mu_);
-    stop_ = true;
-    stopping_.store(true, std::memory_order_release);
+    std::lock_guard lock(mu_);  // set under the lock: a worker between its check and its wait
+    stop_.store(true, std::memory_order_release);
   }
   work_cv_.notify_all();
   for (auto& w : workers_) w.join();
@@ -57,16 +56,16 @@ void ThreadPool::worker_loop() {
   for (;;) {
     // The next job usually follows within microseconds (the graph's ops back to back): look for
     // it a while before sleeping, as waking a sleeping thread costs tens of microseconds.
-    spin_until([&] {
-      return posted_.load(std::memory_order_acquire) != seen ||
-             stopping_.load(std::memory_order_acquire);
-    });
-    {
+    auto posted = [&] {
+      return stop_.load(std::memory_order_acquire) ||
+             generation_.load(std::memory_order_acquire) != seen;
+    };
+    if (!spin_until(posted)) {
       std::unique_lock lock(mu_);
-      work_cv_.wait(lock, [&] { return stop_ || generation_ != seen; });
-      if (stop_) return;
-      seen = generation_;
+      work_cv_.wait(lock, posted);
     }
+    if (stop_.load(std::memory_order_acquire)) return;
+    seen = generation_.load(std::memory_order_acquire);
     run_pieces();
     if (busy_.fetch_sub(1, std::memory_order_acq_rel) == 1) {
       std::lock_guard lock(mu_);
@@ -90,8 +89,7 @@ void ThreadPool::parallel_for(int64_t n, int64_t grain,
     grain_ = grain;
     next_.store(0);
     busy_.store(static_cast<int>(workers_.size()), std::memory_order_relaxed);
-    ++generation_;
-    posted_.store(generation_, std::memory_order_release);
+    generation_.fetch_add(1, std::memory_order_release);
   }
   work_cv_.notify_all();
   run_pieces();

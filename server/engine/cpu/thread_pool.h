@@ -39,10 +39,10 @@ class ThreadPool {
   std::vector<std::thread> workers_;
   std::mutex mu_;
   std::condition_variable work_cv_, done_cv_;
-  uint64_t generation_ = 0;  // under mu_; posted_ is its copy for the spinning workers
-  std::atomic<uint64_t> posted_{0};
-  bool stop_ = false;
-  std::atomic<bool> stopping_{false};
+  // Changed under mu_ (so a worker between its check and its wait misses no notify), read
+  // without it by the spinning workers.
+  std::atomic<uint64_t> generation_{0};
+  std::atomic<bool> stop_{false};
   std::atomic<int> busy_{0};  // workers still in the current job
   const std::function<void(int64_t, int64_t)>* job_ = nullptr;
   int64_t n_ = 0, grain_ = 1;
