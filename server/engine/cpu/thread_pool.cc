@@ -17,14 +17,20 @@ inline void cpu_relax() {
 #endif
 }
 
-// Spins until `done()` or kSpin has passed; true when done() held.
+// Spins until `done()` or kSpin has passed; true when done() held. After its first few
+// hundred nanoseconds the spin yields the core between checks, so a thread of another process
+// (or gRPC's) that is ready to run gets it: the spin only holds a core nobody else wants.
 template <class Done>
 bool spin_until(const Done& done) {
   const auto until = std::chrono::steady_clock::now() + ThreadPool::kSpin;
   for (int i = 1;; ++i) {
     if (done()) return true;
-    cpu_relax();
-    if (i % 64 == 0 && std::chrono::steady_clock::now() >= until) return false;
+    if (i < 64) {
+      cpu_relax();
+    } else {
+      std::this_thread::yield();
+      if (i % 8 == 0 && std::chrono::steady_clock::now() >= until) return false;
+    }
   }
 }
 

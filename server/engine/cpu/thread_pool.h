@@ -2,8 +2,8 @@
 // Between jobs a worker (and the caller, waiting for the workers) spins for at most kSpin, then
 // sleeps on a condition variable: the forward graph issues its ops back to back, and waking a
 // sleeping thread costs tens of microseconds (more in a VM), so an idle pool holds its cores
-// for at most kSpin after each job. The GEMMs run inside the pool's pieces, oneDNN kept to the
-// calling thread.
+// for at most kSpin after each job, and yields them meanwhile to any other thread ready to run. The
+// GEMMs run inside the pool's pieces, oneDNN kept to the calling thread.
 #pragma once
 
 #include <atomic>
