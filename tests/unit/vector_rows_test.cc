@@ -337,6 +337,30 @@ TEST_P(VectorRowsTest, TanhDot) {
   }
 }
 
+// tanh lane by lane (a one-hot weight picks one lane of a 64-wide row: the four-vector steps),
+// over [-20, 20] (past the clamp on both sides, and its edge), against std::tanh in double:
+// within 3e-7 absolute, as vector_math.h states. A NaN lane gives a NaN.
+TEST_P(VectorRowsTest, TanhLanesWithin3e7) {
+  constexpr int64_t D = 64;
+  std::vector<float> e(D), w(D, 0.0f);
+  double worst = 0;
+  float worst_at = 0;
+  for (int i = -200000; i <= 200000; i += 7) {
+    const float x = float(i) * 1e-4f;
+    const int64_t lane = (i / 7 % D + D) % D;
+    std::fill(e.begin(), e.end(), 0.5f);
+    e[size_t(lane)] = x;
+    w[size_t(lane)] = 1.0f;
+    const double err = std::abs(double(tanh_dot(isa(), e.data(), w.data(), D)) - std::tanh(x));
+    w[size_t(lane)] = 0.0f;
+    if (err > worst) worst = err, worst_at = x;
+  }
+  EXPECT_LT(worst, 3e-7) << "at x = " << worst_at;
+  e.assign(D, std::numeric_limits<float>::quiet_NaN());
+  w.assign(D, 1.0f);
+  EXPECT_TRUE(std::isnan(tanh_dot(isa(), e.data(), w.data(), D)));
+}
+
 INSTANTIATE_TEST_SUITE_P(Builds, VectorRowsTest,
                          ::testing::Values(Isa::kBaseline, Isa::kAvx2, Isa::kAvx512),
                          [](const auto& info) { return std::string(isa_name(info.param)); });

@@ -114,29 +114,76 @@ FF_INLINE void storev(uint16_t* p, const V& v) {
   std::memcpy(p, &half, sizeof(half));
 }
 
-// out = LN(x) over D values of x (float, in cache), statistics over two passes.
-template <class V, class O>
-FF_INLINE void layernorm_impl(const float* x, const float* gamma, const float* beta, int64_t D,
-                              float eps, O* out) {
+// out = LN(x) over D values of x (float, in cache), statistics over two passes, each summed in
+// four independent chains (one chain leaves a row's passes waiting on the add's latency, and
+// D = 256 is only sixteen AVX-512 vectors: the rows' latency, not their bytes, bounded the op).
+template <class V>
+FF_INLINE float squares_about(const float* x, int64_t Dv, float mean) {
   constexpr int L = sizeof(V) / sizeof(float);
-  const int64_t Dv = D - D % L;
-  V acc{};
-  for (int64_t j = 0; j < Dv; j += L) {
-    V xv;
-    loadv(xv, x + j);
-    acc += xv;
+  V acc[4] = {};
+  int64_t j = 0;
+  for (; j + 4 * L <= Dv; j += 4 * L) {
+#pragma GCC unroll 4
+    for (int q = 0; q < 4; ++q) {
+      V xv;
+      loadv(xv, x + j + q * L);
+      xv -= mean;
+      acc[q] += xv * xv;
+    }
   }
-  float sum = hsum(acc);
-  for (int64_t j = Dv; j < D; ++j) sum += x[j];
-  const float mean = sum / static_cast<float>(D);
-  acc = V{};
-  for (int64_t j = 0; j < Dv; j += L) {
+  for (; j < Dv; j += L) {
     V xv;
     loadv(xv, x + j);
     xv -= mean;
-    acc += xv * xv;
+    acc[0] += xv * xv;
   }
-  float sq = hsum(acc);
+  return hsum((acc[0] + acc[1]) + (acc[2] + acc[3]));
+}
+
+// x = a + b (+ c, unless nullptr), stored to `x` and summed in four chains; returns the sum
+// over its D values.
+template <class V, class A, class C>
+FF_INLINE float form_row(const A* a, const float* b, C c, int64_t D, float* x) {
+  constexpr int L = sizeof(V) / sizeof(float);
+  const int64_t Dv = D - D % L;
+  V acc[4] = {};
+  int64_t j = 0;
+  auto one = [&](int64_t at, V& into) {
+    V av, bv;
+    loadv(av, a + at);
+    loadv(bv, b + at);
+    av += bv;
+    if constexpr (!std::is_same_v<C, std::nullptr_t>) {
+      V cv;
+      loadv(cv, c + at);
+      av += cv;
+    }
+    storev(x + at, av);
+    into += av;
+  };
+  for (; j + 4 * L <= Dv; j += 4 * L) {
+#pragma GCC unroll 4
+    for (int q = 0; q < 4; ++q) one(j + q * L, acc[q]);
+  }
+  for (; j < Dv; j += L) one(j, acc[0]);
+  float sum = hsum((acc[0] + acc[1]) + (acc[2] + acc[3]));
+  for (j = Dv; j < D; ++j) {
+    float v = ld(a, j) + b[j];
+    if constexpr (!std::is_same_v<C, std::nullptr_t>) v += ld(c, j);
+    x[j] = v;
+    sum += v;
+  }
+  return sum;
+}
+
+// `sum`: of x's D values, summed by the caller's pass that formed x.
+template <class V, class O>
+FF_INLINE void layernorm_impl(const float* x, float sum, const float* gamma, const float* beta,
+                              int64_t D, float eps, O* out) {
+  constexpr int L = sizeof(V) / sizeof(float);
+  const int64_t Dv = D - D % L;
+  const float mean = sum / static_cast<float>(D);
+  float sq = squares_about<V>(x, Dv, mean);
   for (int64_t j = Dv; j < D; ++j) sq += (x[j] - mean) * (x[j] - mean);
   const float rstd = 1.0f / std::sqrt(sq / static_cast<float>(D) + eps);
   for (int64_t j = 0; j < Dv; j += L) {
@@ -152,33 +199,16 @@ FF_INLINE void layernorm_impl(const float* x, const float* gamma, const float* b
 template <class V, class O>
 FF_INLINE void embed_impl(const float* word, const float* pos, const float* gamma,
                           const float* beta, int64_t D, float eps, float* x, O* out) {
-  constexpr int L = sizeof(V) / sizeof(float);
-  const int64_t Dv = D - D % L;
-  for (int64_t j = 0; j < Dv; j += L) {
-    V a, b;
-    loadv(a, word + j);
-    loadv(b, pos + j);
-    storev(x + j, a + b);
-  }
-  for (int64_t j = Dv; j < D; ++j) x[j] = word[j] + pos[j];
-  layernorm_impl<V>(x, gamma, beta, D, eps, out);
+  const float sum = form_row<V>(word, pos, nullptr, D, x);
+  layernorm_impl<V>(x, sum, gamma, beta, D, eps, out);
 }
 
 template <class V, class E>
 FF_INLINE void residual_layernorm_impl(const E* c, const float* bias, const E* residual,
                                        const float* gamma, const float* beta, int64_t D, float eps,
                                        float* x, E* out) {
-  constexpr int L = sizeof(V) / sizeof(float);
-  const int64_t Dv = D - D % L;
-  for (int64_t j = 0; j < Dv; j += L) {
-    V cv, b, r;
-    loadv(cv, c + j);
-    loadv(b, bias + j);
-    loadv(r, residual + j);
-    storev(x + j, cv + b + r);
-  }
-  for (int64_t j = Dv; j < D; ++j) x[j] = ld(c, j) + bias[j] + ld(residual, j);
-  layernorm_impl<V>(x, gamma, beta, D, eps, out);
+  const float sum = form_row<V>(c, bias, residual, D, x);
+  layernorm_impl<V>(x, sum, gamma, beta, D, eps, out);
 }
 
 template <class V, class E>
@@ -537,7 +567,14 @@ FF_INLINE void weighted_sum_by_token(const float* w, int64_t heads, int64_t h0, 
   V acc[NB];
 #pragma GCC unroll 16
   for (int q = 0; q < NB; ++q) acc[q] = V{};
+  constexpr int64_t kAhead = 6;  // tokens: the rows' pieces are strided, no prefetcher follows
+  constexpr int64_t kLines = (NB * L * int64_t(sizeof(E)) + 63) / 64;
   for (int64_t t = 0; t < len; ++t) {
+    if (t + kAhead < len) {
+      const char* next = reinterpret_cast<const char*>(x + (t + kAhead) * stride);
+#pragma GCC unroll 16
+      for (int64_t i = 0; i < kLines; ++i) __builtin_prefetch(next + 64 * i);
+    }
     if (!mask[t]) continue;
     const float* wt = w + t * heads + h0;
     const E* row = x + t * stride;
@@ -643,33 +680,22 @@ FF_INLINE void pool_chunk_impl(const S* scores, int64_t score_ld, int64_t heads,
   }
 }
 
-// tanh in every lane of N vectors: sign(x) (1 - t) / (1 + t), t = exp(-2|x|) (vmath::tanh's
-// formula), each step over the N vectors in turn: N independent chains in flight (one tanh is
-// a chain of some twenty dependent operations, which one vector at a time leaves waiting).
+// tanh in every lane of N vectors: vmath::tanh_rational on the clamped lanes, each step over
+// the N vectors in turn: N independent chains in flight (one tanh is a chain of some fifteen
+// dependent operations, which one vector at a time leaves waiting).
 template <int N, class V>
 FF_INLINE void tanh_vectors(V* x) {
-  using U = typename Lanes<V>::u32;
-  U sign[N];
-  V t[N];
+  constexpr float c = vmath::kTanhClamp;
 #pragma GCC unroll 8
   for (int q = 0; q < N; ++q) {
-    U bits;
-    std::memcpy(&bits, &x[q], sizeof(V));
-    sign[q] = bits & 0x80000000u;
-    bits &= 0x7fffffffu;
-    std::memcpy(&t[q], &bits, sizeof(V));
-    t[q] = -2.0f * t[q];
+    x[q] = x[q] < -c ? V{} - c : x[q];
+    x[q] = x[q] > c ? V{} + c : x[q];
   }
+  V y[N];
 #pragma GCC unroll 8
-  for (int q = 0; q < N; ++q) exp_nonpositive(t[q]);
+  for (int q = 0; q < N; ++q) vmath::tanh_rational(x[q], y[q]);
 #pragma GCC unroll 8
-  for (int q = 0; q < N; ++q) {
-    const V magnitude = (1.0f - t[q]) / (1.0f + t[q]);
-    U bits;
-    std::memcpy(&bits, &magnitude, sizeof(V));
-    bits |= sign[q];
-    std::memcpy(&x[q], &bits, sizeof(V));
-  }
+  for (int q = 0; q < N; ++q) x[q] = y[q];
 }
 
 template <class V, class E>
