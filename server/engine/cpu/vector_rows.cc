@@ -567,14 +567,7 @@ FF_INLINE void weighted_sum_by_token(const float* w, int64_t heads, int64_t h0, 
   V acc[NB];
 #pragma GCC unroll 16
   for (int q = 0; q < NB; ++q) acc[q] = V{};
-  constexpr int64_t kAhead = 6;  // tokens: the rows' pieces are strided, no prefetcher follows
-  constexpr int64_t kLines = (NB * L * int64_t(sizeof(E)) + 63) / 64;
   for (int64_t t = 0; t < len; ++t) {
-    if (t + kAhead < len) {
-      const char* next = reinterpret_cast<const char*>(x + (t + kAhead) * stride);
-#pragma GCC unroll 16
-      for (int64_t i = 0; i < kLines; ++i) __builtin_prefetch(next + 64 * i);
-    }
     if (!mask[t]) continue;
     const float* wt = w + t * heads + h0;
     const E* row = x + t * stride;
