@@ -55,6 +55,28 @@ Api api_of(std::string_view path) {
 
 }  // namespace
 
+void write_embedding(json::Writer& w, request::EmbeddingType type, std::span<const float> e,
+                     const request::QuantizationRange* range, bool base64) {
+  if (type == request::EmbeddingType::kFloat && !base64) {
+    w.floats(e);
+    return;
+  }
+  thread_local std::vector<uint8_t> bytes;
+  bytes.clear();
+  request::quantize_embedding(type, e, range, &bytes);
+  if (base64) {
+    w.base64(std::string_view(reinterpret_cast<const char*>(bytes.data()), bytes.size()));
+    return;
+  }
+  const bool is_signed = request::embedding_type_signed(type);
+  w.ch('[');
+  for (size_t i = 0; i < bytes.size(); ++i) {
+    if (i > 0) w.ch(',');
+    w.number(is_signed ? int64_t(static_cast<int8_t>(bytes[i])) : int64_t(bytes[i]));
+  }
+  w.ch(']');
+}
+
 Response json_response(bhttp::status status, std::string body) {
   Response response{status, 11};
   response.set(bhttp::field::content_type, "application/json");

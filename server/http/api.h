@@ -12,12 +12,14 @@
 #include <chrono>
 #include <functional>
 #include <memory>
+#include <span>
 #include <string>
 #include <vector>
 
 #include "server/http/http_server.h"
 #include "server/http/json.h"
 #include "server/request/encode_input.h"
+#include "server/request/quantize.h"
 #include "server/serving/auth.h"
 #include "server/serving/intake.h"
 
@@ -137,6 +139,13 @@ request::EncodeInput encode_input(const Inputs& inputs);
 // a non-negative integer, or an error naming the field; absent or null leaves it unset.
 std::optional<std::string> read_macro_overlap(const simdjson::dom::object& body,
                                               std::optional<int32_t>* overlap);
+
+// One embedding in `type` (request/quantize.h) as a JSON value: float as numbers, int8 and
+// binary as signed integers, uint8 and ubinary as unsigned ones; with `base64`, the type's
+// bytes as a base64 string (float32 little-endian for float). `range`: the calibrated range of
+// int8 and uint8 (ServedModel::quantization_range).
+void write_embedding(json::Writer& w, request::EmbeddingType type, std::span<const float> e,
+                     const request::QuantizationRange* range, bool base64);
 
 // The response of `status` with `body` as application/json.
 Response json_response(bhttp::status status, std::string body);

@@ -132,6 +132,9 @@ void HttpApi::openai_embeddings(const Request& http_request, Call call) {
     bool base64 = false;
     int64_t dimensions = 0;
     bool late_chunking = false;
+    request::EmbeddingType type = request::EmbeddingType::kFloat;
+    const request::QuantizationRange* range = nullptr;          // int8 / uint8: the version's, in
+    std::shared_ptr<const request::Quantization> quantization;  // (held here)
   };
   auto keep = std::make_shared<Keep>();
   simdjson::dom::element v;
@@ -178,6 +181,35 @@ void HttpApi::openai_embeddings(const Request& http_request, Call call) {
     if (auto refused = request::check_dimensions(d, model))
       return fail(call, invalid_argument(*refused), "dimensions");
     keep->dimensions = d;
+  }
+  // Jina's `embedding_type` (the openai SDK sends it in extra_body): float, base64 (float as
+  // base64), binary, ubinary, and ours int8 and uint8; encoding_format base64 encodes the
+  // chosen type's bytes.
+  if (!body["embedding_type"].get(v) && !v.is_null()) {
+    std::string_view type_name;
+    std::optional<request::EmbeddingType> type;
+    if (!v.get_string().get(type_name)) {
+      type = type_name == "base64" ? request::EmbeddingType::kFloat
+                                   : request::parse_embedding_type(type_name);
+      if (type_name == "base64") keep->base64 = true;
+    }
+    if (!type) {
+      return fail(call,
+                  invalid_argument(std::string("embedding_type: expected ") +
+                                   request::embedding_type_names() + " (or \"base64\": float as " +
+                                   "base64), got " +
+                                   (v.is_string() ? "\"" + std::string(type_name) + "\""
+                                                  : std::string(json::type_name(v)))),
+                  "embedding_type");
+    }
+    keep->type = *type;
+  }
+  {
+    const int64_t dims = keep->dimensions > 0 ? keep->dimensions : model.config().hidden_size;
+    if (auto refused = served->check_embedding_type(keep->type, dims, true))
+      return fail(call, invalid_argument("embedding_type: " + *refused), "embedding_type");
+    keep->quantization = served->config.quantization;
+    keep->range = served->quantization_range(dims, true);
   }
   // Jina's extension (the openai SDK sends it in extra_body): the inputs are one document's
   // consecutive chunks, one embedding each from one pass.
@@ -227,12 +259,7 @@ void HttpApi::openai_embeddings(const Request& http_request, Call call) {
           const std::span<const float> e = embedding(i);
           if (i > 0) w.ch(',');
           w.raw("{\"object\":\"embedding\",\"index\":").number(int64_t(i)).raw(",\"embedding\":");
-          if (keep->base64) {
-            static_assert(std::endian::native == std::endian::little);
-            w.base64(std::string_view(reinterpret_cast<const char*>(e.data()), e.size_bytes()));
-          } else {
-            w.floats(e);
-          }
+          write_embedding(w, keep->type, e, keep->range, keep->base64);
           w.ch('}');
         }
         const int64_t tokens = real_tokens(r, pad);

@@ -5,6 +5,7 @@
 #include <sys/stat.h>
 
 #include <charconv>
+#include <cmath>
 #include <fstream>
 #include <nlohmann/json.hpp>
 #include <sstream>
@@ -105,6 +106,66 @@ std::vector<std::string> read_labels(const fs::path& version_dir) {
     }
   }
   return labels;
+}
+
+std::shared_ptr<const request::Quantization> read_quantization(const fs::path& version_dir,
+                                                               int64_t hidden_size) {
+  const fs::path path = version_dir / "quantization.json";
+  std::error_code ec;
+  if (!fs::exists(path, ec)) return nullptr;
+  const std::string file = path.string();
+  auto bad = [&](const std::string& what) {
+    return std::invalid_argument(
+        file + ": " + what +
+        " (docs/api.md, \"Embedding types\"; tools/calibrate_quantization.py "
+        "writes it)");
+  };
+  std::ifstream in(path);
+  if (!in) throw bad("cannot be read");
+  const nlohmann::json doc = nlohmann::json::parse(in, nullptr, /*allow_exceptions=*/false);
+  if (!doc.is_object()) throw bad("is not a JSON object");
+  if (!doc.contains("ranges") || !doc["ranges"].is_array()) throw bad("\"ranges\" must be a list");
+  auto q = std::make_shared<request::Quantization>();
+  q->file = file;
+  for (size_t i = 0; i < doc["ranges"].size(); ++i) {
+    const nlohmann::json& r = doc["ranges"][i];
+    const std::string where = "ranges[" + std::to_string(i) + "]";
+    if (!r.is_object()) throw bad(where + " must be an object");
+    request::QuantizationRange range;
+    if (!r.contains("dimensions") || !r["dimensions"].is_number_integer() ||
+        r["dimensions"].get<int64_t>() < 1 || r["dimensions"].get<int64_t>() > hidden_size) {
+      throw bad(where + ".dimensions must be an integer in [1, hidden_size " +
+                std::to_string(hidden_size) + "]");
+    }
+    range.dims = r["dimensions"].get<int64_t>();
+    if (r.contains("normalized")) {
+      if (!r["normalized"].is_boolean()) throw bad(where + ".normalized must be true or false");
+      range.normalized = r["normalized"].get<bool>();
+    }
+    for (const char* key : {"min", "max"}) {
+      if (!r.contains(key) || !r[key].is_array() || int64_t(r[key].size()) != range.dims) {
+        throw bad(where + "." + key + " must be a list of " + std::to_string(range.dims) +
+                  " numbers");
+      }
+      std::vector<float>& values = std::string(key) == "min" ? range.min : range.max;
+      for (const nlohmann::json& v : r[key]) {
+        if (!v.is_number() || !std::isfinite(v.get<double>()))
+          throw bad(where + "." + key + " must hold finite numbers");
+        values.push_back(v.get<float>());
+      }
+    }
+    for (int64_t j = 0; j < range.dims; ++j) {
+      if (range.min[size_t(j)] > range.max[size_t(j)]) {
+        throw bad(where + ": dimension " + std::to_string(j) + " has min " +
+                  std::to_string(range.min[size_t(j)]) + " above max " +
+                  std::to_string(range.max[size_t(j)]));
+      }
+    }
+    if (q->find(range.dims, range.normalized) != nullptr)
+      throw bad(where + " repeats an earlier range's dimensions and normalisation");
+    q->ranges.push_back(std::move(range));
+  }
+  return q;
 }
 
 ModelSettings read_settings(const std::filesystem::path& model_dir, const std::string& name,

@@ -1,12 +1,14 @@
 // The repository's layout, as Triton reads it: <repository>/<model>/<version>/ directories,
 // each model's optional config.pbtxt (the server's flags overridden per model), the version
-// policy, and what a version directory holds besides the weights (the class labels). Files
+// policy, and what a version directory holds besides the weights (the class labels, the
+// embedding types' ranges). Files
 // only: nothing here loads a model.
 #pragma once
 
 #include <cstdint>
 #include <filesystem>
 #include <map>
+#include <memory>
 #include <optional>
 #include <set>
 #include <string>
@@ -14,6 +16,7 @@
 
 #include "inference/model_config.pb.h"
 #include "server/repository/settings.h"
+#include "server/request/quantize.h"
 
 namespace fastformer::repository {
 
@@ -36,5 +39,12 @@ std::set<int64_t> wanted_versions(const inference::ModelVersionPolicy& policy,
 // a courtesy: a missing or broken file gives none (the model's own load reports a broken
 // config.json).
 std::vector<std::string> read_labels(const std::filesystem::path& version_dir);
+// The version directory's quantization.json (the int8 / uint8 embedding types' calibrated
+// ranges, tools/calibrate_quantization.py; docs/api.md, "Embedding types"), or null when there is
+// none. Throws std::invalid_argument naming the file and what is wrong when it is malformed: a
+// ranges file that cannot be read would quantize with the wrong ranges, so the version does not
+// load. `hidden_size`: no range may have more dimensions.
+std::shared_ptr<const request::Quantization> read_quantization(
+    const std::filesystem::path& version_dir, int64_t hidden_size);
 
 }  // namespace fastformer::repository

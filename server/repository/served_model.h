@@ -19,6 +19,7 @@
 #include "server/metrics/metrics.h"
 #include "server/repository/settings.h"
 #include "server/request/encode_input.h"
+#include "server/request/quantize.h"
 #include "server/text/text.h"
 
 namespace fastformer::repository {
@@ -32,6 +33,10 @@ struct ServiceConfig {
   /// The classifier head's class names, read once at load (read_labels): config.json's
   /// id2label, else labels.json's "labels"; empty when neither names them.
   std::vector<std::string> labels;
+  /// The version's quantization.json (read_quantization), read once at load; null: none, so
+  /// the int8 and uint8 embedding types are refused naming quantization_file.
+  std::shared_ptr<const request::Quantization> quantization;
+  std::string quantization_file;  ///< where it is (or would be)
 };
 
 // Cumulative statistics of one model version, for the protocol's ModelStatistics: every
@@ -87,6 +92,17 @@ struct ServedModel {
                                            const LoadContext& context);
 
   const text::Tokenizer* tokenizer() const { return config.tokenizer.get(); }
+  // Why `type` cannot be answered for this version's embeddings of `dims` dimensions
+  // (request::check_embedding_type with its quantization.json); nothing when it can.
+  std::optional<std::string> check_embedding_type(request::EmbeddingType type, int64_t dims,
+                                                  bool normalized) const {
+    return request::check_embedding_type(type, dims, normalized, config.quantization.get(),
+                                         config.quantization_file);
+  }
+  // The calibrated range for int8 / uint8 (null otherwise, or where check_embedding_type refuses).
+  const request::QuantizationRange* quantization_range(int64_t dims, bool normalized) const {
+    return config.quantization ? config.quantization->find(dims, normalized) : nullptr;
+  }
   // Class `index`'s name: config.labels', else LABEL_<index> (as Hugging Face names the labels
   // it was not told). What every protocol shows.
   std::string label(size_t index) const {
