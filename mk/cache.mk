@@ -28,7 +28,11 @@ VENV_TOOL = VENV_CACHE=$(VENV_CACHE) tools/cached_venv.sh
 TRITON_VENV_ARGS := --system-site-packages --post 'tools/perf_analyzer_from_wheel.sh 2.41.0' \
   --key-file tools/perf_analyzer_from_wheel.sh
 TRITON_VENV := $(shell $(VENV_TOOL) path triton $(TRITON_VENV_ARGS))
-HTTP_VENV := $(shell $(VENV_TOOL) path http --system-site-packages)
+# sentence-transformers without its dependencies (transformers, a PyPI torch): tests/http loads
+# its util/quantization.py alone, the reference of the embedding types.
+HTTP_VENV_ARGS := --system-site-packages --post '"$$VENV/bin/pip" install -q --no-deps \
+  -c tests/requirements/pins.txt sentence-transformers'
+HTTP_VENV := $(shell $(VENV_TOOL) path http $(HTTP_VENV_ARGS))
 TOKENIZER_VENV := $(shell $(VENV_TOOL) path tokenizer --system-site-packages)
 LINT_VENV := $(shell $(VENV_TOOL) path lint --python python3)
 # CMake 4 (PyPI), for the GoogleTest wiring test of tests/gpu under a lent GPU machine's CMake.
@@ -41,7 +45,7 @@ export FASTFORMER_BENCH_VENV ?= $(VENV_CACHE)/bench-$(shell tools/cache_key.sh -
 $(TRITON_VENV)/.complete:
 	$(VENV_TOOL) ensure triton $(TRITON_VENV_ARGS) >/dev/null
 $(HTTP_VENV)/.complete:
-	$(VENV_TOOL) ensure http --system-site-packages >/dev/null
+	$(VENV_TOOL) ensure http $(HTTP_VENV_ARGS) >/dev/null
 $(TOKENIZER_VENV)/.complete:
 	$(VENV_TOOL) ensure tokenizer --system-site-packages >/dev/null
 $(LINT_VENV)/.complete:

@@ -125,21 +125,18 @@ void quantize_embedding(EmbeddingType type, std::span<const float> embedding,
     }
     case EmbeddingType::kInt8:
     case EmbeddingType::kUint8: {
-      // float32 throughout, as numpy computes it on float32 arrays: the step (max - min) / 255,
-      // then (x - min) / step, then - 128 for int8; the cast truncates toward zero.
+      // float32 throughout, as numpy computes it on float32 arrays: the step (max - min) / 255
+      // (1 where that is 0), q = floor((x - min) / step) clipped to [0, 255]; int8 is q - 128.
       for (size_t j = 0; j < dims; ++j) {
         const float lo = range->min[j], hi = range->max[j];
-        const float step = (hi - lo) / 255.0f;
-        const float x = std::clamp(embedding[j], lo, hi);
-        float q = step > 0.0f ? (x - lo) / step : 0.0f;
+        float step = (hi - lo) / 255.0f;
+        if (step == 0.0f) step = 1.0f;
+        float q = std::floor((embedding[j] - lo) / step);
         if (!(q == q)) q = 0.0f;  // a NaN value (never a model's output): the range's start
-        if (type == EmbeddingType::kUint8) {
-          q = std::clamp(q, 0.0f, 255.0f);
-          out->push_back(static_cast<uint8_t>(static_cast<int>(q)));
-        } else {
-          q = std::clamp(q - 128.0f, -128.0f, 127.0f);
-          out->push_back(static_cast<uint8_t>(static_cast<int8_t>(static_cast<int>(q))));
-        }
+        const int u = static_cast<int>(std::clamp(q, 0.0f, 255.0f));
+        out->push_back(type == EmbeddingType::kUint8
+                           ? static_cast<uint8_t>(u)
+                           : static_cast<uint8_t>(static_cast<int8_t>(u - 128)));
       }
       return;
     }

@@ -8,9 +8,11 @@
 //   the byte, binary the byte - 128 as int8. The dimension count must be a multiple of 8.
 // - uint8 / int8: per-dimension ranges [min, max] calibrated on the model's own output (the
 //   version's quantization.json, written by tools/calibrate_quantization.py), in 255 steps:
-//   q = (x - min) / ((max - min) / 255) in float32, truncated toward zero; int8 takes q - 128.
-//   A value outside the calibrated range is clipped to it first (sentence-transformers' cast
-//   wraps such a value around instead; inside the range the two agree bit for bit).
+//   q = floor((x - min) / step), step = (max - min) / 255 (1 where max = min), in float32 and
+//   clipped to [0, 255]; uint8 is q, int8 is q - 128. That is sentence-transformers 6.x's rule
+//   (util/quantization.py), values outside the range included; older releases cast
+//   without the floor and the clip (int8 truncated q - 128 toward zero, and a value outside
+//   the range wrapped around).
 #pragma once
 
 #include <cstdint>

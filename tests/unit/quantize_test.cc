@@ -1,6 +1,6 @@
 // The embedding types (server/request/quantize.h) on hand-computed cases: sentence-transformers'
 // quantize_embeddings rules worked out by hand here (numpy.packbits' bit order, the float32
-// steps and the truncation toward zero), the clipping outside the calibrated range, and every
+// steps and the floor), the clipping outside the calibrated range, and every
 // refusal's wording. The server's answers are checked against sentence-transformers' own formula
 // on the demo model's embeddings in tests/http/test_embedding_types.py.
 #include "server/request/quantize.h"
@@ -50,34 +50,33 @@ TEST(EmbeddingTypes, BinaryPacksTheSignsMostSignificantBitFirst) {
             -128);
 }
 
-// Range [-1, 1]: step = 2 / 255 in float32; q = (x + 1) / step, truncated toward zero.
-TEST(EmbeddingTypes, Uint8AndInt8AreTheStepsTruncatedTowardZero) {
+// Range [-1, 1]: step = float32(2 / 255); q = floor((x + 1) / step), as numpy computes it in
+// float32 (the values sentence-transformers 6.3.0's quantize_embeddings gives for these ranges).
+TEST(EmbeddingTypes, Uint8AndInt8AreTheFlooredSteps) {
   const QuantizationRange range{4, true, {-1.0f, -1.0f, -1.0f, 0.0f}, {1.0f, 1.0f, 1.0f, 0.5f}};
   const std::vector<float> e = {-1.0f, 0.0f, 1.0f, 0.25f};
-  // In float32, as numpy: 0 / step = 0; 1 / step = 127.49999 -> 127; 2 / step = 254.99998 ->
-  // 254 (the range's top is 254, not 255: float32(2 / 255) rounds up); 0.25 / float32(0.5 / 255)
-  // = 127.49999 -> 127.
+  // 0 / step = 0; 1 / step = 127.49999 -> 127; 2 / step = 254.99998 -> 254 (the range's top is
+  // 254, not 255: float32(2 / 255) rounds up); 0.25 / float32(0.5 / 255) = 127.49999 -> 127.
   EXPECT_EQ(quantize(EmbeddingType::kUint8, e, &range), (std::vector<uint8_t>{0, 127, 254, 127}));
-  // int8: q - 128 = -128, -0.50001 -> 0 (toward zero, not -1), 126.99998 -> 126, 0.
+  // int8: q - 128.
   const std::vector<uint8_t> i = quantize(EmbeddingType::kInt8, e, &range);
   ASSERT_EQ(i.size(), 4u);
   EXPECT_EQ(static_cast<int8_t>(i[0]), -128);
-  EXPECT_EQ(static_cast<int8_t>(i[1]), 0);
+  EXPECT_EQ(static_cast<int8_t>(i[1]), -1);
   EXPECT_EQ(static_cast<int8_t>(i[2]), 126);
-  EXPECT_EQ(static_cast<int8_t>(i[3]), 0);
+  EXPECT_EQ(static_cast<int8_t>(i[3]), -1);
 }
 
-// Outside the calibrated range a value is clipped to it (sentence-transformers' cast would wrap):
-// to the range's ends, 0 and 1 / float32(1 / 255) = 254.99998 -> 254 (int8: -128 and 126).
+// Outside the calibrated range q is clipped to [0, 255] (as sentence-transformers 6 does; older
+// releases wrapped such values around); a range of one value steps by 1.
 TEST(EmbeddingTypes, ValuesOutsideTheRangeAreClipped) {
   const QuantizationRange range{2, true, {0.0f, 0.0f}, {1.0f, 1.0f}};
-  EXPECT_EQ(quantize(EmbeddingType::kUint8, {-5.0f, 9.0f}, &range), (std::vector<uint8_t>{0, 254}));
+  EXPECT_EQ(quantize(EmbeddingType::kUint8, {-5.0f, 9.0f}, &range), (std::vector<uint8_t>{0, 255}));
   const std::vector<uint8_t> i = quantize(EmbeddingType::kInt8, {-5.0f, 9.0f}, &range);
   EXPECT_EQ(static_cast<int8_t>(i[0]), -128);
-  EXPECT_EQ(static_cast<int8_t>(i[1]), 126);
-  // A dimension whose range is one value: its start.
-  const QuantizationRange flat{1, true, {0.5f}, {0.5f}};
-  EXPECT_EQ(quantize(EmbeddingType::kUint8, {0.5f}, &flat), (std::vector<uint8_t>{0}));
+  EXPECT_EQ(static_cast<int8_t>(i[1]), 127);
+  const QuantizationRange flat{2, true, {0.5f, 0.5f}, {0.5f, 0.5f}};
+  EXPECT_EQ(quantize(EmbeddingType::kUint8, {0.5f, 2.7f}, &flat), (std::vector<uint8_t>{0, 2}));
 }
 
 TEST(EmbeddingTypes, FloatIsTheLittleEndianFloat32Bytes) {
