@@ -13,6 +13,11 @@ Status EncoderService::admit(const v1::EncodeRequest& proto, grpc::CallbackServe
   return intake_.admit(
       steady_deadline(context), proto.model_name(), proto.model_version(),
       [&](const ServedModel& model) {
+        if (Status s = check_embedding_types(proto, model.model->config().hidden_size,
+                                             model.config.quantization.get(),
+                                             model.config.quantization_file);
+            !s.ok())
+          return s;
         return convert_request(proto, *model.model, model.tokenizer(), model.config.limits,
                                request.get());
       },
@@ -41,7 +46,7 @@ grpc::ServerUnaryReactor* EncoderService::Encode(grpc::CallbackServerContext* co
     Status status = outcome_status(r);
     const auto filling = Clock::now();
     if (status.ok()) {
-      fill_response(r, &call->response);
+      fill_response(r, call->proto, Intake::served(r).config.quantization.get(), &call->response);
       call->response.set_request_id(call->proto.request_id());
       call->response.set_model_name(Intake::served(r).name);
       call->response.set_model_version(Intake::served(r).version);
@@ -76,7 +81,8 @@ grpc::ByteBuffer EncoderService::StreamProtocol::answer(Message& message,
   v1::EncodeResponse response;
   response.set_request_id(message.parsed.request_id());
   if (status.ok()) {
-    fill_response(*done, &response);
+    fill_response(*done, message.parsed, Intake::served(*done).config.quantization.get(),
+                  &response);
     response.set_model_name(Intake::served(*done).name);
     response.set_model_version(Intake::served(*done).version);
   } else {

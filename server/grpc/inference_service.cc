@@ -134,6 +134,8 @@ Status InferenceService::admit(const inference::ModelInferRequest& proto, InferC
   return intake_.admit(
       steady_deadline(context), proto.model_name(), proto.model_version(),
       [&](const ServedModel& model) {
+        call->quantization = model.config.quantization;
+        call->quantization_file = model.config.quantization_file;
         return serving::convert_infer_request(
             proto, *model.model, model.tokenizer(), model.config.limits,
             model.settings.max_batch_sequences, call, request.get());

@@ -9,6 +9,7 @@
 #include <optional>
 #include <span>
 #include <string>
+#include <vector>
 
 #include "server/grpc/raw_message.h"
 #include "server/serving/infer_conversion.h"
@@ -158,11 +159,78 @@ std::string explain_encode_parse_failure(const std::string& bytes) {
   return not_protobuf;
 }
 
-void fill_response(const batching::Request& request, v1::EncodeResponse* response) {
+namespace {
+
+request::EmbeddingType our_type(int type) {
+  switch (type) {
+    case v1::EMBEDDING_TYPE_INT8:
+      return request::EmbeddingType::kInt8;
+    case v1::EMBEDDING_TYPE_UINT8:
+      return request::EmbeddingType::kUint8;
+    case v1::EMBEDDING_TYPE_BINARY:
+      return request::EmbeddingType::kBinary;
+    case v1::EMBEDDING_TYPE_UBINARY:
+      return request::EmbeddingType::kUbinary;
+    default:
+      return request::EmbeddingType::kFloat;
+  }
+}
+
+// The float values, unless the request asked only for quantized types.
+bool wants_float(const v1::EncodeRequest& proto) {
+  if (proto.embedding_types().empty()) return true;
+  for (const int t : proto.embedding_types())
+    if (t == v1::EMBEDDING_TYPE_FLOAT) return true;
+  return false;
+}
+
+// `embedding` in each quantized type `proto` asks for.
+void quantize_into(const v1::EncodeRequest& proto, std::span<const float> embedding,
+                   const request::QuantizationRange* range, v1::QuantizedEmbedding* out) {
+  std::vector<uint8_t> bytes;
+  for (const int t : proto.embedding_types()) {
+    if (t == v1::EMBEDDING_TYPE_FLOAT) continue;
+    bytes.clear();
+    request::quantize_embedding(our_type(t), embedding, range, &bytes);
+    std::string* field = t == v1::EMBEDDING_TYPE_INT8     ? out->mutable_int8()
+                         : t == v1::EMBEDDING_TYPE_UINT8  ? out->mutable_uint8()
+                         : t == v1::EMBEDDING_TYPE_BINARY ? out->mutable_binary()
+                                                          : out->mutable_ubinary();
+    field->assign(reinterpret_cast<const char*>(bytes.data()), bytes.size());
+  }
+}
+
+}  // namespace
+
+Status check_embedding_types(const v1::EncodeRequest& proto, int64_t dims,
+                             const request::Quantization* quantization, const std::string& file) {
+  for (const int t : proto.embedding_types()) {
+    if (!v1::EmbeddingType_IsValid(t)) {
+      return invalid_argument(
+          "embedding_types: unknown value " + std::to_string(t) +
+          " (expected EMBEDDING_TYPE_FLOAT, _INT8, _UINT8, _BINARY or _UBINARY)");
+    }
+    if (auto refused =
+            request::check_embedding_type(our_type(t), dims, proto.normalize(), quantization, file))
+      return invalid_argument("embedding_types: " + *refused);
+  }
+  return Status();
+}
+
+void fill_response(const batching::Request& request, const v1::EncodeRequest& proto,
+                   const request::Quantization* quantization, v1::EncodeResponse* response) {
+  const bool floats = wants_float(proto);
+  const bool quantized =
+      !proto.embedding_types().empty() && (proto.embedding_types_size() > 1 || !floats);
   for (size_t b = 0; b < request.results.size(); ++b) {
     const EncodedSequence& seq = request.results[b];
     v1::Encoding* e = response->add_encodings();
-    e->mutable_embedding()->Add(seq.embedding.begin(), seq.embedding.end());
+    const request::QuantizationRange* range =
+        quantized && quantization != nullptr
+            ? quantization->find(int64_t(seq.embedding.size()), proto.normalize())
+            : nullptr;
+    if (floats) e->mutable_embedding()->Add(seq.embedding.begin(), seq.embedding.end());
+    if (quantized) quantize_into(proto, seq.embedding, range, e->mutable_quantized());
     e->mutable_token_embeddings()->Add(seq.token_embeddings.begin(), seq.token_embeddings.end());
     e->mutable_logits()->Add(seq.logits.begin(), seq.logits.end());
     e->set_num_tokens(static_cast<uint32_t>(seq.num_tokens));
@@ -171,8 +239,10 @@ void fill_response(const batching::Request& request, v1::EncodeResponse* respons
       const std::span<const TokenSpan> spans = request.sequences[b].spans;
       for (size_t k = 0; k < spans.size(); ++k) {
         v1::Chunk* chunk = e->add_chunks();
-        chunk->mutable_embedding()->Add(seq.span_embeddings.begin() + int64_t(k * width),
-                                        seq.span_embeddings.begin() + int64_t((k + 1) * width));
+        const std::span<const float> span_embedding =
+            std::span<const float>(seq.span_embeddings).subspan(k * width, width);
+        if (floats) chunk->mutable_embedding()->Add(span_embedding.begin(), span_embedding.end());
+        if (quantized) quantize_into(proto, span_embedding, range, chunk->mutable_quantized());
         chunk->mutable_tokens()->set_begin(uint32_t(spans[k].begin));
         chunk->mutable_tokens()->set_end(uint32_t(spans[k].end));
         if (const auto chars = request::chunk_characters(request, b, spans[k])) {

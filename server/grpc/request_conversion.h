@@ -15,6 +15,7 @@
 #include "server/batching/request.h"
 #include "server/engine/model.h"
 #include "server/request/encode_input.h"
+#include "server/request/quantize.h"
 
 namespace fastformer::rpc {
 
@@ -34,7 +35,16 @@ Status convert_request(const v1::EncodeRequest& proto, const engine::Model& mode
                        const text::Tokenizer* tokenizer, const request::Limits& limits,
                        batching::Request* out);
 
-// Copies the results of a finished request into `response` (encodings, timings).
-void fill_response(const batching::Request& request, v1::EncodeResponse* response);
+// Why `proto`'s embedding_types cannot be answered for embeddings of `dims` dimensions with
+// the version's calibrated ranges `quantization` (null: none; `file` is where they would be):
+// an unknown value, BINARY on a dimension count that is not a multiple of 8, INT8 or UINT8
+// without ranges; INVALID_ARGUMENT naming embedding_types. OK when they can be.
+Status check_embedding_types(const v1::EncodeRequest& proto, int64_t dims,
+                             const request::Quantization* quantization, const std::string& file);
+
+// Copies the results of a finished request into `response` (encodings in `proto`'s
+// embedding_types, which check_embedding_types accepted with `quantization`; timings).
+void fill_response(const batching::Request& request, const v1::EncodeRequest& proto,
+                   const request::Quantization* quantization, v1::EncodeResponse* response);
 
 }  // namespace fastformer::rpc

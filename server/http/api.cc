@@ -48,6 +48,7 @@ const char* tei_type(bhttp::status status) {
 
 // Which API a path belongs to, for errors before (or without) a route.
 Api api_of(std::string_view path) {
+  if (path == "/v1/embed" || path == "/v2/embed") return Api::kCohere;
   if (path.starts_with("/v1/") || path == "/v1") return Api::kOpenAI;
   if (path.starts_with("/v2/") || path == "/v2") return Api::kKServe;
   return Api::kTei;
@@ -110,6 +111,9 @@ Response error_response(Api api, bhttp::status status, const std::string& messag
       break;
     case Api::kKServe:
       w.raw("{\"error\":").string(message).ch('}');
+      break;
+    case Api::kCohere:
+      w.raw("{\"message\":").string(message).ch('}');
       break;
   }
   Response response = json_response(status, w.take());
@@ -281,6 +285,11 @@ const std::vector<HttpApi::Route>& HttpApi::routes() {
       // OpenAI
       {V::post, "/v1/embeddings", "POST /v1/embeddings",
        [](HttpApi& a, R r, Call c, P) { a.openai_embeddings(r, std::move(c)); }},
+      // Cohere (before OpenAI's /v1/models: a distinct path either way)
+      {V::post, "/v1/embed", "POST /v1/embed",
+       [](HttpApi& a, R r, Call c, P) { a.cohere_embed(r, std::move(c), false); }},
+      {V::post, "/v2/embed", "POST /v2/embed",
+       [](HttpApi& a, R r, Call c, P) { a.cohere_embed(r, std::move(c), true); }},
       {V::get, "/v1/models", "GET /v1/models",
        [](HttpApi& a, R, Call c, P) { a.openai_models(std::move(c)); }},
       {V::get, "/v1/models/{model...}", "GET /v1/models",

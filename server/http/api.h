@@ -1,12 +1,13 @@
 // The HTTP routes over the one intake (server/rpc/intake.h): the OpenAI embeddings API
-// (openai.cc), text-embeddings-inference's routes (tei.cc) and KServe v2 REST as Triton serves
-// it (kserve_rest.cc). Each route maps its JSON into request::EncodeInput (or, for KServe, the
-// same ModelInferRequest the gRPC service converts), so every request rule, limit, metric and
-// the drain are the gRPC services'. docs/api.md ("HTTP") is the contract.
+// (openai.cc), text-embeddings-inference's routes (tei.cc), KServe v2 REST as Triton serves
+// it (kserve_rest.cc) and Cohere's embed API (cohere.cc). Each route maps its JSON into
+// request::EncodeInput (or, for KServe, the same ModelInferRequest the gRPC service converts), so
+// every request rule, limit, metric and the drain are the gRPC services'. docs/api.md ("HTTP") is
+// the contract.
 //
 // Errors come in each API's own shape: OpenAI's {"error":{message,type,param,code}}, TEI's
-// {"error","error_type"} and KServe's {"error"}; the status codes are each API's (api.cc,
-// http_status).
+// {"error","error_type"}, KServe's {"error"} and Cohere's {"message"}; the status codes are each
+// API's (api.cc, http_status).
 #pragma once
 
 #include <chrono>
@@ -30,7 +31,7 @@ struct ApiOptions {
 };
 
 // Which API a route belongs to: its error shape and status codes.
-enum class Api { kOpenAI, kTei, kKServe };
+enum class Api { kOpenAI, kTei, kKServe, kCohere };
 
 // What a route's pattern captured from a path: {model} (or {model...}: the rest of the path,
 // slashes and all, as OpenAI's model ids may hold them) and {version}.
@@ -78,6 +79,8 @@ class HttpApi final : public Handler {
   void openai_embeddings(const Request& request, Call call);
   void openai_models(Call call);
   void openai_model(Call call, const std::string& id);  // GET /v1/models/{id}
+  // Cohere's POST /v1/embed (`v2` false) and /v2/embed (cohere.cc).
+  void cohere_embed(const Request& request, Call call, bool v2);
   void tei_embed(const Request& request, Call call, bool all_tokens);
   void tei_predict(const Request& request, Call call);
   void tei_tokenize(const Request& request, Call call);
@@ -146,6 +149,10 @@ std::optional<std::string> read_macro_overlap(const simdjson::dom::object& body,
 // int8 and uint8 (ServedModel::quantization_range).
 void write_embedding(json::Writer& w, request::EmbeddingType type, std::span<const float> e,
                      const request::QuantizationRange* range, bool base64);
+
+// Real tokens of a finished request (pads in id inputs are not counted; special tokens the
+// tokenizer adds are): OpenAI's usage and Cohere's billed_units.
+int64_t real_tokens(const batching::Request& r, int32_t pad);
 
 // The response of `status` with `body` as application/json.
 Response json_response(bhttp::status status, std::string body);

@@ -212,6 +212,12 @@ void data_json(const std::string& datatype, const std::string& raw, json::Writer
       if (i > 0) w.ch(',');
       w.number(int64_t(v));
     }
+  } else if (datatype == "INT8" || datatype == "UINT8") {  // the quantized embedding types
+    for (size_t i = 0; i < raw.size(); ++i) {
+      if (i > 0) w.ch(',');
+      const auto byte = static_cast<uint8_t>(raw[i]);
+      w.number(datatype == "INT8" ? int64_t(static_cast<int8_t>(byte)) : int64_t(byte));
+    }
   }
   w.ch(']');
 }
@@ -563,6 +569,8 @@ void HttpApi::kserve_infer(const Request& http_request, Call call, const std::st
   submit(
       call, served, keep,
       [keep, served](batching::Request* out) {
+        keep->call.quantization = served->config.quantization;
+        keep->call.quantization_file = served->config.quantization_file;
         return serving::convert_infer_request(
             keep->rest.proto, *served->model, served->tokenizer(), served->config.limits,
             served->settings.max_batch_sequences, &keep->call, out);

@@ -7,9 +7,6 @@ namespace fastformer::http {
 
 using batching::Clock;
 
-namespace {
-
-// Real tokens of a finished request (pads are not counted), for `usage`.
 int64_t real_tokens(const batching::Request& r, int32_t pad) {
   int64_t n = 0;
   for (size_t i = 0; i < r.sequences.size(); ++i) {
@@ -22,8 +19,6 @@ int64_t real_tokens(const batching::Request& r, int32_t pad) {
   }
   return n;
 }
-
-}  // namespace
 
 std::optional<std::string> read_macro_overlap(const simdjson::dom::object& body,
                                               std::optional<int32_t>* overlap) {

@@ -127,7 +127,8 @@ Status read_floats(const Input& input, int64_t count, std::vector<float>* out) {
 }
 
 Status read_parameters(const inference::ModelInferRequest& proto, OutputOptions* options,
-                       Truncate* truncate, std::optional<int32_t>* macro_overlap) {
+                       Truncate* truncate, std::optional<int32_t>* macro_overlap,
+                       request::EmbeddingType* embedding_type) {
   // Parameters we do not know are ignored, as the protocol asks (clients add their own).
   for (const auto& [key, value] : proto.parameters()) {
     if (key == "span_pooling") {
@@ -158,6 +159,13 @@ Status read_parameters(const inference::ModelInferRequest& proto, OutputOptions*
             "parameters: macro_overlap_tokens must be a non-negative int64 parameter");
       }
       *macro_overlap = int32_t(value.int64_param());
+    } else if (key == "embedding_type") {
+      const auto type = request::parse_embedding_type(value.string_param());
+      if (value.parameter_choice_case() != inference::InferParameter::kStringParam || !type) {
+        return invalid_argument(std::string("parameters: embedding_type must be the string ") +
+                                request::embedding_type_names());
+      }
+      *embedding_type = *type;
     }
   }
   return Status();
@@ -368,10 +376,17 @@ Status convert_infer_request(const inference::ModelInferRequest& proto, const en
     return invalid_argument("attention_mask: not used with text (each text is one row)");
 
   request::EncodeInput input;
-  if (Status s =
-          read_parameters(proto, &input.options, &input.truncate, &input.macro_overlap_tokens);
+  if (Status s = read_parameters(proto, &input.options, &input.truncate,
+                                 &input.macro_overlap_tokens, &call->embedding_type);
       !s.ok())
     return s;
+  if (auto refused = request::check_embedding_type(
+          call->embedding_type, model.config().hidden_size, input.options.normalize,
+          call->quantization.get(), call->quantization_file)) {
+    return invalid_argument("parameters: embedding_type: " + *refused);
+  }
+  if (call->quantization)
+    call->range = call->quantization->find(model.config().hidden_size, input.options.normalize);
   if (Status s = read_outputs(proto, model, tokenizer, spans_in.has_value(), call); !s.ok())
     return s;
   // Late chunking: spans [K, 3] of (row, begin, end), grouped by row into the request's storage
@@ -504,7 +519,30 @@ void fill_infer_response(const InferCall& call, const batching::Request& request
       std::memcpy(raw->data() + size_t(row * row_floats) * 4, values.data(),
                   std::min<size_t>(values.size(), size_t(row_floats)) * 4);
     };
-    if (name == "embedding") {
+    const bool quantized = call.embedding_type != request::EmbeddingType::kFloat &&
+                           (name == "embedding" || name == "span_embeddings");
+    if (quantized) {
+      // [rows, bytes a row] of INT8 or UINT8: each embedding in the asked type.
+      tensor->set_datatype(request::embedding_type_signed(call.embedding_type) ? "INT8" : "UINT8");
+      std::vector<uint8_t> bytes;
+      int64_t count = 0;
+      auto add = [&](std::span<const float> e) {
+        request::quantize_embedding(call.embedding_type, e, call.range, &bytes);
+        ++count;
+      };
+      if (name == "embedding") {
+        for (int64_t r = 0; r < B; ++r) add(request.results[size_t(r)].embedding);
+      } else {
+        for (const auto& [row, index] : call.span_slots) {
+          const EncodedSequence& seq = request.results[size_t(row)];
+          const size_t width = seq.embedding.size();
+          add(std::span<const float>(seq.span_embeddings).subspan(size_t(index) * width, width));
+        }
+      }
+      tensor->add_shape(count);
+      tensor->add_shape(int64_t(request::embedding_type_bytes(call.embedding_type, size_t(D))));
+      raw->assign(reinterpret_cast<const char*>(bytes.data()), bytes.size());
+    } else if (name == "embedding") {
       tensor->add_shape(B), tensor->add_shape(D);
       raw->assign(size_t(B * D) * 4, '\0');
       for (int64_t r = 0; r < B; ++r) put(r, request.results[size_t(r)].embedding, D);

@@ -22,6 +22,7 @@
 #include "server/batching/request.h"
 #include "server/engine/model.h"
 #include "server/request/encode_input.h"
+#include "server/request/quantize.h"
 
 namespace fastformer::serving {
 
@@ -51,6 +52,14 @@ struct InferCall {
   /// its index among that sequence's spans (the span_embeddings output follows the input's
   /// order).
   std::vector<std::pair<int64_t, int64_t>> span_slots;
+  /// The embedding and span_embeddings outputs' type (the `embedding_type` parameter: INT8 for
+  /// int8 and binary, UINT8 for uint8 and ubinary, docs/api.md "Embedding types"), and the
+  /// model version's calibrated ranges, which the caller sets before converting (null: none,
+  /// so int8 and uint8 are refused naming quantization_file).
+  request::EmbeddingType embedding_type = request::EmbeddingType::kFloat;
+  std::shared_ptr<const request::Quantization> quantization;
+  std::string quantization_file;
+  const request::QuantizationRange* range = nullptr;  ///< int8 / uint8: in `quantization`
 };
 
 // INVALID_ARGUMENT naming the tensor, the row and the limit for anything wrong (the model and

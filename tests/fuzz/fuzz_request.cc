@@ -39,6 +39,14 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
     return 0;
   }
 
+  // No calibrated ranges here: INT8 and UINT8 are refused (as is an unknown type, or BINARY on
+  // a hidden size that is not a multiple of 8), the other types answered.
+  if (const Status types = rpc::check_embedding_types(proto, c.hidden_size, nullptr, "ranges.json");
+      !types.ok()) {
+    FUZZ_CHECK(types.code() == StatusCode::kInvalidArgument);
+    FUZZ_CHECK(types.message().starts_with("embedding_types: "));
+    return 0;
+  }
   auto request = std::make_shared<batching::Request>();
   const Status status =
       rpc::convert_request(proto, model, served.tokenizer.get(), limits, request.get());
@@ -76,7 +84,7 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
   request::merge_passes(request.get());  // as the serving core does before any protocol
 
   v1::EncodeResponse response;
-  rpc::fill_response(*request, &response);
+  rpc::fill_response(*request, proto, nullptr, &response);
   FUZZ_CHECK(response.encodings_size() == proto.sequences_size());
   for (int i = 0; i < response.encodings_size(); ++i) {
     FUZZ_CHECK(response.encodings(i).chunks_size() ==

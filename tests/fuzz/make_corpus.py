@@ -134,8 +134,10 @@ def chunking(spans=(), window=0, overlap=0, char_spans=(), sentences=False):
 
 
 def request(seqs, request_id="r", token_embeddings=False, logits=False, normalize=False, truncation=0,
-            chunk_pooling=0, macro_overlap=None):
+            chunk_pooling=0, macro_overlap=None, embedding_types=()):
     out = field(1, 2, request_id.encode())
+    for t in embedding_types:  # EncodeRequest.embedding_types (11), EmbeddingType values
+        out += field(11, 0, t)
     if chunk_pooling:
         out += field(9, 0, chunk_pooling)
     if macro_overlap is not None:  # google.protobuf.UInt32Value {value 1}
@@ -211,6 +213,11 @@ def request_seeds():
         "macro_no_overlap_crossing": choice(0, 3, 3) + request(
             [sequence(list(range(1, 12)) * 2, chunking=chunking([(14, 18)]))], macro_overlap=0),
         "macro_logits": choice(0, 3) + request([sequence([1] * 20)], macro_overlap=2, logits=True),
+        # embedding types: binary ones answered (no ranges needed), int8 refused (no ranges here)
+        "types_binary": choice(0, 3, 2) + request(
+            [sequence([1, 2, 3], chunking=chunking([(0, 2)]))], normalize=True, embedding_types=[0, 3, 4]),
+        "types_int8_refused": choice(0, 3) + request([sequence([1, 2])], embedding_types=[1]),
+        "types_unknown": choice(0, 3) + request([sequence([1, 2])], embedding_types=[9]),
         "chunk_bad_span": choice(0, 3, 3) + request([sequence([1, 2], chunking=chunking([(1, 9)]))]),
         "chunk_over_spans": choice(0, 3, 1) + request([sequence([1, 2, 3], chunking=chunking([(0, 1), (1, 2)]))]),
         "chunk_embeddings": choice(1, 3, 2) + request([sequence(embeddings=row * 3, chunking=chunking([(0, 3)], window=2))]),
@@ -375,6 +382,10 @@ def http_seeds() -> dict:
         "openai_text": req("POST", "/v1/embeddings", {"input": ["a b", "c"], "model": "ids_head"}),
         "openai_ids_base64": req("POST", "/v1/embeddings", {"input": [[1, 2, 3]], "encoding_format": "base64",
                                                              "dimensions": 4, "model": "alias"}),
+        "openai_ubinary": req("POST", "/v1/embeddings", {"input": "a b", "embedding_type": "ubinary"}),
+        "cohere_v2": req("POST", "/v2/embed", {"texts": ["a b", "c"], "input_type": "search_query",
+                                               "embedding_types": ["float", "binary", "base64"]}),
+        "cohere_v1": req("POST", "/v1/embed", {"texts": ["a"], "truncate": "START"}),
         "openai_models": req("GET", "/v1/models"),
         "openai_model": req("GET", "/v1/models/alias"),
         "tei_embed": req("POST", "/embed", {"inputs": "a b c", "normalize": False, "truncate": True,

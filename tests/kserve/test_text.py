@@ -152,3 +152,39 @@ def test_typed_bytes_contents(text_server, text_model):
         resp = service_pb2_grpc.GRPCInferenceServiceStub(ch).ModelInfer(req, timeout=30)
     assert [o.name for o in resp.outputs] == ["num_tokens"]
     assert np.frombuffer(resp.raw_output_contents[0], dtype="<i8").tolist() == [3]
+
+
+def test_embedding_types_through_grpc(text_model, logs, tmp_path):
+    """The embedding_type parameter (docs/api.md, "Embedding types") over KServe gRPC: INT8 for
+    int8 and binary, UINT8 for uint8 and ubinary, [rows, bytes]; each the float embedding as
+    numpy quantizes it (packbits of x > 0; floor((x - min) / step) in float32, clipped to
+    [0, 255], for hand-written ranges of [-1, 1] in every dimension)."""
+    import shutil
+
+    d = tmp_path / "m"
+    shutil.copytree(text_model.dir, d)
+    H = text_model.hidden
+    (d / "quantization.json").write_text(
+        '{"ranges": [{"dimensions": %d, "normalized": true, "min": %s, "max": %s}]}' % (H, [-1.0] * H, [1.0] * H))
+    srv = Server(d, logs, "text-types").wait_ready()
+    try:
+        texts = list(TEXTS)
+        with grpcclient.InferenceServerClient(srv.url) as c:
+            f = c.infer(text_model.name, [text_input(texts)], parameters={"normalize": True}).as_numpy("embedding")
+            lo = np.float32(-1)
+            step = (np.float32(1) - lo) / np.float32(255)
+            u8 = np.clip(np.floor((f - lo) / step), 0, 255).astype(np.uint8)
+            want = {"int8": ("INT8", (u8.astype(np.int16) - 128).astype(np.int8)), "uint8": ("UINT8", u8),
+                    "ubinary": ("UINT8", np.packbits(f > 0, axis=-1)),
+                    "binary": ("INT8", (np.packbits(f > 0, axis=-1).astype(np.int16) - 128).astype(np.int8))}
+            for kind, (datatype, expected) in want.items():
+                result = c.infer(text_model.name, [text_input(texts)], outputs=[grpcclient.InferRequestedOutput("embedding")],
+                                 parameters={"normalize": True, "embedding_type": kind})
+                assert result.get_output("embedding").datatype == datatype
+                assert np.array_equal(result.as_numpy("embedding"), expected), kind
+            with pytest.raises(InferenceServerException, match="embedding_type must be the string"):
+                c.infer(text_model.name, [text_input(texts)], parameters={"embedding_type": "int4"})
+            with pytest.raises(InferenceServerException, match="calibrated ranges for 64 dimensions, not normalised"):
+                c.infer(text_model.name, [text_input(texts)], parameters={"embedding_type": "int8"})
+    finally:
+        srv.stop()

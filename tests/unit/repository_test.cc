@@ -182,6 +182,44 @@ TEST(RepositorySettingsTest, LabelsComeFromId2LabelElseLabelsJson) {
   EXPECT_EQ(served.label(7), "LABEL_7");
 }
 
+// quantization.json: none is null (int8 refused later, naming the file); a good one gives its
+// ranges; a malformed one stops the version's load with a message naming the file and the fault.
+TEST(RepositorySettingsTest, QuantizationJsonIsReadOrRefusedByName) {
+  TempDir dir;
+  EXPECT_EQ(read_quantization(dir.path(), 8), nullptr);
+  const fs::path file = dir.path() / "quantization.json";
+  write_text(file, R"({"ranges": [{"dimensions": 2, "min": [-1, 0], "max": [1, 0.5]},
+                                  {"dimensions": 2, "normalized": false, "min": [0, 0], "max": [4, 4]}]})");
+  const auto q = read_quantization(dir.path(), 8);
+  ASSERT_NE(q, nullptr);
+  EXPECT_EQ(q->file, file.string());
+  ASSERT_NE(q->find(2, true), nullptr);
+  EXPECT_EQ(q->find(2, true)->max, (std::vector<float>{1.0f, 0.5f}));
+  EXPECT_EQ(q->find(2, false)->max, (std::vector<float>{4.0f, 4.0f}));
+  EXPECT_EQ(q->find(4, true), nullptr);
+  auto refused = [&](const std::string& text, const std::string& needle) {
+    write_text(file, text);
+    try {
+      read_quantization(dir.path(), 8);
+      ADD_FAILURE() << "accepted: " << text;
+    } catch (const std::invalid_argument& e) {
+      const std::string what = e.what();
+      EXPECT_NE(what.find(file.string()), std::string::npos) << what;
+      EXPECT_NE(what.find(needle), std::string::npos) << what;
+    }
+  };
+  refused("not json", "is not a JSON object");
+  refused(R"({"ranges": {}})", "\"ranges\" must be a list");
+  refused(R"({"ranges": [{"dimensions": 9, "min": [], "max": []}]})", "in [1, hidden_size 8]");
+  refused(R"({"ranges": [{"dimensions": 2, "min": [0], "max": [1, 1]}]})",
+          "ranges[0].min must be a list of 2 numbers");
+  refused(R"({"ranges": [{"dimensions": 1, "min": [2], "max": [1]}]})",
+          "dimension 0 has min 2.000000 above max 1.000000");
+  refused(R"({"ranges": [{"dimensions": 1, "min": [0], "max": [1]},
+                         {"dimensions": 1, "min": [0], "max": [2]}]})",
+          "ranges[1] repeats");
+}
+
 // A repository of model "m" on disk, versions written by seed.
 struct Fixture {
   TempDir dir;

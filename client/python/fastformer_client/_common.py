@@ -175,11 +175,29 @@ def _routing(name: str, value) -> str:
 
 
 _CHUNK_POOLING = {"model": 0, "mean": 1}
+# EmbeddingType's values, and the numpy type each quantized one decodes to (docs/api.md,
+# "Embedding types": int8 and binary signed, uint8 and ubinary unsigned; binary types pack 8
+# dimensions a byte).
+EMBEDDING_TYPES = {"float": 0, "int8": 1, "uint8": 2, "binary": 3, "ubinary": 4}
+_QUANTIZED_DTYPES = {"int8": np.int8, "uint8": np.uint8, "binary": np.int8, "ubinary": np.uint8}
+
+
+def _embedding_types(types) -> List[int]:
+    if types is None:
+        return []
+    if isinstance(types, str):
+        types = [types]
+    out = []
+    for t in types:
+        if t not in EMBEDDING_TYPES:
+            raise ValueError(f"embedding_types: expected some of {', '.join(EMBEDDING_TYPES)}, got {t!r}")
+        out.append(EMBEDDING_TYPES[t])
+    return out
 
 
 def build_request(sequences, *, return_token_embeddings=False, return_logits=False, normalize=False,
                   truncation=None, request_id=None, model_name=None, model_version=None, chunk_pooling="model",
-                  macro_overlap_tokens=None):
+                  macro_overlap_tokens=None, embedding_types=None):
     """An EncodeRequest. sequences: a list whose items are each one kind: a text (str, tokenized
     by the server), token ids (a list or 1-D integer array), input embeddings (a 2-D float array
     [n, hidden]), or a dict {"text": ...} / {"token_ids": ...} / {"input_embeddings": ...}
@@ -203,6 +221,7 @@ def build_request(sequences, *, return_token_embeddings=False, return_logits=Fal
                 or not 0 <= int(macro_overlap_tokens) < 2**31:
             raise ValueError(f"macro_overlap_tokens: expected a non-negative integer, got {macro_overlap_tokens!r}")
         req.macro_overlap_tokens.value = int(macro_overlap_tokens)
+    req.embedding_types.extend(_embedding_types(embedding_types))
     for i, s in enumerate(sequences):
         _add_sequence(req, i, s)
     return req
@@ -266,6 +285,10 @@ class EncodeResult:
                       int64 [k, 2], character ranges int64 [k, 2] for a text, else None) of its
                       chunks (spans, character spans, sentences, windows); None when no
                       sequence was chunked
+    quantized         with embedding_types: each quantized type asked for -> [n_sequences, bytes]
+                      (int8 / binary as int8, uint8 / ubinary as uint8; binary types 8
+                      dimensions a byte); None without
+    chunks_quantized  the same per sequence for its chunks ({type: [k, bytes]}); None without
     """
     embeddings: np.ndarray
     token_embeddings: Optional[List[np.ndarray]]
@@ -277,6 +300,8 @@ class EncodeResult:
     model_name: str = ""
     model_version: str = ""
     chunks: Optional[List[Tuple[np.ndarray, np.ndarray, Optional[np.ndarray]]]] = None
+    quantized: Optional[Dict[str, np.ndarray]] = None
+    chunks_quantized: Optional[List[Dict[str, np.ndarray]]] = None
 
     def __len__(self) -> int:
         return len(self.embeddings)
@@ -328,8 +353,24 @@ def result_from_raw(raw: _wire.RawResponse, n_sequences: Optional[int], tokens: 
                 if chars is not None:
                     chars[k] = ch or (0, 0)
             chunks.append((rows, ranges, chars))
+    quantized = chunks_quantized = None
+    if any(e.quantized for e in encs):
+        quantized = {}
+        for name, dtype in _QUANTIZED_DTYPES.items():
+            if name not in encs[0].quantized:
+                continue
+            rows = [np.frombuffer(e.quantized.get(name, b""), dtype=dtype) for e in encs]
+            if any(len(r) != len(rows[0]) for r in rows):
+                raise bad(f"{name} embeddings of different sizes")
+            quantized[name] = np.stack(rows)
+        if chunks is not None:
+            chunks_quantized = [
+                {name: (np.stack([np.frombuffer(q.get(name, b""), dtype=dtype) for q in e.chunks_quantized])
+                        if e.chunks_quantized else np.empty((0, 0), dtype=dtype))
+                 for name, dtype in _QUANTIZED_DTYPES.items() if name in quantized}
+                for e in encs]
     return EncodeResult(emb, tok, lg, [e.num_tokens for e in encs], raw.queue_time_us, raw.compute_time_us, rid,
-                        raw.model_name, raw.model_version, chunks)
+                        raw.model_name, raw.model_version, chunks, quantized, chunks_quantized)
 
 
 def model_info_dict(info) -> Dict[str, Any]:
@@ -618,16 +659,18 @@ class ClientBase:
 
     def _encode_steps(self, sequences, *, return_token_embeddings, return_logits, normalize, truncation,
                       request_id, deadline_s, return_result, model_name=None, model_version=None,
-                      chunk_pooling="model", macro_overlap_tokens=None) -> Steps:
+                      chunk_pooling="model", macro_overlap_tokens=None, embedding_types=None) -> Steps:
         req = build_request(sequences, return_token_embeddings=return_token_embeddings,
                             return_logits=return_logits, normalize=normalize, truncation=truncation,
                             request_id=request_id, model_name=model_name, model_version=model_version,
-                            chunk_pooling=chunk_pooling, macro_overlap_tokens=macro_overlap_tokens)
+                            chunk_pooling=chunk_pooling, macro_overlap_tokens=macro_overlap_tokens,
+                            embedding_types=embedding_types)
         raw = yield from self._unary("encode", req, self._cfg.timeout(deadline_s), request_id)
         if raw.error is not None and raw.error[0] != 0:
             raise error_for(raw.error[0], raw.error[1], request_id)
         res = result_from_raw(raw, len(req.sequences), req.return_token_embeddings, req.return_logits)
-        if return_token_embeddings or return_logits or return_result or res.chunks is not None:
+        if return_token_embeddings or return_logits or return_result or res.chunks is not None \
+                or res.quantized is not None:
             return res
         return res.embeddings
 

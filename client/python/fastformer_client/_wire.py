@@ -12,7 +12,7 @@
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import List, Optional, Tuple
+from typing import Dict, List, Optional, Tuple
 
 import numpy as np
 
@@ -102,6 +102,9 @@ class RawEncoding:
     num_tokens: int
     # (embedding, token begin, token end, character range (begin, end) or None)
     chunks: List[Tuple[np.ndarray, int, int, Optional[Tuple[int, int]]]] = field(default_factory=list)
+    # the quantized types asked for (embedding_types): type name -> its bytes; per chunk likewise
+    quantized: Dict[str, bytes] = field(default_factory=dict)
+    chunks_quantized: List[Dict[str, bytes]] = field(default_factory=list)
 
 
 @dataclass
@@ -131,10 +134,23 @@ def _span(buf, v) -> Tuple[int, int]:
     return begin, stop
 
 
+QUANTIZED_FIELDS = {1: "int8", 2: "uint8", 3: "binary", 4: "ubinary"}  # QuantizedEmbedding
+
+
+def _quantized(buf, v) -> Dict[str, bytes]:
+    """A QuantizedEmbedding: each type's bytes."""
+    out = {}
+    for n2, w2, v2 in _fields(buf, *v):
+        if w2 == 2 and n2 in QUANTIZED_FIELDS:
+            out[QUANTIZED_FIELDS[n2]] = bytes(buf[v2[0]:v2[1]])
+    return out
+
+
 def _chunk(buf, start, end):
-    """A Chunk: its embedding (field 1), token range (field 2) and character range (field 3)."""
+    """A Chunk: its embedding (field 1), token range (field 2), character range (field 3) and
+    quantized embedding (field 4)."""
     emb = _Floats()
-    tokens, chars = (0, 0), None
+    tokens, chars, quantized = (0, 0), None, {}
     for num, wt, v in _fields(buf, start, end):
         if num == 1:
             emb.add(buf, wt, v)
@@ -142,13 +158,15 @@ def _chunk(buf, start, end):
             tokens = _span(buf, v)
         elif num == 3 and wt == 2:
             chars = _span(buf, v)
-    return emb.array(), tokens[0], tokens[1], chars
+        elif num == 4 and wt == 2:
+            quantized = _quantized(buf, v)
+    return (emb.array(), tokens[0], tokens[1], chars), quantized
 
 
 def _encoding(buf, start, end) -> RawEncoding:
     emb, tok, lg = _Floats(), _Floats(), _Floats()
     num_tokens = 0
-    chunks = []
+    chunks, chunks_quantized, quantized = [], [], {}
     for num, wt, v in _fields(buf, start, end):
         if num == 1:
             emb.add(buf, wt, v)
@@ -159,8 +177,12 @@ def _encoding(buf, start, end) -> RawEncoding:
         elif num == 4 and wt == 0:
             num_tokens = v & 0xFFFFFFFF
         elif num == 5 and wt == 2:
-            chunks.append(_chunk(buf, *v))
-    return RawEncoding(emb.array(), tok.array(), lg.array(), num_tokens, chunks)
+            chunk, q = _chunk(buf, *v)
+            chunks.append(chunk)
+            chunks_quantized.append(q)
+        elif num == 6 and wt == 2:
+            quantized = _quantized(buf, v)
+    return RawEncoding(emb.array(), tok.array(), lg.array(), num_tokens, chunks, quantized, chunks_quantized)
 
 
 def _string(buf, v) -> str:

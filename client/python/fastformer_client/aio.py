@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import asyncio
-from typing import Any, AsyncIterator, Dict, Optional, Union
+from typing import Any, AsyncIterator, Dict, Optional, Sequence, Union
 
 import grpc
 import grpc.aio
@@ -61,13 +61,15 @@ class AsyncClient(ClientBase):
                      return_result: bool = False, model_name: Optional[str] = None,
                      model_version: Union[None, str, int] = None,
                      chunk_pooling: str = "model",
-                     macro_overlap_tokens: Optional[int] = None) -> Union[np.ndarray, EncodeResult]:
+                     macro_overlap_tokens: Optional[int] = None,
+                     embedding_types: Optional[Sequence[str]] = None) -> Union[np.ndarray, EncodeResult]:
         """See Client.encode."""
         return await self._run(self._encode_steps(
             sequences, return_token_embeddings=return_token_embeddings, return_logits=return_logits,
             normalize=normalize, truncation=truncation, request_id=request_id, deadline_s=deadline_s,
             return_result=return_result, model_name=model_name, model_version=model_version,
-            chunk_pooling=chunk_pooling, macro_overlap_tokens=macro_overlap_tokens))
+            chunk_pooling=chunk_pooling, macro_overlap_tokens=macro_overlap_tokens,
+            embedding_types=embedding_types))
 
     async def encode_stream(self, requests, *, return_token_embeddings: bool = False, return_logits: bool = False,
                             normalize: bool = False, truncation=None, deadline_s: Optional[float] = None,

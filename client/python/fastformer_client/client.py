@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from typing import Any, Dict, Iterable, Iterator, Optional, Union
+from typing import Any, Dict, Iterable, Iterator, Optional, Sequence, Union
 
 import grpc
 import numpy as np
@@ -60,7 +60,8 @@ class Client(ClientBase):
                return_result: bool = False, model_name: Optional[str] = None,
                model_version: Union[None, str, int] = None,
                chunk_pooling: str = "model",
-               macro_overlap_tokens: Optional[int] = None) -> Union[np.ndarray, EncodeResult]:
+               macro_overlap_tokens: Optional[int] = None,
+               embedding_types: Optional[Sequence[str]] = None) -> Union[np.ndarray, EncodeResult]:
         """Encodes the sequences of one request.
 
         sequences: a list whose items are each a text (a str, tokenized by the server with the
@@ -83,13 +84,17 @@ class Client(ClientBase):
         P tokens overlapping by this many (macro-chunks) instead of being refused; each chunk is
         pooled from the pass that holds it with the most context, and the sequence's embedding is
         the mean of its passes' (None: refused).
+        embedding_types: some of "float", "int8", "uint8", "binary", "ubinary" (docs/api.md,
+        "Embedding types"); the EncodeResult's .quantized holds each quantized type (and
+        .embeddings the floats, empty without "float").
         Raises the FastformerError subclass of the status (InvalidArgument, ResourceExhausted, ...).
         """
         return self._run(self._encode_steps(
             sequences, return_token_embeddings=return_token_embeddings, return_logits=return_logits,
             normalize=normalize, truncation=truncation, request_id=request_id, deadline_s=deadline_s,
             return_result=return_result, model_name=model_name, model_version=model_version,
-            chunk_pooling=chunk_pooling, macro_overlap_tokens=macro_overlap_tokens))
+            chunk_pooling=chunk_pooling, macro_overlap_tokens=macro_overlap_tokens,
+            embedding_types=embedding_types))
 
     def encode_stream(self, requests: Iterable, *, return_token_embeddings: bool = False,
                       return_logits: bool = False, normalize: bool = False, truncation=None,
