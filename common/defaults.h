@@ -20,6 +20,8 @@ inline constexpr int64_t kMaxBatchTokens = 16384;
 inline constexpr int64_t kMaxBatchSequences = 256;
 inline constexpr int64_t kMaxQueueDelayUs = 0;
 inline constexpr int64_t kMaxQueueTokens = 262144;
+// A bulk sequence queued this long is batched as an interactive one (priority classes).
+inline constexpr int64_t kBulkPromoteAfterMs = 5000;
 inline constexpr int64_t kMaxRequestTokens =
     0;  ///< 0 = max(max_batch_tokens, max_position_embeddings)
 inline constexpr int64_t kMaxMessageBytes = int64_t(64) << 20;

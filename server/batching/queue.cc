@@ -1,8 +1,19 @@
 #include "server/batching/queue.h"
 
+#include <algorithm>
 #include <utility>
 
 namespace fastformer::batching {
+
+const char* priority_name(Priority priority) {
+  return priority == Priority::kBulk ? "bulk" : "interactive";
+}
+
+std::optional<Priority> parse_priority(std::string_view name) {
+  if (name == "interactive") return Priority::kInteractive;
+  if (name == "bulk") return Priority::kBulk;
+  return std::nullopt;
+}
 
 bool finish_request(Request& request, Outcome outcome, std::string error) {
   // Under the request's lock, so dead_reason never asks a finished call's context whether
@@ -37,9 +48,9 @@ BatchQueue::BatchQueue(QueueLimits limits, const engine::ModelConfig& config,
       budget_(std::move(budget)),
       observer_(std::move(observer)) {}
 
-void BatchQueue::release_locked(int64_t tokens) {
-  tokens_ -= tokens;
-  if (budget_) budget_->tokens.fetch_sub(tokens);
+void BatchQueue::release_locked(Priority p, int64_t tokens) {
+  tokens_[int(p)] -= tokens;
+  if (budget_) budget_->count(p).fetch_sub(tokens);
 }
 
 Admission BatchQueue::push(std::shared_ptr<Request> request) {
@@ -49,21 +60,22 @@ Admission BatchQueue::push(std::shared_ptr<Request> request) {
   request->tokens = tokens;
   request->remaining.store(static_cast<int32_t>(request->sequences.size()));
   request->results.resize(request->sequences.size());
+  const Priority p = request->priority;
   bool report = false;
   {
     std::lock_guard lock(mu_);
     if (closed_) return Admission::kClosed;
-    if (tokens_ + tokens > limits_.max_queue_tokens) return Admission::kQueueFull;
-    if (budget_ && budget_->tokens.fetch_add(tokens) + tokens > budget_->max_tokens) {
-      budget_->tokens.fetch_sub(tokens);
+    if (tokens_[int(p)] + tokens > limits_.class_limit(p)) return Admission::kQueueFull;
+    if (budget_ && budget_->count(p).fetch_add(tokens) + tokens > budget_->limit(p)) {
+      budget_->count(p).fetch_sub(tokens);
       return Admission::kServerFull;
     }
     const auto now = Clock::now();
     for (size_t i = 0; i < request->sequences.size(); ++i) {
       const int64_t n = engine::sequence_length(request->sequences[i], config_.hidden_size);
-      entries_.push_back(QueueEntry{request, static_cast<int32_t>(i), n, now});
+      entries_[int(p)].push_back(QueueEntry{request, static_cast<int32_t>(i), n, now, p});
     }
-    tokens_ += tokens;
+    tokens_[int(p)] += tokens;
     report = record_depth_locked();
   }
   cv_.notify_one();
@@ -81,12 +93,17 @@ void BatchQueue::close() {
 
 int64_t BatchQueue::queued_tokens() const {
   std::lock_guard lock(mu_);
-  return tokens_;
+  return tokens_[0] + tokens_[1];
 }
 
 int64_t BatchQueue::queued_sequences() const {
   std::lock_guard lock(mu_);
-  return static_cast<int64_t>(entries_.size());
+  return static_cast<int64_t>(entries_[0].size() + entries_[1].size());
+}
+
+int64_t BatchQueue::queued_sequences(Priority p) const {
+  std::lock_guard lock(mu_);
+  return static_cast<int64_t>(entries_[int(p)].size());
 }
 
 bool BatchQueue::fits(int64_t count, int64_t batch_tokens, int64_t tokens) const {
@@ -95,8 +112,13 @@ bool BatchQueue::fits(int64_t count, int64_t batch_tokens, int64_t tokens) const
 }
 
 bool BatchQueue::record_depth_locked() {
-  if (!observer_.on_depth) return false;
-  pending_depth_ = Depth{tokens_, static_cast<int64_t>(entries_.size())};
+  if (!observer_.on_depth && !observer_.on_class_depth) return false;
+  Depth depth;
+  for (int c = 0; c < kPriorityClasses; ++c) {
+    depth.tokens[c] = tokens_[c];
+    depth.sequences[c] = static_cast<int64_t>(entries_[c].size());
+  }
+  pending_depth_ = depth;
   if (reporting_depth_) return false;  // that thread reports this depth, after its current one
   reporting_depth_ = true;
   return true;
@@ -113,7 +135,14 @@ void BatchQueue::report_depths() {
     pending_depth_.reset();
     lock.unlock();
     try {
-      observer_.on_depth(depth.tokens, depth.sequences);
+      if (observer_.on_depth) {
+        observer_.on_depth(depth.tokens[0] + depth.tokens[1],
+                           depth.sequences[0] + depth.sequences[1]);
+      }
+      if (observer_.on_class_depth) {
+        for (int c = 0; c < kPriorityClasses; ++c)
+          observer_.on_class_depth(Priority(c), depth.tokens[c], depth.sequences[c]);
+      }
     } catch (...) {
       lock.lock();
       reporting_depth_ = false;  // the next change reports again
@@ -126,17 +155,71 @@ void BatchQueue::report_depths() {
 
 void BatchQueue::drop_dead_head(Clock::time_point now,
                                 std::vector<std::pair<QueueEntry, Outcome>>* dropped) {
-  while (!entries_.empty()) {
-    const Outcome reason = dead_reason(entries_.front(), now);
-    if (reason == Outcome::kOk) break;
-    release_locked(entries_.front().tokens);
-    dropped->emplace_back(std::move(entries_.front()), reason);
-    entries_.pop_front();
+  for (std::deque<QueueEntry>& queue : entries_) {
+    while (!queue.empty()) {
+      const Outcome reason = dead_reason(queue.front(), now);
+      if (reason == Outcome::kOk) break;
+      release_locked(queue.front().priority, queue.front().tokens);
+      dropped->emplace_back(std::move(queue.front()), reason);
+      queue.pop_front();
+    }
+  }
+}
+
+void BatchQueue::promote(Clock::time_point now, std::vector<QueueEntry>* promoted) {
+  if (limits_.bulk_promote_after.count() <= 0) return;
+  std::deque<QueueEntry>& bulk = entries_[int(Priority::kBulk)];
+  std::deque<QueueEntry>& interactive = entries_[int(Priority::kInteractive)];
+  while (!bulk.empty() && bulk.front().queued_at + limits_.bulk_promote_after <= now) {
+    QueueEntry e = std::move(bulk.front());
+    bulk.pop_front();
+    e.promoted = true;
+    // In arrival order among the interactive entries (it has waited longer than most).
+    auto at = std::upper_bound(
+        interactive.begin(), interactive.end(), e.queued_at,
+        [](Clock::time_point t, const QueueEntry& other) { return t < other.queued_at; });
+    promoted->push_back(e);
+    interactive.insert(at, std::move(e));
+  }
+}
+
+std::deque<QueueEntry>* BatchQueue::next_queue() {
+  for (std::deque<QueueEntry>& queue : entries_)
+    if (!queue.empty()) return &queue;
+  return nullptr;
+}
+
+Clock::time_point BatchQueue::wake_at() const {
+  Clock::time_point at = Clock::time_point::max();
+  for (const std::deque<QueueEntry>& queue : entries_)
+    if (!queue.empty()) at = std::min(at, queue.front().queued_at + limits_.max_queue_delay);
+  const std::deque<QueueEntry>& bulk = entries_[int(Priority::kBulk)];
+  if (!bulk.empty() && limits_.bulk_promote_after.count() > 0)
+    at = std::min(at, bulk.front().queued_at + limits_.bulk_promote_after);
+  return at;
+}
+
+void BatchQueue::take_locked(Batch* batch, QueueEntry e) {
+  batch->tokens += e.tokens;
+  release_locked(e.priority, e.tokens);
+  batch->entries.push_back(std::move(e));
+}
+
+void BatchQueue::stage(Batch* batch, Clock::time_point now, bool report) const {
+  batch->ragged.clear();
+  batch->options.clear();
+  for (const QueueEntry& e : batch->entries) {
+    batch->ragged.add(e.request->sequences[size_t(e.index)], config_);
+    batch->options.push_back(e.request->options);
+    if (report && observer_.on_batched) {
+      observer_.on_batched(e, std::chrono::duration<double>(now - e.queued_at).count());
+    }
   }
 }
 
 std::optional<Batch> BatchQueue::next_batch() {
   std::vector<std::pair<QueueEntry, Outcome>> dropped;
+  std::vector<QueueEntry> promoted;
   auto complete_dropped = [&] {
     for (auto& [entry, reason] : dropped) {
       if (observer_.on_dropped &&
@@ -146,6 +229,9 @@ std::optional<Batch> BatchQueue::next_batch() {
       finish_request(*entry.request, reason);  // no-op when the request already ended
     }
     dropped.clear();
+    if (observer_.on_promoted)
+      for (const QueueEntry& e : promoted) observer_.on_promoted(e);
+    promoted.clear();
   };
 
   std::unique_lock lock(mu_);
@@ -158,63 +244,125 @@ std::optional<Batch> BatchQueue::next_batch() {
     complete_dropped();
   };
   for (;;) {
-    drop_dead_head(Clock::now(), &dropped);
-    if (!dropped.empty()) {
+    const auto now = Clock::now();
+    drop_dead_head(now, &dropped);
+    promote(now, &promoted);
+    if (!dropped.empty() || !promoted.empty()) {
       unlock_and_report();
       lock.lock();
       continue;
     }
-    if (entries_.empty()) {
+    if (next_queue() == nullptr) {
       if (closed_) return std::nullopt;
       cv_.wait(lock);
       continue;
     }
-    // Would the head already fill a batch? If not, it may wait up to max_queue_delay.
+    // Would the heads already fill a batch (interactive first, then bulk)? If not, it may
+    // wait up to max_queue_delay after its oldest entry.
     bool full = false;
     int64_t tokens = 0, count = 0;
-    for (const QueueEntry& e : entries_) {
-      if (!fits(count, tokens, e.tokens)) {
-        full = true;
-        break;
+    for (const std::deque<QueueEntry>& queue : entries_) {
+      for (const QueueEntry& e : queue) {
+        if (!fits(count, tokens, e.tokens)) {
+          full = true;
+          break;
+        }
+        tokens += e.tokens;
+        ++count;
       }
-      tokens += e.tokens;
-      ++count;
+      if (full) break;
     }
     full |= tokens >= limits_.max_batch_tokens;
-    const auto ready_at = entries_.front().queued_at + limits_.max_queue_delay;
-    if (!full && !closed_ && Clock::now() < ready_at) {
+    const auto ready_at = wake_at();
+    if (!full && !closed_ && now < ready_at) {
       cv_.wait_until(lock, ready_at);
       continue;
     }
     break;
   }
 
-  // Form the batch: in order, stop before the budget is exceeded (the head always goes,
-  // even alone over the budget); what does not fit stays at the head.
+  // Form the batch: interactive sequences in order, then bulk ones; stop before the budget is
+  // exceeded (the first sequence always goes, even alone over the budget); what does not fit
+  // stays at its head.
   Batch batch;
   const auto now = Clock::now();
-  for (;;) {
-    drop_dead_head(now, &dropped);  // sequences behind the head may have died while waiting
-    if (entries_.empty()) break;
-    QueueEntry& e = entries_.front();
-    if (!fits(static_cast<int64_t>(batch.entries.size()), batch.tokens, e.tokens)) break;
-    batch.tokens += e.tokens;
-    release_locked(e.tokens);
-    batch.entries.push_back(std::move(e));
-    entries_.pop_front();
+  for (std::deque<QueueEntry>& queue : entries_) {
+    for (;;) {
+      drop_dead_head(now, &dropped);  // sequences behind a head may have died while waiting
+      if (queue.empty()) break;
+      if (!fits(static_cast<int64_t>(batch.entries.size()), batch.tokens, queue.front().tokens))
+        break;
+      take_locked(&batch, std::move(queue.front()));
+      queue.pop_front();
+    }
+    // A bulk sequence never goes before an interactive one that did not fit.
+    if (!entries_[int(Priority::kInteractive)].empty()) break;
   }
   unlock_and_report();
 
   // Stage the input while the previous batch may still be computing.
-  for (const QueueEntry& e : batch.entries) {
-    batch.ragged.add(e.request->sequences[size_t(e.index)], config_);
-    batch.options.push_back(e.request->options);
-    if (observer_.on_batched) {
-      observer_.on_batched(e, std::chrono::duration<double>(now - e.queued_at).count());
-    }
-  }
+  stage(&batch, now, /*report=*/true);
   if (batch.entries.empty()) return next_batch();  // everything formed was dead: look again
   return batch;
+}
+
+bool BatchQueue::refresh(Batch* batch) {
+  std::vector<std::pair<QueueEntry, Outcome>> dropped;
+  std::vector<QueueEntry> promoted, joined;  // joined: for on_batched, outside the lock
+  bool changed = false, report = false;
+  const auto now = Clock::now();
+  {
+    std::lock_guard lock(mu_);
+    drop_dead_head(now, &dropped);
+    promote(now, &promoted);
+    std::deque<QueueEntry>& interactive = entries_[int(Priority::kInteractive)];
+    std::deque<QueueEntry>& bulk = entries_[int(Priority::kBulk)];
+    auto is_bulk = [](const QueueEntry& e) { return e.priority == Priority::kBulk && !e.promoted; };
+    for (;;) {
+      drop_dead_head(now, &dropped);  // as forming a batch does: only live sequences join
+      if (interactive.empty()) break;
+      const QueueEntry& next = interactive.front();
+      const int64_t count = static_cast<int64_t>(batch->entries.size());
+      if (fits(count, batch->tokens, next.tokens)) {
+        // Joins after the batch's interactive entries, before its bulk ones.
+        auto at = std::find_if(batch->entries.begin(), batch->entries.end(), is_bulk);
+        QueueEntry e = std::move(interactive.front());
+        interactive.pop_front();
+        batch->tokens += e.tokens;
+        release_locked(e.priority, e.tokens);
+        joined.push_back(e);
+        batch->entries.insert(at, std::move(e));
+        changed = true;
+        continue;
+      }
+      // No room: the batch's last bulk entry goes back to the head of the bulk queue.
+      if (batch->entries.empty() || !is_bulk(batch->entries.back())) break;
+      QueueEntry back = std::move(batch->entries.back());
+      batch->entries.pop_back();
+      batch->tokens -= back.tokens;
+      tokens_[int(back.priority)] += back.tokens;
+      if (budget_) budget_->count(back.priority).fetch_add(back.tokens);
+      bulk.push_front(std::move(back));
+      changed = true;
+    }
+    if (changed || !dropped.empty() || !promoted.empty()) report = record_depth_locked();
+  }
+  if (report) report_depths();
+  for (auto& [entry, reason] : dropped) {
+    if (observer_.on_dropped &&
+        (reason == Outcome::kDeadlineExceeded || reason == Outcome::kCancelled)) {
+      observer_.on_dropped(entry, reason);
+    }
+    finish_request(*entry.request, reason);
+  }
+  if (observer_.on_promoted)
+    for (const QueueEntry& e : promoted) observer_.on_promoted(e);
+  if (observer_.on_batched) {
+    for (const QueueEntry& e : joined)
+      observer_.on_batched(e, std::chrono::duration<double>(now - e.queued_at).count());
+  }
+  if (changed) stage(batch, now, /*report=*/false);  // the others were reported when formed
+  return changed;
 }
 
 }  // namespace fastformer::batching

@@ -10,7 +10,9 @@
 #include <functional>
 #include <memory>
 #include <mutex>
+#include <optional>
 #include <string>
+#include <string_view>
 #include <vector>
 
 #include "server/engine/engine.h"
@@ -30,6 +32,17 @@ inline uint64_t ns_since(Clock::time_point from) {
 // (or, at the shutdown timeout, the process exits without them), and calls refused while
 // draining never reach the queue.
 enum class Outcome { kOk, kDeadlineExceeded, kCancelled, kEngineFailure };
+
+// A request's priority class (docs/operations.md, "Priority classes"): a batch takes the
+// interactive sequences first, in arrival order, and fills the rest of its budget with bulk
+// ones; a bulk sequence that has waited the queue's bulk_promote_after is batched as an
+// interactive one. Each class has its own queue limit.
+enum class Priority : uint8_t { kInteractive = 0, kBulk = 1 };
+inline constexpr int kPriorityClasses = 2;
+// "interactive", "bulk".
+const char* priority_name(Priority priority);
+// The class a name denotes ("interactive" or "bulk"), or nothing.
+std::optional<Priority> parse_priority(std::string_view name);
 
 struct Request {
   std::vector<SequenceInput> sequences;        ///< views into storage the caller keeps alive
@@ -63,7 +76,11 @@ struct Request {
   int64_t texts = 0;         ///< text sequences tokenized by the API layer
   uint64_t tokenize_ns = 0;  ///< the time that took
   Clock::time_point deadline = Clock::time_point::max();  ///< the call's deadline
-  std::function<bool()> is_cancelled;  ///< true once the client gave up (may be empty)
+  /// The class the call asked for (a protocol's field or parameter, the x-priority header,
+  /// Cohere's input_type); unset: the model's default. The intake resolves it into `priority`.
+  std::optional<Priority> asked_priority;
+  Priority priority = Priority::kInteractive;  ///< its class
+  std::function<bool()> is_cancelled;          ///< true once the client gave up (may be empty)
   // Called exactly once, from the engine or batcher thread, when the request ends.
   std::function<void(Request&)> on_complete;
   // What the request was admitted to (the model version), kept alive until its answer is

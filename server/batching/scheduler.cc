@@ -43,6 +43,9 @@ void ComputePool::compute_loop() {
       continue;
     }
     Batch batch = std::move(*pick->staged_);
+    // Interactive work that arrived since the batch was formed joins it, or takes its bulk
+    // entries' place, before the lane's former forms the next one.
+    pick->queue_.refresh(&batch);
     pick->staged_.reset();
     pick->running_ = true;
     cv_.notify_all();  // the lane's former may stage its next batch

@@ -144,6 +144,7 @@ bool Server::load_models() {
   o.aliases = f.served_model_names;
   o.defaults = f.model;
   o.max_server_queue_tokens = f.model.max_queue_tokens;
+  o.max_server_bulk_queue_tokens = f.model.max_bulk_queue_tokens;
   o.server_version = FASTFORMER_VERSION;
   if (test_faults_) o.before_compute = test_fault_hook(*test_faults_);
   o.on_batch_failure = [](const std::string& model, const std::string& reason, int64_t sequences) {

@@ -106,6 +106,25 @@ void add_model_flags(CLI::App& app, ServerOptions& f) {
       "admitted tokens waiting for a batch; beyond: RESOURCE_EXHAUSTED",
       "FASTFORMER_MAX_QUEUE_TOKENS")
       ->check(CLI::PositiveNumber);
+  opt(app, "--max-bulk-queue-tokens", f.model.max_bulk_queue_tokens,
+      "the bulk priority class's own limit of admitted tokens waiting for a batch (0 = "
+      "--max-queue-tokens, which is the interactive class's); beyond: RESOURCE_EXHAUSTED for "
+      "bulk work while interactive work is still admitted",
+      "FASTFORMER_MAX_BULK_QUEUE_TOKENS")
+      ->check(CLI::NonNegativeNumber);
+  app.add_option_function<std::string>(
+         "--default-priority",
+         [&f](const std::string& v) { f.model.default_priority = *batching::parse_priority(v); },
+         "the priority class of a request that names none: interactive (batched first) or bulk "
+         "(fills the rest of each batch)")
+      ->envname("FASTFORMER_DEFAULT_PRIORITY")
+      ->check(CLI::IsMember({"interactive", "bulk"}))
+      ->default_str("interactive");
+  opt(app, "--bulk-promote-after-ms", f.model.bulk_promote_after_ms,
+      "a bulk sequence queued this long is batched as an interactive one, so bulk work is never "
+      "starved (0 = never)",
+      "FASTFORMER_BULK_PROMOTE_AFTER_MS")
+      ->check(CLI::NonNegativeNumber);
   opt(app, "--max-request-tokens", f.model.max_request_tokens,
       "tokens in one request; 0 = max(max-batch-tokens, max_position_embeddings)",
       "FASTFORMER_MAX_REQUEST_TOKENS")

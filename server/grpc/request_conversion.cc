@@ -37,6 +37,14 @@ Status convert_request(const v1::EncodeRequest& proto, const engine::Model& mode
   }
   input.options.span_pooling =
       proto.chunk_pooling() == v1::CHUNK_POOLING_MEAN ? SpanPooling::kMean : SpanPooling::kModel;
+  if (!v1::Priority_IsValid(proto.priority())) {
+    return invalid_argument("priority: unknown value " + std::to_string(proto.priority()) +
+                            " (expected PRIORITY_DEFAULT, PRIORITY_INTERACTIVE or PRIORITY_BULK)");
+  }
+  if (proto.priority() != v1::PRIORITY_DEFAULT) {
+    out->asked_priority = proto.priority() == v1::PRIORITY_BULK ? batching::Priority::kBulk
+                                                                : batching::Priority::kInteractive;
+  }
   if (proto.has_macro_overlap_tokens()) {
     // A uint32 over int32's range is over any model's positions: the request layer's message.
     input.macro_overlap_tokens =

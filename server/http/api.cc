@@ -2,7 +2,9 @@
 
 #include <spdlog/spdlog.h>
 
+#include <algorithm>
 #include <boost/beast/core/string.hpp>
+#include <cctype>
 #include <filesystem>
 #include <fstream>
 #include <nlohmann/json.hpp>
@@ -241,6 +243,8 @@ void HttpApi::submit(Call call, std::shared_ptr<const serving::ServedModel> mode
       finish(r);
     }
   };
+  // The header's class; the route's convert may set its own (a KServe `priority` parameter).
+  request->asked_priority = call.priority;
   const Status status = intake_.admit(
       call.deadline, model, [&](const serving::ServedModel&) { return convert(request.get()); },
       request);
@@ -358,7 +362,8 @@ void HttpApi::handle(Request& request, std::shared_ptr<Responder> responder) {
   const std::string_view target = request.target();
   const std::string_view path = target.substr(0, target.find('?'));
   const bhttp::verb verb = request.method();
-  Call call{"HTTP (no route)", api_of(path), Clock::now(), std::move(responder)};
+  Call call{"HTTP (no route)",        api_of(path), Clock::now(), std::move(responder),
+            Clock::time_point::max(), std::nullopt};
 
   const bool health = path == "/health" || path == "/v2/health/live" || path == "/v2/health/ready";
   if (options_.authenticator != nullptr) {
@@ -382,6 +387,17 @@ void HttpApi::handle(Request& request, std::shared_ptr<Responder> responder) {
     }
     call.deadline = Clock::now() + std::chrono::duration_cast<Clock::duration>(
                                        std::chrono::duration<double, std::milli>(ms));
+  }
+  if (const auto priority = request.find("x-priority"); priority != request.end()) {
+    // The priority class (docs/operations.md, "Priority classes"), on every route.
+    std::string value(priority->value());
+    std::transform(value.begin(), value.end(), value.begin(),
+                   [](unsigned char c) { return char(std::tolower(c)); });
+    call.priority = batching::parse_priority(value);
+    if (!call.priority) {
+      return fail(call, invalid_argument("x-priority: expected \"interactive\" or \"bulk\", got '" +
+                                         std::string(priority->value()) + "'"));
+    }
   }
   if (const auto encoding = request.find(bhttp::field::content_encoding);
       encoding != request.end() && !boost::beast::iequals(encoding->value(), "identity")) {

@@ -59,6 +59,9 @@ class HttpApi final : public Handler {
     batching::Clock::time_point start;
     std::shared_ptr<Responder> responder;
     batching::Clock::time_point deadline = batching::Clock::time_point::max();
+    /// The x-priority header's class (every route); unset: the route's own choice, else the
+    /// model's default.
+    std::optional<batching::Priority> priority;
   };
   // What a finished request's answer is made of (runs on an I/O thread).
   using Format = std::function<Response(const batching::Request&)>;

@@ -90,6 +90,9 @@ void HttpApi::cohere_embed(const Request& http_request, Call call, bool v2) {
                   invalid_argument("input_type: expected \"search_document\", \"search_query\", "
                                    "\"classification\" or \"clustering\""));
     }
+    // The priority class, unless an x-priority header chose: queries ahead of documents.
+    if (!call.priority && type == "search_query") call.priority = batching::Priority::kInteractive;
+    if (!call.priority && type == "search_document") call.priority = batching::Priority::kBulk;
   }
   request::Truncate truncate = request::Truncate::kRight;  // Cohere's default: END
   if (!body["truncate"].get(v) && !v.is_null()) {

@@ -130,6 +130,36 @@ Metrics::Metrics()
                            .Name("fastformer_queue_sequences")
                            .Help("Sequences admitted and waiting for a batch.")
                            .Register(*registry_)),
+      class_queue_duration_(
+          BuildHistogram()
+              .Name("fastformer_priority_queue_duration_seconds")
+              .Help("Time a sequence waited from admission until its batch was formed, by the "
+                    "priority class it was admitted to (interactive, bulk).")
+              .Register(*registry_)),
+      class_queue_tokens_(BuildGauge()
+                              .Name("fastformer_priority_queue_tokens")
+                              .Help("Tokens admitted and waiting for a batch, by priority class.")
+                              .Register(*registry_)),
+      class_queue_sequences_(
+          BuildGauge()
+              .Name("fastformer_priority_queue_sequences")
+              .Help("Sequences waiting for a batch, by priority class (interactive holds promoted "
+                    "bulk sequences).")
+              .Register(*registry_)),
+      class_requests_(BuildCounter()
+                          .Name("fastformer_priority_requests_total")
+                          .Help("Requests admitted to the queue, by priority class.")
+                          .Register(*registry_)),
+      class_rejected_(BuildCounter()
+                          .Name("fastformer_priority_rejected_total")
+                          .Help("Requests refused because their priority class's queue (or its "
+                                "share of the server's) was full.")
+                          .Register(*registry_)),
+      bulk_promoted_(BuildCounter()
+                         .Name("fastformer_bulk_promoted_total")
+                         .Help("Bulk sequences batched as interactive after waiting the "
+                               "promotion bound.")
+                         .Register(*registry_)),
       inflight_requests(BuildGauge()
                             .Name("fastformer_inflight_requests")
                             .Help("Encode calls and stream messages admitted and not yet answered.")
@@ -233,6 +263,15 @@ std::shared_ptr<ModelSeries> Metrics::add_model(const ModelLabels& labels) {
   s->batch_failures = &batch_failures_.Add(l);
   s->queue_tokens = &queue_tokens_.Add(l);
   s->queue_sequences = &queue_sequences_.Add(l);
+  for (int c = 0; c < 2; ++c) {
+    const prometheus::Labels p = with("priority", kPriorityNames[c]);
+    s->class_queue_duration[c] = &class_queue_duration_.Add(p, kSecondsBuckets);
+    s->class_queue_tokens[c] = &class_queue_tokens_.Add(p);
+    s->class_queue_sequences[c] = &class_queue_sequences_.Add(p);
+    s->class_requests[c] = &class_requests_.Add(p);
+    s->class_rejected[c] = &class_rejected_.Add(p);
+  }
+  s->bulk_promoted = &bulk_promoted_.Add(l);
   return s;
 }
 
@@ -258,6 +297,14 @@ void Metrics::remove_model(const ModelSeries& s) {
   batch_failures_.Remove(s.batch_failures);
   queue_tokens_.Remove(s.queue_tokens);
   queue_sequences_.Remove(s.queue_sequences);
+  for (int c = 0; c < 2; ++c) {
+    class_queue_duration_.Remove(s.class_queue_duration[c]);
+    class_queue_tokens_.Remove(s.class_queue_tokens[c]);
+    class_queue_sequences_.Remove(s.class_queue_sequences[c]);
+    class_requests_.Remove(s.class_requests[c]);
+    class_rejected_.Remove(s.class_rejected[c]);
+  }
+  bulk_promoted_.Remove(s.bulk_promoted);
   if (s.info != nullptr) model_info_.Remove(s.info);
 }
 
@@ -302,6 +349,14 @@ QueueRecorders queue_recorders(std::shared_ptr<ModelSeries> series) {
         ->Increment();
   };
   r.batched = [series](double queue_seconds) { series->queue_duration->Observe(queue_seconds); };
+  r.class_depth = [series](int priority, int64_t tokens, int64_t sequences) {
+    series->class_queue_tokens[priority]->Set(double(tokens));
+    series->class_queue_sequences[priority]->Set(double(sequences));
+  };
+  r.class_batched = [series](int priority, double queue_seconds) {
+    series->class_queue_duration[priority]->Observe(queue_seconds);
+  };
+  r.promoted = [series] { series->bulk_promoted->Increment(); };
   return r;
 }
 

@@ -42,7 +42,18 @@ struct ModelSeries {
   prometheus::Gauge* queue_tokens = nullptr;
   prometheus::Gauge* queue_sequences = nullptr;
   prometheus::Gauge* info = nullptr;  ///< fastformer_model_info, once loaded
+  // Per priority class (kPriorityNames' order: interactive, bulk).
+  prometheus::Histogram* class_queue_duration[2] = {};  ///< by the class admitted to
+  prometheus::Gauge* class_queue_tokens[2] = {};
+  prometheus::Gauge* class_queue_sequences[2] = {};
+  prometheus::Counter* class_requests[2] = {};   ///< admitted
+  prometheus::Counter* class_rejected[2] = {};   ///< refused: that class's queue (or budget) full
+  prometheus::Counter* bulk_promoted = nullptr;  ///< bulk sequences batched as interactive
 };
+
+// The priority classes' label values, in batching::Priority's order (the batching layer's
+// priority_name gives the same names; tests/unit/repository_test.cc checks it).
+inline constexpr const char* kPriorityNames[] = {"interactive", "bulk"};
 
 // A model version's state, as fastformer_model_state{model,version,state} shows it (1 for the
 // current state, 0 for the others).
@@ -64,6 +75,12 @@ class Metrics {
   prometheus::Family<prometheus::Counter>& batch_failures_;
   prometheus::Family<prometheus::Gauge>& queue_tokens_;
   prometheus::Family<prometheus::Gauge>& queue_sequences_;
+  prometheus::Family<prometheus::Histogram>& class_queue_duration_;
+  prometheus::Family<prometheus::Gauge>& class_queue_tokens_;
+  prometheus::Family<prometheus::Gauge>& class_queue_sequences_;
+  prometheus::Family<prometheus::Counter>& class_requests_;
+  prometheus::Family<prometheus::Counter>& class_rejected_;
+  prometheus::Family<prometheus::Counter>& bulk_promoted_;
 
  public:
   Metrics();
@@ -118,6 +135,11 @@ struct QueueRecorders {
       depth;                                          ///< fastformer_queue_tokens, _sequences
   std::function<void(DropReason reason)> dropped;     ///< fastformer_sequences_dropped_total
   std::function<void(double queue_seconds)> batched;  ///< fastformer_queue_duration_seconds
+  /// fastformer_priority_queue_tokens, _sequences{priority} (0 interactive, 1 bulk)
+  std::function<void(int priority, int64_t tokens, int64_t sequences)> class_depth;
+  /// fastformer_priority_queue_duration_seconds{priority}: the class admitted to
+  std::function<void(int priority, double queue_seconds)> class_batched;
+  std::function<void()> promoted;  ///< fastformer_bulk_promoted_total
 };
 struct BatchRecorders {
   // fastformer_batch_compute_duration_seconds, _batch_tokens, _batch_sequences,

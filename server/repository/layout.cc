@@ -232,10 +232,23 @@ ModelSettings read_settings(const std::filesystem::path& model_dir, const std::s
       s.max_request_tokens = positive(f, key, v);
     } else if (key == "threads") {
       s.threads = int(positive(f, key, v));
+    } else if (key == "default_priority") {
+      const auto p = batching::parse_priority(v);
+      if (!p) {
+        throw std::invalid_argument(f + ": parameters \"default_priority\": \"" + v +
+                                    "\" is not interactive or bulk");
+      }
+      s.default_priority = *p;
+    } else if (key == "max_bulk_queue_tokens") {
+      s.max_bulk_queue_tokens = positive(f, key, v);
+    } else if (key == "bulk_promote_after_ms") {
+      s.bulk_promote_after_ms = positive(f, key, v);
     } else {
       throw std::invalid_argument(f + ": parameters \"" + key +
                                   "\" is not a setting (dtype, backend, max_batch_tokens, "
-                                  "max_queue_tokens, max_request_tokens, threads)");
+                                  "max_queue_tokens, max_request_tokens, threads, "
+                                  "default_priority, max_bulk_queue_tokens, "
+                                  "bulk_promote_after_ms)");
     }
   }
   if (config.has_version_policy()) {

@@ -57,7 +57,8 @@ Repository::Repository(RepositoryOptions options, metrics::Metrics& metrics)
     : options_(std::move(options)),
       metrics_(metrics),
       pool_(std::make_unique<batching::ComputePool>()),
-      budget_(std::make_shared<batching::QueueBudget>(options_.max_server_queue_tokens)) {
+      budget_(std::make_shared<batching::QueueBudget>(options_.max_server_queue_tokens,
+                                                      options_.max_server_bulk_queue_tokens)) {
   root_ = options_.root;
   worker_ = std::thread([this] { run(); });
   if (options_.mode == ControlMode::kPoll && options_.poll_secs > 0) {

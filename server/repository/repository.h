@@ -60,8 +60,9 @@ struct RepositoryOptions {
   std::string default_model;             ///< --default-model
   /// --served-model-name: names that mean the default model besides its own, on every protocol.
   std::vector<std::string> aliases;
-  ModelSettings defaults;               ///< the server's flags, before config.pbtxt
-  int64_t max_server_queue_tokens = 0;  ///< --max-queue-tokens, over every model
+  ModelSettings defaults;                    ///< the server's flags, before config.pbtxt
+  int64_t max_server_queue_tokens = 0;       ///< --max-queue-tokens, over every model
+  int64_t max_server_bulk_queue_tokens = 0;  ///< --max-bulk-queue-tokens, likewise (0: the same)
   std::string server_version;
   /// Test-only fault injection for every model's scheduler (FASTFORMER_TEST_FAULTS).
   std::function<void(const batching::Batch&)> before_compute;

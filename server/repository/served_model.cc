@@ -76,8 +76,19 @@ batching::QueueObserver queue_observer(const std::shared_ptr<metrics::ModelSerie
     dropped(reason == batching::Outcome::kDeadlineExceeded ? metrics::DropReason::kDeadline
                                                            : metrics::DropReason::kCancelled);
   };
-  observer.on_batched = [batched = std::move(record.batched)](const batching::QueueEntry&,
-                                                              double seconds) { batched(seconds); };
+  observer.on_batched = [batched = std::move(record.batched),
+                         by_class = std::move(record.class_batched)](const batching::QueueEntry& e,
+                                                                     double seconds) {
+    batched(seconds);
+    by_class(int(e.priority), seconds);
+  };
+  observer.on_class_depth = [depth = std::move(record.class_depth)](
+                                batching::Priority p, int64_t tokens, int64_t sequences) {
+    depth(int(p), tokens, sequences);
+  };
+  observer.on_promoted = [promoted = std::move(record.promoted)](const batching::QueueEntry&) {
+    promoted();
+  };
   return observer;
 }
 

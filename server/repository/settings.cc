@@ -33,6 +33,8 @@ batching::QueueLimits ModelSettings::queue_limits() const {
   limits.max_batch_sequences = max_batch_sequences;
   limits.max_queue_tokens = max_queue_tokens;
   limits.max_queue_delay = std::chrono::microseconds(max_queue_delay_us);
+  limits.max_bulk_queue_tokens = max_bulk_queue_tokens;
+  limits.bulk_promote_after = std::chrono::milliseconds(bulk_promote_after_ms);
   return limits;
 }
 

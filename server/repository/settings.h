@@ -34,6 +34,12 @@ struct ModelSettings {
   int64_t max_request_tokens = defaults::kMaxRequestTokens;
   int64_t max_request_inputs = defaults::kMaxRequestInputs;
   int64_t max_request_spans = defaults::kMaxRequestSpans;
+  /// Priority classes (docs/operations.md): the class of a request that names none; the bulk
+  /// class's own queue limit (0: max_queue_tokens); how long a bulk sequence waits before it is
+  /// batched as an interactive one (0: never).
+  batching::Priority default_priority = batching::Priority::kInteractive;
+  int64_t max_bulk_queue_tokens = 0;
+  int64_t bulk_promote_after_ms = defaults::kBulkPromoteAfterMs;
   inference::ModelVersionPolicy version_policy;  ///< default: latest 1
 
   // max_request_tokens, resolved against the model when 0.
@@ -42,7 +48,8 @@ struct ModelSettings {
   // the longest request (which runs in a batch of its own). Throws std::invalid_argument for a
   // backend that is not auto, cpu or cuda.
   engine::EngineOptions engine_options(const engine::ModelConfig& model) const;
-  // The batch queue's: the batch budgets, the queue delay, this model's queue limit.
+  // The batch queue's: the batch budgets, the queue delay, this model's queue limits (per
+  // class) and the bulk promotion bound.
   batching::QueueLimits queue_limits() const;
   // What every protocol checks a request against (the request layer's).
   request::Limits request_limits(const engine::ModelConfig& model) const;

@@ -128,7 +128,8 @@ Status read_floats(const Input& input, int64_t count, std::vector<float>* out) {
 
 Status read_parameters(const inference::ModelInferRequest& proto, OutputOptions* options,
                        Truncate* truncate, std::optional<int32_t>* macro_overlap,
-                       request::EmbeddingType* embedding_type) {
+                       request::EmbeddingType* embedding_type,
+                       std::optional<batching::Priority>* priority) {
   // Parameters we do not know are ignored, as the protocol asks (clients add their own).
   for (const auto& [key, value] : proto.parameters()) {
     if (key == "span_pooling") {
@@ -159,6 +160,20 @@ Status read_parameters(const inference::ModelInferRequest& proto, OutputOptions*
             "parameters: macro_overlap_tokens must be a non-negative int64 parameter");
       }
       *macro_overlap = int32_t(value.int64_param());
+    } else if (key == "priority") {
+      // Triton's: 1 is the highest level, 0 the model's default; here 1 is interactive and 2 or
+      // more bulk (tritonclient's infer(priority=...), as int64 or uint64).
+      const auto c = value.parameter_choice_case();
+      const bool is_int = c == inference::InferParameter::kInt64Param;
+      if ((!is_int && c != inference::InferParameter::kUint64Param) ||
+          (is_int && value.int64_param() < 0)) {
+        return invalid_argument(
+            "parameters: priority must be a non-negative integer parameter (0 the model's "
+            "default, 1 interactive, 2 or more bulk)");
+      }
+      const uint64_t level = is_int ? uint64_t(value.int64_param()) : value.uint64_param();
+      if (level == 1) *priority = batching::Priority::kInteractive;
+      if (level >= 2) *priority = batching::Priority::kBulk;
     } else if (key == "embedding_type") {
       const auto type = request::parse_embedding_type(value.string_param());
       if (value.parameter_choice_case() != inference::InferParameter::kStringParam || !type) {
@@ -376,10 +391,12 @@ Status convert_infer_request(const inference::ModelInferRequest& proto, const en
     return invalid_argument("attention_mask: not used with text (each text is one row)");
 
   request::EncodeInput input;
+  std::optional<batching::Priority> priority;
   if (Status s = read_parameters(proto, &input.options, &input.truncate,
-                                 &input.macro_overlap_tokens, &call->embedding_type);
+                                 &input.macro_overlap_tokens, &call->embedding_type, &priority);
       !s.ok())
     return s;
+  if (priority) out->asked_priority = priority;  // else the header's (HTTP), or the default
   if (auto refused = request::check_embedding_type(
           call->embedding_type, model.config().hidden_size, input.options.normalize,
           call->quantization.get(), call->quantization_file)) {

@@ -116,23 +116,34 @@ Status Intake::admit_found(Clock::time_point deadline, std::shared_ptr<const Ser
   }
   request->arrival = Clock::now();
   request->deadline = deadline;
+  request->priority = request->asked_priority.value_or(model->settings.default_priority);
+  const bool bulk = request->priority == batching::Priority::kBulk;
+  auto count = [&](prometheus::Counter* const* by_class) {
+    if (model->series) by_class[int(request->priority)]->Increment();
+  };
   // The version it is admitted to lives until the request ends, even once swapped out.
   request->owner = model;
   switch (model->queue->push(request)) {
     case batching::Admission::kAdmitted:
+      count(model->series ? model->series->class_requests : nullptr);
       return Status();
     case batching::Admission::kQueueFull:
       status = {StatusCode::kResourceExhausted,
-                "queue full: " + std::to_string(request->tokens) +
-                    " more tokens would exceed model '" + model->name + "' max_queue_tokens " +
-                    std::to_string(model->queue->limits().max_queue_tokens) + "; retry later"};
+                "queue full: " + std::to_string(request->tokens) + " more " +
+                    (bulk ? "bulk " : "") + "tokens would exceed model '" + model->name + "' " +
+                    (bulk ? "max_bulk_queue_tokens " : "max_queue_tokens ") +
+                    std::to_string(model->queue->limits().class_limit(request->priority)) +
+                    "; retry later"};
+      count(model->series ? model->series->class_rejected : nullptr);
       break;
     case batching::Admission::kServerFull:
       status = {StatusCode::kResourceExhausted,
-                "queue full: " + std::to_string(request->tokens) +
-                    " more tokens would exceed the server's max_queue_tokens " +
-                    std::to_string(model->queue->budget_limit()) +
+                "queue full: " + std::to_string(request->tokens) + " more " +
+                    (bulk ? "bulk " : "") + "tokens would exceed the server's " +
+                    (bulk ? "max_bulk_queue_tokens " : "max_queue_tokens ") +
+                    std::to_string(model->queue->budget_limit(request->priority)) +
                     " over every model; retry later"};
+      count(model->series ? model->series->class_rejected : nullptr);
       break;
     case batching::Admission::kClosed:
       status = {StatusCode::kUnavailable, "the server is shutting down"};

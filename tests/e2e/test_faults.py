@@ -352,14 +352,16 @@ def test_queue_tokens_exactly_and_just_over(e2e, models, servers):
 
 def test_engine_failure_fails_only_its_batch(e2e, models, servers):
     """A batch the engine fails on: its requests (and only they) get INTERNAL; the call that
-    shared its batch fails with it, the calls before and after succeed; still SERVING."""
+    shared its batch fails with it, the calls before and after succeed; still SERVING. (Batches
+    of at most 2 sequences, and a staged batch that is full: work that arrives later joins a
+    staged batch that has room, docs/operations.md "Priority classes".)"""
     model = models.get("head")
-    srv = servers.start("head", extra_env=FAULTS)
+    srv = servers.start("head", extra_env=FAULTS, max_batch_sequences=2)
     before = srv.metrics()
     bad_seqs, good_seqs = [[FAIL_TOKEN, 5, 6]], [[31, 32, 33]]
     computing = srv.stub.Encode.future(stall_request(e2e), timeout=60)
     engine_busy(srv, 1)
-    staged = srv.stub.Encode.future(e2e.make_request(good_seqs, "ids", request_id="staged"), timeout=60)
+    staged = srv.stub.Encode.future(e2e.make_request(good_seqs * 2, "ids", request_id="staged"), timeout=60)
     engine_busy(srv, 1, 1)
     # these two queue together behind the staged batch, so they form one batch
     sharing = srv.stub.Encode.future(e2e.make_request(good_seqs, "ids", request_id="sharing"), timeout=60)
@@ -369,7 +371,7 @@ def test_engine_failure_fails_only_its_batch(e2e, models, servers):
            [("computing", computing), ("staged", staged), ("sharing", sharing), ("bad", bad)]}
     print({k: (c.name, msg) for k, (c, msg, _) in got.items()})
     assert got["computing"][0] == OK and got["staged"][0] == OK, "a batch before the failing one failed"
-    e2e.check_response("batch before the failure", got["staged"][2], model, good_seqs, request_id="staged")
+    e2e.check_response("batch before the failure", got["staged"][2], model, good_seqs * 2, request_id="staged")
     for name in ("sharing", "bad"):
         code, msg, _ = got[name]
         assert code == grpc.StatusCode.INTERNAL, f"{name}: {code.name} ({msg!r}), expected INTERNAL"

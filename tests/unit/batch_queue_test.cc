@@ -526,5 +526,117 @@ TEST(ComputePoolTest, ASharedBudgetLimitsEveryQueueTogether) {
   EXPECT_EQ(budget->tokens.load(), 25);
 }
 
+// ---- priority classes (queue.h): interactive first, bulk fills, per-class limits, promotion,
+// and a formed batch refreshed when interactive work arrives after it.
+
+std::shared_ptr<Request> with_priority(TestRequest& r, Priority p) {
+  r.request->priority = p;
+  return r.request;
+}
+
+TEST(BatchQueuePriorityTest, InteractiveFirstThenBulkFillsTheBudget) {
+  QueueLimits l = limits(10);
+  l.max_queue_delay = 0us;
+  BatchQueue queue(l, config());
+  TestRequest bulk1({4}), bulk2({4}), query({4});
+  ASSERT_EQ(queue.push(with_priority(bulk1, Priority::kBulk)), Admission::kAdmitted);
+  ASSERT_EQ(queue.push(with_priority(bulk2, Priority::kBulk)), Admission::kAdmitted);
+  ASSERT_EQ(queue.push(with_priority(query, Priority::kInteractive)), Admission::kAdmitted);
+  EXPECT_EQ(queue.queued_sequences(Priority::kBulk), 2);
+  auto batch = queue.next_batch();
+  ASSERT_TRUE(batch);
+  using P = std::pair<Request*, int32_t>;
+  // The query first though it came last; the first bulk sequence fills (8 of 10 tokens).
+  EXPECT_EQ(members(*batch), (std::vector<P>{{query.request.get(), 0}, {bulk1.request.get(), 0}}));
+  batch = queue.next_batch();
+  ASSERT_TRUE(batch);
+  EXPECT_EQ(members(*batch), (std::vector<P>{{bulk2.request.get(), 0}}));
+}
+
+TEST(BatchQueuePriorityTest, EachClassHasItsOwnQueueLimit) {
+  QueueLimits l = limits(100, 100, /*queue_tokens=*/50);
+  l.max_bulk_queue_tokens = 20;
+  BatchQueue queue(l, config());
+  TestRequest bulk1({15}), bulk2({10}), query({40});
+  ASSERT_EQ(queue.push(with_priority(bulk1, Priority::kBulk)), Admission::kAdmitted);
+  EXPECT_EQ(queue.push(with_priority(bulk2, Priority::kBulk)), Admission::kQueueFull);  // 25 > 20
+  EXPECT_EQ(queue.push(with_priority(query, Priority::kInteractive)), Admission::kAdmitted);
+  EXPECT_EQ(l.class_limit(Priority::kBulk), 20);
+  EXPECT_EQ(l.class_limit(Priority::kInteractive), 50);
+  // The same on a budget shared by queues: its bulk share.
+  auto budget = std::make_shared<QueueBudget>(50, 20);
+  BatchQueue shared(limits(100), config(), {}, budget);
+  TestRequest b3({15}), b4({10}), q2({40});
+  ASSERT_EQ(shared.push(with_priority(b3, Priority::kBulk)), Admission::kAdmitted);
+  EXPECT_EQ(shared.push(with_priority(b4, Priority::kBulk)), Admission::kServerFull);
+  EXPECT_EQ(shared.push(with_priority(q2, Priority::kInteractive)), Admission::kAdmitted);
+  EXPECT_EQ(budget->bulk_tokens.load(), 15);
+  EXPECT_EQ(budget->tokens.load(), 40);
+}
+
+TEST(BatchQueuePriorityTest, BulkWaitingPastTheBoundIsPromotedInArrivalOrder) {
+  QueueLimits l = limits(4);  // one 4-token sequence a batch
+  l.bulk_promote_after = 30ms;
+  std::atomic<int> promoted{0};
+  QueueObserver observer;
+  observer.on_promoted = [&](const QueueEntry&) { ++promoted; };
+  BatchQueue queue(l, config(), observer);
+  TestRequest bulk({4});
+  ASSERT_EQ(queue.push(with_priority(bulk, Priority::kBulk)), Admission::kAdmitted);
+  std::this_thread::sleep_for(40ms);
+  TestRequest query({4});
+  ASSERT_EQ(queue.push(with_priority(query, Priority::kInteractive)), Admission::kAdmitted);
+  auto batch = queue.next_batch();
+  ASSERT_TRUE(batch);
+  // Promoted, and older than the query: it goes first.
+  ASSERT_EQ(batch->entries.size(), 1u);
+  EXPECT_EQ(batch->entries[0].request.get(), bulk.request.get());
+  EXPECT_TRUE(batch->entries[0].promoted);
+  EXPECT_EQ(promoted.load(), 1);
+  // Without promotion (0) a bulk sequence waits behind every interactive one.
+  QueueLimits never = limits(4);
+  never.bulk_promote_after = 0ms;
+  BatchQueue fifo(never, config());
+  TestRequest b2({4}), q2({4});
+  ASSERT_EQ(fifo.push(with_priority(b2, Priority::kBulk)), Admission::kAdmitted);
+  std::this_thread::sleep_for(10ms);
+  ASSERT_EQ(fifo.push(with_priority(q2, Priority::kInteractive)), Admission::kAdmitted);
+  batch = fifo.next_batch();
+  ASSERT_TRUE(batch);
+  EXPECT_EQ(batch->entries[0].request.get(), q2.request.get());
+}
+
+TEST(BatchQueuePriorityTest, RefreshLetsInteractiveWorkJoinOrDisplaceBulk) {
+  BatchQueue queue(limits(12), config());
+  TestRequest bulk({4, 4, 4});
+  ASSERT_EQ(queue.push(with_priority(bulk, Priority::kBulk)), Admission::kAdmitted);
+  auto batch = queue.next_batch();  // staged: the three bulk sequences, 12 of 12 tokens
+  ASSERT_TRUE(batch);
+  ASSERT_EQ(batch->entries.size(), 3u);
+  EXPECT_FALSE(queue.refresh(&*batch));  // nothing waits: unchanged
+  TestRequest query({4});
+  ASSERT_EQ(queue.push(with_priority(query, Priority::kInteractive)), Admission::kAdmitted);
+  EXPECT_TRUE(queue.refresh(&*batch));
+  using P = std::pair<Request*, int32_t>;
+  // The query first; the last bulk sequence back at the head of its queue.
+  EXPECT_EQ(
+      members(*batch),
+      (std::vector<P>{{query.request.get(), 0}, {bulk.request.get(), 0}, {bulk.request.get(), 1}}));
+  EXPECT_EQ(batch->tokens, 12);
+  EXPECT_EQ(batch->ragged.num_sequences(), 3);
+  EXPECT_EQ(batch->ragged.num_tokens(), 12);
+  EXPECT_EQ(queue.queued_sequences(Priority::kBulk), 1);
+  EXPECT_EQ(queue.queued_tokens(), 4);
+  auto next = queue.next_batch();
+  ASSERT_TRUE(next);
+  EXPECT_EQ(members(*next), (std::vector<P>{{bulk.request.get(), 2}}));
+}
+
+TEST(BatchQueuePriorityTest, NamesRoundTrip) {
+  for (Priority p : {Priority::kInteractive, Priority::kBulk})
+    EXPECT_EQ(parse_priority(priority_name(p)), p);
+  EXPECT_FALSE(parse_priority("urgent"));
+}
+
 }  // namespace
 }  // namespace fastformer::batching

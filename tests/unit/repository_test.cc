@@ -182,6 +182,34 @@ TEST(RepositorySettingsTest, LabelsComeFromId2LabelElseLabelsJson) {
   EXPECT_EQ(served.label(7), "LABEL_7");
 }
 
+// The metrics' priority label values are the batching layer's class names, in its order; and a
+// config.pbtxt sets a model's classes.
+TEST(RepositorySettingsTest, PriorityClassesNamesAndSettings) {
+  for (batching::Priority p : {batching::Priority::kInteractive, batching::Priority::kBulk})
+    EXPECT_STREQ(metrics::kPriorityNames[int(p)], batching::priority_name(p));
+  TempDir dir;
+  write_text(dir.path() / "config.pbtxt",
+             R"(parameters { key: "default_priority" value { string_value: "bulk" } }
+parameters { key: "max_bulk_queue_tokens" value { string_value: "4096" } }
+parameters { key: "bulk_promote_after_ms" value { string_value: "250" } })");
+  const ModelSettings s = read_settings(dir.path(), "m", defaults());
+  EXPECT_EQ(s.default_priority, batching::Priority::kBulk);
+  const batching::QueueLimits limits = s.queue_limits();
+  EXPECT_EQ(limits.class_limit(batching::Priority::kBulk), 4096);
+  EXPECT_EQ(limits.class_limit(batching::Priority::kInteractive), s.max_queue_tokens);
+  EXPECT_EQ(limits.bulk_promote_after, std::chrono::milliseconds(250));
+  write_text(dir.path() / "config.pbtxt",
+             R"(parameters { key: "default_priority" value { string_value: "urgent" } })");
+  try {
+    read_settings(dir.path(), "m", defaults());
+    ADD_FAILURE() << "accepted default_priority urgent";
+  } catch (const std::invalid_argument& e) {
+    EXPECT_NE(std::string(e.what()).find("\"urgent\" is not interactive or bulk"),
+              std::string::npos)
+        << e.what();
+  }
+}
+
 // quantization.json: none is null (int8 refused later, naming the file); a good one gives its
 // ranges; a malformed one stops the version's load with a message naming the file and the fault.
 TEST(RepositorySettingsTest, QuantizationJsonIsReadOrRefusedByName) {

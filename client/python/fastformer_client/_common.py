@@ -179,6 +179,7 @@ _CHUNK_POOLING = {"model": 0, "mean": 1}
 # "Embedding types": int8 and binary signed, uint8 and ubinary unsigned; binary types pack 8
 # dimensions a byte).
 EMBEDDING_TYPES = {"float": 0, "int8": 1, "uint8": 2, "binary": 3, "ubinary": 4}
+_PRIORITIES = {"interactive": 1, "bulk": 2}  # EncodeRequest.priority (0: the model's default)
 _QUANTIZED_DTYPES = {"int8": np.int8, "uint8": np.uint8, "binary": np.int8, "ubinary": np.uint8}
 
 
@@ -197,7 +198,7 @@ def _embedding_types(types) -> List[int]:
 
 def build_request(sequences, *, return_token_embeddings=False, return_logits=False, normalize=False,
                   truncation=None, request_id=None, model_name=None, model_version=None, chunk_pooling="model",
-                  macro_overlap_tokens=None, embedding_types=None):
+                  macro_overlap_tokens=None, embedding_types=None, priority=None):
     """An EncodeRequest. sequences: a list whose items are each one kind: a text (str, tokenized
     by the server), token ids (a list or 1-D integer array), input embeddings (a 2-D float array
     [n, hidden]), or a dict {"text": ...} / {"token_ids": ...} / {"input_embeddings": ...}
@@ -222,6 +223,10 @@ def build_request(sequences, *, return_token_embeddings=False, return_logits=Fal
             raise ValueError(f"macro_overlap_tokens: expected a non-negative integer, got {macro_overlap_tokens!r}")
         req.macro_overlap_tokens.value = int(macro_overlap_tokens)
     req.embedding_types.extend(_embedding_types(embedding_types))
+    if priority is not None:
+        if priority not in _PRIORITIES:
+            raise ValueError(f"priority: expected \"interactive\" or \"bulk\", got {priority!r}")
+        req.priority = _PRIORITIES[priority]
     for i, s in enumerate(sequences):
         _add_sequence(req, i, s)
     return req
@@ -659,12 +664,13 @@ class ClientBase:
 
     def _encode_steps(self, sequences, *, return_token_embeddings, return_logits, normalize, truncation,
                       request_id, deadline_s, return_result, model_name=None, model_version=None,
-                      chunk_pooling="model", macro_overlap_tokens=None, embedding_types=None) -> Steps:
+                      chunk_pooling="model", macro_overlap_tokens=None, embedding_types=None,
+                      priority=None) -> Steps:
         req = build_request(sequences, return_token_embeddings=return_token_embeddings,
                             return_logits=return_logits, normalize=normalize, truncation=truncation,
                             request_id=request_id, model_name=model_name, model_version=model_version,
                             chunk_pooling=chunk_pooling, macro_overlap_tokens=macro_overlap_tokens,
-                            embedding_types=embedding_types)
+                            embedding_types=embedding_types, priority=priority)
         raw = yield from self._unary("encode", req, self._cfg.timeout(deadline_s), request_id)
         if raw.error is not None and raw.error[0] != 0:
             raise error_for(raw.error[0], raw.error[1], request_id)

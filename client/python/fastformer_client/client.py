@@ -61,7 +61,8 @@ class Client(ClientBase):
                model_version: Union[None, str, int] = None,
                chunk_pooling: str = "model",
                macro_overlap_tokens: Optional[int] = None,
-               embedding_types: Optional[Sequence[str]] = None) -> Union[np.ndarray, EncodeResult]:
+               embedding_types: Optional[Sequence[str]] = None,
+               priority: Optional[str] = None) -> Union[np.ndarray, EncodeResult]:
         """Encodes the sequences of one request.
 
         sequences: a list whose items are each a text (a str, tokenized by the server with the
@@ -87,6 +88,8 @@ class Client(ClientBase):
         embedding_types: some of "float", "int8", "uint8", "binary", "ubinary" (docs/api.md,
         "Embedding types"); the EncodeResult's .quantized holds each quantized type (and
         .embeddings the floats, empty without "float").
+        priority: "interactive" (batched first) or "bulk" (fills the rest of each batch); None:
+        the model's default (docs/operations.md, "Priority classes").
         Raises the FastformerError subclass of the status (InvalidArgument, ResourceExhausted, ...).
         """
         return self._run(self._encode_steps(
@@ -94,7 +97,7 @@ class Client(ClientBase):
             normalize=normalize, truncation=truncation, request_id=request_id, deadline_s=deadline_s,
             return_result=return_result, model_name=model_name, model_version=model_version,
             chunk_pooling=chunk_pooling, macro_overlap_tokens=macro_overlap_tokens,
-            embedding_types=embedding_types))
+            embedding_types=embedding_types, priority=priority))
 
     def encode_stream(self, requests: Iterable, *, return_token_embeddings: bool = False,
                       return_logits: bool = False, normalize: bool = False, truncation=None,
