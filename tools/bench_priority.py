@@ -107,19 +107,30 @@ def bulk_loop(target, args, vocab, stop, out, priority, seed):
 
 
 def query_loop(target, args, vocab, stop, rate, out, priority, seed, closed=False):
+    """closed: one query after another. Else open loop: Poisson arrivals at `rate`, each query
+    sent at its time on a pool of threads however long the earlier ones take."""
+    import concurrent.futures as cf
+
     import fastformer_client as ffc
     rng = random.Random(seed)
     with ffc.Client(target, deadline_s=120) as c:
-        next_at = time.perf_counter()
-        while not stop.is_set():
-            if not closed:
+        def one(seq):
+            t0 = time.perf_counter()
+            c.encode([seq], priority=priority)
+            out.append(time.perf_counter() - t0)
+
+        if closed:
+            while not stop.is_set():
+                one(ids(rng, args.query_tokens, vocab))
+            return
+        with cf.ThreadPoolExecutor(64) as pool:
+            next_at = time.perf_counter()
+            while not stop.is_set():
                 next_at += rng.expovariate(rate)
                 delay = next_at - time.perf_counter()
                 if delay > 0:
                     time.sleep(delay)
-            t0 = time.perf_counter()
-            c.encode([ids(rng, args.query_tokens, vocab)], priority=priority)
-            out.append(time.perf_counter() - t0)
+                pool.submit(one, ids(rng, args.query_tokens, vocab))
 
 
 def phase(srv, args, vocab, *, bulk, query_rate, bulk_priority="bulk", query_priority="interactive",
@@ -219,18 +230,23 @@ def main() -> int:
         import fastformer_client as ffc
         rng = random.Random(7)
         latencies = []
+        before = srv.batch_totals()
         with ffc.Client(target, deadline_s=120) as c:
             for _ in range(10):
                 t0 = time.perf_counter()
                 c.encode([ids(rng, args.query_tokens, vocab)], priority="bulk")
                 latencies.append(time.perf_counter() - t0)
                 time.sleep(0.2)
+        after = srv.batch_totals()
         stop.set()
         for t in flood:
             t.join()
-        result["promotion"] = {"bound_ms": args.promote_ms, "bulk_latency_ms": [x * 1000 for x in latencies]}
+        batch_ms = (after[0] - before[0]) / max(1.0, after[1] - before[1]) * 1000
+        result["promotion"] = {"bound_ms": args.promote_ms, "bulk_latency_ms": [x * 1000 for x in latencies],
+                               "batch_compute_ms": batch_ms}
         print(f"promotion: bound {args.promote_ms} ms, bulk latencies under an interactive flood "
-              f"{min(latencies) * 1000:.0f}-{max(latencies) * 1000:.0f} ms", file=sys.stderr)
+              f"{min(latencies) * 1000:.0f}-{max(latencies) * 1000:.0f} ms (bound + 2 batches of "
+              f"{batch_ms:.1f} ms: {args.promote_ms + 2 * batch_ms:.0f} ms)", file=sys.stderr)
     if args.json:
         print(json.dumps(result))
         return 0
@@ -247,6 +263,10 @@ def main() -> int:
         p50 = f"{r['query_p50_ms']:.1f}" if r["queries"] else ""
         p99 = f"{r['query_p99_ms']:.1f}" if r["queries"] else ""
         print(f"| {name} | {p50} | {p99} | {bulk} | {batch} |")
+    pr = result["promotion"]
+    print(f"\nPromotion: bound {pr['bound_ms']} ms; bulk requests under an interactive flood answered in "
+          f"{min(pr['bulk_latency_ms']):.0f}-{max(pr['bulk_latency_ms']):.0f} ms (batches of "
+          f"{pr['batch_compute_ms']:.1f} ms)")
     return 0
 
 

@@ -311,6 +311,10 @@ bool BatchQueue::refresh(Batch* batch) {
   std::vector<QueueEntry> promoted, joined;  // joined: for on_batched, outside the lock
   bool changed = false, report = false;
   const auto now = Clock::now();
+  auto key = [](const QueueEntry& e) { return std::pair(e.request.get(), e.index); };
+  std::vector<std::pair<Request*, int32_t>> formed;  // the batch's entries before, sorted
+  for (const QueueEntry& e : batch->entries) formed.push_back(key(e));
+  std::sort(formed.begin(), formed.end());
   {
     std::lock_guard lock(mu_);
     drop_dead_head(now, &dropped);
@@ -330,22 +334,38 @@ bool BatchQueue::refresh(Batch* batch) {
         interactive.pop_front();
         batch->tokens += e.tokens;
         release_locked(e.priority, e.tokens);
-        joined.push_back(e);
         batch->entries.insert(at, std::move(e));
         changed = true;
         continue;
       }
-      // No room: the batch's last bulk entry goes back to the head of the bulk queue.
-      if (batch->entries.empty() || !is_bulk(batch->entries.back())) break;
-      QueueEntry back = std::move(batch->entries.back());
+      // No room: the batch's last entry goes back to its queue if it is bulk, or an interactive
+      // one that arrived after the waiting head (a promoted bulk sequence is older than most):
+      // the batch becomes what forming it now would give, interactive sequences in arrival
+      // order first.
+      if (batch->entries.empty()) break;
+      QueueEntry& last = batch->entries.back();
+      const bool newer = !is_bulk(last) && next.queued_at < last.queued_at;
+      if (!is_bulk(last) && !newer) break;
+      QueueEntry back = std::move(last);
       batch->entries.pop_back();
       batch->tokens -= back.tokens;
       tokens_[int(back.priority)] += back.tokens;
       if (budget_) budget_->count(back.priority).fetch_add(back.tokens);
-      bulk.push_front(std::move(back));
+      if (is_bulk(back)) {
+        bulk.push_front(std::move(back));
+      } else {
+        auto at = std::upper_bound(
+            interactive.begin(), interactive.end(), back.queued_at,
+            [](Clock::time_point t, const QueueEntry& other) { return t < other.queued_at; });
+        interactive.insert(at, std::move(back));
+      }
       changed = true;
     }
     if (changed || !dropped.empty() || !promoted.empty()) report = record_depth_locked();
+  }
+  if (changed) {
+    for (const QueueEntry& e : batch->entries)
+      if (!std::binary_search(formed.begin(), formed.end(), key(e))) joined.push_back(e);
   }
   if (report) report_depths();
   for (auto& [entry, reason] : dropped) {

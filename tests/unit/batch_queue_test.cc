@@ -632,6 +632,30 @@ TEST(BatchQueuePriorityTest, RefreshLetsInteractiveWorkJoinOrDisplaceBulk) {
   EXPECT_EQ(members(*next), (std::vector<P>{{bulk.request.get(), 2}}));
 }
 
+// A bulk sequence promoted while a batch of newer interactive ones is staged takes the newest's
+// place: the batch is what forming it now would give (arrival order among interactive work).
+TEST(BatchQueuePriorityTest, RefreshPutsAPromotedSequenceBeforeNewerOnes) {
+  QueueLimits l = limits(8);
+  l.bulk_promote_after = 30ms;
+  BatchQueue queue(l, config());
+  TestRequest bulk({4});
+  ASSERT_EQ(queue.push(with_priority(bulk, Priority::kBulk)), Admission::kAdmitted);
+  std::this_thread::sleep_for(5ms);
+  TestRequest q1({4}), q2({4});
+  ASSERT_EQ(queue.push(with_priority(q1, Priority::kInteractive)), Admission::kAdmitted);
+  ASSERT_EQ(queue.push(with_priority(q2, Priority::kInteractive)), Admission::kAdmitted);
+  auto batch = queue.next_batch();  // q1 and q2 (8 of 8 tokens); the bulk one waits
+  ASSERT_TRUE(batch);
+  using P = std::pair<Request*, int32_t>;
+  ASSERT_EQ(members(*batch), (std::vector<P>{{q1.request.get(), 0}, {q2.request.get(), 0}}));
+  std::this_thread::sleep_for(40ms);  // past the bound: promoted at the refresh
+  EXPECT_TRUE(queue.refresh(&*batch));
+  EXPECT_EQ(members(*batch), (std::vector<P>{{q1.request.get(), 0}, {bulk.request.get(), 0}}));
+  auto next = queue.next_batch();
+  ASSERT_TRUE(next);
+  EXPECT_EQ(members(*next), (std::vector<P>{{q2.request.get(), 0}}));
+}
+
 TEST(BatchQueuePriorityTest, NamesRoundTrip) {
   for (Priority p : {Priority::kInteractive, Priority::kBulk})
     EXPECT_EQ(parse_priority(priority_name(p)), p);
