@@ -125,6 +125,14 @@ void add_model_flags(CLI::App& app, ServerOptions& f) {
       "starved (0 = never)",
       "FASTFORMER_BULK_PROMOTE_AFTER_MS")
       ->check(CLI::NonNegativeNumber);
+  opt(app, "--interactive-timeout-ms", f.model.interactive_timeout_ms,
+      "the deadline of an interactive request whose call sets none (0 = none); a request still "
+      "queued then is answered DEADLINE_EXCEEDED / 504",
+      "FASTFORMER_INTERACTIVE_TIMEOUT_MS")
+      ->check(CLI::NonNegativeNumber);
+  opt(app, "--bulk-timeout-ms", f.model.bulk_timeout_ms, "the same for a bulk request (0 = none)",
+      "FASTFORMER_BULK_TIMEOUT_MS")
+      ->check(CLI::NonNegativeNumber);
   opt(app, "--max-request-tokens", f.model.max_request_tokens,
       "tokens in one request; 0 = max(max-batch-tokens, max_position_embeddings)",
       "FASTFORMER_MAX_REQUEST_TOKENS")

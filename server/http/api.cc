@@ -58,6 +58,16 @@ Api api_of(std::string_view path) {
 
 }  // namespace
 
+std::optional<std::string> read_object(simdjson::dom::parser& parser, const Request& request,
+                                       simdjson::dom::object* body) {
+  simdjson::dom::element root;
+  if (auto e = json::parse(parser, request.body(), &root)) return e;
+  if (root.get_object().get(*body)) {
+    return std::string("the request body must be a JSON object, got ") + json::type_name(root);
+  }
+  return std::nullopt;
+}
+
 void write_embedding(json::Writer& w, request::EmbeddingType type, std::span<const float> e,
                      const request::QuantizationRange* range, bool base64) {
   if (type == request::EmbeddingType::kFloat && !base64) {

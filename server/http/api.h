@@ -136,6 +136,10 @@ struct Inputs {
   bool single = false;
   size_t size() const { return texts.size() + ids.size(); }
 };
+// The request's body as a JSON object (parsed by `parser`, which must outlive `body`), or why
+// not: the one reading of a JSON body for the OpenAI, TEI and Cohere routes.
+std::optional<std::string> read_object(simdjson::dom::parser& parser, const Request& request,
+                                       simdjson::dom::object* body);
 // Why `value` is not such an input (naming `field`), or nothing.
 std::optional<std::string> read_inputs(const simdjson::dom::element& value, const char* field,
                                        Inputs* out);

@@ -112,14 +112,8 @@ void HttpApi::openai_models(Call call) {
 void HttpApi::openai_embeddings(const Request& http_request, Call call) {
   if (Status s = intake_.availability(); !s.ok()) return fail(call, s);
   thread_local simdjson::dom::parser parser;
-  simdjson::dom::element root;
-  if (auto e = json::parse(parser, http_request.body(), &root))
-    return fail(call, invalid_argument(*e));
   simdjson::dom::object body;
-  if (root.get_object().get(body)) {
-    return fail(call, invalid_argument(std::string("the request body must be a JSON object, got ") +
-                                       json::type_name(root)));
-  }
+  if (auto e = read_object(parser, http_request, &body)) return fail(call, invalid_argument(*e));
   struct Keep {
     Inputs inputs;
     request::EncodeInput input;

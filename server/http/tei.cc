@@ -32,17 +32,6 @@ void set_timing(Response& response, const batching::Request& r, Clock::time_poin
   response.set("x-compute-characters", std::to_string(characters));
 }
 
-// The body as a JSON object, or why not.
-std::optional<std::string> read_object(simdjson::dom::parser& parser, const Request& request,
-                                       simdjson::dom::object* body) {
-  simdjson::dom::element root;
-  if (auto e = json::parse(parser, request.body(), &root)) return e;
-  if (root.get_object().get(*body)) {
-    return std::string("the request body must be a JSON object, got ") + json::type_name(root);
-  }
-  return std::nullopt;
-}
-
 // An optional boolean field: its value, `fallback` when absent or null, or an error.
 std::optional<std::string> read_bool(const simdjson::dom::object& body, const char* name,
                                      bool* value) {

@@ -40,6 +40,13 @@ struct ModelSettings {
   batching::Priority default_priority = batching::Priority::kInteractive;
   int64_t max_bulk_queue_tokens = 0;
   int64_t bulk_promote_after_ms = defaults::kBulkPromoteAfterMs;
+  /// Each class's deadline for a call that sets none (0: none): a request still queued then is
+  /// answered DEADLINE_EXCEEDED (504).
+  int64_t interactive_timeout_ms = 0;
+  int64_t bulk_timeout_ms = 0;
+  int64_t default_timeout_ms(batching::Priority p) const {
+    return p == batching::Priority::kBulk ? bulk_timeout_ms : interactive_timeout_ms;
+  }
   inference::ModelVersionPolicy version_policy;  ///< default: latest 1
 
   // max_request_tokens, resolved against the model when 0.

@@ -115,8 +115,12 @@ Status Intake::admit_found(Clock::time_point deadline, std::shared_ptr<const Ser
     };
   }
   request->arrival = Clock::now();
-  request->deadline = deadline;
   request->priority = request->asked_priority.value_or(model->settings.default_priority);
+  // The call's deadline, else its class's default (0: none).
+  const int64_t default_ms = model->settings.default_timeout_ms(request->priority);
+  request->deadline = deadline == batching::Clock::time_point::max() && default_ms > 0
+                          ? request->arrival + std::chrono::milliseconds(default_ms)
+                          : deadline;
   const bool bulk = request->priority == batching::Priority::kBulk;
   auto count = [&](prometheus::Counter* const* by_class) {
     if (model->series) by_class[int(request->priority)]->Increment();

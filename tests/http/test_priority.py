@@ -107,3 +107,20 @@ def test_unknown_class_is_refused_by_name(embed_server, headers, body, words):
         assert w in reply.error_message()
     ok = embed_server.call("POST", "/v1/embeddings", body)
     assert ok.status == 200, "a refused class costs no other request its answer"
+
+
+def test_each_class_has_its_default_deadline(embed_model, start):
+    """--bulk-timeout-ms: a bulk call that sets no deadline of its own, still queued behind a
+    stalled batch when its class's deadline passes, is answered 504; an interactive one (no
+    default deadline) waits and is answered."""
+    srv = start(embed_model, max_batch_sequences=1, bulk_timeout_ms=100,
+                env_extra={"FASTFORMER_TEST_FAULTS": f"stall_first_token={STALL_TOKEN}:{STALL_MS}"})
+    with cf.ThreadPoolExecutor(3) as pool:
+        stall = pool.submit(srv.call, "POST", "/v1/embeddings", {"input": [IDS]})
+        time.sleep(0.05)
+        bulk = pool.submit(srv.call, "POST", "/v1/embeddings", {"input": [[V["the"], V["dog"]]]},
+                           {"x-priority": "bulk"})
+        query = pool.submit(srv.call, "POST", "/v1/embeddings", {"input": [[V["the"], V["dog"]]]})
+        assert stall.result(30).status == 200
+        assert bulk.result(30).status == 504, bulk.result().body
+        assert query.result(30).status == 200
