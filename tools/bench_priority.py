@@ -18,7 +18,7 @@ p50 / p99 latency, the bulk throughput (tokens/s), and the mean compute time of 
 request's latency against the bound plus two batches.
 
     /usr/bin/python3 tools/bench_priority.py --model-dir DIR [--build-dir build] [--seconds 20]
-        [--threads 2] [--dtype float32] [--json]
+        [--threads 2] [--dtype float32] [--server-cpus 0] [--json]
 
 DIR: e.g. /usr/bin/python3 tools/make_demo_model.py --preset official --seed 1 --out DIR. Run it
 on a quiet machine.
@@ -58,8 +58,9 @@ def percentile(values, q):
 class Server:
     def __init__(self, args, *extra):
         self.port, self.metrics_port = free_port(), free_port()
+        pin = ["taskset", "-c", args.server_cpus] if args.server_cpus else []
         self.proc = subprocess.Popen(
-            [str(Path(args.build_dir) / "bin" / "fastformer-server"), "--model-dir", args.model_dir,
+            pin + [str(Path(args.build_dir) / "bin" / "fastformer-server"), "--model-dir", args.model_dir,
              "--listen", f"127.0.0.1:{self.port}", "--metrics-listen", f"127.0.0.1:{self.metrics_port}",
              "--http-listen", "",
              "--backend", "cpu", "--threads", str(args.threads), "--dtype", args.dtype,
@@ -190,6 +191,9 @@ def main() -> int:
     ap.add_argument("--query-share", type=float, default=0.05)
     ap.add_argument("--saturate-clients", type=int, default=8)
     ap.add_argument("--promote-ms", type=int, default=500)
+    ap.add_argument("--server-cpus", default="",
+                    help="run the server on these CPUs (taskset -c), e.g. 0; run this script under "
+                         "taskset -c on the others, so the load generator does not take the server's")
     ap.add_argument("--json", action="store_true")
     args = ap.parse_args()
     vocab = json.loads((Path(args.model_dir) / "config.json").read_text())["vocab_size"]
