@@ -306,7 +306,7 @@ std::optional<Batch> BatchQueue::next_batch() {
   return batch;
 }
 
-bool BatchQueue::refresh(Batch* batch) {
+bool BatchQueue::refresh(Batch* batch, Clock::duration lookahead) {
   std::vector<std::pair<QueueEntry, Outcome>> dropped;
   std::vector<QueueEntry> promoted, joined;  // joined: for on_batched, outside the lock
   bool changed = false, report = false;
@@ -318,10 +318,30 @@ bool BatchQueue::refresh(Batch* batch) {
   {
     std::lock_guard lock(mu_);
     drop_dead_head(now, &dropped);
-    promote(now, &promoted);
+    // Due by the time this batch ends: promoted now, or they would wait for the next one.
+    const Clock::time_point due = now + std::max(lookahead, Clock::duration::zero());
+    promote(due, &promoted);
     std::deque<QueueEntry>& interactive = entries_[int(Priority::kInteractive)];
     std::deque<QueueEntry>& bulk = entries_[int(Priority::kBulk)];
     auto is_bulk = [](const QueueEntry& e) { return e.priority == Priority::kBulk && !e.promoted; };
+    // The batch's own bulk sequences past the bound are promoted too (a bulk sequence that
+    // fills the end of every batch formed, and is displaced from each when interactive work
+    // arrives, is never in its queue when a refresh looks): they stay, before the bulk ones.
+    if (limits_.bulk_promote_after.count() > 0) {
+      bool overdue = false;
+      for (QueueEntry& e : batch->entries) {
+        if (is_bulk(e) && e.queued_at + limits_.bulk_promote_after <= due) {
+          e.promoted = true;
+          promoted.push_back(e);
+          overdue = true;
+        }
+      }
+      if (overdue) {
+        std::stable_partition(batch->entries.begin(), batch->entries.end(),
+                              [&](const QueueEntry& e) { return !is_bulk(e); });
+        changed = true;
+      }
+    }
     for (;;) {
       drop_dead_head(now, &dropped);  // as forming a batch does: only live sequences join
       if (interactive.empty()) break;

@@ -5,8 +5,9 @@
 // sequences from their head, in order, while it stays within the token and sequence budgets,
 // then fills the rest with bulk ones the same way; a sequence longer than the token budget
 // runs alone. A bulk sequence queued for bulk_promote_after joins the interactive queue in its
-// arrival order. Sequences of expired, cancelled or already failed requests are dropped at the
-// heads, before compute. Within a class nothing overtakes an earlier sequence: an entry that
+// arrival order (refresh promotes the ones whose bound passes while the batch computes, so each
+// starts by its bound). Sequences of expired, cancelled or already failed requests are dropped at
+// the heads, before compute. Within a class nothing overtakes an earlier sequence: an entry that
 // does not fit stays at the head. A batch formed before interactive work arrived is refreshed
 // before it runs (refresh): that work joins it, and bulk sequences at its end make room.
 #pragma once
@@ -109,8 +110,10 @@ class BatchQueue {
   // Just before `batch` (formed by next_batch) computes: interactive sequences (promoted ones
   // included) that wait join it within the budgets, bulk sequences at its end going back to
   // the head of the bulk queue, in order, to make room. Returns whether it changed (its input
-  // is then staged again). Its own interactive sequences always stay.
-  bool refresh(Batch* batch);
+  // is then staged again). Its own interactive sequences always stay. `lookahead`, the time
+  // the batch is expected to compute: bulk sequences (queued or in it) whose promotion bound
+  // passes within it are promoted now, so none waits past its bound for the next batch.
+  bool refresh(Batch* batch, Clock::duration lookahead = Clock::duration::zero());
 
   // Stops admissions; next_batch drains what is queued, then returns nullopt.
   void close();

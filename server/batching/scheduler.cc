@@ -45,15 +45,27 @@ void ComputePool::compute_loop() {
     Batch batch = std::move(*pick->staged_);
     // Interactive work that arrived since the batch was formed joins it, or takes its bulk
     // entries' place, before the lane's former forms the next one.
-    pick->queue_.refresh(&batch);
+    // Bulk sequences whose promotion bound passes while it computes join it too. Its compute
+    // time is guessed from the lane's previous batch, scaled down to a full batch's tokens if
+    // that was larger (one sequence over the budget runs alone), never up.
+    Clock::duration lookahead{};
+    if (pick->last_tokens_ > 0) {
+      const double full = double(pick->queue_.limits().max_batch_tokens);
+      const double share = std::min(1.0, full / double(pick->last_tokens_));
+      lookahead = std::chrono::duration_cast<Clock::duration>(pick->last_took_ * share);
+    }
+    pick->queue_.refresh(&batch, lookahead);
     pick->staged_.reset();
     pick->running_ = true;
     cv_.notify_all();  // the lane's former may stage its next batch
     lock.unlock();
+    const auto started = Clock::now();
     pick->run_batch(batch);
     lock.lock();
     pick->running_ = false;
     pick->last_ran_ = Clock::now();
+    pick->last_took_ = pick->last_ran_ - started;
+    pick->last_tokens_ = batch.tokens;
     cv_.notify_all();  // join() may be waiting for this batch
   }
 }

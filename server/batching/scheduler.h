@@ -89,6 +89,8 @@ class Scheduler {
   bool forming_done_ = false;     // the queue is closed and empty: no more batches
   bool running_ = false;          // the pool is computing one of this lane's batches
   Clock::time_point last_ran_{};  // when its previous batch ended
+  Clock::duration last_took_{};   // how long its previous batch computed, and its tokens:
+  int64_t last_tokens_ = 0;       // the guess of how long the next batch computes
   bool joined_ = false;
   std::thread former_;
 };
