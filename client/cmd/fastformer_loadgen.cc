@@ -44,6 +44,7 @@ struct Flags {
   std::string lengths = "uniform:16:256";
   std::string texts;  ///< a file of texts, one a line: sent instead of token ids
   std::string truncation = "none";
+  std::string priority = "default";  ///< EncodeRequest.priority
   int sequences_per_request = 1;
   int pool_requests = 256;
   std::string model_name, model_version;
@@ -192,6 +193,10 @@ int main(int argc, char** argv) {
                  "(keep the last)")
       ->check(CLI::IsMember({"none", "right", "left"}))
       ->capture_default_str();
+  app.add_option("--priority", f.priority,
+                 "the requests' priority class (EncodeRequest.priority; default: the model's)")
+      ->check(CLI::IsMember({"default", "interactive", "bulk"}))
+      ->capture_default_str();
   app.add_option("--sequences-per-request", f.sequences_per_request, "sequences in each request")
       ->check(CLI::PositiveNumber)
       ->capture_default_str();
@@ -264,10 +269,14 @@ int main(int argc, char** argv) {
   const v1::Truncation truncation = f.truncation == "right"  ? v1::TRUNCATION_RIGHT
                                     : f.truncation == "left" ? v1::TRUNCATION_LEFT
                                                              : v1::TRUNCATION_UNSPECIFIED;
+  const v1::Priority priority = f.priority == "interactive" ? v1::PRIORITY_INTERACTIVE
+                                : f.priority == "bulk"      ? v1::PRIORITY_BULK
+                                                            : v1::PRIORITY_DEFAULT;
   for (auto& pooled : pool) {
     pooled.request.set_return_token_embeddings(f.token_embeddings);
     pooled.request.set_return_logits(f.logits);
     pooled.request.set_truncation(truncation);
+    pooled.request.set_priority(priority);
     pooled.request.set_model_name(f.model_name);
     pooled.request.set_model_version(f.model_version);
   }

@@ -111,6 +111,11 @@ bool BatchQueue::fits(int64_t count, int64_t batch_tokens, int64_t tokens) const
          (count == 0 || batch_tokens + tokens <= limits_.max_batch_tokens);
 }
 
+bool BatchQueue::fits_bulk(int64_t count, int64_t batch_tokens, int64_t tokens, bool mixed) const {
+  if (!fits(count, batch_tokens, tokens)) return false;
+  return !mixed || batch_tokens + tokens <= limits_.bulk_fill_tokens();
+}
+
 bool BatchQueue::record_depth_locked() {
   if (!observer_.on_depth && !observer_.on_class_depth) return false;
   Depth depth;
@@ -261,16 +266,17 @@ std::optional<Batch> BatchQueue::next_batch() {
     // wait up to max_queue_delay after its oldest entry.
     bool full = false;
     int64_t tokens = 0, count = 0;
-    for (const std::deque<QueueEntry>& queue : entries_) {
-      for (const QueueEntry& e : queue) {
-        if (!fits(count, tokens, e.tokens)) {
+    for (int c = 0; c < kPriorityClasses && !full; ++c) {
+      const bool mixed = c == int(Priority::kBulk) && count > 0;  // interactive ones taken
+      for (const QueueEntry& e : entries_[c]) {
+        if (!(c == int(Priority::kBulk) ? fits_bulk(count, tokens, e.tokens, mixed)
+                                        : fits(count, tokens, e.tokens))) {
           full = true;
           break;
         }
         tokens += e.tokens;
         ++count;
       }
-      if (full) break;
     }
     full |= tokens >= limits_.max_batch_tokens;
     const auto ready_at = wake_at();
@@ -286,11 +292,15 @@ std::optional<Batch> BatchQueue::next_batch() {
   // stays at its head.
   Batch batch;
   const auto now = Clock::now();
-  for (std::deque<QueueEntry>& queue : entries_) {
+  for (int c = 0; c < kPriorityClasses; ++c) {
+    std::deque<QueueEntry>& queue = entries_[c];
+    const bool mixed = c == int(Priority::kBulk) && !batch.entries.empty();
     for (;;) {
       drop_dead_head(now, &dropped);  // sequences behind a head may have died while waiting
       if (queue.empty()) break;
-      if (!fits(static_cast<int64_t>(batch.entries.size()), batch.tokens, queue.front().tokens))
+      const auto count = static_cast<int64_t>(batch.entries.size());
+      if (!(c == int(Priority::kBulk) ? fits_bulk(count, batch.tokens, queue.front().tokens, mixed)
+                                      : fits(count, batch.tokens, queue.front().tokens)))
         break;
       take_locked(&batch, std::move(queue.front()));
       queue.pop_front();
@@ -304,6 +314,23 @@ std::optional<Batch> BatchQueue::next_batch() {
   stage(&batch, now, /*report=*/true);
   if (batch.entries.empty()) return next_batch();  // everything formed was dead: look again
   return batch;
+}
+
+void BatchQueue::put_back_last_locked(Batch* batch) {
+  QueueEntry back = std::move(batch->entries.back());
+  batch->entries.pop_back();
+  batch->tokens -= back.tokens;
+  tokens_[int(back.priority)] += back.tokens;
+  if (budget_) budget_->count(back.priority).fetch_add(back.tokens);
+  if (back.priority == Priority::kBulk && !back.promoted) {
+    entries_[int(Priority::kBulk)].push_front(std::move(back));
+    return;
+  }
+  std::deque<QueueEntry>& interactive = entries_[int(Priority::kInteractive)];
+  auto at = std::upper_bound(
+      interactive.begin(), interactive.end(), back.queued_at,
+      [](Clock::time_point t, const QueueEntry& other) { return t < other.queued_at; });
+  interactive.insert(at, std::move(back));
 }
 
 bool BatchQueue::refresh(Batch* batch, Clock::duration lookahead) {
@@ -366,19 +393,29 @@ bool BatchQueue::refresh(Batch* batch, Clock::duration lookahead) {
       QueueEntry& last = batch->entries.back();
       const bool newer = !is_bulk(last) && next.queued_at < last.queued_at;
       if (!is_bulk(last) && !newer) break;
-      QueueEntry back = std::move(last);
-      batch->entries.pop_back();
-      batch->tokens -= back.tokens;
-      tokens_[int(back.priority)] += back.tokens;
-      if (budget_) budget_->count(back.priority).fetch_add(back.tokens);
-      if (is_bulk(back)) {
-        bulk.push_front(std::move(back));
-      } else {
-        auto at = std::upper_bound(
-            interactive.begin(), interactive.end(), back.queued_at,
-            [](Clock::time_point t, const QueueEntry& other) { return t < other.queued_at; });
-        interactive.insert(at, std::move(back));
-      }
+      put_back_last_locked(batch);
+      changed = true;
+    }
+    // A batch that now holds interactive sequences keeps bulk ones only within
+    // bulk_fill_tokens: the last go back to the head of their queue, in order.
+    const bool mixed = std::any_of(batch->entries.begin(), batch->entries.end(),
+                                   [&](const QueueEntry& e) { return !is_bulk(e); });
+    while (mixed && batch->tokens > limits_.bulk_fill_tokens() && is_bulk(batch->entries.back())) {
+      put_back_last_locked(batch);
+      changed = true;
+    }
+    // Room left, and no interactive sequence waiting: bulk work that arrived since the batch
+    // was formed fills it, as forming it now would (a closed-loop client answered by the batch
+    // before re-sends while this one waits).
+    while (interactive.empty()) {
+      drop_dead_head(now, &dropped);
+      if (bulk.empty()) break;
+      if (!fits_bulk(static_cast<int64_t>(batch->entries.size()), batch->tokens,
+                     bulk.front().tokens, mixed))
+        break;
+      QueueEntry e = std::move(bulk.front());
+      bulk.pop_front();
+      take_locked(batch, std::move(e));
       changed = true;
     }
     if (changed || !dropped.empty() || !promoted.empty()) report = record_depth_locked();

@@ -12,6 +12,7 @@
 // before it runs (refresh): that work joins it, and bulk sequences at its end make room.
 #pragma once
 
+#include <algorithm>
 #include <atomic>
 #include <condition_variable>
 #include <cstdint>
@@ -38,6 +39,14 @@ struct QueueLimits {
   int64_t max_bulk_queue_tokens = 0;
   /// A bulk sequence queued this long is batched as an interactive one (0: never).
   std::chrono::milliseconds bulk_promote_after{defaults::kBulkPromoteAfterMs};
+  /// In a batch that holds interactive sequences, bulk ones fill it only up to this many
+  /// tokens in all (0: half of max_batch_tokens), so a query's own batch computes in about
+  /// half a full one's time; interactive sequences alone may fill max_batch_tokens.
+  int64_t mixed_batch_tokens = 0;
+  int64_t bulk_fill_tokens() const {
+    return mixed_batch_tokens > 0 ? std::min(mixed_batch_tokens, max_batch_tokens)
+                                  : std::max<int64_t>(1, max_batch_tokens / 2);
+  }
   int64_t class_limit(Priority p) const {
     return p == Priority::kBulk && max_bulk_queue_tokens > 0 ? max_bulk_queue_tokens
                                                              : max_queue_tokens;
@@ -135,6 +144,12 @@ class BatchQueue {
   // Whether a sequence of `tokens` may join a batch of `count` sequences and `batch_tokens`
   // tokens: within both budgets, or first in the batch (a long sequence runs alone).
   bool fits(int64_t count, int64_t batch_tokens, int64_t tokens) const;
+  // Puts the last entry of a formed batch back in its queue (refresh): bulk at the head of
+  // the bulk queue, interactive (promoted) in arrival order; its tokens count as queued again.
+  void put_back_last_locked(Batch* batch);
+  // The same for a bulk sequence: within bulk_fill_tokens when the batch holds interactive
+  // sequences (`mixed`).
+  bool fits_bulk(int64_t count, int64_t batch_tokens, int64_t tokens, bool mixed) const;
   // Drops the entries at the heads that are dead at `now`; returns them for completion
   // outside the lock.
   void drop_dead_head(Clock::time_point now, std::vector<std::pair<QueueEntry, Outcome>>* dropped);

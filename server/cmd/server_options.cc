@@ -125,6 +125,12 @@ void add_model_flags(CLI::App& app, ServerOptions& f) {
       "starved (0 = never)",
       "FASTFORMER_BULK_PROMOTE_AFTER_MS")
       ->check(CLI::NonNegativeNumber);
+  opt(app, "--mixed-batch-tokens", f.model.mixed_batch_tokens,
+      "in a batch that holds interactive work, bulk work fills it only up to this many tokens "
+      "(0 = half of --max-batch-tokens), so a query's own batch is short; batches of one class "
+      "fill --max-batch-tokens",
+      "FASTFORMER_MIXED_BATCH_TOKENS")
+      ->check(CLI::NonNegativeNumber);
   opt(app, "--interactive-timeout-ms", f.model.interactive_timeout_ms,
       "the deadline of an interactive request whose call sets none (0 = none); a request still "
       "queued then is answered DEADLINE_EXCEEDED / 504",

@@ -243,17 +243,20 @@ ModelSettings read_settings(const std::filesystem::path& model_dir, const std::s
       s.max_bulk_queue_tokens = positive(f, key, v);
     } else if (key == "bulk_promote_after_ms") {
       s.bulk_promote_after_ms = positive(f, key, v);
+    } else if (key == "mixed_batch_tokens") {
+      s.mixed_batch_tokens = positive(f, key, v);
     } else if (key == "interactive_timeout_ms") {
       s.interactive_timeout_ms = positive(f, key, v);
     } else if (key == "bulk_timeout_ms") {
       s.bulk_timeout_ms = positive(f, key, v);
     } else {
-      throw std::invalid_argument(f + ": parameters \"" + key +
-                                  "\" is not a setting (dtype, backend, max_batch_tokens, "
-                                  "max_queue_tokens, max_request_tokens, threads, "
-                                  "default_priority, max_bulk_queue_tokens, "
-                                  "bulk_promote_after_ms, interactive_timeout_ms, "
-                                  "bulk_timeout_ms)");
+      throw std::invalid_argument(
+          f + ": parameters \"" + key +
+          "\" is not a setting (dtype, backend, max_batch_tokens, "
+          "max_queue_tokens, max_request_tokens, threads, "
+          "default_priority, max_bulk_queue_tokens, "
+          "bulk_promote_after_ms, mixed_batch_tokens, interactive_timeout_ms, "
+          "bulk_timeout_ms)");
     }
   }
   if (config.has_version_policy()) {

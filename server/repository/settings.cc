@@ -35,6 +35,7 @@ batching::QueueLimits ModelSettings::queue_limits() const {
   limits.max_queue_delay = std::chrono::microseconds(max_queue_delay_us);
   limits.max_bulk_queue_tokens = max_bulk_queue_tokens;
   limits.bulk_promote_after = std::chrono::milliseconds(bulk_promote_after_ms);
+  limits.mixed_batch_tokens = mixed_batch_tokens;
   return limits;
 }
 

@@ -40,6 +40,9 @@ struct ModelSettings {
   batching::Priority default_priority = batching::Priority::kInteractive;
   int64_t max_bulk_queue_tokens = 0;
   int64_t bulk_promote_after_ms = defaults::kBulkPromoteAfterMs;
+  /// In a batch with interactive sequences, bulk ones fill it only up to this many tokens
+  /// (0: half of max_batch_tokens).
+  int64_t mixed_batch_tokens = 0;
   /// Each class's deadline for a call that sets none (0: none): a request still queued then is
   /// answered DEADLINE_EXCEEDED (504).
   int64_t interactive_timeout_ms = 0;

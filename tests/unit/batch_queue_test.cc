@@ -538,6 +538,7 @@ std::shared_ptr<Request> with_priority(TestRequest& r, Priority p) {
 TEST(BatchQueuePriorityTest, InteractiveFirstThenBulkFillsTheBudget) {
   QueueLimits l = limits(10);
   l.max_queue_delay = 0us;
+  l.mixed_batch_tokens = 10;  // bulk may fill a batch with a query in it whole
   BatchQueue queue(l, config());
   TestRequest bulk1({4}), bulk2({4}), query({4});
   ASSERT_EQ(queue.push(with_priority(bulk1, Priority::kBulk)), Admission::kAdmitted);
@@ -552,6 +553,48 @@ TEST(BatchQueuePriorityTest, InteractiveFirstThenBulkFillsTheBudget) {
   batch = queue.next_batch();
   ASSERT_TRUE(batch);
   EXPECT_EQ(members(*batch), (std::vector<P>{{bulk2.request.get(), 0}}));
+}
+
+// A batch with interactive sequences in it takes bulk ones only up to mixed_batch_tokens (by
+// default half the batch budget), when formed and when refreshed; without interactive work, or
+// from interactive sequences alone, it fills the whole budget.
+TEST(BatchQueuePriorityTest, BulkFillsABatchWithQueriesOnlyToTheMixedBudget) {
+  QueueLimits l = limits(16);
+  l.max_queue_delay = 0us;
+  EXPECT_EQ(l.bulk_fill_tokens(), 8);  // the default: half of 16
+  BatchQueue queue(l, config());
+  TestRequest bulk({4, 4, 4, 4, 4, 4}), query({2});
+  ASSERT_EQ(queue.push(with_priority(bulk, Priority::kBulk)), Admission::kAdmitted);
+  ASSERT_EQ(queue.push(with_priority(query, Priority::kInteractive)), Admission::kAdmitted);
+  using P = std::pair<Request*, int32_t>;
+  Request* b = bulk.request.get();
+  auto batch = queue.next_batch();  // the query (2), then bulk while the total stays <= 8
+  ASSERT_TRUE(batch);
+  EXPECT_EQ(members(*batch), (std::vector<P>{{query.request.get(), 0}, {b, 0}}));
+  EXPECT_EQ(batch->tokens, 6);
+  // Bulk alone fills the whole budget (16).
+  batch = queue.next_batch();
+  ASSERT_TRUE(batch);
+  EXPECT_EQ(members(*batch), (std::vector<P>{{b, 1}, {b, 2}, {b, 3}, {b, 4}}));
+  // A query that arrives before it runs joins it, and the bulk sequences past 8 tokens go back
+  // to the head of their queue, in order.
+  TestRequest late({2});
+  ASSERT_EQ(queue.push(with_priority(late, Priority::kInteractive)), Admission::kAdmitted);
+  EXPECT_TRUE(queue.refresh(&*batch));
+  EXPECT_EQ(members(*batch), (std::vector<P>{{late.request.get(), 0}, {b, 1}}));
+  EXPECT_EQ(batch->tokens, 6);
+  EXPECT_EQ(batch->ragged.num_tokens(), 6);
+  EXPECT_EQ(queue.queued_sequences(Priority::kBulk), 4);
+  EXPECT_EQ(queue.queued_tokens(), 16);
+  batch = queue.next_batch();
+  ASSERT_TRUE(batch);
+  EXPECT_EQ(members(*batch), (std::vector<P>{{b, 2}, {b, 3}, {b, 4}, {b, 5}}));
+  // Interactive sequences alone still fill the whole budget.
+  TestRequest queries({4, 4, 4, 4});
+  ASSERT_EQ(queue.push(with_priority(queries, Priority::kInteractive)), Admission::kAdmitted);
+  batch = queue.next_batch();
+  ASSERT_TRUE(batch);
+  EXPECT_EQ(batch->tokens, 16);
 }
 
 TEST(BatchQueuePriorityTest, EachClassHasItsOwnQueueLimit) {
@@ -608,7 +651,9 @@ TEST(BatchQueuePriorityTest, BulkWaitingPastTheBoundIsPromotedInArrivalOrder) {
 }
 
 TEST(BatchQueuePriorityTest, RefreshLetsInteractiveWorkJoinOrDisplaceBulk) {
-  BatchQueue queue(limits(12), config());
+  QueueLimits l = limits(12);
+  l.mixed_batch_tokens = 12;
+  BatchQueue queue(l, config());
   TestRequest bulk({4, 4, 4});
   ASSERT_EQ(queue.push(with_priority(bulk, Priority::kBulk)), Admission::kAdmitted);
   auto batch = queue.next_batch();  // staged: the three bulk sequences, 12 of 12 tokens
@@ -664,6 +709,7 @@ TEST(BatchQueuePriorityTest, RefreshPutsAPromotedSequenceBeforeNewerOnes) {
 TEST(BatchQueuePriorityTest, RefreshPromotesAnOverdueBulkSequenceInTheBatch) {
   QueueLimits l = limits(8);
   l.bulk_promote_after = 30ms;
+  l.mixed_batch_tokens = 8;
   std::atomic<int> promoted{0};
   QueueObserver observer;
   observer.on_promoted = [&](const QueueEntry&) { ++promoted; };

@@ -192,6 +192,7 @@ TEST(RepositorySettingsTest, PriorityClassesNamesAndSettings) {
              R"(parameters { key: "default_priority" value { string_value: "bulk" } }
 parameters { key: "max_bulk_queue_tokens" value { string_value: "4096" } }
 parameters { key: "bulk_promote_after_ms" value { string_value: "250" } }
+parameters { key: "mixed_batch_tokens" value { string_value: "100" } }
 parameters { key: "bulk_timeout_ms" value { string_value: "9000" } })");
   const ModelSettings s = read_settings(dir.path(), "m", defaults());
   EXPECT_EQ(s.default_priority, batching::Priority::kBulk);
@@ -199,6 +200,7 @@ parameters { key: "bulk_timeout_ms" value { string_value: "9000" } })");
   EXPECT_EQ(limits.class_limit(batching::Priority::kBulk), 4096);
   EXPECT_EQ(limits.class_limit(batching::Priority::kInteractive), s.max_queue_tokens);
   EXPECT_EQ(limits.bulk_promote_after, std::chrono::milliseconds(250));
+  EXPECT_EQ(limits.bulk_fill_tokens(), 100);
   EXPECT_EQ(s.default_timeout_ms(batching::Priority::kBulk), 9000);
   EXPECT_EQ(s.default_timeout_ms(batching::Priority::kInteractive), 0);
   write_text(dir.path() / "config.pbtxt",
