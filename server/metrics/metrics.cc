@@ -157,8 +157,8 @@ Metrics::Metrics()
                           .Register(*registry_)),
       bulk_promoted_(BuildCounter()
                          .Name("fastformer_bulk_promoted_total")
-                         .Help("Bulk sequences batched as interactive after waiting the "
-                               "promotion bound.")
+                         .Help("Bulk sequences batched as interactive, so that they start "
+                               "computing by the promotion bound.")
                          .Register(*registry_)),
       inflight_requests(BuildGauge()
                             .Name("fastformer_inflight_requests")

@@ -256,6 +256,22 @@ def test_warmup_requests_are_counted_apart(e2e, servers):
     assert wait_increase(srv, before, total, method="Encode") == total
 
 
+def test_priority_reaches_the_server(e2e, servers):
+    """--priority sets EncodeRequest.priority: the server counts the requests in that class."""
+    srv = servers.shared("head")
+    m = srv.metrics()
+    before = {p: m.value("fastformer_priority_requests_total", priority=p) or 0 for p in ("interactive", "bulk")}
+    (step,) = loadgen_json(e2e, "--target", srv.target, "--concurrency", 2, "--duration", 0.5, "--warmup", 0,
+                           "--lengths", "fixed:16", "--priority", "bulk")
+    assert step["errors"] == {} and step["requests"] > 0
+    m = srv.metrics_when(lambda m: (m.value("fastformer_priority_requests_total", priority="bulk") or 0)
+                         - before["bulk"] >= step["requests"])
+    assert m.value("fastformer_priority_requests_total", priority="bulk") - before["bulk"] == step["requests"]
+    assert (m.value("fastformer_priority_requests_total", priority="interactive") or 0) == before["interactive"]
+    bad = loadgen(e2e, "--target", srv.target, "--priority", "urgent")
+    assert bad.returncode == 2 and "--priority" in bad.stderr, bad.stderr
+
+
 def test_closed_loop_on_streams(e2e, servers):
     srv = servers.shared("head")
     before = requests_total(srv, method="EncodeStream")
