@@ -199,6 +199,19 @@ ModelSettings read_settings(const std::filesystem::path& model_dir, const std::s
       config.dynamic_batching().max_queue_delay_microseconds() > 0) {
     s.max_queue_delay_us = int64_t(config.dynamic_batching().max_queue_delay_microseconds());
   }
+  if (config.has_dynamic_batching() && config.dynamic_batching().default_priority_level() > 0) {
+    // Triton's levels: 1 interactive, 2 and more bulk (a "default_priority" parameter wins).
+    const auto& batching = config.dynamic_batching();
+    if (batching.priority_levels() > 0 &&
+        batching.default_priority_level() > batching.priority_levels()) {
+      throw std::invalid_argument(f + ": dynamic_batching default_priority_level " +
+                                  std::to_string(batching.default_priority_level()) +
+                                  " is above priority_levels " +
+                                  std::to_string(batching.priority_levels()));
+    }
+    s.default_priority = batching.default_priority_level() == 1 ? batching::Priority::kInteractive
+                                                                : batching::Priority::kBulk;
+  }
   if (config.instance_group_size() > 1)
     throw std::invalid_argument(f + ": instance_group: one group at most (one engine per version)");
   if (config.instance_group_size() == 1) {

@@ -66,6 +66,10 @@ void fill_model_config(const ServedModel& served, inference::ModelConfig* config
   }
   config->mutable_dynamic_batching()->set_max_queue_delay_microseconds(
       uint64_t(served.settings.max_queue_delay_us));
+  // The two priority classes as Triton's levels: 1 interactive, 2 bulk.
+  config->mutable_dynamic_batching()->set_priority_levels(2);
+  config->mutable_dynamic_batching()->set_default_priority_level(
+      served.settings.default_priority == batching::Priority::kInteractive ? 1 : 2);
   inference::ModelInstanceGroup* group = config->add_instance_group();
   group->set_name(engine.backend_name());
   group->set_count(1);

@@ -96,6 +96,9 @@ def test_model_metadata_and_config(client, model):
     assert config["name"] == model.name
     assert int(config["max_batch_size"]) > 0
     assert "dynamic_batching" in config
+    # the two priority classes as Triton's levels: 1 interactive (the default here), 2 bulk
+    assert int(config["dynamic_batching"]["priority_levels"]) == 2
+    assert int(config["dynamic_batching"]["default_priority_level"]) == 1
     dims = {t["name"]: [int(d) for d in t["dims"]] for t in config["input"]}
     # spans (late chunking) is [chunks, 3] of (row, begin, end); optional, like attention_mask
     assert dims == {"input_ids": [-1], "attention_mask": [-1], "input_embeddings": [-1, model.hidden],

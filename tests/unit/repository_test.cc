@@ -203,6 +203,20 @@ parameters { key: "bulk_timeout_ms" value { string_value: "9000" } })");
   EXPECT_EQ(limits.bulk_fill_tokens(), 100);
   EXPECT_EQ(s.default_timeout_ms(batching::Priority::kBulk), 9000);
   EXPECT_EQ(s.default_timeout_ms(batching::Priority::kInteractive), 0);
+  // Triton's dynamic_batching levels choose the default too: 1 interactive, 2 and more bulk.
+  write_text(dir.path() / "config.pbtxt",
+             R"(dynamic_batching { priority_levels: 3 default_priority_level: 3 })");
+  EXPECT_EQ(read_settings(dir.path(), "m", defaults()).default_priority, batching::Priority::kBulk);
+  write_text(dir.path() / "config.pbtxt",
+             R"(dynamic_batching { priority_levels: 2 default_priority_level: 1 })");
+  EXPECT_EQ(read_settings(dir.path(), "m", defaults()).default_priority,
+            batching::Priority::kInteractive);
+  write_text(dir.path() / "config.pbtxt",
+             R"(dynamic_batching { priority_levels: 2 default_priority_level: 3 })");
+  EXPECT_NE(test::error_of<std::invalid_argument>([&] {
+              read_settings(dir.path(), "m", defaults());
+            }).find("dynamic_batching default_priority_level 3 is above priority_levels 2"),
+            std::string::npos);
   write_text(dir.path() / "config.pbtxt",
              R"(parameters { key: "default_priority" value { string_value: "urgent" } })");
   try {
