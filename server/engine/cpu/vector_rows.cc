@@ -332,13 +332,26 @@ FF_INLINE void key_scores_heads(const E* k, int64_t ldk, int64_t n, const float*
       const E* kp[TB];
 #pragma GCC unroll 16
       for (int i = 0; i < TB; ++i) kp[i] = k + std::min<int64_t>(t0 + i, n - 1) * ldk;
-      if (g == 0) {  // the next block's rows, fetched while this one is summed
-        for (int64_t t = t0 + TB; t < std::min(n, t0 + 2 * TB); ++t) {
-          const char* row = reinterpret_cast<const char*>(k + t * ldk);
-          for (int64_t byte = 0; byte < D * int64_t(sizeof(E)); byte += 64)
-            __builtin_prefetch(row + byte);
+      // The next block's rows, fetched while this one is summed: a cache line every `every`
+      // elements of D, spread over the block (all at once, they would fill the load queue and
+      // hold the multiply-adds back until the rows came).
+      const int64_t row_bytes = D * int64_t(sizeof(E));
+      const int64_t next_rows = g == 0 ? std::clamp<int64_t>(n - t0 - TB, 0, TB) : 0;
+      const int64_t lines = next_rows * ((row_bytes + 63) / 64);
+      int64_t every = 1;  // a power of two: fetch when (j0 + j) % every == 0
+      while (lines > 0 && every * 2 * lines <= D) every *= 2;
+      const char* fetch_row = reinterpret_cast<const char*>(k + (t0 + TB) * ldk);
+      int64_t fetch_at = 0, fetched_rows = 0;  // the next line: its offset in its row, the row
+      auto fetch_next = [&] {
+        if (fetched_rows >= next_rows) return;
+        __builtin_prefetch(fetch_row + fetch_at);
+        fetch_at += 64;
+        if (fetch_at >= row_bytes) {
+          fetch_at = 0;
+          ++fetched_rows;
+          fetch_row += ldk * int64_t(sizeof(E));
         }
-      }
+      };
       V acc[TB];
 #pragma GCC unroll 16
       for (int i = 0; i < TB; ++i) acc[i] = b;
@@ -361,12 +374,14 @@ FF_INLINE void key_scores_heads(const E* k, int64_t ldk, int64_t n, const float*
           }
         }
         for (int64_t j = 0; j < pn; ++j) {
+          if (((j0 + j) & (every - 1)) == 0) fetch_next();
           V wv;
           loadv(wv, w + (j0 + j) * H + g);
 #pragma GCC unroll 16
           for (int i = 0; i < TB; ++i) acc[i] += wv * kr[i][j];  // (V{} + x would add a zero first)
         }
       }
+      while (fetched_rows < next_rows) fetch_next();  // more lines than elements of D
       for (int i = 0; i < TB && t0 + i < n; ++i) storev(r + (t0 + i) * ldr + g, acc[i]);
     }
   }
