@@ -314,6 +314,37 @@ FF_INLINE void key_weight_pairs_impl(const float* wka_t, const float* pq, int64_
   }
 }
 
+// The next block's `rows` rows (`row_bytes` each, `stride` apart) fetched a cache line at a
+// time over the `steps` steps of this block's loop: step(j) fetches one every `every` steps (a
+// power of two that spreads them over the block), finish() what is left. All at once, they
+// would fill the load queue and hold the block's arithmetic back until the rows came.
+struct SpreadFetch {
+  const char* row;
+  int64_t rows, row_bytes, stride, every = 1, at = 0, done = 0;
+  FF_INLINE SpreadFetch(const void* first, int64_t rows_, int64_t row_bytes_, int64_t stride_,
+                        int64_t steps)
+      : row(static_cast<const char*>(first)), rows(rows_), row_bytes(row_bytes_), stride(stride_) {
+    const int64_t lines = rows * ((row_bytes + 63) / 64);
+    while (lines > 0 && every * 2 * lines <= steps) every *= 2;
+  }
+  FF_INLINE void next() {
+    if (done >= rows) return;
+    __builtin_prefetch(row + at);
+    at += 64;
+    if (at >= row_bytes) {
+      at = 0;
+      ++done;
+      row += stride;
+    }
+  }
+  FF_INLINE void step(int64_t j) {
+    if ((j & (every - 1)) == 0) next();
+  }
+  FF_INLINE void finish() {
+    while (done < rows) next();
+  }
+};
+
 // The scores vectorised over heads: for each group of L heads, blocks of TB tokens, one
 // accumulator a token; per element j of D, the weight row w[j, g .. g+L) is loaded once and
 // multiplied by each token's k[j] broadcast from memory (no horizontal sums).
@@ -332,26 +363,10 @@ FF_INLINE void key_scores_heads(const E* k, int64_t ldk, int64_t n, const float*
       const E* kp[TB];
 #pragma GCC unroll 16
       for (int i = 0; i < TB; ++i) kp[i] = k + std::min<int64_t>(t0 + i, n - 1) * ldk;
-      // The next block's rows, fetched while this one is summed: a cache line every `every`
-      // elements of D, spread over the block (all at once, they would fill the load queue and
-      // hold the multiply-adds back until the rows came).
-      const int64_t row_bytes = D * int64_t(sizeof(E));
-      const int64_t next_rows = g == 0 ? std::clamp<int64_t>(n - t0 - TB, 0, TB) : 0;
-      const int64_t lines = next_rows * ((row_bytes + 63) / 64);
-      int64_t every = 1;  // a power of two: fetch when (j0 + j) % every == 0
-      while (lines > 0 && every * 2 * lines <= D) every *= 2;
-      const char* fetch_row = reinterpret_cast<const char*>(k + (t0 + TB) * ldk);
-      int64_t fetch_at = 0, fetched_rows = 0;  // the next line: its offset in its row, the row
-      auto fetch_next = [&] {
-        if (fetched_rows >= next_rows) return;
-        __builtin_prefetch(fetch_row + fetch_at);
-        fetch_at += 64;
-        if (fetch_at >= row_bytes) {
-          fetch_at = 0;
-          ++fetched_rows;
-          fetch_row += ldk * int64_t(sizeof(E));
-        }
-      };
+      // The next block's rows, fetched while this one is summed.
+      SpreadFetch fetch(k + std::min<int64_t>(t0 + TB, n - 1) * ldk,
+                        g == 0 ? std::clamp<int64_t>(n - t0 - TB, 0, TB) : 0,
+                        D * int64_t(sizeof(E)), ldk * int64_t(sizeof(E)), D);
       V acc[TB];
 #pragma GCC unroll 16
       for (int i = 0; i < TB; ++i) acc[i] = b;
@@ -374,14 +389,14 @@ FF_INLINE void key_scores_heads(const E* k, int64_t ldk, int64_t n, const float*
           }
         }
         for (int64_t j = 0; j < pn; ++j) {
-          if (((j0 + j) & (every - 1)) == 0) fetch_next();
+          fetch.step(j0 + j);
           V wv;
           loadv(wv, w + (j0 + j) * H + g);
 #pragma GCC unroll 16
           for (int i = 0; i < TB; ++i) acc[i] += wv * kr[i][j];  // (V{} + x would add a zero first)
         }
       }
-      while (fetched_rows < next_rows) fetch_next();  // more lines than elements of D
+      fetch.finish();
       for (int i = 0; i < TB && t0 + i < n; ++i) storev(r + (t0 + i) * ldr + g, acc[i]);
     }
   }
@@ -838,42 +853,42 @@ namespace {
 // function with the AVX512_BF16 target, whose intrinsics GCC inlines only into such a function).
 // Per group of 16 heads, blocks of 16 tokens, one accumulator a token; per pair p of D one
 // weight row of 16 head pairs, and each token's key pair broadcast.
-#define FF_KEY_PAIRS_KERNEL(NAME, ATTRIBUTES, DOT)                                           \
-  ATTRIBUTES void NAME(const uint16_t* k, int64_t ldk, int64_t n, const uint32_t* w,         \
-                       const float* bias, int64_t H, int64_t D, float* r, int64_t ldr) {     \
-    constexpr int TB = 16;                                                                   \
-    const int64_t pairs = D / 2;                                                             \
-    for (int64_t g = 0; g < H; g += 16) {                                                    \
-      v16f b;                                                                                \
-      loadv(b, bias + g);                                                                    \
-      for (int64_t t0 = 0; t0 < n; t0 += TB) {                                               \
-        const uint16_t* kp[TB];                                                              \
-        for (int i = 0; i < TB; ++i) kp[i] = k + std::min<int64_t>(t0 + i, n - 1) * ldk;     \
-        if (g == 0) {                                                                        \
-          for (int64_t t = t0 + TB; t < std::min(n, t0 + 2 * TB); ++t) {                     \
-            const char* row = reinterpret_cast<const char*>(k + t * ldk);                    \
-            for (int64_t byte = 0; byte < D * 2; byte += 64) __builtin_prefetch(row + byte); \
-          }                                                                                  \
-        }                                                                                    \
-        v16f acc[TB];                                                                        \
-        _Pragma("GCC unroll 16") for (int i = 0; i < TB; ++i) acc[i] = b;                    \
-        for (int64_t p = 0; p < pairs; ++p) {                                                \
-          u32x16 wv;                                                                         \
-          std::memcpy(&wv, w + p * H + g, sizeof(wv));                                       \
-          _Pragma("GCC unroll 16") for (int i = 0; i < TB; ++i) {                            \
-            uint32_t pair;                                                                   \
-            std::memcpy(&pair, kp[i] + 2 * p, sizeof(pair));                                 \
-            DOT(acc[i], pair, wv);                                                           \
-          }                                                                                  \
-        }                                                                                    \
-        if (D % 2 != 0) { /* the last element alone: its pair's high half is 0 */            \
-          u32x16 wv;                                                                         \
-          std::memcpy(&wv, w + pairs * H + g, sizeof(wv));                                   \
-          for (int i = 0; i < TB; ++i) DOT(acc[i], uint32_t(kp[i][D - 1]), wv);              \
-        }                                                                                    \
-        for (int i = 0; i < TB && t0 + i < n; ++i) storev(r + (t0 + i) * ldr + g, acc[i]);   \
-      }                                                                                      \
-    }                                                                                        \
+#define FF_KEY_PAIRS_KERNEL(NAME, ATTRIBUTES, DOT)                                              \
+  ATTRIBUTES void NAME(const uint16_t* k, int64_t ldk, int64_t n, const uint32_t* w,            \
+                       const float* bias, int64_t H, int64_t D, float* r, int64_t ldr) {        \
+    constexpr int TB = 16;                                                                      \
+    const int64_t pairs = D / 2;                                                                \
+    for (int64_t g = 0; g < H; g += 16) {                                                       \
+      v16f b;                                                                                   \
+      loadv(b, bias + g);                                                                       \
+      for (int64_t t0 = 0; t0 < n; t0 += TB) {                                                  \
+        const uint16_t* kp[TB];                                                                 \
+        for (int i = 0; i < TB; ++i) kp[i] = k + std::min<int64_t>(t0 + i, n - 1) * ldk;        \
+        /* the next block's rows, fetched while this one is summed */                           \
+        SpreadFetch fetch(k + std::min<int64_t>(t0 + TB, n - 1) * ldk,                          \
+                          g == 0 ? std::clamp<int64_t>(n - t0 - TB, 0, TB) : 0, D * 2, ldk * 2, \
+                          pairs);                                                               \
+        v16f acc[TB];                                                                           \
+        _Pragma("GCC unroll 16") for (int i = 0; i < TB; ++i) acc[i] = b;                       \
+        for (int64_t p = 0; p < pairs; ++p) {                                                   \
+          fetch.step(p);                                                                        \
+          u32x16 wv;                                                                            \
+          std::memcpy(&wv, w + p * H + g, sizeof(wv));                                          \
+          _Pragma("GCC unroll 16") for (int i = 0; i < TB; ++i) {                               \
+            uint32_t pair;                                                                      \
+            std::memcpy(&pair, kp[i] + 2 * p, sizeof(pair));                                    \
+            DOT(acc[i], pair, wv);                                                              \
+          }                                                                                     \
+        }                                                                                       \
+        if (D % 2 != 0) { /* the last element alone: its pair's high half is 0 */               \
+          u32x16 wv;                                                                            \
+          std::memcpy(&wv, w + pairs * H + g, sizeof(wv));                                      \
+          for (int i = 0; i < TB; ++i) DOT(acc[i], uint32_t(kp[i][D - 1]), wv);                 \
+        }                                                                                       \
+        fetch.finish();                                                                         \
+        for (int i = 0; i < TB && t0 + i < n; ++i) storev(r + (t0 + i) * ldr + g, acc[i]);      \
+      }                                                                                         \
+    }                                                                                           \
   }
 
 using u32x16 = Lanes<v16f>::u32;
