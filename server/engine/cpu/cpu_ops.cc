@@ -396,7 +396,7 @@ void CpuOps::key_pool_rows(const BatchRef&, const Mat& k, const Mat& pq, const W
       scratch.resize(size_t(rows::pool_scratch_floats(H, len, D)));
       rows::pool_chunk(isa_, scores, Hs, H, keys, k.ld, D, batch.mask.data() + begin, len,
                        partials_.m + c * H, partials_.l + c * H, partials_.v + c * D,
-                       scratch.data());
+                       scratch.data(), /*values_cached=*/true);
       finish_single(how, c, *chunks_, partials_);
     }
   });

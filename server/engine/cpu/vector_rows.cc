@@ -315,17 +315,19 @@ FF_INLINE void key_weight_pairs_impl(const float* wka_t, const float* pq, int64_
 }
 
 // The next block's `rows` rows (`row_bytes` each, `stride` apart) fetched a cache line at a
-// time over the `steps` steps of this block's loop: step(j) fetches one every `every` steps (a
-// power of two that spreads them over the block), finish() what is left. All at once, they
-// would fill the load queue and hold the block's arithmetic back until the rows came.
+// time over the `steps` steps of this block's loop: step(j) fetches `per_step` lines every
+// `every` steps (a power of two that spreads them over the block), finish() what is left. All
+// at once, they would fill the load queue and hold the block's arithmetic back until the rows
+// came.
 struct SpreadFetch {
   const char* row;
-  int64_t rows, row_bytes, stride, every = 1, at = 0, done = 0;
+  int64_t rows, row_bytes, stride, every = 1, per_step = 1, at = 0, done = 0;
   FF_INLINE SpreadFetch(const void* first, int64_t rows_, int64_t row_bytes_, int64_t stride_,
                         int64_t steps)
       : row(static_cast<const char*>(first)), rows(rows_), row_bytes(row_bytes_), stride(stride_) {
     const int64_t lines = rows * ((row_bytes + 63) / 64);
     while (lines > 0 && every * 2 * lines <= steps) every *= 2;
+    if (steps > 0) per_step = std::max<int64_t>(1, (lines + steps - 1) / steps);
   }
   FF_INLINE void next() {
     if (done >= rows) return;
@@ -338,7 +340,8 @@ struct SpreadFetch {
     }
   }
   FF_INLINE void step(int64_t j) {
-    if ((j & (every - 1)) == 0) next();
+    if ((j & (every - 1)) == 0)
+      for (int64_t i = 0; i < per_step; ++i) next();
   }
   FF_INLINE void finish() {
     while (done < rows) next();
@@ -662,7 +665,7 @@ FF_INLINE bool pool_by_token(const S* scores, int64_t score_ld, int64_t heads, c
 template <class V, class S, class E>
 FF_INLINE void pool_chunk_impl(const S* scores, int64_t score_ld, int64_t heads, const E* values,
                                int64_t values_ld, int64_t D, const uint8_t* mask, int64_t len,
-                               float* m, float* l, float* v, float* scratch) {
+                               float* m, float* l, float* v, float* scratch, bool values_cached) {
   constexpr int L = sizeof(V) / sizeof(float);
   const int64_t d = D / heads;
   // 32 vector registers on AVX-512 hold 16 accumulators, 16 on AVX2 and SSE hold 8.
@@ -677,15 +680,15 @@ FF_INLINE void pool_chunk_impl(const S* scores, int64_t score_ld, int64_t heads,
   std::fill(v, v + D, 0.0f);
   // Blocks of kPoolBlock tokens, each head's slice of v held in registers over the block, the
   // value rows widened in registers. The head slices read each row in pieces, which no
-  // hardware prefetcher follows: the next block's rows are fetched while this one is summed.
+  // hardware prefetcher follows: unless the caller has the rows in cache, the next block's are
+  // fetched while this one is summed, spread over the heads.
   for (int64_t t0 = 0; t0 < len; t0 += kPoolBlock) {
     const int64_t n = std::min(kPoolBlock, len - t0);
-    for (int64_t t = t0 + kPoolBlock; t < std::min(len, t0 + 2 * kPoolBlock); ++t) {
-      const char* row = reinterpret_cast<const char*>(values + t * values_ld);
-      for (int64_t byte = 0; byte < D * int64_t(sizeof(E)); byte += 64)
-        __builtin_prefetch(row + byte);
-    }
+    SpreadFetch fetch(values + std::min(t0 + kPoolBlock, len - 1) * values_ld,
+                      values_cached ? 0 : std::clamp<int64_t>(len - t0 - kPoolBlock, 0, kPoolBlock),
+                      D * int64_t(sizeof(E)), values_ld * int64_t(sizeof(E)), heads);
     for (int64_t h = 0; h < heads; ++h) {
+      fetch.step(h);
       const float* wh = w + h * len + t0;
       const E* xh = values + t0 * values_ld + h * d;
       float* vh = v + h * d;
@@ -700,6 +703,7 @@ FF_INLINE void pool_chunk_impl(const S* scores, int64_t score_ld, int64_t heads,
       else
         weighted_sum<V, 0>(wh, xh, values_ld, n, d, vh);
     }
+    fetch.finish();
   }
 }
 
@@ -829,13 +833,14 @@ FF_BUILDS(void, key_weight_pairs,
 FF_KEY_SCORES(float)
 FF_KEY_SCORES(uint16_t)
 
-#define FF_POOL(S, E)                                                                              \
-  FF_BUILDS(                                                                                       \
-      void, pool_chunk,                                                                            \
-      (const S* scores, int64_t score_ld, int64_t heads, const E* values, int64_t values_ld,       \
-       int64_t D, const uint8_t* mask, int64_t len, float* m, float* l, float* v, float* scratch), \
-      pool_chunk_impl,                                                                             \
-      (scores, score_ld, heads, values, values_ld, D, mask, len, m, l, v, scratch))
+#define FF_POOL(S, E)                                                                             \
+  FF_BUILDS(                                                                                      \
+      void, pool_chunk,                                                                           \
+      (const S* scores, int64_t score_ld, int64_t heads, const E* values, int64_t values_ld,      \
+       int64_t D, const uint8_t* mask, int64_t len, float* m, float* l, float* v, float* scratch, \
+       bool values_cached),                                                                       \
+      pool_chunk_impl,                                                                            \
+      (scores, score_ld, heads, values, values_ld, D, mask, len, m, l, v, scratch, values_cached))
 FF_POOL(float, float)
 FF_POOL(float, uint16_t)
 FF_POOL(uint16_t, uint16_t)

@@ -79,19 +79,23 @@ void key_scores_pairs(DotBf16 how, const uint16_t* k, int64_t ldk, int64_t n, co
 // exp-weighted sum of the value rows). Masked tokens (mask 0) weigh exactly 0; a chunk with no
 // real token gives m = -inf, l = 0, v = 0. Scores are [len, heads] with row stride score_ld,
 // values [len, D] with stride values_ld. `scratch` holds pool_scratch_floats(heads, len, D).
+// `values_cached`: the caller has just read the rows (the key pool's scores pass), so the
+// head-major pass does not fetch the next block's rows ahead.
 inline constexpr int64_t kPoolBlock = 16;  ///< value rows summed at a time
 constexpr int64_t pool_scratch_floats(int64_t heads, int64_t len, int64_t /*D*/) {
   return heads * len;
 }
 void pool_chunk(Isa isa, const float* scores, int64_t score_ld, int64_t heads, const float* values,
                 int64_t values_ld, int64_t D, const uint8_t* mask, int64_t len, float* m, float* l,
-                float* v, float* scratch);
+                float* v, float* scratch, bool values_cached = false);
 void pool_chunk(Isa isa, const float* scores, int64_t score_ld, int64_t heads,
                 const uint16_t* values, int64_t values_ld, int64_t D, const uint8_t* mask,
-                int64_t len, float* m, float* l, float* v, float* scratch);
+                int64_t len, float* m, float* l, float* v, float* scratch,
+                bool values_cached = false);
 void pool_chunk(Isa isa, const uint16_t* scores, int64_t score_ld, int64_t heads,
                 const uint16_t* values, int64_t values_ld, int64_t D, const uint8_t* mask,
-                int64_t len, float* m, float* l, float* v, float* scratch);
+                int64_t len, float* m, float* l, float* v, float* scratch,
+                bool values_cached = false);
 
 // sum_j tanh(e_j) w_j: the pooler's score before its bias.
 float tanh_dot(Isa isa, const float* e, const float* w, int64_t D);
