@@ -210,6 +210,25 @@ void BatchQueue::take_locked(Batch* batch, QueueEntry e) {
   batch->entries.push_back(std::move(e));
 }
 
+bool BatchQueue::take_fitting_locked(Batch* batch, Priority p, bool mixed, Clock::time_point now,
+                                     std::vector<std::pair<QueueEntry, Outcome>>* dropped) {
+  std::deque<QueueEntry>& queue = entries_[int(p)];
+  bool took = false;
+  for (;;) {
+    drop_dead_head(now, dropped);  // sequences behind a head may have died while waiting
+    if (queue.empty()) break;
+    const auto count = static_cast<int64_t>(batch->entries.size());
+    const int64_t tokens = queue.front().tokens;
+    if (!(p == Priority::kBulk ? fits_bulk(count, batch->tokens, tokens, mixed)
+                               : fits(count, batch->tokens, tokens)))
+      break;
+    take_locked(batch, std::move(queue.front()));
+    queue.pop_front();
+    took = true;
+  }
+  return took;
+}
+
 void BatchQueue::stage(Batch* batch, Clock::time_point now, bool report) const {
   batch->ragged.clear();
   batch->options.clear();
@@ -293,18 +312,8 @@ std::optional<Batch> BatchQueue::next_batch() {
   Batch batch;
   const auto now = Clock::now();
   for (int c = 0; c < kPriorityClasses; ++c) {
-    std::deque<QueueEntry>& queue = entries_[c];
     const bool mixed = c == int(Priority::kBulk) && !batch.entries.empty();
-    for (;;) {
-      drop_dead_head(now, &dropped);  // sequences behind a head may have died while waiting
-      if (queue.empty()) break;
-      const auto count = static_cast<int64_t>(batch.entries.size());
-      if (!(c == int(Priority::kBulk) ? fits_bulk(count, batch.tokens, queue.front().tokens, mixed)
-                                      : fits(count, batch.tokens, queue.front().tokens)))
-        break;
-      take_locked(&batch, std::move(queue.front()));
-      queue.pop_front();
-    }
+    take_fitting_locked(&batch, Priority(c), mixed, now, &dropped);
     // A bulk sequence never goes before an interactive one that did not fit.
     if (!entries_[int(Priority::kInteractive)].empty()) break;
   }
@@ -349,7 +358,6 @@ bool BatchQueue::refresh(Batch* batch, Clock::duration lookahead) {
     const Clock::time_point due = now + std::max(lookahead, Clock::duration::zero());
     promote(due, &promoted);
     std::deque<QueueEntry>& interactive = entries_[int(Priority::kInteractive)];
-    std::deque<QueueEntry>& bulk = entries_[int(Priority::kBulk)];
     auto is_bulk = [](const QueueEntry& e) { return e.priority == Priority::kBulk && !e.promoted; };
     // The batch's own bulk sequences past the bound are promoted too (a bulk sequence that
     // fills the end of every batch formed, and is displaced from each when interactive work
@@ -407,17 +415,8 @@ bool BatchQueue::refresh(Batch* batch, Clock::duration lookahead) {
     // Room left, and no interactive sequence waiting: bulk work that arrived since the batch
     // was formed fills it, as forming it now would (a closed-loop client answered by the batch
     // before re-sends while this one waits).
-    while (interactive.empty()) {
-      drop_dead_head(now, &dropped);
-      if (bulk.empty()) break;
-      if (!fits_bulk(static_cast<int64_t>(batch->entries.size()), batch->tokens,
-                     bulk.front().tokens, mixed))
-        break;
-      QueueEntry e = std::move(bulk.front());
-      bulk.pop_front();
-      take_locked(batch, std::move(e));
-      changed = true;
-    }
+    if (interactive.empty())
+      changed |= take_fitting_locked(batch, Priority::kBulk, mixed, now, &dropped);
     if (changed || !dropped.empty() || !promoted.empty()) report = record_depth_locked();
   }
   if (changed) {

@@ -144,6 +144,10 @@ class BatchQueue {
   // Whether a sequence of `tokens` may join a batch of `count` sequences and `batch_tokens`
   // tokens: within both budgets, or first in the batch (a long sequence runs alone).
   bool fits(int64_t count, int64_t batch_tokens, int64_t tokens) const;
+  // Takes the class's sequences from its head into `batch` while they fit (fits, or fits_bulk
+  // with `mixed`), dropping dead heads on the way; whether it took any.
+  bool take_fitting_locked(Batch* batch, Priority p, bool mixed, Clock::time_point now,
+                           std::vector<std::pair<QueueEntry, Outcome>>* dropped);
   // Puts the last entry of a formed batch back in its queue (refresh): bulk at the head of
   // the bulk queue, interactive (promoted) in arrival order; its tokens count as queued again.
   void put_back_last_locked(Batch* batch);
