@@ -259,7 +259,8 @@ Partials reference_chunk(const std::vector<float>& scores, int64_t heads,
   return p;
 }
 
-// Every layout the pooling takes: head-major weights (4 heads of 16, 12 of 64), token-major
+// Every layout the pooling takes: head-major weights (4 heads of 16, 12 of 64, 8 of 32: one head
+// at a time, or a group of heads whose slices fill the registers, by the build), token-major
 // (heads a multiple of the lanes: 16 of 16, the official model's; 32 of 32), one head (the
 // pooler's), on every build; rows and scores strided as the engine passes them.
 TEST_P(VectorRowsTest, PoolChunkFloatAndBfloat16) {
@@ -268,7 +269,8 @@ TEST_P(VectorRowsTest, PoolChunkFloatAndBfloat16) {
   };
   for (const Shape shape :
        {Shape{4, 64, 4, 64}, Shape{16, 256, 16 + 3, 256 + 32}, Shape{1, 64, 1, 64},
-        Shape{1, 256, 1, 256 + 16}, Shape{12, 768, 12, 768}, Shape{32, 1024, 32 + 1, 1024}}) {
+        Shape{1, 256, 1, 256 + 16}, Shape{12, 768, 12, 768}, Shape{8, 256, 8 + 1, 256 + 16},
+        Shape{32, 1024, 32 + 1, 1024}}) {
     const int64_t len = 37, heads = shape.heads, D = shape.D;
     SCOPED_TRACE(std::to_string(heads) + " heads, D " + std::to_string(D));
     auto scores = random_floats(size_t(len * heads), -6, 6, 15);

@@ -496,6 +496,40 @@ FF_INLINE void weighted_sum(const float* w, const E* x, int64_t stride, int64_t 
   }
 }
 
+// The weighted sums of G heads at once (DV vectors a head, G * DV accumulators held over the
+// block): v[h d .. (h + 1) d) += sum over real tokens t < n of w[h, t] x_t[h d ...] for the heads
+// h0 .. h0 + G, head-major weights w [heads, wld] from the block's first token. Each row's G
+// slices are read together, so a block reads its rows' bytes in long runs, and the G * DV chains
+// are independent (one head's DV alone leave the multiply-adds waiting on each other).
+template <class V, int DV, int G, class E>
+FF_INLINE void weighted_sum_heads(const float* w, int64_t wld, const E* x, int64_t stride,
+                                  const uint8_t* mask, int64_t n, int64_t d, float* v) {
+  constexpr int L = sizeof(V) / sizeof(float);
+  V acc[G][DV];
+#pragma GCC unroll 16
+  for (int g = 0; g < G; ++g)
+#pragma GCC unroll 8
+    for (int q = 0; q < DV; ++q) loadv(acc[g][q], v + g * d + q * L);
+  for (int64_t t = 0; t < n; ++t) {
+    if (!mask[t]) continue;  // a masked token (its row is never read)
+    const E* row = x + t * stride;
+#pragma GCC unroll 16
+    for (int g = 0; g < G; ++g) {
+      const float wt = w[g * wld + t];
+#pragma GCC unroll 8
+      for (int q = 0; q < DV; ++q) {
+        V xv;
+        loadv(xv, row + g * d + q * L);
+        acc[g][q] += xv * wt;
+      }
+    }
+  }
+#pragma GCC unroll 16
+  for (int g = 0; g < G; ++g)
+#pragma GCC unroll 8
+    for (int q = 0; q < DV; ++q) storev(v + g * d + q * L, acc[g][q]);
+}
+
 // exp(y) in every lane, y <= 0: vmath::exp's range reduction and polynomial on the vector type
 // (GCC vectorises the scalar form only 256 bits wide for AVX-512).
 template <class V>
@@ -516,12 +550,16 @@ FF_INLINE void exp_nonpositive(V& y) {
 // any head count.
 template <class V, class S>
 FF_INLINE void weights_by_head(const S* scores, int64_t score_ld, int64_t heads,
-                               const uint8_t* mask, int64_t len, float* m, float* l, float* w) {
+                               const uint8_t* mask, int64_t len, float* m, float* l, float* w,
+                               SpreadFetch* fetch = nullptr) {
   constexpr float kNegInf = -std::numeric_limits<float>::infinity();
   constexpr int L = sizeof(V) / sizeof(float);
+  constexpr int64_t kAhead = 8;  // score rows fetched ahead (each its own cache line)
   for (int64_t h = 0; h < heads; ++h) m[h] = kNegInf;
   for (int64_t t = 0; t < len; ++t) {
     const S* s = scores + t * score_ld;
+    if (t + kAhead < len) __builtin_prefetch(s + kAhead * score_ld);
+    if (fetch != nullptr) fetch->step(t);
     for (int64_t h = 0; h < heads; ++h) {
       const float value = mask[t] ? ld(s, h) : kNegInf;
       w[h * len + t] = value;
@@ -676,32 +714,49 @@ FF_INLINE void pool_chunk_impl(const S* scores, int64_t score_ld, int64_t heads,
                                    v, scratch))
     return;
   float* w = scratch;  // [heads, len]: head-major, so the exp runs along contiguous tokens
-  weights_by_head<V>(scores, score_ld, heads, mask, len, m, l, w);
+  // The first block's rows are fetched over the scores' pass.
+  SpreadFetch first(values, values_cached ? 0 : std::min(kPoolBlock, len), D * int64_t(sizeof(E)),
+                    values_ld * int64_t(sizeof(E)), len);
+  weights_by_head<V>(scores, score_ld, heads, mask, len, m, l, w, &first);
+  first.finish();
   std::fill(v, v + D, 0.0f);
   // Blocks of kPoolBlock tokens, each head's slice of v held in registers over the block, the
   // value rows widened in registers. The head slices read each row in pieces, which no
   // hardware prefetcher follows: unless the caller has the rows in cache, the next block's are
   // fetched while this one is summed, spread over the heads.
+  // Heads in groups of G, G * d / L accumulators (16 on AVX-512, 8 below), where d is 1, 2 or 4
+  // vectors and G divides the heads; one head at a time otherwise.
+  constexpr int kAcc = sizeof(V) == 64 ? 16 : 8;
+  const int64_t dv = d % L == 0 ? d / L : 0;
+  const int64_t G = (dv == 1 || dv == 2 || dv == 4) && heads % (kAcc / dv) == 0 ? kAcc / dv : 1;
   for (int64_t t0 = 0; t0 < len; t0 += kPoolBlock) {
     const int64_t n = std::min(kPoolBlock, len - t0);
     SpreadFetch fetch(values + std::min(t0 + kPoolBlock, len - 1) * values_ld,
                       values_cached ? 0 : std::clamp<int64_t>(len - t0 - kPoolBlock, 0, kPoolBlock),
-                      D * int64_t(sizeof(E)), values_ld * int64_t(sizeof(E)), heads);
-    for (int64_t h = 0; h < heads; ++h) {
-      fetch.step(h);
+                      D * int64_t(sizeof(E)), values_ld * int64_t(sizeof(E)), heads / G);
+    for (int64_t h = 0; h < heads; h += G) {
+      fetch.step(h / G);
       const float* wh = w + h * len + t0;
       const E* xh = values + t0 * values_ld + h * d;
       float* vh = v + h * d;
-      if (d == 4 * L)
+      if (G > 1) {
+        if (dv == 4)
+          weighted_sum_heads<V, 4, kAcc / 4>(wh, len, xh, values_ld, mask + t0, n, d, vh);
+        else if (dv == 2)
+          weighted_sum_heads<V, 2, kAcc / 2>(wh, len, xh, values_ld, mask + t0, n, d, vh);
+        else
+          weighted_sum_heads<V, 1, kAcc>(wh, len, xh, values_ld, mask + t0, n, d, vh);
+      } else if (d == 4 * L) {
         weighted_sum<V, 4>(wh, xh, values_ld, n, d, vh);
-      else if (d == 2 * L)
+      } else if (d == 2 * L) {
         weighted_sum<V, 2>(wh, xh, values_ld, n, d, vh);
-      else if (d == L)
+      } else if (d == L) {
         weighted_sum<V, 1>(wh, xh, values_ld, n, d, vh);
-      else if (d == 8 * L)
+      } else if (d == 8 * L) {
         weighted_sum<V, 8>(wh, xh, values_ld, n, d, vh);
-      else
+      } else {
         weighted_sum<V, 0>(wh, xh, values_ld, n, d, vh);
+      }
     }
     fetch.finish();
   }
