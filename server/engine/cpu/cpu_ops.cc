@@ -280,20 +280,29 @@ void CpuOps::combine_sequence(const Combine<E>& how, int64_t b, const PoolingChu
     double M = -std::numeric_limits<double>::infinity();
     for (int32_t c = c0; c < c1; ++c) M = std::max(M, double(partials.m[size_t(c * heads + h)]));
     double L = 0.0;
-    std::fill_n(acc, d, 0.0);
-    for (int32_t c = c0; c < c1; ++c) {
+    // One chunk: its partial sums are the sums (no rescaling, no accumulation in double).
+    const float* v1 = c1 - c0 == 1 ? partials.v + int64_t(c0) * D + h * d : nullptr;
+    if (v1 != nullptr && !std::isinf(M)) L = double(partials.l[size_t(c0 * heads + h)]);
+    if (v1 == nullptr) std::fill_n(acc, d, 0.0);
+    for (int32_t c = c0; c < c1 && v1 == nullptr; ++c) {
       const float mc = partials.m[size_t(c * heads + h)];
       if (std::isinf(mc)) continue;  // chunk of padding only
-      const double scale = std::exp(double(mc) - M);
+      // The chunk holding the maximum scales by exactly 1 (every chunk of a one-chunk sequence).
+      const double scale = double(mc) == M ? 1.0 : std::exp(double(mc) - M);
       L += double(partials.l[size_t(c * heads + h)]) * scale;
       const float* v = partials.v + int64_t(c) * D + h * d;
       for (int64_t j = 0; j < d; ++j) acc[j] += double(v[j]) * scale;
     }
-    const double denom = L + double(how.denominator_extra) * std::exp(-M);
-    for (int64_t j = 0; j < d; ++j) {
-      double value = acc[j] / denom;
-      if (how.scale_by != nullptr) value *= to_float(how.scale_by[b * D + h * d + j]);
-      store(o + h * d + j, static_cast<float>(value));
+    const double extra =
+        how.denominator_extra == 0.0f ? 0.0 : double(how.denominator_extra) * std::exp(-M);
+    const double inverse = 1.0 / (L + extra);  // one division a head, not one an element
+    auto sum = [&](int64_t j) { return v1 != nullptr ? double(v1[j]) : acc[j]; };
+    if (how.scale_by != nullptr) {
+      const E* scale = how.scale_by + b * D + h * d;
+      for (int64_t j = 0; j < d; ++j)
+        store(o + h * d + j, static_cast<float>(sum(j) * inverse * to_float(scale[j])));
+    } else {
+      for (int64_t j = 0; j < d; ++j) store(o + h * d + j, static_cast<float>(sum(j) * inverse));
     }
   }
 }
