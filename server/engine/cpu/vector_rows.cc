@@ -318,7 +318,9 @@ FF_INLINE void key_weight_pairs_impl(const float* wka_t, const float* pq, int64_
 // time over the `steps` steps of this block's loop: step(j) fetches `per_step` lines every
 // `every` steps (a power of two that spreads them over the block), finish() what is left. All
 // at once, they would fill the load queue and hold the block's arithmetic back until the rows
-// came.
+// came. For the pooling's passes, whose steps are few and long; the key-score kernels, whose
+// steps are single elements of D, fetch a line of each row every 64 bytes instead (the
+// countdown here cost them 16% in cache).
 struct SpreadFetch {
   const char* row;
   int64_t rows, row_bytes, stride, every = 1, per_step = 1, at = 0, done = 0;
@@ -366,10 +368,13 @@ FF_INLINE void key_scores_heads(const E* k, int64_t ldk, int64_t n, const float*
       const E* kp[TB];
 #pragma GCC unroll 16
       for (int i = 0; i < TB; ++i) kp[i] = k + std::min<int64_t>(t0 + i, n - 1) * ldk;
-      // The next block's rows, fetched while this one is summed.
-      SpreadFetch fetch(k + std::min<int64_t>(t0 + TB, n - 1) * ldk,
-                        g == 0 ? std::clamp<int64_t>(n - t0 - TB, 0, TB) : 0,
-                        D * int64_t(sizeof(E)), ldk * int64_t(sizeof(E)), D);
+      // The next block's rows, fetched while this one is summed: a line of each row as this
+      // block's loop enters the same line of its own rows (every 64 bytes of D, TB lines).
+      const bool fetch = g == 0 && t0 + TB < n;
+      const E* nk[TB];
+#pragma GCC unroll 16
+      for (int i = 0; i < TB; ++i) nk[i] = k + std::min<int64_t>(t0 + TB + i, n - 1) * ldk;
+      constexpr int64_t kLine = 64 / int64_t(sizeof(E));
       V acc[TB];
 #pragma GCC unroll 16
       for (int i = 0; i < TB; ++i) acc[i] = b;
@@ -392,14 +397,16 @@ FF_INLINE void key_scores_heads(const E* k, int64_t ldk, int64_t n, const float*
           }
         }
         for (int64_t j = 0; j < pn; ++j) {
-          fetch.step(j0 + j);
+          if (fetch && (j0 + j) % kLine == 0) {
+#pragma GCC unroll 16
+            for (int i = 0; i < TB; ++i) __builtin_prefetch(nk[i] + j0 + j);
+          }
           V wv;
           loadv(wv, w + (j0 + j) * H + g);
 #pragma GCC unroll 16
           for (int i = 0; i < TB; ++i) acc[i] += wv * kr[i][j];  // (V{} + x would add a zero first)
         }
       }
-      fetch.finish();
       for (int i = 0; i < TB && t0 + i < n; ++i) storev(r + (t0 + i) * ldr + g, acc[i]);
     }
   }
@@ -913,42 +920,45 @@ namespace {
 // function with the AVX512_BF16 target, whose intrinsics GCC inlines only into such a function).
 // Per group of 16 heads, blocks of 16 tokens, one accumulator a token; per pair p of D one
 // weight row of 16 head pairs, and each token's key pair broadcast.
-#define FF_KEY_PAIRS_KERNEL(NAME, ATTRIBUTES, DOT)                                              \
-  ATTRIBUTES void NAME(const uint16_t* k, int64_t ldk, int64_t n, const uint32_t* w,            \
-                       const float* bias, int64_t H, int64_t D, float* r, int64_t ldr) {        \
-    constexpr int TB = 16;                                                                      \
-    const int64_t pairs = D / 2;                                                                \
-    for (int64_t g = 0; g < H; g += 16) {                                                       \
-      v16f b;                                                                                   \
-      loadv(b, bias + g);                                                                       \
-      for (int64_t t0 = 0; t0 < n; t0 += TB) {                                                  \
-        const uint16_t* kp[TB];                                                                 \
-        for (int i = 0; i < TB; ++i) kp[i] = k + std::min<int64_t>(t0 + i, n - 1) * ldk;        \
-        /* the next block's rows, fetched while this one is summed */                           \
-        SpreadFetch fetch(k + std::min<int64_t>(t0 + TB, n - 1) * ldk,                          \
-                          g == 0 ? std::clamp<int64_t>(n - t0 - TB, 0, TB) : 0, D * 2, ldk * 2, \
-                          pairs);                                                               \
-        v16f acc[TB];                                                                           \
-        _Pragma("GCC unroll 16") for (int i = 0; i < TB; ++i) acc[i] = b;                       \
-        for (int64_t p = 0; p < pairs; ++p) {                                                   \
-          fetch.step(p);                                                                        \
-          u32x16 wv;                                                                            \
-          std::memcpy(&wv, w + p * H + g, sizeof(wv));                                          \
-          _Pragma("GCC unroll 16") for (int i = 0; i < TB; ++i) {                               \
-            uint32_t pair;                                                                      \
-            std::memcpy(&pair, kp[i] + 2 * p, sizeof(pair));                                    \
-            DOT(acc[i], pair, wv);                                                              \
-          }                                                                                     \
-        }                                                                                       \
-        if (D % 2 != 0) { /* the last element alone: its pair's high half is 0 */               \
-          u32x16 wv;                                                                            \
-          std::memcpy(&wv, w + pairs * H + g, sizeof(wv));                                      \
-          for (int i = 0; i < TB; ++i) DOT(acc[i], uint32_t(kp[i][D - 1]), wv);                 \
-        }                                                                                       \
-        fetch.finish();                                                                         \
-        for (int i = 0; i < TB && t0 + i < n; ++i) storev(r + (t0 + i) * ldr + g, acc[i]);      \
-      }                                                                                         \
-    }                                                                                           \
+#define FF_KEY_PAIRS_KERNEL(NAME, ATTRIBUTES, DOT)                                            \
+  ATTRIBUTES void NAME(const uint16_t* k, int64_t ldk, int64_t n, const uint32_t* w,          \
+                       const float* bias, int64_t H, int64_t D, float* r, int64_t ldr) {      \
+    constexpr int TB = 16;                                                                    \
+    const int64_t pairs = D / 2;                                                              \
+    for (int64_t g = 0; g < H; g += 16) {                                                     \
+      v16f b;                                                                                 \
+      loadv(b, bias + g);                                                                     \
+      for (int64_t t0 = 0; t0 < n; t0 += TB) {                                                \
+        const uint16_t* kp[TB];                                                               \
+        for (int i = 0; i < TB; ++i) kp[i] = k + std::min<int64_t>(t0 + i, n - 1) * ldk;      \
+        /* the next block's rows, fetched while this one is summed: a line of each row as */  \
+        /* this block's loop enters the same line of its own rows (every 32 elements) */      \
+        const bool fetch = g == 0 && t0 + TB < n;                                             \
+        const uint16_t* nk[TB];                                                               \
+        for (int i = 0; i < TB; ++i) nk[i] = k + std::min<int64_t>(t0 + TB + i, n - 1) * ldk; \
+        v16f acc[TB];                                                                         \
+        _Pragma("GCC unroll 16") for (int i = 0; i < TB; ++i) acc[i] = b;                     \
+        for (int64_t p = 0; p < pairs; ++p) {                                                 \
+          if (fetch && p % 16 == 0) {                                                         \
+            _Pragma("GCC unroll 16") for (int i = 0; i < TB; ++i)                             \
+                __builtin_prefetch(nk[i] + 2 * p);                                            \
+          }                                                                                   \
+          u32x16 wv;                                                                          \
+          std::memcpy(&wv, w + p * H + g, sizeof(wv));                                        \
+          _Pragma("GCC unroll 16") for (int i = 0; i < TB; ++i) {                             \
+            uint32_t pair;                                                                    \
+            std::memcpy(&pair, kp[i] + 2 * p, sizeof(pair));                                  \
+            DOT(acc[i], pair, wv);                                                            \
+          }                                                                                   \
+        }                                                                                     \
+        if (D % 2 != 0) { /* the last element alone: its pair's high half is 0 */             \
+          u32x16 wv;                                                                          \
+          std::memcpy(&wv, w + pairs * H + g, sizeof(wv));                                    \
+          for (int i = 0; i < TB; ++i) DOT(acc[i], uint32_t(kp[i][D - 1]), wv);               \
+        }                                                                                     \
+        for (int i = 0; i < TB && t0 + i < n; ++i) storev(r + (t0 + i) * ldr + g, acc[i]);    \
+      }                                                                                       \
+    }                                                                                         \
   }
 
 using u32x16 = Lanes<v16f>::u32;
