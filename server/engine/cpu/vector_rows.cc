@@ -510,14 +510,23 @@ FF_INLINE void weighted_sum(const float* w, const E* x, int64_t stride, int64_t 
 // are independent (one head's DV alone leave the multiply-adds waiting on each other).
 template <class V, int DV, int G, class E>
 FF_INLINE void weighted_sum_heads(const float* w, int64_t wld, const E* x, int64_t stride,
-                                  const uint8_t* mask, int64_t n, int64_t d, float* v) {
+                                  const uint8_t* mask, int64_t n, int64_t d, float* v,
+                                  int64_t ahead) {
   constexpr int L = sizeof(V) / sizeof(float);
+  // The next block's rows (`ahead` of them, kPoolBlock rows on), the group's slice of row t
+  // fetched as row t is summed.
+  constexpr int64_t kBytes = int64_t(G) * DV * L * int64_t(sizeof(E));
   V acc[G][DV];
 #pragma GCC unroll 16
   for (int g = 0; g < G; ++g)
 #pragma GCC unroll 8
     for (int q = 0; q < DV; ++q) loadv(acc[g][q], v + g * d + q * L);
   for (int64_t t = 0; t < n; ++t) {
+    if (t < ahead) {
+      const char* next = reinterpret_cast<const char*>(x + (t + kPoolBlock) * stride);
+#pragma GCC unroll 16
+      for (int64_t b = 0; b < kBytes; b += 64) __builtin_prefetch(next + b);
+    }
     if (!mask[t]) continue;  // a masked token (its row is never read)
     const E* row = x + t * stride;
 #pragma GCC unroll 16
@@ -738,21 +747,24 @@ FF_INLINE void pool_chunk_impl(const S* scores, int64_t score_ld, int64_t heads,
   const int64_t G = (dv == 1 || dv == 2 || dv == 4) && heads % (kAcc / dv) == 0 ? kAcc / dv : 1;
   for (int64_t t0 = 0; t0 < len; t0 += kPoolBlock) {
     const int64_t n = std::min(kPoolBlock, len - t0);
-    SpreadFetch fetch(values + std::min(t0 + kPoolBlock, len - 1) * values_ld,
-                      values_cached ? 0 : std::clamp<int64_t>(len - t0 - kPoolBlock, 0, kPoolBlock),
-                      D * int64_t(sizeof(E)), values_ld * int64_t(sizeof(E)), heads / G);
+    const int64_t ahead =
+        values_cached ? 0 : std::clamp<int64_t>(len - t0 - kPoolBlock, 0, kPoolBlock);
+    // One head at a time: the next block's rows spread over the heads (a group fetches its own
+    // slices as it goes).
+    SpreadFetch fetch(values + std::min(t0 + kPoolBlock, len - 1) * values_ld, G > 1 ? 0 : ahead,
+                      D * int64_t(sizeof(E)), values_ld * int64_t(sizeof(E)), heads);
     for (int64_t h = 0; h < heads; h += G) {
-      fetch.step(h / G);
+      fetch.step(h);
       const float* wh = w + h * len + t0;
       const E* xh = values + t0 * values_ld + h * d;
       float* vh = v + h * d;
       if (G > 1) {
         if (dv == 4)
-          weighted_sum_heads<V, 4, kAcc / 4>(wh, len, xh, values_ld, mask + t0, n, d, vh);
+          weighted_sum_heads<V, 4, kAcc / 4>(wh, len, xh, values_ld, mask + t0, n, d, vh, ahead);
         else if (dv == 2)
-          weighted_sum_heads<V, 2, kAcc / 2>(wh, len, xh, values_ld, mask + t0, n, d, vh);
+          weighted_sum_heads<V, 2, kAcc / 2>(wh, len, xh, values_ld, mask + t0, n, d, vh, ahead);
         else
-          weighted_sum_heads<V, 1, kAcc>(wh, len, xh, values_ld, mask + t0, n, d, vh);
+          weighted_sum_heads<V, 1, kAcc>(wh, len, xh, values_ld, mask + t0, n, d, vh, ahead);
       } else if (d == 4 * L) {
         weighted_sum<V, 4>(wh, xh, values_ld, n, d, vh);
       } else if (d == 2 * L) {
