@@ -736,12 +736,11 @@ FF_INLINE void pool_chunk_impl(const S* scores, int64_t score_ld, int64_t heads,
   weights_by_head<V>(scores, score_ld, heads, mask, len, m, l, w, &first);
   first.finish();
   std::fill(v, v + D, 0.0f);
-  // Blocks of kPoolBlock tokens, each head's slice of v held in registers over the block, the
-  // value rows widened in registers. The head slices read each row in pieces, which no
-  // hardware prefetcher follows: unless the caller has the rows in cache, the next block's are
-  // fetched while this one is summed, spread over the heads.
-  // Heads in groups of G, G * d / L accumulators (16 on AVX-512, 8 below), where d is 1, 2 or 4
-  // vectors and G divides the heads; one head at a time otherwise.
+  // Blocks of kPoolBlock tokens, the slices of v of a group of G heads held in registers over
+  // the block (G * d / L accumulators: 16 on AVX-512, 8 below, where d is 1, 2 or 4 vectors and
+  // G divides the heads; one head at a time otherwise), the value rows widened in registers.
+  // The slices read each row in pieces, which no hardware prefetcher follows: unless the caller
+  // has the rows in cache, the next block's are fetched while this one is summed.
   constexpr int kAcc = sizeof(V) == 64 ? 16 : 8;
   const int64_t dv = d % L == 0 ? d / L : 0;
   const int64_t G = (dv == 1 || dv == 2 || dv == 4) && heads % (kAcc / dv) == 0 ? kAcc / dv : 1;
