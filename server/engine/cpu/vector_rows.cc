@@ -469,37 +469,18 @@ FF_INLINE void key_scores_impl(const E* k, int64_t ldk, int64_t n, const float* 
   }
 }
 
-// v[0 .. d) += sum over t < n of w[t] x_t[0 .. d), rows x_t = x + t * stride: the head's slice of
-// the weighted sum, held in registers over a block of tokens when d is a multiple of the vector (DV
-// vectors; DV 0: any d, through memory).
-template <class V, int DV, class E>
+// v[0 .. d) += sum over t < n of w[t] x_t[0 .. d), rows x_t = x + t * stride: one head's slice
+// of the weighted sum through memory, for any d (weighted_sum_heads holds it in registers where
+// d is 1, 2, 4 or 8 vectors).
+template <class E>
 FF_INLINE void weighted_sum(const float* w, const E* x, int64_t stride, int64_t n, int64_t d,
                             float* v) {
-  constexpr int L = sizeof(V) / sizeof(float);
-  if constexpr (DV > 0) {
-    V acc[DV];
-#pragma GCC unroll 8
-    for (int q = 0; q < DV; ++q) loadv(acc[q], v + q * L);
-    for (int64_t t = 0; t < n; ++t) {
-      if (w[t] == 0.0f) continue;  // a masked token (its row is never read)
-      const float wt = w[t];
-#pragma GCC unroll 8
-      for (int q = 0; q < DV; ++q) {
-        V xv;
-        loadv(xv, x + t * stride + q * L);
-        acc[q] += xv * wt;
-      }
-    }
-#pragma GCC unroll 8
-    for (int q = 0; q < DV; ++q) storev(v + q * L, acc[q]);
-  } else {
-    for (int64_t t = 0; t < n; ++t) {
-      if (w[t] == 0.0f) continue;
-      const float wt = w[t];
-      const E* row = x + t * stride;
+  for (int64_t t = 0; t < n; ++t) {
+    if (w[t] == 0.0f) continue;  // a masked token (its row is never read)
+    const float wt = w[t];
+    const E* row = x + t * stride;
 #pragma omp simd
-      for (int64_t j = 0; j < d; ++j) v[j] += wt * ld(row, j);
-    }
+    for (int64_t j = 0; j < d; ++j) v[j] += wt * ld(row, j);
   }
 }
 
@@ -507,7 +488,8 @@ FF_INLINE void weighted_sum(const float* w, const E* x, int64_t stride, int64_t 
 // block): v[h d .. (h + 1) d) += sum over real tokens t < n of w[h, t] x_t[h d ...] for the heads
 // h0 .. h0 + G, head-major weights w [heads, wld] from the block's first token. Each row's G
 // slices are read together, so a block reads its rows' bytes in long runs, and the G * DV chains
-// are independent (one head's DV alone leave the multiply-adds waiting on each other).
+// are independent (one head's DV alone leave the multiply-adds waiting on each other). G 1: one
+// head.
 template <class V, int DV, int G, class E>
 FF_INLINE void weighted_sum_heads(const float* w, int64_t wld, const E* x, int64_t stride,
                                   const uint8_t* mask, int64_t n, int64_t d, float* v,
@@ -737,43 +719,58 @@ FF_INLINE void pool_chunk_impl(const S* scores, int64_t score_ld, int64_t heads,
   first.finish();
   std::fill(v, v + D, 0.0f);
   // Blocks of kPoolBlock tokens, the slices of v of a group of G heads held in registers over
-  // the block (G * d / L accumulators: 16 on AVX-512, 8 below, where d is 1, 2 or 4 vectors and
-  // G divides the heads; one head at a time otherwise), the value rows widened in registers.
-  // The slices read each row in pieces, which no hardware prefetcher follows: unless the caller
-  // has the rows in cache, the next block's are fetched while this one is summed.
-  constexpr int kAcc = sizeof(V) == 64 ? 16 : 8;
+  // the block where d is 1, 2, 4 or 8 vectors (G * d / L accumulators: 16 on AVX-512, 8 below,
+  // where G divides the heads; one head at a time otherwise), the value rows widened in
+  // registers; any other d one head at a time through memory. The slices read each row in
+  // pieces, which no hardware prefetcher follows: unless the caller has the rows in cache, the
+  // next block's are fetched while this one is summed.
   const int64_t dv = d % L == 0 ? d / L : 0;
-  const int64_t G = (dv == 1 || dv == 2 || dv == 4) && heads % (kAcc / dv) == 0 ? kAcc / dv : 1;
+  const bool in_registers = dv == 1 || dv == 2 || dv == 4 || dv == 8;
+  const bool grouped = in_registers && heads % (kBlock / dv) == 0;  // kBlock / dv >= 1
+  const int64_t G = grouped ? kBlock / dv : 1;
   for (int64_t t0 = 0; t0 < len; t0 += kPoolBlock) {
     const int64_t n = std::min(kPoolBlock, len - t0);
     const int64_t ahead =
         values_cached ? 0 : std::clamp<int64_t>(len - t0 - kPoolBlock, 0, kPoolBlock);
-    // One head at a time: the next block's rows spread over the heads (a group fetches its own
-    // slices as it goes).
-    SpreadFetch fetch(values + std::min(t0 + kPoolBlock, len - 1) * values_ld, G > 1 ? 0 : ahead,
-                      D * int64_t(sizeof(E)), values_ld * int64_t(sizeof(E)), heads);
+    // Through memory: the next block's rows spread over the heads (the register forms fetch
+    // their own slices as they go).
+    SpreadFetch fetch(values + std::min(t0 + kPoolBlock, len - 1) * values_ld,
+                      in_registers ? 0 : ahead, D * int64_t(sizeof(E)),
+                      values_ld * int64_t(sizeof(E)), heads);
     for (int64_t h = 0; h < heads; h += G) {
       fetch.step(h);
       const float* wh = w + h * len + t0;
       const E* xh = values + t0 * values_ld + h * d;
       float* vh = v + h * d;
-      if (G > 1) {
-        if (dv == 4)
-          weighted_sum_heads<V, 4, kAcc / 4>(wh, len, xh, values_ld, mask + t0, n, d, vh, ahead);
-        else if (dv == 2)
-          weighted_sum_heads<V, 2, kAcc / 2>(wh, len, xh, values_ld, mask + t0, n, d, vh, ahead);
-        else
-          weighted_sum_heads<V, 1, kAcc>(wh, len, xh, values_ld, mask + t0, n, d, vh, ahead);
-      } else if (d == 4 * L) {
-        weighted_sum<V, 4>(wh, xh, values_ld, n, d, vh);
-      } else if (d == 2 * L) {
-        weighted_sum<V, 2>(wh, xh, values_ld, n, d, vh);
-      } else if (d == L) {
-        weighted_sum<V, 1>(wh, xh, values_ld, n, d, vh);
-      } else if (d == 8 * L) {
-        weighted_sum<V, 8>(wh, xh, values_ld, n, d, vh);
-      } else {
-        weighted_sum<V, 0>(wh, xh, values_ld, n, d, vh);
+      const uint8_t* mh = mask + t0;
+      switch (in_registers ? dv : 0) {
+        case 1:
+          if (grouped)
+            weighted_sum_heads<V, 1, kBlock>(wh, len, xh, values_ld, mh, n, d, vh, ahead);
+          else
+            weighted_sum_heads<V, 1, 1>(wh, len, xh, values_ld, mh, n, d, vh, ahead);
+          break;
+        case 2:
+          if (grouped)
+            weighted_sum_heads<V, 2, kBlock / 2>(wh, len, xh, values_ld, mh, n, d, vh, ahead);
+          else
+            weighted_sum_heads<V, 2, 1>(wh, len, xh, values_ld, mh, n, d, vh, ahead);
+          break;
+        case 4:
+          if (grouped)
+            weighted_sum_heads<V, 4, kBlock / 4>(wh, len, xh, values_ld, mh, n, d, vh, ahead);
+          else
+            weighted_sum_heads<V, 4, 1>(wh, len, xh, values_ld, mh, n, d, vh, ahead);
+          break;
+        case 8:
+          if (grouped)
+            weighted_sum_heads<V, 8, kBlock / 8>(wh, len, xh, values_ld, mh, n, d, vh, ahead);
+          else
+            weighted_sum_heads<V, 8, 1>(wh, len, xh, values_ld, mh, n, d, vh, ahead);
+          break;
+        default:
+          weighted_sum(wh, xh, values_ld, n, d, vh);
+          break;
       }
     }
     fetch.finish();
