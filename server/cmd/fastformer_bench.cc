@@ -9,6 +9,7 @@
 #include <cmath>
 #include <cstdio>
 #include <iostream>
+#include <limits>
 #include <nlohmann/json.hpp>
 #include <string>
 #include <thread>
@@ -223,6 +224,11 @@ void add_flags(CLI::App& app, BenchOptions* o) {
   app.add_option("--batch-tokens", o->batch_tokens, "tokens per ragged batch")
       ->check(CLI::PositiveNumber)
       ->capture_default_str();
+  app.add_option("--pass-tokens", o->engine.pass_tokens,
+                 "CPU engine: the most tokens a pass of the forward graph holds; -1 sizes passes "
+                 "to the CPU's cache, 0 runs every batch in one pass")
+      ->check(CLI::Range(int64_t(-1), std::numeric_limits<int64_t>::max()))
+      ->capture_default_str();
   app.add_option("--lengths", o->lengths_text, "fixed:L or uniform:MIN:MAX")->capture_default_str();
   app.add_option("--seconds", o->seconds, "timed duration (at least one pass over the pool)")
       ->capture_default_str();
@@ -323,6 +329,7 @@ nlohmann::ordered_json result_json(const BenchOptions& options, engine::Engine& 
       {"model", model.config().model_name},
       {"lengths", options.lengths_text},
       {"batch_tokens", options.batch_tokens},
+      {"pass_tokens", eng.pass_tokens()},
       {"seed", options.seed},
       {"tokens_per_second", run.tokens_per_second()},
       {"sequences_per_second", run.sequences_per_second()},

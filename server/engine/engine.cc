@@ -8,6 +8,7 @@
 #include "server/engine/cpu/cpu_ops.h"
 #include "server/engine/error.h"
 #include "server/engine/forward.h"
+#include "server/engine/workspace.h"
 
 #if defined(FASTFORMER_HAVE_CUDA_ENGINE)
 #include <dlfcn.h>
@@ -217,16 +218,23 @@ std::unique_ptr<Engine> create_engine(std::shared_ptr<const Model> model,
   std::string gemm_note;
   const Bf16Gemm bf16_gemm = choose_bf16_gemm(options.cpu_gemm, cpu_dtype, &gemm_note);
   auto ops = std::make_unique<CpuOps>(threads, model->config(), cpu_dtype, bf16_gemm);
+  int64_t pass_tokens = options.pass_tokens >= 0
+                            ? options.pass_tokens
+                            : engine::pass_tokens(model->config(), model->num_labels(),
+                                                  ops->element_size(), last_level_cache_bytes());
+  if (pass_tokens >= options.max_batch_tokens) pass_tokens = 0;  // every batch fits one pass
   OpsReport* report = ops.get();
   const std::string bf16_note =
       cpu_dtype == CpuDtype::kBfloat16Emulated ? ", bfloat16 emulated over float32 GEMMs (tests)"
       : cpu_dtype == CpuDtype::kBfloat16       ? ", bfloat16 GEMMs on " + bf16_hardware(gemm.isa)
                                                : "";
+  const std::string passes =
+      pass_tokens > 0 ? ", passes of " + std::to_string(pass_tokens) + " tokens" : "";
   const std::string device = "cpu (" + std::to_string(threads) + " threads, " + dtype +
                              ", oneDNN " + gemm.version + " " + gemm.isa + bf16_note + gemm_note +
-                             ")";
+                             passes + ")";
   return std::make_unique<ForwardEngine>(std::move(model), std::move(ops), options.max_batch_tokens,
-                                         "cpu", device, std::move(choice), report);
+                                         "cpu", device, std::move(choice), report, pass_tokens);
 }
 
 }  // namespace fastformer::engine

@@ -87,6 +87,9 @@ struct EngineOptions {
   int device = defaults::kDevice;       ///< CUDA device ordinal
   bool allow_tf32 = false;              ///< TF32 GEMMs for float32 on the CUDA engine
   CpuGemm cpu_gemm = CpuGemm::kOnednn;  ///< the CPU engine's bfloat16 GEMMs
+  /// The CPU engine's passes (pass_tokens, workspace.h): at most this many tokens a pass of
+  /// the forward graph; -1 sizes them to the CPU's cache, 0 runs every batch in one pass.
+  int64_t pass_tokens = -1;
 };
 
 class Engine {
@@ -104,6 +107,8 @@ class Engine {
   // The dtype it serves (what --dtype auto resolved to, and why), for every report of it.
   virtual const DtypeChoice& dtype() const = 0;
   virtual int64_t max_batch_tokens() const = 0;
+  // The most tokens one pass of the forward graph holds (workspace.h); 0: a batch is one pass.
+  virtual int64_t pass_tokens() const { return 0; }
   virtual const Model& model() const = 0;
   // Device memory held by the engine and the device's total, for metrics (0, 0 on CPU).
   virtual std::pair<size_t, size_t> device_memory() const { return {0, 0}; }

@@ -1,6 +1,7 @@
 #include "server/engine/forward.h"
 
 #include <algorithm>
+#include <iterator>
 #include <map>
 #include <stdexcept>
 #include <string>
@@ -61,12 +62,13 @@ size_t ForwardEngine::packed_weight_bytes() const {
 
 ForwardEngine::ForwardEngine(std::shared_ptr<const Model> model, std::unique_ptr<Ops> ops,
                              int64_t max_batch_tokens, std::string backend, std::string device,
-                             DtypeChoice dtype, OpsReport* report) try
+                             DtypeChoice dtype, OpsReport* report, int64_t pass_tokens) try
     : model_(std::move(model)),
       prepared_(prepare_weights(*model_)),
       ops_(std::move(ops)),
       report_(report),
       max_batch_tokens_(max_batch_tokens),
+      pass_tokens_(pass_tokens),
       backend_(std::move(backend)),
       device_(std::move(device)),
       dtype_(std::move(dtype)) {
@@ -172,7 +174,35 @@ void download_in_pieces(Ops& ops, const Mat& rows, int64_t max_rows, float* dst)
 std::vector<EncodedSequence> ForwardEngine::encode(const RaggedBatch& batch,
                                                    std::span<const OutputOptions> options) {
   try {
-    return run(batch, options);
+    std::vector<EncodedSequence> out;
+    const int32_t B = batch.num_sequences();
+    if (B > 0 && options.size() != 1 && options.size() != static_cast<size_t>(B)) {
+      throw EngineError("encode: expected 1 or " + std::to_string(B) + " output options, got " +
+                        std::to_string(options.size()));
+    }
+    if (batch.num_tokens() > max_batch_tokens_) {
+      throw EngineError("batch of " + std::to_string(batch.num_tokens()) +
+                        " tokens exceeds max_batch_tokens " + std::to_string(max_batch_tokens_));
+    }
+    if (pass_tokens_ <= 0 || batch.num_tokens() <= pass_tokens_) {
+      out = run(batch, options);
+    } else {
+      // Passes of whole sequences, in order, each as many as fit pass_tokens_ (at least one).
+      auto length = [&](int32_t b) {
+        return batch.cu_seqlens[size_t(b) + 1] - batch.cu_seqlens[size_t(b)];
+      };
+      for (int32_t first = 0, last = 0; first < B; first = last) {
+        int64_t tokens = length(last++);
+        while (last < B && tokens + length(last) <= pass_tokens_) tokens += length(last++);
+        const RaggedBatch part = batch.sequences(first, last, model_->config().hidden_size);
+        std::vector<EncodedSequence> encoded =
+            run(part, options.size() == 1 ? options
+                                          : options.subspan(size_t(first), size_t(last - first)));
+        std::move(encoded.begin(), encoded.end(), std::back_inserter(out));
+      }
+    }
+    if (profiling_) profiling_->end_batch();
+    return out;
   } catch (...) {
     rethrow_as_engine_error();
   }
@@ -184,14 +214,6 @@ std::vector<EncodedSequence> ForwardEngine::run(const RaggedBatch& batch,
   const int64_t T = batch.num_tokens();
   const int32_t B = batch.num_sequences();
   if (B == 0) return {};
-  if (T > max_batch_tokens_) {
-    throw EngineError("batch of " + std::to_string(T) + " tokens exceeds max_batch_tokens " +
-                      std::to_string(max_batch_tokens_));
-  }
-  if (options.size() != 1 && options.size() != static_cast<size_t>(B)) {
-    throw EngineError("encode: expected 1 or " + std::to_string(B) + " output options, got " +
-                      std::to_string(options.size()));
-  }
   auto option = [&](int32_t b) -> const OutputOptions& {
     return options[options.size() == 1 ? 0 : b];
   };

@@ -34,7 +34,7 @@ class ForwardEngine final : public Engine {
  public:
   ForwardEngine(std::shared_ptr<const Model> model, std::unique_ptr<Ops> ops,
                 int64_t max_batch_tokens, std::string backend, std::string device,
-                DtypeChoice dtype, OpsReport* report = nullptr);
+                DtypeChoice dtype, OpsReport* report = nullptr, int64_t pass_tokens = 0);
   ~ForwardEngine() override;
 
   std::vector<EncodedSequence> encode(const RaggedBatch& batch,
@@ -43,6 +43,7 @@ class ForwardEngine final : public Engine {
   std::string device_name() const override { return device_; }
   const DtypeChoice& dtype() const override { return dtype_; }
   int64_t max_batch_tokens() const override { return max_batch_tokens_; }
+  int64_t pass_tokens() const override { return pass_tokens_; }
   const Model& model() const override { return *model_; }
   std::pair<size_t, size_t> device_memory() const override { return ops_->device_memory(); }
   SpeedCheck speed_check() override;
@@ -71,6 +72,7 @@ class ForwardEngine final : public Engine {
   std::unique_ptr<Ops> ops_;
   OpsReport* report_;  // the ops' own report (the CPU ops'), or null
   int64_t max_batch_tokens_;
+  int64_t pass_tokens_;        // a batch of more tokens runs in passes of whole sequences
   size_t reserved_bytes_ = 0;  // the workspace reserved for the largest batch
   PoolingChunks chunks_;  // the current batch's; kept so asynchronous copies read stable memory
   // The current batch's spans per pooling mode (kModel, kMean) and each plan row's span.

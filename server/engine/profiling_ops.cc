@@ -200,7 +200,6 @@ void ProfilingOps::synchronize() {
     if (op.weight != nullptr && row.kernel.empty()) row.kernel = kernel_of_(*op.weight);
   }
   issued_.clear();
-  ++batches_;
 }
 
 std::vector<OpProfile> ProfilingOps::rows() const {

@@ -32,8 +32,10 @@ class ProfilingOps final : public ForwardingOps {
   ProfilingOps(Ops& inner, std::function<Site(const WeightRef&)> site_of,
                std::function<std::string(const WeightRef&)> kernel_of);
 
-  // Per batch, averaged over the batches profiled so far.
+  // Per batch, averaged over the batches profiled so far (end_batch() counts them; a batch
+  // run in passes, workspace.h, is one batch of several passes).
   std::vector<OpProfile> rows() const;
+  void end_batch() { ++batches_; }
 
   BatchRef begin_batch(const RaggedBatch& batch, const WorkspacePlan& plan,
                        const PoolingChunks& chunks) override;
@@ -52,7 +54,8 @@ class ProfilingOps final : public ForwardingOps {
                 const Mat& x) override;
   void l2_normalize(Mat rows) override;
   void download(const Mat& src, float* dst) override;
-  void synchronize() override;  // the closing timestamp, the inner synchronize, then the rows
+  // The closing timestamp, the inner synchronize, then the pass's calls added to the rows.
+  void synchronize() override;
 
   // What one call must move and compute.
   struct Cost {

@@ -129,6 +129,35 @@ void RaggedBatch::add(const SequenceInput& s, const ModelConfig& c) {
   span_first.push_back(static_cast<int32_t>(spans.size()));
 }
 
+RaggedBatch RaggedBatch::sequences(int32_t first, int32_t last, int64_t hidden_size) const {
+  RaggedBatch part;
+  const int32_t row0 = cu_seqlens[size_t(first)], row1 = cu_seqlens[size_t(last)];
+  auto rows = [&](const auto& v) { return std::vector(v.begin() + row0, v.begin() + row1); };
+  part.token_ids = rows(token_ids);
+  part.mask = rows(mask);
+  part.position_ids = rows(position_ids);
+  part.embedding_index = rows(embedding_index);
+  // A sequence's input embeddings are consecutive rows (add), so the part's are one range.
+  int32_t e0 = -1, e1 = -1;
+  for (int32_t& e : part.embedding_index) {
+    if (e < 0) continue;
+    if (e0 < 0) e0 = e;
+    e1 = e + 1;
+    e -= e0;
+  }
+  if (e0 >= 0) {
+    part.input_embeddings.assign(input_embeddings.begin() + e0 * hidden_size,
+                                 input_embeddings.begin() + e1 * hidden_size);
+  }
+  for (int32_t b = first; b < last; ++b)
+    part.cu_seqlens.push_back(cu_seqlens[size_t(b) + 1] - row0);
+  for (int32_t i = span_first[size_t(first)]; i < span_first[size_t(last)]; ++i)
+    part.spans.push_back({spans[size_t(i)].begin - row0, spans[size_t(i)].end - row0});
+  for (int32_t b = first; b < last; ++b)
+    part.span_first.push_back(span_first[size_t(b) + 1] - span_first[size_t(first)]);
+  return part;
+}
+
 void RaggedBatch::clear() {
   cu_seqlens.assign(1, 0);
   token_ids.clear();

@@ -52,6 +52,9 @@ struct RaggedBatch {
   // Appends a sequence that validate_sequence accepted.
   void add(const SequenceInput& sequence, const ModelConfig& config);
   void clear();
+  // Sequences first .. last-1 as a batch of their own: their rows, input embeddings (rows
+  // of width hidden_size) and spans, offsets counted from the first's first row.
+  RaggedBatch sequences(int32_t first, int32_t last, int64_t hidden_size) const;
 };
 
 }  // namespace fastformer::engine

@@ -46,6 +46,20 @@ WorkspacePlan plan_workspace(const ModelConfig& c, int64_t num_labels, int64_t t
   return plan;
 }
 
+int64_t pass_tokens(const ModelConfig& c, int64_t num_labels, size_t element_size,
+                    size_t cache_bytes) {
+  // A pass's buffers grow with its tokens; the per-sequence rows are few beside them.
+  constexpr int64_t kProbe = 4096;
+  const double per_token =
+      double(plan_workspace(c, num_labels, kProbe, 1, element_size).bytes) / double(kProbe);
+  const int64_t D = c.hidden_size, I = c.intermediate_size;
+  const double layer_weights =
+      double(element_size) * double(D * qks_width(c) + 2 * D * D + 2 * D * I);
+  const double room = double(cache_bytes) / 2 - layer_weights;
+  const int64_t tokens = room > 0 ? int64_t(room / per_token) : 0;
+  return tokens >= kMinPassTokens ? tokens : 0;
+}
+
 void plan_chunks(const RaggedBatch& batch, PoolingChunks& chunks) {
   chunks.begin.clear();
   chunks.end.clear();

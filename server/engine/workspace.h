@@ -79,6 +79,21 @@ inline constexpr size_t kWorkspaceAlignment = 256;
 WorkspacePlan plan_workspace(const ModelConfig& config, int64_t num_labels, int64_t tokens,
                              int64_t sequences, size_t element_size);
 
+// Passes (the CPU engine): a batch whose buffers exceed the cache runs as passes of whole
+// sequences, each the whole forward graph, so that every op reads what the op before it wrote
+// from the cache rather than from memory. A pass holds at most pass_tokens() tokens (a longer
+// sequence is a pass of its own); 0 runs every batch in one pass.
+//
+// pass_tokens() sizes a pass so that its buffers and one layer's GEMM weights fill at most
+// half of `cache_bytes` (the last-level cache the engine's threads share; the other half is the
+// GEMMs' own blocking, and what else the threads touch). A pass below kMinPassTokens is not
+// made: there the GEMMs, rereading the layer's weights each pass with fewer rows, lose more
+// than the other ops gain (docs/benchmarks.md, "Passes sized to the cache"), so such a model
+// (base-long: 14 MB of bfloat16 weights a layer) runs its batches whole.
+inline constexpr int64_t kMinPassTokens = 1024;
+int64_t pass_tokens(const ModelConfig& config, int64_t num_labels, size_t element_size,
+                    size_t cache_bytes);
+
 // The pooling chunks of a batch: each sequence's tokens in consecutive chunks of at most
 // kernels::kChunkTokens, in sequence order.
 struct PoolingChunks {

@@ -7,10 +7,14 @@
 #include <gtest/gtest.h>
 
 #include <cmath>
+#include <filesystem>
+#include <fstream>
 #include <random>
 
+#include "server/engine/cpu/cpu_ops.h"
 #include "server/engine/cpu/onednn_gemm.h"
 #include "server/engine/error.h"
+#include "server/engine/workspace.h"
 #include "tests/support/engine_parity.h"
 #include "tests/support/reference_activation.h"
 #include "tests/support/test_models.h"
@@ -618,6 +622,138 @@ TEST_F(EngineTest, OptionsPerSequence) {
   EXPECT_EQ(swapped[0].token_embeddings.size(), 12u * 32u);
   EXPECT_TRUE(swapped[1].token_embeddings.empty());
   EXPECT_LE(max_diff(swapped[0].token_embeddings, full[0].token_embeddings), 1e-6);
+}
+
+// A batch over pass_tokens runs in passes of whole sequences (workspace.h): each sequence's
+// answer is the double-precision reference's, and every output (pooled, tokens, logits, spans,
+// per-sequence options) is the one-pass engine's. The profile counts one batch of 4 passes.
+TEST_F(EngineTest, PassesGiveEachSequenceItsOneBatchAnswer) {
+  std::vector<Input> inputs;
+  uint64_t seed = 7;
+  for (int64_t n : {1, 5, 300, 513}) inputs.push_back(ids_input(random_ids(n, 200, 0, seed++)));
+  inputs.push_back(embedding_input(random_embeddings(7, 32, seed++)));
+  // Passes of at most 300 tokens: {1, 5}, {300}, {513} (a pass of its own), {7}.
+  const std::vector<TokenSpan> spans_a = {{0, 100}, {250, 300}}, spans_b = {{0, 7}, {2, 4}};
+  const std::vector<std::vector<TokenSpan>> spans = {{}, {}, spans_a, {}, spans_b};
+  std::vector<OutputOptions> options(inputs.size());
+  options[0].token_embeddings = true;
+  options[2].normalize = true;
+  options[3].logits = options[3].token_embeddings = true;
+  options[4].span_pooling = SpanPooling::kMean;
+  RaggedBatch batch;
+  for (size_t i = 0; i < inputs.size(); ++i) {
+    SequenceInput in = inputs[i].view();
+    in.spans = spans[i];
+    batch.add(in, model_->config());
+  }
+  EngineOptions eo;
+  eo.backend = Backend::kCpu;
+  eo.threads = 2;
+  eo.max_batch_tokens = 1024;
+  eo.pass_tokens = 300;
+  const auto passes = create_engine(model_, eo);
+  eo.pass_tokens = 0;
+  const auto whole = create_engine(model_, eo);
+  EXPECT_EQ(passes->pass_tokens(), 300);
+  EXPECT_EQ(whole->pass_tokens(), 0);
+  EXPECT_THAT(passes->device_name(), HasSubstr("passes of 300 tokens"));
+
+  passes->set_profiling(true);
+  const auto got = passes->encode(batch, options);
+  const auto rows = passes->profile();
+  const auto want = whole->encode(batch, options);
+  ASSERT_EQ(got.size(), inputs.size());
+  ASSERT_EQ(want.size(), inputs.size());
+  for (size_t i = 0; i < inputs.size(); ++i) {
+    const std::string what = "sequence " + std::to_string(i);
+    const Reference ref = reference_forward(*model_, inputs[i]);
+    EXPECT_EQ(got[i].num_tokens, sequence_length(inputs[i].view(), 32)) << what;
+    if (!options[i].normalize) expect_close(got[i].embedding, ref.pooled, 1e-5, what);
+    if (options[i].token_embeddings) expect_close(got[i].token_embeddings, ref.tokens, 1e-5, what);
+    if (options[i].logits) expect_close(got[i].logits, ref.logits, 1e-5, what);
+    EXPECT_EQ(got[i].token_embeddings.size(), want[i].token_embeddings.size()) << what;
+    EXPECT_EQ(got[i].logits.size(), want[i].logits.size()) << what;
+    EXPECT_EQ(got[i].span_embeddings.size(), spans[i].size() * 32) << what;
+    EXPECT_LE(max_diff(got[i].embedding, want[i].embedding), 1e-5) << what;
+    EXPECT_LE(max_diff(got[i].token_embeddings, want[i].token_embeddings), 1e-5) << what;
+    EXPECT_LE(max_diff(got[i].logits, want[i].logits), 1e-5) << what;
+    EXPECT_LE(max_diff(got[i].span_embeddings, want[i].span_embeddings), 1e-5) << what;
+  }
+  ASSERT_FALSE(rows.empty());
+  EXPECT_EQ(rows[0].name, "begin_batch");
+  EXPECT_EQ(rows[0].calls, 4.0) << "passes per batch";
+  passes->set_profiling(true);  // a new profile: two batches average to the same count
+  passes->encode(batch, options);
+  passes->encode(batch, options);
+  EXPECT_EQ(passes->profile()[0].calls, 4.0);
+
+  // The whole batch's limit holds however it is cut: 1,026 tokens over 1,024 is refused.
+  RaggedBatch over = batch;
+  const Input extra = ids_input(random_ids(200, 200, 0, seed++));
+  over.add(extra.view(), model_->config());
+  const OutputOptions o;
+  EXPECT_THAT(error_of<EngineError>([&] {
+                passes->encode(over, {&o, 1});
+              }),
+              HasSubstr("1026 tokens exceeds max_batch_tokens 1024"));
+  EXPECT_THAT(error_of<EngineError>([&] {
+                passes->encode(batch, {options.data(), 2});
+              }),
+              HasSubstr("got 2"));
+}
+
+// pass_tokens (workspace.h): a pass's buffers and one layer's GEMM weights fill half the cache,
+// or there are no passes. Counted by hand a token: x, Q|K|s (2D + H padded to 8), y and h in
+// the serving dtype, and H float32 scores; a layer: Q|K|s, transform, attention output, in and
+// out weights.
+TEST(PassTokensTest, HalfTheCacheHoldsAPassAndALayersWeights) {
+  auto config = [](int64_t D, int64_t H, int64_t I) {
+    ModelConfig c;
+    c.hidden_size = D, c.num_attention_heads = H, c.intermediate_size = I;
+    c.num_hidden_layers = 2, c.max_position_embeddings = 4096, c.vocab_size = 100;
+    return c;
+  };
+  auto by_hand = [](int64_t D, int64_t H, int64_t I, double e, double cache) {
+    const double qks = double((2 * D + H + 7) / 8 * 8);
+    const double per_token = e * (double(D) + qks + double(D) + double(I)) + 4.0 * double(H);
+    const double weights = e * (double(D) * qks + 2.0 * double(D * D) + 2.0 * double(D * I));
+    return (cache / 2 - weights) / per_token;
+  };
+  constexpr size_t kL3 = size_t(32) << 20;
+  const ModelConfig official = config(256, 16, 256), base_long = config(768, 12, 3072);
+  // official: 6,017 tokens a pass in bfloat16 (2,656 bytes a token), 2,894 in float32.
+  EXPECT_NEAR(double(pass_tokens(official, 4, 2, kL3)), by_hand(256, 16, 256, 2, kL3), 0.01 * 6017);
+  EXPECT_NEAR(double(pass_tokens(official, 4, 4, kL3)), by_hand(256, 16, 256, 4, kL3), 0.01 * 2894);
+  // base-long: 14.2 MB of bfloat16 weights a layer leave room for 210 tokens: no passes.
+  EXPECT_NEAR(by_hand(768, 12, 3072, 2, kL3), 210, 1);
+  EXPECT_EQ(pass_tokens(base_long, 0, 2, kL3), 0);
+  EXPECT_EQ(pass_tokens(base_long, 0, 4, kL3), 0);
+  // In a cache twelve times the size (glibc's figure for this whole Zen 5 package), 15,133.
+  EXPECT_NEAR(double(pass_tokens(base_long, 0, 2, 12 * kL3)), by_hand(768, 12, 3072, 2, 12 * kL3),
+              0.01 * 15133);
+  EXPECT_EQ(pass_tokens(official, 4, 2, 0), 0) << "an unknown cache: no passes";
+  EXPECT_EQ(pass_tokens(official, 4, 2, 1 << 20), 0) << "1 MiB holds a layer's weights only";
+}
+
+// The CPU engine's passes are sized to the last-level cache sysfs names (cpu_ops.h).
+TEST(LastLevelCacheTest, HighestDataOrUnifiedLevelFromSysfs) {
+  test::TempDir dir;
+  auto cache = [&](int index, const char* level, const char* type, const char* size) {
+    const auto d = dir.path() / "cache" / ("index" + std::to_string(index));
+    std::filesystem::create_directories(d);
+    std::ofstream(d / "level") << level << "\n";
+    std::ofstream(d / "type") << type << "\n";
+    std::ofstream(d / "size") << size << "\n";
+  };
+  EXPECT_EQ(last_level_cache_bytes(dir.path().string()), 0u) << "no cache directories";
+  cache(0, "1", "Data", "48K");
+  cache(1, "1", "Instruction", "32K");
+  cache(2, "2", "Unified", "1024K");
+  EXPECT_EQ(last_level_cache_bytes(dir.path().string()), 1024u << 10);
+  cache(3, "3", "Unified", "32768K");
+  EXPECT_EQ(last_level_cache_bytes(dir.path().string()), 32u << 20);
+  cache(4, "4", "Instruction", "64M");  // not a data cache
+  EXPECT_EQ(last_level_cache_bytes(dir.path().string()), 32u << 20);
 }
 
 TEST_F(EngineTest, LogitsOfAModelWithoutHeadAreEmpty) {

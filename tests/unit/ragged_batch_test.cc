@@ -203,6 +203,58 @@ TEST(RaggedBatchTest, AddPacksSequences) {
   EXPECT_THAT(batch.cu_seqlens, ElementsAre(0, 1));
 }
 
+// A pass of the forward graph (workspace.h) is sequences first .. last-1 of a batch as a batch of
+// their own: rows, input embeddings and spans renumbered from the first's first row.
+TEST(RaggedBatchTest, SequencesMakeABatchOfTheirOwn) {
+  const ModelConfig c = small_config();
+  const std::vector<int32_t> a = {5, 0, 3};
+  const std::vector<float> e = {1, 2, 3, 4, 5, 6, 7, 8};  // 2 rows
+  const std::vector<int32_t> b = {9, 8, 7, 6, 0};
+  const std::vector<float> e2 = {-1, -2, -3, -4};  // 1 row
+  const std::vector<TokenSpan> a_spans = {{0, 2}}, b_spans = {{1, 4}, {0, 5}};
+  RaggedBatch batch;
+  batch.add(SequenceInput{a, {}, a_spans}, c);
+  batch.add(embeddings(e), c);
+  batch.add(SequenceInput{b, {}, b_spans}, c);
+  batch.add(embeddings(e2), c);
+  ASSERT_THAT(batch.spans.size(), 3u);
+
+  const RaggedBatch middle = batch.sequences(1, 3, c.hidden_size);
+  EXPECT_EQ(middle.num_sequences(), 2);
+  EXPECT_THAT(middle.cu_seqlens, ElementsAre(0, 2, 7));
+  EXPECT_THAT(middle.token_ids, ElementsAre(kEmbeddingRow, kEmbeddingRow, 9, 8, 7, 6, 0));
+  EXPECT_THAT(middle.embedding_index, ElementsAre(0, 1, -1, -1, -1, -1, -1));
+  EXPECT_THAT(middle.input_embeddings, ElementsAreArray(e));
+  EXPECT_THAT(middle.position_ids, ElementsAre(0, 1, 0, 1, 2, 3, 4));
+  EXPECT_THAT(middle.mask, ElementsAre(1, 1, 1, 1, 1, 1, 0));
+  EXPECT_THAT(middle.span_first, ElementsAre(0, 0, 2));  // b's spans, from row 2
+  ASSERT_EQ(middle.spans.size(), 2u);
+  EXPECT_EQ(middle.spans[0].begin, 3);
+  EXPECT_EQ(middle.spans[0].end, 6);
+  EXPECT_EQ(middle.spans[1].begin, 2);
+  EXPECT_EQ(middle.spans[1].end, 7);
+
+  // The last alone: its embedding row renumbered to 0; the first alone: no embeddings.
+  const RaggedBatch last = batch.sequences(3, 4, c.hidden_size);
+  EXPECT_THAT(last.cu_seqlens, ElementsAre(0, 1));
+  EXPECT_THAT(last.embedding_index, ElementsAre(0));
+  EXPECT_THAT(last.input_embeddings, ElementsAreArray(e2));
+  EXPECT_THAT(last.span_first, ElementsAre(0, 0));
+  const RaggedBatch first = batch.sequences(0, 1, c.hidden_size);
+  EXPECT_THAT(first.token_ids, ElementsAre(5, 0, 3));
+  EXPECT_THAT(first.mask, ElementsAre(1, 0, 1));
+  EXPECT_TRUE(first.input_embeddings.empty());
+  EXPECT_THAT(first.span_first, ElementsAre(0, 1));
+  ASSERT_EQ(first.spans.size(), 1u);
+  EXPECT_EQ(first.spans[0].end, 2);
+  // All of them: the batch itself.
+  const RaggedBatch all = batch.sequences(0, 4, c.hidden_size);
+  EXPECT_EQ(all.cu_seqlens, batch.cu_seqlens);
+  EXPECT_EQ(all.embedding_index, batch.embedding_index);
+  EXPECT_EQ(all.input_embeddings, batch.input_embeddings);
+  EXPECT_EQ(all.span_first, batch.span_first);
+}
+
 TEST(RaggedBatchTest, MaskUsesConfiguredPadId) {
   ModelConfig c = small_config();
   c.pad_token_id = 3;

@@ -3,6 +3,7 @@
 #include <algorithm>
 #include <cmath>
 #include <cstring>
+#include <fstream>
 #include <limits>
 #include <type_traits>
 
@@ -557,6 +558,32 @@ void CpuOps::download(const Mat& src, float* dst) {
     download_rows<uint16_t>(src, dst);
   else
     download_rows<float>(src, dst);
+}
+
+size_t last_level_cache_bytes(const std::string& sysfs_cpu) {
+  int best_level = 0;
+  size_t best = 0;
+  for (int index = 0;; ++index) {
+    const std::string dir = sysfs_cpu + "/cache/index" + std::to_string(index) + "/";
+    std::ifstream level_file(dir + "level"), type_file(dir + "type"), size_file(dir + "size");
+    if (!level_file) break;
+    int level = 0;
+    std::string type, size;
+    level_file >> level;
+    type_file >> type;
+    size_file >> size;  // "32768K"
+    if (type == "Instruction" || size.empty()) continue;
+    size_t bytes = 0;
+    try {
+      bytes = std::stoull(size);
+    } catch (const std::exception&) {
+      continue;
+    }
+    const char unit = size.back();
+    bytes <<= unit == 'K' ? 10 : unit == 'M' ? 20 : unit == 'G' ? 30 : 0;
+    if (level > best_level) best_level = level, best = bytes;
+  }
+  return best;
 }
 
 }  // namespace fastformer::engine

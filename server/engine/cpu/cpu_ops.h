@@ -42,6 +42,13 @@ enum class CpuDtype {
 // kernel takes the shapes it supports (K a multiple of 32); oneDNN keeps the others.
 enum class Bf16Gemm { kOnednn, kAmx, kAmxModel };
 
+// The last-level cache the CPU's first core shares with others (Linux's sysfs: the size of
+// its highest-level data or unified cache), which sizes the CPU engine's passes
+// (pass_tokens, workspace.h); 0 where sysfs does not say. Not sysconf(_SC_LEVEL3_CACHE_SIZE):
+// on AMD glibc reports the whole package's L3 there (384 MiB on a Zen 5 guest whose cores
+// share 32).
+size_t last_level_cache_bytes(const std::string& sysfs_cpu = "/sys/devices/system/cpu/cpu0");
+
 class CpuOps final : public Ops, public OpsReport {
  public:
   // `threads` workers share every pass.
