@@ -187,23 +187,15 @@ std::vector<EncodedSequence> ForwardEngine::encode(const RaggedBatch& batch,
     if (pass_tokens_ <= 0 || batch.num_tokens() <= pass_tokens_) {
       out = run(batch, options);
     } else {
-      // Passes of whole sequences, in order, of about equal size: each takes sequences until
-      // it holds the batch's share of as few passes as pass_tokens_ allows, never more than
-      // pass_tokens_ (but always one sequence).
-      auto length = [&](int32_t b) {
-        return batch.cu_seqlens[size_t(b) + 1] - batch.cu_seqlens[size_t(b)];
-      };
-      const int64_t T = batch.num_tokens(), passes = (T + pass_tokens_ - 1) / pass_tokens_;
-      const int64_t share = (T + passes - 1) / passes;
-      for (int32_t first = 0, last = 0; first < B; first = last) {
-        int64_t tokens = length(last++);
-        while (last < B && tokens < share && tokens + length(last) <= pass_tokens_)
-          tokens += length(last++);
+      // Passes of whole sequences (plan_passes, workspace.h): sequences ends[i-1] .. ends[i]-1.
+      plan_passes(batch, pass_tokens_, pass_ends_);
+      for (int32_t first = 0; const int32_t last : pass_ends_) {
         const RaggedBatch part = batch.sequences(first, last, model_->config().hidden_size);
         std::vector<EncodedSequence> encoded =
             run(part, options.size() == 1 ? options
                                           : options.subspan(size_t(first), size_t(last - first)));
         std::move(encoded.begin(), encoded.end(), std::back_inserter(out));
+        first = last;
       }
     }
     if (profiling_) profiling_->end_batch();

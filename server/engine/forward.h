@@ -72,8 +72,9 @@ class ForwardEngine final : public Engine {
   std::unique_ptr<Ops> ops_;
   OpsReport* report_;  // the ops' own report (the CPU ops'), or null
   int64_t max_batch_tokens_;
-  int64_t pass_tokens_;        // a batch of more tokens runs in passes of whole sequences
-  size_t reserved_bytes_ = 0;  // the workspace reserved for the largest batch
+  int64_t pass_tokens_;             // a batch of more tokens runs in passes of whole sequences
+  std::vector<int32_t> pass_ends_;  // the current batch's passes (plan_passes)
+  size_t reserved_bytes_ = 0;       // the workspace reserved for the largest batch
   PoolingChunks chunks_;  // the current batch's; kept so asynchronous copies read stable memory
   // The current batch's spans per pooling mode (kModel, kMean) and each plan row's span.
   PoolingChunks span_chunks_[2];

@@ -60,6 +60,22 @@ int64_t pass_tokens(const ModelConfig& c, int64_t num_labels, size_t element_siz
   return tokens >= kMinPassTokens ? tokens : 0;
 }
 
+void plan_passes(const RaggedBatch& batch, int64_t pass_tokens, std::vector<int32_t>& ends) {
+  ends.clear();
+  const int32_t B = batch.num_sequences();
+  const int64_t T = batch.num_tokens(), limit = std::max<int64_t>(pass_tokens, 1);
+  const int64_t passes = std::max<int64_t>((T + limit - 1) / limit, 1);
+  const int64_t share = (T + passes - 1) / passes;
+  auto length = [&](int32_t b) {
+    return int64_t(batch.cu_seqlens[size_t(b) + 1] - batch.cu_seqlens[size_t(b)]);
+  };
+  for (int32_t last = 0; last < B;) {
+    int64_t tokens = length(last++);
+    while (last < B && tokens < share && tokens + length(last) <= limit) tokens += length(last++);
+    ends.push_back(last);
+  }
+}
+
 void plan_chunks(const RaggedBatch& batch, PoolingChunks& chunks) {
   chunks.begin.clear();
   chunks.end.clear();

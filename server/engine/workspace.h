@@ -94,6 +94,12 @@ inline constexpr int64_t kMinPassTokens = 1024;
 int64_t pass_tokens(const ModelConfig& config, int64_t num_labels, size_t element_size,
                     size_t cache_bytes);
 
+// A batch's passes, in order: pass i is sequences ends[i-1] (0 for the first) .. ends[i]-1.
+// As few passes as `pass_tokens` allows, of about equal size: each takes sequences until it
+// holds the batch's share, never more than pass_tokens (but always one sequence). So 8,192
+// tokens at a limit of 6,006 are two passes of about 4,096, not 6,006 and 2,186.
+void plan_passes(const RaggedBatch& batch, int64_t pass_tokens, std::vector<int32_t>& ends);
+
 // The pooling chunks of a batch: each sequence's tokens in consecutive chunks of at most
 // kernels::kChunkTokens, in sequence order.
 struct PoolingChunks {

@@ -735,6 +735,39 @@ TEST(PassTokensTest, HalfTheCacheHoldsAPassAndALayersWeights) {
   EXPECT_EQ(pass_tokens(official, 4, 2, 1 << 20), 0) << "1 MiB holds a layer's weights only";
 }
 
+// plan_passes (workspace.h): as few passes as the limit allows, of about equal size, whole
+// sequences in order.
+TEST(PlanPassesTest, AsFewPassesAsTheLimitAllowsOfAboutEqualSize) {
+  ModelConfig c;
+  c.hidden_size = 4, c.num_attention_heads = 2, c.intermediate_size = 8;
+  c.num_hidden_layers = 1, c.max_position_embeddings = 10000, c.vocab_size = 10;
+  auto batch_of = [&](std::vector<int32_t> lengths) {
+    RaggedBatch batch;
+    for (int32_t n : lengths) {
+      const std::vector<int32_t> ids(size_t(n), 1);
+      batch.add(SequenceInput{ids, {}}, c);
+    }
+    return batch;
+  };
+  std::vector<int32_t> ends;
+  // 8 x 100 tokens at a limit of 600: two passes of 400 (filling to 600 would leave 200).
+  plan_passes(batch_of(std::vector<int32_t>(8, 100)), 600, ends);
+  EXPECT_THAT(ends, ::testing::ElementsAre(4, 8));
+  // 8,192 tokens in 32 sequences of 256 at a limit of 6,006: 16 and 16, not 23 and 9.
+  plan_passes(batch_of(std::vector<int32_t>(32, 256)), 6006, ends);
+  EXPECT_THAT(ends, ::testing::ElementsAre(16, 32));
+  // A sequence over the limit is a pass of its own; the others still share theirs.
+  plan_passes(batch_of({1, 5, 300, 513, 7}), 300, ends);
+  EXPECT_THAT(ends, ::testing::ElementsAre(2, 3, 4, 5));
+  // Within the limit: one pass.
+  plan_passes(batch_of({10, 20, 30}), 60, ends);
+  EXPECT_THAT(ends, ::testing::ElementsAre(3));
+  // The share is a target, the limit a bound: 3 x 200 at a limit of 350 (a share of 300) are
+  // three passes, as no two sequences fit 350.
+  plan_passes(batch_of({200, 200, 200}), 350, ends);
+  EXPECT_THAT(ends, ::testing::ElementsAre(1, 2, 3));
+}
+
 // The CPU engine's passes are sized to the last-level cache sysfs names (cpu_ops.h).
 TEST(LastLevelCacheTest, HighestDataOrUnifiedLevelFromSysfs) {
   test::TempDir dir;
