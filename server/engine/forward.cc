@@ -110,6 +110,12 @@ ForwardEngine::ForwardEngine(std::shared_ptr<const Model> model, std::unique_ptr
                                                max_batch_tokens_, ops_->element_size());
   ops_->reserve(largest);
   reserved_bytes_ = largest.bytes;
+  // A batch's passes (workspace.h) touch at most the plan of pass_tokens_ one-token sequences.
+  if (pass_tokens_ > 0) {
+    ops_->prefault(
+        plan_workspace(c, model_->num_labels(), pass_tokens_, pass_tokens_, ops_->element_size())
+            .bytes);
+  }
 } catch (...) {
   rethrow_as_engine_error();
 }

@@ -19,6 +19,7 @@ class ForwardingOps : public Ops {
   size_t uploaded_element_size() const override { return inner_.uploaded_element_size(); }
   const void* upload(std::span<const float> host) override { return inner_.upload(host); }
   void reserve(const WorkspacePlan& largest) override { inner_.reserve(largest); }
+  void prefault(size_t bytes) override { inner_.prefault(bytes); }
   void* workspace() override { return inner_.workspace(); }
   BatchRef begin_batch(const RaggedBatch& batch, const WorkspacePlan& plan,
                        const PoolingChunks& chunks) override {

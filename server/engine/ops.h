@@ -71,6 +71,12 @@ class Ops {
   // (workspace.h), and sizes by it whatever per-batch memory of its own the ops keep. The
   // forward graph calls it once, before the first batch.
   virtual void reserve(const WorkspacePlan& largest) = 0;
+  // Makes the first `bytes` of the workspace resident now, so that the memory the engine holds
+  // is steady from its first batch: the forward graph calls it, after reserve(), with its
+  // largest pass when it runs batches in passes (workspace.h), whose buffers every busy
+  // minute touches, while the largest batch is reserved for the rare long sequence. A no-op
+  // where reserve() makes the workspace resident (device memory).
+  virtual void prefault(size_t bytes) { (void)bytes; }
   // The workspace's first byte: every buffer of a plan lies at its offset from here.
   virtual void* workspace() = 0;
 

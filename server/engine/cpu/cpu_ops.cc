@@ -142,6 +142,11 @@ void CpuOps::reserve(const WorkspacePlan& largest) {
   // Left uninitialised: untouched pages cost no memory. Aligned as the plan's offsets are.
   arena_.reset(static_cast<std::byte*>(
       ::operator new (std::max<size_t>(largest.bytes, 1), std::align_val_t{kWorkspaceAlignment})));
+  reserved_bytes_ = largest.bytes;
+}
+
+void CpuOps::prefault(size_t bytes) {
+  std::memset(arena_.get(), 0, std::min(bytes, reserved_bytes_));
 }
 
 BatchRef CpuOps::begin_batch(const RaggedBatch& batch, const WorkspacePlan& plan,

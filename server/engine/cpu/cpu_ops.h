@@ -59,6 +59,7 @@ class CpuOps final : public Ops, public OpsReport {
   size_t uploaded_element_size() const override { return sizeof(float); }  // used in place
   const void* upload(std::span<const float> host) override;
   void reserve(const WorkspacePlan& largest) override;
+  void prefault(size_t bytes) override;  // touches the pages (the arena is left untouched)
   void* workspace() override { return arena_.get(); }
   BatchRef begin_batch(const RaggedBatch& batch, const WorkspacePlan& plan,
                        const PoolingChunks& chunks) override;
@@ -194,6 +195,7 @@ class CpuOps final : public Ops, public OpsReport {
     }
   };
   std::unique_ptr<std::byte, AlignedDelete> arena_;
+  size_t reserved_bytes_ = 0;  // the arena's size
 
   // The current batch, as begin_batch received it.
   const RaggedBatch* batch_ = nullptr;
