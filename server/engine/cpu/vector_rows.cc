@@ -743,30 +743,24 @@ FF_INLINE void pool_chunk_impl(const S* scores, int64_t score_ld, int64_t heads,
       const E* xh = values + t0 * values_ld + h * d;
       float* vh = v + h * d;
       const uint8_t* mh = mask + t0;
+      auto sum = [&]<int DV>() {
+        if (grouped)
+          weighted_sum_heads<V, DV, kBlock / DV>(wh, len, xh, values_ld, mh, n, d, vh, ahead);
+        else
+          weighted_sum_heads<V, DV, 1>(wh, len, xh, values_ld, mh, n, d, vh, ahead);
+      };
       switch (in_registers ? dv : 0) {
         case 1:
-          if (grouped)
-            weighted_sum_heads<V, 1, kBlock>(wh, len, xh, values_ld, mh, n, d, vh, ahead);
-          else
-            weighted_sum_heads<V, 1, 1>(wh, len, xh, values_ld, mh, n, d, vh, ahead);
+          sum.template operator()<1>();
           break;
         case 2:
-          if (grouped)
-            weighted_sum_heads<V, 2, kBlock / 2>(wh, len, xh, values_ld, mh, n, d, vh, ahead);
-          else
-            weighted_sum_heads<V, 2, 1>(wh, len, xh, values_ld, mh, n, d, vh, ahead);
+          sum.template operator()<2>();
           break;
         case 4:
-          if (grouped)
-            weighted_sum_heads<V, 4, kBlock / 4>(wh, len, xh, values_ld, mh, n, d, vh, ahead);
-          else
-            weighted_sum_heads<V, 4, 1>(wh, len, xh, values_ld, mh, n, d, vh, ahead);
+          sum.template operator()<4>();
           break;
         case 8:
-          if (grouped)
-            weighted_sum_heads<V, 8, kBlock / 8>(wh, len, xh, values_ld, mh, n, d, vh, ahead);
-          else
-            weighted_sum_heads<V, 8, 1>(wh, len, xh, values_ld, mh, n, d, vh, ahead);
+          sum.template operator()<8>();
           break;
         default:
           weighted_sum(wh, xh, values_ld, n, d, vh);
