@@ -339,6 +339,31 @@ TEST_P(VectorRowsTest, TanhDot) {
   }
 }
 
+// The pooler's scores over strided rows (lde > D), with the bias: each row's z against tanh in
+// double; the rows of x it fetches are any rows (here, unaligned to the cache's lines).
+TEST_P(VectorRowsTest, TanhScoresRowByRow) {
+  for (const int64_t D : {771, 256, 5}) {
+    SCOPED_TRACE("D " + std::to_string(D));
+    const int64_t n = 37, lde = D + 9, ldx = D + 3;
+    const auto e = random_floats(size_t(n * lde), -4, 4, 19),
+               w = random_floats(size_t(D), -1, 1, 20);
+    const auto x = random_floats(size_t(n * ldx + 1), -1, 1, 21);
+    const auto e16 = to_bf16(e), x16 = to_bf16(x);
+    std::vector<float> z(static_cast<size_t>(n)), z16(static_cast<size_t>(n));
+    tanh_scores(isa(), e.data(), lde, n, w.data(), 0.25f, D, z.data(), x.data() + 1, ldx);
+    tanh_scores(isa(), e16.data(), lde, n, w.data(), 0.25f, D, z16.data(), x16.data() + 1, ldx);
+    for (int64_t t = 0; t < n; ++t) {
+      double want = 0.25, want16 = 0.25;
+      for (int64_t j = 0; j < D; ++j) {
+        want += std::tanh(double(e[size_t(t * lde + j)])) * w[size_t(j)];
+        want16 += std::tanh(double(bfloat16_to_float(e16[size_t(t * lde + j)]))) * w[size_t(j)];
+      }
+      EXPECT_NEAR(z[size_t(t)], want, 1e-6 * double(D)) << "row " << t;
+      EXPECT_NEAR(z16[size_t(t)], want16, 1e-6 * double(D)) << "row " << t;
+    }
+  }
+}
+
 // tanh lane by lane (a one-hot weight picks one lane of a 64-wide row: the four-vector steps),
 // over [-20, 20] (past the clamp on both sides, and its edge), against std::tanh in double:
 // within 3e-7 absolute, as vector_math.h states. A NaN lane gives a NaN.

@@ -478,18 +478,34 @@ void CpuOps::bias_residual_layernorm(const Mat& c, const void* bias, const Mat& 
 }
 
 template <class E>
-void CpuOps::attention_pool_rows(const BatchRef& ref, const Mat& e, const WeightRef& fc2,
-                                 const Mat& x, Mat pooled) {
+void CpuOps::attention_pool_rows(const BatchRef&, const Mat& e, const WeightRef& fc2, const Mat& x,
+                                 Mat pooled) {
   const int64_t D = config_.hidden_size;
   const float* w2 = f(fc2.weight);
   const float b2 = f(fc2.bias)[0];
   float* z = token_scores_;
-  pool_.parallel_for(ref.num_tokens, kRowGrain, [&](int64_t begin, int64_t end) {
-    for (int64_t t = begin; t < end; ++t) z[t] = rows::tanh_dot(isa_, row_of<E>(e, t), w2, D) + b2;
-  });
   // w_t = m_t exp(z_t) / (sum_u m_u exp(z_u) + 1e-8), as a stable softmax: the 1e-8 term
   // becomes 1e-8 exp(-M) after subtracting the max M, so results equal the reference.
-  pool_chunks(z, 1, x, *chunks_, partials_, Combine<E>{1, pooled, nullptr, 1e-8f});
+  const Combine<E> how{1, pooled, nullptr, 1e-8f};
+  // One pass per chunk: its scores (the tanh, arithmetic-bound, fetching the chunk's rows of X
+  // as it goes), then its softmax partials over those rows, now in cache; the scores stay in
+  // token_scores_ for span_pool.
+  const PoolingChunks& plan = *chunks_;
+  pool_.parallel_for(plan.count(), 1, [&](int64_t first, int64_t last) {
+    thread_local std::vector<float> scratch;
+    for (int64_t c = first; c < last; ++c) {
+      const int32_t begin = plan.begin[size_t(c)], end = plan.end[size_t(c)];
+      const int64_t len = end - begin;
+      rows::tanh_scores(isa_, row_of<E>(e, begin), e.ld, len, w2, b2, D, z + begin,
+                        row_of<E>(x, begin), x.ld);
+      scratch.resize(size_t(rows::pool_scratch_floats(1, len, D)));
+      rows::pool_chunk(isa_, z + begin, 1, 1, row_of<E>(x, begin), x.ld, D,
+                       batch_->mask.data() + begin, len, partials_.m + c, partials_.l + c,
+                       partials_.v + c * D, scratch.data(), /*values_cached=*/true);
+      finish_single(how, c, plan, partials_);
+    }
+  });
+  combine(how, plan, partials_);
 }
 
 template <class E>
