@@ -11,6 +11,7 @@
 #include <iostream>
 #include <limits>
 #include <nlohmann/json.hpp>
+#include <stdexcept>
 #include <string>
 #include <thread>
 #include <vector>
@@ -71,7 +72,10 @@ void print_profile(const nlohmann::ordered_json& rows, const nlohmann::ordered_j
   std::snprintf(line, sizeof line, "%-20s %5s %6s %10s %12s %12s %9s %8s %7s %9s %9s %8s %8s  %s\n",
                 "op", "layer", "calls", "ms", "MB", "GFLOP", "GB/s", "TFLOP/s", "share", "ceiling",
                 "bound ms", "x bound", "of peak", "kernel");
-  out << "profile (per batch; ceiling: the GEMM probe's N-thread TFLOP/s for the op's shape";
+  const size_t rounds =
+      rows.empty() || !rows[0].contains("ms_rounds") ? 1 : rows[0]["ms_rounds"].size();
+  out << "profile (per batch, the median of " << rounds
+      << " rounds; ceiling: the GEMM probe's N-thread TFLOP/s for the op's shape";
   if (!roofline.is_null()) {
     out << "; bound: the larger of bytes / copy rate and FLOPs / multiply-add peak, for ops "
            "other than GEMMs; of peak: a GEMM's share of the hardware's peak)\n"
@@ -207,6 +211,7 @@ struct BenchOptions {
   bool json_output = false;                     ///< --json
   bool print_workload = false;                  ///< --print-workload
   bool profile = false;                         ///< --profile
+  int profile_rounds = 3;                       ///< --profile-rounds
   bool gemm_probe = false;                      ///< --gemm-probe
 };
 
@@ -243,6 +248,12 @@ void add_flags(CLI::App& app, BenchOptions* o) {
       "--profile", o->profile,
       "after the timed run, time every op of the forward over one pass of the pool (CUDA events on "
       "a GPU, the wall clock on the CPU): a \"profile\" array in the JSON, a table on stderr");
+  app.add_option("--profile-rounds", o->profile_rounds,
+                 "--profile: passes over the pool, each timed on its own; each op's time is the "
+                 "median of its rounds (one round's stall, the host taking the CPU, moves no row), "
+                 "every round's kept in the JSON as ms_rounds")
+      ->check(CLI::PositiveNumber)
+      ->capture_default_str();
   app.add_flag("--gemm-probe", o->gemm_probe,
                "CPU engine: after the timed run, time oneDNN's packed fixed-M primitive alone on "
                "each GEMM shape the model ran (M = the largest batch), on 1 and on --threads "
@@ -427,16 +438,46 @@ void add_bounds(nlohmann::ordered_json& row, const nlohmann::ordered_json& roofl
   row["of_bound"] = row["ms"].get<double>() / bound;
 }
 
-// --profile: one more pass over the pool with every op timed, apart from the timed run so the
-// timestamps between ops cost it nothing; each GEMM op's share of its probed ceiling, if any.
+// Each op's time per batch, the median of the rounds' (every round issues the same rows in the
+// same order; an even count takes the mean of the middle two).
+std::vector<engine::OpProfile> median_rounds(const std::vector<std::vector<engine::OpProfile>>& r,
+                                             std::vector<std::vector<double>>* ms_rounds) {
+  std::vector<engine::OpProfile> out = r.front();
+  ms_rounds->assign(out.size(), {});
+  for (size_t i = 0; i < out.size(); ++i) {
+    std::vector<double> ms;
+    for (const auto& round : r) {
+      if (round.size() != out.size() || round[i].name != out[i].name ||
+          round[i].layer != out[i].layer)
+        throw std::runtime_error("--profile-rounds: the rounds issued different ops");
+      ms.push_back(round[i].ms);
+    }
+    (*ms_rounds)[i] = ms;
+    std::sort(ms.begin(), ms.end());
+    const size_t n = ms.size();
+    out[i].ms = n % 2 == 1 ? ms[n / 2] : (ms[n / 2 - 1] + ms[n / 2]) / 2;
+  }
+  return out;
+}
+
+// --profile: more passes over the pool (--profile-rounds) with every op timed, apart from the
+// timed run so the timestamps between ops cost it nothing; each op's median over the rounds,
+// and each GEMM op's share of its probed ceiling, if any.
 nlohmann::ordered_json run_profile(engine::Engine& eng,
-                                   const std::vector<engine::RaggedBatch>& batches,
+                                   const std::vector<engine::RaggedBatch>& batches, int rounds,
                                    const nlohmann::ordered_json& probe_rows,
                                    const nlohmann::ordered_json& roofline) {
   const OutputOptions out_options;
-  eng.set_profiling(true);
-  for (const auto& batch : batches) eng.encode(batch, {&out_options, 1});
-  nlohmann::ordered_json rows = profile_rows(eng.profile());
+  std::vector<std::vector<engine::OpProfile>> each;
+  for (int r = 0; r < rounds; ++r) {
+    eng.set_profiling(true);
+    for (const auto& batch : batches) eng.encode(batch, {&out_options, 1});
+    each.push_back(eng.profile());
+    eng.set_profiling(false);
+  }
+  std::vector<std::vector<double>> ms_rounds;
+  nlohmann::ordered_json rows = profile_rows(median_rounds(each, &ms_rounds));
+  for (size_t i = 0; i < rows.size(); ++i) rows[i]["ms_rounds"] = ms_rounds[i];
   for (auto& row : rows) {
     for (const auto& p : probe_rows) {
       if (p["name"] == row["name"] && p["gflops_n_threads"].get<double>() > 0) {
@@ -447,7 +488,6 @@ nlohmann::ordered_json run_profile(engine::Engine& eng,
     if (!roofline.is_null()) add_bounds(row, roofline);
   }
   print_profile(rows, roofline, std::cerr);
-  eng.set_profiling(false);
   return rows;
 }
 
@@ -492,7 +532,9 @@ int run(const BenchOptions& options, const LengthSpec& lengths) {
       return 2;
     if (!probe_rows.is_null()) result["gemm_probe"] = probe_rows;
   }
-  if (options.profile) result["profile"] = run_profile(*eng, ragged.batches, probe_rows, roofline);
+  if (options.profile)
+    result["profile"] =
+        run_profile(*eng, ragged.batches, options.profile_rounds, probe_rows, roofline);
   if (options.json_output) {
     std::cout << result.dump() << "\n";
   } else {

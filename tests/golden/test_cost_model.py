@@ -32,3 +32,7 @@ def test_profile_rows_are_the_cost_models_formulas(tmp_path, golden):
         assert row["bytes"] == bytes_, (name, layer)
         assert row["flops"] == flops, (name, layer)
     assert abs(sum(r["share"] for r in profile) - 1) < 1e-9
+    # --profile-rounds' default: three passes, each op's time the median of its three.
+    for row in profile:
+        assert len(row["ms_rounds"]) == 3, row["name"]
+        assert row["ms"] == sorted(row["ms_rounds"])[1], (row["name"], row["layer"])
