@@ -53,7 +53,7 @@ class StreamReactor final
         reads_done_ = true;
         step = next_step_locked();
       }
-      run(step);  // may end the call: nothing touches `this` after it
+      run(this, step);  // may end the call: nothing touches `this` after it
       return;
     }
     const auto start = Clock::now();
@@ -97,7 +97,7 @@ class StreamReactor final
       writing_ = false;
       step = next_step_locked();
     }
-    run(step);
+    run(this, step);
   }
 
   void OnCancel() override { cancelled_.store(true); }
@@ -135,14 +135,19 @@ class StreamReactor final
   }
 
   // Outside the lock, as the caller's last action: Finish may run OnDone (delete this) on
-  // another thread at once.
-  void run(const Step& step) {
+  // another thread at once. Static, and touching nothing for an empty step: once the lock is
+  // released with nothing left to do here, another thread may already have written the last
+  // answer, ended the call and deleted the reactor, so not even a member call may follow (the
+  // sanitizers' e2e run caught queue_answer calling a member run() on a deleted reactor). A
+  // step that does something keeps the reactor alive: its write holds writing_, its finish
+  // is this thread's alone, and its read means the reads are not done.
+  static void run(StreamReactor* self, const Step& step) {
     if (step.read)
-      this->StartRead(&incoming_);  // never with finish: reads are not done while paused
+      self->StartRead(&self->incoming_);  // never with finish: reads are not done while paused
     if (step.write != nullptr)
-      this->StartWrite(step.write);
+      self->StartWrite(step.write);
     else if (step.finish)
-      this->Finish(grpc::Status::OK);
+      self->Finish(grpc::Status::OK);
   }
 
   // Queues the answer to one message.
@@ -154,7 +159,7 @@ class StreamReactor final
       if (!broken_) writes_.push_back(std::move(response));
       step = next_step_locked();
     }
-    run(step);
+    run(this, step);
   }
 
   Protocol* protocol_;
