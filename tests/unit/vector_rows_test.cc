@@ -323,6 +323,14 @@ TEST_P(VectorRowsTest, PoolChunkFloatAndBfloat16) {
   }
 }
 
+// One row's score through tanh_scores, no bias (the row of x it fetches: e's own).
+template <class E>
+float tanh_dot(Isa isa, const E* e, const float* w, int64_t D) {
+  float z = 0;
+  tanh_scores(isa, e, D, 1, w, 0.0f, D, &z, e, D);
+  return z;
+}
+
 // Lengths with and without the four-vector steps' remainder and a scalar tail.
 TEST_P(VectorRowsTest, TanhDot) {
   for (const int64_t D : {771, 800, 256, 5}) {

@@ -258,8 +258,8 @@ void CpuOps::linear_bf16(const Mat& a, const WeightRef& w, Mat c, Epilogue epilo
 
 template <class S, class E>
 void CpuOps::pool_chunks(const S* scores, int64_t score_ld, const Mat& values,
-                         const PoolingChunks& plan, const Partials& partials,
-                         const Combine<E>& how) {
+                         const PoolingChunks& plan, const Partials& partials, const Combine<E>& how,
+                         const std::function<void(int32_t, int64_t)>& score_chunk) {
   const RaggedBatch& batch = *batch_;
   const int64_t D = values.cols, heads = how.heads;
   const int64_t chunks = plan.count();
@@ -268,11 +268,12 @@ void CpuOps::pool_chunks(const S* scores, int64_t score_ld, const Mat& values,
     for (int64_t c = first; c < last; ++c) {
       const int32_t begin = plan.begin[size_t(c)], end = plan.end[size_t(c)];
       const int64_t len = end - begin;
+      if (score_chunk) score_chunk(begin, len);
       scratch.resize(size_t(rows::pool_scratch_floats(heads, len, D)));
       rows::pool_chunk(isa_, scores + int64_t(begin) * score_ld, score_ld, heads,
                        row_of<E>(values, begin), values.ld, D, batch.mask.data() + begin, len,
                        partials.m + c * heads, partials.l + c * heads, partials.v + c * D,
-                       scratch.data());
+                       scratch.data(), /*values_cached=*/bool(score_chunk));
       finish_single(how, c, plan, partials);
     }
   });
@@ -486,26 +487,14 @@ void CpuOps::attention_pool_rows(const BatchRef&, const Mat& e, const WeightRef&
   float* z = token_scores_;
   // w_t = m_t exp(z_t) / (sum_u m_u exp(z_u) + 1e-8), as a stable softmax: the 1e-8 term
   // becomes 1e-8 exp(-M) after subtracting the max M, so results equal the reference.
-  const Combine<E> how{1, pooled, nullptr, 1e-8f};
   // One pass per chunk: its scores (the tanh, arithmetic-bound, fetching the chunk's rows of X
-  // as it goes), then its softmax partials over those rows, now in cache; the scores stay in
+  // as it goes), then its partials over those rows, now in cache; the scores stay in
   // token_scores_ for span_pool.
-  const PoolingChunks& plan = *chunks_;
-  pool_.parallel_for(plan.count(), 1, [&](int64_t first, int64_t last) {
-    thread_local std::vector<float> scratch;
-    for (int64_t c = first; c < last; ++c) {
-      const int32_t begin = plan.begin[size_t(c)], end = plan.end[size_t(c)];
-      const int64_t len = end - begin;
-      rows::tanh_scores(isa_, row_of<E>(e, begin), e.ld, len, w2, b2, D, z + begin,
-                        row_of<E>(x, begin), x.ld);
-      scratch.resize(size_t(rows::pool_scratch_floats(1, len, D)));
-      rows::pool_chunk(isa_, z + begin, 1, 1, row_of<E>(x, begin), x.ld, D,
-                       batch_->mask.data() + begin, len, partials_.m + c, partials_.l + c,
-                       partials_.v + c * D, scratch.data(), /*values_cached=*/true);
-      finish_single(how, c, plan, partials_);
-    }
-  });
-  combine(how, plan, partials_);
+  pool_chunks(z, 1, x, *chunks_, partials_, Combine<E>{1, pooled, nullptr, 1e-8f},
+              [&](int32_t begin, int64_t len) {
+                rows::tanh_scores(isa_, row_of<E>(e, begin), e.ld, len, w2, b2, D, z + begin,
+                                  row_of<E>(x, begin), x.ld);
+              });
 }
 
 template <class E>

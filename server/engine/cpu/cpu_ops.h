@@ -14,6 +14,7 @@
 #include <chrono>
 #include <cstddef>
 #include <cstdint>
+#include <functional>
 #include <map>
 #include <memory>
 #include <new>
@@ -135,9 +136,12 @@ class CpuOps final : public Ops, public OpsReport {
   // `chunks` and `partials`: the batch's (chunks_, partials_) or a span plan's. A sequence of
   // one chunk is combined by the worker that pooled it (finish_single); combine() then does
   // the sequences of several chunks, in a pass of its own only when there are any.
+  // `score_chunk(begin, len)`, where given, writes the chunk's scores just before it is pooled
+  // and leaves its value rows in cache (the pooler's tanh scores), so they are not fetched ahead.
   template <class S, class E>
   void pool_chunks(const S* scores, int64_t score_ld, const Mat& values,
-                   const PoolingChunks& chunks, const Partials& partials, const Combine<E>& how);
+                   const PoolingChunks& chunks, const Partials& partials, const Combine<E>& how,
+                   const std::function<void(int32_t, int64_t)>& score_chunk = {});
   template <class E>
   void combine(const Combine<E>& how, const PoolingChunks& chunks, const Partials& partials);
   template <class E>

@@ -792,8 +792,8 @@ FF_INLINE void tanh_vectors(V* x) {
 // `fetch_lines` lines from `fetch` brought into the cache over the row's steps (the tanh is
 // arithmetic enough to hide them; the rest after the last step).
 template <class V, class E>
-FF_INLINE float tanh_dot_impl(const E* e, const float* w, int64_t D, const char* fetch = nullptr,
-                              int64_t fetch_lines = 0) {
+FF_INLINE float tanh_dot_impl(const E* e, const float* w, int64_t D, const char* fetch,
+                              int64_t fetch_lines) {
   constexpr int L = sizeof(V) / sizeof(float);
   constexpr int N = 4;  // vectors a step
   const int64_t Dn = D - D % (N * L), Dv = D - D % L;
@@ -933,10 +933,6 @@ FF_POOL(float, float)
 FF_POOL(float, uint16_t)
 FF_POOL(uint16_t, uint16_t)
 
-#define FF_TANH_DOT(E) \
-  FF_BUILDS(float, tanh_dot, (const E* e, const float* w, int64_t D), tanh_dot_impl, (e, w, D))
-FF_TANH_DOT(float)
-FF_TANH_DOT(uint16_t)
 #define FF_TANH_SCORES(E)                                                                         \
   FF_BUILDS(void, tanh_scores,                                                                    \
             (const E* e, int64_t lde, int64_t n, const float* w, float bias, int64_t D, float* z, \

@@ -97,10 +97,7 @@ void pool_chunk(Isa isa, const uint16_t* scores, int64_t score_ld, int64_t heads
                 int64_t len, float* m, float* l, float* v, float* scratch,
                 bool values_cached = false);
 
-// sum_j tanh(e_j) w_j: the pooler's score before its bias.
-float tanh_dot(Isa isa, const float* e, const float* w, int64_t D);
-float tanh_dot(Isa isa, const uint16_t* e, const float* w, int64_t D);
-// The pooler's scores of n rows, z_t = tanh_dot(e_t, w) + bias (e's row stride lde), with the
+// The pooler's scores of n rows, z_t = sum_j tanh(e_tj) w_j + bias (e's row stride lde), with the
 // rows of x (stride ldx, D values each) that the pooling reads next fetched into the cache as
 // they go: the tanh's arithmetic hides their memory time.
 void tanh_scores(Isa isa, const float* e, int64_t lde, int64_t n, const float* w, float bias,
