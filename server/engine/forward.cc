@@ -258,10 +258,8 @@ std::vector<EncodedSequence> ForwardEngine::run(const RaggedBatch& batch,
   for (size_t i = 0; i < layers_.size(); ++i) {
     const LayerRefs& l = layers_[i];
     const int n = int(i);
-    gemm("qks_gemm", n, x, l.query_key_scores, qks, Epilogue::kBias);      // Q, K, s
-    ops.query_pool(ref, s, q, pq);                                         // pq
-    ops.key_pool(ref, k, pq, l.key_att, pk);                               // pk
-    ops.mix(ref, q, pk, k);                                                // U = pk * Q, over K
+    gemm("qks_gemm", n, x, l.query_key_scores, qks, Epilogue::kBias);  // Q, K, s
+    ops.attention(ref, s, q, k, l.key_att, pq, pk, k);  // pq, pk, then U = pk * Q over K
     gemm("transform_gemm", n, k, l.transform, q, Epilogue::kAccumulate);   // A = Q + U Wt^T
     gemm("attn_out_gemm", n, q, l.attention_output, y, Epilogue::kStore);  // A Wo^T
     ops.bias_residual_layernorm(y, l.attention_output.bias, x, l.ln1_gamma, l.ln1_beta,

@@ -42,6 +42,11 @@ class ForwardingOps : public Ops {
   void mix(const BatchRef& batch, const Mat& q, const Mat& pk, Mat u) override {
     inner_.mix(batch, q, pk, u);
   }
+  void attention(const BatchRef& batch, const Mat& scores, const Mat& q, const Mat& k,
+                 const WeightRef& key_att, Mat pq, Mat pk, Mat u) override {
+    inner_.attention(batch, scores, q, k, key_att, pq, pk, u);
+  }
+  bool attention_in_one_pass() const override { return inner_.attention_in_one_pass(); }
   void bias_residual_layernorm(const Mat& c, const void* bias, const Mat& residual,
                                const void* gamma, const void* beta, double eps, Mat out) override {
     inner_.bias_residual_layernorm(c, bias, residual, gamma, beta, eps, out);

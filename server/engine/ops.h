@@ -107,6 +107,20 @@ class Ops {
   // U_t = pk * Q_t (pk of the token's sequence).
   virtual void mix(const BatchRef& batch, const Mat& q, const Mat& pk, Mat u) = 0;
 
+  // The layer's additive attention: query_pool, key_pool and mix above, in that order, with
+  // what each writes (pq, pk, then U over `u`). By default the three calls; an engine whose
+  // passes read memory may instead run all three sequence by sequence (attention_in_one_pass),
+  // so that a sequence's Q and K are fetched once and read again from its caches.
+  virtual void attention(const BatchRef& batch, const Mat& scores, const Mat& q, const Mat& k,
+                         const WeightRef& key_att, Mat pq, Mat pk, Mat u) {
+    query_pool(batch, scores, q, pq);
+    key_pool(batch, k, pq, key_att, pk);
+    mix(batch, q, pk, u);
+  }
+  // Whether attention() is one pass of the engine's own, not the three calls: the profile then
+  // times it as one op ("attention"), since its three parts interleave.
+  virtual bool attention_in_one_pass() const { return false; }
+
   // out = LN(c + bias + residual); `out` may alias `residual`.
   virtual void bias_residual_layernorm(const Mat& c, const void* bias, const Mat& residual,
                                        const void* gamma, const void* beta, double eps,

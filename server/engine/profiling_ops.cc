@@ -138,6 +138,21 @@ void ProfilingOps::mix(const BatchRef& batch, const Mat& q, const Mat& pk, Mat u
   inner_.mix(batch, q, pk, u);
 }
 
+void ProfilingOps::attention(const BatchRef& batch, const Mat& scores, const Mat& q, const Mat& k,
+                             const WeightRef& key_att, Mat pq, Mat pk, Mat u) {
+  if (!inner_.attention_in_one_pass()) {  // the three calls, each timed
+    Ops::attention(batch, scores, q, k, key_att, pq, pk, u);
+    return;
+  }
+  const size_t e = element_size();
+  const Cost parts[] = {cost::query_pool(batch, scores, q, e), cost::key_pool(batch, k, key_att, e),
+                        cost::mix(batch, q, e)};
+  Cost sum;
+  for (const Cost& part : parts) sum.bytes += part.bytes, sum.flops += part.flops;
+  issue("attention", layer_, sum);
+  inner_.attention(batch, scores, q, k, key_att, pq, pk, u);
+}
+
 void ProfilingOps::bias_residual_layernorm(const Mat& c, const void* bias, const Mat& residual,
                                            const void* gamma, const void* beta, double eps,
                                            Mat out) {

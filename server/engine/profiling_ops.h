@@ -46,6 +46,9 @@ class ProfilingOps final : public ForwardingOps {
   void key_pool(const BatchRef& batch, const Mat& k, const Mat& pq, const WeightRef& key_att,
                 Mat pk) override;
   void mix(const BatchRef& batch, const Mat& q, const Mat& pk, Mat u) override;
+  // One row, "attention", where the inner ops run it in one pass; else its three calls' rows.
+  void attention(const BatchRef& batch, const Mat& scores, const Mat& q, const Mat& k,
+                 const WeightRef& key_att, Mat pq, Mat pk, Mat u) override;
   void bias_residual_layernorm(const Mat& c, const void* bias, const Mat& residual,
                                const void* gamma, const void* beta, double eps, Mat out) override;
   void attention_pool(const BatchRef& batch, const Mat& e, const WeightRef& fc2, const Mat& x,

@@ -459,6 +459,33 @@ TEST_F(EngineTest, BatchInvariance) {
   }
 }
 
+// A batch of many sequences runs the attention sequence by sequence (attention_by_sequence):
+// a 300-token sequence of two chunks with an interior pad, a one-token one and 30 of 60..89
+// tokens, each against the double-precision reference.
+TEST_F(EngineTest, SequenceBySequenceAttentionMatchesTheReference) {
+  std::vector<Input> inputs;
+  inputs.push_back(ids_input(random_ids(300, 200, 0, 21)));
+  inputs[0].ids[280] = 0;
+  inputs.push_back(ids_input(random_ids(1, 200, 0, 22)));
+  for (int i = 0; i < 30; ++i) inputs.push_back(ids_input(random_ids(60 + i, 200, 0, 30 + i)));
+  std::vector<int32_t> offsets{0};
+  for (const Input& in : inputs)
+    offsets.push_back(offsets.back() + int32_t(sequence_length(in.view(), 32)));
+  ASSERT_TRUE(attention_by_sequence(offsets, 2));
+  OutputOptions o;
+  o.token_embeddings = true;
+  o.logits = true;
+  const auto out = encode(*cpu_engine(model_, 4096, 2), inputs, o);
+  ASSERT_EQ(out.size(), inputs.size());
+  for (size_t i = 0; i < inputs.size(); ++i) {
+    const Reference ref = reference_forward(*model_, inputs[i]);
+    const std::string what = "sequence " + std::to_string(i);
+    expect_close(out[i].embedding, ref.pooled, 1e-5, what + " pooled");
+    expect_close(out[i].token_embeddings, ref.tokens, 1e-5, what + " tokens");
+    expect_close(out[i].logits, ref.logits, 1e-5, what + " logits");
+  }
+}
+
 TEST_F(EngineTest, ThreadCountDoesNotChangeResults) {
   std::vector<Input> inputs;
   for (int64_t n : {3, 40, 600})

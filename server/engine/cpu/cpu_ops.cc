@@ -350,10 +350,7 @@ void CpuOps::query_pool(const BatchRef&, const Mat& scores, const Mat& q, Mat pq
   }
 }
 
-template <class E>
-void CpuOps::key_pool_rows(const BatchRef&, const Mat& k, const Mat& pq, const WeightRef& key_att,
-                           Mat pk) {
-  const RaggedBatch& batch = *batch_;
+const CpuOps::KeyAtt& CpuOps::key_att(const WeightRef& key_att) {
   const int64_t D = config_.hidden_size, H = config_.num_attention_heads, Hs = key_heads(H);
   KeyAtt& att = key_att_[key_att.weight];
   if (att.wka_t.empty()) {
@@ -365,57 +362,70 @@ void CpuOps::key_pool_rows(const BatchRef&, const Mat& k, const Mat& pq, const W
     att.bias.assign(static_cast<size_t>(Hs), 0.0f);
     std::copy_n(f(key_att.bias), H, att.bias.begin());
   }
-  const float *wka = att.wka.data(), *wka_t = att.wka_t.data(), *bka = att.bias.data();
-  // pk_h = pq_h * (the chunks' partials combined).
-  const Combine<E> how{H, pk, static_cast<const E*>(pq.data), 0.0f};
-  // One pass over K per chunk, which stays in L2 between its two uses: the scores
-  // r_t = K_t (pq_b * Wka')^T + bka' (the weight formed once per sequence and worker, in the
-  // kernel's layout, then a register-blocked kernel over the chunk's tokens; K * pq is never
-  // formed), then the chunk's softmax partials pk_h = sum_t b_{t,h} K_{t,h-slice} (vector_rows.h).
-  pool_.parallel_for(chunks_->count(), 1, [&](int64_t first, int64_t last) {
-    bool on_pairs = false;
-    if constexpr (!kFloat<E>) on_pairs = key_dot_.has_value();
-    // The sequence's weight in float32, or in bfloat16 pairs with key_dot_ (a piece is often
-    // one chunk: the buffers are the worker's, not the piece's).
-    thread_local std::vector<float> weight, pq_row, scratch, chunk_scores;
-    thread_local std::vector<uint32_t> pairs;
-    if (on_pairs)
-      pairs.resize(static_cast<size_t>((D + 1) / 2 * Hs));
+  return att;
+}
+
+// One pass over K per chunk, which stays in L2 between its two uses: the scores
+// r_t = K_t (pq_b * Wka')^T + bka' (the weight formed once per sequence and worker, in the
+// kernel's layout, then a register-blocked kernel over the chunk's tokens; K * pq is never
+// formed), then the chunk's softmax partials pk_h = sum_t b_{t,h} K_{t,h-slice} (vector_rows.h).
+template <class E>
+void CpuOps::key_pool_chunk(const KeyAtt& att, const Mat& k, const Mat& pq, int64_t c,
+                            KeyPoolWorker& worker) const {
+  const int64_t D = config_.hidden_size, H = config_.num_attention_heads, Hs = key_heads(H);
+  bool on_pairs = false;
+  if constexpr (!kFloat<E>) on_pairs = key_dot_.has_value();
+  const int32_t b = chunks_->sequence[size_t(c)];
+  const int32_t begin = chunks_->begin[size_t(c)], end = chunks_->end[size_t(c)];
+  const int64_t len = end - begin;
+  if (b != worker.formed) {
+    // The sequence's weight in float32, or in bfloat16 pairs with key_dot_.
+    worker.pq_row.resize(static_cast<size_t>(D));
+    if constexpr (kFloat<E>)
+      std::copy_n(row_of<float>(pq, b), D, worker.pq_row.data());
     else
-      weight.resize(static_cast<size_t>(Hs * D));
-    pq_row.resize(static_cast<size_t>(D));
-    int32_t formed = -1;  // the sequence `weight` belongs to
+      bfloat16_to_float_row(row_of<uint16_t>(pq, b), worker.pq_row.data(), D);
+    if (on_pairs) {
+      worker.pairs.resize(static_cast<size_t>((D + 1) / 2 * Hs));
+      rows::key_weight_pairs(isa_, att.wka_t.data(), worker.pq_row.data(), Hs, D,
+                             worker.pairs.data());
+    } else {
+      worker.weight.resize(static_cast<size_t>(Hs * D));
+      rows::key_weight(isa_, att.wka.data(), att.wka_t.data(), worker.pq_row.data(), Hs, D,
+                       worker.weight.data());
+    }
+    worker.formed = b;
+  }
+  const E* keys = row_of<E>(k, begin);
+  // The chunk's scores [len, Hs], the worker's: read by the pooling right after.
+  worker.scores.resize(static_cast<size_t>(len * Hs));
+  float* scores = worker.scores.data();
+  const float* bka = att.bias.data();
+  if (on_pairs) {
+    if constexpr (!kFloat<E>)
+      rows::key_scores_pairs(*key_dot_, keys, k.ld, len, worker.pairs.data(), bka, Hs, D, scores,
+                             Hs);
+  } else {
+    rows::key_scores(isa_, keys, k.ld, len, worker.weight.data(), bka, Hs, D, scores, Hs);
+  }
+  worker.scratch.resize(size_t(rows::pool_scratch_floats(H, len, D)));
+  rows::pool_chunk(isa_, scores, Hs, H, keys, k.ld, D, batch_->mask.data() + begin, len,
+                   partials_.m + c * H, partials_.l + c * H, partials_.v + c * D,
+                   worker.scratch.data(), /*values_cached=*/true);
+}
+
+template <class E>
+void CpuOps::key_pool_rows(const BatchRef&, const Mat& k, const Mat& pq, const WeightRef& key_att,
+                           Mat pk) {
+  const KeyAtt& att = this->key_att(key_att);
+  // pk_h = pq_h * (the chunks' partials combined).
+  const Combine<E> how{config_.num_attention_heads, pk, static_cast<const E*>(pq.data), 0.0f};
+  pool_.parallel_for(chunks_->count(), 1, [&](int64_t first, int64_t last) {
+    // A piece is often one chunk: the buffers are the worker's, not the piece's.
+    thread_local KeyPoolWorker worker;
+    worker.formed = -1;
     for (int64_t c = first; c < last; ++c) {
-      const int32_t b = chunks_->sequence[size_t(c)];
-      const int32_t begin = chunks_->begin[size_t(c)], end = chunks_->end[size_t(c)];
-      const int64_t len = end - begin;
-      if (b != formed) {
-        if constexpr (kFloat<E>)
-          std::copy_n(row_of<float>(pq, b), D, pq_row.data());
-        else
-          bfloat16_to_float_row(row_of<uint16_t>(pq, b), pq_row.data(), D);
-        if (on_pairs)
-          rows::key_weight_pairs(isa_, wka_t, pq_row.data(), Hs, D, pairs.data());
-        else
-          rows::key_weight(isa_, wka, wka_t, pq_row.data(), Hs, D, weight.data());
-        formed = b;
-      }
-      const E* keys = row_of<E>(k, begin);
-      // The chunk's scores [len, Hs], the worker's: read by the pooling right after.
-      chunk_scores.resize(static_cast<size_t>(len * Hs));
-      float* scores = chunk_scores.data();
-      if constexpr (!kFloat<E>) {
-        if (on_pairs)
-          rows::key_scores_pairs(*key_dot_, keys, k.ld, len, pairs.data(), bka, Hs, D, scores, Hs);
-        else
-          rows::key_scores(isa_, keys, k.ld, len, weight.data(), bka, Hs, D, scores, Hs);
-      } else {
-        rows::key_scores(isa_, keys, k.ld, len, weight.data(), bka, Hs, D, scores, Hs);
-      }
-      scratch.resize(size_t(rows::pool_scratch_floats(H, len, D)));
-      rows::pool_chunk(isa_, scores, Hs, H, keys, k.ld, D, batch.mask.data() + begin, len,
-                       partials_.m + c * H, partials_.l + c * H, partials_.v + c * D,
-                       scratch.data(), /*values_cached=*/true);
+      key_pool_chunk<E>(att, k, pq, c, worker);
       finish_single(how, c, *chunks_, partials_);
     }
   });
@@ -455,6 +465,68 @@ void CpuOps::mix(const BatchRef& ref, const Mat& q, const Mat& pk, Mat u) {
     mix_rows<uint16_t>(ref, q, pk, u);
   else
     mix_rows<float>(ref, q, pk, u);
+}
+
+bool attention_by_sequence(std::span<const int32_t> cu_seqlens, int threads) {
+  int64_t longest = 0;
+  for (size_t b = 1; b < cu_seqlens.size(); ++b)
+    longest = std::max<int64_t>(longest, cu_seqlens[b] - cu_seqlens[b - 1]);
+  return longest > 0 && longest * 4 * threads <= int64_t(cu_seqlens.back());
+}
+
+template <class E>
+void CpuOps::attention_rows(const Mat& scores, const Mat& q, const Mat& k, const WeightRef& key_att,
+                            Mat pq, Mat pk, Mat u) {
+  const RaggedBatch& batch = *batch_;
+  const PoolingChunks& plan = *chunks_;
+  const int64_t D = config_.hidden_size, H = config_.num_attention_heads;
+  const KeyAtt& att = this->key_att(key_att);
+  const Combine<E> query_how{H, pq};
+  const Combine<E> key_how{H, pk, static_cast<const E*>(pq.data), 0.0f};
+  // A sequence a job: its query pool reads its Q and s from memory, its key pool its K; its
+  // mix then reads Q again and writes U over K, both still in the caches (a 512-token
+  // sequence's Q and K are 1.5 MB in bfloat16), where the three ops in turn read each from
+  // memory and the mix's stores first fetch K's lines again. The chunks' arithmetic and the
+  // combine are the three ops', so the results are theirs, bit for bit.
+  pool_.parallel_for(batch.num_sequences(), 1, [&](int64_t first, int64_t last) {
+    thread_local KeyPoolWorker worker;
+    thread_local std::vector<float> scratch, pk_row;
+    thread_local std::vector<double> acc;
+    worker.formed = -1;
+    acc.resize(size_t(D / H));
+    pk_row.resize(size_t(D));
+    for (int64_t b = first; b < last; ++b) {
+      const int32_t c0 = plan.first[size_t(b)], c1 = plan.first[size_t(b) + 1];
+      for (int32_t c = c0; c < c1; ++c) {
+        const int32_t begin = plan.begin[size_t(c)];
+        const int64_t len = plan.end[size_t(c)] - begin;
+        scratch.resize(size_t(rows::pool_scratch_floats(H, len, D)));
+        rows::pool_chunk(isa_, row_of<E>(scores, begin), scores.ld, H, row_of<E>(q, begin), q.ld, D,
+                         batch.mask.data() + begin, len, partials_.m + c * H, partials_.l + c * H,
+                         partials_.v + c * D, scratch.data());
+      }
+      combine_sequence(query_how, b, plan, partials_, acc.data());
+      for (int32_t c = c0; c < c1; ++c) key_pool_chunk<E>(att, k, pq, c, worker);
+      combine_sequence(key_how, b, plan, partials_, acc.data());
+      if constexpr (kFloat<E>)
+        std::copy_n(row_of<float>(pk, b), D, pk_row.data());
+      else
+        bfloat16_to_float_row(row_of<uint16_t>(pk, b), pk_row.data(), D);
+      for (int64_t t = batch.cu_seqlens[size_t(b)]; t < batch.cu_seqlens[size_t(b) + 1]; ++t)
+        rows::scale_row(isa_, row_of<E>(q, t), pk_row.data(), D, row_of<E>(u, t));
+    }
+  });
+}
+
+void CpuOps::attention(const BatchRef& ref, const Mat& scores, const Mat& q, const Mat& k,
+                       const WeightRef& key_att, Mat pq, Mat pk, Mat u) {
+  if (!attention_by_sequence(batch_->cu_seqlens, pool_.size())) {  // few long sequences
+    Ops::attention(ref, scores, q, k, key_att, pq, pk, u);
+  } else if (bf16_) {
+    attention_rows<uint16_t>(scores, q, k, key_att, pq, pk, u);
+  } else {
+    attention_rows<float>(scores, q, k, key_att, pq, pk, u);
+  }
 }
 
 template <class E>

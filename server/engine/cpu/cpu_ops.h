@@ -19,6 +19,7 @@
 #include <memory>
 #include <new>
 #include <optional>
+#include <span>
 #include <string>
 #include <utility>
 #include <vector>
@@ -50,6 +51,12 @@ enum class Bf16Gemm { kOnednn, kAmx, kAmxModel };
 // share 32).
 size_t last_level_cache_bytes(const std::string& sysfs_cpu = "/sys/devices/system/cpu/cpu0");
 
+// Whether the CPU engine's attention (Ops::attention) runs sequence by sequence for a batch of
+// these sequences (offsets [B+1]) on `threads` workers: where whole sequences balance over them,
+// the longest at most a quarter of a worker's share of the tokens (the last to finish then waits
+// at most about that long); else the three ops in turn, each over every pooling chunk.
+bool attention_by_sequence(std::span<const int32_t> cu_seqlens, int threads);
+
 class CpuOps final : public Ops, public OpsReport {
  public:
   // `threads` workers share every pass.
@@ -71,6 +78,12 @@ class CpuOps final : public Ops, public OpsReport {
   void key_pool(const BatchRef& batch, const Mat& k, const Mat& pq, const WeightRef& key_att,
                 Mat pk) override;
   void mix(const BatchRef& batch, const Mat& q, const Mat& pk, Mat u) override;
+  // Sequence by sequence where the batch's sequences balance over the pool (query pool, key
+  // pool and mix of one sequence in turn, its Q and K read again from the caches); else the
+  // three ops in turn.
+  void attention(const BatchRef& batch, const Mat& scores, const Mat& q, const Mat& k,
+                 const WeightRef& key_att, Mat pq, Mat pk, Mat u) override;
+  bool attention_in_one_pass() const override { return true; }
   void bias_residual_layernorm(const Mat& c, const void* bias, const Mat& residual,
                                const void* gamma, const void* beta, double eps, Mat out) override;
   void attention_pool(const BatchRef& batch, const Mat& e, const WeightRef& fc2, const Mat& x,
@@ -112,6 +125,9 @@ class CpuOps final : public Ops, public OpsReport {
                      Mat pk);
   template <class E>
   void mix_rows(const BatchRef& batch, const Mat& q, const Mat& pk, Mat u);
+  template <class E>
+  void attention_rows(const Mat& scores, const Mat& q, const Mat& k, const WeightRef& key_att,
+                      Mat pq, Mat pk, Mat u);
   template <class E>
   void layernorm_rows(const Mat& c, const float* bias, const Mat& residual, const float* gamma,
                       const float* beta, float eps, Mat out);
@@ -191,6 +207,17 @@ class CpuOps final : public Ops, public OpsReport {
     std::vector<float> wka, wka_t, bias;
   };
   std::map<const void*, KeyAtt> key_att_;
+  const KeyAtt& key_att(const WeightRef& key_att);  // made on first use
+  // A worker's key pool buffers: its sequence's weight (float32, or bfloat16 pairs with
+  // key_dot_), the sequence it was formed for, and the chunk's scores.
+  struct KeyPoolWorker {
+    std::vector<float> weight, pq_row, scratch, scores;
+    std::vector<uint32_t> pairs;
+    int32_t formed = -1;
+  };
+  template <class E>
+  void key_pool_chunk(const KeyAtt& att, const Mat& k, const Mat& pq, int64_t chunk,
+                      KeyPoolWorker& worker) const;
   std::vector<std::pair<int64_t, int64_t>> pieces_;  // the current GEMM's row pieces
   // The workspace, sized at start-up, kWorkspaceAlignment-aligned.
   struct AlignedDelete {
