@@ -78,8 +78,10 @@ def test_perf_analyzer_runs_and_counts_agree(start, model, tmp_path, streaming, 
     assert sorted(found) == levels, stdout[-2000:]
     for level, (client, server) in found.items():
         assert client > 0, f"concurrency {level}: no requests measured"
-        # Requests in flight at a window's edges may fall on either side of it.
-        assert abs(client - server) <= level, f"concurrency {level}: sent {client}, server counted {server}"
+        # Requests in flight at a window's edges may fall on either side of it: at most `level`
+        # at each of its two edges (the server's counts are read by RPCs of their own, a moment
+        # off the client's window; one streaming run counted 3,015 against 3,017 at level 1).
+        assert abs(client - server) <= 2 * level, f"concurrency {level}: sent {client}, server counted {server}"
 
     c = grpcclient.InferenceServerClient(srv.url)
     try:
