@@ -41,6 +41,15 @@ inline float to_float(uint16_t x) { return bfloat16_to_float(x); }
 inline void store(float* p, float v) { *p = v; }
 inline void store(uint16_t* p, float v) { *p = float_to_bfloat16(v); }
 
+// Row r of `m` (D elements of E) widened to float32 into `out`.
+template <class E>
+void row_to_float(const Mat& m, int64_t r, int64_t D, float* out) {
+  if constexpr (kFloat<E>)
+    std::copy_n(row_of<float>(m, r), D, out);
+  else
+    bfloat16_to_float_row(row_of<uint16_t>(m, r), out, D);
+}
+
 // The sequence that owns packed row t.
 int32_t sequence_of(const RaggedBatch& batch, int64_t t) {
   const auto it = std::upper_bound(batch.cu_seqlens.begin(), batch.cu_seqlens.end(), t);
@@ -159,6 +168,7 @@ BatchRef CpuOps::begin_batch(const RaggedBatch& batch, const WorkspacePlan& plan
   partials_ =
       Partials{floats(plan.partial_max), floats(plan.partial_sum), floats(plan.partial_values)};
   token_scores_ = floats(plan.token_scores);
+  attention_by_sequence_ = attention_by_sequence(batch.cu_seqlens, pool_.size());
   return BatchRef{batch.num_sequences(), batch.num_tokens()};
 }
 
@@ -260,8 +270,7 @@ template <class S, class E>
 void CpuOps::pool_chunks(const S* scores, int64_t score_ld, const Mat& values,
                          const PoolingChunks& plan, const Partials& partials, const Combine<E>& how,
                          const std::function<void(int32_t, int64_t)>& score_chunk) {
-  const RaggedBatch& batch = *batch_;
-  const int64_t D = values.cols, heads = how.heads;
+  const int64_t heads = how.heads;
   const int64_t chunks = plan.count();
   pool_.parallel_for(chunks, 1, [&](int64_t first, int64_t last) {
     thread_local std::vector<float> scratch;
@@ -269,15 +278,24 @@ void CpuOps::pool_chunks(const S* scores, int64_t score_ld, const Mat& values,
       const int32_t begin = plan.begin[size_t(c)], end = plan.end[size_t(c)];
       const int64_t len = end - begin;
       if (score_chunk) score_chunk(begin, len);
-      scratch.resize(size_t(rows::pool_scratch_floats(heads, len, D)));
-      rows::pool_chunk(isa_, scores + int64_t(begin) * score_ld, score_ld, heads,
-                       row_of<E>(values, begin), values.ld, D, batch.mask.data() + begin, len,
-                       partials.m + c * heads, partials.l + c * heads, partials.v + c * D,
-                       scratch.data(), /*values_cached=*/bool(score_chunk));
+      pool_one_chunk<E>(scores + int64_t(begin) * score_ld, score_ld, values, plan, partials, heads,
+                        c, scratch, /*values_cached=*/bool(score_chunk));
       finish_single(how, c, plan, partials);
     }
   });
   combine(how, plan, partials);
+}
+
+template <class E, class S>
+void CpuOps::pool_one_chunk(const S* chunk_scores, int64_t score_ld, const Mat& values,
+                            const PoolingChunks& plan, const Partials& partials, int64_t heads,
+                            int64_t c, std::vector<float>& scratch, bool values_cached) const {
+  const int32_t begin = plan.begin[size_t(c)];
+  const int64_t len = plan.end[size_t(c)] - begin, D = values.cols;
+  scratch.resize(size_t(rows::pool_scratch_floats(heads, len, D)));
+  rows::pool_chunk(isa_, chunk_scores, score_ld, heads, row_of<E>(values, begin), values.ld, D,
+                   batch_->mask.data() + begin, len, partials.m + c * heads, partials.l + c * heads,
+                   partials.v + c * D, scratch.data(), values_cached);
 }
 
 template <class E>
@@ -381,10 +399,7 @@ void CpuOps::key_pool_chunk(const KeyAtt& att, const Mat& k, const Mat& pq, int6
   if (b != worker.formed) {
     // The sequence's weight in float32, or in bfloat16 pairs with key_dot_.
     worker.pq_row.resize(static_cast<size_t>(D));
-    if constexpr (kFloat<E>)
-      std::copy_n(row_of<float>(pq, b), D, worker.pq_row.data());
-    else
-      bfloat16_to_float_row(row_of<uint16_t>(pq, b), worker.pq_row.data(), D);
+    row_to_float<E>(pq, b, D, worker.pq_row.data());
     if (on_pairs) {
       worker.pairs.resize(static_cast<size_t>((D + 1) / 2 * Hs));
       rows::key_weight_pairs(isa_, att.wka_t.data(), worker.pq_row.data(), Hs, D,
@@ -408,10 +423,8 @@ void CpuOps::key_pool_chunk(const KeyAtt& att, const Mat& k, const Mat& pq, int6
   } else {
     rows::key_scores(isa_, keys, k.ld, len, worker.weight.data(), bka, Hs, D, scores, Hs);
   }
-  worker.scratch.resize(size_t(rows::pool_scratch_floats(H, len, D)));
-  rows::pool_chunk(isa_, scores, Hs, H, keys, k.ld, D, batch_->mask.data() + begin, len,
-                   partials_.m + c * H, partials_.l + c * H, partials_.v + c * D,
-                   worker.scratch.data(), /*values_cached=*/true);
+  pool_one_chunk<E>(scores, Hs, k, *chunks_, partials_, H, c, worker.scratch,
+                    /*values_cached=*/true);
 }
 
 template <class E>
@@ -450,10 +463,7 @@ void CpuOps::mix_rows(const BatchRef& ref, const Mat& q, const Mat& pk, Mat u) {
     for (int64_t t = begin; t < end; ++t) {
       if (b < 0 || batch.cu_seqlens[size_t(b) + 1] <= t) {
         b = sequence_of(batch, t);
-        if constexpr (kFloat<E>)
-          std::copy_n(row_of<float>(pk, b), D, pk_row.data());
-        else
-          bfloat16_to_float_row(row_of<uint16_t>(pk, b), pk_row.data(), D);
+        row_to_float<E>(pk, b, D, pk_row.data());
       }
       rows::scale_row(isa_, row_of<E>(q, t), pk_row.data(), D, row_of<E>(u, t));
     }
@@ -498,20 +508,13 @@ void CpuOps::attention_rows(const Mat& scores, const Mat& q, const Mat& k, const
     for (int64_t b = first; b < last; ++b) {
       const int32_t c0 = plan.first[size_t(b)], c1 = plan.first[size_t(b) + 1];
       for (int32_t c = c0; c < c1; ++c) {
-        const int32_t begin = plan.begin[size_t(c)];
-        const int64_t len = plan.end[size_t(c)] - begin;
-        scratch.resize(size_t(rows::pool_scratch_floats(H, len, D)));
-        rows::pool_chunk(isa_, row_of<E>(scores, begin), scores.ld, H, row_of<E>(q, begin), q.ld, D,
-                         batch.mask.data() + begin, len, partials_.m + c * H, partials_.l + c * H,
-                         partials_.v + c * D, scratch.data());
+        pool_one_chunk<E>(row_of<E>(scores, plan.begin[size_t(c)]), scores.ld, q, plan, partials_,
+                          H, c, scratch, /*values_cached=*/false);
       }
       combine_sequence(query_how, b, plan, partials_, acc.data());
       for (int32_t c = c0; c < c1; ++c) key_pool_chunk<E>(att, k, pq, c, worker);
       combine_sequence(key_how, b, plan, partials_, acc.data());
-      if constexpr (kFloat<E>)
-        std::copy_n(row_of<float>(pk, b), D, pk_row.data());
-      else
-        bfloat16_to_float_row(row_of<uint16_t>(pk, b), pk_row.data(), D);
+      row_to_float<E>(pk, b, D, pk_row.data());
       for (int64_t t = batch.cu_seqlens[size_t(b)]; t < batch.cu_seqlens[size_t(b) + 1]; ++t)
         rows::scale_row(isa_, row_of<E>(q, t), pk_row.data(), D, row_of<E>(u, t));
     }
@@ -520,7 +523,7 @@ void CpuOps::attention_rows(const Mat& scores, const Mat& q, const Mat& k, const
 
 void CpuOps::attention(const BatchRef& ref, const Mat& scores, const Mat& q, const Mat& k,
                        const WeightRef& key_att, Mat pq, Mat pk, Mat u) {
-  if (!attention_by_sequence(batch_->cu_seqlens, pool_.size())) {  // few long sequences
+  if (!attention_by_sequence_) {  // few long sequences
     Ops::attention(ref, scores, q, k, key_att, pq, pk, u);
   } else if (bf16_) {
     attention_rows<uint16_t>(scores, q, k, key_att, pq, pk, u);

@@ -158,6 +158,12 @@ class CpuOps final : public Ops, public OpsReport {
   void pool_chunks(const S* scores, int64_t score_ld, const Mat& values,
                    const PoolingChunks& chunks, const Partials& partials, const Combine<E>& how,
                    const std::function<void(int32_t, int64_t)>& score_chunk = {});
+  // Chunk c of `chunks` pooled into its partials: its scores [len, heads] at `chunk_scores`
+  // (row stride score_ld), its value rows those of `values` (vector_rows.h, pool_chunk).
+  template <class E, class S>
+  void pool_one_chunk(const S* chunk_scores, int64_t score_ld, const Mat& values,
+                      const PoolingChunks& chunks, const Partials& partials, int64_t heads,
+                      int64_t c, std::vector<float>& scratch, bool values_cached) const;
   template <class E>
   void combine(const Combine<E>& how, const PoolingChunks& chunks, const Partials& partials);
   template <class E>
@@ -239,7 +245,8 @@ class CpuOps final : public Ops, public OpsReport {
     std::vector<uint8_t> out;
   };
   SpanMemory span_memory_[2];
-  float* token_scores_ = nullptr;  // [T, H] key scores r, or [T] pooler scores z
+  bool attention_by_sequence_ = false;  // attention_by_sequence() of the current batch
+  float* token_scores_ = nullptr;       // [T, H] key scores r, or [T] pooler scores z
   std::vector<std::chrono::steady_clock::time_point> timers_;  // the profile's timestamps
 };
 
