@@ -744,7 +744,10 @@ server_stage() {  # server_stage ID TITLE CAP parity|load
   for p in $PRESETS; do
     if [ ! -f "$MODELS/$p/.gpu-check-ok" ]; then skip "$id" "$title" "model $p missing (see stage model-$p)"; return; fi
   done
-  run_stage "$id" "$title" "$cap" "$SERVER_PY" tests/gpu/server_stage.py "$what" --set "$SERVER_SET" \
+  # Our binaries get the carried closure (--lib-path) and the cuBLASLt found; the python keeps
+  # the machine's libraries.
+  run_stage "$id" "$title" "$cap" env ${CUBLASLT_LIB:+"FASTFORMER_CUBLASLT_LIBRARY=$CUBLASLT_LIB"} \
+    "$SERVER_PY" tests/gpu/server_stage.py "$what" --set "$SERVER_SET" \
     --bin-dir "$SERVER_BIN" --lib-path "$SERVER_LIB" --models "$MODELS" --out "$RUN/$id.json" \
     --log-dir "$RUN/$id-logs" --expected "$SERVER_CARRIED/expected" "${SERVER_ARGS[@]}"
   [ "$STAGE_RC" != 1 ] || amend "$id" failed "a verdict does not hold: $(tail -n 1 "$RUN/$id.err" | cut -c1-300)"
@@ -811,7 +814,7 @@ else
 fi
 stop_point copy-bandwidth
 
-server_stage server-load "the server: saturation against the carried fastformer-bench, low load, drain under SIGTERM (server_stage.py load)" 75 load
+server_stage server-load "the server: saturation, low load, drain under SIGTERM, then the carried fastformer-bench (server_stage.py load)" 75 load
 stop_point server-load
 
 # The caps of the benchmarks, in seconds: the engine's 12 at --seconds 3 (model load, CUDA and
