@@ -530,7 +530,29 @@ def main() -> int:
     a = ap.parse_args()
     result = parity(a) if a.what == "parity" else load(a)
     a.out.write_text(json.dumps(result, indent=1) + "\n")
+    # The last line: what gpu-check.sh puts in the stage's note when a verdict does not hold.
+    log("verdict:", "ok" if result["ok"] else "; ".join(failures(result)) or "not ok")
     return 0 if result["ok"] else 1
+
+
+def failures(result: dict) -> list[str]:
+    """What does not hold, in a few words each."""
+    out = [f"error: {result['error'][:200]}"] if result.get("error") else []
+    for g in result.get("groups", []):
+        if not g["ok"]:
+            out.append(f"{g['name']} ({g['model']}): min cosine {g['min_cosine']}, argmax {g['argmax']}, "
+                       f"{g['failed_requests']} failed requests")
+    sat = result.get("saturation") or {}
+    if sat.get("ratio") is not None and sat["ratio"] < RATIO_TARGET:
+        out.append(f"server ÷ engine {sat['ratio']:.3f} < {RATIO_TARGET}")
+    for part in ("saturation", "low_load"):
+        if (result.get(part) or {}).get("errors"):
+            out.append(f"{part} errors {result[part]['errors']}")
+    drain = result.get("drain") or {}
+    if drain and drain.get("ok") is False:
+        out.append(f"drain: exit {drain.get('server_exit')}, drained line {drain.get('drained_line')}, "
+                   f"hung {drain.get('hung')}, unclear {drain.get('unclear')}")
+    return out
 
 
 if __name__ == "__main__":
