@@ -32,6 +32,13 @@ class ForwardingOps : public Ops {
   void linear(const Mat& a, const WeightRef& w, Mat c, Epilogue epilogue, Activation act) override {
     inner_.linear(a, w, c, epilogue, act);
   }
+  bool linear_has_pass(const Mat& a, const WeightRef& w, const Mat& c, Epilogue epilogue,
+                       Activation act) const override {
+    return inner_.linear_has_pass(a, w, c, epilogue, act);
+  }
+  void bias_activation(Mat c, const void* bias, Epilogue epilogue, Activation act) override {
+    inner_.bias_activation(c, bias, epilogue, act);
+  }
   void query_pool(const BatchRef& batch, const Mat& scores, const Mat& q, Mat pq) override {
     inner_.query_pool(batch, scores, q, pq);
   }

@@ -11,6 +11,7 @@
 #include <cstddef>
 #include <cstdint>
 #include <span>
+#include <stdexcept>
 #include <utility>
 
 #include "server/engine/config.h"
@@ -94,6 +95,23 @@ class Ops {
   // C (=|+=) A W^T (+ b, act): every Linear of the model.
   virtual void linear(const Mat& a, const WeightRef& w, Mat c, Epilogue epilogue,
                       Activation act = Activation::kGeluErf) = 0;
+  // Whether linear() with these operands runs in two steps: a GEMM that stores A W^T, then a
+  // pass of its own over C that adds the bias and applies `act` (bias_activation), where the
+  // GEMM's epilogue cannot (the CUDA engine: cuBLASLt has no exact-erf GELU or SiLU, and no
+  // bias epilogue for unaligned operands). Then linear(a, w, c, epilogue, act) is, bit for bit,
+  // linear(a, w, c, Epilogue::kStore, act) followed by bias_activation(c, w.bias, epilogue, act),
+  // and the profile times the two apart. False (the default): the GEMM's epilogue does it all.
+  virtual bool linear_has_pass(const Mat& /*a*/, const WeightRef& /*w*/, const Mat& /*c*/,
+                               Epilogue /*epilogue*/, Activation /*act*/) const {
+    return false;
+  }
+  // C = act(C + b) in place, for `epilogue` kBias (the bias only) or kBiasAct (`bias` null: no
+  // bias): the pass of a linear() that has one (linear_has_pass). An Ops without such passes
+  // keeps the default, which throws.
+  virtual void bias_activation(Mat /*c*/, const void* /*bias*/, Epilogue /*epilogue*/,
+                               Activation /*act*/) {
+    throw std::logic_error("Ops::bias_activation: this engine's linear() has no pass of its own");
+  }
 
   // a = masked softmax over t of s (per head); pq_h = sum_t a_{t,h} Q_{t,h-slice}.
   // `scores` is [T, H] (already scaled), `q` [T, D]; writes pq [B, D].

@@ -36,6 +36,13 @@ Cost linear(const Mat& a, const WeightRef& w, Epilogue epilogue, size_t e) {
   const double c_passes = epilogue == Epilogue::kAccumulate ? 2 : 1;  // C read and written
   return {n(e) * (M * K + N * K + c_passes * M * N + (bias ? N : 0)), 2 * M * N * K};
 }
+// The pass after a GEMM that stores (Ops::linear_has_pass): C read and written, the bias read;
+// the bias add 1 FLOP and the activation 1 (as an exp or tanh) per element.
+Cost bias_activation(const Mat& c, const void* bias, Epilogue epilogue, size_t e) {
+  const double M = n(c.rows), N = n(c.cols);
+  const double per_element = (bias ? 1 : 0) + (epilogue == Epilogue::kBiasAct ? 1 : 0);
+  return {n(e) * (2 * M * N + (bias ? N : 0)), per_element * M * N};
+}
 Cost query_pool(const BatchRef& b, const Mat& scores, const Mat& q, size_t e) {
   const double T = n(b.num_tokens), B = n(b.num_sequences), H = n(scores.cols), D = n(q.cols);
   return {n(e) * (T * H + T * D + B * D), T * (2 * D + 4 * H)};
@@ -73,6 +80,29 @@ Cost download(const Mat& src, size_t e) {  // read in the serving dtype, written
 }
 
 }  // namespace cost
+
+// The pass after the GEMM "<x>_gemm": "<x>_bias", then the activation's name where it applies
+// one ("ffn_in_bias_gelu" for the exact-erf GELU, the cost model's row; "_gelu_tanh", "_relu",
+// "_silu").
+std::string pass_name(const std::string& gemm, Epilogue epilogue, Activation act) {
+  const std::string suffix = "_gemm";
+  std::string name = gemm.empty() ? "gemm" : gemm;
+  if (name.size() > suffix.size() && name.ends_with(suffix))
+    name.resize(name.size() - suffix.size());
+  name += "_bias";
+  if (epilogue != Epilogue::kBiasAct) return name;
+  switch (act) {
+    case Activation::kGeluErf:
+      return name + "_gelu";
+    case Activation::kGeluTanh:
+      return name + "_gelu_tanh";
+    case Activation::kRelu:
+      return name + "_relu";
+    case Activation::kSilu:
+      return name + "_silu";
+  }
+  return name + "_act";
+}
 
 }  // namespace
 
@@ -118,8 +148,21 @@ void ProfilingOps::linear(const Mat& a, const WeightRef& w, Mat c, Epilogue epil
   const Site site = site_of_(w);
   layer_ = site.layer;
   last_gemm_ = site.name;
-  issue(site.name, layer_, cost::linear(a, w, epilogue, element_size()), &w);
-  inner_.linear(a, w, c, epilogue, act);
+  if (!inner_.linear_has_pass(a, w, c, epilogue, act)) {  // the GEMM's epilogue does it all
+    issue(site.name, layer_, cost::linear(a, w, epilogue, element_size()), &w);
+    inner_.linear(a, w, c, epilogue, act);
+    return;
+  }
+  // The inner linear's two steps, issued one by one: the GEMM alone (a store), then its pass.
+  issue(site.name, layer_, cost::linear(a, w, Epilogue::kStore, element_size()), &w);
+  inner_.linear(a, w, c, Epilogue::kStore, act);
+  bias_activation(c, w.bias, epilogue, act);
+}
+
+void ProfilingOps::bias_activation(Mat c, const void* bias, Epilogue epilogue, Activation act) {
+  issue(pass_name(last_gemm_, epilogue, act), layer_,
+        cost::bias_activation(c, bias, epilogue, element_size()));
+  inner_.bias_activation(c, bias, epilogue, act);
 }
 
 void ProfilingOps::query_pool(const BatchRef& batch, const Mat& scores, const Mat& q, Mat pq) {

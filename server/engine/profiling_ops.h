@@ -8,6 +8,11 @@
 // by its site (the graph's name for the weight, ForwardEngine::gemm_sites); the LayerNorm that
 // follows "<x>_out_gemm" is "<x>_ln"; a download is named by the buffer it reads. Other ops
 // take the name of their call and the layer of the GEMM before them (-1 outside the layers).
+// A linear() whose bias and activation the inner ops run as a pass of their own after the GEMM
+// (Ops::linear_has_pass: the CUDA engine's exact-erf GELU and SiLU) is two rows: "<x>_gemm",
+// the GEMM alone (a store: A and W read, C written), then "<x>_bias" with the activation's name
+// ("ffn_in_bias_gelu", "<x>_bias_gelu_tanh", "<x>_bias_relu", "<x>_bias_silu"), the pass (C
+// read and written, the bias read). Where the GEMM's epilogue does it all, one row, "<x>_gemm".
 #pragma once
 
 #include <cstddef>
@@ -41,7 +46,10 @@ class ProfilingOps final : public ForwardingOps {
                        const PoolingChunks& chunks) override;
   void embed(const BatchRef& batch, const void* word_embedding, const void* position_embeddings,
              const void* ln_gamma, const void* ln_beta, double eps, Mat x) override;
+  // One row, the GEMM's; or two where the inner ops have a pass after it (linear_has_pass).
   void linear(const Mat& a, const WeightRef& w, Mat c, Epilogue epilogue, Activation act) override;
+  // The pass's row, named after the GEMM before it.
+  void bias_activation(Mat c, const void* bias, Epilogue epilogue, Activation act) override;
   void query_pool(const BatchRef& batch, const Mat& scores, const Mat& q, Mat pq) override;
   void key_pool(const BatchRef& batch, const Mat& k, const Mat& pq, const WeightRef& key_att,
                 Mat pk) override;

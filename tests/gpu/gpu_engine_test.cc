@@ -134,9 +134,19 @@ TEST_P(GpuEngineTest, ProfileTimesEveryOpWithEvents) {
   ASSERT_EQ(profiled.size(), plain.size());
   for (size_t s = 0; s < plain.size(); ++s)
     EXPECT_EQ(profiled[s].embedding, plain[s].embedding) << s;
-  // begin_batch, embed, 10 a layer, the pooler's 2, the head and its download, the pooled and
-  // token downloads (encode_all asks for logits and tokens, not normalisation).
-  EXPECT_EQ(rows.size(), size_t(2 + 10 * 2 + 2 + 2 + 2));
+  // begin_batch, embed, 11 a layer (ffn_in_gemm and its exact-erf GELU pass, ffn_in_bias_gelu,
+  // are two rows: cuBLASLt's GELU epilogue is the tanh form), the pooler's 2, the head and its
+  // download, the pooled and token downloads (encode_all asks for logits and tokens, not
+  // normalisation); and a bias pass of its own (<x>_bias) after each GEMM whose operands are not
+  // 16-byte aligned for cuBLASLt's bias epilogue (the 5-label head; Q|K|s's 132 columns in 16 bits).
+  size_t bias_passes = 0, gelu_passes = 0;
+  for (const auto& row : rows) {
+    const std::string& n = row.name;
+    bias_passes += n.size() > 5 && n.compare(n.size() - 5, 5, "_bias") == 0;
+    gelu_passes += n == "ffn_in_bias_gelu";
+  }
+  EXPECT_EQ(gelu_passes, 2u);
+  EXPECT_EQ(rows.size(), size_t(2 + 11 * 2 + 2 + 2 + 2) + bias_passes);
   double total_ms = 0;
   for (const auto& row : rows) {
     EXPECT_EQ(row.calls, 1.0) << row.name;
