@@ -925,7 +925,8 @@ sanitize() {  # sanitize ID TOOL FILTER CAP [LOADING]
   fi
   run_stage "$id" "$title" "$cap" "${WD[@]}" "${env[@]}" "$SANITIZER" --tool "$tool" \
     --error-exitcode 99 --print-limit 40 "${exclude[@]}" "$GPU_TESTS" "--gtest_filter=$filter"
-  [ "$STAGE_RC" = 0 ] || verdict "$id" sanitizer
+  # Every time, not only on a non-zero exit: an internal error need not change the exit code.
+  verdict "$id" sanitizer
   local status
   status=$(awk -F'\t' -v id="$id" '$1 == id {s = $3} END {print s}' "$RUN/stages.tsv")
   if [ "$status" = tool-error ] && [[ "$id" != *-retry ]]; then

@@ -13,9 +13,18 @@ gpu-query.csv, ncu.csv, and per stage ID.out (stdout; the benchmarks print one J
 object) and ID.err.
 
 --verdict reads a stage's output and prints `keep` (its exit status says it all), or
-`failed<TAB>why` or `skipped<TAB>why`: with a GPU present (--gpu 1) a skipped GPU test is
-a failure, since ctest and GoogleTest both count it as passed; compute-sanitizer or ncu
-refused by the machine's runtime is a skip. Standard library only: it runs under any python3.
+`failed<TAB>why`, `skipped<TAB>why` or (sanitizer only) `tool-error<TAB>why`: with a GPU
+present (--gpu 1) a skipped GPU test is a failure, since ctest and GoogleTest both count it
+as passed; compute-sanitizer or ncu refused by the machine's runtime is a skip; a hazard or
+memory error that compute-sanitizer found fails the stage, with the counts; the sanitizer's
+own internal error ("Internal Sanitizer Error", "failed to handle a hardware exception") is a
+tool failure, never a hazard (gpu-check.sh records it as `tool-error` and retries the stage
+once as <ID>-retry with the other CUDA_MODULE_LOADING); a real hazard beside an internal error
+still fails. Standard library only: it runs under any python3 (3.9 or later).
+
+The run directory may also hold server-parity.json and server-load.json (the stages
+server-parity and server-load, tests/gpu/server_stage.py): the report's "The server on the
+GPU" section and three rows of its Targets.
 """
 
 from __future__ import annotations
@@ -27,6 +36,9 @@ import math
 import os
 import re
 import sys
+
+# How the report names a sanitizer stage whose status is tool-error (gpu-check.sh's verdict).
+TOOL_ERROR_LABEL = "tool failure (sanitizer internal error)"
 
 # The targets of issues 4 and 13.
 TARGET_TOKENS_PER_S = 2.5e6
@@ -113,6 +125,18 @@ def load_benches(run):
         b["result"] = last_json(os.path.join(run, b["id"] + ".out"))
         benches.append(b)
     return benches
+
+
+def load_json(path):
+    """A JSON object from a file (the whole file, else its last line that parses), or None."""
+    text = read_text(path)
+    if not text.strip():
+        return None
+    try:
+        v = json.loads(text)
+    except ValueError:
+        return last_json(path)
+    return v if isinstance(v, dict) else None
 
 
 # ----------------------------------------------------------------------------- formatting
@@ -228,14 +252,15 @@ def refusal(text):
 
 def stage_verdict(kind, text, gpu):
     """What the output of a stage says beyond its exit status: (None, '') to keep the status,
-    ('failed', why) or ('skipped', why).
+    ('failed', why), ('skipped', why) or, for a sanitizer, ('tool-error', why).
     ctest (`ctest -V`) and gtest (a GoogleTest binary): with a GPU present a skipped test
     fails the stage, as it ran nothing on the GPU; so do failed tests and a missing summary.
     sanitizer and ncu: a tool that checked or profiled nothing and says that this machine
-    refuses it is skipped, with its words as the reason."""
-    if kind in ("sanitizer", "ncu"):
-        ran = ("SUMMARY:" in text if kind == "sanitizer"
-               else "==PROF== Profiling" in text or '"Kernel Name"' in text)
+    refuses it is skipped, with its words as the reason. sanitizer: see sanitizer_verdict."""
+    if kind == "sanitizer":
+        return sanitizer_verdict(text)
+    if kind == "ncu":
+        ran = "==PROF== Profiling" in text or '"Kernel Name"' in text
         why = None if ran else refusal(text)
         return ("skipped", "refused by this machine's runtime: " + why) if why else (None, "")
     if kind == "ctest":
@@ -284,6 +309,145 @@ def parse_sanitizer(text):
     return out
 
 
+# compute-sanitizer's own failures (on the first H200 lease, 2026-12-04, racecheck printed
+# "Internal Sanitizer Error: The Sanitizer failed to handle a hardware exception." and counted it
+# in its summary as "1 hazard displayed (1 error, 0 warnings)"): the tool broke, the program
+# under test was not found at fault. Read on the sanitizer's own lines (the "=========" prefix)
+# or a line that names the sanitizer, so that the program's output cannot pass for one.
+SANITIZER_INTERNAL_RE = re.compile(r"Internal Sanitizer Error|Sanitizer (?:internal error|failed to|"
+                                   r"encountered an (?:internal )?error)|failed to handle|internal error", re.I)
+# The records of real findings, after the "=========" prefix: memcheck's invalid accesses and
+# the hardware exceptions it attributes, leaks and allocation errors; racecheck's races
+# (analysis mode: "Error: Race reported between ...", a warning when the hazard may be benign)
+# and hazards (hazard mode); initcheck's and synccheck's records.
+SANITIZER_FINDING_RE = re.compile(
+    r"(?:Error|Warning): (?:Race reported between|Potential (?:RAW|WAR|WAW) hazard)"
+    r"|Potential (?:RAW|WAR|WAW) hazard"
+    r"|Invalid __\w+__ (?:read|write|atomic)|Invalid (?:PC|address space)|Misaligned (?:PC|address)"
+    r"|Warp (?:Illegal|Misaligned|Out-of-range|Hardware|MMU)|Lane (?:Illegal|Misaligned|User Stack)"
+    r"|Illegal (?:Instruction|Address)|Hardware Exception|Out-of-range (?:Shared|Address)"
+    r"|Uninitialized __\w+__ memory read|Barrier error|Invalid arguments|Leaked [\d,]+ bytes"
+    r"|Malloc/Free error|Cuda(?:Malloc|Free|Memcpy)\w* \w+ error")
+# A CUDA API call that returned an error ("Program hit cudaErrorLaunchFailure (error 719) due to
+# ... on CUDA API call to cudaStreamSynchronize."): after an internal error, its consequence.
+SANITIZER_API_ERROR_RE = re.compile(r"Program hit \w+ \(error \d+\)")
+
+
+def gtest_runs(text):
+    """The tests a GoogleTest binary ran, in order: [(name, outcome)], outcome 'ok', 'failed',
+    'skipped', or 'did not finish' for one that started and never ended (a crash, a sanitizer
+    that stopped it)."""
+    runs, ended = [], {}
+    for m in re.finditer(r"^\[ *(RUN|OK|FAILED|SKIPPED) *\] ([^\s,]+)", text, re.M):
+        what, name = m.group(1), m.group(2)
+        if what == "RUN":
+            runs.append(name)
+        elif name in runs and name not in ended:
+            ended[name] = {"OK": "ok", "FAILED": "failed", "SKIPPED": "skipped"}[what]
+    return [(name, ended.get(name, "did not finish")) for name in runs]
+
+
+def gtest_filter(text, title=""):
+    """The --gtest_filter a run used: GoogleTest's own note, else the stage's title, else None."""
+    m = (re.search(r"^Note: Google Test filter = (\S+)", text, re.M)
+         or re.search(r"--gtest_filter=(\S+)", title or ""))
+    return m.group(1).strip("'\"") if m else None
+
+
+def sanitizer_analysis(text):
+    """What one compute-sanitizer run over a GoogleTest binary found: its summary
+    (parse_sanitizer), the sanitizer's internal errors (tool failures), the records of real
+    findings (errors; racecheck's benign-looking races as warnings), the CUDA API errors, and
+    'real', the number of real errors. An internal error is not one of them, though racecheck's
+    summary counts it ("1 hazard displayed (1 error, 0 warnings)"): the summary's count less the
+    internal errors, and after an internal error the API errors it caused are not counted either;
+    a summary that counts more than the records, the internal and the API errors counts as real."""
+    s = parse_sanitizer(text)
+    lines = text.splitlines()
+    internal, errors, warnings, api = [], [], [], []
+    for i, ln in enumerate(lines):
+        prefixed = ln.startswith("=")
+        body = re.sub(r"^=+\s*", "", ln).strip()
+        if prefixed and SANITIZER_API_ERROR_RE.match(body):
+            api.append(body)
+        elif SANITIZER_INTERNAL_RE.search(ln) and (prefixed or "sanitizer" in ln.lower()):
+            internal.append(body)
+        elif prefixed and SANITIZER_FINDING_RE.match(body):
+            record = body
+            for nxt in lines[i + 1:i + 3]:  # "and Read access at ... [4 hazards]", "at kernel+0x... in file:line"
+                more = re.sub(r"^=+\s*", "", nxt).strip()
+                if nxt.startswith("=") and re.match(r"(?:and|at) ", more):
+                    record += " " + more
+            (warnings if body.startswith("Warning") else errors).append(record)
+    summary = s.get("errors")
+    if not internal:
+        real = summary if summary is not None else len(errors) + len(api)
+    else:
+        beyond = (summary - len(internal) - len(errors) - len(api)) if summary is not None else 0
+        real = len(errors) + max(beyond, 0)
+    runs = gtest_runs(text)
+    return {"summary": s, "ran": "SUMMARY:" in text, "racecheck": "hazards" in s, "internal": internal,
+            "errors": errors, "warnings": warnings, "api": api, "real": real, "runs": runs,
+            "filter": gtest_filter(text),
+            "stopped_in": next((n for n, o in reversed(runs) if o == "did not finish"), None)}
+
+
+def plural(n, word):
+    return f"{n} {word}" + ("" if n == 1 else "es" if word.endswith("s") else "s")
+
+
+def short_record(record):
+    """A sanitizer record with each kernel's signature cut to its name and template arguments
+    and its source to file:line: "Race reported between Write access at pool_combine_kernel<float,
+    float> (additive_pooling.cu:162) and Read access at ..."."""
+    return re.sub(r"(?:void )?(?:[\w:<>]+::)?(\w+)(<[^()]*>)?\((?:[^()]|\([^()]*\))*\)\+0x[0-9a-f]+"
+                  r"(?: in (?:\S*/)?(\S+))?", lambda m: f"{m.group(1)}{m.group(2) or ''}"
+                  + (f" ({m.group(3)})" if m.group(3) else ""), record)
+
+
+def sanitizer_counts(a):
+    """The summary's words: 'RACECHECK SUMMARY: 2 hazards displayed (2 errors, 0 warnings)' or
+    'ERROR SUMMARY: 3 errors'; '' without a summary."""
+    s = a["summary"]
+    if a["racecheck"]:
+        return (f"RACECHECK SUMMARY: {plural(s['hazards'], 'hazard')} displayed ({plural(s['errors'], 'error')}, "
+                f"{plural(s.get('warnings', 0), 'warning')})")
+    return f"ERROR SUMMARY: {plural(s['errors'], 'error')}" if "errors" in s else ""
+
+
+def sanitizer_verdict(text):
+    """A compute-sanitizer stage's verdict: ('failed', why) when it found real errors (hazards,
+    invalid accesses), naming the counts, even beside an internal error; ('tool-error', why) when
+    the sanitizer itself failed and found nothing else; ('skipped', why) when it checked
+    nothing and says this machine refuses it; else (None, '') and the exit status stands."""
+    a = sanitizer_analysis(text)
+    counts = sanitizer_counts(a)
+    internal = (f"{plural(len(a['internal']), 'sanitizer internal error')} (a tool failure, not counted): "
+                f"{a['internal'][0][:100]}") if a["internal"] else ""
+    if a["real"] > 0:
+        kinds = []
+        if a["errors"]:
+            kinds.append(plural(len(a["errors"]), "race" if a["racecheck"] else "invalid access"
+                                if all(e.startswith("Invalid") for e in a["errors"]) else "error record"))
+        if a["api"] and not a["internal"]:
+            kinds.append(plural(len(a["api"]), "CUDA API error"))
+        first = short_record((a["errors"] or ([] if a["internal"] else a["api"]) or [""])[0])
+        why = (f"compute-sanitizer found {plural(a['real'], 'hazard' if a['racecheck'] else 'error')}"
+               + (f" ({counts})" if counts else "") + (": " + ", ".join(kinds) if kinds else "")
+               + (f"; first: {first[:200]}" if first else "") + (f"; besides {internal}" if internal else ""))
+        return "failed", why
+    refused = None if a["ran"] else refusal(text)
+    if refused and not any(re.search(r"Internal Sanitizer Error|failed to handle", x, re.I) for x in a["internal"]):
+        # "The Sanitizer failed to initialize: ... not supported": this machine, not a broken run
+        return "skipped", "refused by this machine's runtime: " + refused
+    if a["internal"]:
+        during = f" during {a['stopped_in']}" if a["stopped_in"] else ""
+        why = (f"sanitizer internal error{during} (a tool failure, not a hazard): {a['internal'][0][:160]}"
+               + (f"; its summary counted it: {counts}" if counts and a["summary"].get("errors") else ""))
+        return "tool-error", why
+    return None, ""
+
+
 TIME_UNITS = {"nsecond": 1e-9, "ns": 1e-9, "usecond": 1e-6, "us": 1e-6, "msecond": 1e-3, "ms": 1e-3,
               "second": 1.0, "s": 1.0, "cycle": None}
 BYTE_UNITS = {"byte": 1.0, "b": 1.0, "kbyte": 1e3, "kb": 1e3, "mbyte": 1e6, "mb": 1e6, "gbyte": 1e9,
@@ -302,6 +466,16 @@ def parse_number(s):
         return None
 
 
+# L2 sectors (lts__t_sectors_*) are counts; without --print-units base ncu may scale them.
+SECTOR_UNITS = {"sector": 1.0, "": 1.0, "ksector": 1e3, "msector": 1e6, "gsector": 1e9}
+# An L2 sector is 32 bytes: lts__t_sectors_op_write x 32 is what a kernel wrote, whether or
+# not the lines left the L2 for DRAM before it ended.
+L2_SECTOR_BYTES = 32
+# The metrics the ncu stage collects (gpu-check.sh's --metrics): time, DRAM bytes, L2 sectors.
+NCU_METRICS = ("gpu__time_duration.sum", "dram__bytes_read.sum", "dram__bytes_write.sum",
+               "lts__t_sectors_op_write.sum", "lts__t_sectors_op_read.sum")
+
+
 def metric_value(name, unit, value):
     v = parse_number(value)
     if v is None:
@@ -309,13 +483,21 @@ def metric_value(name, unit, value):
     u = (unit or "").strip().lower()
     if name.startswith("gpu__time_duration"):
         scale = TIME_UNITS.get(u, 1e-9 if u == "" else None)
+    elif name.startswith("lts__t_sectors"):
+        scale = SECTOR_UNITS.get(u)
     else:
         scale = BYTE_UNITS.get(u, 1.0 if u == "" else None)
     return None if scale is None else v * scale
 
 
 def parse_ncu(text):
-    """Per-launch {name, time_s, bytes} from ncu --csv (long 'details' or wide 'raw' form)."""
+    """Per-launch {name, time_s, bytes, bytes_from, dram_read, dram_write, l2_write, l2_read} from
+    ncu --csv (long 'details' or wide 'raw' form). bytes is what the kernel moved: the DRAM
+    bytes it read plus the L2 write sectors x 32 (bytes_from 'l2-write') when the CSV has
+    lts__t_sectors_op_write, since dram__bytes_write misses the writes still held in the L2
+    when the kernel ends (50 MB on an H200: on the official model bias_activation was credited
+    36 MiB of the 64 MiB it moves); else, on an older CSV, DRAM bytes read plus written
+    (bytes_from 'dram'), which understates the writes. l2_write and l2_read are in bytes."""
     rows = list(csv.reader([ln for ln in text.splitlines() if ln.startswith('"')]))
     launches = {}
     i = 0
@@ -350,7 +532,7 @@ def parse_ncu(text):
                 key = (r[col["ID"]] if "ID" in col else str(i), r[col.get("Process ID", 0)])
                 d = launches.setdefault(key, {"name": r[col["Kernel Name"]], "m": {}})
                 for h, k in col.items():
-                    if h.startswith(("gpu__time_duration", "dram__bytes")):
+                    if h.startswith(("gpu__time_duration", "dram__bytes", "lts__t_sectors")):
                         v = metric_value(h, units.get(h, ""), r[k])
                         if v is not None:
                             d["m"][h] = v
@@ -358,19 +540,38 @@ def parse_ncu(text):
     for d in launches.values():
         m = d["m"]
         t = m.get("gpu__time_duration.sum")
-        b = (m.get("dram__bytes_read.sum") or 0.0) + (m.get("dram__bytes_write.sum") or 0.0)
+        read, write = m.get("dram__bytes_read.sum"), m.get("dram__bytes_write.sum")
+        sectors_w, sectors_r = m.get("lts__t_sectors_op_write.sum"), m.get("lts__t_sectors_op_read.sum")
+        l2_write = sectors_w * L2_SECTOR_BYTES if sectors_w is not None else None
+        if l2_write is not None:
+            b, source = (read or 0.0) + l2_write, "l2-write"
+        else:
+            b, source = (read or 0.0) + (write or 0.0), "dram"
         if t and t > 0:
-            out.append({"name": d["name"], "time_s": t, "bytes": b})
+            out.append({"name": d["name"], "time_s": t, "bytes": b, "bytes_from": source, "dram_read": read,
+                        "dram_write": write, "l2_write": l2_write,
+                        "l2_read": sectors_r * L2_SECTOR_BYTES if sectors_r is not None else None})
     return out
 
 
 def kernel_table(launches, copy_bw):
+    """ncu's launches summed per kernel name, slowest first: launches, time, bytes (parse_ncu's:
+    DRAM read + L2 write sectors x 32, or DRAM read + written on an older CSV) and the parts
+    they come from, the bandwidth over copy bandwidth, and whether the kernel counts for the
+    70% target (non-GEMM, at least SIGNIFICANT_BYTES_PER_LAUNCH a launch)."""
     agg = {}
     for l in launches:
-        a = agg.setdefault(l["name"], {"name": l["name"], "launches": 0, "time_s": 0.0, "bytes": 0.0})
+        a = agg.setdefault(l["name"], {"name": l["name"], "launches": 0, "time_s": 0.0, "bytes": 0.0,
+                                       "dram_read": 0.0, "dram_write": 0.0, "l2_write": 0.0, "from": set()})
         a["launches"] += 1
         a["time_s"] += l["time_s"]
         a["bytes"] += l["bytes"]
+        for k in ("dram_read", "dram_write", "l2_write"):
+            if l.get(k) is not None and a[k] is not None:
+                a[k] += l[k]
+            else:
+                a[k] = None
+        a["from"].add(l.get("bytes_from", "dram"))
     rows = sorted(agg.values(), key=lambda a: -a["time_s"])
     for a in rows:
         a["gemm"] = bool(GEMM_RE.search(a["name"]))
@@ -463,6 +664,30 @@ def cost_model_estimate(bench):
         return {}, None
 
 
+# --profile rows that an older fastformer-bench gave as one and the cost model prices apart:
+# {the GEMM's row: the row of the pass that follows it}. Without the pass's row, the GEMM's row
+# includes the pass and is left out of the comparison with the cost model.
+PROFILE_SPLITS = {"ffn_in_gemm": "ffn_in_bias_gelu"}
+
+
+def cost_model_comparison(ops, expected):
+    """The cost model's ms of each profile op it can be compared with, by name ({op: ms}), and
+    the ops left out, [(the GEMM's row, the missing pass's row)]: a GEMM's row that in this
+    profile still includes the bias or activation pass which the cost model prices apart."""
+    names = {o["name"] for o in ops}
+    compared, left_out = {}, []
+    for o in ops:
+        name = o["name"]
+        if name not in expected:
+            continue
+        part = PROFILE_SPLITS.get(name)
+        if part and part not in names and part in expected:
+            left_out.append((name, part))
+            continue
+        compared[name] = expected[name]
+    return compared, left_out
+
+
 def profile_ops(rows, copy_bw):
     """fastformer-bench --profile rows (one per op and layer: name, layer, calls, ms, bytes,
     flops, ...) summed per op name, slowest first, each with its achieved bandwidth, that
@@ -513,6 +738,7 @@ class CheckRun:
         self.stages = load_stages(run)
         self.by_id = {s["id"]: s for s in self.stages}
         self.failed = [s for s in self.stages if s["status"] in ("failed", "timeout")]
+        self.tool_errors = [s for s in self.stages if s["status"] == "tool-error"]
         self.counts = {}
         for s in self.stages:
             self.counts[s["status"]] = self.counts.get(s["status"], 0) + 1
@@ -540,9 +766,53 @@ class CheckRun:
         self.driver = load_env(self.path("driver.env"))
         q = read_text(self.path("gpu-query.csv")).splitlines()
         self.gpu_name = q[1].split(",")[0].strip() if len(q) >= 2 else ""
+        self.server_parity = load_json(self.path("server-parity.json"))
+        self.server_load = load_json(self.path("server-load.json"))
 
     def path(self, name):
         return os.path.join(self.run, name)
+
+    def status_label(self, s):
+        """A stage's status in words: a sanitizer's internal error ('tool-error') is a tool failure,
+        retried once as <ID>-retry, never a hazard."""
+        if not s:
+            return "not run"
+        if s["status"] != "tool-error":
+            return s["status"]
+        retry = self.by_id.get(s["id"] + "-retry")
+        if retry is None:
+            how = "not retried"
+        elif retry["status"] == "skipped":
+            how = "retry skipped" + (f": {retry['note']}" if retry["note"] else "")
+        else:
+            how = "retried"
+        return f"{TOOL_ERROR_LABEL}, {how}"
+
+    def stage_result(self, s):
+        """A stage's status in words and its note."""
+        return self.status_label(s) + (f": {s['note']}" if s and s.get("note") else "")
+
+    def stage_why(self, sid):
+        """Why a stage gave no figure: its status and note, or 'not run'."""
+        s = self.by_id.get(sid)
+        return self.stage_result(s) if s else f"not run (no stage {sid})"
+
+    def sanitizer(self, sid):
+        """One compute-sanitizer stage, its retry taken when there is one that ran: {'stage': the
+        stage whose result stands, 'first': the first run when a retry stands, 'analysis':
+        sanitizer_analysis of its output, 'filter': the tests it ran, 'loading': the
+        CUDA_MODULE_LOADING its title names}."""
+        first = self.by_id.get(sid)
+        retry = self.by_id.get(sid + "-retry")
+        stands = retry if retry and retry["status"] != "skipped" else first
+        out = {"stage": stands, "first": first if stands is retry else None, "retry": retry}
+        rid = stands["id"] if stands else sid
+        text = read_text(self.path(rid + ".out")) + "\n" + read_text(self.path(rid + ".err"))
+        out["analysis"] = sanitizer_analysis(text)
+        out["filter"] = gtest_filter("", stands["title"] if stands else "") or out["analysis"]["filter"]
+        m = re.search(r"CUDA_MODULE_LOADING=(\w+)", stands["title"] if stands else "")
+        out["loading"] = m.group(1) if m else None
+        return out
 
     def tps(self, role):
         b = self.by_role.get(role)
@@ -637,8 +907,10 @@ def copy_fraction_targets(c):
     worst = min(significant, key=lambda k: k["fraction"]) if significant else None
     if worst:
         v = worst["fraction"]
-        rows.append([f"non-GEMM kernels vs device-to-device copy bandwidth, ncu, {c.ncu_workload} (worst kernel "
-                     f"moving ≥ {SIGNIFICANT_BYTES_PER_LAUNCH / 1e6:.0f} MB per launch: {worst['name'][:60]})",
+        source = ("DRAM read + L2 write sectors" if worst["from"] == {"l2-write"}
+                  else "DRAM read + written, understating writes held in the L2")
+        rows.append([f"non-GEMM kernels vs device-to-device copy bandwidth, ncu, {c.ncu_workload} ({source}; worst "
+                     f"kernel moving ≥ {SIGNIFICANT_BYTES_PER_LAUNCH / 1e6:.0f} MB per launch: {worst['name'][:60]})",
                      "≥ 70%", f"{100 * v:.0f}%", c.verdict(v, v >= TARGET_COPY_FRACTION, "")])
     else:
         ncu = c.by_id.get("ncu", {})
@@ -685,9 +957,318 @@ def parity_targets(c):
     return rows
 
 
+# ----------------------------------------------------------------------------- the server on the GPU
+
+TARGET_SERVER_VS_ENGINE = 0.90
+TARGET_SERVER_COSINE = 0.999
+
+
+def server_target_rows_missing(c, sid, data):
+    """Why a server figure is missing: the JSON's error, else the stage's status and note."""
+    err = data.get("error") if isinstance(data, dict) else None
+    stage = c.by_id.get(sid)
+    why = c.stage_result(stage) if stage else f"not run (no stage {sid}, no {sid}.json)"
+    if stage and stage["status"] == "ok" and not data:
+        why = f"stage {sid} ok, but no readable {sid}.json"
+    if err:
+        why = (c.status_label(stage) + ": " if stage and stage["status"] != "ok" else "") + str(err)
+    return why
+
+
+def parity_group_check(g, threshold):
+    """One group of the server's parity: (True, []) within bf16 parity, (False, the problems),
+    or (None, why) when the group has no figure to judge."""
+    problems = []
+    cos, am, failed = g.get("min_cosine"), g.get("argmax"), g.get("failed_requests")
+    if num(cos) and cos < threshold:
+        problems.append(f"min cosine {cos:.5f} < {threshold:g}" + (f" ({g['worst']})" if g.get("worst") else ""))
+    if isinstance(am, dict) and num(am.get("same")) and num(am.get("of")) and am["same"] < am["of"]:
+        problems.append(f"argmax differs in {am['of'] - am['same']} of {am['of']}")
+    if num(failed) and failed > 0:
+        problems.append(f"{plural(failed, 'request')} failed")
+    if g.get("ok") is False and not problems:
+        errors = g.get("errors") or []
+        problems.append("marked failed by the stage" + (f": {errors[0]}" if errors else ""))
+    if problems:
+        return False, problems
+    if not num(cos):
+        return None, ["no cosine measured"]
+    return True, []
+
+
+def server_parity_target(c):
+    p = c.server_parity or {}
+    label = "server parity (bf16 cosine >= 0.999 to CPU float32, same argmax)"
+    threshold = p.get("threshold") if num(p.get("threshold")) else TARGET_SERVER_COSINE
+    required = f"cosine ≥ {threshold:g} in every group, same argmax"
+    groups = [g for g in p.get("groups") or [] if isinstance(g, dict)]
+    if not groups:
+        return [label, required, "—", "not measured: " + server_target_rows_missing(c, "server-parity", p)]
+    checks = [(g, parity_group_check(g, threshold)) for g in groups]
+    cosines = [g["min_cosine"] for g in groups if num(g.get("min_cosine"))]
+    same = sum(g["argmax"]["same"] for g in groups if isinstance(g.get("argmax"), dict)
+               and num(g["argmax"].get("same")) and num(g["argmax"].get("of")))
+    of = sum(g["argmax"]["of"] for g in groups if isinstance(g.get("argmax"), dict)
+             and num(g["argmax"].get("same")) and num(g["argmax"].get("of")))
+    requests = sum(g["requests"] for g in groups if num(g.get("requests")))
+    measured = (f"min cosine {min(cosines):.5f}" if cosines else "no cosine") + \
+        f" over {plural(len(groups), 'group')} ({', '.join(str(g.get('name', '?')) for g in groups)}), " \
+        f"{plural(requests, 'request')}" + (f"; argmax {same}/{of} same" if of else "")
+    bad = [f"{g.get('name', '?')}: {'; '.join(why)}" for g, (ok, why) in checks if ok is False]
+    unknown = [f"{g.get('name', '?')}: {'; '.join(why)}" for g, (ok, why) in checks if ok is None]
+    if not c.measured:
+        verdict = f"not a GPU figure ({c.mode})"
+    elif bad:
+        verdict = "FAIL: " + "; ".join(bad)
+    elif p.get("ok") is False or p.get("error"):
+        verdict = "FAIL: " + str(p.get("error") or "the stage says parity failed")
+    elif unknown:
+        verdict = "not measured: " + "; ".join(unknown)
+    else:
+        verdict = "PASS"
+    return [label, required, measured, verdict]
+
+
+def server_ratio_target(c):
+    load = c.server_load or {}
+    sat = load.get("saturation") if isinstance(load.get("saturation"), dict) else {}
+    label = "server ÷ engine tokens/s >= 0.90"
+    target = sat.get("target") if num(sat.get("target")) else TARGET_SERVER_VS_ENGINE
+    required = f"≥ {target:.2f} (the same plugin, model, lengths and batch budget in fastformer-bench)"
+    v = sat.get("ratio") if num(sat.get("ratio")) else ratio(sat.get("server_tokens_per_s"),
+                                                              sat.get("engine_tokens_per_s"))
+    if v is None:
+        return [label, required, "—", "not measured: " + server_target_rows_missing(c, "server-load", load)]
+    failed = sum(n for n in (sat.get("errors") or {}).values() if num(n)) if isinstance(sat.get("errors"), dict) else 0
+    measured = (f"{v:.2f} (server {fmt_rate(sat.get('server_tokens_per_s'))} ÷ engine "
+                f"{fmt_rate(sat.get('engine_tokens_per_s'))} tokens/s)"
+                + (f"; {plural(failed, 'request')} failed under saturation ({fmt_codes(sat['errors'])})"
+                   if failed else ""))
+    return [label, required, measured, c.verdict(v, v >= target, "")]
+
+
+def drain_figures(d):
+    """The drain's figures: requests, answered, ended with a code (sum and by code), unclear
+    (a code that is not a clear refusal, by the stage's count), unaccounted (neither answered
+    nor ended with a code: the counts do not add up), lost (unclear + unaccounted), hung, exit
+    code; None where missing."""
+    codes = d.get("errors") if isinstance(d.get("errors"), dict) else {}
+    coded = sum(n for n in codes.values() if num(n))
+    requests, answered, unclear = d.get("requests"), d.get("succeeded"), d.get("unclear")
+    unaccounted = max(requests - answered - coded, 0) if num(requests) and num(answered) else None
+    lost = None
+    if num(unclear) or unaccounted is not None:
+        lost = (unclear if num(unclear) else 0) + (unaccounted or 0)
+    return {"requests": requests, "answered": answered, "coded": coded, "codes": codes, "unclear": unclear,
+            "unaccounted": unaccounted, "lost": lost, "hung": d.get("hung"), "exit": d.get("server_exit")}
+
+
+def drain_check(d):
+    """(True, []) when every accepted request was answered or refused with a clear code, none
+    hung and the server exited 0; (False, the problems); (None, why) without the figures."""
+    f = drain_figures(d)
+    problems = []
+    if num(f["lost"]) and f["lost"] > 0:
+        problems.append(f"{plural(f['lost'], 'request')} lost (neither answered nor refused with a clear code)")
+    if f["hung"]:
+        problems.append("a request hung")
+    if f["exit"] is not None and f["exit"] != 0:
+        problems.append(f"the server exited {f['exit']}")
+    if d.get("drained_line") is False:
+        problems.append("no 'drained; exiting' in the server's log")
+    if d.get("ok") is False and not problems:
+        problems.append("marked failed by the stage")
+    if problems:
+        return False, problems
+    if f["lost"] is None or f["exit"] is None:
+        return None, ["no " + ("request counts" if f["lost"] is None else "exit code")]
+    return True, []
+
+
+def server_drain_target(c):
+    load = c.server_load or {}
+    d = load.get("drain") if isinstance(load.get("drain"), dict) else None
+    label = "drain: 0 lost, exit 0"
+    required = "SIGTERM under saturation: every request answered or refused with a clear code, none hung, exit 0"
+    if not d:
+        return [label, required, "—", "not measured: " + server_target_rows_missing(c, "server-load", load)]
+    f = drain_figures(d)
+    codes = ", ".join(f"{k} {v}" for k, v in f["codes"].items() if num(v) and v)
+    measured = (f"{known(f['requests'])} requests: {known(f['answered'])} answered, {f['coded']} refused"
+                + (f" ({codes})" if codes else "")
+                + f", {known(f['lost'])} lost, "
+                + ("one or more hung" if f["hung"] else "none hung" if f["hung"] is False else "hung unknown")
+                + f", exit {f['exit'] if f['exit'] is not None else '?'}")
+    ok, why = drain_check(d)
+    if not c.measured:
+        verdict = f"not a GPU figure ({c.mode})"
+    elif ok is None:
+        verdict = "not measured: " + "; ".join(why)
+    else:
+        verdict = "PASS" if ok else "FAIL: " + "; ".join(why)
+    return [label, required, measured, verdict]
+
+
+def server_targets(c):
+    """The server on the GPU: parity through it, its throughput over the engine's, the drain."""
+    return [server_parity_target(c), server_ratio_target(c), server_drain_target(c)]
+
+
+def known(v):
+    return v if num(v) else "?"
+
+
+def fmt_num(v, spec=","):
+    return format(v, spec) if num(v) else "—"
+
+
+def fmt_pair(d, a="p50", b="p99"):
+    """'1.20 / 2.50' from {'p50': 1.2, 'p99': 2.5}."""
+    d = d if isinstance(d, dict) else {}
+    return f"{fmt_ms(d.get(a))} / {fmt_ms(d.get(b))}"
+
+
+def fmt_codes(codes):
+    if not isinstance(codes, dict) or not any(num(v) and v for v in codes.values()):
+        return "none"
+    return ", ".join(f"{k} {v}" for k, v in codes.items() if num(v) and v)
+
+
+def server_section(c):
+    """The server on the GPU (stages server-parity and server-load): the dtype it picked, parity
+    through gRPC, HTTP and text against the CPU's float32, saturation against the engine, low
+    load latencies, and the drain."""
+    lines = ["## The server on the GPU", ""]
+    p, load = c.server_parity, c.server_load
+    if p is None and load is None:
+        lines.append("Not measured: server-parity " + c.stage_why("server-parity") + "; server-load "
+                     + c.stage_why("server-load") + ".")
+        lines.append("")
+        return lines
+    p = p or {}
+    load = load or {}
+    first = p if p.get("dtype") or p.get("backend") else load
+    if first.get("backend") or first.get("dtype"):
+        lines.append(f"- backend **{first.get('backend') or '?'}**, dtype auto picked: **{first.get('dtype') or '?'}**"
+                     + (f"; the server's log: `{p['dtype_line']}`" if p.get("dtype_line") else ""))
+    if p.get("server_cmd"):
+        lines.append(f"- server: `{p['server_cmd']}`")
+    if c.meta.get("server_configure"):
+        lines.append(f"- the carried binaries' configure line (the image's): `{c.meta['server_configure']}`")
+    if p.get("expected_from"):
+        lines.append(f"- expected outputs (CPU float32): {p['expected_from']}")
+    lines.append("")
+
+    lines.append("### Parity through the server")
+    lines.append("")
+    lines.append(f"Stage server-parity: {c.stage_why('server-parity')}.")
+    lines.append("")
+    threshold = p.get("threshold") if num(p.get("threshold")) else TARGET_SERVER_COSINE
+    groups = [g for g in p.get("groups") or [] if isinstance(g, dict)]
+    if groups:
+        rows = []
+        for g in groups:
+            ok, why = parity_group_check(g, threshold)
+            am = g.get("argmax")
+            rows.append([g.get("name", "?"), g.get("model", "?"), fmt_num(g.get("requests")),
+                         fmt_num(g.get("sequences")), fmt_num(g.get("tokens")),
+                         f"{g['min_cosine']:.5f}" if num(g.get("min_cosine")) else "—", f"≥ {threshold:g}",
+                         g.get("worst") or "—",
+                         f"{am.get('same', '?')}/{am.get('of', '?')}" if isinstance(am, dict) else "no head",
+                         fmt_num(g.get("failed_requests")),
+                         "ok" if ok else ("not measured: " if ok is None else "FAIL: ") + "; ".join(why)])
+        lines += table(["group", "model", "requests", "sequences", "tokens", "min cosine", "threshold", "worst",
+                        "argmax same", "failed requests", "verdict"], rows)
+        errors = [(g.get("name", "?"), e) for g in groups for e in (g.get("errors") or [])]
+        if errors:
+            lines.append("")
+            lines.append("Errors:")
+            lines += [f"- {name}: {str(e)[:300]}" for name, e in errors[:10]]
+    else:
+        lines.append("No parity figures (" + server_target_rows_missing(c, "server-parity", p) + ").")
+    if p.get("error") and groups:
+        lines.append("")
+        lines.append(f"The stage did not complete: {p['error']}")
+    lines.append("")
+
+    lines.append("### Saturation, low load and drain")
+    lines.append("")
+    lines.append(f"Stage server-load: {c.stage_why('server-load')}"
+                 + (f"; model {load['model']}" if load.get("model") else "")
+                 + (f", {fmt_num(load.get('max_batch_tokens'))} tokens a batch at most" if load.get("max_batch_tokens")
+                    else "") + ".")
+    lines.append("")
+    sat = load.get("saturation") if isinstance(load.get("saturation"), dict) else None
+    if sat:
+        v = sat.get("ratio") if num(sat.get("ratio")) else ratio(sat.get("server_tokens_per_s"),
+                                                                  sat.get("engine_tokens_per_s"))
+        target = sat.get("target") if num(sat.get("target")) else TARGET_SERVER_VS_ENGINE
+        mem = sat.get("gpu_memory_mib")
+        rows = [["server tokens/s (fastformer-loadgen)", fmt_rate(sat.get("server_tokens_per_s"))],
+                ["engine tokens/s (fastformer-bench, the same plugin, model, lengths and budget)",
+                 fmt_rate(sat.get("engine_tokens_per_s"))
+                 + (f" ({sat['engine_dtype']})" if sat.get("engine_dtype") else "")],
+                ["server ÷ engine", (f"**{v:.2f}**" if v is not None else "—") + f" (target ≥ {target:.2f})"],
+                ["load", f"{sat.get('seconds', '?')} s, concurrency {sat.get('concurrency', '?')}, lengths "
+                         f"{sat.get('lengths', '?')}, {sat.get('sequences_per_request', '?')} sequences a request"],
+                ["requests (errors)", f"{fmt_num(sat.get('requests'))} ({fmt_codes(sat.get('errors'))})"],
+                ["request latency p50 / p99 (ms)", fmt_pair(sat.get("latency_ms"))],
+                ["batches, mean batch tokens (/metrics)",
+                 f"{fmt_num(sat.get('batches'))}, {fmt_num(sat.get('batch_tokens_mean'), ',.0f')}"],
+                ["GPU memory", (f"{fmt_num(mem)} MiB" if num(mem) else "—")
+                 + (f" ({sat['gpu_memory_from']})" if sat.get("gpu_memory_from") else "")]]
+        if sat.get("engine_cmd"):
+            rows.append(["engine's command", f"`{sat['engine_cmd']}`"])
+        lines += table(["saturation", "value"], rows)
+    else:
+        lines.append("Saturation: not measured (" + server_target_rows_missing(c, "server-load", load) + ").")
+    lines.append("")
+    low = load.get("low_load") if isinstance(load.get("low_load"), dict) else None
+    if low:
+        lines.append(f"Low load: one client, {low.get('lengths', '?')}, {low.get('seconds', '?')} s, "
+                     f"{fmt_num(low.get('requests'))} requests (errors: {fmt_codes(low.get('errors'))}).")
+        lines.append("")
+        lines += table(["latency (ms)", "p50 / p99"],
+                       [["end to end (client)", fmt_pair(low.get("latency_ms"))],
+                        ["the server's queue", fmt_pair(low.get("server_queue_ms"))],
+                        ["the server's compute", fmt_pair(low.get("server_compute_ms"))]])
+    else:
+        lines.append("Low load: not measured.")
+    lines.append("")
+    d = load.get("drain") if isinstance(load.get("drain"), dict) else None
+    if d:
+        f = drain_figures(d)
+        ok, why = drain_check(d)
+        lines.append(f"Drain: SIGTERM {d.get('signal_after_s', '?')} s into saturation.")
+        lines.append("")
+        lines += table(["drain", "value"], [
+            ["requests", fmt_num(f["requests"])], ["answered", fmt_num(f["answered"])],
+            ["refused, by code", f"{f['coded']} ({fmt_codes(f['codes'])})"],
+            ["of them unclear (not a clear refusal)", fmt_num(f["unclear"])],
+            ["neither answered nor refused", fmt_num(f["unaccounted"])], ["lost", fmt_num(f["lost"])],
+            ["hung", "yes" if f["hung"] else "no" if f["hung"] is False else "—"],
+            ["server exit code", str(f["exit"]) if f["exit"] is not None else "—"],
+            ["'drained' logged", "yes" if d.get("drained_line") else "no" if d.get("drained_line") is False else "—"],
+            ["seconds to exit", fmt_ms(d.get("seconds_to_exit"))],
+            ["requests the server logged as not answered", "yes" if d.get("abandoned_line") else
+             "no" if d.get("abandoned_line") is False else "—"],
+            ["verdict", "ok" if ok else ("not measured: " if ok is None else "FAIL: ") + "; ".join(why)]])
+    else:
+        lines.append("Drain: not measured.")
+    if d and d.get("note"):
+        lines.append("")
+        lines.append(f"Drain note: {d['note']}")
+    if load.get("error"):
+        lines.append("")
+        lines.append(f"The stage did not complete: {load['error']}")
+    lines.append("")
+    return lines
+
+
 def target_rows(c):
     """The Targets table's rows (target, required, measured, result), also in the summary."""
-    return throughput_targets(c) + copy_fraction_targets(c) + parity_targets(c)
+    return (throughput_targets(c) + copy_fraction_targets(c) + parity_targets(c) + sanitizer_targets(c)
+            + server_targets(c))
 
 
 # ----------------------------------------------------------------------------- the sections
@@ -819,10 +1400,11 @@ def profile_section(c):
                      f"summed over layers; 'counts' marks the ops the 70% target is judged on):")
         lines.append("")
         expected, expected_tps = cost_model_estimate(b)
+        compared, left_out = cost_model_comparison(ops, expected)
         rows = []
         for o in ops:
             rows.append([o["name"], o["rows"], f"{o['ms']:.3f}",
-                         f"{expected[o['name']]:.3f}" if o["name"] in expected else "—",
+                         f"{compared[o['name']]:.3f}" if o["name"] in compared else "—",
                          f"{100 * o['share']:.1f}%", fmt_bytes(o["bytes"]),
                          fmt_bw(o["bw"]), f"{o['tflops']:.1f}" if o["tflops"] and o["flops"] else "—",
                          f"{100 * o['fraction']:.0f}%" if o["fraction"] is not None else "—", o["kind"]])
@@ -836,6 +1418,20 @@ def profile_section(c):
                          + (f"; the cost model (tools/cost_model.py, docs/kernels.md) expects "
                             f"{sum(expected.values()):.2f} ms and {fmt_rate(expected_tps)} tokens/s." if expected_tps
                             else "."))
+        if compared:
+            measured = sum(o["ms"] for o in ops if o["name"] in compared)
+            lines.append("")
+            lines.append(f"The {len(compared)} ops compared with the cost model by name take {measured:.2f} ms "
+                         f"against its {sum(compared.values()):.2f} ms.")
+            for combined, part in PROFILE_SPLITS.items():
+                if combined in compared and part in compared:
+                    lines.append(f"`{combined}` is the GEMM alone and `{part}` the pass after it (the profile "
+                                 "splits them, as the cost model does): both are compared.")
+        for combined, part in left_out:
+            lines.append("")
+            lines.append(f"`{combined}` is left out of the comparison: this profile has no `{part}` row, so its "
+                         f"`{combined}` includes that pass (the exact-erf GELU), which the cost model prices apart "
+                         f"({expected[combined]:.3f} ms for the GEMM, {expected[part]:.3f} ms for the pass).")
         lines.append("")
     return lines
 
@@ -857,19 +1453,23 @@ def bandwidth_section(c):
         lines.append(f"Copy bandwidth not measured ({s.get('status', 'not run')}: {s.get('note', '')}).")
     lines.append("")
     if kernels:
-        lines.append(f"Per kernel (ncu, our kernels, one {c.ncu_workload} batch; DRAM bytes read + "
-                     f"written over GPU time, caches flushed between kernels; {len(c.launches)} launches). "
+        lines.append(f"Per kernel (ncu, our kernels, one {c.ncu_workload} batch; bytes moved over GPU time, "
+                     f"caches flushed between kernels; {len(c.launches)} launches). "
                      f"'counts' marks the non-GEMM kernels the 70% target is judged on "
                      f"(≥ {SIGNIFICANT_BYTES_PER_LAUNCH / 1e6:.0f} MB per launch).")
         lines.append("")
         rows = []
         for k in kernels[:30]:
             rows.append([k["name"][:80], k["launches"], f"{k['time_s'] * 1e3:.3f}", fmt_bytes(k["bytes"]),
+                         fmt_bytes(k["dram_read"]), fmt_bytes(k["l2_write"]), fmt_bytes(k["dram_write"]),
                          fmt_bw(k["bw"]), f"{100 * k['fraction']:.0f}%" if k["fraction"] is not None else "—",
                          "GEMM" if k["gemm"] else ("counts" if k["significant"] else "small")])
-        lines += table(["kernel", "launches", "total ms", "DRAM bytes", "bandwidth", "of copy", "kind"], rows)
+        lines += table(["kernel", "launches", "total ms", "bytes", "DRAM read", "written (L2 sectors x 32)",
+                        "DRAM written", "bandwidth", "of copy", "kind"], rows)
         if len(kernels) > 30:
             lines.append(f"\n({len(kernels) - 30} more kernels in the logs' ncu.csv)")
+        lines.append("")
+        lines.append(ncu_bytes_note(c.launches))
     else:
         s = c.by_id.get("ncu", {})
         lines.append(f"Per-kernel bandwidth not measured (ncu: {s.get('status', 'not run')}"
@@ -878,30 +1478,124 @@ def bandwidth_section(c):
     return lines
 
 
-def stage_result(s):
-    """A stage's status and note, for the Correctness table's stage column."""
-    return f"{s.get('status', 'not run')}" + (f": {s['note']}" if s.get("note") else "")
+def ncu_bytes_note(launches):
+    """The note under ncu's per-kernel table: where its bytes come from."""
+    l2 = sum(1 for l in launches if l.get("bytes_from") == "l2-write")
+    if l2 == len(launches):
+        return ("Bytes: DRAM bytes read (`dram__bytes_read`) + L2 write sectors x 32 B "
+                "(`lts__t_sectors_op_write`): every byte a kernel wrote, including the writes still held in "
+                "the 50 MB L2 when it ended, which `dram__bytes_write` (the 'DRAM written' column) misses. "
+                "The bandwidths and the 70% target use these bytes.")
+    if l2 == 0:
+        return ("Bytes: DRAM bytes read + written (`dram__bytes_read` + `dram__bytes_write`): this ncu.csv "
+                "has no L2 write sectors (`lts__t_sectors_op_write`), so the writes still held in the 50 MB L2 "
+                "when a kernel ended are not counted, and the bytes and bandwidths **understate the writes**.")
+    return (f"Bytes: DRAM read + L2 write sectors x 32 B for {l2} of {len(launches)} launches; the other "
+            "launches have no `lts__t_sectors_op_write` and count DRAM bytes read + written, which understate "
+            "the writes still held in the L2.")
 
 
-def sanitizer_row(c, sid, label):
-    """One compute-sanitizer stage's row of the Correctness table."""
-    p = parse_sanitizer(read_text(c.path(sid + ".out")) + read_text(c.path(sid + ".err")))
+# The compute-sanitizer stages of gpu-check.sh (each may have a <ID>-retry after a tool failure):
+# (stage ID, tool, the --gtest_filter it runs). The small model, then base-long's launch shapes,
+# each its own capped stage.
+SANITIZERS = (("memcheck", "memcheck", "*Small*"), ("memcheck-base-long", "memcheck", "*BaseLong*"),
+              ("racecheck", "racecheck", "*Small*"), ("racecheck-base-long", "racecheck", "*BaseLong*"))
+
+
+def runs_text(runs):
+    """The tests a run went through, each with its outcome, their common prefix said once:
+    'Dtypes/GpuEngineTest.: SmallBatchMatchesTheCpuEngine/0 ok, ...'."""
+    if not runs:
+        return ""
+    names = [n for n, _ in runs]
+    prefix = os.path.commonprefix(names) if len(names) > 1 else ""
+    prefix = prefix[:prefix.rfind(".") + 1] if "." in prefix else ""
+    return (f"{prefix}: " if prefix else "") + ", ".join(f"{n[len(prefix):]} {o}" for n, o in runs)
+
+
+def sanitizer_result(c, sid, tool, default_filter=None):
+    """One compute-sanitizer check, the retry's result when a retry ran: {'measured', 'verdict',
+    'stage', 'tests', 'filter'} for the Targets and the Correctness tables. A hazard or an
+    invalid access fails it; the sanitizer's own internal error does not (a tool failure: not
+    measured, unless a retry measured it)."""
+    r = c.sanitizer(sid)
+    a, s, first = r["analysis"], r["stage"], r["first"]
+    noun = "hazard" if tool == "racecheck" else "error"
     parts = []
-    if "tests" in p:
-        parts.append(f"{p['tests']} tests ran" + (" (no test matched *Small*)" if p["tests"] == 0 else ""))
-    if "errors" in p:
-        parts.append(f"{p['errors']} errors")
-    if "hazards" in p:
-        parts.append(f"{p['hazards']} hazards ({p.get('warnings', 0)} warnings)")
-    if "failed" in p:
-        parts.append(f"{p['failed']} tests failed")
-    if p.get("skipped"):
-        parts.append(f"{p['skipped']} tests skipped (the sanitizer checked nothing they would run)")
-    return [label, ", ".join(parts) or "—", stage_result(c.by_id.get(sid, {}))]
+    if a["real"] > 0:
+        parts.append(f"**{plural(a['real'], noun)}**")
+        if sanitizer_counts(a):
+            parts.append(sanitizer_counts(a))
+        if a["errors"]:
+            parts.append("first: " + short_record(a["errors"][0])[:200])
+    elif a["internal"]:
+        parts.append(f"{TOOL_ERROR_LABEL}: {a['internal'][0][:120]}, not a hazard"
+                     + (f" (its summary counted it: {sanitizer_counts(a)})" if a["summary"].get("errors") else ""))
+    elif a["ran"]:
+        parts.append(plural(0, noun) if not a["summary"].get("errors") else sanitizer_counts(a))
+        if a["warnings"]:
+            parts.append(f"{plural(len(a['warnings']), 'race warning')} (hazards that may be benign)")
+    if a["internal"] and a["real"] > 0:
+        parts.append(f"and {plural(len(a['internal']), 'sanitizer internal error')} (a tool failure, not counted)")
+    if a["runs"]:
+        bad = [n for n, o in a["runs"] if o != "ok"]
+        parts.append(f"{plural(len(a['runs']), 'test')} ran" + (f", {len(bad)} not ok" if bad else ""))
+    elif a["summary"].get("tests") == 0:
+        parts.append(f"no test matched {r['filter'] or 'the filter'}")
+    if a["stopped_in"]:
+        parts.append(f"stopped in {a['stopped_in']}")
+    if first:
+        parts.append(f"retry ({s['id']}{', CUDA_MODULE_LOADING=' + r['loading'] if r['loading'] else ''}) "
+                     f"after the first run's {TOOL_ERROR_LABEL}")
+    measured = "; ".join(parts) or "—"
+    stage = c.stage_result(s) if s else c.stage_why(sid)
+    if first:
+        stage = f"{first['id']}: {c.stage_result(first)}; {s['id']}: {c.stage_result(s)}"
+    if not s or s["status"] == "skipped":
+        verdict = "not measured: " + (c.stage_result(s) if s else f"not run (no stage {sid})")
+    elif not c.measured:
+        verdict = f"not a GPU figure ({c.mode})"
+    elif a["real"] > 0:
+        verdict = "FAIL"
+    elif s["status"] == "tool-error" or (a["internal"] and s["status"] != "ok"):
+        verdict = "not measured: " + TOOL_ERROR_LABEL + (" (again on the retry)" if first else "")
+    elif s["status"] == "timeout":
+        verdict = "not measured: " + c.stage_result(s)
+    elif s["status"] == "ok" and a["ran"]:
+        verdict = "PASS"
+    elif a["ran"]:
+        bad = [f"{n} {o}" for n, o in a["runs"] if o != "ok"]
+        verdict = (f"FAIL: tests not ok under the sanitizer ({', '.join(bad)[:160]})" if bad
+                   else "FAIL: " + c.stage_result(s))
+    else:
+        verdict = "FAIL: " + c.stage_result(s) + " (no sanitizer summary)"
+    tests = []
+    if first:
+        fa = sanitizer_analysis(read_text(c.path(first["id"] + ".out")) + "\n"
+                                + read_text(c.path(first["id"] + ".err")))
+        if fa["runs"]:
+            tests.append(f"{first['id']} (first run, {TOOL_ERROR_LABEL}): {runs_text(fa['runs'])}")
+    if a["runs"]:
+        tests.append(f"{s['id']}: {runs_text(a['runs'])}")
+    return {"measured": measured, "verdict": verdict, "stage": stage, "tests": tests,
+            "filter": r["filter"] or default_filter,
+            "required": f"{plural(0, noun)}"}
+
+
+def sanitizer_targets(c):
+    """compute-sanitizer memcheck and racecheck: a hazard or a memory error fails; a tool failure
+    (the sanitizer's internal error) is not measured, unless its retry measured it."""
+    rows = []
+    for sid, tool, filt in SANITIZERS:
+        r = sanitizer_result(c, sid, tool, filt)
+        rows.append([f"compute-sanitizer {tool}, fastformer_gpu_tests {r['filter'] or '(filter unknown)'}",
+                     r["required"], r["measured"].replace("**", ""), r["verdict"]])
+    return rows
 
 
 def correctness_section(c):
-    """Correctness on the GPU: ctest -L gpu, the base-long parity test and the sanitizers."""
+    """Correctness on the GPU: ctest -L gpu, the base-long parity test and the sanitizers, with
+    the tests each sanitizer ran."""
     ctest, g = c.ctest, c.parity
     lines = ["## Correctness on the GPU", ""]
     c_rows = []
@@ -914,11 +1608,19 @@ def correctness_section(c):
                        f"{s.get('status', 'not run')}: {s.get('note', '')}"])
     c_rows.append(["base-long parity (fastformer_gpu_tests --gtest_filter=*BaseLong*)",
                    f"{g['passed']} passed, {g['skipped']} skipped, {g['failed']} failed of {g['total']}" if g else "—",
-                   stage_result(c.by_id.get("parity-base-long", {}))])
-    c_rows.append(sanitizer_row(c, "memcheck", "compute-sanitizer memcheck (*Small*)"))
-    c_rows.append(sanitizer_row(c, "racecheck", "compute-sanitizer racecheck (*Small*)"))
+                   c.stage_why("parity-base-long")])
+    tests = []
+    for sid, tool, filt in SANITIZERS:
+        r = sanitizer_result(c, sid, tool, filt)
+        c_rows.append([f"compute-sanitizer {tool} ({r['filter'] or 'filter unknown'})", r["measured"], r["stage"]])
+        tests += [f"- {t}" for t in r["tests"]]
     lines += table(["check", "result", "stage"], c_rows)
     lines.append("")
+    if tests:
+        lines.append("The tests each sanitizer ran:")
+        lines.append("")
+        lines += tests
+        lines.append("")
     return lines
 
 
@@ -930,7 +1632,7 @@ def stages_section(c):
                  "under (its cap, or what was left of the budget). For planning the next lease.")
     lines.append("")
     lines += table(["stage", "what", "status", "seconds", "at (s)", "limit (s)", "note"],
-                   [[s["id"], s["title"], s["status"], s["seconds"], s["at"], s["limit"], s["note"]]
+                   [[s["id"], s["title"], c.status_label(s), s["seconds"], s["at"], s["limit"], s["note"]]
                     for s in c.stages])
     lines.append("")
     lines.append(f"Total: {meta.get('elapsed_s', '?')} s of the {meta.get('budget_s', '?')} s budget "
@@ -942,11 +1644,12 @@ def stages_section(c):
 def failures_section(c):
     """The last lines of each failed stage's output; nothing when none failed."""
     lines = []
-    if c.failed:
+    shown = [s for s in c.stages if s in c.failed or s in c.tool_errors]
+    if shown:
         lines.append("## Failures (last lines of each failed stage)")
         lines.append("")
-        for s in c.failed:
-            lines.append(f"### {s['id']}: {s['status']} ({s['note']})")
+        for s in shown:
+            lines.append(f"### {s['id']}: {c.status_label(s)} ({s['note']})")
             lines.append("")
             lines.append("```")
             err = tail(c.path(s["id"] + ".err"), 25)
@@ -992,7 +1695,8 @@ def environment_section(c):
 
 def report_lines(c, t_rows):
     """The whole report, section by section."""
-    return (header_section(c, t_rows) + engine_section(c) + baselines_section(c) + ratios_section(c)
+    return (header_section(c, t_rows) + engine_section(c) + server_section(c) + baselines_section(c)
+            + ratios_section(c)
             + profile_section(c) + ["## cuBLASLt", ""] + cublaslt_section(c.cublaslt, c.run) + [""]
             + bandwidth_section(c) + correctness_section(c) + stages_section(c) + failures_section(c)
             + environment_section(c))
@@ -1010,7 +1714,11 @@ def summary_lines(c, t_rows):
           + ", ".join(f"{s['id']} {s['seconds']}" for s in c.stages if s["status"] != "skipped")]
     for t in t_rows:
         sm.append(f"  [{t[3][:100]}] {t[0][:90]}: {t[2]} (target {t[1]})")
-    for s in c.failed:  # with the stage's last words: the output tail may be all one reads
+    for s in c.stages:  # with the stage's last words: the output tail may be all one reads
+        if s in c.tool_errors:
+            sm.append(f"  stage {s['id']}: {c.status_label(s)} ({s['note'][:200]})")
+        if s not in c.failed:
+            continue
         last = [ln.strip() for ln in tail(c.path(s["id"] + ".err"), 5)
                 + tail(c.path(s["id"] + ".out"), 3) if ln.strip()]
         sm.append(f"  stage {s['id']}: {s['status']} ({s['note']})"

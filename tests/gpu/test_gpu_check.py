@@ -213,9 +213,11 @@ def test_a_tool_the_runtime_refuses_is_skipped_with_its_words():
     assert report.stage_verdict("sanitizer", sanitizer_refused, gpu=True)[0] == "skipped"
     assert report.stage_verdict("sanitizer", "========= COMPUTE-SANITIZER\n========= Error: Device not supported\n",
                                 gpu=True)[0] == "skipped"
-    # A sanitizer that ran and found errors failed: its exit status stands.
+    # A sanitizer that ran and found errors failed, with its counts, whatever else it printed.
     found = "========= Invalid __global__ read of size 4 bytes\n========= ERROR SUMMARY: 1 error\n"
-    assert report.stage_verdict("sanitizer", found + "permission", gpu=True) == (None, "")
+    assert report.stage_verdict("sanitizer", found + "permission", gpu=True) == (
+        "failed", "compute-sanitizer found 1 error (ERROR SUMMARY: 1 error): 1 invalid access; "
+                  "first: Invalid __global__ read of size 4 bytes")
     assert report.stage_verdict("sanitizer", "Segmentation fault", gpu=True) == (None, "")
 
 
@@ -435,15 +437,436 @@ def test_report_survives_an_empty_run(tmp_path):
     assert "not measured" in out.read_text()
 
 
+# ----------------------------------------------------------------------------- issue 47: recorded outputs
+
+FIXTURES = HERE / "fixtures"
+
+
+def fixture(name):
+    return (FIXTURES / name).read_text()
+
+
+def sanitizer_text(name):
+    """A recorded sanitizer stage's stdout and stderr, as --verdict reads them."""
+    err = FIXTURES / (name + ".err")
+    return fixture(name + ".out") + "\n" + (err.read_text() if err.exists() else "")
+
+
+def test_sanitizer_verdicts_on_recorded_outputs():
+    """An internal error is a tool failure, never a hazard (the 2026-12-04 run 1 counted racecheck's
+    "1 hazard displayed (1 error, 0 warnings)" as one); real hazards and invalid accesses fail with
+    their counts; clean runs keep their exit status."""
+    assert report.stage_verdict("sanitizer", sanitizer_text("racecheck-internal-error"), gpu=True) == (
+        "tool-error",
+        "sanitizer internal error during Dtypes/GpuEngineTest.SmallBatchMatchesTheCpuEngine/1 (a tool failure, "
+        "not a hazard): Internal Sanitizer Error: The Sanitizer failed to handle a hardware exception.; its "
+        "summary counted it: RACECHECK SUMMARY: 1 hazard displayed (1 error, 0 warnings)")
+    assert report.stage_verdict("sanitizer", sanitizer_text("racecheck-hazard"), gpu=True) == (
+        "failed",
+        "compute-sanitizer found 2 hazards (RACECHECK SUMMARY: 3 hazards displayed (2 errors, 1 warning)): 2 races; "
+        "first: Error: Race reported between Write access at pool_combine_kernel<float, float> "
+        "(additive_pooling.cu:162) and Read access at pool_combine_kernel<float, float> (additive_pooling.cu:171) "
+        "[96 hazards]")
+    assert report.stage_verdict("sanitizer", sanitizer_text("memcheck-out-of-bounds"), gpu=True) == (
+        "failed",
+        "compute-sanitizer found 3 errors (ERROR SUMMARY: 3 errors): 2 invalid accesses, 1 CUDA API error; "
+        "first: Invalid __global__ read of size 4 bytes at pool_partials_kernel<__nv_bfloat16, float> "
+        "(additive_pooling.cu:88)")
+    assert report.stage_verdict("sanitizer", sanitizer_text("memcheck-clean"), gpu=True) == (None, "")
+    assert report.stage_verdict("sanitizer", sanitizer_text("racecheck-clean"), gpu=True) == (None, "")
+
+
+def test_sanitizer_internal_error_beside_real_findings():
+    """Hazards win over an internal error; the API errors an internal error causes are its own."""
+    internal = "========= Internal Sanitizer Error: The Sanitizer failed to handle a hardware exception.\n"
+    race = ("========= Error: Race reported between Write access at k(float *)+0x10 in a.cu:3\n"
+            "=========     and Read access at k(float *)+0x20 in a.cu:4 [2 hazards]\n")
+    both = race + internal + "========= RACECHECK SUMMARY: 2 hazards displayed (2 errors, 0 warnings)\n"
+    status, why = report.stage_verdict("sanitizer", both, gpu=True)
+    assert status == "failed"
+    assert why == ("compute-sanitizer found 1 hazard (RACECHECK SUMMARY: 2 hazards displayed (2 errors, "
+                   "0 warnings)): 1 race; first: Error: Race reported between Write access at k (a.cu:3) and "
+                   "Read access at k (a.cu:4) [2 hazards]; besides 1 sanitizer internal error (a tool failure, "
+                   "not counted): Internal Sanitizer Error: The Sanitizer failed to handle a hardware exception.")
+    api = ('========= Program hit cudaErrorIllegalAddress (error 700) due to "an illegal memory access was '
+           'encountered" on CUDA API call to cudaStreamSynchronize.\n')
+    # memcheck: the internal error, then the call that fails because of it: a tool failure.
+    assert report.stage_verdict("sanitizer", internal + api + "========= ERROR SUMMARY: 2 errors\n",
+                                gpu=True)[0] == "tool-error"
+    # A summary that counts one more error than the internal error and its consequence explain.
+    status, why = report.stage_verdict("sanitizer", internal + api + "========= ERROR SUMMARY: 3 errors\n", gpu=True)
+    assert status == "failed" and why.startswith("compute-sanitizer found 1 error (ERROR SUMMARY: 3 errors)")
+    # No summary at all (the sanitizer died) with an internal error: still the tool's failure.
+    assert report.stage_verdict("sanitizer", internal, gpu=True)[0] == "tool-error"
+    # The program's own words are not the sanitizer's: no prefix, no "sanitizer" in the line.
+    assert report.stage_verdict("sanitizer", "what(): cuBLAS internal error\n========= ERROR SUMMARY: 0 errors\n",
+                                gpu=True) == (None, "")
+
+
+def test_sanitizer_verdict_command_line_says_tool_error():
+    p = subprocess.run([PYTHON, str(HERE / "report.py"), "--verdict", "sanitizer",
+                        str(FIXTURES / "racecheck-internal-error.out"), str(FIXTURES / "racecheck-internal-error.err"),
+                        "--gpu", "1"], capture_output=True, text=True, timeout=60)
+    assert p.returncode == 0, p.stderr
+    status, why = p.stdout.rstrip("\n").split("\t")
+    assert status == "tool-error" and "not a hazard" in why
+    p = subprocess.run([PYTHON, str(HERE / "report.py"), "--verdict", "sanitizer",
+                        str(FIXTURES / "memcheck-clean.out"), "--gpu", "1"], capture_output=True, text=True, timeout=60)
+    assert p.stdout == "keep\n"
+
+
+def test_sanitizer_analysis_names_the_tests_that_ran():
+    a = report.sanitizer_analysis(sanitizer_text("racecheck-internal-error"))
+    assert a["filter"] == "*Small*"
+    assert a["runs"] == [("Dtypes/GpuEngineTest.SmallBatchMatchesTheCpuEngine/0", "ok"),
+                         ("Dtypes/GpuEngineTest.SmallBatchMatchesTheCpuEngine/1", "did not finish")]
+    assert a["stopped_in"] == "Dtypes/GpuEngineTest.SmallBatchMatchesTheCpuEngine/1"
+    assert a["real"] == 0 and len(a["internal"]) == 1
+    a = report.sanitizer_analysis(sanitizer_text("memcheck-out-of-bounds"))
+    assert a["filter"] == "*BaseLong*"
+    assert [o for _, o in a["runs"]] == ["ok", "ok", "failed"]
+    assert a["runs"][-1][0] == "Dtypes/GpuEngineTest.BaseLongShapeMatchesTheCpuEngine/2"
+    assert (a["real"], len(a["errors"]), len(a["api"])) == (3, 2, 1)
+    a = report.sanitizer_analysis(sanitizer_text("racecheck-hazard"))
+    assert (a["real"], len(a["errors"]), len(a["warnings"])) == (2, 2, 1)
+    assert report.runs_text(a["runs"][:2]) == ("Dtypes/GpuEngineTest.: BaseLongShapeMatchesTheCpuEngine/0 ok, "
+                                               "BaseLongShapeMatchesTheCpuEngine/1 ok")
+    assert report.gtest_filter("", "compute-sanitizer memcheck (x), fastformer_gpu_tests --gtest_filter=*BaseLong*") \
+        == "*BaseLong*"
+
+
+def add_stages(run, *records):
+    """Appends stage records (id, title, status, note) to a run's stages.tsv."""
+    with open(run / "stages.tsv", "a") as f:
+        for sid, title, status, note in records:
+            f.write(f"{sid}\t{title}\t{status}\t{'0' if status == 'ok' else '99'}\t7\t{note}\t40\t100\n")
+
+
+def copy_fixture(run, name, sid):
+    (run / f"{sid}.out").write_text(fixture(name + ".out"))
+    err = FIXTURES / (name + ".err")
+    if err.exists():
+        (run / f"{sid}.err").write_text(err.read_text())
+
+
+def target_row(md, start):
+    targets = md.split("## Targets")[1].split("\n## ")[0]
+    rows = [ln for ln in targets.splitlines() if ln.startswith("| " + start)]
+    assert len(rows) == 1, (start, rows)
+    return [c.strip() for c in re.split(r"(?<!\\)\|", rows[0].strip()[1:-1])]
+
+
+def sanitizer_title(tool, filt, loading):
+    return (f"compute-sanitizer {tool} (scope; CUDA_MODULE_LOADING={loading}), fastformer_gpu_tests "
+            f"--gtest_filter={filt}")
+
+
+def test_report_a_sanitizer_tool_failure_is_retried_and_never_a_hazard(tmp_path):
+    """gpu-check.sh's four sanitizer stages. racecheck: an internal error, then a clean retry with
+    the other module loading: the retry's result stands (PASS), the first run is a tool failure,
+    retried. racecheck-base-long: an internal error whose retry was skipped: not measured, never
+    FAIL. memcheck-base-long: real invalid reads: FAIL with the counts. memcheck: clean."""
+    run = make_run(tmp_path)
+    copy_fixture(run, "memcheck-clean", "memcheck")
+    copy_fixture(run, "memcheck-out-of-bounds", "memcheck-base-long")
+    copy_fixture(run, "racecheck-internal-error", "racecheck")
+    copy_fixture(run, "racecheck-clean", "racecheck-retry")
+    (run / "racecheck-base-long.out").write_text(
+        fixture("racecheck-internal-error.out").replace("*Small*", "*BaseLong*")
+        .replace("SmallBatchMatchesTheCpuEngine", "BaseLongShapeMatchesTheCpuEngine"))
+    tool_error = report.stage_verdict("sanitizer", sanitizer_text("racecheck-internal-error"), True)[1]
+    add_stages(run,
+               ("memcheck", sanitizer_title("memcheck", "*Small*", "LAZY"), "ok", ""),
+               ("memcheck-base-long", sanitizer_title("memcheck", "*BaseLong*", "LAZY"), "failed", "exit 99"),
+               ("memcheck-base-long", sanitizer_title("memcheck", "*BaseLong*", "LAZY"), "failed",
+                report.stage_verdict("sanitizer", sanitizer_text("memcheck-out-of-bounds"), True)[1]),
+               ("racecheck", sanitizer_title("racecheck", "*Small*", "default"), "failed", "exit 99"),
+               ("racecheck", sanitizer_title("racecheck", "*Small*", "default"), "tool-error", tool_error),
+               ("racecheck-retry", sanitizer_title("racecheck", "*Small*", "EAGER"), "ok", ""),
+               ("racecheck-base-long", sanitizer_title("racecheck", "*BaseLong*", "default"), "tool-error",
+                tool_error),
+               ("racecheck-base-long-retry", sanitizer_title("racecheck", "*BaseLong*", "EAGER"), "skipped",
+                "time budget spent (GPU_CHECK_BUDGET_S=420)"))
+    out, summary = tmp_path / "r.md", tmp_path / "s.txt"
+    assert report.main(["--run", str(run), "--out", str(out), "--summary", str(summary)]) == 0
+    md = out.read_text()
+    table = {r["stage"]: r for r in stage_table(md)}
+    assert table["racecheck"]["status"] == "tool failure (sanitizer internal error), retried"
+    assert table["racecheck-retry"]["status"] == "ok"
+    assert table["racecheck-base-long"]["status"] == ("tool failure (sanitizer internal error), retry skipped: "
+                                                      "time budget spent (GPU_CHECK_BUDGET_S=420)")
+    assert table["memcheck-base-long"]["status"] == "failed"
+    # Targets: the retry's result stands; a tool failure is not measured, never a hazard.
+    row = target_row(md, "compute-sanitizer racecheck, fastformer_gpu_tests *Small* ")
+    assert row[1:] == ["0 hazards", "0 hazards; 3 tests ran; retry (racecheck-retry, CUDA_MODULE_LOADING=EAGER) "
+                       "after the first run's tool failure (sanitizer internal error)", "PASS"]
+    row = target_row(md, "compute-sanitizer racecheck, fastformer_gpu_tests *BaseLong* ")
+    assert row[3] == "not measured: tool failure (sanitizer internal error)"
+    assert row[2] == ("tool failure (sanitizer internal error): Internal Sanitizer Error: The Sanitizer failed to "
+                      "handle a hardware exception., not a hazard (its summary counted it: RACECHECK SUMMARY: "
+                      "1 hazard displayed (1 error, 0 warnings)); 2 tests ran, 1 not ok; stopped in "
+                      "Dtypes/GpuEngineTest.BaseLongShapeMatchesTheCpuEngine/1")
+    row = target_row(md, "compute-sanitizer memcheck, fastformer_gpu_tests *BaseLong* ")
+    assert row[2] == ("3 errors; ERROR SUMMARY: 3 errors; first: Invalid __global__ read of size 4 bytes at "
+                      "pool_partials_kernel<__nv_bfloat16, float> (additive_pooling.cu:88); 3 tests ran, 1 not ok")
+    assert row[3] == "FAIL"
+    row = target_row(md, "compute-sanitizer memcheck, fastformer_gpu_tests *Small* ")
+    assert row[2:] == ["0 errors; 3 tests ran", "PASS"]
+    # The sanitizer summary (Correctness): the retry's result, both stages named, the tests each ran.
+    correctness = md.split("## Correctness on the GPU")[1].split("\n## ")[0]
+    line = [ln for ln in correctness.splitlines() if ln.startswith("| compute-sanitizer racecheck (*Small*)")][0]
+    assert "racecheck: tool failure (sanitizer internal error), retried" in line and "racecheck-retry: ok" in line
+    result = line.split(" | ")[1]  # the retry's result; the first run's words only in the stage column
+    assert result.startswith("0 hazards; 3 tests ran; retry") and "hazard displayed" not in result
+    assert ("- racecheck (first run, tool failure (sanitizer internal error)): Dtypes/GpuEngineTest.: "
+            "SmallBatchMatchesTheCpuEngine/0 ok, SmallBatchMatchesTheCpuEngine/1 did not finish") in correctness
+    assert ("- racecheck-retry: Dtypes/GpuEngineTest.: SmallBatchMatchesTheCpuEngine/0 ok, "
+            "SmallBatchMatchesTheCpuEngine/1 ok, SmallBatchMatchesTheCpuEngine/2 ok") in correctness
+    assert ("- memcheck-base-long: Dtypes/GpuEngineTest.: BaseLongShapeMatchesTheCpuEngine/0 ok, "
+            "BaseLongShapeMatchesTheCpuEngine/1 ok, BaseLongShapeMatchesTheCpuEngine/2 failed") in correctness
+    # Failures and the summary name the tool failure as such.
+    assert "### racecheck: tool failure (sanitizer internal error), retried (sanitizer internal error during" in md
+    text = summary.read_text()
+    assert "  stage racecheck: tool failure (sanitizer internal error), retried (sanitizer internal error" in text
+    assert "[FAIL] compute-sanitizer memcheck, fastformer_gpu_tests *BaseLong*" in text
+    assert "[PASS] compute-sanitizer racecheck, fastformer_gpu_tests *Small*" in text
+
+
+def test_parse_ncu_counts_l2_write_sectors():
+    """issue 47: bytes = DRAM bytes read + 32 x L2 write sectors; dram__bytes_write misses the
+    writes the L2 still holds (bias_activation: 4 MiB of DRAM writes for 32 MiB written)."""
+    launches = report.parse_ncu(fixture("ncu-l2.csv"))
+    assert len(launches) == 6 and all(l["bytes_from"] == "l2-write" for l in launches)
+    first = launches[3]
+    assert first["name"] == "bias_activation_kernel"
+    assert first["bytes"] == 33554432 + 32 * 1048576
+    assert (first["dram_write"], first["l2_write"], first["l2_read"]) == (4194304, 33554432, 33554432)
+    rows = {r["name"]: r for r in report.kernel_table(launches, 4.0e12)}
+    ba = rows["bias_activation_kernel"]
+    assert ba["launches"] == 2 and ba["bytes"] == 134217728 and ba["dram_write"] == 9437184
+    assert ba["time_s"] == pytest.approx(46e-6)
+    assert ba["fraction"] == pytest.approx(134217728 / 46e-6 / 4.0e12)  # 73%, where DRAM writes made it 42%
+    assert rows["key_scores_kernel"]["bytes"] == 37748736 + 32 * 32768 and rows["key_scores_kernel"]["significant"]
+    assert not rows["pool_combine_kernel"]["significant"]
+    # The wide ('raw') form with the same metrics, units in the second row.
+    wide = ('"ID","Process ID","Process Name","Host Name","Kernel Name","Context","Stream","dram__bytes_read.sum",'
+            '"dram__bytes_write.sum","gpu__time_duration.sum","lts__t_sectors_op_read.sum",'
+            '"lts__t_sectors_op_write.sum"\n'
+            '"","","","","","","","byte","byte","usecond","sector","Ksector"\n'
+            '"0","1","b","h","bias_activation_kernel","1","7","33554432","4194304","22","1048576","1048.576"\n')
+    (l,) = report.parse_ncu(wide)
+    assert l["bytes"] == pytest.approx(33554432 + 32 * 1048576) and l["time_s"] == pytest.approx(22e-6)
+    # An older CSV (DRAM metrics only): DRAM read + written, as before.
+    old = {l["name"]: l for l in report.parse_ncu(NCU_LONG)}
+    assert old["residual_layernorm_kernel"]["bytes_from"] == "dram"
+    assert old["residual_layernorm_kernel"]["bytes"] == 201326592 + 100663296
+
+
+def test_report_ncu_table_says_where_its_bytes_come_from(tmp_path):
+    run = make_run(tmp_path)
+    (run / "ncu.csv").write_text(fixture("ncu-l2.csv"))
+    out = tmp_path / "r.md"
+    assert report.main(["--run", str(run), "--out", str(out)]) == 0
+    md = out.read_text()
+    section = md.split("## Memory bandwidth")[1].split("\n## ")[0]
+    assert "Bytes: DRAM bytes read (`dram__bytes_read`) + L2 write sectors x 32 B (`lts__t_sectors_op_write`)" \
+        in section
+    line = [ln for ln in section.splitlines() if ln.startswith("| bias_activation_kernel |")][0]
+    assert [c.strip() for c in line.strip("|").split("|")] == [
+        "bias_activation_kernel", "2", "0.046", "128.0 MiB", "64.0 MiB", "64.0 MiB", "9.0 MiB", "2.92 TB/s", "73%",
+        "counts"]
+    # The 70% target from ncu on the same bytes: key_scores_kernel, 38.8 MB in 52 us = 19% of 4.0 TB/s.
+    row = target_row(md, "non-GEMM kernels vs device-to-device copy bandwidth, ncu")
+    assert "(DRAM read + L2 write sectors; worst kernel" in row[0] and "key_scores_kernel" in row[0]
+    assert row[2:] == ["19%", "FAIL"]
+    # An old CSV: the note says the bytes understate the writes.
+    (run / "ncu.csv").write_text(NCU_LONG)
+    assert report.main(["--run", str(run), "--out", str(out)]) == 0
+    md = out.read_text()
+    assert "so the writes still held in the 50 MB L2 when a kernel ended are not counted, and the bytes and " \
+           "bandwidths **understate the writes**" in md
+    assert "DRAM read + written, understating writes held in the L2" in target_row(md, "non-GEMM kernels vs "
+                                                                                        "device-to-device")[0]
+
+
+def profile_json(names, layers=12):
+    """One line of `fastformer-bench --profile --json` on base-long bf16 fixed:512 @65536: a
+    profile row per op and layer, with the keys the bench writes."""
+    rows = []
+    for layer in range(layers):
+        for name, ms, nbytes, flops in names:
+            rows.append({"bytes": nbytes, "calls": 1.0, "flops": flops, "gbps": nbytes / ms / 1e6, "kernel": "",
+                         "layer": layer, "ms": ms, "name": name, "share": 0.01, "tflops": flops / ms / 1e9})
+    return bench(2.5e6, profile=rows, lengths="fixed:512", model="base-long", dtype="bfloat16", batch_tokens=65536)
+
+
+def profile_rows_of(md, shape="512-token sequences"):
+    section = md.split("## Where the time goes")[1].split("\n## ")[0]
+    part = section.split(shape)[1].split("base-long bfloat16, ")[0]
+    rows = {}
+    for ln in part.splitlines():
+        if ln.startswith("| ") and "---" not in ln and "| op |" not in ln:
+            cells = [c.strip() for c in ln.strip("|").split("|")]
+            rows[cells[0]] = cells
+    return rows, part
+
+
+def test_profile_split_rows_are_both_compared_with_the_cost_model(tmp_path):
+    """The engine's --profile gives ffn_in_gemm (the GEMM alone) and ffn_in_bias_gelu (the
+    exact-erf GELU pass) apart, as tools/cost_model.py prices them: both are compared. An older
+    profile's ffn_in_gemm includes the pass: it is left out, with the reason."""
+    sys.path.insert(0, str(ROOT / "tools"))
+    import cost_model
+    expected = {r["op"]: r["expected_ms"] for r in cost_model.model(128, 65536)}
+    run = make_run(tmp_path)
+    split = [("ffn_in_gemm", 0.49, 5.08e8, 3.09e11), ("ffn_in_bias_gelu", 0.24, 8.05e8, 0.0),
+             ("ffn_out_gemm", 0.41, 5.08e8, 3.09e11)]
+    (run / "prof-short.out").write_text("log\n" + profile_json(split) + "\n")
+    out = tmp_path / "r.md"
+    assert report.main(["--run", str(run), "--out", str(out)]) == 0
+    rows, part = profile_rows_of(out.read_text())
+    assert rows["ffn_in_gemm"][3] == f"{expected['ffn_in_gemm']:.3f}"
+    assert rows["ffn_in_bias_gelu"][3] == f"{expected['ffn_in_bias_gelu']:.3f}"
+    assert rows["ffn_in_bias_gelu"][9] == "counts"  # a row kernel moving 805 MB a launch, judged for the 70%
+    assert rows["ffn_in_gemm"][9] == "GEMM"
+    assert ("`ffn_in_gemm` is the GEMM alone and `ffn_in_bias_gelu` the pass after it (the profile splits them, "
+            "as the cost model does): both are compared.") in part
+    compared = expected["ffn_in_gemm"] + expected["ffn_in_bias_gelu"] + expected["ffn_out_gemm"]
+    assert f"The 3 ops compared with the cost model by name take {12 * (0.49 + 0.24 + 0.41):.2f} ms against its " \
+           f"{compared:.2f} ms." in part
+    assert "left out of the comparison" not in part
+    # An older fastformer-bench: one ffn_in_gemm row with the pass in it.
+    (run / "prof-short.out").write_text("log\n" + profile_json([("ffn_in_gemm", 0.74, 5.08e8, 3.09e11),
+                                                                 ("ffn_out_gemm", 0.41, 5.08e8, 3.09e11)]) + "\n")
+    assert report.main(["--run", str(run), "--out", str(out)]) == 0
+    rows, part = profile_rows_of(out.read_text())
+    assert rows["ffn_in_gemm"][3] == "—" and rows["ffn_out_gemm"][3] == f"{expected['ffn_out_gemm']:.3f}"
+    assert "ffn_in_bias_gelu" not in rows
+    assert (f"`ffn_in_gemm` is left out of the comparison: this profile has no `ffn_in_bias_gelu` row, so its "
+            f"`ffn_in_gemm` includes that pass (the exact-erf GELU), which the cost model prices apart "
+            f"({expected['ffn_in_gemm']:.3f} ms for the GEMM, {expected['ffn_in_bias_gelu']:.3f} ms for the pass).") \
+        in part
+    assert "The 1 ops compared with the cost model by name take 4.92 ms" in part
+
+
+SERVER_TARGETS = ("server parity (bf16 cosine >= 0.999 to CPU float32, same argmax)",
+                  "server ÷ engine tokens/s >= 0.90", "drain: 0 lost, exit 0")
+
+
+def server_run(tmp_path, parity="server-parity-ok.json", load="server-load-ok.json", stages=None):
+    tmp_path.mkdir(parents=True, exist_ok=True)
+    run = make_run(tmp_path)
+    for name, sid in ((parity, "server-parity"), (load, "server-load")):
+        if name:
+            (run / f"{sid}.json").write_text(fixture(name) if name.endswith(".json") else name)
+    add_stages(run, *(stages or [("server-parity", "the server: parity", "ok", ""),
+                                 ("server-load", "the server: saturation, low load, drain", "ok", "")]))
+    out, summary = tmp_path / "r.md", tmp_path / "s.txt"
+    assert report.main(["--run", str(run), "--out", str(out), "--summary", str(summary)]) == 0
+    md = out.read_text()
+    section = md.split("## The server on the GPU")[1].split("\n## ")[0]
+    return md, section, summary.read_text()
+
+
+def test_report_server_on_the_gpu_all_ok(tmp_path):
+    md, section, summary = server_run(tmp_path)
+    assert target_row(md, SERVER_TARGETS[0])[2:] == [
+        "min cosine 0.99968 over 4 groups (grpc, http, text-grpc, text-http), 80 requests; argmax 16/16 same", "PASS"]
+    assert target_row(md, SERVER_TARGETS[1])[2:] == ["0.91 (server 2.10 M ÷ engine 2.30 M tokens/s)", "PASS"]
+    assert target_row(md, SERVER_TARGETS[2])[2:] == [
+        "500 requests: 480 answered, 20 refused (UNAVAILABLE 20), 0 lost, none hung, exit 0", "PASS"]
+    assert ("- backend **cuda**, dtype auto picked: **bfloat16**; the server's log: `[2026-12-08 10:02:11.412] "
+            "[info] backend cuda: dtype auto -> bfloat16") in section
+    grpc = [ln for ln in section.splitlines() if ln.startswith("| grpc |")][0]
+    assert [c.strip() for c in grpc.strip("|").split("|")] == [
+        "grpc", "base-long", "32", "33", "123,456", "0.99971", "≥ 0.999", "request 7 (4,096 tokens)", "no head", "0",
+        "ok"]
+    assert "| text-http | official | 8 | 8 | 5,120 | 0.99991 | ≥ 0.999 | request 5 (1,024 tokens) | 8/8 | 0 | ok |" \
+        in section
+    assert "| server ÷ engine | **0.91** (target ≥ 0.90) |" in section
+    assert "| engine tokens/s (fastformer-bench, the same plugin, model, lengths and budget) | 2.30 M (bfloat16) |" \
+        in section
+    assert "| batches, mean batch tokens (/metrics) | 300, 60,000 |" in section
+    assert "| GPU memory | 12,345 MiB (nvidia-smi --query-compute-apps) |" in section
+    assert "| end to end (client) | 1.20 / 2.50 |" in section
+    assert "| the server's queue | 0.10 / 0.30 |" in section and "| the server's compute | 0.90 / 1.50 |" in section
+    assert "| refused, by code | 20 (UNAVAILABLE 20) |" in section and "| lost | 0 |" in section
+    assert "| server exit code | 0 |" in section and "| verdict | ok |" in section
+    for label in SERVER_TARGETS:
+        assert f"[PASS] {label}" in summary, label
+
+
+def test_report_server_parity_group_failed(tmp_path):
+    md, section, summary = server_run(tmp_path, parity="server-parity-failed.json")
+    verdict = target_row(md, SERVER_TARGETS[0])[3]
+    assert verdict == ("FAIL: text-http: min cosine 0.99812 < 0.999 (request 6 (1,498 tokens)); argmax differs "
+                       "in 1 of 8; 1 request failed")
+    line = [ln for ln in section.splitlines() if ln.startswith("| text-http |")][0]
+    assert "| 0.99812 |" in line and "| 7/8 |" in line and "FAIL: min cosine 0.99812 < 0.999" in line
+    assert '- text-http: request 2: HTTP 503: {"error": {"message": "server is draining"}}' in section
+    assert "[FAIL: text-http: min cosine 0.99812" in summary
+
+
+def test_report_server_stage_skipped_without_a_gpu(tmp_path):
+    why = "no GPU: nvidia-smi not found (no NVIDIA driver on this machine)"
+    md, section, summary = server_run(tmp_path, parity=None, load=None, stages=[
+        ("server-parity", "the server: parity", "skipped", why), ("server-load", "the server: load", "skipped", why)])
+    for label in SERVER_TARGETS:
+        assert target_row(md, label)[2:] == ["—", f"not measured: skipped: {why}"], label
+        assert f"[not measured: skipped: {why}] {label}" in summary
+    assert section.strip() == f"Not measured: server-parity skipped: {why}; server-load skipped: {why}."
+    # No stage and no file at all (an older run): not run, and no crash.
+    md, _, _ = server_run(tmp_path / "older", parity=None, load=None, stages=[("other", "x", "ok", "")])
+    assert target_row(md, SERVER_TARGETS[1])[3] == "not measured: not run (no stage server-load, no server-load.json)"
+
+
+def test_report_server_below_target_and_a_lost_drain(tmp_path):
+    md, section, summary = server_run(tmp_path, load="server-load-below-target.json")
+    assert target_row(md, SERVER_TARGETS[1])[2:] == ["0.82 (server 1.89 M ÷ engine 2.30 M tokens/s)", "FAIL"]
+    assert target_row(md, SERVER_TARGETS[2])[2:] == [
+        "500 requests: 470 answered, 28 refused (UNAVAILABLE 27, DEADLINE_EXCEEDED 1), 3 lost, one or more hung, "
+        "exit ?",
+        "FAIL: 3 requests lost (neither answered nor refused with a clear code); a request hung; "
+        "no 'drained; exiting' in the server's log"]
+    assert "| of them unclear (not a clear refusal) | 1 |" in section
+    assert "| neither answered nor refused | 2 |" in section and "| hung | yes |" in section
+    assert "| server exit code | — |" in section
+    assert "[FAIL] server ÷ engine tokens/s >= 0.90: 0.82" in summary
+
+
+def test_report_server_stage_that_failed_early(tmp_path):
+    """Keys missing or null, an error: rendered, never a crash."""
+    load = json.dumps({"backend": "cuda", "dtype": None, "model": "base-long", "max_batch_tokens": 65536,
+                       "saturation": {}, "low_load": {}, "drain": {}, "ok": False,
+                       "error": "fastformer-server exited 1 before listening: libcublasLt.so.13: cannot open"})
+    parity = json.dumps({"backend": "cuda", "groups": None, "threshold": None, "ok": False, "error": None})
+    md, section, _ = server_run(tmp_path, parity=parity, load=load, stages=[
+        ("server-parity", "the server: parity", "failed", "exit 2"),
+        ("server-load", "the server: load", "failed", "a verdict does not hold: error")])
+    assert target_row(md, SERVER_TARGETS[0])[3] == "not measured: failed: exit 2"
+    for label in SERVER_TARGETS[1:]:
+        assert target_row(md, label)[3] == ("not measured: failed: fastformer-server exited 1 before listening: "
+                                            "libcublasLt.so.13: cannot open"), label
+    assert "The stage did not complete: fastformer-server exited 1 before listening" in section
+    md, _, _ = server_run(tmp_path / "garbage", parity="{not json", load="[]")
+    assert target_row(md, SERVER_TARGETS[0])[3] == "not measured: stage server-parity ok, but no readable " \
+        "server-parity.json"
+    assert target_row(md, SERVER_TARGETS[2])[3] == "not measured: stage server-load ok, but no readable " \
+        "server-load.json"
+
+
 # ----------------------------------------------------------------------------- the script
 
 
-# The stages in the order gpu-check.sh runs them (issue 21): what only a GPU can tell first,
-# torch.compile last. The model stages run in the background and are left out.
+# The stages in the order gpu-check.sh runs them (issues 21 and 47): what only a GPU can tell
+# first: engine parity, server parity, copy bandwidth, the server under load, the engine's
+# benchmarks, the sanitizers (the small model, then base-long's shapes; a <ID>-retry follows a
+# tool failure), ncu, torch.compile last. The model stages run in the background and are left out.
 STAGE_ORDER = ["cublaslt", "probes", "nvidia-smi", "deps", "configure", "build", "ctest-gpu", "parity-base-long",
-               "copy-bandwidth", "ours-bl-bf16-fixed512", "ours-bl-bf16-fixed65536", "prof-bl-bf16-fixed512",
-               "prof-bl-bf16-fixed65536", "ours-bl-bf16-mix", "ours-bl-bf16-fixed8192", "ncu", "memcheck",
-               "racecheck", "torch-eager", "sdpa-8192", "sdpa-512", "torch-compile"]
+               "server-parity", "copy-bandwidth", "server-load", "ours-bl-bf16-fixed512", "ours-bl-bf16-fixed65536",
+               "prof-bl-bf16-fixed512", "prof-bl-bf16-fixed65536", "ours-bl-bf16-mix", "ours-bl-bf16-fixed8192",
+               "memcheck", "memcheck-base-long", "racecheck", "racecheck-base-long", "ncu", "torch-eager",
+               "sdpa-8192", "sdpa-512", "torch-compile"]
 
 
 def stage_table(md):
@@ -475,8 +898,9 @@ def test_gpu_check_without_a_gpu_is_quick_and_writes_a_report(tmp_path):
     md = rep.read_text()
     assert "mode: **no-gpu**" in md
     stages = md.split("## Stages")[1].split("##")[0]
-    for sid in ("nvidia-smi", "ctest-gpu", "memcheck", "racecheck", "copy-bandwidth",
-                "ours-bl-bf16-fixed512", "torch-eager", "sdpa-8192", "torch-compile", "ncu"):
+    for sid in ("nvidia-smi", "ctest-gpu", "memcheck", "racecheck", "copy-bandwidth", "server-parity", "server-load",
+                "memcheck-base-long", "racecheck-base-long", "ours-bl-bf16-fixed512", "torch-eager", "sdpa-8192",
+                "torch-compile", "ncu"):
         line = [ln for ln in stages.splitlines() if ln.startswith(f"| {sid} |")]
         assert line and "| skipped |" in line[0] and "no GPU" in line[0], sid
     assert stage_order(md) == STAGE_ORDER
@@ -534,7 +958,8 @@ def fake_gpu_machine(tmp_path, smi_sleeps=False, nvcc=True):
 def fake_torch_machine(tmp_path, env):
     """On top of fake_gpu_machine: a fake python that "imports torch" and prints a benchmark's
     JSON, the two models already made (reused), a fastformer-bench in the build dir that knows
-    --profile (the build itself is skipped: no cuBLASLt), and an ncu that profiles nothing."""
+    --profile (the build itself is skipped: no cuBLASLt), and an ncu that records its arguments
+    and profiles nothing."""
     py = write_script(tmp_path / "fake-python", '#!/bin/sh\n'
                       'case "$1" in\n'
                       '  -c) exit 0 ;;\n'
@@ -547,10 +972,12 @@ def fake_torch_machine(tmp_path, env):
         d.mkdir(parents=True)
         (d / "model.safetensors").write_text("fake\n")
         (d / ".gpu-check-ok").write_text("")
+    (tmp_path / "work" / "models" / "official" / "tokenizer.json").write_text("{}\n")  # the text path's
     write_script(tmp_path / "build" / "bin" / "fastformer-bench", '#!/bin/sh\n'
                  'case "$*" in *--help*) echo "  --profile  time every op"; exit 0 ;; esac\n'
                  'echo \'{"tokens_per_second": 2000000.0, "backend": "cuda", "batches": 5}\'\n')
-    write_script(tmp_path / "bin" / "ncu", "#!/bin/sh\nexit 0\n")
+    write_script(tmp_path / "bin" / "ncu",  # records its arguments, profiles nothing
+                 f'#!/bin/sh\nfor a in "$@"; do echo "$a"; done >{tmp_path / "ncu-args.txt"}\n')
     return dict(env, GPU_CHECK_PYTHON=str(py))
 
 
@@ -646,6 +1073,16 @@ def test_gpu_check_stage_order_caps_and_every_wall_time(tmp_path):
     assert table["prof-bl-bf16-fixed512"]["limit (s)"] == "12" and "--profile" in table["prof-bl-bf16-fixed512"]["what"]
     assert table["ncu"]["limit (s)"] == "40" and "official bf16 fixed:512" in table["ncu"]["what"]
     assert "our kernels: from_float and cuBLAS's excluded" in table["ncu"]["what"]
+    # ncu collects the metrics report.py reads: DRAM bytes and the L2 write sectors (issue 47).
+    args = (tmp_path / "ncu-args.txt").read_text().splitlines()
+    assert args[args.index("--metrics") + 1].split(",") == list(report.NCU_METRICS)
+    assert args[args.index("--print-units") + 1] == "base" and "--csv" in args
+    # The server's stages (no carried server here) and base-long's sanitizer stages.
+    for sid in ("server-parity", "server-load"):
+        assert table[sid]["status"] == "skipped" and "no carried server" in table[sid]["note"], table[sid]
+    for sid in ("memcheck-base-long", "racecheck-base-long"):
+        assert table[sid]["status"] == "skipped" and "--gtest_filter=*BaseLong*" in table[sid]["what"], table[sid]
+    assert "--gtest_filter=*Small*" in table["memcheck"]["what"]
     assert table["torch-eager"]["limit (s)"] == "30" and table["sdpa-8192"]["limit (s)"] == "20"
     assert table["torch-compile"]["limit (s)"] == "180"
     assert table["model-base-long"]["note"].startswith("reused") and table["model-official"]["status"] == "ok"
