@@ -74,13 +74,6 @@ WORKDIR /src
 # it survives source edits in a layer-caching builder.
 COPY deploy/install-deps.sh deploy/install-deps.sh
 RUN deploy/install-deps.sh --build
-# Debian 12's CMake 3.25.1 stops find_package(CUDAToolkit) on a toolkit without the old
-# nvToolsExt library (CUDA 13 has only the nvtx3 headers): it sets a property on the target
-# CUDA::nvToolsExt without asking whether it exists. Later CMake releases ask first; the same
-# one-line fix here (no-op on another CMake).
-RUN for f in /usr/share/cmake-3.25/Modules/FindCUDAToolkit.cmake; do \
-      [ ! -f "$f" ] || sed -i 's/^\( *if(\)\(CMAKE_MINIMUM_REQUIRED_VERSION VERSION_GREATER_EQUAL 3\.25)\)$/\1TARGET CUDA::nvToolsExt AND \2/' "$f"; \
-    done
 COPY --from=cuda /opt/toolkit/ /
 ARG FASTFORMER_CUDA
 ARG CUDA_ARCHS="80;90;100"

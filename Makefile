@@ -8,7 +8,8 @@
 #                Runtime and OpenVINO; both pip-installed into .venv-bench on first use)
 #
 # CI (.ci/run) runs `make test`, then the longer checks: `make image-test` (the CPU container
-# image built with buildah and run), `make fuzz FUZZ_SECONDS=60`, `make test-tsan` and
+# image built with buildah and run), `make image-test-cuda` (the CUDA image from NVIDIA's PyPI
+# wheels, run with no GPU), `make fuzz FUZZ_SECONDS=60`, `make test-tsan` and
 # `make soak SOAK_SECONDS=60`. Those targets live in mk/*.mk.
 
 # The caches outside the checkout (compiler, venvs, the trained demo model) and the generator.

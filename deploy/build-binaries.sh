@@ -19,7 +19,10 @@
 # BUILD_JOBS [nproc]. CMAKE_ARGs come last, so they may add to the line (the compiler cache, the
 # CUDA compiler, cuBLASLt's header) but the fixed part above is the same everywhere.
 set -euo pipefail
-[ $# -ge 2 ] || { sed -n '2,22p' "$0" >&2; exit 2; }
+# One locale for every caller (the image's builder, the carry): the compiler cache keys on it.
+export LANG=C.UTF-8
+unset LC_ALL
+[ $# -ge 2 ] || { sed -n '2,20p' "$0" >&2; exit 2; }
 build_dir=$1
 out=$2
 shift 2

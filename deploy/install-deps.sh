@@ -5,7 +5,7 @@
 # apart by /etc/os-release: their runtime library packages are named differently.
 #
 #   deploy/install-deps.sh            build + test dependencies, and buildah + debootstrap
-#                                     for `make image-test`
+#                                     for `make image-test` and `make image-test-cuda`
 #   deploy/install-deps.sh --build    only what compiling needs (the Dockerfile's builder)
 #   deploy/install-deps.sh --runtime  only the shared libraries the binaries need (the image)
 set -euo pipefail
@@ -49,8 +49,9 @@ test_pkgs=(
   manpages manpages-dev  # make demo-trained: the corpus of tools/train_demo_model.py
   python3-nltk  # tests/golden/test_train_demo_model.py: NLTK's wordpunct_tokenize, the reference
 )
-# make image-test: builds a local debian:bookworm base and the CPU image, no registry.
-image_test_pkgs=(buildah debootstrap)
+# make image-test: builds a local debian:bookworm base and the CPU image, no registry; make
+# image-test-cuda also fetches NVIDIA's CUDA wheels on the host (pip download).
+image_test_pkgs=(buildah debootstrap python3-pip)
 
 # The runtime libraries of the binaries (ldd), by release: Ubuntu 24.04 renamed the libraries
 # in the 64-bit time_t transition (t64) and ships spdlog 1.12.

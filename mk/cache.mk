@@ -3,6 +3,10 @@
 #   ccache/        every C, C++ and CUDA compile (CMakeLists.txt wires it; FASTFORMER_CCACHE_DIR)
 #   venv/          the Python venvs, one per pinned requirement set (tools/cached_venv.sh)
 #   demo-model/    the trained demo model, keyed by a hash of its inputs (mk/demo.mk)
+#   cuda-wheels/   NVIDIA's CUDA wheels of the CUDA image (deploy/cuda-wheels.txt, by hash)
+#   carry-server/  the GPU lease's packed server closure, keyed by its files' hashes
+#                  (deploy/carry-gpu-deps.sh --server)
+#   gpu-expected/  the GPU check's CPU float32 answers (tests/gpu/server_expected.py)
 # Each one may be deleted at any time: the next run rebuilds it (slower, never different).
 # Included first by the Makefile.
 FASTFORMER_CACHE ?= /var/cache/fastformer
