@@ -141,11 +141,18 @@ def encode_cpu(encode: str, model_dir: Path, lines: list[dict], logits: bool, th
     with tempfile.TemporaryDirectory(prefix="fastformer-expected-") as tmp:
         src = Path(tmp) / "in.jsonl"
         src.write_text("".join(json.dumps(line) + "\n" for line in lines))
+        # A batch budget of the longest line at least: fastformer-encode refuses a line longer
+        # than --max-batch-tokens (the 65,536-token sequence; its default is 16,384).
+        longest = max(len(line.get("token_ids", ())) for line in lines)
         cmd = [encode, "--model-dir", str(model_dir), "--backend", "cpu", "--dtype", "float32",
-               "--threads", str(threads), "--input", str(src), "--output", "-"]
+               "--threads", str(threads), "--max-batch-tokens", str(max(16384, longest)),
+               "--input", str(src), "--output", "-"]
         if logits:
             cmd.append("--return-logits")
-        run = subprocess.run(cmd, check=True, capture_output=True, text=True, env=env)
+        run = subprocess.run(cmd, capture_output=True, text=True, env=env)
+        if run.returncode != 0:
+            raise RuntimeError(f"{Path(encode).name} exited with status {run.returncode} on {model_dir}: "
+                               f"{run.stderr.strip()[-1500:]}")
     out = [json.loads(line) for line in run.stdout.splitlines() if line.strip()]
     if len(out) != len(lines):
         raise RuntimeError(f"{encode}: {len(out)} answers for {len(lines)} lines")

@@ -54,9 +54,22 @@ from pathlib import Path
 HERE = Path(__file__).resolve().parent
 ROOT = HERE.parents[1]
 sys.path.insert(0, str(HERE))
-sys.path.insert(0, str(ROOT / "tests" / "pysupport"))
 import server_expected  # noqa: E402
-from fastformer_testing.server_ports import FASTFORMER as PORT_LINES  # noqa: E402
+
+
+def _server_ports():
+    """tests/pysupport/fastformer_testing/server_ports.py alone: the package's __init__ imports
+    pytest, which the lent machine's python may lack."""
+    import importlib.util
+
+    path = ROOT / "tests" / "pysupport" / "fastformer_testing" / "server_ports.py"
+    spec = importlib.util.spec_from_file_location("fastformer_server_ports", path)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+PORT_LINES = _server_ports().FASTFORMER  # the listeners' start-up lines, as the tests read them
 
 THRESHOLD = 0.999  # bfloat16 against float32: the issue's parity rule
 RATIO_TARGET = 0.90
@@ -253,8 +266,10 @@ def judge(name: str, model: str, lines: list[dict], expected: list[dict], answer
     return group
 
 
-def expectations(a, bins: Binaries, models: Path) -> tuple[dict, str]:
-    """{model: (inputs, expected)} and where they came from: the carried ones where they apply."""
+def expectations(a, bins: Binaries, models: Path, servers: list) -> tuple[dict, str]:
+    """{model: (inputs, expected)} and where they came from: the carried ones where they apply.
+    Before computing any on the CPU, the servers started meanwhile must still run: a server that
+    refused to start (no GPU, no driver) is the stage's answer, at once."""
     spec = server_expected.SETS[a.set]
     carried, manifest = {}, {}
     if a.expected and (Path(a.expected) / "manifest.json").exists():
@@ -269,6 +284,11 @@ def expectations(a, bins: Binaries, models: Path) -> tuple[dict, str]:
             notes.append(f"{name}: carried (CPU float32 on {manifest.get('host')}, {manifest.get('created')})")
             continue
         why = "none carried" if name not in carried else "the carried ones are for another model file (SHA-256 differs)"
+        time.sleep(0.5)
+        for server in servers:
+            if server.proc.poll() is not None:
+                raise RuntimeError(f"fastformer-server exited with status {server.proc.returncode} at start-up: "
+                                   f"{server.tail()}")
         t0 = time.time()
         lines = server_expected.inputs_for(name, s)
         answers = server_expected.encode_cpu(bins("fastformer-encode"), model_dir, lines, s["kind"] == "text",
@@ -295,7 +315,7 @@ def parity(a) -> dict:
                                               work / f"server-parity-{s['preset']}.log",
                                               ["--max-batch-tokens", str(a.max_batch_tokens)])
         result["server_cmd"] = shlex.join(next(iter(servers.values())).cmd)
-        expected, result["expected_from"] = expectations(a, bins, models)
+        expected, result["expected_from"] = expectations(a, bins, models, list(servers.values()))
         for server in servers.values():
             server.wait_ready(a.ready_timeout)
         first = next(iter(servers.values()))
