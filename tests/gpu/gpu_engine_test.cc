@@ -138,7 +138,8 @@ TEST_P(GpuEngineTest, ProfileTimesEveryOpWithEvents) {
   // are two rows: cuBLASLt's GELU epilogue is the tanh form), the pooler's 2, the head and its
   // download, the pooled and token downloads (encode_all asks for logits and tokens, not
   // normalisation); and a bias pass of its own (<x>_bias) after each GEMM whose operands are not
-  // 16-byte aligned for cuBLASLt's bias epilogue (the 5-label head; Q|K|s's 132 columns in 16 bits).
+  // 16-byte aligned for cuBLASLt's bias epilogue (the 5-label head; Q|K|s's 132 columns in 16
+  // bits).
   size_t bias_passes = 0, gelu_passes = 0;
   for (const auto& row : rows) {
     const std::string& n = row.name;
