@@ -13,11 +13,12 @@
 # The stages run in the order of what only a GPU can tell, because the run may be the only
 # one, and each has a cap so that the whole run ends inside 420 s on an H200 (the caps and
 # the arithmetic: tests/gpu/README.md): build (only the targets used), the GPU tests (with a
-# GPU present, a skipped test fails), base-long bf16 parity, copy bandwidth, the engine
-# benchmarks and their --profile on both shapes, ncu on one batch of a small model (our
-# kernels only), compute-sanitizer memcheck (ours only, CUDA_MODULE_LOADING=LAZY) and
-# racecheck (every kernel) on a small model, the PyTorch eager and SDPA baselines,
-# torch.compile last (cap 180 s). Each runs under `timeout` within what is left of the
+# GPU present, a skipped test fails), base-long bf16 parity, the carried server's parity over
+# gRPC, HTTP and text (server-parity, issue 47), copy bandwidth, the server under load
+# (server-load: saturation, low load, drain), the engine benchmarks and their --profile on
+# both shapes, compute-sanitizer memcheck (ours only, CUDA_MODULE_LOADING=LAZY) and racecheck
+# (every kernel) on a small model and on base-long's shapes, ncu on one batch of a small
+# model (our kernels only), the PyTorch eager and SDPA baselines, torch.compile last (cap 180 s). Each runs under `timeout` within what is left of the
 # budget; a stage that would not fit is skipped with the reason "time budget spent". Each
 # records ok / failed / timeout / skipped (with the reason) and its wall time; the script
 # goes on, and exits 0 whenever a report was written. Without a GPU it finishes in seconds.
