@@ -82,10 +82,10 @@ COPY . .
 # stripped, in /out/{bin,lib}, and its configure line in /out/configure.cmd. A compiler cache
 # bind-mounted at /ccache serves this build from the host's compiles (`buildah bud -v
 # /var/cache/fastformer/ccache:/ccache`, as deploy/image-test.sh does; `docker build` has no bind
-# mounts and compiles everything). ccache keys a compile on LANG too: the builder runs with the
-# locale of this project's machines (C.UTF-8), or no object would be shared with the host's
-# builds. The build tree is dropped: only /out is kept in the layer.
-RUN set -eu; export LANG=C.UTF-8; \
+# mounts and compiles everything; ccache also keys a compile on the locale, which
+# build-binaries.sh pins for every caller). The build tree is dropped: only /out is kept in the
+# layer.
+RUN set -eu; \
     if [ -d /ccache ] && [ -w /ccache ]; then cache="-DFASTFORMER_CCACHE_DIR=/ccache"; \
     else cache="-DFASTFORMER_CCACHE=OFF"; fi; \
     cuda=""; \

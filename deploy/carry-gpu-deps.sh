@@ -962,17 +962,11 @@ mv "$TMP" "$DEPS"
 trap - EXIT
 [ -z "$kept_server" ] || say "kept the server carry ($kept_server, $(head -1 "$DEPS/server/SOURCE" 2>/dev/null || echo 'source unknown')): deploy/carry-gpu-deps.sh --server remakes it"
 
-bytes=$(du -sb "$DEPS" | cut -f1)
-tree=$(git ls-files -co --exclude-standard -z 2>/dev/null | du -cb --files0-from=- 2>/dev/null | tail -1 | cut -f1 || true)
-tree=${tree:-0}
 say "wrote .deps/: $(find "$DEPS" -type f | wc -l) files"
 (cd "$DEPS" && find . -type f -size +400k -exec du -k {} + | sort -rn | awk '{printf "carry-gpu-deps:   %7.1f MiB  %s\n", $1/1024, $2}')
 if [ -s "$DEPS/PACKED" ]; then
   say "packed (unpacked by 'deploy/carry-gpu-deps.sh --unpack' and by tests/gpu/gpu-check.sh): $(tr '\n' ' ' <"$DEPS/PACKED")"
 fi
-awk -v d="$bytes" -v t="$tree" 'BEGIN {
-  printf "carry-gpu-deps: total .deps size %.1f MiB; with the working tree (%.1f MiB) %.1f MiB of the device tool'"'"'s 64 MiB\n",
-         d / 1048576, t / 1048576, (d + t) / 1048576 }'
 grep '^# the carried' "$DEPS/MANIFEST.txt" | sed 's/^# /carry-gpu-deps: /'
 carried_total "$DEPS" || say "warning: over the budget of $CARRY_BUDGET_MIB MiB (deploy/carry-gpu-deps.sh --server fails on it)"
 git check-ignore -q .deps 2>/dev/null || say "warning: .deps is not git-ignored (add /.deps/ to .gitignore)"

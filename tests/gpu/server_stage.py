@@ -486,7 +486,6 @@ def load(a) -> dict:
                       "drained_line": "drained; exiting" in server.text(),
                       "abandoned_line": "not answered" in server.text()})
         if not steps:
-            drain["hung"] = True if drain.get("hung") is None else drain["hung"]
             drain["note"] = "fastformer-loadgen printed no report: " + out_path.read_text()[-300:]
         accounted = (step.get("succeeded") or 0) + sum(errors.values())
         drain["ok"] = bool(steps and drain["server_exit"] == 0 and drain["drained_line"] and not drain["hung"]
