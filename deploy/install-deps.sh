@@ -164,3 +164,15 @@ fi
 if [ "${#missing[@]}" -eq 0 ]; then
   echo "install-deps: all ${#wanted[@]} packages present"
 fi
+
+# CUTLASS's headers from the pinned nvidia-cutlass wheel (PyPI: Debian has no CUTLASS), where a
+# CUDA build can use them (nvcc installed): the CUDA engine's sm_90a GELU GEMMs (issue 48). Into
+# the cache outside the checkout; a failure (no network) only leaves those kernels out.
+if [ "$mode" = all ] && { command -v nvcc >/dev/null 2>&1 || [ -x /usr/local/cuda/bin/nvcc ]; }; then
+  if include=$("$(dirname "$0")/cutlass-headers.sh" 2>/dev/null); then
+    echo "install-deps: CUTLASS headers in $include"
+  else
+    echo "install-deps: warning: could not fetch CUTLASS's headers (deploy/cutlass-headers.sh);" \
+      "the CUDA engine builds without its CUTLASS GEMMs" >&2
+  fi
+fi

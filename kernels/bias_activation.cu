@@ -4,7 +4,7 @@
 // (bias null). The activation is a template argument, so the element loop has no branch;
 // exact-erf GELU stays here because cuBLASLt's GELU epilogue is the tanh form.
 // Element-wise over a [rows, cols] view with leading dimension ldc, tiled as common.cuh's
-// tile_launch (a block covers a few rows; a thread strides along one):
+// tile_launch (a block covers a few rows; a thread strides along one, kUnroll chunks at a time):
 //  - bias_activation_kernel: 16-byte loads and stores (the columns past the last whole vector
 //    one at a time);
 //  - bias_activation_scalar_kernel: one element at a time, for ldc not a multiple of the
@@ -16,34 +16,49 @@ namespace fastformer::kernels {
 inline namespace FF_KERNELS_ABI {
 namespace {
 
-// G columns at p (bias: the bias of those columns, or null).
-template <int G, bool kApply, Act A, class T>
-FF_DEVICE void bias_activate(T* p, const T* bias) {
-  float v[G];
-  load_chunk<G>(p, v);
-  if (bias != nullptr) {
-    float b[G];
-    load_chunk<G>(bias, b);
-    FF_UNROLL for (int k = 0; k < G; ++k) v[k] += b[k];
-  }
-  if constexpr (kApply) {
-    FF_UNROLL for (int k = 0; k < G; ++k) v[k] = activate<A>(v[k]);
-  }
-  store_chunk<G>(p, v);
-}
-
-// `chunks` chunks of G columns per row, then `tail` (< G) single columns.
+// `chunks` chunks of G columns per row, then `tail` (< G) single columns. A thread takes its
+// chunks kUnroll at a time: every load of the group is issued before the first store, so
+// kUnroll 16-byte loads are in flight per thread, not one (a store to c could alias the next
+// load as far as the compiler knows, which serialised them).
+constexpr int32_t kUnroll = 4;
 template <class T, int G, bool kApply, Act A>
 FF_DEVICE void bias_activation_rows(T* c, int64_t ldc, const T* bias, int32_t rows, int32_t chunks,
                                     int32_t tail) {
   const int32_t r = int32_t(blockIdx.x * blockDim.y + threadIdx.y);
   if (r >= rows) return;
   T* row = c + r * ldc;
-  for (int32_t j = int32_t(threadIdx.x); j < chunks; j += int32_t(blockDim.x)) {
-    bias_activate<G, kApply, A>(row + j * G, bias != nullptr ? bias + j * G : nullptr);
+  const int32_t step = int32_t(blockDim.x);
+  for (int32_t base = int32_t(threadIdx.x); base < chunks; base += kUnroll * step) {
+    float v[kUnroll][G] = {};  // (zeroed: GCC cannot see that the stores read only the loaded ones)
+    FF_UNROLL for (int32_t u = 0; u < kUnroll; ++u) {
+      const int32_t j = base + u * step;
+      if (j >= chunks) break;
+      load_chunk<G>(row + j * G, v[u]);
+      if (bias != nullptr) {
+        float b[G];
+        load_chunk<G>(bias + j * G, b);
+        FF_UNROLL for (int k = 0; k < G; ++k) v[u][k] += b[k];
+      }
+    }
+    FF_UNROLL for (int32_t u = 0; u < kUnroll; ++u) {
+      const int32_t j = base + u * step;
+      if (j >= chunks) break;
+      if constexpr (kApply) {
+        FF_UNROLL for (int k = 0; k < G; ++k) v[u][k] = activate<A>(v[u][k]);
+      }
+      store_chunk<G>(row + j * G, v[u]);
+    }
   }
   if (const int32_t j = chunks * G + int32_t(threadIdx.x); int32_t(threadIdx.x) < tail) {
-    bias_activate<1, kApply, A>(row + j, bias != nullptr ? bias + j : nullptr);
+    float v[1];
+    load_chunk<1>(row + j, v);
+    if (bias != nullptr) {
+      float b[1];
+      load_chunk<1>(bias + j, b);
+      v[0] += b[0];
+    }
+    if constexpr (kApply) v[0] = activate<A>(v[0]);
+    store_chunk<1>(row + j, v);
   }
 }
 

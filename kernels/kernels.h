@@ -77,6 +77,15 @@ template <class T>
 void launch_key_scores(const BatchArgs& batch, const T* k, int64_t ld_k, const T* pq, const T* wka,
                        const T* bka, int32_t heads, int32_t D, float* r, ff_stream_t stream);
 
+// key_scores + pool_partials<T, float> in one pass over K (key_pool.cu): each chunk's partials
+// of the key pool, from K, pq, Wka' and bka' (the same Partials pool_combine takes). `scores`
+// ([T, H] floats) is scratch for the shapes the one-pass kernel does not take (over 16 heads,
+// D over 1024, K rows not 4-byte aligned): those run key_scores into it, then pool_partials.
+template <class T>
+void launch_key_pool_partials(const BatchArgs& batch, const T* k, int64_t ld_k, const T* pq,
+                              const T* wka, const T* bka, int32_t heads, int32_t D, float* scores,
+                              Partials partials, ff_stream_t stream);
+
 // u[t, j] = pk[b(t), j] * q[t, j].
 template <class T>
 void launch_mix(const BatchArgs& batch, const T* q, int64_t ld_q, const T* pk, int32_t D, T* u,

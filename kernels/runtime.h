@@ -20,6 +20,8 @@
 // to_float / from_float<T> (round to nearest even) or load_float4 / store_float4.
 // Not in emulation: CUDA keywords (__device__, __shared__, <<<>>>), cuda_fp16 arithmetic,
 // the device min/max overloads (use fminf/fmaxf or a ternary), inline PTX, cooperative groups.
+// The one tensor-core instruction a kernel may use is ff_mma_m16n8k16<T> (below): the PTX mma
+// under nvcc, a model of it with the same register fragments in emulation.
 //
 // Host code (launch functions, the engine) uses ff_stream_t, ff_malloc, ff_memcpy_async,
 // ff_stream_synchronize, ...: thin wrappers over the CUDA runtime that throw
@@ -46,8 +48,10 @@
 #include <cuda_runtime.h>
 
 #include <cstddef>
+#include <cstdint>
 #include <stdexcept>
 #include <string>
+#include <type_traits>
 
 #define FF_GLOBAL __global__
 #define FF_DEVICE __device__ __forceinline__
@@ -169,6 +173,43 @@ FF_DEVICE void store_float4(ff_bfloat16* p, ff_float4 v) {
   pair[1] = __floats2bfloat162_rn(v.z, v.w);
 }
 
+// ---- tensor cores ----------------------------------------------------------------------------
+// d = A B + c for one warp: mma.sync.aligned.m16n8k16.row.col.f32.T.T.f32 (T = ff_bfloat16 or
+// ff_half; sm_80 and later). A is 16 x 16 (row-major), B 16 x 8 (column-major), c and d 16 x 8
+// float. The fragments are the PTX ISA's ("Matrix Fragments for mma.m16n8k16 with floating
+// point type"): with g = lane / 4 and t = lane % 4, each 32-bit register holding two elements,
+// the lower-indexed one in its low 16 bits,
+//   a[0] = A[g][2t, 2t+1]     a[1] = A[g+8][2t, 2t+1]
+//   a[2] = A[g][2t+8, 2t+9]   a[3] = A[g+8][2t+8, 2t+9]
+//   b[0] = B[2t, 2t+1][g]     b[1] = B[2t+8, 2t+9][g]
+//   c[i], d[i] = (row g + 8 (i / 2), column 2t + i % 2)
+// Every lane of the warp calls it, with the same T (it is a warp operation). d may be c.
+template <class T>
+FF_DEVICE void ff_mma_m16n8k16(float (&d)[4], const uint32_t (&a)[4], const uint32_t (&b)[2],
+                               const float (&c)[4]) {
+  static_assert(std::is_same_v<T, ff_bfloat16> || std::is_same_v<T, ff_half>,
+                "ff_mma_m16n8k16 takes bfloat16 or half operands");
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 800
+  if constexpr (std::is_same_v<T, ff_bfloat16>) {
+    asm volatile(
+        "mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 {%0, %1, %2, %3}, {%4, %5, %6, %7}, "
+        "{%8, %9}, {%10, %11, %12, %13};\n"
+        : "=f"(d[0]), "=f"(d[1]), "=f"(d[2]), "=f"(d[3])
+        : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b[0]), "r"(b[1]), "f"(c[0]), "f"(c[1]),
+          "f"(c[2]), "f"(c[3]));
+  } else {
+    asm volatile(
+        "mma.sync.aligned.m16n8k16.row.col.f32.f16.f16.f32 {%0, %1, %2, %3}, {%4, %5, %6, %7}, "
+        "{%8, %9}, {%10, %11, %12, %13};\n"
+        : "=f"(d[0]), "=f"(d[1]), "=f"(d[2]), "=f"(d[3])
+        : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b[0]), "r"(b[1]), "f"(c[0]), "f"(c[1]),
+          "f"(c[2]), "f"(c[3]));
+  }
+#elif defined(__CUDA_ARCH__)
+  __trap();  // no mma.m16n8k16 before sm_80; kernels using it are launched on sm_80+ only
+#endif
+}
+
 #else
 // ============================== host emulation ===================================================
 #include <math.h>  // erff, tanhf, fmaxf, expf, ... as in CUDA device code
@@ -176,6 +217,7 @@ FF_DEVICE void store_float4(ff_bfloat16* p, ff_float4 v) {
 #include <bit>
 #include <cmath>
 #include <cstdint>
+#include <type_traits>
 
 #include "common/half.h"
 #include "kernels/emulation/emulator.h"
@@ -349,5 +391,72 @@ inline ff_float4 load_float4(const ff_bfloat16* p) { return ::ff_emu::load4(p); 
 inline void store_float4(float* p, ff_float4 v) { ::ff_emu::store4(p, v); }
 inline void store_float4(ff_half* p, ff_float4 v) { ::ff_emu::store4(p, v); }
 inline void store_float4(ff_bfloat16* p, ff_float4 v) { ::ff_emu::store4(p, v); }
+
+// ---- tensor cores ----------------------------------------------------------------------------
+// ff_mma_m16n8k16<T>: the model of mma.sync.aligned.m16n8k16.row.col.f32.T.T.f32, with the
+// PTX fragments of the CUDA build (see there). The lane gathers what its four outputs need with
+// warp shuffles, as the instruction's operands come from the warp's registers: rows g and g+8
+// of A from lanes 4g .. 4g+3, columns 2t and 2t+1 of B from lanes 8t .. 8t+3 and 8t+4 .. 8t+7.
+// Each output is c + the sum of its 16 products in float, in k order: the products of two
+// 16-bit floats are exact in float, and a tensor core's order and rounding of that sum are
+// its own, so a kernel must not count on a particular one (tests compare with a tolerance).
+namespace ff_emu {
+template <class T>
+float mma_element(std::uint32_t pair, int high) {
+  const auto bits = static_cast<std::uint16_t>(high ? pair >> 16 : pair & 0xffffu);
+  if constexpr (std::is_same_v<T, ff_bfloat16>) {
+    return fastformer::bfloat16_to_float(bits);
+  } else {
+    return fastformer::half_to_float(bits);
+  }
+}
+}  // namespace ff_emu
+
+template <class T>
+inline void ff_mma_m16n8k16(float (&d)[4], const std::uint32_t (&a)[4], const std::uint32_t (&b)[2],
+                            const float (&c)[4]) {
+  static_assert(std::is_same_v<T, ff_bfloat16> || std::is_same_v<T, ff_half>,
+                "ff_mma_m16n8k16 takes bfloat16 or half operands");
+  const ::ff_emu::ThreadIndices& self = ::ff_emu::this_thread();
+  const unsigned linear =
+      self.thread_idx.x +
+      self.block_dim.x * (self.thread_idx.y + self.block_dim.y * self.thread_idx.z);
+  const int lane = static_cast<int>(linear % 32), g = lane / 4, t = lane % 4;
+  auto pack = [](std::uint32_t lo, std::uint32_t hi) {
+    return std::uint64_t{lo} | (std::uint64_t{hi} << 32);
+  };
+  float a_rows[2][16];                 // A[g][k], A[g+8][k]
+  float b_cols[2][16];                 // B[k][2t], B[k][2t+1]
+  for (int src = 0; src < 4; ++src) {  // lane 4g + src holds columns 2src, 2src+1 (+8) of A
+    const std::uint64_t left = __shfl_sync(0xffffffffu, pack(a[0], a[1]), 4 * g + src);
+    const std::uint64_t right = __shfl_sync(0xffffffffu, pack(a[2], a[3]), 4 * g + src);
+    for (int e = 0; e < 2; ++e) {
+      a_rows[0][2 * src + e] = ::ff_emu::mma_element<T>(static_cast<std::uint32_t>(left), e);
+      a_rows[1][2 * src + e] = ::ff_emu::mma_element<T>(static_cast<std::uint32_t>(left >> 32), e);
+      a_rows[0][2 * src + 8 + e] = ::ff_emu::mma_element<T>(static_cast<std::uint32_t>(right), e);
+      a_rows[1][2 * src + 8 + e] =
+          ::ff_emu::mma_element<T>(static_cast<std::uint32_t>(right >> 32), e);
+    }
+  }
+  for (int n = 0; n < 2; ++n) {
+    for (int src = 0; src < 4; ++src) {  // lane 4(2t+n) + src holds rows 2src, 2src+1 (+8)
+      const std::uint64_t col = __shfl_sync(0xffffffffu, pack(b[0], b[1]), 4 * (2 * t + n) + src);
+      for (int e = 0; e < 2; ++e) {
+        b_cols[n][2 * src + e] = ::ff_emu::mma_element<T>(static_cast<std::uint32_t>(col), e);
+        b_cols[n][2 * src + 8 + e] =
+            ::ff_emu::mma_element<T>(static_cast<std::uint32_t>(col >> 32), e);
+      }
+    }
+  }
+  float out[4];
+  for (int r = 0; r < 2; ++r) {
+    for (int n = 0; n < 2; ++n) {
+      float sum = c[2 * r + n];
+      for (int k = 0; k < 16; ++k) sum += a_rows[r][k] * b_cols[n][k];
+      out[2 * r + n] = sum;
+    }
+  }
+  for (int i = 0; i < 4; ++i) d[i] = out[i];
+}
 
 #endif

@@ -36,7 +36,16 @@ SHAPES = [("128 x 512", 128, 65536), ("1 x 65,536", 1, 65536)]  # (name, sequenc
 # bytes read and written, and an 8192^3 bf16 matrix product on random data.
 BANDWIDTH = 4.3e12
 MATRIX = 790e12
-PCIE = 25e9  # host-to-device copies of the batch's ids from pageable memory
+PCIE = 25e9  # host-to-device copies of the batch's ids from pinned memory, one copy
+# The batch's inputs before issue 48: ten copies from pageable memory, measured at 3.4-4.2 GB/s
+# on the H200 (docs/gpu-reports/2026-12-04-run2-reread.md), each with its own call and staging.
+PAGEABLE = 3.8e9
+COPY_US = 10.0  # per host-to-device copy call: the driver's staging and the call itself
+HOST_INPUT_COPIES = 10  # token_seq, ids, embedding index, positions, offsets, chunks x 3, mask
+# The host's cost of enqueueing one kernel (cudaLaunchKernel and our argument set-up), for the
+# GPU-busy estimate at small batches; a CUDA graph replays a whole batch for about GRAPH_US.
+ENQUEUE_US = 4.0
+GRAPH_US = 15.0
 
 # The fraction of a ceiling each class of kernel is expected to reach (docs/kernels.md says why).
 EFFICIENCY = {
@@ -44,7 +53,7 @@ EFFICIENCY = {
     "gemm K=3072": 0.90,  # of MATRIX
     "row": 0.80,          # of BANDWIDTH: streaming, 16-byte vectors, a warp per row
     "pooling": 0.70,      # of BANDWIDTH: two-level reductions, exp per (token, head)
-    "copy": 1.0,          # of PCIE
+    "copy": 1.0,          # of PCIE (pinned) or PAGEABLE
 }
 LAUNCH_US = 2.0  # per kernel: the gap between dependent launches on one stream and the last wave's tail
 
@@ -91,12 +100,14 @@ def download(e, rows, cols):
     return rows * cols * (e + 4), 0
 
 
-def ops(B, T, m=BASE_LONG_BF16, gelu_pass=True):
+def ops(B, T, m=BASE_LONG_BF16, gelu_pass=True, fused_key_pool=False):
     """The ops of one batch as the forward graph issues them (pooled embeddings only), each as
     (name, layer, class, (bytes, flops) by formula, extra bytes the kernels move beyond the
-    formula, kernel launches); layer -1 outside the encoder layers."""
+    formula, kernel launches); layer -1 outside the encoder layers. `fused_key_pool`: the key
+    pool in one pass over K (issue 48), so no second read of K and no float scores."""
     D, H, I, e = m.D, m.H, m.I, m.E
     partials = 2 * chunks(B, T) * (D + 2 * H) * 4  # float m, l, v written by the chunks, read by the combine
+    key_extra = partials if fused_key_pool else partials + e * T * D + 2 * 4 * T * H
     out = [("begin_batch", -1, "copy", begin_batch(B, T), 0, 0), ("embed", -1, "row", embed(e, T, D), 0, 1)]
     for layer in range(m.layers):
         out += [
@@ -104,7 +115,8 @@ def ops(B, T, m=BASE_LONG_BF16, gelu_pass=True):
             ("query_pool", layer, "pooling", query_pool(e, B, T, D, H), partials, 2),    # partials, combine
             # key_scores (a kernel of its own: K read a second time, the float scores r [T, H]
             # written and read again), then partials and combine
-            ("key_pool", layer, "pooling", key_pool(e, B, T, D, H), partials + e * T * D + 2 * 4 * T * H, 3),
+            # (fused_key_pool: one kernel reads K once, scores on tensor cores, then the combine)
+            ("key_pool", layer, "pooling", key_pool(e, B, T, D, H), key_extra, 2 if fused_key_pool else 3),
             ("mix", layer, "row", mix(e, B, T, D), 0, 1),
             ("transform_gemm", layer, "gemm K=768", linear(e, T, D, D, accumulate=True), 0, 1),
             ("attn_out_gemm", layer, "gemm K=768", linear(e, T, D, D), 0, 1),
@@ -124,12 +136,15 @@ def ops(B, T, m=BASE_LONG_BF16, gelu_pass=True):
     return out
 
 
-def model(B, T, gelu_pass=True, gemm_efficiency=None):
+def model(B, T, gelu_pass=True, gemm_efficiency=None, fused_key_pool=False, host="pinned"):
     """Per op summed over the layers: the floor and the expected time. `gelu_pass` False: the
     erf-GELU in the GEMM's epilogue; `gemm_efficiency`: one efficiency for every GEMM instead of
-    EFFICIENCY's."""
+    EFFICIENCY's; `fused_key_pool`: the key pool in one pass; `host`: how the batch's inputs go
+    up: "pageable" (ten copies, before issue 48), "pinned" (one copy from a pinned buffer) or
+    "staged" (that copy made while the batch before computes: off the critical path)."""
     merged = {}  # name -> [count, class, bytes, flops, extra, launches], summed over the layers
-    for name, _, kind, (bytes_, flops), extra, launches in ops(B, T, gelu_pass=gelu_pass):
+    for name, _, kind, (bytes_, flops), extra, launches in ops(B, T, gelu_pass=gelu_pass,
+                                                               fused_key_pool=fused_key_pool):
         row = merged.setdefault(name, [0, kind, 0, 0, 0, 0])
         row[0] += 1
         row[2] += bytes_
@@ -143,7 +158,12 @@ def model(B, T, gelu_pass=True, gemm_efficiency=None):
             eff = gemm_efficiency or EFFICIENCY[kind]
             expected_s = max(flops / (eff * MATRIX), bytes_ / BANDWIDTH)
         elif kind == "copy":
-            expected_s = bytes_ / (EFFICIENCY[kind] * PCIE)
+            if host == "pageable":
+                expected_s = HOST_INPUT_COPIES * COPY_US * 1e-6 + bytes_ / PAGEABLE
+            elif host == "pinned":
+                expected_s = COPY_US * 1e-6 + bytes_ / (EFFICIENCY[kind] * PCIE)
+            else:
+                expected_s = 0.0
         else:
             expected_s = (bytes_ + extra) / (EFFICIENCY[kind] * BANDWIDTH)
         expected_s += launches * LAUNCH_US * 1e-6
@@ -202,7 +222,37 @@ VARIANTS = [
     ("every GEMM at 70%", {"gemm_efficiency": 0.70}),
     ("the bias + erf-GELU pass folded into the GEMM's epilogue", {"gelu_pass": False}),
     ("both: GEMMs at 90% and no GELU pass", {"gemm_efficiency": 0.90, "gelu_pass": False}),
+    # Issue 48's changes, one by one and together (docs/kernels.md, "Issue 48, costed").
+    ("issue 48 before: the batch's inputs in ten pageable copies", {"host": "pageable"}),
+    ("issue 48: + key pool in one pass over K", {"fused_key_pool": True}),
+    ("issue 48: + inputs staged while the batch before computes", {"host": "staged"}),
+    ("issue 48: GELU epilogue + one-pass key pool + staged inputs",
+     {"gelu_pass": False, "fused_key_pool": True, "host": "staged"}),
+    ("issue 48: all three, GEMMs at 90%",
+     {"gelu_pass": False, "fused_key_pool": True, "host": "staged", "gemm_efficiency": 0.90}),
 ]
+
+
+def busy(T, graphs=False, **kwargs):
+    """The GPU's busy share of a batch's wall time at T tokens (one sequence per 512 tokens):
+    the kernels' expected time against the host's time to enqueue them (launches x ENQUEUE_US,
+    or one graph replay); the batch takes the longer of the two."""
+    rows = model(max(1, T // 512), T, **kwargs)
+    gpu_ms = sum(r["expected_ms"] for r in rows)
+    launches = sum(r["launches"] for r in rows)
+    host_ms = (GRAPH_US if graphs else launches * ENQUEUE_US) * 1e-3
+    return {"tokens": T, "gpu_ms": gpu_ms, "host_ms": host_ms, "launches": launches,
+            "busy": gpu_ms / max(gpu_ms, host_ms)}
+
+
+def busy_markdown():
+    lines = ["| batch tokens | launches | kernels (ms) | host enqueue, streams (ms) | GPU busy, streams "
+             "| GPU busy, CUDA graphs |", "| ---: | ---: | ---: | ---: | ---: | ---: |"]
+    for T in (2048, 8192, 65536):
+        a, g = busy(T), busy(T, graphs=True)
+        lines.append(f"| {T:,} | {a['launches']} | {a['gpu_ms']:.3f} | {a['host_ms']:.3f} | {a['busy']:.0%} "
+                     f"| {g['busy']:.0%} |")
+    return "\n".join(lines)
 
 
 def main():
@@ -214,9 +264,12 @@ def main():
         rows = model(B, T)
         results[name] = {"sequences": B, "tokens": T, "ops": rows, "summary": summary(rows, T)}
     if args.json:
-        print(json.dumps({"efficiency": EFFICIENCY, "launch_us": LAUNCH_US, "shapes": results}, indent=1))
+        print(json.dumps({"efficiency": EFFICIENCY, "launch_us": LAUNCH_US, "shapes": results,
+                          "busy": [busy(T) for T in (2048, 8192, 65536)]}, indent=1))
     else:
         print(markdown(results))
+        print()
+        print(busy_markdown())
 
 
 if __name__ == "__main__":

@@ -54,13 +54,15 @@ void ComputePool::compute_loop() {
       const double share = std::min(1.0, full / double(pick->last_tokens_));
       lookahead = std::chrono::duration_cast<Clock::duration>(pick->last_took_ * share);
     }
-    pick->queue_.refresh(&batch, lookahead);
+    // A batch that refresh() changed goes up again in encode; unchanged, its staged copy serves.
+    const uint64_t staged = pick->queue_.refresh(&batch, lookahead) ? 0 : pick->staged_ticket_;
     pick->staged_.reset();
+    pick->staged_ticket_ = 0;
     pick->running_ = true;
     cv_.notify_all();  // the lane's former may stage its next batch
     lock.unlock();
     const auto started = Clock::now();
-    pick->run_batch(batch);
+    pick->run_batch(batch, staged);
     lock.lock();
     pick->running_ = false;
     pick->last_ran_ = Clock::now();
@@ -113,6 +115,16 @@ void Scheduler::form_loop() {
       pool_.cv_.wait(lock, [&] { return !staged_.has_value(); });
     }
     std::optional<Batch> batch = queue_.next_batch();
+    // Its inputs go to the device now, while the batch before it computes (Engine::stage); a
+    // failure to stage only costs the overlap: encode copies them itself.
+    uint64_t ticket = 0;
+    if (batch) {
+      try {
+        ticket = engine_.stage(batch->ragged);
+      } catch (const std::exception&) {
+        ticket = 0;
+      }
+    }
     std::lock_guard lock(pool_.mu_);
     if (!batch) {
       forming_done_ = true;
@@ -120,11 +132,12 @@ void Scheduler::form_loop() {
       return;
     }
     staged_ = std::move(batch);
+    staged_ticket_ = ticket;
     pool_.cv_.notify_all();
   }
 }
 
-void Scheduler::run_batch(Batch& batch) {
+void Scheduler::run_batch(Batch& batch, uint64_t staged) {
   const auto start = Clock::now();
   std::vector<Request*> requests;  // distinct requests of this batch
   for (const QueueEntry& e : batch.entries) {
@@ -138,7 +151,7 @@ void Scheduler::run_batch(Batch& batch) {
   std::vector<EncodedSequence> results;
   try {
     if (observer_.before_compute) observer_.before_compute(batch);
-    results = engine_.encode(batch.ragged, batch.options);
+    results = engine_.encode_staged(batch.ragged, batch.options, staged);
   } catch (const std::exception& e) {
     // Only this batch's requests fail; the server keeps serving.
     if (observer_.on_failure) observer_.on_failure(e.what(), int64_t(batch.entries.size()));

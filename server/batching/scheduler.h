@@ -70,7 +70,9 @@ class Scheduler {
 
   // Runs one batch synchronously on the calling thread and completes its requests: what the
   // compute thread does with every batch (the batch-queue fuzzer calls it directly).
-  void run_batch(Batch& batch);
+  // `staged`: the engine's ticket of the batch's inputs, copied while the batch before it
+  // computed (Engine::stage); 0 when not staged or changed since.
+  void run_batch(Batch& batch, uint64_t staged);
 
   // Waits until the queue is closed and every batch of it has run; then leaves the pool.
   void join();
@@ -86,6 +88,7 @@ class Scheduler {
   BatchObserver observer_;
   // Under pool_.mu_:
   std::optional<Batch> staged_;   // the next batch, formed while another one computes
+  uint64_t staged_ticket_ = 0;    // its inputs' copy on the engine (Engine::stage), or 0
   bool forming_done_ = false;     // the queue is closed and empty: no more batches
   bool running_ = false;          // the pool is computing one of this lane's batches
   Clock::time_point last_ran_{};  // when its previous batch ended

@@ -91,6 +91,10 @@ void add_model_flags(CLI::App& app, ServerOptions& f) {
   app.add_flag("--allow-tf32", f.model.allow_tf32,
                "TF32 tensor-core GEMMs for float32 on the CUDA engine")
       ->envname("FASTFORMER_ALLOW_TF32");
+  app.add_option("--cuda-opt-in", f.model.cuda_opt_in,
+                 "the CUDA engine's opt-in kernels, comma-separated: cutlass-gelu, fused-key-pool, "
+                 "gemm-timing, "
+                 "all or none (docs/kernels.md); default: FASTFORMER_CUDA_OPT_IN, else none");
   opt(app, "--threads", f.model.threads, "CPU engine threads, 0 = all cores", "FASTFORMER_THREADS")
       ->check(CLI::NonNegativeNumber);
   opt(app, "--max-batch-tokens", f.model.max_batch_tokens, "token budget of one batch",

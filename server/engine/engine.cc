@@ -164,6 +164,9 @@ std::unique_ptr<Engine> create_engine(std::shared_ptr<const Model> model,
     cuda_options.dtype = dtype_name(options.dtype);  // the plugin resolves auto for its device
     cuda_options.device = options.device;
     cuda_options.allow_tf32 = options.allow_tf32;
+    cuda_options.opt_in = options.cuda_opt_in;
+    if (const char* env = std::getenv("FASTFORMER_CUDA_OPT_IN"); cuda_options.opt_in.empty() && env)
+      cuda_options.opt_in = env;
     cuda::CudaOpsChoice chosen;
     Ops* raw_ops = nullptr;
     int status = cuda::kPluginNoDevice;
@@ -176,10 +179,12 @@ std::unique_ptr<Engine> create_engine(std::shared_ptr<const Model> model,
                    ? "auto: CUDA device " + chosen.device_name + " is usable"
                    : "cuda requested";
       const std::string name = chosen.device_name + " (device " + std::to_string(options.device) +
-                               ", " + chosen.dtype + ")";
+                               ", " + chosen.dtype +
+                               (chosen.opt_in.empty() ? "" : ", opt-in " + chosen.opt_in) + ")";
+      OpsReport* report = ops->report();
       return std::make_unique<ForwardEngine>(
           std::move(model), std::move(ops), options.max_batch_tokens, "cuda", name,
-          DtypeChoice{dtype_from_name(chosen.dtype), chosen.dtype_why});
+          DtypeChoice{dtype_from_name(chosen.dtype), chosen.dtype_why}, report);
     }
   }
 #endif

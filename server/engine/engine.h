@@ -84,8 +84,11 @@ struct EngineOptions {
   /// Serving dtype. float32 unless asked: a program's default is kAuto (defaults::kDtype), but
   /// an engine built in code (fastformer-bench, the tests) serves the dtype it names.
   Dtype dtype = Dtype::kFloat32;
-  int device = defaults::kDevice;       ///< CUDA device ordinal
-  bool allow_tf32 = false;              ///< TF32 GEMMs for float32 on the CUDA engine
+  int device = defaults::kDevice;  ///< CUDA device ordinal
+  bool allow_tf32 = false;         ///< TF32 GEMMs for float32 on the CUDA engine
+  /// The CUDA engine's opt-in kernels, comma-separated (--cuda-opt-in; docs/kernels.md, "Opt-in
+  /// kernels"): "" takes FASTFORMER_CUDA_OPT_IN from the environment, "none" none.
+  std::string cuda_opt_in;
   CpuGemm cpu_gemm = CpuGemm::kOnednn;  ///< the CPU engine's bfloat16 GEMMs
   /// The CPU engine's passes (pass_tokens, workspace.h): at most this many tokens a pass of
   /// the forward graph; -1 sizes them to the CPU's cache, 0 runs every batch in one pass.
@@ -101,6 +104,24 @@ class Engine {
   // not fit the buffers (more than max_batch_tokens tokens).
   virtual std::vector<EncodedSequence> encode(const RaggedBatch& batch,
                                               std::span<const OutputOptions> options) = 0;
+
+  // The host off the critical path (issue 48): stage() copies a formed batch's inputs to the
+  // device while the batch before it computes, and encode_staged() then runs it without
+  // waiting for that copy. The batch former calls stage() on its own thread, at most one call
+  // at a time, concurrently with encode() on the compute thread; encode_staged() takes the
+  // ticket stage() returned, and only for the very batch staged, unchanged since (the
+  // scheduler passes 0 when refresh() changed it). Engines that read host memory (the CPU
+  // engine) stage nothing: stage() returns 0 and encode_staged() is encode().
+  virtual uint64_t stage(const RaggedBatch& batch) {
+    (void)batch;
+    return 0;
+  }
+  virtual std::vector<EncodedSequence> encode_staged(const RaggedBatch& batch,
+                                                     std::span<const OutputOptions> options,
+                                                     uint64_t staged) {
+    (void)staged;
+    return encode(batch, options);
+  }
 
   virtual std::string backend_name() const = 0;  ///< "cpu" or "cuda"
   virtual std::string device_name() const = 0;   ///< e.g. "cpu (2 threads)"

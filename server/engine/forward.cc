@@ -177,8 +177,23 @@ void download_in_pieces(Ops& ops, const Mat& rows, int64_t max_rows, float* dst)
 }
 }  // namespace
 
-std::vector<EncodedSequence> ForwardEngine::encode(const RaggedBatch& batch,
-                                                   std::span<const OutputOptions> options) {
+uint64_t ForwardEngine::stage(const RaggedBatch& batch) try {
+  // Only a batch that runs in one pass and fits the workspace; its own chunks (chunks_ is
+  // the computing batch's).
+  if (batch.num_sequences() == 0 || batch.num_tokens() > max_batch_tokens_ ||
+      (pass_tokens_ > 0 && batch.num_tokens() > pass_tokens_)) {
+    return 0;
+  }
+  PoolingChunks chunks;
+  plan_chunks(batch, chunks);
+  return ops_->stage(batch, chunks);
+} catch (...) {
+  rethrow_as_engine_error();
+}
+
+std::vector<EncodedSequence> ForwardEngine::encode_staged(const RaggedBatch& batch,
+                                                          std::span<const OutputOptions> options,
+                                                          uint64_t staged) {
   try {
     std::vector<EncodedSequence> out;
     const int32_t B = batch.num_sequences();
@@ -191,15 +206,16 @@ std::vector<EncodedSequence> ForwardEngine::encode(const RaggedBatch& batch,
                         " tokens exceeds max_batch_tokens " + std::to_string(max_batch_tokens_));
     }
     if (pass_tokens_ <= 0 || batch.num_tokens() <= pass_tokens_) {
-      out = run(batch, options);
+      out = run(batch, options, staged);
     } else {
       // Passes of whole sequences (plan_passes, workspace.h): sequences ends[i-1] .. ends[i]-1.
       plan_passes(batch, pass_tokens_, pass_ends_);
       for (int32_t first = 0; const int32_t last : pass_ends_) {
         const RaggedBatch part = batch.sequences(first, last, model_->config().hidden_size);
-        std::vector<EncodedSequence> encoded =
-            run(part, options.size() == 1 ? options
-                                          : options.subspan(size_t(first), size_t(last - first)));
+        std::vector<EncodedSequence> encoded = run(
+            part,
+            options.size() == 1 ? options : options.subspan(size_t(first), size_t(last - first)),
+            0);
         std::move(encoded.begin(), encoded.end(), std::back_inserter(out));
         first = last;
       }
@@ -212,7 +228,8 @@ std::vector<EncodedSequence> ForwardEngine::encode(const RaggedBatch& batch,
 }
 
 std::vector<EncodedSequence> ForwardEngine::run(const RaggedBatch& batch,
-                                                std::span<const OutputOptions> options) {
+                                                std::span<const OutputOptions> options,
+                                                uint64_t staged) {
   const ModelConfig& c = model_->config();
   const int64_t T = batch.num_tokens();
   const int32_t B = batch.num_sequences();
@@ -247,7 +264,7 @@ std::vector<EncodedSequence> ForwardEngine::run(const RaggedBatch& batch,
   };
 
   plan_chunks(batch, chunks_);
-  const BatchRef ref = ops.begin_batch(batch, plan, chunks_);
+  const BatchRef ref = ops.begin_batch(batch, plan, chunks_, staged);
   Mat x = mat(plan.x), qks = mat(plan.qks), y = mat(plan.y), h = mat(plan.h);
   Mat pq = mat(plan.pq), pk = mat(plan.pk), pooled = mat(plan.pooled);
   const Mat q = columns(qks, 0, D, elem), k = columns(qks, D, D, elem);

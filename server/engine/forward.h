@@ -38,7 +38,13 @@ class ForwardEngine final : public Engine {
   ~ForwardEngine() override;
 
   std::vector<EncodedSequence> encode(const RaggedBatch& batch,
-                                      std::span<const OutputOptions> options) override;
+                                      std::span<const OutputOptions> options) override {
+    return encode_staged(batch, options, 0);
+  }
+  uint64_t stage(const RaggedBatch& batch) override;
+  std::vector<EncodedSequence> encode_staged(const RaggedBatch& batch,
+                                             std::span<const OutputOptions> options,
+                                             uint64_t staged) override;
   std::string backend_name() const override { return backend_; }
   std::string device_name() const override { return device_; }
   const DtypeChoice& dtype() const override { return dtype_; }
@@ -64,8 +70,8 @@ class ForwardEngine final : public Engine {
   };
   WeightRef upload(const PreparedLinear& linear);
   // encode() without turning the ops' failures into EngineError.
-  std::vector<EncodedSequence> run(const RaggedBatch& batch,
-                                   std::span<const OutputOptions> options);
+  std::vector<EncodedSequence> run(const RaggedBatch& batch, std::span<const OutputOptions> options,
+                                   uint64_t staged);
 
   std::shared_ptr<const Model> model_;
   PreparedWeights prepared_;  // host copies the ops may serve in place

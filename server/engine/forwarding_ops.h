@@ -21,9 +21,12 @@ class ForwardingOps : public Ops {
   void reserve(const WorkspacePlan& largest) override { inner_.reserve(largest); }
   void prefault(size_t bytes) override { inner_.prefault(bytes); }
   void* workspace() override { return inner_.workspace(); }
+  uint64_t stage(const RaggedBatch& batch, const PoolingChunks& chunks) override {
+    return inner_.stage(batch, chunks);
+  }
   BatchRef begin_batch(const RaggedBatch& batch, const WorkspacePlan& plan,
-                       const PoolingChunks& chunks) override {
-    return inner_.begin_batch(batch, plan, chunks);
+                       const PoolingChunks& chunks, uint64_t staged) override {
+    return inner_.begin_batch(batch, plan, chunks, staged);
   }
   void embed(const BatchRef& batch, const void* word_embedding, const void* position_embeddings,
              const void* ln_gamma, const void* ln_beta, double eps, Mat x) override {

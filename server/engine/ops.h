@@ -54,10 +54,15 @@ struct BatchRef {
   int32_t num_tokens = 0;
 };
 
+class OpsReport;
+
 class Ops {
  public:
   virtual ~Ops() = default;
 
+  // The ops' own report (ops_report.h: the kernel each GEMM ran, ...), or null where they
+  // have none.
+  virtual OpsReport* report() { return nullptr; }
   // Bytes per element of the serving dtype.
   virtual size_t element_size() const = 0;
   // Bytes per element of what upload() makes (the embedding tables and the other parameters
@@ -81,11 +86,22 @@ class Ops {
   // The workspace's first byte: every buffer of a plan lies at its offset from here.
   virtual void* workspace() = 0;
 
+  // Copies the batch's ids, offsets, mask, positions and pooling chunks to the engine ahead of
+  // its begin_batch(), while another batch computes: the CUDA ops fill a pinned buffer and
+  // copy it on a stream of their own. Called on another thread than the batches (the batch
+  // former's), at most one call at a time. Returns a ticket for begin_batch's `staged`; 0 where
+  // nothing was staged (ops that read host memory, a batch with input embeddings).
+  virtual uint64_t stage(const RaggedBatch& batch, const PoolingChunks& chunks) {
+    (void)batch, (void)chunks;
+    return 0;
+  }
+
   // Copies the batch's ids, input embeddings, offsets, mask and positions to the engine, and
   // takes the batch's plan (where the pooling ops find their partials and scores) and its
-  // pooling chunks; both stay unchanged until the next begin_batch.
+  // pooling chunks; both stay unchanged until the next begin_batch. `staged`: the ticket of a
+  // stage() of this very batch and chunks (unchanged since), whose copy it uses; 0: none.
   virtual BatchRef begin_batch(const RaggedBatch& batch, const WorkspacePlan& plan,
-                               const PoolingChunks& chunks) = 0;
+                               const PoolingChunks& chunks, uint64_t staged) = 0;
 
   // X0_t = LN_emb(W_word[id_t] + W_pos[t])  (input embedding rows instead of W_word[id]).
   virtual void embed(const BatchRef& batch, const void* word_embedding,

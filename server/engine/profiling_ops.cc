@@ -125,7 +125,7 @@ void ProfilingOps::issue(std::string name, int layer, Cost cost, const WeightRef
 }
 
 BatchRef ProfilingOps::begin_batch(const RaggedBatch& batch, const WorkspacePlan& plan,
-                                   const PoolingChunks& chunks) {
+                                   const PoolingChunks& chunks, uint64_t staged) {
   issued_.clear();
   layer_ = -1;
   last_gemm_.clear();
@@ -133,7 +133,7 @@ BatchRef ProfilingOps::begin_batch(const RaggedBatch& batch, const WorkspacePlan
   plan_ = plan;
   workspace_ = static_cast<const char*>(inner_.workspace());
   issue("begin_batch", -1, cost::begin_batch(batch));
-  return inner_.begin_batch(batch, plan, chunks);
+  return inner_.begin_batch(batch, plan, chunks, staged);
 }
 
 void ProfilingOps::embed(const BatchRef& batch, const void* word_embedding,

@@ -43,7 +43,7 @@ class ProfilingOps final : public ForwardingOps {
   void end_batch() { ++batches_; }
 
   BatchRef begin_batch(const RaggedBatch& batch, const WorkspacePlan& plan,
-                       const PoolingChunks& chunks) override;
+                       const PoolingChunks& chunks, uint64_t staged) override;
   void embed(const BatchRef& batch, const void* word_embedding, const void* position_embeddings,
              const void* ln_gamma, const void* ln_beta, double eps, Mat x) override;
   // One row, the GEMM's; or two where the inner ops have a pass after it (linear_has_pass).

@@ -19,6 +19,7 @@ engine::EngineOptions ModelSettings::engine_options(const engine::ModelConfig& m
   options.dtype = dtype;
   options.device = device;
   options.allow_tf32 = allow_tf32;
+  options.cuda_opt_in = cuda_opt_in;
   options.cpu_gemm = cpu_gemm;
   // The buffers hold a full batch, or the longest sequence a request may bring, which runs in
   // a batch of its own.

@@ -2,6 +2,9 @@
 // warp shuffles and votes, atomics, dynamic shared memory, 2D/3D indices, deliberate races and
 // deliberate misuse. Written once, through kernels/runtime.h: compiled for the host against
 // the emulator, and by nvcc (fastformer_emulation_nvcc_check) so they stay valid CUDA.
+#include <cstdint>
+#include <cstring>
+
 #include "tests/emulation/test_kernels.h"
 
 namespace fastformer::emulation_test {
@@ -167,6 +170,68 @@ FF_GLOBAL void big_dynamic_kernel(int n_floats, float* out) {
   }
 }
 
+template <class T>
+FF_DEVICE std::uint32_t mma_pair(T low, T high) {
+  std::uint16_t lo, hi;
+  memcpy(&lo, &low, 2);
+  memcpy(&hi, &high, 2);
+  return std::uint32_t(lo) | (std::uint32_t(hi) << 16);
+}
+
+// The fragments by the PTX ISA's formulas ("Matrix Fragments for mma.m16n8k16 with floating
+// point type"), element by element.
+template <class T>
+FF_GLOBAL void mma_kernel(const T* a, const T* b, const float* c, int mislayout, float* d) {
+  const int problem = threadIdx.x / 32, lane = threadIdx.x % 32;
+  const int group_id = lane >> 2, thread_in_group = lane % 4;
+  a += problem * 16 * 16;
+  b += problem * 16 * 8;
+  c += problem * 16 * 8;
+  d += problem * 16 * 8;
+  T a_elements[8], b_elements[4];
+  for (int i = 0; i < 8; ++i) {
+    const int row = (i < 2 || (i >= 4 && i < 6)) ? group_id : group_id + 8;
+    const int col = thread_in_group * 2 + (i & 1) + (i >= 4 ? 8 : 0);
+    a_elements[i] = a[row * 16 + col];
+  }
+  for (int i = 0; i < 4; ++i) {
+    const int row = thread_in_group * 2 + (i & 1) + (i >= 2 ? 8 : 0);
+    b_elements[i] = b[row * 8 + group_id];
+  }
+  float c_elements[4];
+  for (int i = 0; i < 4; ++i) {
+    const int row = i < 2 ? group_id : group_id + 8;
+    c_elements[i] = c[row * 8 + thread_in_group * 2 + (i & 1)];
+  }
+  std::uint32_t a_regs[4] = {
+      mma_pair(a_elements[0], a_elements[1]), mma_pair(a_elements[2], a_elements[3]),
+      mma_pair(a_elements[4], a_elements[5]), mma_pair(a_elements[6], a_elements[7])};
+  std::uint32_t b_regs[2] = {mma_pair(b_elements[0], b_elements[1]),
+                             mma_pair(b_elements[2], b_elements[3])};
+  if (mislayout == kMmaSwapARows) {
+    const std::uint32_t r = a_regs[1];
+    a_regs[1] = a_regs[2];
+    a_regs[2] = r;
+  } else if (mislayout == kMmaSwapPairHalves) {
+    a_regs[0] = (a_regs[0] >> 16) | (a_regs[0] << 16);
+  } else if (mislayout == kMmaSwapBRegisters) {
+    const std::uint32_t r = b_regs[0];
+    b_regs[0] = b_regs[1];
+    b_regs[1] = r;
+  }
+  float d_elements[4];
+  ff_mma_m16n8k16<T>(d_elements, a_regs, b_regs, c_elements);
+  if (mislayout == kMmaSwapDRows) {
+    const float r = d_elements[1];
+    d_elements[1] = d_elements[2];
+    d_elements[2] = r;
+  }
+  for (int i = 0; i < 4; ++i) {
+    const int row = i < 2 ? group_id : group_id + 8;
+    d[row * 8 + thread_in_group * 2 + (i & 1)] = d_elements[i];
+  }
+}
+
 unsigned blocks_for(int n, int threads) {
   return static_cast<unsigned>((n + threads - 1) / threads);
 }
@@ -271,6 +336,17 @@ void launch_static_shared_32k(float* out, ff_stream_t stream) {
   FF_LAUNCH(static_shared_32k_kernel, 1, 256, 0, stream, out);
   ff_check_launch("static_shared_32k_kernel");
 }
+
+template <class T>
+void launch_mma_m16n8k16(int problems, const T* a, const T* b, const float* c, int mislayout,
+                         float* d, ff_stream_t stream) {
+  FF_LAUNCH(mma_kernel<T>, 1, 32 * problems, 0, stream, a, b, c, mislayout, d);
+  ff_check_launch("mma_kernel");
+}
+template void launch_mma_m16n8k16<ff_half>(int, const ff_half*, const ff_half*, const float*, int,
+                                           float*, ff_stream_t);
+template void launch_mma_m16n8k16<ff_bfloat16>(int, const ff_bfloat16*, const ff_bfloat16*,
+                                               const float*, int, float*, ff_stream_t);
 
 void launch_big_dynamic(std::size_t dynamic_bytes, bool opt_in, float* out, ff_stream_t stream) {
   if (opt_in) ff_set_max_dynamic_shared_memory(big_dynamic_kernel, dynamic_bytes);

@@ -66,6 +66,23 @@ void launch_shared_identity(int threads, int* out, ff_stream_t stream);
 template <class T>
 void launch_copy_float4(const T* input, int offset, int n_vectors, T* output, ff_stream_t stream);
 
+// The tensor-core instruction ff_mma_m16n8k16<T> (T = ff_half or ff_bfloat16), one block of
+// 32 x problems threads: warp p computes d[p] = a[p] b[p] + c[p] with a [16][16] row-major,
+// b [16][8] ([k][n]), c and d [16][8] float. Each lane loads and stores its fragments by the
+// PTX ISA's formulas (groupID = lane >> 2, threadID_in_group = lane % 4, element i).
+// `mislayout` != kMmaLayoutRight breaks one mapping on purpose, so a test can show that the
+// layout test sees it.
+enum MmaMislayout : int {
+  kMmaLayoutRight = 0,
+  kMmaSwapARows = 1,       // a[1] <-> a[2]: row g + 8 taken for columns + 8
+  kMmaSwapPairHalves = 2,  // the two elements of a[0] in the other halves of the register
+  kMmaSwapBRegisters = 3,  // b[0] <-> b[1]: rows 2t.. taken for rows 2t + 8..
+  kMmaSwapDRows = 4,       // d[1] stored where d[2] goes
+};
+template <class T>
+void launch_mma_m16n8k16(int problems, const T* a, const T* b, const float* c, int mislayout,
+                         float* d, ff_stream_t stream);
+
 // ---- misuse: each of these must be reported ------------------------------------------------
 // Threads >= active return before a __syncthreads the others wait at.
 void launch_early_exit(int threads, int active, ff_stream_t stream);

@@ -345,7 +345,7 @@ class Harness {
       }
     }
     completer().engine.fail = fail;
-    completer().scheduler->run_batch(batch);
+    completer().scheduler->run_batch(batch, 0);
   }
 
   void check_accounting() {

@@ -152,7 +152,7 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
   }
   // Drain what was admitted: every admitted request is answered, none twice.
   queue.close();
-  while (auto batch = queue.next_batch()) completer(which).scheduler->run_batch(*batch);
+  while (auto batch = queue.next_batch()) completer(which).scheduler->run_batch(*batch, 0);
   FUZZ_CHECK(intake.inflight() == 0);
   FUZZ_CHECK(capture->answers.size() == 1);
   check_answer(capture->answers[0], target);

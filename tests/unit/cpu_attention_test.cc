@@ -79,7 +79,7 @@ TEST_P(CpuAttentionTest, SequenceBySequenceIsTheThreeOpsBitForBit) {
   ops.reserve(plan);
   PoolingChunks chunks;
   plan_chunks(batch, chunks);
-  const BatchRef ref = ops.begin_batch(batch, plan, chunks);
+  const BatchRef ref = ops.begin_batch(batch, plan, chunks, 0);
   char* const ws = static_cast<char*>(ops.workspace());
   auto mat = [&](const WorkspacePlan::Buffer& b) {
     return Mat{ws + b.offset, b.rows, b.cols, b.ld};

@@ -12,6 +12,7 @@
 #include <cmath>
 #include <memory>
 #include <string>
+#include <thread>
 #include <tuple>
 
 #include "server/engine/cuda/cuda_ops.h"
@@ -86,8 +87,142 @@ TEST(EmulatedCudaEngine, BatchOverItsBuffersIsAClearError) {
               ::testing::HasSubstr("exceeds max_batch_tokens 8"));
 }
 
+// Every opt-in kernel asked for (--cuda-opt-in all, issue 48): the same parity. In 16-bit
+// dtypes the feed-forward's bias and exact-erf GELU ride on the GEMM (the CUTLASS epilogue on
+// sm_90, modelled by the emulated GEMM), so its site has no pass; float32 keeps the pass. The
+// device line says which run.
+TEST_P(EmulatedCudaEngineTest, OptInKernelsMatchTheCpuEngine) {
+  engine::EngineOptions options;
+  options.dtype = engine::dtype_from_name(GetParam());
+  options.max_batch_tokens = 2048;
+  options.cuda_opt_in = "all";
+  auto cuda = engine::cuda::create_emulated_cuda_engine(*model_, options);
+  const bool fused = GetParam() != "float32";
+  EXPECT_THAT(cuda->device_name(),
+              ::testing::HasSubstr(fused ? "opt-in cutlass-gelu, fused-key-pool, gemm-timing"
+                                         : "opt-in cutlass-gelu off: float32 keeps the separate "
+                                           "pass, fused-key-pool, gemm-timing"));
+  cuda->set_profiling(true);
+  test::expect_parity(test::encode_all(*cuda, test::make_parity_inputs((*model_)->config())),
+                      *reference_, GetParam());
+  int gemm_rows = 0, pass_rows = 0;
+  for (const engine::OpProfile& op : cuda->profile()) {
+    gemm_rows += op.name == "ffn_in_gemm";
+    pass_rows += op.name == "ffn_in_bias_gelu";
+  }
+  EXPECT_EQ(gemm_rows, 2);  // one a layer
+  EXPECT_EQ(pass_rows, fused ? 0 : 2);
+  // The GEMM report names the emulated GEMM and its epilogue for each site.
+  bool reported = false;
+  for (const std::string& line : cuda->gemm_report()) {
+    if (line.starts_with("ffn_in_gemm")) {
+      reported = true;
+      EXPECT_THAT(line, ::testing::HasSubstr(fused ? "bias+gelu_erf" : "store")) << line;
+    }
+  }
+  EXPECT_TRUE(reported);
+}
+
+// Staged batches (Engine::stage, encode_staged: the inputs copied ahead, issue 48) give the
+// outputs of plain encode(), bit for bit; a stale or unknown ticket falls back to a copy of its
+// own; several staged batches in a row reuse the input slots.
+TEST_P(EmulatedCudaEngineTest, StagedBatchesEncodeAsUnstagedOnes) {
+  engine::EngineOptions options;
+  options.dtype = engine::dtype_from_name(GetParam());
+  options.max_batch_tokens = 2048;
+  auto cuda = engine::cuda::create_emulated_cuda_engine(*model_, options);
+  const engine::ModelConfig& c = (*model_)->config();
+  auto batch_of = [&](std::vector<int> lengths) {
+    const test::ParityInputs inputs = test::make_parity_inputs(c, std::move(lengths));
+    engine::RaggedBatch batch;
+    for (const auto& ids : inputs.ids) batch.add({ids, {}}, c);
+    return batch;
+  };
+  const engine::RaggedBatch a = batch_of({1, 7, 300}), b = batch_of({700, 5});
+  OutputOptions out;
+  out.token_embeddings = true;
+  out.logits = true;
+  const auto plain_a = cuda->encode(a, {&out, 1}), plain_b = cuda->encode(b, {&out, 1});
+  auto same = [](const std::vector<EncodedSequence>& x, const std::vector<EncodedSequence>& y) {
+    ASSERT_EQ(x.size(), y.size());
+    for (size_t i = 0; i < x.size(); ++i) {
+      EXPECT_EQ(x[i].embedding, y[i].embedding) << i;
+      EXPECT_EQ(x[i].token_embeddings, y[i].token_embeddings) << i;
+      EXPECT_EQ(x[i].logits, y[i].logits) << i;
+    }
+  };
+  for (int round = 0; round < 4; ++round) {  // more rounds than slots
+    const uint64_t ticket_a = cuda->stage(a);
+    ASSERT_NE(ticket_a, 0u);
+    const uint64_t ticket_b = cuda->stage(b);  // staged while a's copy waits
+    ASSERT_NE(ticket_b, ticket_a);
+    same(cuda->encode_staged(a, {&out, 1}, ticket_a), plain_a);
+    same(cuda->encode_staged(b, {&out, 1}, ticket_b), plain_b);
+  }
+  // b's ticket, spent, or one never issued: the batch goes up by itself.
+  const uint64_t ticket = cuda->stage(b);
+  same(cuda->encode_staged(a, {&out, 1}, 0), plain_a);
+  same(cuda->encode_staged(a, {&out, 1}, ticket + 100), plain_a);
+  same(cuda->encode_staged(b, {&out, 1}, ticket), plain_b);
+  // A batch with input embeddings is not staged (its rows go up with the batch).
+  engine::RaggedBatch with_rows;
+  with_rows.add({{}, std::vector<float>(size_t(3 * c.hidden_size), 0.25f)}, c);
+  EXPECT_EQ(cuda->stage(with_rows), 0u);
+}
+
+// One thread stages each next batch while another encodes the one before, as the scheduler's
+// former and compute threads do: every result equals the unstaged one (ThreadSanitizer runs
+// this in make test-tsan).
+TEST_F(EmulatedCudaEngineTest, StagingOnAnotherThreadWhileEncoding) {
+  engine::EngineOptions options;
+  options.dtype = engine::Dtype::kBfloat16;
+  options.max_batch_tokens = 2048;
+  auto cuda = engine::cuda::create_emulated_cuda_engine(*model_, options);
+  const engine::ModelConfig& c = (*model_)->config();
+  std::vector<engine::RaggedBatch> batches;
+  for (int i = 0; i < 6; ++i) {
+    const test::ParityInputs inputs = test::make_parity_inputs(c, {1 + 37 * i, 260, 3 + i});
+    engine::RaggedBatch batch;
+    for (const auto& ids : inputs.ids) batch.add({ids, {}}, c);
+    batches.push_back(std::move(batch));
+  }
+  OutputOptions out;
+  std::vector<std::vector<EncodedSequence>> plain;
+  for (const auto& batch : batches) plain.push_back(cuda->encode(batch, {&out, 1}));
+  uint64_t ticket = cuda->stage(batches[0]);
+  for (size_t i = 0; i < batches.size(); ++i) {
+    uint64_t next = 0;
+    std::thread former([&] {
+      if (i + 1 < batches.size()) next = cuda->stage(batches[i + 1]);
+    });
+    const auto got = cuda->encode_staged(batches[i], {&out, 1}, ticket);
+    former.join();
+    ASSERT_EQ(got.size(), plain[i].size());
+    for (size_t s = 0; s < got.size(); ++s) EXPECT_EQ(got[s].embedding, plain[i][s].embedding);
+    ticket = next;
+  }
+}
+
 INSTANTIATE_TEST_SUITE_P(Dtypes, EmulatedCudaEngineTest,
                          ::testing::Values("float32", "float16", "bfloat16"));
+
+// The opt-in list (--cuda-opt-in, FASTFORMER_CUDA_OPT_IN): names, all, none, spaces; an unknown
+// name is an error naming the field and the choices.
+TEST(CudaOptIn, ParsesTheListAndRefusesUnknownNames) {
+  using engine::cuda::parse_cuda_opt_in;
+  const auto none = parse_cuda_opt_in("");
+  EXPECT_FALSE(none.cutlass_gelu || none.fused_key_pool || none.gemm_timing);
+  const auto two = parse_cuda_opt_in("cutlass-gelu, gemm-timing");
+  EXPECT_TRUE(two.cutlass_gelu && two.gemm_timing);
+  EXPECT_FALSE(two.fused_key_pool);
+  const auto all = parse_cuda_opt_in("all");
+  EXPECT_TRUE(all.cutlass_gelu && all.fused_key_pool && all.gemm_timing);
+  EXPECT_FALSE(parse_cuda_opt_in("none").cutlass_gelu);
+  EXPECT_THAT(test::error_of<engine::EngineError>([] { parse_cuda_opt_in("cutlass-gelu,turbo"); }),
+              ::testing::HasSubstr("cuda_opt_in (--cuda-opt-in, FASTFORMER_CUDA_OPT_IN): unknown "
+                                   "kernel \"turbo\"; expected cutlass-gelu, fused-key-pool, "
+                                   "gemm-timing, all or none"));
+}
 
 // --dtype auto's rule for the CUDA engine, both branches on any machine: the compute
 // capability is injected.

@@ -95,7 +95,8 @@ TEST_P(EmulatedGemmTest, EpilogueMatchesDoubleReference) {
   const Stored c0(type, random_values(size_t(M * ldc), 4, 1.0f));
   Stored c = c0;
 
-  cuda::Gemm gemm(type, false, nullptr);
+  // The erf GELU is the CUTLASS epilogue, asked for (cutlass-gelu) and 16-bit only.
+  cuda::Gemm gemm(cuda::GemmOptions{type, false, epilogue == GemmEpilogue::kBiasGeluErf}, nullptr);
   gemm.set_max_rows(64);
   gemm.run({N, K, lda, ldc, epilogue}, M, a.data(), w.data(), bias.data(), c.data());
 
@@ -116,6 +117,8 @@ TEST_P(EmulatedGemmTest, EpilogueMatchesDoubleReference) {
         v = test::reference_activation(v, engine::Activation::kRelu);
       if (epilogue == GemmEpilogue::kBiasGeluTanh)
         v = test::reference_activation(v, engine::Activation::kGeluTanh);
+      if (epilogue == GemmEpilogue::kBiasGeluErf)
+        v = test::reference_activation(v, engine::Activation::kGeluErf);
       const float expected = Stored(type, {float(v)})[0];
       worst = std::max(
           worst, std::abs(double(c[at]) - expected) / std::max(1.0, std::abs(double(expected))));
@@ -140,7 +143,9 @@ INSTANTIATE_TEST_SUITE_P(
                       EpilogueCase{GemmEpilogue::kBias, StorageType::kBF16},
                       EpilogueCase{GemmEpilogue::kBiasGeluTanh, StorageType::kBF16},
                       EpilogueCase{GemmEpilogue::kBiasRelu, StorageType::kF16},
-                      EpilogueCase{GemmEpilogue::kBiasGeluTanh, StorageType::kF16}),
+                      EpilogueCase{GemmEpilogue::kBiasGeluTanh, StorageType::kF16},
+                      EpilogueCase{GemmEpilogue::kBiasGeluErf, StorageType::kBF16},
+                      EpilogueCase{GemmEpilogue::kBiasGeluErf, StorageType::kF16}),
     [](const auto& info) {
       std::string name = cuda::gemm_epilogue_name(info.param.epilogue);
       for (char& ch : name) ch = std::isalnum(static_cast<unsigned char>(ch)) ? ch : '_';
@@ -154,7 +159,7 @@ TEST(EmulatedGemm, GeluEpilogueIsTheTanhForm) {
   const int64_t M = 1, N = 4, K = 1;
   const std::vector<float> a = {1.0f}, w = {-2.5f, -1.0f, 0.7f, 2.0f}, bias = {0, 0, 0, 0};
   std::vector<float> c(4, 0.0f);
-  cuda::Gemm gemm(StorageType::kF32, false, nullptr);
+  cuda::Gemm gemm(cuda::GemmOptions{StorageType::kF32}, nullptr);
   gemm.set_max_rows(1);
   gemm.run({N, K, K, N, GemmEpilogue::kBiasGeluTanh}, M, a.data(), w.data(), bias.data(), c.data());
   for (size_t j = 0; j < 4; ++j) {
@@ -164,9 +169,31 @@ TEST(EmulatedGemm, GeluEpilogueIsTheTanhForm) {
   }
 }
 
+// The erf-GELU epilogue exists only where asked for (cutlass-gelu) in a 16-bit type, as on the
+// device (compute capability 9.0 with the CUTLASS kernels built); asked of a Gemm without it,
+// run() is an error naming why, never a silent store.
+TEST(EmulatedGemm, ErfGeluEpilogueOnlyWhereAskedForIn16Bits) {
+  std::string why;
+  EXPECT_TRUE(
+      cuda::Gemm(cuda::GemmOptions{StorageType::kBF16, false, true}, nullptr).has_gelu_erf());
+  EXPECT_FALSE(
+      cuda::Gemm(cuda::GemmOptions{StorageType::kF32, false, true}, nullptr).has_gelu_erf(&why));
+  EXPECT_EQ(why, "float32 keeps the separate pass");
+  cuda::Gemm plain(cuda::GemmOptions{StorageType::kBF16}, nullptr);
+  EXPECT_FALSE(plain.has_gelu_erf(&why));
+  EXPECT_THAT(why, ::testing::HasSubstr("--cuda-opt-in cutlass-gelu"));
+  plain.set_max_rows(1);
+  std::vector<uint16_t> a(1), w(1), bias(1), c(1);
+  EXPECT_THAT(test::error_of<engine::EngineError>([&] {
+                plain.run({1, 1, 1, 1, GemmEpilogue::kBiasGeluErf}, 1, a.data(), w.data(),
+                          bias.data(), c.data());
+              }),
+              ::testing::HasSubstr("bias+gelu_erf asked of a Gemm without it"));
+}
+
 TEST(EmulatedGemm, MoreRowsThanPlannedIsAnEngineError) {
   std::vector<float> a(8), w(4), c(8);
-  cuda::Gemm gemm(StorageType::kF32, false, nullptr);
+  cuda::Gemm gemm(cuda::GemmOptions{StorageType::kF32}, nullptr);
   gemm.set_max_rows(4);
   EXPECT_THAT(
       test::error_of<engine::EngineError>([&] {

@@ -159,7 +159,8 @@ void CpuOps::prefault(size_t bytes) {
 }
 
 BatchRef CpuOps::begin_batch(const RaggedBatch& batch, const WorkspacePlan& plan,
-                             const PoolingChunks& chunks) {
+                             const PoolingChunks& chunks,
+                             uint64_t /*staged: never, stage() is 0*/) {
   batch_ = &batch;
   chunks_ = &chunks;
   auto floats = [&](const WorkspacePlan::Buffer& buffer) {

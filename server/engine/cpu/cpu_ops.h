@@ -70,7 +70,7 @@ class CpuOps final : public Ops, public OpsReport {
   void prefault(size_t bytes) override;  // touches the pages (the arena is left untouched)
   void* workspace() override { return arena_.get(); }
   BatchRef begin_batch(const RaggedBatch& batch, const WorkspacePlan& plan,
-                       const PoolingChunks& chunks) override;
+                       const PoolingChunks& chunks, uint64_t staged) override;
   void embed(const BatchRef& batch, const void* word_embedding, const void* position_embeddings,
              const void* ln_gamma, const void* ln_beta, double eps, Mat x) override;
   void linear(const Mat& a, const WeightRef& w, Mat c, Epilogue epilogue, Activation act) override;

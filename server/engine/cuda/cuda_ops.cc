@@ -4,6 +4,8 @@
 #include <bit>
 #include <chrono>
 #include <cstring>
+#include <map>
+#include <mutex>
 #include <string>
 #include <type_traits>
 #include <vector>
@@ -15,6 +17,7 @@
 #include "kernels/kernels.h"
 #include "server/engine/cuda/gemm.h"
 #include "server/engine/error.h"
+#include "server/engine/ops_report.h"
 
 namespace fastformer::engine::cuda {
 namespace FF_KERNELS_ABI {
@@ -84,14 +87,16 @@ k::Act to_kernel(Activation act) {
   return k::Act::kGeluErf;
 }
 
-// The epilogue computing bias + `act`, kStore where cuBLASLt has none.
-GemmEpilogue gemm_activation(Activation act) {
+// The epilogue computing bias + `act`, kStore where the GEMM has none (`gelu_erf`: the Gemm's
+// has_gelu_erf()).
+GemmEpilogue gemm_activation(Activation act, bool gelu_erf) {
   switch (act) {
     case Activation::kRelu:
       return GemmEpilogue::kBiasRelu;
     case Activation::kGeluTanh:
       return GemmEpilogue::kBiasGeluTanh;  // cuBLASLt's GELU is the tanh form
     case Activation::kGeluErf:
+      return gelu_erf ? GemmEpilogue::kBiasGeluErf : GemmEpilogue::kStore;
     case Activation::kSilu:
       return GemmEpilogue::kStore;
   }
@@ -195,18 +200,104 @@ class Timers {
 #endif
 };
 
-template <class T>
-class CudaOps final : public Ops {
+// A copy's completion, for a stream to wait on: a CUDA event without timing; nothing in the
+// emulation, whose copies are done when issued.
+class CopyEvent {
  public:
-  CudaOps(const ModelConfig& config, const CudaOpsOptions& options, size_t device_total)
+#if defined(FF_EMULATION)
+  CopyEvent() = default;
+  void record(ff_stream_t) {}
+  void wait(ff_stream_t) {}
+  void synchronize() {}
+#else
+  CopyEvent() {
+    ff_check(cudaEventCreateWithFlags(&event_, cudaEventDisableTiming), "cudaEventCreate");
+  }
+  ~CopyEvent() { (void)cudaEventDestroy(event_); }
+  void record(ff_stream_t stream) { ff_check(cudaEventRecord(event_, stream), "cudaEventRecord"); }
+  void wait(ff_stream_t stream) {
+    ff_check(cudaStreamWaitEvent(stream, event_, 0), "cudaStreamWaitEvent");
+  }
+  void synchronize() { ff_check(cudaEventSynchronize(event_), "cudaEventSynchronize"); }
+
+ private:
+  cudaEvent_t event_ = nullptr;
+#endif
+  CopyEvent(const CopyEvent&) = delete;
+  CopyEvent& operator=(const CopyEvent&) = delete;
+};
+
+// Where a batch's inputs lie in an input slot, 16-byte aligned, in the order they are packed:
+// the sizes are the batch's (T tokens, B sequences, C chunks), so one copy moves only them.
+struct InputLayout {
+  size_t token_seq = 0, token_ids = 0, embedding_index = 0, position_ids = 0, cu_seqlens = 0,
+         chunk_begin = 0, chunk_end = 0, seq_first_chunk = 0, mask = 0, bytes = 0;
+};
+InputLayout input_layout(size_t T, size_t B, size_t C) {
+  InputLayout l;
+  size_t at = 0;
+  auto take = [&](size_t& offset, size_t bytes) {
+    offset = at;
+    at += (bytes + 15) / 16 * 16;
+  };
+  take(l.token_seq, T * 4);
+  take(l.token_ids, T * 4);
+  take(l.embedding_index, T * 4);
+  take(l.position_ids, T * 4);
+  take(l.cu_seqlens, (B + 1) * 4);
+  take(l.chunk_begin, C * 4);
+  take(l.chunk_end, C * 4);
+  take(l.seq_first_chunk, (B + 1) * 4);
+  take(l.mask, T);
+  l.bytes = at;
+  return l;
+}
+
+template <class T>
+class CudaOps final : public Ops, public OpsReport {
+ public:
+  CudaOps(const ModelConfig& config, const CudaOpsOptions& options, const CudaOptIn& opt_in,
+          size_t device_total)
       : config_(config),
         device_(options.device),
         device_total_(device_total),
+        opt_in_(opt_in),
         stream_(ff_stream_create()),
-        gemm_(storage_type<T>(), options.allow_tf32, stream_) {}
+        gemm_(GemmOptions{storage_type<T>(), options.allow_tf32, opt_in.cutlass_gelu,
+                          opt_in.gemm_timing},
+              stream_),
+        gelu_erf_epilogue_(gemm_.has_gelu_erf()) {}
+
+  // The opt-in kernels that run, and of those asked for, why any does not (CudaOpsChoice).
+  std::string opt_in_note() const {
+    std::string note;
+    auto add = [&](const std::string& part) { note += (note.empty() ? "" : ", ") + part; };
+    if (opt_in_.cutlass_gelu) {
+      std::string why;
+      add(gemm_.has_gelu_erf(&why) ? "cutlass-gelu" : "cutlass-gelu off: " + why);
+    }
+    if (opt_in_.fused_key_pool) add("fused-key-pool");
+    if (opt_in_.gemm_timing) add("gemm-timing");
+    return note;
+  }
+
+  OpsReport* report() override { return this; }
+  SpeedCheck speed_check() override { return {}; }
+  size_t packed_weight_bytes() const override { return 0; }
+  // The plan of the GEMM over `w` (recorded at its first run): the kernel and how it was chosen.
+  std::string gemm_kernel(const WeightRef& w) const override {
+    const auto it = gemm_shapes_.find(w.weight);
+    return it == gemm_shapes_.end() ? std::string() : gemm_.describe(it->second);
+  }
 
   ~CudaOps() override {
     ff_stream_synchronize(stream_);
+    ff_stream_synchronize(copy_stream_);
+    for (InputSlot& slot : slots_) {
+      ff_free(slot.device);
+      ff_free_host(slot.host);
+    }
+    ff_stream_destroy(copy_stream_);
     for (void* p : uploads_) ff_free(p);
     for (SpanMemory& m : span_memory_) ff_free(m.memory);
     ff_free(memory_);
@@ -248,15 +339,6 @@ class CudaOps final : public Ops {
         used += (std::max<size_t>(count, 1) * sizeof(U) + kWorkspaceAlignment - 1) /
                 kWorkspaceAlignment * kWorkspaceAlignment;
       };
-      take(token_seq_, T_max);
-      take(token_ids_, T_max);
-      take(embedding_index_, T_max);
-      take(position_ids_, T_max);
-      take(cu_seqlens_, B_max + 1);
-      take(chunk_begin_, chunks);
-      take(chunk_end_, chunks);
-      take(seq_first_chunk_, B_max + 1);
-      take(mask_, T_max);
       take(input_embeddings_, T_max * D);
       take(download_staging_, staging);
       take(zero_score_, 1);
@@ -268,48 +350,100 @@ class CudaOps final : public Ops {
     ff_memset_async(zero_score_, 0, sizeof(float), stream_);  // span_pool's kMean scores
     host_staging_bytes_ = staging * sizeof(float);
     host_staging_ = static_cast<char*>(ff_malloc_host(host_staging_bytes_));
+    slot_bytes_ = input_layout(T_max, B_max, chunks).bytes;
+    for (InputSlot& slot : slots_) {
+      slot.host = static_cast<char*>(ff_malloc_host(slot_bytes_));
+      slot.device = static_cast<char*>(ff_malloc(slot_bytes_));
+      slot_device_bytes_ += slot_bytes_;
+    }
+    largest_ = largest;
     gemm_.set_max_rows(largest.tokens);  // every GEMM has T or B <= T rows
+  }
+
+  uint64_t stage(const RaggedBatch& batch, const PoolingChunks& chunks) override {
+    if (!batch.input_embeddings.empty() || !fits(batch, chunks)) return 0;  // begin_batch's path
+    InputSlot* slot = nullptr;
+    uint64_t ticket = 0;
+    {
+      std::lock_guard lock(slots_mu_);
+      slot = free_slot();
+      if (slot == nullptr) return 0;
+      slot->state = InputSlot::kStaging;
+      ticket = ++last_ticket_;
+    }
+    try {
+      use_device();
+      slot->copied.synchronize();  // its last copy has read the host buffer
+      fill(*slot, batch, chunks);
+      ff_memcpy_async(slot->device, slot->host, slot->layout.bytes, ff_host_to_device,
+                      copy_stream_);
+      slot->copied.record(copy_stream_);
+    } catch (...) {
+      std::lock_guard lock(slots_mu_);
+      slot->state = InputSlot::kFree;
+      throw;
+    }
+    std::lock_guard lock(slots_mu_);
+    slot->state = InputSlot::kStaged;
+    slot->ticket = ticket;
+    return ticket;
   }
   void* workspace() override { return memory_; }
 
   BatchRef begin_batch(const RaggedBatch& batch, const WorkspacePlan& plan,
-                       const PoolingChunks& chunks) override {
+                       const PoolingChunks& chunks, uint64_t staged) override {
     use_device();
     const int32_t T_count = batch.num_tokens(), B = batch.num_sequences();
-    token_seq_host_.resize(size_t(T_count));
-    for (int32_t b = 0; b < B; ++b) {
-      std::fill(token_seq_host_.begin() + batch.cu_seqlens[size_t(b)],
-                token_seq_host_.begin() + batch.cu_seqlens[size_t(b) + 1], b);
+    if (!fits(batch, chunks)) {
+      throw EngineError("batch of " + std::to_string(T_count) + " tokens, " + std::to_string(B) +
+                        " sequences and " + std::to_string(chunks.count()) +
+                        " pooling chunks exceeds what the engine reserved");
     }
-    auto up = [&](void* dst, const void* src, size_t bytes) {
-      if (bytes > 0) ff_memcpy_async(dst, src, bytes, ff_host_to_device, stream_);
-    };
-    up(token_seq_, token_seq_host_.data(), token_seq_host_.size() * 4);
-    up(token_ids_, batch.token_ids.data(), batch.token_ids.size() * 4);
-    up(embedding_index_, batch.embedding_index.data(), batch.embedding_index.size() * 4);
-    up(position_ids_, batch.position_ids.data(), batch.position_ids.size() * 4);
-    up(cu_seqlens_, batch.cu_seqlens.data(), batch.cu_seqlens.size() * 4);
-    up(chunk_begin_, chunks.begin.data(), chunks.begin.size() * 4);
-    up(chunk_end_, chunks.end.data(), chunks.end.size() * 4);
-    up(seq_first_chunk_, chunks.first.data(), chunks.first.size() * 4);
-    up(mask_, batch.mask.data(), batch.mask.size());
-    up(input_embeddings_, batch.input_embeddings.data(),
-       batch.input_embeddings.size() * sizeof(float));
-    // The host vectors above (ours and the chunks) stay untouched until the next
-    // begin_batch, which comes after this batch's synchronize(), so the asynchronous copies
-    // read stable memory.
-    int32_t max_sequence_chunks = 0;  // sizes the combine's split of a sequence's chunks
-    for (int32_t b = 0; b < B; ++b) {
-      max_sequence_chunks =
-          std::max(max_sequence_chunks, chunks.first[size_t(b) + 1] - chunks.first[size_t(b)]);
+    InputSlot* slot = nullptr;
+    {
+      std::lock_guard lock(slots_mu_);
+      // The previous batch ended with its synchronize(): its slot is free again.
+      if (current_ != nullptr) current_->state = InputSlot::kFree;
+      current_ = nullptr;
+      for (InputSlot& s : slots_) {
+        if (staged != 0 && s.state == InputSlot::kStaged && s.ticket == staged) slot = &s;
+      }
+      if (slot == nullptr) {
+        staged = 0;
+        slot = free_slot();
+      }
+      if (slot == nullptr) throw EngineError("no free input slot (a bug: one is always free)");
+      slot->state = InputSlot::kInUse;
+      current_ = slot;
     }
-    args_ = k::BatchArgs{T_count,           B,
-                         cu_seqlens_,       token_seq_,
-                         token_ids_,        embedding_index_,
-                         position_ids_,     mask_,
-                         input_embeddings_, chunks.count(),
-                         chunk_begin_,      chunk_end_,
-                         seq_first_chunk_,  max_sequence_chunks};
+    if (staged != 0) {
+      slot->copied.wait(stream_);  // the compute stream waits for stage()'s copy
+    } else {
+      slot->copied.synchronize();
+      fill(*slot, batch, chunks);
+      ff_memcpy_async(slot->device, slot->host, slot->layout.bytes, ff_host_to_device, stream_);
+      slot->copied.record(stream_);
+    }
+    if (!batch.input_embeddings.empty()) {
+      ff_memcpy_async(input_embeddings_, batch.input_embeddings.data(),
+                      batch.input_embeddings.size() * sizeof(float), ff_host_to_device, stream_);
+    }
+    const InputLayout& l = slot->layout;
+    auto at = [&](size_t offset) { return reinterpret_cast<int32_t*>(slot->device + offset); };
+    args_ = k::BatchArgs{T_count,
+                         B,
+                         at(l.cu_seqlens),
+                         at(l.token_seq),
+                         at(l.token_ids),
+                         at(l.embedding_index),
+                         at(l.position_ids),
+                         reinterpret_cast<uint8_t*>(slot->device + l.mask),
+                         input_embeddings_,
+                         chunks.count(),
+                         at(l.chunk_begin),
+                         at(l.chunk_end),
+                         at(l.seq_first_chunk),
+                         slot->max_sequence_chunks};
     auto floats = [&](const WorkspacePlan::Buffer& buffer) {
       return reinterpret_cast<float*>(memory_ + buffer.offset);
     };
@@ -341,8 +475,8 @@ class CudaOps final : public Ops {
     if (epilogue != Epilogue::kBias && epilogue != Epilogue::kBiasAct) return false;
     const bool aligned = gemm_aligned(a.data, a.ld) && gemm_aligned(w.weight, w.in) &&
                          gemm_aligned(c.data, c.ld) && gemm_aligned(w.bias, 0);
-    return !aligned ||
-           (epilogue == Epilogue::kBiasAct && gemm_activation(act) == GemmEpilogue::kStore);
+    return !aligned || (epilogue == Epilogue::kBiasAct &&
+                        gemm_activation(act, gelu_erf_epilogue_) == GemmEpilogue::kStore);
   }
 
   // The two steps of a linear() with a pass (linear_has_pass) are these two calls, so that the
@@ -355,9 +489,13 @@ class CudaOps final : public Ops {
     }
     const GemmEpilogue fused = epilogue == Epilogue::kStore        ? GemmEpilogue::kStore
                                : epilogue == Epilogue::kAccumulate ? GemmEpilogue::kAccumulate
-                               : epilogue == Epilogue::kBias       ? GemmEpilogue::kBias
-                                                                   : gemm_activation(act);
-    gemm_.run({w.out, w.in, a.ld, c.ld, fused}, a.rows, a.data, w.weight, w.bias, c.data);
+                               : epilogue == Epilogue::kBias
+                                   ? GemmEpilogue::kBias
+                                   : gemm_activation(act, gelu_erf_epilogue_);
+    const GemmShape shape{w.out, w.in, a.ld, c.ld, fused};
+    gemm_.run(shape, a.rows, a.data, w.weight, w.bias, c.data);
+    gemm_shapes_.try_emplace(
+        w.weight, shape);  // for gemm_kernel(): one lookup, no allocation after the first
   }
 
   void bias_activation(Mat c, const void* bias, Epilogue epilogue, Activation act) override {
@@ -373,12 +511,19 @@ class CudaOps final : public Ops {
     ff_check_launch("query pooling");
   }
 
+  // fused-key-pool (opt-in): the scores and the partials in one pass over K (key_pool.cu), which
+  // takes back the two launches below for the shapes it does not serve.
   void key_pool(const BatchRef&, const Mat& key, const Mat& pq, const WeightRef& key_att,
                 Mat pk) override {
-    k::launch_key_scores<T>(args_, t(key.data), key.ld, t(pq.data), t(key_att.weight),
-                            t(key_att.bias), H(), D(), scores_, stream_);
-    k::launch_pool_partials<T, float>(args_, scores_, H(), H(), t(key.data), key.ld, D(), partials_,
-                                      stream_);
+    if (opt_in_.fused_key_pool) {
+      k::launch_key_pool_partials<T>(args_, t(key.data), key.ld, t(pq.data), t(key_att.weight),
+                                     t(key_att.bias), H(), D(), scores_, partials_, stream_);
+    } else {
+      k::launch_key_scores<T>(args_, t(key.data), key.ld, t(pq.data), t(key_att.weight),
+                              t(key_att.bias), H(), D(), scores_, stream_);
+      k::launch_pool_partials<T, float>(args_, scores_, H(), H(), t(key.data), key.ld, D(),
+                                        partials_, stream_);
+    }
     k::launch_pool_combine<T>(args_, partials_, H(), D(), t(pq.data), 0.0f, t(pk.data), stream_);
     ff_check_launch("key pooling");
   }
@@ -472,7 +617,8 @@ class CudaOps final : public Ops {
   double elapsed_ms(int from, int to) override { return timers_.elapsed_ms(from, to); }
 
   std::pair<size_t, size_t> device_memory() const override {
-    return {weight_bytes_ + memory_bytes_ + kGemmWorkspaceBytes, device_total_};
+    return {weight_bytes_ + memory_bytes_ + slot_device_bytes_ + kGemmWorkspaceBytes,
+            device_total_};
   }
 
  private:
@@ -498,18 +644,85 @@ class CudaOps final : public Ops {
   const ModelConfig config_;
   const int device_;
   const size_t device_total_;
+  const CudaOptIn opt_in_;
   size_t weight_bytes_ = 0;
   ff_stream_t stream_;
   Gemm gemm_;
+  const bool gelu_erf_epilogue_;  // the Gemm computes bias + exact-erf GELU (cutlass-gelu)
+  std::map<const void*, GemmShape> gemm_shapes_;  // each weight's GEMM shape, for gemm_kernel()
   std::vector<void*> uploads_;
   char* memory_ = nullptr;  // the workspace, then the pieces reserve() places after it
   size_t memory_bytes_ = 0;
   char* host_staging_ = nullptr;
   size_t host_staging_bytes_ = 0;
-  int32_t *token_seq_, *token_ids_, *embedding_index_, *position_ids_, *cu_seqlens_, *chunk_begin_,
-      *chunk_end_, *seq_first_chunk_;
-  uint8_t* mask_;
   float *input_embeddings_, *scores_ = nullptr, *download_staging_, *zero_score_ = nullptr;
+
+  // The batches' inputs (host off the critical path, issue 48): each slot a pinned host buffer
+  // and a device region sized for the largest batch, filled for one batch (input_layout) and
+  // copied in one piece; stage() fills one on the batch former's thread and copies it on
+  // copy_stream_, while the batch before computes, begin_batch takes it (or fills one itself).
+  // At most one slot is being staged and one in use, so with three one is always free;
+  // slots_mu_ guards the states.
+  struct InputSlot {
+    enum State { kFree, kStaging, kStaged, kInUse };
+    char* host = nullptr;    // pinned
+    char* device = nullptr;  // ff_malloc
+    State state = kFree;
+    uint64_t ticket = 0;  // kStaged: the stage() that filled it
+    InputLayout layout;
+    int32_t max_sequence_chunks = 0;
+    CopyEvent copied;  // its last copy from `host`
+  };
+  static constexpr int kInputSlots = 3;
+  InputSlot slots_[kInputSlots];
+  std::mutex slots_mu_;
+  InputSlot* current_ = nullptr;  // the running batch's
+  uint64_t last_ticket_ = 0;
+  size_t slot_bytes_ = 0, slot_device_bytes_ = 0;
+  WorkspacePlan largest_{};
+  ff_stream_t copy_stream_ = ff_stream_create();
+
+  // A slot stage() or begin_batch may fill: a free one, else the staged one filled first
+  // (its batch was changed or dropped); null if none. Under slots_mu_.
+  InputSlot* free_slot() {
+    InputSlot* pick = nullptr;
+    for (InputSlot& s : slots_) {
+      if (s.state == InputSlot::kFree) return &s;
+      if (s.state == InputSlot::kStaged && (pick == nullptr || s.ticket < pick->ticket)) pick = &s;
+    }
+    return pick;
+  }
+  bool fits(const RaggedBatch& batch, const PoolingChunks& chunks) const {
+    return batch.num_tokens() <= largest_.tokens && batch.num_sequences() <= largest_.sequences &&
+           chunks.count() <= largest_.chunks;
+  }
+  // Packs the batch's inputs into `slot`'s pinned buffer (its copy has read the last ones).
+  void fill(InputSlot& slot, const RaggedBatch& batch, const PoolingChunks& chunks) {
+    const int32_t T_count = batch.num_tokens(), B = batch.num_sequences();
+    slot.layout = input_layout(size_t(T_count), size_t(B), size_t(chunks.count()));
+    const InputLayout& l = slot.layout;
+    int32_t* token_seq = reinterpret_cast<int32_t*>(slot.host + l.token_seq);
+    for (int32_t b = 0; b < B; ++b) {
+      std::fill(token_seq + batch.cu_seqlens[size_t(b)],
+                token_seq + batch.cu_seqlens[size_t(b) + 1], b);
+    }
+    auto put = [&](size_t offset, const auto& values) {
+      if (!values.empty())
+        std::memcpy(slot.host + offset, values.data(), values.size() * sizeof(values[0]));
+    };
+    put(l.token_ids, batch.token_ids);
+    put(l.embedding_index, batch.embedding_index);
+    put(l.position_ids, batch.position_ids);
+    put(l.cu_seqlens, batch.cu_seqlens);
+    put(l.chunk_begin, chunks.begin);
+    put(l.chunk_end, chunks.end);
+    put(l.seq_first_chunk, chunks.first);
+    put(l.mask, batch.mask);
+    int32_t most = 0;  // sizes the combine's split of a sequence's chunks
+    for (int32_t b = 0; b < B; ++b)
+      most = std::max(most, chunks.first[size_t(b) + 1] - chunks.first[size_t(b)]);
+    slot.max_sequence_chunks = most;
+  }
   // span_pool's device memory (one allocation, grown on demand) and the host arrays it uploads.
   struct SpanMemory {
     char* memory = nullptr;
@@ -547,7 +760,6 @@ class CudaOps final : public Ops {
   SpanMemory span_memory_[2];
   k::Partials partials_;
   k::BatchArgs args_;
-  std::vector<int32_t> token_seq_host_;
   Timers timers_;
 };
 
@@ -560,17 +772,20 @@ std::unique_ptr<Ops> make_cuda_ops(const Model& model, const CudaOpsOptions& opt
     if (why) *why = info.why;
     return nullptr;
   }
-  CudaOpsChoice choice{info.name, options.dtype, ""};
+  CudaOpsChoice choice{info.name, options.dtype, "", ""};
   if (options.dtype == "auto")
     choice.dtype = choose_cuda_dtype(info.name, info.major, info.minor, &choice.dtype_why);
-  if (chosen) *chosen = choice;
+  const CudaOptIn opt_in = parse_cuda_opt_in(options.opt_in);
   const ModelConfig& c = model.config();
-  if (choice.dtype == "float32")
-    return std::make_unique<CudaOps<float>>(c, options, info.total_bytes);
-  if (choice.dtype == "float16")
-    return std::make_unique<CudaOps<ff_half>>(c, options, info.total_bytes);
-  if (choice.dtype == "bfloat16")
-    return std::make_unique<CudaOps<ff_bfloat16>>(c, options, info.total_bytes);
+  auto make = [&]<class T>() {
+    auto ops = std::make_unique<CudaOps<T>>(c, options, opt_in, info.total_bytes);
+    choice.opt_in = ops->opt_in_note();
+    if (chosen) *chosen = choice;
+    return std::unique_ptr<Ops>(std::move(ops));
+  };
+  if (choice.dtype == "float32") return make.template operator()<float>();
+  if (choice.dtype == "float16") return make.template operator()<ff_half>();
+  if (choice.dtype == "bfloat16") return make.template operator()<ff_bfloat16>();
   throw EngineError("dtype " + options.dtype + ": expected auto, float32, float16 or bfloat16");
 }
 

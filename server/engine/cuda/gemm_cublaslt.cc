@@ -14,6 +14,19 @@
 // buffers sit at 256-byte offsets, views at fixed column offsets), so a site plans once.
 // A shape the heuristic offers nothing for throws at its first run, the warm-up.
 //
+// Timing (GemmOptions::timed, opt-in gemm-timing): each bucket's candidates, the heuristic's
+// (up to 8) and for bias+gelu_erf the CUTLASS kernels of the type, run at the bucket's
+// largest M on scratch operands (one allocation per shape: M x lda and M x ldc elements, a
+// constant non-zero fill, the real weights), a warm-up and kTimedRuns runs between two CUDA
+// events each; the fastest is kept. The scratch is freed when the shape is planned; where it
+// cannot be allocated the heuristic's first is kept and describe() says so. The cost (every
+// shape's planning, in ms) is in describe() and planning_ms().
+//
+// bias+gelu_erf (GemmEpilogue::kBiasGeluErf, has_gelu_erf()): a CUTLASS sm_90a kernel with the
+// bias and the erf GELU in its epilogue (gemm_cutlass.h), or, where timing finds it faster,
+// cuBLASLt's store followed by the separate pass (kernels' launch_bias_activation). Untimed,
+// the first CUTLASS kernel of the type serves every bucket.
+//
 // libcublasLt is opened with dlopen when the first CUDA engine is built, not linked: a
 // process that merely links it cannot start the civetweb-based /metrics server (seen with
 // CUDA 13's libcublasLt and Debian's civetweb 1.15), and a CUDA build must start and
@@ -24,6 +37,8 @@
 
 #include <algorithm>
 #include <bit>
+#include <chrono>
+#include <cstdio>
 #include <cstdlib>
 #include <map>
 #include <mutex>
@@ -31,7 +46,9 @@
 #include <type_traits>
 #include <vector>
 
+#include "kernels/kernels.h"
 #include "server/engine/cuda/gemm.h"
+#include "server/engine/cuda/gemm_cutlass.h"
 #include "server/engine/error.h"
 
 namespace fastformer::engine::cuda::FF_KERNELS_ABI {
@@ -61,6 +78,7 @@ struct CublasLt {
   FF_CUBLASLT_FUNCTION(cublasLtMatmulAlgoGetHeuristic)
   FF_CUBLASLT_FUNCTION(cublasLtMatmulAlgoCheck)
   FF_CUBLASLT_FUNCTION(cublasLtMatmul)
+  FF_CUBLASLT_FUNCTION(cublasLtMatmulAlgoConfigGetAttribute)
 #undef FF_CUBLASLT_FUNCTION
 };
 
@@ -108,6 +126,7 @@ const CublasLt& cublaslt() {
     FF_RESOLVE(cublasLtMatmulAlgoGetHeuristic)
     FF_RESOLVE(cublasLtMatmulAlgoCheck)
     FF_RESOLVE(cublasLtMatmul)
+    FF_RESOLVE(cublasLtMatmulAlgoConfigGetAttribute)
 #undef FF_RESOLVE
   });
   if (!error.empty()) throw EngineError(error);
@@ -172,6 +191,7 @@ cublasLtEpilogue_t lt_epilogue(GemmEpilogue epilogue) {
   switch (epilogue) {
     case GemmEpilogue::kStore:
     case GemmEpilogue::kAccumulate:
+    case GemmEpilogue::kBiasGeluErf:  // cuBLASLt's part of it stores; the pass adds the rest
       return CUBLASLT_EPILOGUE_DEFAULT;
     case GemmEpilogue::kBias:
       return CUBLASLT_EPILOGUE_BIAS;
@@ -195,22 +215,67 @@ struct PlanKey {
   auto operator<=>(const PlanKey&) const = default;
 };
 
+// What runs one bucket of M: a cuBLASLt algorithm (then, for bias+gelu_erf, the pass), or a
+// CUTLASS kernel.
+struct Choice {
+  cublasLtMatmulAlgo_t algo{};
+  const CutlassGeluGemm* cutlass = nullptr;
+  double ms = -1;  ///< measured at the bucket's largest M; < 0: not timed
+};
+
 struct Plan {
   MatmulDesc op;
-  Layout w_layout, a_layout, c_layout;      // a's and c's column count is set to M per run
-  std::vector<cublasLtMatmulAlgo_t> algos;  // [log2 of the bucket of M]
+  Layout w_layout, a_layout, c_layout;  // a's and c's column count is set to M per run
+  std::vector<Choice> choices;          // [log2 of the bucket of M]
+  std::string how;                      // how the largest bucket's was chosen (describe())
+  double planning_ms = 0;
+};
+
+constexpr int kTimedRuns = 5;
+
+// The algorithm's id in cuBLASLt's configuration (for describe()).
+int algo_id(const cublasLtMatmulAlgo_t& algo) {
+  int id = -1;
+  size_t written = 0;
+  cublaslt().cublasLtMatmulAlgoConfigGetAttribute(&algo, CUBLASLT_ALGO_CONFIG_ID, &id, sizeof id,
+                                                  &written);
+  return id;
+}
+
+struct EventPair {
+  cudaEvent_t start = nullptr, stop = nullptr;
+  EventPair() {
+    if (cudaEventCreate(&start) != cudaSuccess || cudaEventCreate(&stop) != cudaSuccess) {
+      cudaGetLastError();
+      throw EngineError("cudaEventCreate failed while timing GEMMs");
+    }
+  }
+  ~EventPair() {
+    if (start) cudaEventDestroy(start);
+    if (stop) cudaEventDestroy(stop);
+  }
+  EventPair(const EventPair&) = delete;
+  EventPair& operator=(const EventPair&) = delete;
 };
 
 }  // namespace
 
 struct Gemm::Impl {
+  Impl(const GemmOptions& o, cudaStream_t s)
+      : options(o), stream(s), type(o.type), allow_tf32(o.allow_tf32) {}
+  GemmOptions options;
+  cudaStream_t stream;
   StorageType type;
   bool allow_tf32;
-  cudaStream_t stream;
   int64_t max_rows = 0;
+  int major = 0, minor = 0;                       // the current device's compute capability
+  std::vector<const CutlassGeluGemm*> cutlass{};  // of this type, where has_gelu_erf()
+  std::string no_gelu_erf;                        // why has_gelu_erf() is false
   Handle handle{};
   std::unique_ptr<void, CudaFree> workspace{};
   std::map<PlanKey, Plan> plans{};  // after `handle`: destroyed before it
+  std::map<GemmShape, PlanKey> last_key{};
+  double planning_ms = 0;
 
   cudaDataType_t data_type() const {
     return type == StorageType::kF32   ? CUDA_R_32F
@@ -222,10 +287,50 @@ struct Gemm::Impl {
            : type == StorageType::kF16 ? "float16"
                                        : "bfloat16";
   }
-  Plan make_plan(const PlanKey& key, const void* bias) const;
+  Plan make_plan(const PlanKey& key, const void* w, const void* bias) const;
+  // Runs `choice` for M rows (cuBLASLt and, for bias+gelu_erf, the pass; or CUTLASS).
+  void launch(const Plan& plan, const GemmShape& shape, const Choice& choice, int64_t M,
+              const void* a, const void* w, const void* bias, void* c) const;
 };
 
-Plan Gemm::Impl::make_plan(const PlanKey& key, const void* bias) const {
+void Gemm::Impl::launch(const Plan& plan, const GemmShape& shape, const Choice& choice, int64_t M,
+                        const void* a, const void* w, const void* bias, void* c) const {
+  if (choice.cutlass != nullptr) {
+    const std::string error =
+        choice.cutlass->run(M, shape.N, shape.K, a, shape.lda, w, bias, c, shape.ldc,
+                            workspace.get(), kGemmWorkspaceBytes, stream);
+    if (!error.empty()) {
+      throw EngineError(std::string(choice.cutlass->name) + " failed on " + shape.to_string() +
+                        " at M " + std::to_string(M) + ": " + error);
+    }
+    return;
+  }
+  set_columns(plan.a_layout.get(), M);
+  set_columns(plan.c_layout.get(), M);
+  if (has_bias(shape.epilogue)) set(plan.op.get(), CUBLASLT_MATMUL_DESC_BIAS_POINTER, bias, "bias");
+  const float alpha = 1.0f, beta = shape.epilogue == GemmEpilogue::kAccumulate ? 1.0f : 0.0f;
+  check(cublaslt().cublasLtMatmul(handle.get(), plan.op.get(), &alpha, w, plan.w_layout.get(), a,
+                                  plan.a_layout.get(), &beta, c, plan.c_layout.get(), c,
+                                  plan.c_layout.get(), &choice.algo, workspace.get(),
+                                  kGemmWorkspaceBytes, stream),
+        "matmul");
+  if (shape.epilogue == GemmEpilogue::kBiasGeluErf) {
+    const int32_t rows = int32_t(M), cols = int32_t(shape.N);
+    namespace k = ::fastformer::kernels;
+    if (type == StorageType::kBF16) {
+      k::launch_bias_activation<ff_bfloat16>(static_cast<ff_bfloat16*>(c), shape.ldc,
+                                             static_cast<const ff_bfloat16*>(bias), rows, cols,
+                                             true, k::Act::kGeluErf, stream);
+    } else {
+      k::launch_bias_activation<ff_half>(static_cast<ff_half*>(c), shape.ldc,
+                                         static_cast<const ff_half*>(bias), rows, cols, true,
+                                         k::Act::kGeluErf, stream);
+    }
+  }
+}
+
+Plan Gemm::Impl::make_plan(const PlanKey& key, const void* w, const void* bias) const {
+  const auto started = std::chrono::steady_clock::now();
   const CublasLt& lt = cublaslt();
   const GemmShape& shape = key.shape;
   const cudaDataType_t data = data_type();
@@ -264,6 +369,63 @@ Plan Gemm::Impl::make_plan(const PlanKey& key, const void* bias) const {
                                       &result) == CUBLAS_STATUS_SUCCESS &&
            result.workspaceSize <= kGemmWorkspaceBytes;
   };
+
+  // Timing's scratch operands: A and C for max_rows rows at the shape's leading dimensions, and
+  // a bias, filled with one non-zero bit pattern (a zero fill would time an idle datapath).
+  std::unique_ptr<void, CudaFree> scratch;
+  const int64_t element = type == StorageType::kF32 ? 4 : 2;
+  const size_t a_bytes = size_t(max_rows * shape.lda * element),
+               c_bytes = size_t(max_rows * shape.ldc * element),
+               bias_bytes = size_t(shape.N * element);
+  auto round_up = [](size_t n) { return (n + 255) / 256 * 256; };
+  std::string untimed;  // why timing did not run
+  if (options.timed) {
+    void* p = nullptr;
+    const size_t bytes = round_up(a_bytes) + round_up(c_bytes) + round_up(bias_bytes);
+    if (cudaMalloc(&p, bytes) == cudaSuccess) {
+      scratch.reset(p);
+      if (cudaMemsetAsync(p, 0x3c, bytes, stream) != cudaSuccess) {
+        cudaGetLastError();
+        scratch.reset();
+        untimed = "its scratch could not be filled";
+      }
+    } else {
+      cudaGetLastError();
+      untimed = "no device memory for its " + std::to_string(bytes >> 20) + " MiB of scratch";
+    }
+  } else {
+    untimed = "timing not asked for (--cuda-opt-in gemm-timing)";
+  }
+  char* const scratch_a = static_cast<char*>(scratch.get());
+  char* const scratch_c = scratch_a + round_up(a_bytes);
+  char* const scratch_bias = scratch_c + round_up(c_bytes);
+  std::unique_ptr<EventPair> events;
+  if (scratch) events = std::make_unique<EventPair>();
+  // Mean ms of kTimedRuns runs of `choice` at M rows, after one warm-up; < 0 when it failed.
+  auto time_choice = [&](const Choice& choice, int64_t M) -> double {
+    try {
+      launch(plan, shape, choice, M, scratch_a, w, scratch_bias, scratch_c);
+      ff_check(cudaEventRecord(events->start, stream), "cudaEventRecord");
+      for (int i = 0; i < kTimedRuns; ++i)
+        launch(plan, shape, choice, M, scratch_a, w, scratch_bias, scratch_c);
+      ff_check(cudaEventRecord(events->stop, stream), "cudaEventRecord");
+      ff_check(cudaEventSynchronize(events->stop), "cudaEventSynchronize");
+      float ms = 0;
+      ff_check(cudaEventElapsedTime(&ms, events->start, events->stop), "cudaEventElapsedTime");
+      return double(ms) / kTimedRuns;
+    } catch (const std::exception&) {
+      cudaGetLastError();
+      return -1;
+    }
+  };
+  auto name = [&](const Choice& choice) {
+    return choice.cutlass != nullptr
+               ? std::string(choice.cutlass->name)
+               : "cuBLASLt algo " + std::to_string(algo_id(choice.algo)) +
+                     (shape.epilogue == GemmEpilogue::kBiasGeluErf ? " + bias_activation pass"
+                                                                   : "");
+  };
+
   constexpr int kCandidates = 8;
   for (int64_t bucket = 1;; bucket *= 2) {
     const int64_t largest = std::min(bucket, max_rows), smallest = bucket / 2 + 1;
@@ -274,13 +436,16 @@ Plan Gemm::Impl::make_plan(const PlanKey& key, const void* bias) const {
     const cublasStatus_t status = lt.cublasLtMatmulAlgoGetHeuristic(
         handle.get(), op, plan.w_layout.get(), plan.a_layout.get(), plan.c_layout.get(),
         plan.c_layout.get(), preference.get(), kCandidates, candidates, &found);
-    const cublasLtMatmulAlgo_t* chosen = nullptr;
-    for (int i = 0; status == CUBLAS_STATUS_SUCCESS && i < found && chosen == nullptr; ++i) {
-      if (candidates[i].state == CUBLAS_STATUS_SUCCESS && runs_at(candidates[i].algo, smallest)) {
-        chosen = &candidates[i].algo;
-      }
+    std::vector<Choice> valid;  // the heuristic's order, then the CUTLASS kernels
+    for (int i = 0; status == CUBLAS_STATUS_SUCCESS && i < found; ++i) {
+      if (candidates[i].state == CUBLAS_STATUS_SUCCESS && runs_at(candidates[i].algo, smallest))
+        valid.push_back(Choice{candidates[i].algo, nullptr, -1});
     }
-    if (chosen == nullptr) {
+    const size_t lt_valid = valid.size();
+    if (shape.epilogue == GemmEpilogue::kBiasGeluErf) {
+      for (const CutlassGeluGemm* kernel : cutlass) valid.push_back(Choice{{}, kernel, -1});
+    }
+    if (valid.empty()) {
       throw EngineError("cuBLASLt offers no algorithm for the " + std::string(dtype_name()) +
                         " GEMM " + shape.to_string() + " at M " + std::to_string(smallest) + ".." +
                         std::to_string(largest) + " (operand alignments W " +
@@ -289,30 +454,103 @@ Plan Gemm::Impl::make_plan(const PlanKey& key, const void* bias) const {
                         std::to_string(int(status)) + ", " + std::to_string(found) +
                         " candidates)");
     }
-    plan.algos.push_back(*chosen);
-    if (largest >= max_rows) break;
+    // Untimed: the first CUTLASS kernel for bias+gelu_erf, the heuristic's first otherwise.
+    Choice chosen = shape.epilogue == GemmEpilogue::kBiasGeluErf && valid.size() > lt_valid
+                        ? valid[lt_valid]
+                        : valid[0];
+    std::string how = "untimed: " + untimed;
+    if (scratch) {
+      int timed = 0;
+      for (Choice& candidate : valid) {
+        candidate.ms = time_choice(candidate, largest);
+        if (candidate.ms < 0) continue;
+        ++timed;
+        if (chosen.ms < 0 || candidate.ms < chosen.ms) chosen = candidate;
+      }
+      if (chosen.ms >= 0) {
+        char line[160];
+        std::snprintf(line, sizeof line, "timed %.4f ms at M %lld, fastest of %d (%s %.4f ms)",
+                      chosen.ms, static_cast<long long>(largest), timed,
+                      valid[0].cutlass ? "first" : "heuristic's first", valid[0].ms);
+        how = line;
+      } else {
+        how = "untimed: every candidate failed to run on the scratch";
+      }
+    }
+    plan.choices.push_back(chosen);
+    if (largest >= max_rows) {
+      plan.how = name(chosen) + " (" + how + ")";
+      break;
+    }
   }
+  plan.planning_ms =
+      std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - started).count();
+  if (scratch) ff_check(cudaStreamSynchronize(stream), "cudaStreamSynchronize");
   return plan;
 }
 
-Gemm::Gemm(StorageType type, bool allow_tf32, ff_stream_t stream)
-    : impl_(new Impl{type, allow_tf32, stream}) {
+Gemm::Gemm(const GemmOptions& options, ff_stream_t stream) : impl_(new Impl(options, stream)) {
+  Impl& impl = *impl_;
   cublasLtHandle_t handle = nullptr;
   check(cublaslt().cublasLtCreate(&handle), "create");
-  impl_->handle.reset(handle);
+  impl.handle.reset(handle);
   void* workspace = nullptr;
   if (cudaMalloc(&workspace, kGemmWorkspaceBytes) != cudaSuccess) {
     cudaGetLastError();
     throw EngineError("cudaMalloc of the cuBLASLt workspace failed");
   }
-  impl_->workspace.reset(workspace);
+  impl.workspace.reset(workspace);
+  int device = 0;
+  if (cudaGetDevice(&device) != cudaSuccess ||
+      cudaDeviceGetAttribute(&impl.major, cudaDevAttrComputeCapabilityMajor, device) !=
+          cudaSuccess ||
+      cudaDeviceGetAttribute(&impl.minor, cudaDevAttrComputeCapabilityMinor, device) !=
+          cudaSuccess) {
+    cudaGetLastError();
+  }
+  // The CUTLASS kernels are sm_90a code: they run on compute capability 9.0 only.
+  if (!options.cutlass_gelu) {
+    impl.no_gelu_erf = "not asked for (--cuda-opt-in cutlass-gelu)";
+  } else if (options.type == StorageType::kF32) {
+    impl.no_gelu_erf = "float32 keeps the separate pass";
+  } else if (cutlass_gelu_gemms().empty()) {
+    impl.no_gelu_erf =
+        "this build has no CUTLASS kernels (configure with FASTFORMER_CUTLASS_DIR and "
+        "CUDA architecture 90)";
+  } else if (impl.major != 9 || impl.minor != 0) {
+    impl.no_gelu_erf =
+        "the CUTLASS kernels are sm_90a code and this device is compute capability " +
+        std::to_string(impl.major) + "." + std::to_string(impl.minor);
+  } else {
+    for (const CutlassGeluGemm& kernel : cutlass_gelu_gemms())
+      if (kernel.type == options.type) impl.cutlass.push_back(&kernel);
+    if (impl.cutlass.empty()) impl.no_gelu_erf = "no CUTLASS kernel of this type";
+  }
 }
 
 Gemm::~Gemm() = default;
 
+bool Gemm::has_gelu_erf(std::string* why) const {
+  if (!impl_->cutlass.empty()) return true;
+  if (why != nullptr) *why = impl_->no_gelu_erf;
+  return false;
+}
+
+std::string Gemm::describe(const GemmShape& shape) const {
+  const auto key = impl_->last_key.find(shape);
+  if (key == impl_->last_key.end()) return "";
+  const Plan& plan = impl_->plans.at(key->second);
+  char ms[48];
+  std::snprintf(ms, sizeof ms, "; planned in %.1f ms", plan.planning_ms);
+  return plan.how + ms;
+}
+
+double Gemm::planning_ms() const { return impl_->planning_ms; }
+
 void Gemm::set_max_rows(int64_t max_rows) {
   impl_->max_rows = max_rows;
   impl_->plans.clear();  // planned for the old bound
+  impl_->last_key.clear();
 }
 
 void Gemm::run(const GemmShape& shape, int64_t M, const void* a, const void* w, const void* bias,
@@ -324,24 +562,25 @@ void Gemm::run(const GemmShape& shape, int64_t M, const void* a, const void* w, 
                       ")");
   }
   if (M == 0) return;
+  if (shape.epilogue == GemmEpilogue::kBiasGeluErf && impl.cutlass.empty()) {
+    throw EngineError("GEMM epilogue bias+gelu_erf asked of a Gemm without it (" +
+                      shape.to_string() + "): " + impl.no_gelu_erf);
+  }
   const int64_t element = impl.type == StorageType::kF32 ? 4 : 2;
   const PlanKey key{shape, alignment(w, shape.K * element), alignment(a, shape.lda * element),
                     alignment(c, shape.ldc * element),
-                    has_bias(shape.epilogue) ? alignment(bias, 0) : 0};
+                    has_bias(shape.epilogue) || shape.epilogue == GemmEpilogue::kBiasGeluErf
+                        ? alignment(bias, 0)
+                        : 0};
   auto it = impl.plans.find(key);
-  if (it == impl.plans.end()) it = impl.plans.emplace(key, impl.make_plan(key, bias)).first;
-  Plan& plan = it->second;
-  set_columns(plan.a_layout.get(), M);
-  set_columns(plan.c_layout.get(), M);
-  if (has_bias(shape.epilogue)) set(plan.op.get(), CUBLASLT_MATMUL_DESC_BIAS_POINTER, bias, "bias");
-  const float alpha = 1.0f, beta = shape.epilogue == GemmEpilogue::kAccumulate ? 1.0f : 0.0f;
-  const cublasLtMatmulAlgo_t& algo =
-      plan.algos[size_t(std::countr_zero(uint64_t(gemm_rows_bucket(M))))];
-  check(cublaslt().cublasLtMatmul(impl.handle.get(), plan.op.get(), &alpha, w, plan.w_layout.get(),
-                                  a, plan.a_layout.get(), &beta, c, plan.c_layout.get(), c,
-                                  plan.c_layout.get(), &algo, impl.workspace.get(),
-                                  kGemmWorkspaceBytes, impl.stream),
-        "matmul");
+  if (it == impl.plans.end()) {
+    it = impl.plans.emplace(key, impl.make_plan(key, w, bias)).first;
+    impl.last_key[shape] = key;
+    impl.planning_ms += it->second.planning_ms;
+  }
+  const Plan& plan = it->second;
+  impl.launch(plan, shape, plan.choices[size_t(std::countr_zero(uint64_t(gemm_rows_bucket(M))))], M,
+              a, w, bias, c);
 }
 
 }  // namespace fastformer::engine::cuda::FF_KERNELS_ABI

@@ -15,13 +15,32 @@
 namespace fastformer::engine::cuda::FF_KERNELS_ABI {
 
 struct Gemm::Impl {
-  StorageType type;
+  GemmOptions options;
   int64_t max_rows = 0;
   std::map<GemmShape, std::unique_ptr<CpuMatmul>> plans{};
 };
 
-Gemm::Gemm(StorageType type, bool, ff_stream_t) : impl_(new Impl{type}) {}
+Gemm::Gemm(const GemmOptions& options, ff_stream_t) : impl_(new Impl{options}) {}
 Gemm::~Gemm() = default;
+
+// The emulation models what the device offers: the fused exact-erf GELU where it was asked for
+// in a 16-bit type (the CUTLASS kernels themselves run only on a GPU: ctest -L gpu).
+bool Gemm::has_gelu_erf(std::string* why) const {
+  if (impl_->options.cutlass_gelu && impl_->options.type != StorageType::kF32) return true;
+  if (why != nullptr) {
+    *why = impl_->options.cutlass_gelu ? "float32 keeps the separate pass"
+                                       : "not asked for (--cuda-opt-in cutlass-gelu)";
+  }
+  return false;
+}
+
+double Gemm::planning_ms() const { return 0; }
+
+std::string Gemm::describe(const GemmShape& shape) const {
+  return impl_->plans.count(shape) != 0 ? std::string("oneDNN float32 matmul (host emulation), ") +
+                                              gemm_epilogue_name(shape.epilogue)
+                                        : std::string();
+}
 
 void Gemm::set_max_rows(int64_t max_rows) { impl_->max_rows = max_rows; }
 
@@ -62,6 +81,9 @@ CpuMatmul::Shape cpu_shape(const GemmShape& shape) {
     case GemmEpilogue::kBiasGeluTanh:
       s.epilogue = Epilogue::kBiasAct, s.act = Activation::kGeluTanh;
       break;
+    case GemmEpilogue::kBiasGeluErf:
+      s.epilogue = Epilogue::kBiasAct, s.act = Activation::kGeluErf;
+      break;
   }
   return s;
 }
@@ -76,9 +98,13 @@ void Gemm::run(const GemmShape& shape, int64_t M, const void* a, const void* w, 
                       shape.to_string() + ")");
   }
   if (M == 0) return;
+  if (shape.epilogue == GemmEpilogue::kBiasGeluErf && !has_gelu_erf()) {
+    throw EngineError("GEMM epilogue bias+gelu_erf asked of a Gemm without it (" +
+                      shape.to_string() + ")");
+  }
   std::unique_ptr<CpuMatmul>& matmul = impl_->plans[shape];
   if (!matmul) matmul = std::make_unique<CpuMatmul>(cpu_shape(shape));
-  const StorageType type = impl_->type;
+  const StorageType type = impl_->options.type;
   const int64_t N = shape.N, K = shape.K;
   std::vector<float> af(size_t(M * K)), wf(size_t(N * K)), cf(size_t(M * N), 0.0f), bf;
   for (int64_t r = 0; r < M; ++r)

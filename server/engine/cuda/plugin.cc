@@ -11,7 +11,7 @@
 
 #include "server/engine/cuda/cuda_ops.h"
 
-extern "C" __attribute__((visibility("default"))) int fastformer_make_cuda_ops_v3(
+extern "C" __attribute__((visibility("default"))) int fastformer_make_cuda_ops_v4(
     const fastformer::engine::Model* model, const fastformer::engine::cuda::CudaOpsOptions* options,
     fastformer::engine::Ops** ops, fastformer::engine::cuda::CudaOpsChoice* chosen,
     std::string* why) {

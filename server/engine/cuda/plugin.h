@@ -17,7 +17,8 @@ inline constexpr const char* kPluginLibrary = "libfastformer_cuda_engine.so";
 // Versioned: bump the suffix whenever Ops, CudaOpsOptions or this signature change, so that a
 // stale plugin found on the loader path is refused ("has no ...") instead of run with another
 // layout. v2: the workspace plan (Ops::reserve/workspace/begin_batch). v3: dtype "auto", and
-// the device and dtype it chose (CudaOpsChoice).
-inline constexpr const char* kPluginSymbol = "fastformer_make_cuda_ops_v3";
+// the device and dtype it chose (CudaOpsChoice). v4: the opt-in kernels (CudaOpsOptions::opt_in,
+// CudaOpsChoice::opt_in) and Ops::report().
+inline constexpr const char* kPluginSymbol = "fastformer_make_cuda_ops_v4";
 
 }  // namespace fastformer::engine::cuda
