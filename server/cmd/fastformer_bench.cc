@@ -227,7 +227,7 @@ void add_flags(CLI::App& app, BenchOptions* o) {
   app.add_flag("--allow-tf32", o->engine.allow_tf32, "TF32 GEMMs for float32 on the CUDA engine");
   app.add_option("--cuda-opt-in", o->engine.cuda_opt_in,
                  "the CUDA engine's opt-in kernels, comma-separated: cutlass-gelu, fused-key-pool, "
-                 "gemm-timing, "
+                 "gemm-timing, cuda-graphs, "
                  "all or none (docs/kernels.md); default: FASTFORMER_CUDA_OPT_IN, else none");
   add_cpu_gemm_flag(app, &o->engine.cpu_gemm);
   app.add_option("--batch-tokens", o->batch_tokens, "tokens per ragged batch")

@@ -93,7 +93,7 @@ void add_model_flags(CLI::App& app, ServerOptions& f) {
       ->envname("FASTFORMER_ALLOW_TF32");
   app.add_option("--cuda-opt-in", f.model.cuda_opt_in,
                  "the CUDA engine's opt-in kernels, comma-separated: cutlass-gelu, fused-key-pool, "
-                 "gemm-timing, "
+                 "gemm-timing, cuda-graphs, "
                  "all or none (docs/kernels.md); default: FASTFORMER_CUDA_OPT_IN, else none");
   opt(app, "--threads", f.model.threads, "CPU engine threads, 0 = all cores", "FASTFORMER_THREADS")
       ->check(CLI::NonNegativeNumber);

@@ -270,25 +270,29 @@ std::vector<EncodedSequence> ForwardEngine::run(const RaggedBatch& batch,
   const Mat q = columns(qks, 0, D, elem), k = columns(qks, D, D, elem);
   const Mat s = columns(qks, 2 * D, H, elem);
 
-  ops.embed(ref, word_embedding_, position_embeddings_, embedding_ln_gamma_, embedding_ln_beta_,
-            c.layer_norm_eps, x);
-  for (size_t i = 0; i < layers_.size(); ++i) {
-    const LayerRefs& l = layers_[i];
-    const int n = int(i);
-    gemm("qks_gemm", n, x, l.query_key_scores, qks, Epilogue::kBias);  // Q, K, s
-    ops.attention(ref, s, q, k, l.key_att, pq, pk, k);  // pq, pk, then U = pk * Q over K
-    gemm("transform_gemm", n, k, l.transform, q, Epilogue::kAccumulate);   // A = Q + U Wt^T
-    gemm("attn_out_gemm", n, q, l.attention_output, y, Epilogue::kStore);  // A Wo^T
-    ops.bias_residual_layernorm(y, l.attention_output.bias, x, l.ln1_gamma, l.ln1_beta,
-                                c.layer_norm_eps, x);  // X1
-    gemm("ffn_in_gemm", n, x, l.intermediate, h, Epilogue::kBiasAct,
-         c.hidden_act);  // act(X1 Wi^T + bi)
-    gemm("ffn_out_gemm", n, h, l.output, y, Epilogue::kStore);
-    ops.bias_residual_layernorm(y, l.output.bias, x, l.ln2_gamma, l.ln2_beta, c.layer_norm_eps,
-                                x);  // X'
-  }
-  gemm("pooler_fc1_gemm", -1, x, pooler_fc1_, y, Epilogue::kBias);
-  ops.attention_pool(ref, y, pooler_fc2_, x, pooled);
+  // From the embedding to the pooler: the ops of a batch's sizes, one region (Ops::run_region:
+  // a CUDA graph where asked for).
+  ops.run_region([&] {
+    ops.embed(ref, word_embedding_, position_embeddings_, embedding_ln_gamma_, embedding_ln_beta_,
+              c.layer_norm_eps, x);
+    for (size_t i = 0; i < layers_.size(); ++i) {
+      const LayerRefs& l = layers_[i];
+      const int n = int(i);
+      gemm("qks_gemm", n, x, l.query_key_scores, qks, Epilogue::kBias);  // Q, K, s
+      ops.attention(ref, s, q, k, l.key_att, pq, pk, k);  // pq, pk, then U = pk * Q over K
+      gemm("transform_gemm", n, k, l.transform, q, Epilogue::kAccumulate);   // A = Q + U Wt^T
+      gemm("attn_out_gemm", n, q, l.attention_output, y, Epilogue::kStore);  // A Wo^T
+      ops.bias_residual_layernorm(y, l.attention_output.bias, x, l.ln1_gamma, l.ln1_beta,
+                                  c.layer_norm_eps, x);  // X1
+      gemm("ffn_in_gemm", n, x, l.intermediate, h, Epilogue::kBiasAct,
+           c.hidden_act);  // act(X1 Wi^T + bi)
+      gemm("ffn_out_gemm", n, h, l.output, y, Epilogue::kStore);
+      ops.bias_residual_layernorm(y, l.output.bias, x, l.ln2_gamma, l.ln2_beta, c.layer_norm_eps,
+                                  x);  // X'
+    }
+    gemm("pooler_fc1_gemm", -1, x, pooler_fc1_, y, Epilogue::kBias);
+    ops.attention_pool(ref, y, pooler_fc2_, x, pooled);
+  });
 
   std::vector<EncodedSequence> out(static_cast<size_t>(B));
   bool any_logits = false, any_normalize = false;

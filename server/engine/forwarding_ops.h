@@ -21,6 +21,9 @@ class ForwardingOps : public Ops {
   void reserve(const WorkspacePlan& largest) override { inner_.reserve(largest); }
   void prefault(size_t bytes) override { inner_.prefault(bytes); }
   void* workspace() override { return inner_.workspace(); }
+  // Not forwarded: a wrapper's own work between the ops (the profile's events) would be
+  // captured into the inner ops' graph. The region runs op by op.
+  void run_region(const std::function<void()>& region) override { region(); }
   uint64_t stage(const RaggedBatch& batch, const PoolingChunks& chunks) override {
     return inner_.stage(batch, chunks);
   }

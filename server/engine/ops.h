@@ -10,6 +10,7 @@
 
 #include <cstddef>
 #include <cstdint>
+#include <functional>
 #include <span>
 #include <stdexcept>
 #include <utility>
@@ -102,6 +103,13 @@ class Ops {
   // stage() of this very batch and chunks (unchanged since), whose copy it uses; 0: none.
   virtual BatchRef begin_batch(const RaggedBatch& batch, const WorkspacePlan& plan,
                                const PoolingChunks& chunks, uint64_t staged) = 0;
+
+  // Runs `region`, a stretch of the forward graph from embed() to attention_pool() whose ops
+  // and shapes depend only on the batch's sizes (begin_batch's), no download or synchronize
+  // inside. The CUDA ops with --cuda-opt-in cuda-graphs capture it into a CUDA graph the second
+  // time a batch of the same sizes comes, and replay that graph afterwards instead of
+  // enqueueing its kernels one by one (region() is then not called). The default calls it.
+  virtual void run_region(const std::function<void()>& region) { region(); }
 
   // X0_t = LN_emb(W_word[id_t] + W_pos[t])  (input embedding rows instead of W_word[id]).
   virtual void embed(const BatchRef& batch, const void* word_embedding,

@@ -98,10 +98,11 @@ TEST_P(EmulatedCudaEngineTest, OptInKernelsMatchTheCpuEngine) {
   options.cuda_opt_in = "all";
   auto cuda = engine::cuda::create_emulated_cuda_engine(*model_, options);
   const bool fused = GetParam() != "float32";
-  EXPECT_THAT(cuda->device_name(),
-              ::testing::HasSubstr(fused ? "opt-in cutlass-gelu, fused-key-pool, gemm-timing"
-                                         : "opt-in cutlass-gelu off: float32 keeps the separate "
-                                           "pass, fused-key-pool, gemm-timing"));
+  EXPECT_THAT(
+      cuda->device_name(),
+      ::testing::HasSubstr(fused ? "opt-in cutlass-gelu, fused-key-pool, gemm-timing, cuda-graphs"
+                                 : "opt-in cutlass-gelu off: float32 keeps the separate "
+                                   "pass, fused-key-pool, gemm-timing, cuda-graphs"));
   cuda->set_profiling(true);
   test::expect_parity(test::encode_all(*cuda, test::make_parity_inputs((*model_)->config())),
                       *reference_, GetParam());
@@ -121,6 +122,15 @@ TEST_P(EmulatedCudaEngineTest, OptInKernelsMatchTheCpuEngine) {
     }
   }
   EXPECT_TRUE(reported);
+  // The same batch again (cuda-graphs: the emulation counts the key and runs the region; on a
+  // GPU the second is captured and the rest replay): the same outputs, bit for bit.
+  cuda->set_profiling(false);
+  const auto first = test::encode_all(*cuda, test::make_parity_inputs((*model_)->config()));
+  for (int round = 0; round < 3; ++round) {
+    const auto again = test::encode_all(*cuda, test::make_parity_inputs((*model_)->config()));
+    ASSERT_EQ(again.size(), first.size());
+    for (size_t s = 0; s < first.size(); ++s) EXPECT_EQ(again[s].embedding, first[s].embedding);
+  }
 }
 
 // Staged batches (Engine::stage, encode_staged: the inputs copied ahead, issue 48) give the
@@ -216,12 +226,12 @@ TEST(CudaOptIn, ParsesTheListAndRefusesUnknownNames) {
   EXPECT_TRUE(two.cutlass_gelu && two.gemm_timing);
   EXPECT_FALSE(two.fused_key_pool);
   const auto all = parse_cuda_opt_in("all");
-  EXPECT_TRUE(all.cutlass_gelu && all.fused_key_pool && all.gemm_timing);
+  EXPECT_TRUE(all.cutlass_gelu && all.fused_key_pool && all.gemm_timing && all.cuda_graphs);
   EXPECT_FALSE(parse_cuda_opt_in("none").cutlass_gelu);
   EXPECT_THAT(test::error_of<engine::EngineError>([] { parse_cuda_opt_in("cutlass-gelu,turbo"); }),
               ::testing::HasSubstr("cuda_opt_in (--cuda-opt-in, FASTFORMER_CUDA_OPT_IN): unknown "
                                    "kernel \"turbo\"; expected cutlass-gelu, fused-key-pool, "
-                                   "gemm-timing, all or none"));
+                                   "gemm-timing, cuda-graphs, all or none"));
 }
 
 // --dtype auto's rule for the CUDA engine, both branches on any machine: the compute

@@ -4,6 +4,7 @@
 #include <bit>
 #include <chrono>
 #include <cstring>
+#include <functional>
 #include <map>
 #include <mutex>
 #include <string>
@@ -278,6 +279,7 @@ class CudaOps final : public Ops, public OpsReport {
     }
     if (opt_in_.fused_key_pool) add("fused-key-pool");
     if (opt_in_.gemm_timing) add("gemm-timing");
+    if (opt_in_.cuda_graphs) add("cuda-graphs");
     return note;
   }
 
@@ -292,6 +294,10 @@ class CudaOps final : public Ops, public OpsReport {
 
   ~CudaOps() override {
     ff_stream_synchronize(stream_);
+#if !defined(FF_EMULATION)
+    for (auto& [key, graph] : graphs_)
+      if (graph.exec != nullptr) (void)cudaGraphExecDestroy(graph.exec);
+#endif
     ff_stream_synchronize(copy_stream_);
     for (InputSlot& slot : slots_) {
       ff_free(slot.device);
@@ -451,6 +457,46 @@ class CudaOps final : public Ops, public OpsReport {
                             floats(plan.partial_values)};
     scores_ = floats(plan.token_scores);
     return BatchRef{B, T_count};
+  }
+
+  // cuda-graphs (opt-in): the region (embed .. attention_pool) of a batch whose sizes were seen
+  // before is captured once into a CUDA graph, and replayed for every later batch of the same
+  // key: the tokens, sequences, chunks and the most chunks a sequence has (the grids and the
+  // workspace plan follow from them) and the input slot (the kernels' pointers into it). The
+  // first batch of a key runs op by op: it plans the GEMMs (their timing allocates, which a
+  // capture may not) and proves the key's ops run. At most kMaxGraphs are kept, the least
+  // recently used dropped. The emulation has no graphs: it counts the keys and runs the region.
+  void run_region(const std::function<void()>& region) override {
+    if (!opt_in_.cuda_graphs) return region();
+    const GraphKey key{args_.num_tokens, args_.num_sequences, args_.num_chunks,
+                       args_.max_sequence_chunks, int32_t(current_ - slots_)};
+    Graph& graph = graphs_[key];
+    graph.last_used = ++graph_clock_;
+    evict_graphs();  // never this key: it was used last
+    if (graph.runs++ == 0) return region();
+#if defined(FF_EMULATION)
+    region();
+#else
+    if (graph.exec == nullptr) {
+      ff_check(cudaStreamBeginCapture(stream_, cudaStreamCaptureModeThreadLocal),
+               "cudaStreamBeginCapture");
+      cudaGraph_t captured = nullptr;
+      try {
+        region();
+      } catch (...) {
+        (void)cudaStreamEndCapture(stream_, &captured);
+        if (captured != nullptr) (void)cudaGraphDestroy(captured);
+        cudaGetLastError();
+        graphs_.erase(key);
+        throw;
+      }
+      ff_check(cudaStreamEndCapture(stream_, &captured), "cudaStreamEndCapture");
+      const cudaError_t made = cudaGraphInstantiate(&graph.exec, captured, 0);
+      (void)cudaGraphDestroy(captured);
+      ff_check(made, "cudaGraphInstantiate");
+    }
+    ff_check(cudaGraphLaunch(graph.exec, stream_), "cudaGraphLaunch");
+#endif
   }
 
   void embed(const BatchRef&, const void* word_embedding, const void* position_embeddings,
@@ -761,6 +807,33 @@ class CudaOps final : public Ops, public OpsReport {
   k::Partials partials_;
   k::BatchArgs args_;
   Timers timers_;
+
+  // cuda-graphs: the graphs by batch sizes and input slot (run_region).
+  struct GraphKey {
+    int32_t tokens, sequences, chunks, most_chunks, slot;
+    auto operator<=>(const GraphKey&) const = default;
+  };
+  struct Graph {
+#if !defined(FF_EMULATION)
+    cudaGraphExec_t exec = nullptr;
+#endif
+    uint64_t runs = 0, last_used = 0;
+  };
+  static constexpr size_t kMaxGraphs = 64;
+  std::map<GraphKey, Graph> graphs_;
+  uint64_t graph_clock_ = 0;
+  // Drops the least recently used graphs past kMaxGraphs (keys seen once hold no graph).
+  void evict_graphs() {
+    while (graphs_.size() > kMaxGraphs) {
+      auto oldest = graphs_.begin();
+      for (auto it = graphs_.begin(); it != graphs_.end(); ++it)
+        if (it->second.last_used < oldest->second.last_used) oldest = it;
+#if !defined(FF_EMULATION)
+      if (oldest->second.exec != nullptr) (void)cudaGraphExecDestroy(oldest->second.exec);
+#endif
+      graphs_.erase(oldest);
+    }
+  }
 };
 
 }  // namespace

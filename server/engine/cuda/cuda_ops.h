@@ -47,9 +47,12 @@ struct CudaOptIn {
   /// Each GEMM shape's algorithm per bucket of M measured at its first run (the warm-up) among
   /// cuBLASLt's candidates and the CUTLASS kernels, instead of the heuristic's first.
   bool gemm_timing = false;
+  /// The forward graph's kernels of a batch captured into a CUDA graph, per batch sizes, and
+  /// replayed for the next batch of the same sizes (Ops::run_region).
+  bool cuda_graphs = false;
 };
 inline constexpr const char* kCudaOptInNames =
-    "cutlass-gelu, fused-key-pool, gemm-timing, all or none";
+    "cutlass-gelu, fused-key-pool, gemm-timing, cuda-graphs, all or none";
 
 // Parses a comma-separated list of kCudaOptInNames ("" and "none": none). Throws EngineError
 // naming the field, the unknown entry and the choices.
@@ -67,8 +70,10 @@ inline CudaOptIn parse_cuda_opt_in(std::string_view list) {
       out.fused_key_pool = true;
     } else if (name == "gemm-timing") {
       out.gemm_timing = true;
+    } else if (name == "cuda-graphs") {
+      out.cuda_graphs = true;
     } else if (name == "all") {
-      out.cutlass_gelu = out.fused_key_pool = out.gemm_timing = true;
+      out.cutlass_gelu = out.fused_key_pool = out.gemm_timing = out.cuda_graphs = true;
     } else if (name != "none" && !name.empty()) {
       throw EngineError("cuda_opt_in (--cuda-opt-in, FASTFORMER_CUDA_OPT_IN): unknown kernel \"" +
                         std::string(name) + "\"; expected " + kCudaOptInNames);
