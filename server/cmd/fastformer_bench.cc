@@ -7,13 +7,16 @@
 #include <algorithm>
 #include <chrono>
 #include <cmath>
+#include <condition_variable>
 #include <cstdio>
 #include <iostream>
 #include <limits>
+#include <mutex>
 #include <nlohmann/json.hpp>
 #include <stdexcept>
 #include <string>
 #include <thread>
+#include <utility>
 #include <vector>
 
 #include "common/workload.h"
@@ -213,6 +216,7 @@ struct BenchOptions {
   bool profile = false;                         ///< --profile
   int profile_rounds = 3;                       ///< --profile-rounds
   bool gemm_probe = false;                      ///< --gemm-probe
+  bool no_staging = false;                      ///< --no-staging
 };
 
 void add_flags(CLI::App& app, BenchOptions* o) {
@@ -230,6 +234,9 @@ void add_flags(CLI::App& app, BenchOptions* o) {
                  "gemm-timing, cuda-graphs, "
                  "all or none (docs/kernels.md); default: FASTFORMER_CUDA_OPT_IN, else none");
   add_cpu_gemm_flag(app, &o->engine.cpu_gemm);
+  app.add_flag("--no-staging", o->no_staging,
+               "do not stage each next batch's inputs while the batch before runs (the server's "
+               "scheduler does; the CUDA engine copies them ahead, docs/kernels.md)");
   app.add_option("--batch-tokens", o->batch_tokens, "tokens per ragged batch")
       ->check(CLI::PositiveNumber)
       ->capture_default_str();
@@ -311,19 +318,78 @@ struct TimedRun {
   double sequences_per_second() const { return double(sequences) / seconds; }
 };
 
+// Engine::stage on a thread of its own, as the server's batch former calls it: the next batch's
+// inputs go to the device while the current one encodes (the CUDA engine; the CPU engine
+// stages nothing and returns 0).
+class Stager {
+ public:
+  explicit Stager(engine::Engine& eng) : eng_(eng), thread_([this] { loop(); }) {}
+  ~Stager() {
+    {
+      std::lock_guard lock(mu_);
+      stopping_ = true;
+    }
+    cv_.notify_all();
+    thread_.join();
+  }
+  void start(const engine::RaggedBatch* batch) {
+    std::lock_guard lock(mu_);
+    pending_ = batch;
+    done_ = false;
+    cv_.notify_all();
+  }
+  uint64_t ticket() {  // waits for the stage() start() asked for
+    std::unique_lock lock(mu_);
+    cv_.wait(lock, [&] { return done_; });
+    return ticket_;
+  }
+
+ private:
+  void loop() {
+    std::unique_lock lock(mu_);
+    for (;;) {
+      cv_.wait(lock, [&] { return stopping_ || pending_ != nullptr; });
+      if (stopping_) return;
+      const engine::RaggedBatch* batch = std::exchange(pending_, nullptr);
+      lock.unlock();
+      uint64_t ticket = 0;
+      try {
+        ticket = eng_.stage(*batch);
+      } catch (const std::exception&) {
+        ticket = 0;  // encode copies the inputs itself
+      }
+      lock.lock();
+      ticket_ = ticket;
+      done_ = true;
+      cv_.notify_all();
+    }
+  }
+  engine::Engine& eng_;
+  std::mutex mu_;
+  std::condition_variable cv_;
+  const engine::RaggedBatch* pending_ = nullptr;
+  uint64_t ticket_ = 0;
+  bool done_ = true, stopping_ = false;
+  std::thread thread_;
+};
+
 // The warm-up batches untimed, then the pool cycled until `seconds` have passed and every
-// batch has run at least once.
+// batch has run at least once; unless `no_staging`, each next batch staged while one encodes.
 TimedRun run_timed(engine::Engine& eng, const std::vector<engine::RaggedBatch>& batches,
-                   int warmup_batches, double seconds) {
+                   int warmup_batches, double seconds, bool no_staging) {
   const OutputOptions out_options;
   for (int i = 0; i < warmup_batches; ++i)
     eng.encode(batches[size_t(i) % batches.size()], {&out_options, 1});
+  Stager stager(eng);
+  uint64_t ticket = no_staging ? 0 : eng.stage(batches[0]);
   TimedRun run;
   const auto start = Clock::now();
   for (size_t i = 0;; ++i) {
     const auto& batch = batches[i % batches.size()];
     const auto t0 = Clock::now();
-    eng.encode(batch, {&out_options, 1});
+    if (!no_staging) stager.start(&batches[(i + 1) % batches.size()]);
+    eng.encode_staged(batch, {&out_options, 1}, ticket);
+    ticket = no_staging ? 0 : stager.ticket();
     const auto t1 = Clock::now();
     run.latencies_ms.push_back(std::chrono::duration<double, std::milli>(t1 - t0).count());
     run.tokens += batch.num_tokens();
@@ -346,6 +412,7 @@ nlohmann::ordered_json result_json(const BenchOptions& options, engine::Engine& 
       {"batch_tokens", options.batch_tokens},
       {"pass_tokens", eng.pass_tokens()},
       {"seed", options.seed},
+      {"staging", !options.no_staging},
       {"tokens_per_second", run.tokens_per_second()},
       {"sequences_per_second", run.sequences_per_second()},
       {"batches", run.latencies_ms.size()},
@@ -522,7 +589,8 @@ int run(const BenchOptions& options, const LengthSpec& lengths) {
   engine_options.max_batch_tokens = std::max(options.batch_tokens, ragged.largest_batch_tokens);
   auto eng = engine::create_engine(model, engine_options);
 
-  const TimedRun timed = run_timed(*eng, ragged.batches, options.warmup_batches, options.seconds);
+  const TimedRun timed =
+      run_timed(*eng, ragged.batches, options.warmup_batches, options.seconds, options.no_staging);
   nlohmann::ordered_json result = result_json(options, *eng, *model, timed);
   nlohmann::ordered_json probe_rows;
   nlohmann::ordered_json roofline;  // the hardware's bounds, beside the probe and the profile
