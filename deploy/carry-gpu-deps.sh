@@ -28,6 +28,22 @@
 #                                      (a private mount namespace; else an ldd allow-list)
 #   deploy/carry-gpu-deps.sh --unpack [DEPS_DIR]           as above, on another .deps
 #   deploy/carry-gpu-deps.sh --budget  print what the device tool would carry, against the budget
+#   deploy/carry-gpu-deps.sh --baseline  only the baseline of --server (below), after --server
+#
+# Issue 48 adds two carries. The plain run packs CUTLASS's headers (cute/, cutlass/: the engine's
+# sm_90a GEMM) as .deps/cutlass.tar.xz (about 1 MiB, from deploy/cutlass-headers.sh; cached as
+# $FASTFORMER_CACHE/carry-cutlass/cutlass-<version>.tar.xz); --unpack opens it into
+# .deps/cutlass/include, which gpu-check.sh passes as -DFASTFORMER_CUTLASS_DIR. Without the headers
+# (no cache and no PyPI) it warns and carries none: the CUTLASS kernel is then not built there.
+# --server also carries the baseline: fastformer-bench and the CUDA engine plugin of the commit
+# before issue 48's work (CARRY_BASELINE_COMMIT, default d6c8ead), built from `git archive` of it
+# with its own deploy/build-binaries.sh (the same configure line as the server, CUDA_ARCHS as
+# above), as .deps/baseline.tar.xz (bin/fastformer-bench, lib/libfastformer_cuda_engine.so:
+# unpacked into .deps/baseline by --unpack) and .deps/baseline/{COMMIT,SOURCE,configure.cmd}. Its
+# shared libraries are the server closure's (checked with ldd; anything else is carried in
+# baseline/lib). The old bench opens the old plugin from <exe dir>/../lib. Cached, built and
+# packed, under $FASTFORMER_CACHE/carry-baseline/<commit>/sm_<arch>/, so a second pack is instant.
+# CARRY_BASELINE=0: none.
 #
 # The carried server runs with LD_LIBRARY_PATH=<.deps>/server/lib:<.deps>/lib (its closure, then
 # the oneDNN, spdlog and fmt that .deps/lib already holds); it opens the plugin from
@@ -63,8 +79,9 @@ for a in "$@"; do
     --gate) mode=gate ;;
     --server) server=1 ;;
     --budget) mode=budget ;;
-    -h|--help) sed -n '2,48p' "$0"; exit 0 ;;
-    -*) echo "carry-gpu-deps.sh: unknown option '$a' (expected --plain, --unpack, --check, --gate, --server or --budget)" >&2; exit 2 ;;
+    --baseline) mode=baseline ;;
+    -h|--help) sed -n '2,64p' "$0"; exit 0 ;;
+    -*) echo "carry-gpu-deps.sh: unknown option '$a' (expected --plain, --unpack, --check, --gate, --server, --baseline or --budget)" >&2; exit 2 ;;
     *) args+=("$a") ;;
   esac
 done
@@ -81,9 +98,10 @@ say() { echo "carry-gpu-deps: $*"; }
 die() { echo "carry-gpu-deps: error: $*" >&2; exit 1; }
 
 # ---- --unpack (runs on the GPU machine: bash, and xz or python3) ----------------------------
-# xz -d of PACKED's files, and of server.tar.xz into server/ (the carried programs and their
-# closure; tar, or python3's tarfile); each packed file is removed once unpacked, so a second
-# --unpack does nothing.
+# xz -d of PACKED's files; server.tar.xz into server/ (the carried programs and their closure),
+# baseline.tar.xz into baseline/ (the old bench and plugin) and cutlass.tar.xz into
+# cutlass/include (tar, or python3's tarfile); each packed file is removed once unpacked, so a
+# second --unpack does nothing.
 unxz_to() {  # unxz_to FILE.xz OUT
   if command -v xz >/dev/null 2>&1; then
     xz -d -c "$1" >"$2"
@@ -94,6 +112,24 @@ unxz_to() {  # unxz_to FILE.xz OUT
     "$py" -c 'import lzma, shutil, sys
 with lzma.open(sys.argv[1]) as i, open(sys.argv[2], "wb") as o: shutil.copyfileobj(i, o)' "$1" "$2"
   fi
+}
+untar_xz() {  # untar_xz FILE.tar.xz DIR
+  mkdir -p "$2"
+  if command -v xz >/dev/null 2>&1 && command -v tar >/dev/null 2>&1; then
+    xz -d -T0 -c "$1" | tar -C "$2" -xf -
+  else
+    local py
+    py=$(command -v python3 || command -v python || true)
+    [ -n "$py" ] || die "neither xz and tar nor python3 to unpack $1"
+    "$py" -c 'import sys, tarfile
+with tarfile.open(sys.argv[1], "r:xz") as t: t.extractall(sys.argv[2])' "$1" "$2"
+  fi
+}
+# The CUTLASS version of an include dir, from cutlass/version.h: MAJOR.MINOR.PATCH.BUILD.
+cutlass_version_of() {
+  awk '/^#define CUTLASS_(MAJOR|MINOR|PATCH|BUILD) / {v[$2] = $3}
+       END {if (v["CUTLASS_MAJOR"] != "") print v["CUTLASS_MAJOR"] "." v["CUTLASS_MINOR"] "." v["CUTLASS_PATCH"] "." (v["CUTLASS_BUILD"] == "" ? 0 : v["CUTLASS_BUILD"])}' \
+    "$1/cutlass/version.h" 2>/dev/null
 }
 unpack() {  # unpack [DEPS_DIR]
   local d=${1:-$DEPS} f n=0 name target
@@ -118,20 +154,25 @@ unpack() {  # unpack [DEPS_DIR]
     done <"$d/PACKED"
   fi
   if [ -f "$d/server.tar.xz" ]; then
-    mkdir -p "$d/server"
     rm -rf "$d/server/bin" "$d/server/lib"
-    if command -v xz >/dev/null 2>&1 && command -v tar >/dev/null 2>&1; then
-      xz -d -T0 -c "$d/server.tar.xz" | tar -C "$d/server" -xf -
-    else
-      local py
-      py=$(command -v python3 || command -v python || true)
-      [ -n "$py" ] || die "neither xz and tar nor python3 to unpack server.tar.xz"
-      "$py" -c 'import sys, tarfile
-with tarfile.open(sys.argv[1], "r:xz") as t: t.extractall(sys.argv[2])' "$d/server.tar.xz" "$d/server"
-    fi
+    untar_xz "$d/server.tar.xz" "$d/server"
     rm -f "$d/server.tar.xz"
     n=$((n + 1))
     say "the carried server: $(find "$d/server/bin" -type f | wc -l) programs, $(find "$d/server/lib" -type f | wc -l) libraries in .deps/server (LD_LIBRARY_PATH=.deps/server/lib:.deps/lib)"
+  fi
+  if [ -f "$d/baseline.tar.xz" ]; then
+    rm -rf "$d/baseline/bin" "$d/baseline/lib"
+    untar_xz "$d/baseline.tar.xz" "$d/baseline"
+    rm -f "$d/baseline.tar.xz"
+    n=$((n + 1))
+    say "the baseline: fastformer-bench and its plugin of $(cut -c1-12 "$d/baseline/COMMIT" 2>/dev/null || echo 'an unknown commit') in .deps/baseline (LD_LIBRARY_PATH=.deps/baseline/lib:.deps/server/lib:.deps/lib)"
+  fi
+  if [ -f "$d/cutlass.tar.xz" ]; then
+    rm -rf "$d/cutlass"
+    untar_xz "$d/cutlass.tar.xz" "$d/cutlass/include"
+    rm -f "$d/cutlass.tar.xz"
+    n=$((n + 1))
+    say "CUTLASS $(cutlass_version_of "$d/cutlass/include") headers in .deps/cutlass/include (-DFASTFORMER_CUTLASS_DIR)"
   fi
   [ -f "$d/PACKED" ] || [ "$n" != 0 ] || { say "nothing packed"; return 0; }
   say "unpacked $n file(s); .deps is $(du -sm "$d" | cut -f1) MiB"
@@ -237,7 +278,10 @@ check() {
   # explicitly, so the rehearsal's compiles hit the cache (a lent GPU machine's build uses ccache
   # only when it has one).
   if command -v ccache >/dev/null; then ccache_arg="-DFASTFORMER_CCACHE_PROGRAM=$(command -v ccache)"; fi
+  # The build's cap is the lease's (150 s on 16 cores) only there: here it checks what the build
+  # needs, not how fast 2 cores compile it (the sm_90a CUTLASS GEMM alone is about 60 s).
   (cd "$t/tree" && GPU_CHECK_BUILD=1 GPU_CHECK_STOP_AFTER=build GPU_CHECK_PYTHON=none GPU_CHECK_WORK="$t/work" \
+    GPU_CHECK_BUILD_CAP_S=${CARRY_CHECK_BUILD_CAP_S:-1200} \
     GPU_CHECK_CMAKE_ARGS="-DCMAKE_IGNORE_PREFIX_PATH=/usr $ccache_arg ${CARRY_CHECK_CMAKE_ARGS:-}" \
     bash tests/gpu/gpu-check.sh "$t/report.md") >"$t/gpu-check.log" 2>&1 || rc=$?
   local stages
@@ -272,36 +316,49 @@ files_bytes() {  # files_bytes DIR [PRUNED_DIR...]: the bytes of DIR's files and
   for p in "$@"; do prune+=(-path "$p" -prune -o); done
   find "$d" "${prune[@]}" \( -type f -o -type l \) -printf '%s\n' 2>/dev/null | awk '{s += $1} END {printf "%d\n", s}'
 }
+# Each packed tarball, and what --unpack makes of it (counted instead when the tarball is gone).
+PACKED_PARTS=("server.tar.xz:server/bin server/lib" "baseline.tar.xz:baseline/bin baseline/lib" "cutlass.tar.xz:cutlass")
 carried_total() {  # carried_total DEPS_DIR: prints the total, sets CARRIED_BYTES; 1 when over budget
-  local d=$1 tree deps srv=0 exp=0 rest what
+  local d=$1 tree deps=0 exp=0 parts=0 rest spec tarball dirs dir bytes prune=() what=() unpacked_dirs=()
   tree=$(cd "$ROOT" && git ls-files -co --exclude-standard -z 2>/dev/null | du -cb --files0-from=- 2>/dev/null | tail -1 | cut -f1 || true)
   tree=${tree:-0}
-  deps=0
   if [ -d "$d" ]; then
-    if [ -f "$d/server.tar.xz" ]; then
-      deps=$(files_bytes "$d" "$d/server/bin" "$d/server/lib")
-      srv=$(stat -c %s "$d/server.tar.xz")
-    else
-      deps=$(files_bytes "$d")
-      [ ! -d "$d/server/bin" ] || srv=$(files_bytes "$d/server/bin" )
-      [ ! -d "$d/server/lib" ] || srv=$((srv + $(files_bytes "$d/server/lib")))
-    fi
+    for spec in "${PACKED_PARTS[@]}"; do
+      tarball=${spec%%:*}
+      read -r -a dirs <<<"${spec#*:}"
+      bytes=0
+      if [ -f "$d/$tarball" ]; then
+        for dir in "${dirs[@]}"; do prune+=("$d/$dir"); done
+        bytes=$(stat -c %s "$d/$tarball")
+        what+=("$tarball $(mib "$bytes") MiB")
+      else
+        for dir in "${dirs[@]}"; do
+          [ -d "$d/$dir" ] || continue
+          bytes=$((bytes + $(files_bytes "$d/$dir")))
+          unpacked_dirs+=("$dir")
+        done
+        [ "$bytes" = 0 ] || what+=("${dirs[*]} unpacked $(mib "$bytes") MiB")
+      fi
+      parts=$((parts + bytes))
+    done
+    deps=$(files_bytes "$d" "${prune[@]}")
     [ ! -d "$d/server/expected" ] || exp=$(files_bytes "$d/server/expected")
   fi
-  rest=$((deps - srv - exp))
+  [ -f "$d/server.tar.xz" ] || [ -d "$d/server/bin" ] || what+=("no server carried")
+  [ -f "$d/baseline.tar.xz" ] || [ -d "$d/baseline/bin" ] || what+=("no baseline carried")
+  [ -f "$d/cutlass.tar.xz" ] || [ -d "$d/cutlass" ] || what+=("no CUTLASS headers carried")
+  rest=$((deps - parts - exp))
   local f unpacked=()
   if [ -f "$d/PACKED" ]; then
     while IFS= read -r f; do
       [ -n "$f" ] && [ -f "$d/$f" ] && [ ! -f "$d/$f.xz" ] && unpacked+=("$f")
     done <"$d/PACKED"
   fi
+  unpacked+=("${unpacked_dirs[@]}")
   [ "${#unpacked[@]}" = 0 ] ||
     say "note: ${unpacked[*]} unpacked in $d (an --unpack, or gpu-check.sh, ran here): counted as it is; deploy/carry-gpu-deps.sh --server packs it again"
   CARRIED_BYTES=$((tree + deps))
-  what="server.tar.xz $(mib "$srv") MiB"
-  [ -f "$d/server.tar.xz" ] || what="server/bin and server/lib unpacked $(mib "$srv") MiB"
-  [ "$srv" != 0 ] || what="no server carried"
-  say "carried total $(mib "$CARRIED_BYTES") MiB of the ${CARRY_BUDGET_MIB} MiB budget (CARRY_BUDGET_MIB; the device tool carries at most ${CARRY_TOOL_MIB} MiB): the tree $(mib "$tree") MiB (git ls-files -co --exclude-standard), .deps $(mib "$deps") MiB ($what, server/expected $(mib "$exp") MiB, the rest $(mib "$rest") MiB)"
+  say "carried total $(mib "$CARRIED_BYTES") MiB of the ${CARRY_BUDGET_MIB} MiB budget (CARRY_BUDGET_MIB; the device tool carries at most ${CARRY_TOOL_MIB} MiB): the tree $(mib "$tree") MiB (git ls-files -co --exclude-standard), .deps $(mib "$deps") MiB ($(printf '%s, ' "${what[@]}")server/expected $(mib "$exp") MiB, the rest $(mib "$rest") MiB)"
   [ "$CARRIED_BYTES" -le $((CARRY_BUDGET_MIB * 1048576)) ]
 }
 
@@ -366,11 +423,11 @@ pack_part() {
   fi
 }
 
-server_carry() {
-  local t0=$SECONDS s f
-  [ -f "$DEPS/MANIFEST.txt" ] || { say "no .deps/ yet: packing it first"; bash "$ROOT/deploy/carry-gpu-deps.sh"; }
-  # What an --unpack here (or gpu-check.sh run in this checkout) unpacked, packed again as the
-  # plain run packs it: the device tool carries .deps as it is.
+# What an --unpack here (or gpu-check.sh run in this checkout) unpacked, packed again as the plain
+# run packs it: the device tool carries .deps as it is. The server's own tarball is remade by
+# --server; the baseline's is copied again from its cache.
+repack_unpacked() {
+  local f
   if [ -f "$DEPS/PACKED" ]; then
     while IFS= read -r f; do
       if [ -n "$f" ] && [ -f "$DEPS/$f" ] && [ ! -f "$DEPS/$f.xz" ]; then
@@ -379,6 +436,16 @@ server_carry() {
       fi
     done <"$DEPS/PACKED"
   fi
+  if [ -d "$DEPS/cutlass" ] && [ ! -f "$DEPS/cutlass.tar.xz" ]; then
+    say "packing .deps/cutlass again (it was unpacked here)"
+    pack_cutlass "$DEPS" && rm -rf "$DEPS/cutlass"
+  fi
+}
+
+server_carry() {
+  local t0=$SECONDS s f
+  [ -f "$DEPS/MANIFEST.txt" ] || { say "no .deps/ yet: packing it first"; bash "$ROOT/deploy/carry-gpu-deps.sh"; }
+  repack_unpacked
   local build=${CARRY_SERVER_BUILD_DIR:-$ROOT/build-gpu-server} arch=${GPU_CHECK_CUDA_ARCH:-90}
   mkdir -p "$build"
   build=$(cd "$build" && pwd)
@@ -529,7 +596,127 @@ server_carry() {
   rm -rf "$tmpd"
   trap - EXIT
   say "wrote .deps/server.tar.xz ($(mib "$(stat -c %s "$DEPS/server.tar.xz")") MiB: bin/ ${SERVER_PROGRAMS[*]}; lib/ $SERVER_PLUGIN and ${#closure[@]} libraries, $(mib "$(files_bytes "$stage")") MiB unpacked) and .deps/server/ (configure.cmd, SOURCE, CLOSURE.txt$([ -d "$DEPS/server/expected" ] && echo ", expected/")) in $((SECONDS - t0)) s"
+  baseline_carry
+  repack_unpacked  # once more: a gpu-check.sh run in this checkout may have unpacked .deps meanwhile
   carried_total "$DEPS" || die "the carry is $(mib "$CARRIED_BYTES") MiB, over the budget of $CARRY_BUDGET_MIB MiB (CARRY_BUDGET_MIB)"
+}
+
+# ---- CUTLASS's headers (issue 48) -------------------------------------------------------------
+# pack_cutlass DIR: DIR/cutlass.tar.xz, the include dir of deploy/cutlass-headers.sh (cute/ and
+# cutlass/, about 1 MiB packed), from the cache ($FASTFORMER_CACHE/carry-cutlass/, keyed by the
+# pinned wheel's version) or packed now and cached. Returns 1, with a warning, when the headers
+# cannot be had (no cache and no PyPI): the lease then builds without the CUTLASS kernel.
+CUTLASS_CACHE=$FASTFORMER_CACHE/carry-cutlass
+pack_cutlass() {
+  local dir=$1 version c log
+  version=$(sed -n 's/^nvidia-cutlass==\([^ ]*\) .*/\1/p' "$ROOT/deploy/cutlass-wheel.txt" 2>/dev/null)
+  if [ -z "$version" ] || [ ! -f "$ROOT/deploy/cutlass-headers.sh" ]; then
+    say "warning: no deploy/cutlass-headers.sh or deploy/cutlass-wheel.txt: no CUTLASS headers carried"
+    return 1
+  fi
+  c=$CUTLASS_CACHE/cutlass-$version.tar.xz
+  if [ -f "$c" ] && xz -t "$c" 2>/dev/null; then
+    cp "$c" "$dir/cutlass.tar.xz"
+    say "CUTLASS $version headers: .deps/cutlass.tar.xz from the cache ($c, $(mib "$(stat -c %s "$c")") MiB)"
+    return 0
+  fi
+  log=$(mktemp)
+  if ! bash "$ROOT/deploy/cutlass-headers.sh" --pack "$dir/cutlass.tar.xz" >"$log" 2>&1; then
+    say "warning: deploy/cutlass-headers.sh --pack failed ($(tail -n 1 "$log")): no CUTLASS headers carried; the lease builds without the CUTLASS kernel"
+    rm -f "$log" "$dir/cutlass.tar.xz"
+    return 1
+  fi
+  rm -f "$log"
+  if mkdir -p "$CUTLASS_CACHE" 2>/dev/null && cp "$dir/cutlass.tar.xz" "$c.part.$$" 2>/dev/null; then
+    mv "$c.part.$$" "$c"
+  fi
+  say "CUTLASS $version headers: .deps/cutlass.tar.xz packed ($(mib "$(stat -c %s "$dir/cutlass.tar.xz")") MiB; cached as $c)"
+}
+
+# ---- the baseline: the commit before issue 48's work, beside the new (issue 48) ----------------
+# fastformer-bench and libfastformer_cuda_engine.so of CARRY_BASELINE_COMMIT, built from `git
+# archive` of it with its own deploy/build-binaries.sh (the server's configure line, CUDA_ARCHS as
+# the server's), through the same compiler cache (CMakeLists.txt sets CCACHE_BASEDIR: another
+# folder hits it). Cached, stripped and packed, under $FASTFORMER_CACHE/carry-baseline/<commit>/
+# sm_<arch>/; a second pack copies the tarball. Their shared libraries must be the server closure's,
+# .deps/lib's or the machine's; any other is carried in baseline/lib (and said).
+BASELINE_COMMIT=${CARRY_BASELINE_COMMIT:-d6c8ead}
+BASELINE_BENCH=bin/fastformer-bench
+BASELINE_PLUGIN=lib/libfastformer_cuda_engine.so
+baseline_carry() {
+  local arch=${GPU_CHECK_CUDA_ARCH:-90} commit short c t0=$SECONDS
+  [ "${CARRY_BASELINE:-1}" != 0 ] || { say "CARRY_BASELINE=0: no baseline carried"; rm -rf "$DEPS/baseline" "$DEPS/baseline.tar.xz"; return 0; }
+  [ -f "$DEPS/server/CLOSURE.txt" ] || die "the baseline runs on the server closure: run deploy/carry-gpu-deps.sh --server first"
+  commit=$(git -C "$ROOT" rev-parse --verify -q "$BASELINE_COMMIT^{commit}") ||
+    die "no commit $BASELINE_COMMIT in this checkout (CARRY_BASELINE_COMMIT): the baseline is built from it"
+  short=$(git -C "$ROOT" rev-parse --short "$commit")
+  c=$FASTFORMER_CACHE/carry-baseline/$commit/sm_$arch
+  if [ -f "$c/baseline.tar.xz" ] && [ -f "$c/COMMIT" ] && xz -t "$c/baseline.tar.xz" 2>/dev/null; then
+    say "baseline $short (sm_$arch): from the cache ($c)"
+  else
+    local tmp log s
+    mkdir -p "$(dirname "$c")" || die "cannot write $(dirname "$c") (FASTFORMER_CACHE)"
+    tmp=$(mktemp -d "$(dirname "$c")/.build-sm_$arch.XXXXXX")
+    trap 'rm -rf "$tmp"' EXIT
+    log=$(dirname "$c")/build-sm_$arch.log
+    mkdir -p "$tmp/src" "$tmp/stage/bin" "$tmp/stage/lib"
+    git -C "$ROOT" archive --format=tar "$commit" | tar -C "$tmp/src" -xf - || die "git archive $commit failed"
+    export FASTFORMER_CCACHE_DIR=${FASTFORMER_CCACHE_DIR:-$FASTFORMER_CACHE/ccache}
+    say "building the baseline $short for sm_$arch: its deploy/build-binaries.sh, FASTFORMER_CUDA=ON CUDA_ARCHS=$arch (log: $log)"
+    s=$SECONDS
+    if ! (cd "$tmp/src" && FASTFORMER_CUDA=ON CUDA_ARCHS=$arch bash deploy/build-binaries.sh "$tmp/build" "$tmp/out") >"$log" 2>&1; then
+      tail -n 40 "$log" >&2
+      die "the baseline's deploy/build-binaries.sh failed (log: $log)"
+    fi
+    say "  built in $((SECONDS - s)) s: $(grep -c 'Building' "$log" || true) compiles"
+    cp "$tmp/out/$BASELINE_BENCH" "$tmp/stage/bin/"
+    cp "$tmp/out/$BASELINE_PLUGIN" "$tmp/stage/lib/"
+    # The configure line as run, with the temporary paths named for what they were.
+    sed -e "s#$tmp/build#<build>#g" "$tmp/out/configure.cmd" >"$tmp/stage/configure.cmd"
+    # Their libraries: the server closure's, .deps/lib's or the machine's; else carried here.
+    local f name arrow path extra=()
+    declare -A seen=()
+    for f in "$tmp/stage/$BASELINE_BENCH" "$tmp/stage/$BASELINE_PLUGIN"; do
+      while read -r name arrow path; do
+        [ -n "$name" ] && [ "$arrow" = "=>" ] || continue
+        [ -z "${seen[$name]:-}" ] || continue
+        seen[$name]=1
+        [[ "$name" =~ $MACHINE_BASE_RE ]] || [[ "$name" =~ $MACHINE_DRIVER_RE ]] && continue
+        grep -q "^lib/$name " "$DEPS/server/CLOSURE.txt" && continue
+        { [ -e "$DEPS/lib/$name" ] || grep -q "^$name " "$DEPS/LINKS" 2>/dev/null; } && continue
+        [[ "$path" != not* ]] || die "the baseline's $(basename "$f") needs $name, which ldd cannot find here"
+        cp -L "$path" "$tmp/stage/lib/$name"
+        chmod 644 "$tmp/stage/lib/$name"
+        extra+=("lib/$name")
+      done < <(ldd "$f" | sed -e 's/ (0x[0-9a-f]*)$//' -e 's/^[[:space:]]*//')
+    done
+    if [ "${#extra[@]}" -gt 0 ]; then
+      say "  the baseline needs ${#extra[@]} librar(ies) beyond the server closure: ${extra[*]} (carried in baseline/lib)"
+    else
+      say "  the baseline's libraries are all the server closure's, .deps/lib's or the machine's"
+    fi
+    (cd "$tmp/stage" && tar -b 1 --owner=0 --group=0 --numeric-owner --mtime=@0 -cf - \
+      "$BASELINE_BENCH" "$BASELINE_PLUGIN" "${extra[@]}") | "${SERVER_XZ[@]}" >"$tmp/stage/baseline.tar.xz"
+    echo "$commit" >"$tmp/stage/COMMIT"
+    printf '%s\n' "${extra[@]}" >"$tmp/stage/EXTRA"
+    rm -rf "$tmp/stage/bin" "$tmp/stage/lib"
+    rm -rf "$c"
+    mv "$tmp/stage" "$c"
+    rm -rf "$tmp"
+    trap - EXIT
+    say "  packed and cached: $c/baseline.tar.xz ($(mib "$(stat -c %s "$c/baseline.tar.xz")") MiB)"
+  fi
+  rm -rf "$DEPS/baseline" "$DEPS/baseline.tar.xz"
+  mkdir -p "$DEPS/baseline"
+  cp "$c/baseline.tar.xz" "$DEPS/baseline.tar.xz"
+  cp "$c/COMMIT" "$c/configure.cmd" "$DEPS/baseline/"
+  {
+    echo "commit $short ($commit), the baseline of issue 48 (CARRY_BASELINE_COMMIT=$BASELINE_COMMIT)"
+    echo "cuda_arch $arch"
+    echo "built with its own deploy/build-binaries.sh; cached in $c"
+    echo "extra libraries: $(tr '\n' ' ' <"$c/EXTRA" | sed 's/ $//')"
+  } >"$DEPS/baseline/SOURCE"
+  say "wrote .deps/baseline.tar.xz ($(mib "$(stat -c %s "$DEPS/baseline.tar.xz")") MiB: $BASELINE_BENCH, $BASELINE_PLUGIN of $short) and .deps/baseline/ (COMMIT, SOURCE, configure.cmd) in $((SECONDS - t0)) s"
 }
 
 # ---- --server --check: the carried programs load from a moved copy alone ----------------------
@@ -557,6 +744,12 @@ rtld = "/lib64/ld-linux-x86-64.so.2"
 lib_path = f"{deps}/server/lib:{deps}/lib"
 env = {"PATH": "/usr/bin:/bin", "LD_LIBRARY_PATH": lib_path, "LC_ALL": "C", "HOME": work}
 files = [(p, f"{deps}/server/bin/{p}", True) for p in programs] + [(plugin, f"{deps}/server/lib/{plugin}", False)]
+# The baseline (issue 48), when carried: the old bench and plugin, on the server closure, with
+# baseline/lib first (the old plugin, and any library the closure lacks).
+baseline_env = dict(env, LD_LIBRARY_PATH=f"{deps}/baseline/lib:{lib_path}")
+if os.path.exists(f"{deps}/baseline/COMMIT") or os.path.exists(f"{deps}/baseline/bin"):
+    files += [("baseline fastformer-bench", f"{deps}/baseline/bin/fastformer-bench", True),
+              (f"baseline {plugin}", f"{deps}/baseline/lib/{plugin}", False)]
 errors, notes = [], []
 missing = [f for _, f, _ in files if not os.path.isfile(f)]
 if missing:
@@ -564,9 +757,13 @@ if missing:
     sys.exit(0)
 
 
-def trace(path):
+def env_of(short):
+    return baseline_env if short.startswith("baseline ") else env
+
+
+def trace(path, short=""):
     """The loader's trace of PATH: [(name, resolved path or None)], and its other lines."""
-    e = dict(env, LD_TRACE_LOADED_OBJECTS="1", LD_WARN="yes", LD_BIND_NOW="yes")
+    e = dict(env_of(short), LD_TRACE_LOADED_OBJECTS="1", LD_WARN="yes", LD_BIND_NOW="yes")
     p = subprocess.run([rtld, path], env=e, capture_output=True, text=True, timeout=60)
     libs, other = [], []
     for line in (p.stdout + p.stderr).splitlines():
@@ -660,7 +857,7 @@ if mode == "hide":
 
 moved = os.path.realpath(deps) + "/"
 for short, f, is_program in files:
-    rc, libs, other = trace(f)
+    rc, libs, other = trace(f, short)
     for name, path in libs:
         if path is None:
             if driver_re.match(name):
@@ -683,7 +880,7 @@ for short, f, is_program in files:
         errors.append(f"{short}: the loader's trace exited {rc}: {' | '.join(other[-3:])}")
     if is_program:
         try:
-            p = subprocess.run([f, "--help"], env=env, capture_output=True, text=True, timeout=30)
+            p = subprocess.run([f, "--help"], env=env_of(short), capture_output=True, text=True, timeout=30)
             if p.returncode != 0:
                 tail = " | ".join((p.stdout + p.stderr).strip().splitlines()[-3:])
                 errors.append(f"{short} --help exited {p.returncode}: {tail}")
@@ -693,18 +890,31 @@ for short, f, is_program in files:
 # The plugin, loaded for real: fastformer-bench --backend cuda opens it (dlopen, from
 # <exe dir>/../lib), and with no GPU it must end on the CUDA runtime's word, not the loader's.
 if tiny:
-    cmd = [f"{deps}/server/bin/fastformer-bench", "--model-dir", tiny, "--backend", "cuda", "--seconds", "0.1"]
-    try:
-        p = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=60)
-        said = " | ".join((p.stdout + p.stderr).strip().splitlines()[-2:])
-        if "cannot load the CUDA engine plugin" in said:
-            errors.append(f"{plugin}: fastformer-bench --backend cuda could not open it: {said}")
-        elif p.returncode == 0:
-            notes.append(f"{plugin}: opened and ran (fastformer-bench --backend cuda exited 0: a GPU is here)")
-        else:
-            notes.append(f"{plugin}: opened by fastformer-bench --backend cuda, which then said: {said}")
-    except subprocess.TimeoutExpired:
-        errors.append(f"{plugin}: fastformer-bench --backend cuda did not end in 60 s")
+    benches = [("fastformer-bench", f"{deps}/server/bin/fastformer-bench", f"{deps}/server/lib/{plugin}")]
+    if any(short.startswith("baseline ") for short, _, _ in files):
+        benches.append(("baseline fastformer-bench", f"{deps}/baseline/bin/fastformer-bench",
+                        f"{deps}/baseline/lib/{plugin}"))
+    for short, bench, own_plugin in benches:
+        cmd = [bench, "--model-dir", tiny, "--backend", "cuda", "--seconds", "0.1"]
+        try:
+            # LD_DEBUG=files names the plugin file the loader opened: each bench its own.
+            p = subprocess.run(cmd, env=dict(env_of(short), LD_DEBUG="files"), capture_output=True, text=True,
+                               timeout=60)
+            said = " | ".join(ln for ln in (p.stdout + p.stderr).strip().splitlines()
+                              if not re.match(r"^\s*\d+:", ln))
+            said = " | ".join(said.split(" | ")[-2:])
+            opened = sorted({os.path.normpath(m) for m in re.findall(r"file=(\S*" + re.escape(plugin) + r")\s+\[0\];\s+dynamically loaded",
+                                                   p.stderr)})
+            if "cannot load the CUDA engine plugin" in said:
+                errors.append(f"{short}: --backend cuda could not open {plugin}: {said}")
+            elif opened and not any(os.path.realpath(o) == os.path.realpath(own_plugin) for o in opened):
+                errors.append(f"{short}: opened {', '.join(opened)}, not its own {own_plugin}")
+            elif p.returncode == 0:
+                notes.append(f"{short}: opened {own_plugin} and ran (exited 0: a GPU is here)")
+            else:
+                notes.append(f"{short}: opened {opened[0] if opened else plugin} with --backend cuda, which then said: {said}")
+        except subprocess.TimeoutExpired:
+            errors.append(f"{short}: --backend cuda did not end in 60 s")
 else:
     notes.append(f"{plugin}: not loaded for real (no python3 with torch for a tiny model): traced only")
 print(json.dumps({"errors": list(dict.fromkeys(errors)), "notes": notes, "hidden": hidden}))
@@ -782,7 +992,11 @@ for e in r.get("errors", []): print("error\t" + e)')
     [ "$keep" = 1 ] || rm -rf "$t"
     die "the carried server does not load from the moved copy alone (above)"
   fi
-  say "  every library of ${SERVER_PROGRAMS[*]} and $SERVER_PLUGIN resolves inside the moved copy or is the machine's base; each program's --help exits 0$([ -n "$tiny" ] && echo "; fastformer-bench --backend cuda opens the plugin")"
+  local baseline_said=""
+  if [ -f "$moved/.deps/baseline/COMMIT" ]; then
+    baseline_said="; the baseline's fastformer-bench and plugin ($(cut -c1-12 "$moved/.deps/baseline/COMMIT")) too"
+  fi
+  say "  every library of ${SERVER_PROGRAMS[*]} and $SERVER_PLUGIN resolves inside the moved copy or is the machine's base; each program's --help exits 0$([ -n "$tiny" ] && echo "; fastformer-bench --backend cuda opens the plugin")$baseline_said"
   [ "$keep" = 1 ] || rm -rf "$t"
   carried_total "$src" || die "the carry is $(mib "$CARRIED_BYTES") MiB, over the budget of $CARRY_BUDGET_MIB MiB (CARRY_BUDGET_MIB)"
   say "server check passed: $hidden_how"
@@ -792,6 +1006,10 @@ case "$mode" in
   unpack) unpack "${args[0]:-}"; exit 0 ;;
   check) check; exit 0 ;;
   server) server_carry; exit 0 ;;
+  baseline)
+    baseline_carry
+    carried_total "$DEPS" || die "the carry is $(mib "$CARRIED_BYTES") MiB, over the budget of $CARRY_BUDGET_MIB MiB (CARRY_BUDGET_MIB)"
+    exit 0 ;;
   servercheck) server_check "${args[0]:-}"; exit 0 ;;
   budget) carried_total "$DEPS" || die "over the budget of $CARRY_BUDGET_MIB MiB (CARRY_BUDGET_MIB)"; exit 0 ;;
   gate) [ $# -eq 3 ] || die "usage: carry-gpu-deps.sh --gate BUILD_DIR DEPS_DIR"; gate "$2" "$3"; exit 0 ;;
@@ -952,15 +1170,18 @@ if [ "$pack" = 1 ]; then
   echo "lib/$dnnl_name" >>"$TMP/PACKED"
 fi
 
-# The server carry (--server) is kept: it is rebuilt by --server alone.
+# CUTLASS's headers (issue 48), packed: .deps/cutlass.tar.xz, opened by --unpack.
+pack_cutlass "$TMP" || true
+
+# The server carry and the baseline (--server) are kept: they are rebuilt by --server alone.
 kept_server=""
-for f in server server.tar.xz; do
+for f in server server.tar.xz baseline baseline.tar.xz; do
   if [ -e "$DEPS/$f" ]; then mv "$DEPS/$f" "$TMP/$f"; kept_server="${kept_server:+$kept_server and }.deps/$f"; fi
 done
 rm -rf "$DEPS"
 mv "$TMP" "$DEPS"
 trap - EXIT
-[ -z "$kept_server" ] || say "kept the server carry ($kept_server, $(head -1 "$DEPS/server/SOURCE" 2>/dev/null || echo 'source unknown')): deploy/carry-gpu-deps.sh --server remakes it"
+[ -z "$kept_server" ] || say "kept the server carry and the baseline ($kept_server, $(head -1 "$DEPS/server/SOURCE" 2>/dev/null || echo 'source unknown')): deploy/carry-gpu-deps.sh --server remakes it"
 
 say "wrote .deps/: $(find "$DEPS" -type f | wc -l) files"
 (cd "$DEPS" && find . -type f -size +400k -exec du -k {} + | sort -rn | awk '{printf "carry-gpu-deps:   %7.1f MiB  %s\n", $1/1024, $2}')

@@ -25,6 +25,13 @@ still fails. Standard library only: it runs under any python3 (3.9 or later).
 The run directory may also hold server-parity.json and server-load.json (the stages
 server-parity and server-load, tests/gpu/server_stage.py): the report's "The server on the
 GPU" section and three rows of its Targets.
+
+Issue 48: cutlass.env (the CUTLASS headers the build was given, or why none: the header's build
+line); ctest-gpu-opt-in and parity-base-long-opt-in (the GPU tests with FASTFORMER_CUDA_OPT_IN=all);
+bench-old-new.json and bench-opt-in.json (tests/gpu/bench_ab.py's alternated runs): the sections
+"Old and new in one run" (new ÷ old per shape, acceptance ≥ 1.2x, rows of the Targets too) and
+"Opt-in kernels" (per opt-in: parity, tokens/s against the default's, and which kernel may become
+the default: its parity passed and it is faster on every shape).
 """
 
 from __future__ import annotations
@@ -42,6 +49,11 @@ TOOL_ERROR_LABEL = "tool failure (sanitizer internal error)"
 
 # The targets of issues 4 and 13.
 TARGET_TOKENS_PER_S = 2.5e6
+# Issue 48: the new engine over the baseline commit's, per shape (bench-old-new).
+TARGET_NEW_VS_OLD = 1.2
+# An opt-in kernel is "faster" when its mean over the default's is at least this on every shape:
+# 1% above the run-to-run spread of one run's alternated default runs on an H200 (well under 1%).
+OPT_IN_FASTER = 1.01
 TARGET_VS_PYTORCH = 3.0
 TARGET_VS_SDPA_8192 = 2.0
 TARGET_LONG_VS_SHORT = 0.8
@@ -768,6 +780,11 @@ class CheckRun:
         self.gpu_name = q[1].split(",")[0].strip() if len(q) >= 2 else ""
         self.server_parity = load_json(self.path("server-parity.json"))
         self.server_load = load_json(self.path("server-load.json"))
+        self.cutlass = load_env(self.path("cutlass.env"))
+        self.ctest_opt_in = parse_ctest(read_text(self.path("ctest-gpu-opt-in.out")))
+        self.parity_opt_in = parse_gtest(read_text(self.path("parity-base-long-opt-in.out")))
+        self.old_new = load_json(self.path("bench-old-new.json"))
+        self.opt_in = load_json(self.path("bench-opt-in.json"))
 
     def path(self, name):
         return os.path.join(self.run, name)
@@ -922,12 +939,15 @@ def copy_fraction_targets(c):
     return rows
 
 
-def parity_targets(c):
-    """The parity targets: every gpu test under ctest, and the base-long-shaped parity test."""
+def parity_targets(c, suffix="", label=""):
+    """The parity targets: every gpu test under ctest, and the base-long-shaped parity test; with
+    suffix "-opt-in", the same two with every opt-in kernel on (FASTFORMER_CUDA_OPT_IN=all)."""
     rows = []
-    measured, mode, ctest, g = c.measured, c.mode, c.ctest, c.parity
-    s = c.by_id.get("ctest-gpu")
-    parity = "parity with the CPU engine, all dtypes (ctest -L gpu, base-long apart)"
+    opt_in = suffix == "-opt-in"
+    measured, mode = c.measured, c.mode
+    ctest, g = (c.ctest_opt_in, c.parity_opt_in) if opt_in else (c.ctest, c.parity)
+    s = c.by_id.get("ctest-gpu" + suffix)
+    parity = "parity with the CPU engine, all dtypes (ctest -L gpu, base-long apart)" + label
     if isinstance(ctest, dict):
         got = f"{ctest['passed']}/{ctest['total']} passed" + (
             f", {ctest['skipped']} skipped" if ctest["skipped"] else "") + (
@@ -941,8 +961,8 @@ def parity_targets(c):
             f"{s['status']}: {s['note']}" if s else "not run")
         rows.append([parity, "all gpu tests pass", "—",
                      ("FAIL: " if measured and s and s["status"] != "skipped" else "not measured: ") + note])
-    s = c.by_id.get("parity-base-long")
-    parity = "base-long-shaped parity (768 hidden, 12 heads, 3,072, two layers; each dtype vs the CPU engine)"
+    s = c.by_id.get("parity-base-long" + suffix)
+    parity = "base-long-shaped parity (768 hidden, 12 heads, 3,072, two layers; each dtype vs the CPU engine)" + label
     need = "fp32 1e-4; bf16/fp16 cosine ≥ 0.999, same argmax"
     if g and s and s["status"] != "skipped":
         got = f"{g['passed']}/{g['total']} passed" + (f", {g['skipped']} skipped" if g["skipped"] else "") + (
@@ -1267,8 +1287,233 @@ def server_section(c):
 
 def target_rows(c):
     """The Targets table's rows (target, required, measured, result), also in the summary."""
-    return (throughput_targets(c) + copy_fraction_targets(c) + parity_targets(c) + sanitizer_targets(c)
+    return (throughput_targets(c) + old_new_targets(c) + copy_fraction_targets(c) + parity_targets(c)
+            + parity_targets(c, "-opt-in", ", FASTFORMER_CUDA_OPT_IN=all") + sanitizer_targets(c)
             + server_targets(c))
+
+
+# ----------------------------------------------------------------------------- issue 48: old and new, opt-in
+
+# How a shape of the alternated runs is named in the report.
+AB_SHAPES = {"fixed:512": "512-token sequences, 65,536-token batches", "fixed:65536": "one 65,536-token sequence"}
+
+
+def ab_shape(lengths):
+    return AB_SHAPES.get(lengths, lengths)
+
+
+def ab_figures(doc):
+    """tests/gpu/bench_ab.py's runs, by shape then arm: {"runs": [tokens/s, in order], "errors":
+    [why a run gave no figure], "mean": the mean of the runs, or None}. Shapes and arms in the
+    order they ran."""
+    out = {}
+    for r in (doc or {}).get("runs") or []:
+        if not isinstance(r, dict):
+            continue
+        a = out.setdefault(r.get("lengths", "?"), {}).setdefault(r.get("arm", "?"),
+                                                                 {"runs": [], "errors": [], "device": None})
+        result = r.get("result") if isinstance(r.get("result"), dict) else {}
+        a["device"] = a["device"] or result.get("device")
+        v = r.get("tokens_per_second")
+        if num(v) and not r.get("error"):
+            a["runs"].append(v)
+        else:
+            a["errors"].append(str(r.get("error") or "no figure"))
+    for arms in out.values():
+        for a in arms.values():
+            a["mean"] = sum(a["runs"]) / len(a["runs"]) if a["runs"] else None
+    return out
+
+
+def fmt_runs(a):
+    """A mean and its runs: '2.00 M (2.01 M, 1.99 M)'."""
+    if not a or a["mean"] is None:
+        return "—" + (f" ({a['errors'][0][:100]})" if a and a["errors"] else "")
+    runs = ", ".join(fmt_rate(v) for v in a["runs"])
+    return fmt_rate(a["mean"]) + (f" ({runs})" if len(a["runs"]) > 1 else "")
+
+
+def ab_shapes(doc):
+    """The shapes the stage meant to run (its --lengths), else those it ran."""
+    return list((doc or {}).get("lengths") or ab_figures(doc).keys())
+
+
+def old_new_rows(c):
+    """Per shape: the shape, old, new, new ÷ old, the verdict (acceptance ≥ 1.2x)."""
+    doc = c.old_new
+    figures = ab_figures(doc)
+    why_none = c.stage_why("bench-old-new")
+    rows = []
+    for lengths in ab_shapes(doc) or list(AB_SHAPES):
+        arms = figures.get(lengths, {})
+        old, new = arms.get("old"), arms.get("new")
+        v = ratio(new and new["mean"], old and old["mean"])
+        missing = why_none if not doc else (
+            "no old figure" + (f": {old['errors'][0]}" if old and old["errors"] else "") if not (old and old["mean"])
+            else "no new figure" + (f": {new['errors'][0]}" if new and new["errors"] else ""))
+        rows.append([lengths, fmt_runs(old), fmt_runs(new), f"{v:.2f}x" if v else "—",
+                     c.verdict(v, v is not None and v >= TARGET_NEW_VS_OLD, missing)])
+    return rows
+
+
+def old_commit(c):
+    meta = (c.old_new or {}).get("meta") or {}
+    return meta.get("old_commit") or ""
+
+
+def old_new_targets(c):
+    commit = old_commit(c)[:7] or "the baseline commit"
+    return [[f"new ÷ old ({commit}), base-long bf16, {ab_shape(lengths)} (bench-old-new)", f"≥ {TARGET_NEW_VS_OLD:g}x",
+             ratio_cell, verdict] for lengths, _, _, ratio_cell, verdict in old_new_rows(c)]
+
+
+def old_new_section(c):
+    """Old and new in one run: the baseline commit's fastformer-bench against the new, alternated."""
+    lines = ["## Old and new in one run", ""]
+    doc = c.old_new
+    meta = (doc or {}).get("meta") or {}
+    if not doc:
+        lines.append(f"Not run: {c.stage_why('bench-old-new')}.")
+        lines.append("")
+        return lines
+    commit = meta.get("old_commit") or "unknown"
+    lines.append(f"- old: commit `{commit}`, the last before issue 48's work: its fastformer-bench and CUDA engine "
+                 "plugin, built with the server's configure line and carried in `.deps/baseline`")
+    lines.append(f"- new: {meta.get('new_from') or 'unknown'}"
+                 + (f", commit {meta['new_commit']}" if meta.get("new_commit") else ""))
+    arms = {a.get("label"): a for a in doc.get("arms") or [] if isinstance(a, dict)}
+    rounds = max((a.get("rounds", 0) for a in arms.values()), default=0)
+    lines.append(f"- runs: old, new alternated, {rounds} of each per shape, --seconds {doc.get('seconds', '?')} each, "
+                 f"in the same run ({'all done' if doc.get('complete') else 'stopped before the end'}); "
+                 "tokens/s is the mean, each run's in brackets")
+    lines.append("")
+    lines += table(["shape (base-long bf16, 65,536-token batches)", "old tokens/s", "new tokens/s", "new ÷ old",
+                    f"≥ {TARGET_NEW_VS_OLD:g}x"], [[ab_shape(r[0])] + r[1:] for r in old_new_rows(c)])
+    lines.append("")
+    return lines
+
+
+def opt_in_parity(c):
+    """(True/False/None, words): the GPU tests and the base-long parity with every opt-in kernel on."""
+    parts, ok = [], True
+    for sid, parsed, what in (("ctest-gpu-opt-in", c.ctest_opt_in, "ctest -L gpu"),
+                              ("parity-base-long-opt-in", c.parity_opt_in, "base-long")):
+        s = c.by_id.get(sid)
+        if not s or s["status"] == "skipped":
+            return None, f"not measured: {c.stage_why(sid)}"
+        if isinstance(parsed, dict) and parsed.get("total"):
+            fig = f"{parsed['passed']}/{parsed['total']}"
+            good = parsed.get("failed", 0) == 0 and parsed.get("skipped", 0) == 0 and s["status"] == "ok"
+        else:
+            fig, good = s["status"], False
+        ok = ok and good
+        parts.append(f"{what} {fig}" + ("" if good else f" ({c.stage_result(s)})"))
+    return ok, ", ".join(parts)
+
+
+def engine_opt_in(device):
+    """The engine's own word on the opt-in kernels that ran, from its device string
+    ("NVIDIA H200 (device 0, bfloat16, opt-in cutlass-gelu, fused-key-pool)"): "" for none."""
+    m = re.search(r", opt-in (.*)\)$", device or "")
+    return m.group(1) if m else ""
+
+
+def opt_in_rows(c):
+    """Per opt-in (all, then each kernel): its parity, per shape its tokens/s against the default's
+    (ratio), and whether it may become the default."""
+    doc = c.opt_in
+    figures = ab_figures(doc)
+    shapes = ab_shapes(doc) or list(AB_SHAPES)
+    labels = [a.get("label") for a in (doc or {}).get("arms") or [] if isinstance(a, dict)]
+    names = [n for n in labels if n and n != "default"] or ["all"]
+    par_ok, par_words = opt_in_parity(c)
+    rows = []
+    for name in names:
+        if par_ok is None:
+            parity = f"parity {par_words}"
+        elif name == "all":
+            parity = f"parity {'passed' if par_ok else 'failed'} ({par_words})"
+        else:
+            parity = (f"parity passed (with all: {par_words})" if par_ok else
+                      f"parity failed with all ({par_words}): which kernel, not told apart")
+        speeds, ratios, said = [], [], ""
+        for lengths in shapes:
+            arms = figures.get(lengths, {})
+            a, d = arms.get(name), arms.get("default")
+            said = said or engine_opt_in(a and a["device"])
+            v = ratio(a and a["mean"], d and d["mean"])
+            ratios.append(v)
+            if v is None:
+                why = (c.stage_why("bench-opt-in") if not doc else
+                       (a["errors"][0] if a and a["errors"] else (d["errors"][0] if d and d["errors"] else "not run")))
+                speeds.append(f"not measured: {why[:160]}")
+            else:
+                speeds.append(f"{fmt_rate(a['mean'])} tokens/s vs {fmt_rate(d['mean'])} default ({v:.2f}x)")
+        faster = all(v is not None and v >= OPT_IN_FASTER for v in ratios)
+        # A kernel asked for that the engine did not run (its note says "<name> off: why", or
+        # does not name it) was not measured, whatever the figures say.
+        off = name != "all" and said and (f"{name} off" in said or name not in said)
+        if name == "all":
+            verdict = "(the set)"
+        elif off:
+            verdict = f"no: it did not run ({said})"
+        elif not c.measured:
+            verdict = f"no: not a GPU figure ({c.mode})"
+        elif par_ok is None or any(v is None for v in ratios):
+            verdict = "no: not measured"
+        elif not par_ok:
+            verdict = "no: parity failed"
+        elif not faster:
+            verdict = f"no: not faster on every shape (≥ {OPT_IN_FASTER:.2f}x)"
+        else:
+            verdict = "**yes**: parity passed, faster on every shape"
+        rows.append([name, parity, said or "—"] + speeds + [verdict])
+    return shapes, rows
+
+
+def opt_in_decision(c):
+    """One line: which opt-in kernels may become the default."""
+    _, rows = opt_in_rows(c)
+    yes = [r[0] for r in rows if r[-1].startswith("**yes**")]
+    if yes:
+        return "May become the default (parity passed, faster on every shape): " + ", ".join(yes) + "."
+    named = [r for r in rows if r[0] != "all"]
+    if not named:
+        return "No opt-in kernel was measured: " + (rows[0][1] if rows else c.stage_why("bench-opt-in")) + "."
+    return "No opt-in kernel may become the default yet: " + "; ".join(f"{r[0]}: {r[-1][4:]}" for r in named) + "."
+
+
+def opt_in_section(c):
+    """Opt-in kernels: per opt-in, its parity and its speed against the default, and the decision."""
+    lines = ["## Opt-in kernels", ""]
+    doc = c.opt_in or {}
+    meta = doc.get("meta") or {}
+    lines.append("New kernels stay opt-in (`fastformer-bench --cuda-opt-in LIST`, `FASTFORMER_CUDA_OPT_IN=LIST`) "
+                 "until a lease shows their parity (the GPU tests and base-long parity with "
+                 "`FASTFORMER_CUDA_OPT_IN=all`) and their speed (default and opt-in alternated in one stage, "
+                 + (f"--seconds {doc['seconds']} each; " if doc.get("seconds") else "")
+                 + "tokens/s are means). A kernel may become the "
+                 f"default when its parity passed and it is at least {OPT_IN_FASTER:.2f}x the default on every shape.")
+    lines.append("")
+    lines.append("- " + cutlass_line(c.cutlass) + (f"; the bench's build: CUTLASS {meta['cutlass']}" if meta.get("cutlass") else ""))
+    lines.append("")
+    shapes, rows = opt_in_rows(c)
+    lines += table(["opt-in", "parity", "the engine ran (its device line)"]
+                   + [f"{ab_shape(x)}: tokens/s vs default" for x in shapes]
+                   + ["may become the default"], rows)
+    lines.append("")
+    lines.append(opt_in_decision(c))
+    lines.append("")
+    return lines
+
+
+def cutlass_line(e):
+    """The build's CUTLASS: the headers carried, or why the CUTLASS kernel is not built."""
+    if e.get("version"):
+        return f"CUTLASS {e['version']} headers: carried (`{e.get('include_dir', '?')}`, -DFASTFORMER_CUTLASS_DIR)"
+    if not e:
+        return "CUTLASS headers: not recorded (a run before issue 48)"
+    return "CUTLASS headers absent: the CUTLASS kernel is not built" + (f" ({e['why']})" if e.get("why") else "")
 
 
 # ----------------------------------------------------------------------------- the sections
@@ -1290,6 +1535,7 @@ def header_section(c, t_rows):
     lines.append("- nvcc: " + nvcc_line(c.nvcc, c.run))
     lines.append("- cuBLASLt: " + cublaslt_line(c.cublaslt))
     lines.append("- driver: " + driver_line(c.driver, meta.get("gpu_why", "")))
+    lines.append("- build: " + cutlass_line(c.cutlass))
     # The stages that ran one after the other: cuBLASLt's search is part of the probes, and
     # the models are made in the background during the build.
     timed = [seconds_of(s["seconds"]) for s in stages
@@ -1609,6 +1855,11 @@ def correctness_section(c):
     c_rows.append(["base-long parity (fastformer_gpu_tests --gtest_filter=*BaseLong*)",
                    f"{g['passed']} passed, {g['skipped']} skipped, {g['failed']} failed of {g['total']}" if g else "—",
                    c.stage_why("parity-base-long")])
+    for what, parsed, sid in (("ctest -L gpu, FASTFORMER_CUDA_OPT_IN=all", c.ctest_opt_in, "ctest-gpu-opt-in"),
+                              ("base-long parity, FASTFORMER_CUDA_OPT_IN=all", c.parity_opt_in,
+                               "parity-base-long-opt-in")):
+        c_rows.append([what, f"{parsed['passed']} passed, {parsed['skipped']} skipped, {parsed['failed']} failed of "
+                       f"{parsed['total']}" if isinstance(parsed, dict) else "—", c.stage_why(sid)])
     tests = []
     for sid, tool, filt in SANITIZERS:
         r = sanitizer_result(c, sid, tool, filt)
@@ -1695,7 +1946,8 @@ def environment_section(c):
 
 def report_lines(c, t_rows):
     """The whole report, section by section."""
-    return (header_section(c, t_rows) + engine_section(c) + server_section(c) + baselines_section(c)
+    return (header_section(c, t_rows) + engine_section(c) + old_new_section(c) + opt_in_section(c)
+            + server_section(c) + baselines_section(c)
             + ratios_section(c)
             + profile_section(c) + ["## cuBLASLt", ""] + cublaslt_section(c.cublaslt, c.run) + [""]
             + bandwidth_section(c) + correctness_section(c) + stages_section(c) + failures_section(c)
@@ -1710,6 +1962,8 @@ def summary_lines(c, t_rows):
           "  nvcc: " + nvcc_line(c.nvcc, c.run).replace("**", ""),
           "  cuBLASLt: " + cublaslt_line(c.cublaslt).replace("**", ""),
           "  driver: " + driver_line(c.driver, meta.get("gpu_why", "")).replace("**", ""),
+          "  build: " + cutlass_line(c.cutlass),
+          "  opt-in: " + opt_in_decision(c).replace("**", ""),
           f"  time: {meta.get('elapsed_s', '?')} s of {meta.get('budget_s', '?')} s; per stage: "
           + ", ".join(f"{s['id']} {s['seconds']}" for s in c.stages if s["status"] != "skipped")]
     for t in t_rows:

@@ -863,10 +863,199 @@ def test_report_server_stage_that_failed_early(tmp_path):
 # benchmarks, the sanitizers (the small model, then base-long's shapes; a <ID>-retry follows a
 # tool failure), ncu, torch.compile last. The model stages run in the background and are left out.
 STAGE_ORDER = ["cublaslt", "probes", "nvidia-smi", "deps", "configure", "build", "ctest-gpu", "parity-base-long",
+               "ctest-gpu-opt-in", "parity-base-long-opt-in",
                "server-parity", "copy-bandwidth", "server-load", "ours-bl-bf16-fixed512", "ours-bl-bf16-fixed65536",
                "prof-bl-bf16-fixed512", "prof-bl-bf16-fixed65536", "ours-bl-bf16-mix", "ours-bl-bf16-fixed8192",
-               "memcheck", "memcheck-base-long", "racecheck", "racecheck-base-long", "ncu", "torch-eager",
+               "bench-old-new", "bench-opt-in", "memcheck", "memcheck-base-long", "racecheck", "racecheck-base-long", "ncu", "torch-eager",
                "sdpa-8192", "sdpa-512", "torch-compile"]
+
+
+# ----------------------------------------------------------------------------- issue 48: old and new, opt-in
+
+
+def add_records(run, *lines):
+    """Appends whole stage records (id, title, status, rc, seconds, note, limit, at) to stages.tsv."""
+    with open(run / "stages.tsv", "a") as f:
+        f.write("".join(line + "\n" for line in lines))
+
+
+def ab_run(tmp_path, parity_file="parity-base-long-opt-in.out", cutlass="4.2.0.0"):
+    """make_run's GPU run with the recorded issue-48 outputs: the alternated old/new and opt-in runs
+    (fixtures/bench-*.json, in bench_ab.py's format), the opt-in GPU tests, and the CUTLASS record."""
+    run = make_run(tmp_path)
+    for name in ("bench-old-new.json", "bench-opt-in.json", "ctest-gpu-opt-in.out"):
+        shutil.copy(FIXTURES / name, run / name)
+    shutil.copy(FIXTURES / parity_file, run / "parity-base-long-opt-in.out")
+    failed = "failed" in parity_file
+    add_records(run, "ctest-gpu-opt-in\tctest -L gpu, FASTFORMER_CUDA_OPT_IN=all\tok\t0\t3\t\t30\t60",
+               f"parity-base-long-opt-in\tbase-long parity, FASTFORMER_CUDA_OPT_IN=all\t{'failed' if failed else 'ok'}"
+               f"\t{1 if failed else 0}\t3\t{'exit 1' if failed else ''}\t30\t63",
+               "bench-old-new\told and new\tok\t0\t33\t\t48\t120",
+               "bench-opt-in\topt-in\tok\t0\t49\t\t72\t153")
+    (run / "cutlass.env").write_text(
+        f"include_dir=/repo/.deps/cutlass/include\nversion={cutlass}\nwhy=\n" if cutlass else
+        "include_dir=\nversion=\nwhy=no CUTLASS headers in .deps (deploy/carry-gpu-deps.sh packs them)\n")
+    return run
+
+
+def section(md, title):
+    return md.split(f"## {title}")[1].split("\n## ")[0]
+
+
+def test_report_old_and_new_in_one_run(tmp_path):
+    """new ÷ old per shape from the alternated runs, against ratios worked out by hand from the
+    fixture: 512-token sequences (2.50 + 2.54) / 2 over (2.00 + 2.04) / 2 = 2.52 / 2.02 = 1.2475;
+    one 65,536-token sequence 2.42 / 2.12 = 1.1415."""
+    run = ab_run(tmp_path)
+    out, summary = tmp_path / "r.md", tmp_path / "s.txt"
+    assert report.main(["--run", str(run), "--out", str(out), "--summary", str(summary)]) == 0
+    md = out.read_text()
+    old_new = section(md, "Old and new in one run")
+    assert "- old: commit `d6c8eadb2a28ced74cae41e862aa72a2d1918fe0`, the last before issue 48's work" in old_new
+    assert "the carried server's (deploy/build-binaries.sh, commit 1a2b3c4" in old_new
+    assert "2 of each per shape, --seconds 2.0 each" in old_new
+    rows = {ln.split("|")[1].strip(): ln for ln in old_new.splitlines() if ln.startswith("| ")}
+    short = rows["512-token sequences, 65,536-token batches"]
+    assert f"{2.52 / 2.02:.2f}x" == "1.25x" and "| 2.02 M (2.00 M, 2.04 M) | 2.52 M (2.50 M, 2.54 M) | 1.25x | PASS |" in short
+    long = rows["one 65,536-token sequence"]
+    assert f"{2.42 / 2.12:.2f}x" == "1.14x" and "| 1.14x | FAIL |" in long
+    targets = section(md, "Targets")
+    assert "| new ÷ old (d6c8ead), base-long bf16, 512-token sequences, 65,536-token batches (bench-old-new) | ≥ 1.2x " \
+           "| 1.25x | PASS |" in targets
+    assert "| new ÷ old (d6c8ead), base-long bf16, one 65,536-token sequence (bench-old-new) | ≥ 1.2x | 1.14x | FAIL |" \
+        in targets
+    assert "[FAIL] new ÷ old (d6c8ead)" in summary.read_text()
+
+
+def test_report_old_and_new_not_run_says_why(tmp_path):
+    run = make_run(tmp_path)
+    add_records(run, "bench-old-new\told and new\tskipped\t\t0\tno baseline carried: .deps/baseline/bin/"
+               "fastformer-bench missing\t\t120")
+    out = tmp_path / "r.md"
+    assert report.main(["--run", str(run), "--out", str(out)]) == 0
+    md = out.read_text()
+    assert "Not run: skipped: no baseline carried" in section(md, "Old and new in one run")
+    row = " | ".join(target_row(md, "new ÷ old (the baseline commit), base-long bf16, one 65,536-token sequence"))
+    assert "not measured: skipped: no baseline carried" in row
+
+
+def test_report_opt_in_kernels_and_which_may_become_the_default(tmp_path):
+    """Per opt-in: parity, and tokens/s against the default's mean (hand-worked from the fixture:
+    512-token sequences, default (2.50 + 2.52) / 2 = 2.51 M; all 2.60 / 2.51 = 1.04x; cutlass-gelu
+    2.59 / 2.51 = 1.03x; fused-key-pool 2.51 / 2.51 = 1.00x. One 65,536-token sequence, default
+    2.41 M; all 2.55 / 2.41 = 1.06x; cutlass-gelu 2.46 / 2.41 = 1.02x; fused-key-pool 2.50 / 2.41 =
+    1.04x; gemm-timing 2.50 / 2.51 = 1.00x and 2.41 / 2.41 = 1.00x): cutlass-gelu may become the
+    default, fused-key-pool is not faster on 512-token sequences, gemm-timing on neither."""
+    run = ab_run(tmp_path)
+    out, summary = tmp_path / "r.md", tmp_path / "s.txt"
+    assert report.main(["--run", str(run), "--out", str(out), "--summary", str(summary)]) == 0
+    md = out.read_text()
+    opt = section(md, "Opt-in kernels")
+    rows = {ln.split("|")[1].strip(): ln for ln in opt.splitlines() if ln.startswith("| ") and "---" not in ln}
+    assert "parity passed (ctest -L gpu 9/9, base-long 3/3)" in rows["all"]
+    assert "2.60 M tokens/s vs 2.51 M default (1.04x)" in rows["all"] and "2.55 M tokens/s vs 2.41 M default (1.06x)" in rows["all"]
+    assert "2.59 M tokens/s vs 2.51 M default (1.03x)" in rows["cutlass-gelu"]
+    assert "2.46 M tokens/s vs 2.41 M default (1.02x)" in rows["cutlass-gelu"]
+    assert rows["cutlass-gelu"].rstrip(" |").endswith("**yes**: parity passed, faster on every shape")
+    assert "2.51 M tokens/s vs 2.51 M default (1.00x)" in rows["fused-key-pool"]
+    assert "2.50 M tokens/s vs 2.41 M default (1.04x)" in rows["fused-key-pool"]
+    assert "no: not faster on every shape (≥ 1.01x)" in rows["fused-key-pool"]
+    assert "2.50 M tokens/s vs 2.51 M default (1.00x)" in rows["gemm-timing"]
+    assert "no: not faster on every shape" in rows["gemm-timing"]
+    # What the engine said it ran (its device line): the set for all, the kernel alone for each.
+    assert "| cutlass-gelu, fused-key-pool, gemm-timing |" in rows["all"]
+    assert "| cutlass-gelu |" in rows["cutlass-gelu"]
+    assert "May become the default (parity passed, faster on every shape): cutlass-gelu." in opt
+    assert "CUTLASS 4.2.0.0 headers: carried" in opt
+    assert header_line(md, "build") == ("- build: CUTLASS 4.2.0.0 headers: carried (`/repo/.deps/cutlass/include`, "
+                                        "-DFASTFORMER_CUTLASS_DIR)")
+    targets = section(md, "Targets")
+    assert "| parity with the CPU engine, all dtypes (ctest -L gpu, base-long apart), FASTFORMER_CUDA_OPT_IN=all " \
+           "| all gpu tests pass | 9/9 passed | PASS |" in targets
+    assert "opt-in: May become the default (parity passed, faster on every shape): cutlass-gelu." in summary.read_text()
+
+
+def test_report_opt_in_parity_failed_keeps_every_kernel_opt_in(tmp_path):
+    run = ab_run(tmp_path, parity_file="parity-base-long-opt-in-failed.out", cutlass="")
+    out = tmp_path / "r.md"
+    assert report.main(["--run", str(run), "--out", str(out)]) == 0
+    md = out.read_text()
+    opt = section(md, "Opt-in kernels")
+    rows = {ln.split("|")[1].strip(): ln for ln in opt.splitlines() if ln.startswith("| ") and "---" not in ln}
+    assert "parity failed (ctest -L gpu 9/9, base-long 2/3 (failed: exit 1))" in rows["all"]
+    for name in ("cutlass-gelu", "fused-key-pool", "gemm-timing"):
+        assert "parity failed with all" in rows[name] and "no: parity failed" in rows[name], rows[name]
+    assert ("No opt-in kernel may become the default yet: cutlass-gelu: parity failed; fused-key-pool: parity failed; "
+            "gemm-timing: parity failed.") in opt
+    row = " | ".join(target_row(md, "base-long-shaped parity (768 hidden, 12 heads, 3,072, two layers; each dtype vs "
+                                    "the CPU engine), FASTFORMER_CUDA_OPT_IN=all"))
+    assert "2/3 passed, 1 failed" in row and "FAIL" in row
+    assert header_line(md, "build").startswith("- build: CUTLASS headers absent: the CUTLASS kernel is not built (no CUTLASS")
+
+
+def test_report_an_opt_in_kernel_the_engine_did_not_run_is_not_measured(tmp_path):
+    """cutlass-gelu asked for on a build without CUTLASS: the engine says "cutlass-gelu off: ..."
+    in its device line, and the kernel may not become the default whatever its figures."""
+    run = ab_run(tmp_path)
+    doc = json.loads((run / "bench-opt-in.json").read_text())
+    for r in doc["runs"]:
+        if r["arm"] == "cutlass-gelu":
+            r["result"]["device"] = "NVIDIA H200 (device 0, bfloat16, opt-in cutlass-gelu off: this build has no CUTLASS kernels)"
+    (run / "bench-opt-in.json").write_text(json.dumps(doc))
+    out = tmp_path / "r.md"
+    assert report.main(["--run", str(run), "--out", str(out)]) == 0
+    opt = section(out.read_text(), "Opt-in kernels")
+    row = [ln for ln in opt.splitlines() if ln.startswith("| cutlass-gelu |")][0]
+    assert "no: it did not run (cutlass-gelu off: this build has no CUTLASS kernels)" in row
+    assert "No opt-in kernel may become the default yet" in opt
+
+
+def fake_bench(path, tps, log):
+    """A fastformer-bench that appends its arguments to LOG and prints TPS (or fails with 0)."""
+    body = (f'echo "$*" >>{log}\n' + ('echo "no usable CUDA driver or device" >&2; exit 1\n' if not tps else
+                                      f'echo \'{{"tokens_per_second": {tps}, "backend": "cuda"}}\'\n'))
+    return write_script(path, "#!/bin/sh\n" + body)
+
+
+def test_bench_ab_alternates_the_arms_and_writes_every_run(tmp_path):
+    log = tmp_path / "calls.txt"
+    old = fake_bench(tmp_path / "old" / "fastformer-bench", 1.0e6, log)
+    new = fake_bench(tmp_path / "new" / "fastformer-bench", 1.3e6, log)
+    out = tmp_path / "ab.json"
+    p = subprocess.run([PYTHON, str(HERE / "bench_ab.py"), "--out", str(out), "--log-dir", str(tmp_path / "logs"),
+                        "--seconds", "0.5", "--lengths", "fixed:512", "--lengths", "fixed:65536",
+                        "--common", "--model-dir /m --backend cuda --json",
+                        "--arm", "old", str(old), "/old/lib", "", "2", "--arm", "new", str(new), "/new/lib", "--x 1", "2",
+                        "--meta", "old_commit=abc"], capture_output=True, text=True, timeout=60)
+    assert p.returncode == 0, p.stdout + p.stderr
+    doc = json.loads(out.read_text())
+    assert doc["complete"] and doc["meta"] == {"old_commit": "abc"}
+    assert [(r["lengths"], r["arm"], r["round"]) for r in doc["runs"]] == [
+        (L, a, r) for L in ("fixed:512", "fixed:65536") for r in (1, 2) for a in ("old", "new")]
+    calls = log.read_text().splitlines()
+    assert calls[0] == "--model-dir /m --backend cuda --json --lengths fixed:512 --seconds 0.5"
+    assert calls[1].endswith("--seconds 0.5 --x 1")
+    figures = report.ab_figures(doc)
+    assert figures["fixed:65536"]["new"]["mean"] == 1.3e6 and len(figures["fixed:512"]["old"]["runs"]) == 2
+
+
+def test_bench_ab_a_failing_arm_fails_the_stage_and_says_why(tmp_path):
+    log = tmp_path / "calls.txt"
+    old = fake_bench(tmp_path / "old" / "fastformer-bench", 0, log)
+    new = fake_bench(tmp_path / "new" / "fastformer-bench", 1.3e6, log)
+    out = tmp_path / "ab.json"
+    p = subprocess.run([PYTHON, str(HERE / "bench_ab.py"), "--out", str(out), "--seconds", "0.1",
+                        "--lengths", "fixed:512", "--arm", "old", str(old), "", "", "1",
+                        "--arm", "new", str(new), "", "", "1"], capture_output=True, text=True, timeout=60)
+    assert p.returncode == 1
+    doc = json.loads(out.read_text())
+    assert doc["runs"][0]["error"] == "exit 1: no usable CUDA driver or device"
+    (tmp_path / "run").mkdir()
+    shutil.copy(out, tmp_path / "run" / "bench-old-new.json")
+    (tmp_path / "run" / "meta.env").write_text("mode=gpu\n")
+    c = report.CheckRun(str(tmp_path / "run"))
+    row = report.old_new_rows(c)[0]
+    assert row[1].startswith("— (exit 1: no usable CUDA driver") and row[-1].startswith("not measured: no old figure")
 
 
 def stage_table(md):
@@ -900,10 +1089,13 @@ def test_gpu_check_without_a_gpu_is_quick_and_writes_a_report(tmp_path):
     stages = md.split("## Stages")[1].split("##")[0]
     for sid in ("nvidia-smi", "ctest-gpu", "memcheck", "racecheck", "copy-bandwidth", "server-parity", "server-load",
                 "memcheck-base-long", "racecheck-base-long", "ours-bl-bf16-fixed512", "torch-eager", "sdpa-8192",
-                "torch-compile", "ncu"):
+                "ncu", "ctest-gpu-opt-in", "parity-base-long-opt-in", "bench-old-new", "bench-opt-in"):
         line = [ln for ln in stages.splitlines() if ln.startswith(f"| {sid} |")]
         assert line and "| skipped |" in line[0] and "no GPU" in line[0], sid
     assert stage_order(md) == STAGE_ORDER
+    # torch.compile left the default check (issue 48): skipped, saying how to bring it back.
+    compile_row = [ln for ln in stages.splitlines() if ln.startswith("| torch-compile |")][0]
+    assert "| skipped |" in compile_row and "GPU_CHECK_TORCH_COMPILE=1" in compile_row
     assert header_line(md, "driver").startswith("- driver: **not found** (no GPU")
     assert header_line(md, "nvcc")  # whichever this machine has, or **not found** with where it looked
 
@@ -945,7 +1137,8 @@ def fake_gpu_machine(tmp_path, smi_sleeps=False, nvcc=True):
                GPU_CHECK_CUDA_ROOTS=str(empty), GPU_CHECK_SITE_PACKAGES=str(empty), GPU_CHECK_PYTHON="none")
     for k in ("OUT", "FASTFORMER_CUBLASLT_INCLUDE_DIR", "FASTFORMER_CUBLASLT_LIBRARY", "CUDACXX", "CUDA_HOME",
               "CUDA_PATH", "GPU_CHECK_STOP_AFTER", "GPU_CHECK_CMAKE_ARGS", "GPU_CHECK_BUDGET_S",
-              "GPU_CHECK_NCU_EXCLUDE", "GPU_CHECK_BUILD", "GPU_CHECK_CPU_SMOKE"):
+              "GPU_CHECK_NCU_EXCLUDE", "GPU_CHECK_BUILD", "GPU_CHECK_CPU_SMOKE", "GPU_CHECK_TORCH_COMPILE",
+              "GPU_CHECK_AB_SECONDS", "GPU_CHECK_OPT_INS"):
         env.pop(k, None)
     if nvcc:
         env["CUDACXX"] = str(write_script(bin_dir / "nvcc",
@@ -958,8 +1151,8 @@ def fake_gpu_machine(tmp_path, smi_sleeps=False, nvcc=True):
 def fake_torch_machine(tmp_path, env):
     """On top of fake_gpu_machine: a fake python that "imports torch" and prints a benchmark's
     JSON, the two models already made (reused), a fastformer-bench in the build dir that knows
-    --profile (the build itself is skipped: no cuBLASLt), and an ncu that records its arguments
-    and profiles nothing."""
+    --profile and --cuda-opt-in (the build itself is skipped: no cuBLASLt), an ncu that records its
+    arguments and profiles nothing, and torch.compile asked for (GPU_CHECK_TORCH_COMPILE=1)."""
     py = write_script(tmp_path / "fake-python", '#!/bin/sh\n'
                       'case "$1" in\n'
                       '  -c) exit 0 ;;\n'
@@ -974,11 +1167,11 @@ def fake_torch_machine(tmp_path, env):
         (d / ".gpu-check-ok").write_text("")
     (tmp_path / "work" / "models" / "official" / "tokenizer.json").write_text("{}\n")  # the text path's
     write_script(tmp_path / "build" / "bin" / "fastformer-bench", '#!/bin/sh\n'
-                 'case "$*" in *--help*) echo "  --profile  time every op"; exit 0 ;; esac\n'
+                 'case "$*" in *--help*) echo "  --profile  time every op"; echo "  --cuda-opt-in LIST"; exit 0 ;; esac\n'
                  'echo \'{"tokens_per_second": 2000000.0, "backend": "cuda", "batches": 5}\'\n')
     write_script(tmp_path / "bin" / "ncu",  # records its arguments, profiles nothing
                  f'#!/bin/sh\nfor a in "$@"; do echo "$a"; done >{tmp_path / "ncu-args.txt"}\n')
-    return dict(env, GPU_CHECK_PYTHON=str(py))
+    return dict(env, GPU_CHECK_PYTHON=str(py), GPU_CHECK_TORCH_COMPILE="1")
 
 
 def stage_rows(md):
@@ -1016,8 +1209,9 @@ def test_gpu_check_with_a_gpu_and_no_cublaslt_says_where_it_looked(tmp_path):
     assert "| failed |" in rows["cublaslt"] and "cuBLASLt not found" in rows["cublaslt"]
     for sid in ("configure", "build", "ctest-gpu", "parity-base-long", "memcheck", "racecheck"):
         assert "| skipped |" in rows[sid] and "no cublasLt.h found" in rows[sid], sid
-    for sid in ("ours-bl-bf16-fixed512", "prof-bl-bf16-fixed65536", "torch-eager", "sdpa-8192", "torch-compile"):
+    for sid in ("ours-bl-bf16-fixed512", "prof-bl-bf16-fixed65536", "torch-eager", "sdpa-8192", "bench-opt-in"):
         assert "| skipped |" in rows[sid] and "GPU_CHECK_PYTHON=none" in rows[sid], sid
+    assert "| skipped |" in rows["torch-compile"] and "GPU_CHECK_TORCH_COMPILE=1" in rows["torch-compile"]
     assert "| ok |" in rows["nvidia-smi"]
     meta = report.load_meta(str(next((tmp_path / "work").glob("run-*"))))
     assert meta["mode"] == "gpu" and int(meta["elapsed_s"]) <= 60
@@ -1088,6 +1282,25 @@ def test_gpu_check_stage_order_caps_and_every_wall_time(tmp_path):
             assert table[sid]["status"] == "skipped" and "no carried server" in table[sid]["note"], table[sid]
     for sid in ("memcheck-base-long", "racecheck-base-long"):
         assert table[sid]["status"] == "skipped" and "--gtest_filter=*BaseLong*" in table[sid]["what"], table[sid]
+    # Issue 48: the opt-in parity stages wait for a build (none here); bench-opt-in alternates the
+    # build dir's fastformer-bench (which lists --cuda-opt-in) with and without it: 6 runs a shape
+    # (default, all, cutlass-gelu, fused-key-pool, gemm-timing, default), each 2 s plus 4 of
+    # start-up.
+    for sid in ("ctest-gpu-opt-in", "parity-base-long-opt-in"):
+        assert table[sid]["status"] == "skipped" and "FASTFORMER_CUDA_OPT_IN=all" in table[sid]["what"], table[sid]
+    assert table["bench-opt-in"]["status"] == "ok" and table["bench-opt-in"]["limit (s)"] == str(6 * 2 * 6), \
+        table["bench-opt-in"]
+    run = next((tmp_path / "work").glob("run-*"))
+    runs = json.loads((run / "bench-opt-in.json").read_text())["runs"]
+    assert [(r["lengths"], r["arm"]) for r in runs][:6] == [("fixed:512", a) for a in (
+        "default", "all", "cutlass-gelu", "fused-key-pool", "gemm-timing", "default")]
+    assert runs[1]["command"].endswith("--cuda-opt-in all") and len(runs) == 12
+    # bench-old-new runs the carried baseline of this checkout's .deps: none in a fresh clone.
+    if (ROOT / ".deps" / "baseline" / "bin" / "fastformer-bench").exists():
+        assert table["bench-old-new"]["status"] != "skipped" and table["bench-old-new"]["limit (s)"] == "48", \
+            table["bench-old-new"]
+    else:
+        assert table["bench-old-new"]["status"] == "skipped" and "no baseline carried" in table["bench-old-new"]["note"]
     assert "--gtest_filter=*Small*" in table["memcheck"]["what"]
     assert table["torch-eager"]["limit (s)"] == "30" and table["sdpa-8192"]["limit (s)"] == "20"
     assert table["torch-compile"]["limit (s)"] == "180"
@@ -1193,6 +1406,14 @@ def test_gpu_check_stop_after_build_with_extra_cmake_args(tmp_path):
     assert "-DFASTFORMER_CUDA=ON" in configure and "-DFASTFORMER_SERVER=OFF" in configure
     assert f"-DFASTFORMER_CUBLASLT_INCLUDE_DIR={inc}" in configure
     assert not any(a.startswith("-DFASTFORMER_TESTS") for a in configure)  # its default: ON
+    # CUTLASS's headers (issue 48) when this checkout's .deps carries them (its deps stage unpacked them).
+    cutlass = ROOT / ".deps" / "cutlass" / "include"
+    if (cutlass / "cutlass" / "version.h").exists():
+        assert f"-DFASTFORMER_CUTLASS_DIR={cutlass}" in configure
+        assert re.search(r"- build: CUTLASS \d+\.\d+\.\d+\.\d+ headers: carried", md)
+    else:
+        assert not any(a.startswith("-DFASTFORMER_CUTLASS_DIR") for a in configure)
+        assert "- build: CUTLASS headers absent: the CUTLASS kernel is not built" in md
     assert build[:2] == ["--build", str(tmp_path / "build")]
     assert build[-3:] == ["fastformer_gpu_tests", "fastformer-bench", "fastformer_cuda_engine"]
     assert "**stopped after stage build** (GPU_CHECK_STOP_AFTER)" in md

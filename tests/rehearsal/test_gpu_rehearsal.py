@@ -24,6 +24,12 @@ device tool's 64). The copy that gpu-check.sh then runs in carries that server: 
 `server-parity` and `server-load` must run in their place with their caps, find the carried
 server, and fail (no GPU: `--backend cuda` refuses) with the reason recorded.
 
+Issue 48: the plain run packs CUTLASS's headers (they must unpack with cutlass/version.h of
+CUTLASS 4, and gpu-check.sh's configure line in the copy must name them), and --server carries
+the baseline, fastformer-bench and its plugin of d6c8ead (the commit recorded beside them must be
+that one, and they must load from the moved copy like the server); gpu-check.sh's bench-old-new
+must run them right after the engine benchmarks and fail on the old bench's own words (no GPU).
+
 Negative cases check the rehearsal can fail: with an ICU find_package added to the engine core
 of a copy, gpu-check.sh's configure (system prefix hidden) must fail naming ICU; with a header of
 a Debian -dev package included by the engine (zlib.h: found by the compiler in /usr/include
@@ -36,6 +42,7 @@ fail naming the package; and with one carried library (libgrpc++) deleted from a
 
 from __future__ import annotations
 
+import json
 import os
 import re
 import shutil
@@ -55,8 +62,16 @@ SERVER_PROGRAMS = ("fastformer-server", "fastformer-client", "fastformer-encode"
                    "fastformer-loadgen")
 PLUGIN = "libfastformer_cuda_engine.so"
 # The server stages of gpu-check.sh: (the stage right before it, one of), cap (s).
-SERVER_STAGES = {"server-parity": (("parity-base-long", "wait-models"), 60),
+SERVER_STAGES = {"server-parity": (("parity-base-long", "parity-base-long-opt-in", "wait-models"), 60),
                  "server-load": (("copy-bandwidth",), 75)}
+# Issue 48: the baseline carried beside the new (deploy/carry-gpu-deps.sh --server), and CUTLASS's
+# headers (the plain run).
+BASELINE_COMMIT = "d6c8ead"
+BASELINE_FILES = ("bin/fastformer-bench", "lib/libfastformer_cuda_engine.so")
+
+
+def git_commit(rev):
+    return subprocess.run(["git", "rev-parse", rev], cwd=ROOT, capture_output=True, text=True, check=True).stdout.strip()
 
 
 def nvcc():
@@ -145,6 +160,9 @@ def test_carry_check_builds_the_tree_from_deps_alone(rehearsal):
     assert "resolves to .deps, the CUDA toolkit or the C/C++ runtime" in check.stdout, check.stdout
     stages = stages_of(base / "work")
     assert stages["configure"][0] == "ok" and stages["build"][0] == "ok", stages
+    # gpu-check.sh's configure line names the carried CUTLASS headers (issue 48).
+    line = next((base / "work").glob("run-*/configure.cmd")).read_text()
+    assert f"-DFASTFORMER_CUTLASS_DIR={base / 'tree' / '.deps' / 'cutlass' / 'include'}" in line, line
     # GPU_CHECK_STOP_AFTER=build: nothing after the build ran.
     assert "ctest-gpu" not in stages, stages
     # What the device tool carries must fit its 64 MiB (the tree and .deps together).
@@ -178,6 +196,51 @@ def test_the_server_is_carried_within_the_budget(rehearsal):
         assert (deps / "server" / "expected" / "manifest.json").is_file(), "no expected outputs carried"
 
 
+def test_the_baseline_is_carried_beside_the_new_and_is_the_named_commit(rehearsal):
+    """--server also carries fastformer-bench and the plugin of the commit before issue 48
+    (d6c8ead), packed, with the commit recorded beside them and counted in the budget."""
+    server = rehearsal["server"]
+    assert server.returncode == 0, server.stdout[-4000:] + server.stderr[-4000:]
+    deps = ROOT / ".deps"
+    assert (deps / "baseline.tar.xz").is_file() and not (deps / "baseline" / "bin").exists()
+    listed = subprocess.run(["tar", "-tJf", str(deps / "baseline.tar.xz")], capture_output=True, text=True,
+                            check=True).stdout.split()
+    for f in BASELINE_FILES:
+        assert f in listed, (f, listed)
+    assert (deps / "baseline" / "COMMIT").read_text().strip() == git_commit(BASELINE_COMMIT)
+    line = (deps / "baseline" / "configure.cmd").read_text()
+    for flag in ("-DFASTFORMER_SERVER=ON", "-DFASTFORMER_CUDA=ON", "-DCMAKE_BUILD_TYPE=Release",
+                 f"-DCMAKE_CUDA_ARCHITECTURES={os.environ.get('GPU_CHECK_CUDA_ARCH', '90')}"):
+        assert flag in line, (flag, line)
+    total = [ln for ln in server.stdout.splitlines() if "carried total" in ln][-1]
+    assert "baseline.tar.xz" in total and "cutlass.tar.xz" in total, total
+    # A second pack is instant: the baseline comes from its cache.
+    again = run_carry("--baseline", timeout=120)
+    assert again.returncode == 0 and "from the cache" in again.stdout, again.stdout + again.stderr
+
+
+def test_the_cutlass_headers_unpack_with_cutlass_4(rehearsal, tmp_path):
+    """The plain run packs CUTLASS's headers; a moved copy's --unpack opens them where gpu-check.sh
+    looks (.deps/cutlass/include), with cutlass/version.h of CUTLASS 4."""
+    packed = ROOT / ".deps" / "cutlass.tar.xz"
+    if not packed.is_file():
+        # A gpu-check.sh run in this checkout (tests/gpu) unpacked it since: the tarball the plain
+        # run put there is the one it named, from the cache.
+        named = re.findall(r"\.deps/cutlass\.tar\.xz (?:from the cache \(|packed \(.*cached as )(\S+?\.tar\.xz)",
+                           rehearsal["pack"].stdout)
+        assert named, rehearsal["pack"].stdout[-2000:]
+        packed = Path(named[-1])
+    deps = tmp_path / "moved" / ".deps"
+    deps.mkdir(parents=True)
+    shutil.copy(packed, deps / "cutlass.tar.xz")
+    unpack = subprocess.run(["bash", str(CARRY), "--unpack", str(deps)], capture_output=True, text=True, timeout=120)
+    assert unpack.returncode == 0, unpack.stdout + unpack.stderr
+    version = (deps / "cutlass" / "include" / "cutlass" / "version.h").read_text()
+    assert re.search(r"^#define CUTLASS_MAJOR 4\b", version, re.M), version[:2000]
+    assert (deps / "cutlass" / "include" / "cute").is_dir() and not (deps / "cutlass.tar.xz").exists()
+    assert "CUTLASS 4." in unpack.stdout
+
+
 def test_the_carried_server_loads_from_a_moved_copy_alone(rehearsal):
     """--server --check: unpacked elsewhere, every program and the plugin load with the system's
     library directories hidden, each --help exits 0, the total is printed within the budget."""
@@ -193,6 +256,14 @@ def test_the_carried_server_loads_from_a_moved_copy_alone(rehearsal):
         print("warning: the system's library directories could not be hidden here: the allow-list check ran")
     took = re.search(r"--unpack took ([0-9.]+) s", out)
     assert took and float(took.group(1)) < 20, out[-2000:]  # gpu-check.sh's deps stage cap
+    # The baseline too (issue 48): its --help exits 0 with the system's libraries hidden, and its
+    # bench opens its own (old) plugin, <exe dir>/../lib, not the new one.
+    commit = git_commit(BASELINE_COMMIT)
+    assert f"the baseline's fastformer-bench and plugin ({commit[:12]}) too" in out, out[-3000:]
+    assert "baseline fastformer-bench: " in out and "from the moved copy" in out, out[-3000:]
+    opened = [ln for ln in out.splitlines() if "baseline fastformer-bench: opened" in ln]
+    if opened:  # with a tiny model (a python3 with torch): loaded for real
+        assert "/.deps/baseline/lib/libfastformer_cuda_engine.so" in opened[0], opened
 
 
 def test_a_carried_library_missing_from_the_moved_copy_fails_the_server_check(rehearsal, tmp_path):
@@ -244,7 +315,7 @@ def test_gpu_check_in_the_copy_passes_configure_and_build_within_its_budget(rehe
     env = dict(os.environ, PATH=f"{bin_dir}:{os.environ.get('PATH', '/usr/bin:/bin')}", OUT=str(out),
                GPU_CHECK_BUILD="1", GPU_CHECK_WORK=str(tmp_path / "work"), GPU_CHECK_PYTHON="none",
                GPU_CHECK_CMAKE_ARGS="-DCMAKE_IGNORE_PREFIX_PATH=/usr", GPU_CHECK_BUDGET_S=str(BUDGET_S),
-               GPU_CHECK_BENCH_SECONDS="1", GPU_CHECK_COMMIT="rehearsal")
+               GPU_CHECK_BENCH_SECONDS="1", GPU_CHECK_AB_SECONDS="1", GPU_CHECK_COMMIT="rehearsal")
     for k in ("GPU_CHECK_STOP_AFTER", "GPU_CHECK_BUILD_DIR", "FASTFORMER_CUBLASLT_LIBRARY"):
         env.pop(k, None)
     t = time.monotonic()
@@ -263,6 +334,7 @@ def test_gpu_check_in_the_copy_passes_configure_and_build_within_its_budget(rehe
         row = [ln for ln in table.splitlines() if ln.startswith(f"| {sid} |")]
         assert row and "| ok |" in row[0], (sid, row)
     assert "rehearsal (GPU_CHECK_COMMIT)" in report, "the report names the commit it ran"
+    assert re.search(r"- build: CUTLASS 4\.\d+\.\d+\.\d+ headers: carried", report), report[:3000]
     # The GPU tests built and ran, found no usable GPU and skipped: with a GPU "present" that
     # fails their stage (a skip is never a pass).
     status, _, note = stages["ctest-gpu"]
@@ -294,6 +366,20 @@ def test_gpu_check_in_the_copy_passes_configure_and_build_within_its_budget(rehe
         # The carried server started (its closure resolved) and refused the backend: its own words.
         assert re.search(r"start-up failed: backend cuda|no usable CUDA driver or device", said), \
             f"{sid}: the carried server did not start and refuse --backend cuda: {said[-2000:]}"
+    # bench-old-new (issue 48): right after the engine benchmarks, with its cap (4 runs a shape of
+    # 1 s plus 4 of start-up), on the carried baseline and the carried new bench; both load their
+    # plugin and meet no GPU: failed, with the old bench's own words, not "cannot load".
+    i = order.index("bench-old-new")
+    assert order[i - 1] == "ours-bl-bf16-fixed8192", order
+    last = [r for r in rows if r[0] == "bench-old-new"][-1]
+    assert last[2] == "failed" and last[6] == str(4 * 2 * (1 + 4)), last
+    ab = json.loads((run / "bench-old-new.json").read_text())
+    assert ab["meta"]["old_commit"] == git_commit(BASELINE_COMMIT)
+    assert [r["arm"] for r in ab["runs"]][:4] == ["old", "new", "old", "new"], ab["runs"]
+    old_run = ab["runs"][0]
+    assert "/.deps/baseline/bin/fastformer-bench" in old_run["command"], old_run
+    said = old_run.get("error", "") + (run / "bench-old-new-logs" / "fixed-512-old-1.err").read_text(errors="replace")
+    assert "no usable CUDA driver or device" in said and "cannot load the CUDA engine plugin" not in said, said[-2000:]
 
 
 def test_an_icu_dependency_in_the_engine_core_fails_the_rehearsal_at_configure(rehearsal, tmp_path):
