@@ -3,6 +3,7 @@
 #include <algorithm>
 #include <bit>
 #include <chrono>
+#include <cstdio>
 #include <cstring>
 #include <functional>
 #include <map>
@@ -477,23 +478,19 @@ class CudaOps final : public Ops, public OpsReport {
 #if defined(FF_EMULATION)
     region();
 #else
-    if (graph.exec == nullptr) {
-      ff_check(cudaStreamBeginCapture(stream_, cudaStreamCaptureModeThreadLocal),
-               "cudaStreamBeginCapture");
-      cudaGraph_t captured = nullptr;
-      try {
-        region();
-      } catch (...) {
-        (void)cudaStreamEndCapture(stream_, &captured);
-        if (captured != nullptr) (void)cudaGraphDestroy(captured);
-        cudaGetLastError();
-        graphs_.erase(key);
-        throw;
+    if (graph.uncapturable) return region();
+    if (graph.exec == nullptr && !capture(region, graph)) {
+      // A region that cannot be captured (a call the capture refuses) runs op by op, for this
+      // key from now on, and says so once: the graphs are an optimisation, never a failure.
+      graph.uncapturable = true;
+      if (!graph_warning_) {
+        graph_warning_ = true;
+        std::fprintf(stderr,
+                     "fastformer: cuda-graphs: a batch could not be captured (%s); "
+                     "its sizes run kernel by kernel\n",
+                     graph_error_.c_str());
       }
-      ff_check(cudaStreamEndCapture(stream_, &captured), "cudaStreamEndCapture");
-      const cudaError_t made = cudaGraphInstantiate(&graph.exec, captured, 0);
-      (void)cudaGraphDestroy(captured);
-      ff_check(made, "cudaGraphInstantiate");
+      return region();
     }
     ff_check(cudaGraphLaunch(graph.exec, stream_), "cudaGraphLaunch");
 #endif
@@ -818,9 +815,43 @@ class CudaOps final : public Ops, public OpsReport {
     cudaGraphExec_t exec = nullptr;
 #endif
     uint64_t runs = 0, last_used = 0;
+    bool uncapturable = false;  // a capture failed: op by op
   };
   static constexpr size_t kMaxGraphs = 64;
   std::map<GraphKey, Graph> graphs_;
+  bool graph_warning_ = false;
+  std::string graph_error_;  // the last capture's failure
+#if !defined(FF_EMULATION)
+  // Captures `region` into graph.exec; false (nothing left captured, the error cleared, the
+  // region's kernels not run) where the capture or the instantiation fails.
+  bool capture(const std::function<void()>& region, Graph& graph) {
+    if (cudaStreamBeginCapture(stream_, cudaStreamCaptureModeThreadLocal) != cudaSuccess) {
+      graph_error_ = cudaGetErrorString(cudaGetLastError());
+      return false;
+    }
+    cudaGraph_t captured = nullptr;
+    try {
+      region();
+    } catch (const std::exception& e) {
+      graph_error_ = e.what();
+      (void)cudaStreamEndCapture(stream_, &captured);
+      if (captured != nullptr) (void)cudaGraphDestroy(captured);
+      cudaGetLastError();
+      return false;
+    }
+    const cudaError_t ended = cudaStreamEndCapture(stream_, &captured);
+    const cudaError_t made =
+        ended == cudaSuccess ? cudaGraphInstantiate(&graph.exec, captured, 0) : ended;
+    if (captured != nullptr) (void)cudaGraphDestroy(captured);
+    if (made != cudaSuccess) {
+      graph_error_ = cudaGetErrorString(made);
+      graph.exec = nullptr;
+      cudaGetLastError();
+      return false;
+    }
+    return true;
+  }
+#endif
   uint64_t graph_clock_ = 0;
   // Drops the least recently used graphs past kMaxGraphs (keys seen once hold no graph).
   void evict_graphs() {
