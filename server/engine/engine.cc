@@ -6,6 +6,7 @@
 #include <vector>
 
 #include "server/engine/cpu/cpu_ops.h"
+#include "server/engine/cuda/cuda_ops.h"
 #include "server/engine/error.h"
 #include "server/engine/forward.h"
 #include "server/engine/workspace.h"
@@ -156,6 +157,12 @@ std::unique_ptr<Engine> create_engine(std::shared_ptr<const Model> model,
     throw EngineError("max_batch_tokens must be positive, got " +
                       std::to_string(options.max_batch_tokens));
   }
+  // The CUDA engine's opt-in list (the flag, else the environment), checked on every backend and
+  // build: a misspelt name is an error on a CPU machine too, never a setting silently ignored.
+  std::string opt_in = options.cuda_opt_in;
+  if (const char* env = std::getenv("FASTFORMER_CUDA_OPT_IN"); opt_in.empty() && env != nullptr)
+    opt_in = env;
+  (void)cuda::parse_cuda_opt_in(opt_in);
   std::string cuda_why =
       "this build has no CUDA engine (configured with FASTFORMER_CUDA=OFF or without nvcc)";
 #if defined(FASTFORMER_HAVE_CUDA_ENGINE)
@@ -164,9 +171,7 @@ std::unique_ptr<Engine> create_engine(std::shared_ptr<const Model> model,
     cuda_options.dtype = dtype_name(options.dtype);  // the plugin resolves auto for its device
     cuda_options.device = options.device;
     cuda_options.allow_tf32 = options.allow_tf32;
-    cuda_options.opt_in = options.cuda_opt_in;
-    if (const char* env = std::getenv("FASTFORMER_CUDA_OPT_IN"); cuda_options.opt_in.empty() && env)
-      cuda_options.opt_in = env;
+    cuda_options.opt_in = opt_in;
     cuda::CudaOpsChoice chosen;
     Ops* raw_ops = nullptr;
     int status = cuda::kPluginNoDevice;

@@ -216,6 +216,22 @@ TEST_F(EmulatedCudaEngineTest, StagingOnAnotherThreadWhileEncoding) {
 INSTANTIATE_TEST_SUITE_P(Dtypes, EmulatedCudaEngineTest,
                          ::testing::Values("float32", "float16", "bfloat16"));
 
+// A misspelt opt-in is an error on the CPU backend too (create_engine checks the list first),
+// never a setting silently ignored on a machine without a GPU.
+TEST(CudaOptIn, AnUnknownNameFailsTheEngineOnTheCpuToo) {
+  test::TempDir dir;
+  test::TinyModelSpec spec;
+  auto model = engine::Model::load(test::write_tiny_model(dir.path(), "m", spec));
+  engine::EngineOptions options;
+  options.backend = engine::Backend::kCpu;
+  options.max_batch_tokens = 64;
+  options.cuda_opt_in = "cutlass-gelu,fused-key-pools";
+  EXPECT_THAT(test::error_of<engine::EngineError>([&] { engine::create_engine(model, options); }),
+              ::testing::HasSubstr("unknown kernel \"fused-key-pools\""));
+  options.cuda_opt_in = "all";
+  EXPECT_NE(engine::create_engine(model, options), nullptr);
+}
+
 // The opt-in list (--cuda-opt-in, FASTFORMER_CUDA_OPT_IN): names, all, none, spaces; an unknown
 // name is an error naming the field and the choices.
 TEST(CudaOptIn, ParsesTheListAndRefusesUnknownNames) {
