@@ -29,18 +29,7 @@ import subprocess
 import sys
 import time
 
-
-def last_json(text):
-    for line in reversed(text.splitlines()):
-        line = line.strip()
-        if line.startswith("{"):
-            try:
-                v = json.loads(line)
-            except ValueError:
-                continue
-            if isinstance(v, dict):
-                return v
-    return None
+from report import last_json_in  # beside this file: its directory is on sys.path
 
 
 def run_one(arm, common, lengths, seconds, log_dir, tag, timeout):
@@ -65,7 +54,7 @@ def run_one(arm, common, lengths, seconds, log_dir, tag, timeout):
             f.write(out)
         with open(os.path.join(log_dir, tag + ".err"), "w") as f:
             f.write(err)
-    result = last_json(out)
+    result = last_json_in(out)
     tps = result.get("tokens_per_second") if result else None
     run["tokens_per_second"] = tps
     run["result"] = result

@@ -81,7 +81,13 @@ def tail(path, n=25):
 
 def last_json(path):
     """The last line of the file that parses as a JSON object, or None."""
-    for line in reversed(read_text(path).splitlines()):
+    return last_json_in(read_text(path))
+
+
+def last_json_in(text):
+    """The last line of `text` that parses as a JSON object, or None (bench_ab.py reads a run's
+    stdout with it)."""
+    for line in reversed(text.splitlines()):
         line = line.strip()
         if line.startswith("{"):
             try:
