@@ -1,5 +1,5 @@
-# The paper's efficiency claim (tools/bench_paper_claim.py, docs/benchmarks.md "The paper's
-# efficiency claim on the CPU").
+# The paper's efficiency claim (tools/bench_paper_claim.py; its run of 2026-11-30 in
+# docs/benchmarks/paper-claim.md, its row in docs/benchmarks.md).
 #
 #   make bench-paper   build, then one sequence of 512, 2K, 8K, 32K and 65K tokens through
 #                      fastformer-bench and through a softmax-attention Transformer of the same

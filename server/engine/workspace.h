@@ -88,8 +88,8 @@ WorkspacePlan plan_workspace(const ModelConfig& config, int64_t num_labels, int6
 // half of `cache_bytes` (the last-level cache the engine's threads share; the other half is the
 // GEMMs' own blocking, and what else the threads touch). A pass below kMinPassTokens is not
 // made: there the GEMMs, rereading the layer's weights each pass with fewer rows, lose more
-// than the other ops gain (docs/benchmarks.md, "Passes sized to the cache"), so such a model
-// (base-long: 14 MB of bfloat16 weights a layer) runs its batches whole.
+// than the other ops gain (docs/benchmarks/cpu-row-passes.md, "Passes sized to the cache"), so
+// such a model (base-long: 14 MB of bfloat16 weights a layer) runs its batches whole.
 inline constexpr int64_t kMinPassTokens = 1024;
 int64_t pass_tokens(const ModelConfig& config, int64_t num_labels, size_t element_size,
                     size_t cache_bytes);
