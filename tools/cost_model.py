@@ -226,7 +226,7 @@ VARIANTS = [
     ("every GEMM at 70%", {"gemm_efficiency": 0.70}),
     ("the bias + erf-GELU pass folded into the GEMM's epilogue", {"gelu_pass": False}),
     ("both: GEMMs at 90% and no GELU pass", {"gemm_efficiency": 0.90, "gelu_pass": False}),
-    # Issue 48's changes, one by one and together (docs/kernels.md, "Issue 48, costed").
+    # Issue 48's changes, one by one and together (docs/kernels.md, "Issue 48").
     ("issue 48 before: the batch's inputs in ten pageable copies", {"host": "pageable"}),
     ("issue 48: + key pool in one pass over K", {"fused_key_pool": True}),
     ("issue 48: + inputs staged while the batch before computes", {"host": "staged"}),
