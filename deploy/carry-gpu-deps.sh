@@ -305,8 +305,8 @@ check() {
 
 # ---- the size budget: what the device tool carries (issue 47) --------------------------------
 # The tree as the device tool copies it (tracked and untracked-not-ignored files: git ls-files
-# -co --exclude-standard) and .deps as packed (server.tar.xz in place of server/bin and
-# server/lib). The tool's limit is 64 MiB; this issue keeps CARRY_BUDGET_MIB for itself.
+# -co --exclude-standard) and .deps as packed (server.tar.xz in place of .deps/server/bin and
+# .deps/server/lib). The tool's limit is 64 MiB; this issue keeps CARRY_BUDGET_MIB for itself.
 CARRY_BUDGET_MIB=${CARRY_BUDGET_MIB:-48}
 CARRY_TOOL_MIB=64
 mib() { awk -v b="$1" 'BEGIN {printf "%.1f", b / 1048576}'; }
