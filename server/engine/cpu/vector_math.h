@@ -27,9 +27,9 @@
 
 namespace fastformer::engine::vmath {
 
-// exp's range reduction and polynomial, for float and for the vector types of vector_rows.cc
-// (one definition of the constants): ln 2 in two parts (x - n ln 2 stays exact), and e^r for
-// |r| <= ln 2 / 2.
+// exp's range reduction and polynomial, for float and for the vector types of the row passes
+// (vector_rows_common.h; one definition of the constants): ln 2 in two parts (x - n ln 2 stays
+// exact), and e^r for |r| <= ln 2 / 2.
 inline constexpr float kLn2High = 0.693359375f, kLn2Low = -2.12194440e-4f;
 // (By reference, not returned: a vector return value changes the ABI between builds.)
 template <class T>

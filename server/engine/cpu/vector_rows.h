@@ -3,9 +3,10 @@
 // weighted sums over a chunk), the key scores, the mix and the pooler's tanh scores. CpuOps
 // (cpu_ops.cc) splits the rows over its pool and calls these.
 //
-// Each function is compiled three times from one template (vector_rows.cc): for AVX-512
-// (16 float lanes), for AVX2 with FMA (8 lanes) and for baseline x86-64 (4 lanes), and takes
-// the Isa to run; detected_isa() is the best this CPU has. (Explicit target attributes and a
+// Each function is compiled three times from one template, one file per kernel family
+// (vector_rows_*.cc; the dispatch in vector_rows.cc): for AVX-512 (16 float lanes), for AVX2
+// with FMA (8 lanes) and for baseline x86-64 (4 lanes), and takes the Isa to run;
+// detected_isa() is the best this CPU has. (Explicit target attributes and a
 // switch, not ifunc clones: the same code runs under the sanitizers.) Rows hold float32 or
 // bfloat16 (uint16_t) elements; statistics, softmax weights and sums are float32, and a
 // bfloat16 store rounds to nearest even (common/half.h).
