@@ -19,15 +19,9 @@ constexpr int64_t kRowGrain = 16;
 // Tokens per piece of the embedding gather: each piece's first rows are fetched cold, so
 // pieces are long (16 tokens lost a quarter of each piece to waiting).
 constexpr int64_t kGatherGrain = 256;
-// Most rows per piece of the AMX kernel's GEMMs (A's rows stream through an L2 panel of W).
-constexpr int64_t kAmxRows = 512;
-// Rows per GEMM piece: large enough for oneDNN to reach full speed, small enough that
-// pieces balance over the pool.
-constexpr int64_t kGemmRows = 128;
 
 float* f(void* p) { return static_cast<float*>(p); }
 const float* f(const void* p) { return static_cast<const float*>(p); }
-float* row(const Mat& m, int64_t r) { return f(m.data) + r * m.ld; }
 // Row r of a buffer of elements E (float, or uint16_t holding bfloat16).
 template <class E>
 E* row_of(const Mat& m, int64_t r) {
@@ -73,6 +67,19 @@ std::optional<rows::DotBf16> choose_key_dot(CpuDtype dtype, int64_t heads) {
   if (dtype == CpuDtype::kBfloat16Emulated) return rows::DotBf16::kModel;
   return std::nullopt;
 }
+
+// Who runs the GEMMs: oneDNN's runtime-M primitives in float32; in bfloat16 oneDNN's packed
+// fixed-M ones (over float32 primitives when emulated), or the AMX kernel on the tiles or their
+// model with those for the shapes it does not take.
+std::unique_ptr<GemmBackend> make_gemm_backend(CpuDtype dtype, Bf16Gemm bf16_gemm,
+                                               ThreadPool& pool) {
+  if (dtype == CpuDtype::kFloat32) return std::make_unique<OnednnGemm>(pool);
+  auto packed = std::make_unique<PackedGemm>(pool, dtype == CpuDtype::kBfloat16Emulated);
+  if (bf16_gemm == Bf16Gemm::kOnednn) return packed;
+  return std::make_unique<AmxGemm>(
+      pool, bf16_gemm == Bf16Gemm::kAmx ? TileBackend::kHardware : TileBackend::kModel,
+      std::move(packed));
+}
 }  // namespace
 
 CpuOps::CpuOps(int threads, const ModelConfig& config, CpuDtype dtype, Bf16Gemm bf16_gemm)
@@ -80,54 +87,13 @@ CpuOps::CpuOps(int threads, const ModelConfig& config, CpuDtype dtype, Bf16Gemm 
       dtype_(dtype),
       bf16_(dtype != CpuDtype::kFloat32),
       isa_(rows::detected_isa()),
-      bf16_gemm_(dtype != CpuDtype::kFloat32 ? bf16_gemm : Bf16Gemm::kOnednn),
       key_dot_(choose_key_dot(dtype, config.num_attention_heads)),
-      pool_(threads) {}
+      pool_(threads),
+      gemm_(make_gemm_backend(dtype, bf16_gemm, pool_)) {}
 
-const CpuMatmul& CpuOps::matmul(const CpuMatmul::Shape& shape) {
-  auto it = matmuls_.find(shape);
-  if (it == matmuls_.end()) it = matmuls_.emplace(shape, std::make_unique<CpuMatmul>(shape)).first;
-  return *it->second;
-}
+std::string CpuOps::gemm_kernel(const WeightRef& w) const { return gemm_->kernel(w); }
 
-const CpuOps::PackedSite& CpuOps::packed_site(const WeightRef& w,
-                                              const PackedMatmul::Shape& shape) {
-  const auto key = std::make_pair(w.weight, shape);
-  auto it = packed_sites_.find(key);
-  if (it == packed_sites_.end()) {
-    std::unique_ptr<PackedMatmul>& mm = packed_matmuls_[shape];
-    if (!mm)
-      mm = std::make_unique<PackedMatmul>(shape);  // every row count's primitive, once per shape
-    it = packed_sites_.emplace(key, PackedSite{mm.get(), mm->pack(f(w.weight))}).first;
-    kernels_[w.weight] = mm->implementation();
-  }
-  return it->second;
-}
-
-const CpuOps::AmxSite& CpuOps::amx_site(const WeightRef& w, const AmxMatmul::Shape& shape) {
-  const auto key = std::make_pair(w.weight, shape);
-  auto it = amx_sites_.find(key);
-  if (it == amx_sites_.end()) {
-    auto mm = std::make_unique<AmxMatmul>(
-        shape, bf16_gemm_ == Bf16Gemm::kAmx ? TileBackend::kHardware : TileBackend::kModel);
-    AmxMatmul::Weights weights = mm->pack(f(w.weight));
-    kernels_[w.weight] = mm->implementation();
-    it = amx_sites_.emplace(key, AmxSite{std::move(mm), std::move(weights)}).first;
-  }
-  return it->second;
-}
-
-std::string CpuOps::gemm_kernel(const WeightRef& w) const {
-  const auto it = kernels_.find(w.weight);
-  return it == kernels_.end() ? std::string() : it->second;
-}
-
-size_t CpuOps::packed_weight_bytes() const {
-  size_t bytes = 0;
-  for (const auto& [key, site] : packed_sites_) bytes += site.weights.bytes();
-  for (const auto& [key, site] : amx_sites_) bytes += site.weights.bytes();
-  return bytes;
-}
+size_t CpuOps::packed_weight_bytes() const { return gemm_->packed_weight_bytes(); }
 
 SpeedCheck CpuOps::speed_check() {
   const GemmSelfCheck check = gemm_self_check();
@@ -211,60 +177,7 @@ void CpuOps::embed(const BatchRef& ref, const void* word_embedding, const void* 
 }
 
 void CpuOps::linear(const Mat& a, const WeightRef& w, Mat c, Epilogue epilogue, Activation act) {
-  if (bf16_) {
-    linear_bf16(a, w, c, epilogue, act);
-    return;
-  }
-  // oneDNN runs single-threaded inside each piece, bias and activation fused as post-ops;
-  // the pool splits the rows.
-  const CpuMatmul& mm = matmul({w.out, w.in, a.ld, c.ld, epilogue, act, false});
-  if (!kernels_.contains(w.weight)) kernels_[w.weight] = mm.implementation();
-  const float* weight = f(w.weight);
-  const float* bias = f(w.bias);
-  const int64_t pieces = std::min<int64_t>(pool_.size() * 4, (a.rows + kGemmRows - 1) / kGemmRows);
-  const int64_t rows_per_piece = (a.rows + pieces - 1) / std::max<int64_t>(pieces, 1);
-  pool_.parallel_for(pieces, 1, [&](int64_t first, int64_t last) {
-    for (int64_t piece = first; piece < last; ++piece) {
-      const int64_t r0 = piece * rows_per_piece, r1 = std::min(a.rows, r0 + rows_per_piece);
-      if (r0 < r1) mm.run(r1 - r0, row(a, r0), weight, bias, row(c, r0));
-    }
-  });
-}
-
-void CpuOps::linear_bf16(const Mat& a, const WeightRef& w, Mat c, Epilogue epilogue,
-                         Activation act) {
-  if (const AmxMatmul::Shape amx{w.out, w.in, a.ld, c.ld, epilogue, act};
-      bf16_gemm_ != Bf16Gemm::kOnednn && AmxMatmul::supports(amx, nullptr)) {
-    // The AMX kernel takes any row count: pieces of a multiple of its 32-row blocks, four a
-    // worker (for balance), at most kAmxRows rows.
-    const AmxSite& site = amx_site(w, amx);
-    const int64_t pieces =
-        std::max<int64_t>(1, std::min<int64_t>(pool_.size() * 4, (a.rows + 31) / 32));
-    const int64_t rows =
-        std::min<int64_t>(kAmxRows, ((a.rows + pieces - 1) / pieces + 31) / 32 * 32);
-    const float* bias = f(w.bias);
-    pool_.parallel_for((a.rows + rows - 1) / rows, 1, [&](int64_t first, int64_t last) {
-      for (int64_t i = first; i < last; ++i) {
-        const int64_t r0 = i * rows, m = std::min(rows, a.rows - r0);
-        site.matmul->run(m, row_of<uint16_t>(a, r0), site.weights, bias, row_of<uint16_t>(c, r0));
-      }
-    });
-    return;
-  }
-  const PackedSite& site = packed_site(
-      w, {w.out, w.in, a.ld, c.ld, epilogue, act, true, dtype_ == CpuDtype::kBfloat16Emulated});
-  // Blocks of the largest power of two that still gives every worker two pieces, then the
-  // tail in powers of two: every piece has a primitive made for its row count.
-  int64_t block = PackedMatmul::kMaxRows;
-  while (block > 16 && a.rows < block * 2 * pool_.size()) block /= 2;
-  PackedMatmul::split(a.rows, block, pieces_);
-  const float* bias = f(w.bias);
-  pool_.parallel_for(int64_t(pieces_.size()), 1, [&](int64_t first, int64_t last) {
-    for (int64_t i = first; i < last; ++i) {
-      const auto [r0, m] = pieces_[size_t(i)];
-      site.matmul->run(m, row_of<uint16_t>(a, r0), site.weights, bias, row_of<uint16_t>(c, r0));
-    }
-  });
+  gemm_->linear(a, w, c, epilogue, act);
 }
 
 template <class S, class E>

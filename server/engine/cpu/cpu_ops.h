@@ -1,5 +1,6 @@
-// The CPU implementation of Ops: GEMMs through oneDNN, element-wise and reduction passes
-// fused per row and spread over a thread pool. In float32 it is also the oracle every CUDA
+// The CPU implementation of Ops: GEMMs on a GemmBackend (gemm_backend.h: oneDNN, or the
+// hand-written AMX kernel), element-wise and reduction passes fused per row (vector_rows.h) and
+// spread over a thread pool. In float32 it is also the oracle every CUDA
 // kernel is tested against.
 //
 // float32: float32 buffers, oneDNN primitives with a runtime row count over the weights in
@@ -25,6 +26,7 @@
 #include <vector>
 
 #include "server/engine/cpu/amx_gemm.h"
+#include "server/engine/cpu/gemm_backend.h"
 #include "server/engine/cpu/onednn_gemm.h"
 #include "server/engine/cpu/thread_pool.h"
 #include "server/engine/cpu/vector_rows.h"
@@ -39,9 +41,9 @@ enum class CpuDtype {
   kBfloat16Emulated,  ///< bfloat16 buffers over float32 GEMMs (PackedMatmul::Shape::emulate): tests
 };
 
-// Who runs the bfloat16 GEMMs: oneDNN (PackedMatmul), or the hand-written AMX kernel
-// (AmxMatmul, amx_gemm.h) on the tiles or on their portable model (tests, any CPU). The AMX
-// kernel takes the shapes it supports (K a multiple of 32); oneDNN keeps the others.
+// Who runs the bfloat16 GEMMs: oneDNN (PackedGemm), or the hand-written AMX kernel (AmxGemm,
+// gemm_backend.h) on the tiles or on their portable model (tests, any CPU). The AMX kernel takes
+// the shapes it supports (K a multiple of 32); oneDNN keeps the others.
 enum class Bf16Gemm { kOnednn, kAmx, kAmxModel };
 
 // The last-level cache the CPU's first core shares with others (Linux's sysfs: the size of
@@ -176,37 +178,18 @@ class CpuOps final : public Ops, public OpsReport {
   void span_pool_rows(const PoolingChunks& spans, SpanPooling mode, const Mat& x, Mat out,
                       const Partials& partials);
 
-  // float32: the primitive for `shape`, created on first use (load and warm-up), then reused.
-  const CpuMatmul& matmul(const CpuMatmul::Shape& shape);
-  // bfloat16: the GEMM site of `w` (its primitives and packed weights), made on first use.
-  struct PackedSite {
-    const PackedMatmul* matmul = nullptr;
-    PackedMatmul::Weights weights;
-  };
-  const PackedSite& packed_site(const WeightRef& w, const PackedMatmul::Shape& shape);
-  // bfloat16 on the AMX kernel: the site of `w`, made on first use.
-  struct AmxSite {
-    std::unique_ptr<AmxMatmul> matmul;
-    AmxMatmul::Weights weights;
-  };
-  const AmxSite& amx_site(const WeightRef& w, const AmxMatmul::Shape& shape);
-  void linear_bf16(const Mat& a, const WeightRef& w, Mat c, Epilogue epilogue, Activation act);
-
   const ModelConfig config_;
   const CpuDtype dtype_;
   const bool bf16_;      // bfloat16 buffers (kBfloat16 or kBfloat16Emulated)
   const rows::Isa isa_;  // the row passes' build (vector_rows.h)
-  const Bf16Gemm bf16_gemm_;
   // bfloat16 key scores on VDPBF16PS (rows::key_scores_pairs): the instruction where the CPU
   // has it, its model in the tests' emulated bfloat16 elsewhere; none for float32 or a head
   // count that its padding (key_heads) does not bring to a multiple of 16.
   const std::optional<rows::DotBf16> key_dot_;
   ThreadPool pool_;
-  std::map<CpuMatmul::Shape, std::unique_ptr<CpuMatmul>> matmuls_;
-  std::map<PackedMatmul::Shape, std::unique_ptr<PackedMatmul>> packed_matmuls_;
-  std::map<std::pair<const void*, PackedMatmul::Shape>, PackedSite> packed_sites_;
-  std::map<std::pair<const void*, AmxMatmul::Shape>, AmxSite> amx_sites_;
-  std::map<const void*, std::string> kernels_;  // weight -> oneDNN's kernel, for profiles
+  // Every GEMM (linear): float32 on OnednnGemm, bfloat16 on PackedGemm or AmxGemm per the
+  // constructor's Bf16Gemm (cpu_ops.cc, make_gemm_backend). After pool_, which it runs on.
+  const std::unique_ptr<GemmBackend> gemm_;
   // The key scores' weight, made on first use: Wka, Wka^T and the bias, padded with zero heads
   // to the kernels' head count (key_heads in cpu_ops.cc: base-long's 12 heads run as 16).
   struct KeyAtt {
@@ -224,7 +207,6 @@ class CpuOps final : public Ops, public OpsReport {
   template <class E>
   void key_pool_chunk(const KeyAtt& att, const Mat& k, const Mat& pq, int64_t chunk,
                       KeyPoolWorker& worker) const;
-  std::vector<std::pair<int64_t, int64_t>> pieces_;  // the current GEMM's row pieces
   // The workspace, sized at start-up, kWorkspaceAlignment-aligned.
   struct AlignedDelete {
     void operator()(std::byte* p) const {
