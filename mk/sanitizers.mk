@@ -13,7 +13,7 @@ SANITIZER_FILES := $(CURDIR)/tests/sanitizers
 # A report fails the run: ASan and TSan halt at the first report (exit non-zero), UBSan aborts
 # at the first error (-fno-sanitize-recover=all), LSan fails the exit of a leaking process, and
 # the pytest suites fail a test whose server log holds a report (the server fixture base,
-# tests/pysupport/fastformer_testing/sanitizers.py). The sanitizer gates in tests/sanitizers
+# tools/fastformer_testing/sanitizers.py). The sanitizer gates in tests/sanitizers
 # (ctest) prove each of these fails.
 SANITIZER_ENV := \
   ASAN_OPTIONS=detect_leaks=1:halt_on_error=1:suppressions=$(SANITIZER_FILES)/asan.supp \

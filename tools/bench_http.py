@@ -24,7 +24,6 @@ import argparse
 import json
 import os
 import platform
-import socket
 import statistics
 import subprocess
 import sys
@@ -32,14 +31,10 @@ import tempfile
 import time
 from pathlib import Path
 
+from fastformer_testing import ServerProcess, free_port
+
 REPO = Path(__file__).resolve().parents[1]
 HTTP_MODES = ["openai-float", "openai-base64", "tei", "kserve-binary", "kserve-json"]
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def cpu_model() -> str:
@@ -77,17 +72,14 @@ def main() -> int:
                     "--out", str(model)], check=True, capture_output=True)
     config = json.loads((model / "config.json").read_text())
     grpc_port, http_port = free_port(), free_port()
-    server = subprocess.Popen([str(bin_dir / "fastformer-server"), "--model-dir", str(model),
-                               "--listen", f"127.0.0.1:{grpc_port}", "--metrics-listen", f"127.0.0.1:{free_port()}",
-                               "--http-listen", f"127.0.0.1:{http_port}", "--threads", str(args.threads), "--dtype", args.dtype,
-                               "--log-level", "warn"], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    server = ServerProcess(None, args=["--model-dir", str(model),
+                                       "--listen", f"127.0.0.1:{grpc_port}", "--metrics-listen", f"127.0.0.1:{free_port()}",
+                                       "--http-listen", f"127.0.0.1:{http_port}", "--threads", str(args.threads),
+                                       "--dtype", args.dtype, "--log-level", "warn"],
+                           bin_dir=bin_dir, base_env=os.environ, start_timeout=60, stop_grace=60)
     results = {"saturation": {}, "low_load": {}}
     try:
-        for _ in range(600):
-            if subprocess.run([str(bin_dir / "fastformer-client"), "health", "--target", f"127.0.0.1:{grpc_port}"],
-                              capture_output=True).returncode == 0:
-                break
-            time.sleep(0.1)
+        server.wait_grpc_health()
         common = ["--vocab-size", str(config["vocab_size"]), "--pad-token-id", str(config["pad_token_id"])]
 
         def grpc_run(concurrency, lengths):
@@ -118,8 +110,7 @@ def main() -> int:
             for mode in ("openai-float", "openai-base64", "kserve-binary"):
                 results["low_load"].setdefault(mode, []).append(http_run(mode, 1, "fixed:64"))
     finally:
-        server.terminate()
-        server.wait(timeout=60)
+        server.stop(check=False)
 
     def med(rows, key):
         return statistics.median(r[key] for r in rows)

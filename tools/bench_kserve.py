@@ -24,33 +24,14 @@ import json
 import os
 import random
 import re
-import socket
 import subprocess
 import sys
 import tempfile
-import time
 from pathlib import Path
 
+from fastformer_testing import HarnessError, ServerProcess, free_port
+
 REPO = Path(__file__).resolve().parents[1]
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
-def wait_serving(client_bin: Path, target: str, proc, timeout=60.0):
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        if proc.poll() is not None:
-            sys.exit(f"bench_kserve: the server exited with {proc.returncode}")
-        ok = subprocess.run([str(client_bin), "health", "--target", target, "--service", "fastformer.v1.Encoder"],
-                            capture_output=True).returncode == 0
-        if ok:
-            return
-        time.sleep(0.2)
-    sys.exit("bench_kserve: the server did not become SERVING")
 
 
 def perf_analyzer(target, model, data_file, concurrency, seconds, stability, work: Path):
@@ -115,12 +96,16 @@ def main() -> int:
 
     port, metrics_port = free_port(), free_port()
     target = f"127.0.0.1:{port}"
-    server = subprocess.Popen([str(bin_dir / "fastformer-server"), "--model-dir", args.model_dir, "--listen", target,
-                               "--metrics-listen", f"127.0.0.1:{metrics_port}", "--http-listen", "127.0.0.1:0", "--backend", "cpu",
-                               "--threads", str(args.threads), "--dtype", args.dtype], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    server = ServerProcess(None, args=["--model-dir", args.model_dir, "--listen", target,
+                                       "--metrics-listen", f"127.0.0.1:{metrics_port}", "--http-listen", "127.0.0.1:0",
+                                       "--backend", "cpu", "--threads", str(args.threads), "--dtype", args.dtype],
+                           bin_dir=bin_dir, base_env=os.environ, start_timeout=60, stop_grace=30)
     rows = []
     try:
-        wait_serving(bin_dir / "fastformer-client", target, server)
+        try:
+            server.wait_grpc_health(service="fastformer.v1.Encoder", interval=0.2)
+        except HarnessError as e:
+            sys.exit(f"bench_kserve: {e}")
         for c in (int(x) for x in args.concurrency.split(",")):
             v2 = perf_analyzer(target, config["model_name"], work / "input.json", c, args.seconds, args.stability, work)
             enc = loadgen(bin_dir / "fastformer-loadgen", target, work / "lengths.txt", c, args.seconds,
@@ -128,8 +113,7 @@ def main() -> int:
             rows.append({"concurrency": c, "perf_analyzer": v2, "loadgen": enc})
             print(f"concurrency {c}: perf_analyzer {v2}, loadgen {enc}", file=sys.stderr)
     finally:
-        server.terminate()
-        server.wait(timeout=30)
+        server.stop(check=False)
     if args.json:
         print(json.dumps({"lengths": args.lengths, "count": args.count, "rows": rows}))
         return 0

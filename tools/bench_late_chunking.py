@@ -24,9 +24,8 @@ from __future__ import annotations
 
 import argparse
 import json
-import socket
+import os
 import statistics
-import subprocess
 import sys
 import time
 from pathlib import Path
@@ -34,13 +33,8 @@ from pathlib import Path
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO / "tools"))
 sys.path.insert(0, str(REPO / "client" / "python"))
+from fastformer_testing import ServerProcess, free_port  # noqa: E402
 from machine_info import describe  # noqa: E402
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def peak_rss_mib(pid: int) -> float:
@@ -54,16 +48,16 @@ def run_way(args, way: str, n: int, ids) -> dict:
     import fastformer_client as ffc
 
     port = free_port()
-    server = subprocess.Popen(
-        [str(Path(args.build_dir) / "bin" / "fastformer-server"), "--model-dir", args.model_dir,
-         "--listen", f"127.0.0.1:{port}", "--metrics-listen", "127.0.0.1:0", "--http-listen", "127.0.0.1:0",
-         "--backend", "cpu", "--threads", str(args.threads), "--dtype", args.dtype,
-         "--max-batch-tokens", str(max(n, 8192)), "--max-request-tokens", str(n),
-         "--max-queue-tokens", str(4 * n), "--max-request-spans", "4096"],
-        stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    server = ServerProcess(
+        None, args=["--model-dir", args.model_dir,
+                    "--listen", f"127.0.0.1:{port}", "--metrics-listen", "127.0.0.1:0", "--http-listen", "127.0.0.1:0",
+                    "--backend", "cpu", "--threads", str(args.threads), "--dtype", args.dtype,
+                    "--max-batch-tokens", str(max(n, 8192)), "--max-request-tokens", str(n),
+                    "--max-queue-tokens", str(4 * n), "--max-request-spans", "4096"],
+        bin_dir=Path(args.build_dir) / "bin", base_env=os.environ, start_timeout=60, stop_grace=60)
     try:
+        server.wait_grpc_health()
         with ffc.Client(f"127.0.0.1:{port}", deadline_s=600.0) as client:
-            client.wait_for_serving(60)
             if way == "plain":
                 call = lambda: client.encode([ids])  # noqa: E731
             elif way == "late":
@@ -81,8 +75,7 @@ def run_way(args, way: str, n: int, ids) -> dict:
         return {"way": way, "tokens": n, "seconds": seconds, "tokens_per_s": n / seconds,
                 "peak_rss_mib": peak_rss_mib(server.pid), "times": times}
     finally:
-        server.terminate()
-        server.wait(timeout=60)
+        server.stop(check=False)
 
 
 def main() -> int:

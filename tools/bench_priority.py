@@ -31,7 +31,7 @@ from __future__ import annotations
 
 import argparse
 import json
-import socket
+import os
 import subprocess
 import sys
 import time
@@ -41,39 +41,35 @@ from pathlib import Path
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO / "tools"))
 sys.path.insert(0, str(REPO / "client" / "python"))
+from fastformer_testing import ServerProcess, free_port  # noqa: E402
 from machine_info import describe  # noqa: E402
 
 
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
+class Server(ServerProcess):
+    """The harness's server process (tools/fastformer_testing), pinned to --server-cpus, ready
+    once gRPC health says SERVING, stopped when the `with` block ends."""
 
-
-class Server:
     def __init__(self, args, *extra):
         self.args = args
-        self.port, self.metrics_port = free_port(), free_port()
+        port, metrics_port = free_port(), free_port()
         pin = ["taskset", "-c", args.server_cpus] if args.server_cpus else []
         mixed = ["--mixed-batch-tokens", str(args.mixed_batch_tokens)] if args.mixed_batch_tokens is not None else []
-        self.proc = subprocess.Popen(
-            pin + [str(Path(args.build_dir) / "bin" / "fastformer-server"), "--model-dir", args.model_dir,
-                   "--listen", f"127.0.0.1:{self.port}", "--metrics-listen", f"127.0.0.1:{self.metrics_port}",
-                   "--http-listen", "", "--backend", "cpu", "--threads", str(args.threads),
-                   "--dtype", args.dtype, "--max-batch-tokens", str(args.batch_tokens),
-                   "--max-request-tokens", str(max(args.batch_tokens, args.bulk_texts * args.bulk_tokens)),
-                   "--max-queue-tokens", str(1 << 22), *mixed, *extra],
-            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+        super().__init__(
+            None, args=["--model-dir", args.model_dir,
+                        "--listen", f"127.0.0.1:{port}", "--metrics-listen", f"127.0.0.1:{metrics_port}",
+                        "--http-listen", "", "--backend", "cpu", "--threads", str(args.threads),
+                        "--dtype", args.dtype, "--max-batch-tokens", str(args.batch_tokens),
+                        "--max-request-tokens", str(max(args.batch_tokens, args.bulk_texts * args.bulk_tokens)),
+                        "--max-queue-tokens", str(1 << 22), *mixed, *extra],
+            bin_dir=Path(args.build_dir) / "bin", base_env=os.environ, prefix=pin, start_timeout=60, stop_grace=60)
 
     def __enter__(self):
-        import fastformer_client as ffc
-        with ffc.Client(f"127.0.0.1:{self.port}", deadline_s=60) as c:
-            c.wait_for_serving(60)
+        try:
+            self.wait_grpc_health()
+        except BaseException:
+            self.stop(check=False)
+            raise
         return self
-
-    def __exit__(self, *exc):
-        self.proc.terminate()
-        self.proc.wait(timeout=60)
 
     def batch_totals(self):
         """(seconds, batches, tokens) the engine spent on batches so far (/metrics sums)."""

@@ -39,7 +39,8 @@ from pathlib import Path
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO / "tools"))
 
-from bench_http import cpu_model, free_port  # noqa: E402
+from bench_http import cpu_model  # noqa: E402
+from fastformer_testing import ServerProcess, free_port  # noqa: E402
 
 
 def rss_bytes(pid: int) -> int:
@@ -86,22 +87,16 @@ def main() -> int:
                         "--seed", str(seed), "--out", str(sources[seed])], check=True, capture_output=True)
     shutil.copytree(sources[1], model_dir / "1")
     grpc_port, http_port = free_port(), free_port()
-    log = open(work / "server.log", "wb")
-    server = subprocess.Popen([str(bin_dir / "fastformer-server"), "--model-repository", str(work / "repo"),
-                               "--model-control-mode", "explicit", "--load-model", "embed",
-                               "--listen", f"127.0.0.1:{grpc_port}", "--metrics-listen", f"127.0.0.1:{free_port()}",
-                               "--http-listen", f"127.0.0.1:{http_port}", "--threads", str(args.threads), "--dtype", args.dtype],
-                              stdout=log, stderr=subprocess.STDOUT)
+    server = ServerProcess(work / "server.log",
+                           args=["--model-repository", str(work / "repo"),
+                                 "--model-control-mode", "explicit", "--load-model", "embed",
+                                 "--listen", f"127.0.0.1:{grpc_port}", "--metrics-listen", f"127.0.0.1:{free_port()}",
+                                 "--http-listen", f"127.0.0.1:{http_port}", "--threads", str(args.threads),
+                                 "--dtype", args.dtype],
+                           bin_dir=bin_dir, base_env=os.environ, start_timeout=60, stop_grace=60)
     figures = {}
     try:
-        for _ in range(600):
-            try:
-                with urllib.request.urlopen(f"http://127.0.0.1:{http_port}/v2/health/ready", timeout=1) as r:
-                    if r.status == 200:
-                        break
-            except OSError:
-                pass
-            time.sleep(0.1)
+        server.wait_http_ready("/v2/health/ready")
         sat = result(loadgen(bin_dir, grpc_port, args.seconds))
         rate = args.load * sat["requests_per_second"]
         quiet = result(loadgen(bin_dir, grpc_port, args.seconds, rate=rate))
@@ -145,9 +140,7 @@ def main() -> int:
             "weights_mib": (model_dir / "1" / "model.safetensors").stat().st_size / 2**20,
         }
     finally:
-        server.terminate()
-        server.wait(timeout=60)
-        log.close()
+        server.stop(check=False)
     ready_lines = [line for line in (work / "server.log").read_text(errors="replace").splitlines()
                    if "READY in" in line]
     f = figures

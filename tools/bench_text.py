@@ -21,8 +21,8 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import re
-import socket
 import subprocess
 import sys
 import tempfile
@@ -33,13 +33,8 @@ from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO / "tools"))
+from fastformer_testing import ServerProcess, free_port  # noqa: E402
 from machine_info import describe  # noqa: E402
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def metric(port: int, name: str) -> float:
@@ -128,24 +123,20 @@ def main() -> int:
     print(f"tokenizer alone: {alone}", file=sys.stderr)
 
     port, metrics_port = free_port(), free_port()
-    server = subprocess.Popen([str(bin_dir / "fastformer-server"), "--model-dir", str(model_dir),
-                               "--listen", f"127.0.0.1:{port}", "--metrics-listen", f"127.0.0.1:{metrics_port}",
-                               "--http-listen", "127.0.0.1:0", "--backend", "cpu", "--threads", str(args.threads), "--dtype", args.dtype],
-                              stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    server = ServerProcess(None, args=["--model-dir", str(model_dir),
+                                       "--listen", f"127.0.0.1:{port}", "--metrics-listen", f"127.0.0.1:{metrics_port}",
+                                       "--http-listen", "127.0.0.1:0", "--backend", "cpu", "--threads", str(args.threads),
+                                       "--dtype", args.dtype],
+                           bin_dir=bin_dir, base_env=os.environ, start_timeout=60, stop_grace=30)
     channel = grpc.insecure_channel(f"127.0.0.1:{port}")
     stub = pb_grpc.EncoderStub(channel)
     runs = {"text": [], "ids": []}
     tokenize_s = cpu_s = 0.0
     try:
-        deadline = time.monotonic() + 60
-        while True:
-            try:
-                stub.GetModelInfo(pb.GetModelInfoRequest(), timeout=2)
-                break
-            except grpc.RpcError:
-                if server.poll() is not None or time.monotonic() > deadline:
-                    sys.exit("bench_text: the server did not serve")
-                time.sleep(0.2)
+        # Serves once GetModelInfo answers (the model is loaded): the harness's loop, which stops
+        # at once, with the command, when the server exits first.
+        server.wait_for(lambda: stub.GetModelInfo(pb.GetModelInfoRequest(), timeout=2) is not None, "GetModelInfo",
+                        interval=0.2, retry_on=(grpc.RpcError,))
         run_load(stub, pb, ids, 2, args.concurrency, args.pages_per_request)  # warm-up
         for _ in range(args.rounds):
             for kind, pages in (("ids", ids), ("text", texts)):
@@ -159,8 +150,7 @@ def main() -> int:
                 print(f"{kind}: {r}", file=sys.stderr)
     finally:
         channel.close()
-        server.terminate()
-        server.wait(timeout=30)
+        server.stop(check=False)
 
     text_rate = sum(r["pages_per_s"] for r in runs["text"]) / len(runs["text"])
     ids_rate = sum(r["pages_per_s"] for r in runs["ids"]) / len(runs["ids"])

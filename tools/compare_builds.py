@@ -16,22 +16,16 @@ from __future__ import annotations
 import argparse
 import json
 import platform
-import signal
 import os
-import socket
 import statistics
 import subprocess
 import sys
 import time
 from pathlib import Path
 
+from fastformer_testing import HarnessError, ServerProcess, free_port
+
 REPO = Path(__file__).resolve().parents[1]
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def bench(bin_dir: Path, args) -> float:
@@ -45,27 +39,24 @@ def serve(bin_dir: Path, args) -> float:
     port = free_port()
     target = f"127.0.0.1:{port}"
     # FASTFORMER_HTTP_LISTEN, not the flag: an older build ignores the variable but not a flag.
-    server = subprocess.Popen([str(bin_dir / "fastformer-server"), "--model-dir", args.model_dir,
-                               "--listen", target, "--metrics-listen", f"127.0.0.1:{free_port()}",
-                               "--dtype", "float32",  # as fastformer-bench: the same dtype in every build
-                               "--threads", str(args.threads), "--log-level", "warn"],
-                              env={**os.environ, "FASTFORMER_HTTP_LISTEN": "127.0.0.1:0"})
+    server = ServerProcess(None, args=["--model-dir", args.model_dir,
+                                       "--listen", target, "--metrics-listen", f"127.0.0.1:{free_port()}",
+                                       "--dtype", "float32",  # as fastformer-bench: the same dtype in every build
+                                       "--threads", str(args.threads), "--log-level", "warn"],
+                           env={"FASTFORMER_HTTP_LISTEN": "127.0.0.1:0"}, bin_dir=bin_dir, base_env=os.environ,
+                           output=None, start_timeout=60, stop_grace=60)  # its warnings on our stderr
     try:
-        for _ in range(600):
-            if subprocess.run([str(bin_dir / "fastformer-client"), "health", "--target", target],
-                              capture_output=True).returncode == 0:
-                break
-            time.sleep(0.1)
-        else:
-            raise SystemExit(f"{bin_dir}: the server did not become SERVING")
+        try:
+            server.wait_grpc_health()
+        except HarnessError as e:
+            raise SystemExit(f"{bin_dir}: the server did not become SERVING: {e}") from None
         out = subprocess.run([str(bin_dir / "fastformer-loadgen"), "--target", target,
                               "--concurrency", str(args.concurrency), "--duration", str(args.seconds),
                               "--warmup", "2", "--sequences-per-request", "8", "--json"],
                              check=True, capture_output=True, text=True).stdout
         return float(json.loads(out.strip().splitlines()[-1])["tokens_per_second"])
     finally:
-        server.send_signal(signal.SIGTERM)
-        server.wait(timeout=60)
+        server.stop(check=False)
 
 
 def main() -> int:

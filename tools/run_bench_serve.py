@@ -19,21 +19,15 @@ import csv
 import json
 import os
 import platform
-import signal
-import socket
 import subprocess
 import sys
 import time
 from pathlib import Path
 
+from fastformer_testing import ServerProcess, free_port
+
 REPO = Path(__file__).resolve().parents[1]
 BEGIN, END = "<!-- bench-serve:begin -->", "<!-- bench-serve:end -->"
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def run(cmd, **kw):
@@ -66,27 +60,22 @@ def main() -> int:
     if not (model / "model.safetensors").exists():
         run([sys.executable, REPO / "tools/make_demo_model.py", "--preset", args.preset, "--seed", "1", "--out", model])
     grpc_port, metrics_port = free_port(), free_port()
-    server = subprocess.Popen([str(bin_dir / "fastformer-server"), "--model-dir", str(model),
-                               "--listen", f"127.0.0.1:{grpc_port}", "--metrics-listen", f"127.0.0.1:{metrics_port}",
-                               "--http-listen", "127.0.0.1:0", "--dtype", "float32",  # as fastformer-bench below
-                               "--threads", str(args.threads), "--log-level", "warn"])
-    target = f"127.0.0.1:{grpc_port}"
+    server = ServerProcess(None, args=["--model-dir", str(model),
+                                       "--listen", f"127.0.0.1:{grpc_port}", "--metrics-listen", f"127.0.0.1:{metrics_port}",
+                                       "--http-listen", "127.0.0.1:0", "--dtype", "float32",  # as fastformer-bench below
+                                       "--threads", str(args.threads), "--log-level", "warn"],
+                           bin_dir=bin_dir, base_env=os.environ, output=None,  # its warnings on our stderr
+                           start_timeout=60, stop_grace=60)
+    target = server.target
     try:
-        for _ in range(300):
-            if subprocess.run([str(bin_dir / "fastformer-client"), "health", "--target", target],
-                              capture_output=True).returncode == 0:
-                break
-            time.sleep(0.1)
-        else:
-            raise SystemExit("the server did not become SERVING")
+        server.wait_grpc_health()
         csv_path = REPO / args.build_dir / "bench-serve-sweep.csv"
         sweep_cmd = [bin_dir / "fastformer-loadgen", "--target", target, "--sweep-concurrency", args.sweep,
                      "--duration", args.duration, "--warmup", args.warmup, "--lengths", args.lengths,
                      "--sequences-per-request", args.sequences_per_request, "--json", "--csv", csv_path]
         run(sweep_cmd, capture_output=True)  # the sweep writes csv_path, read below
     finally:
-        server.send_signal(signal.SIGTERM)
-        server.wait(timeout=60)
+        server.stop(check=False)
     bench_cmd = [bin_dir / "fastformer-bench", "--backend", "cpu", "--model-dir", model, "--threads", args.threads,
                  "--batch-tokens", 16384, "--lengths", args.lengths, "--seconds", args.duration, "--seed", 1, "--json"]
     bench = json.loads(run(bench_cmd, capture_output=True).stdout.strip().splitlines()[-1])

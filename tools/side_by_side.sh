@@ -5,7 +5,7 @@
 #   tools/side_by_side.sh PREFIX TARGET...      e.g. "make test" test-deploy test-tokenizer
 #
 # Only for suites that time nothing (no latency bound, no rate, no deadline sized for an idle
-# machine): their servers bind port 0 (tests/pysupport/fastformer_testing/server_ports.py), so
+# machine): their servers bind port 0 (tools/fastformer_testing/server_ports.py), so
 # they cannot collide.
 # Exits non-zero when any of them failed, naming each.
 set -uo pipefail

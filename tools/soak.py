@@ -42,8 +42,6 @@ import argparse
 import json
 import os
 import re
-import signal
-import socket
 import statistics
 import subprocess
 import sys
@@ -53,14 +51,10 @@ import time
 import urllib.request
 from pathlib import Path
 
+from fastformer_testing import HarnessError, ServerProcess, free_port
+
 EXPECTED_REJECTIONS = {"RESOURCE_EXHAUSTED"}
 RSS_GROWTH_LIMIT = 0.05
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def log(msg: str) -> None:
@@ -178,19 +172,15 @@ def main() -> int:
                   "--threads", str(args.threads),
                   "--max-queue-tokens", str(args.max_queue_tokens)]
     log("+ " + " ".join(server_cmd) + f"  (log: {server_log.name})")
-    env = {k: v for k, v in os.environ.items() if not k.startswith("FASTFORMER_")}
-    server = subprocess.Popen(server_cmd, stdout=server_log, stderr=subprocess.STDOUT, env=env)
+    server_log.close()
+    # The caller's environment without FASTFORMER_* (the server reads those as flag defaults).
+    server = ServerProcess(server_log.name, args=server_cmd[1:], bin_dir=bin_dir, start_timeout=60, stop_grace=60)
     failures = []
     try:
-        for _ in range(600):
-            if server.poll() is not None:
-                raise SystemExit(f"the server exited with {server.returncode}:\n{Path(server_log.name).read_text()}")
-            if subprocess.run([str(bin_dir / "fastformer-client"), "health", "--target", target,
-                               "--deadline-ms", "1000"], capture_output=True).returncode == 0:
-                break
-            time.sleep(0.1)
-        else:
-            raise SystemExit("the server did not become SERVING within 60 s")
+        try:
+            server.wait_grpc_health(deadline_ms=1000)
+        except HarnessError as e:
+            raise SystemExit(str(e)) from None
         workload = ["--lengths", args.lengths, "--sequences-per-request", args.sequences_per_request]
 
         # 1. one full batch, then saturation
@@ -267,12 +257,8 @@ def main() -> int:
         if not gauges_idle(after):
             failures.append("the queue / in-flight gauges are not back to zero")
     finally:
-        server.send_signal(signal.SIGTERM)
-        try:
-            rc = server.wait(timeout=60)
-        except subprocess.TimeoutExpired:
-            server.kill()
-            rc = server.wait()
+        server.stop(check=False)  # SIGTERM; SIGKILL after 60 s
+        rc = server.returncode
     if rc != 0:
         failures.append(f"the server exited {rc} after SIGTERM (log: {server_log.name})")
 

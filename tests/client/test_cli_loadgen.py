@@ -19,7 +19,7 @@ import subprocess
 
 import numpy as np
 import pytest
-from fastformer_testing import child_env  # tests/pysupport, on sys.path by the e2e conftest
+from fastformer_testing import child_env  # tools/, on sys.path by the e2e conftest
 
 RUN_TIMEOUT_S = 60
 # The same ragged batch gives bit-identical floats; other batch compositions change GEMM

@@ -8,7 +8,7 @@ $FASTFORMER_DEMO_MODEL_DIR and are SKIPPED, with the reason, when it is unset or
 (`make test-demo` trains into $(BUILD_DIR)/demo-model when missing and sets it).
 
 The C++ binaries are looked up in $FASTFORMER_BIN_DIR (default <repo>/build/bin) by
-tests/pysupport/fastformer_testing. A missing binary is a test FAILURE
+tools/fastformer_testing. A missing binary is a test FAILURE
 (FASTFORMER_ALLOW_MISSING_BINARIES=1 turns it into a skip, while developing). Helpers come through fixtures, never `from conftest import ...` (which breaks
 when several test directories with a conftest.py are collected together).
 
@@ -28,8 +28,8 @@ from typing import List
 import numpy as np
 import pytest
 
-if str(Path(__file__).resolve().parents[1] / "pysupport") not in sys.path:
-    sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "pysupport"))
+if str(Path(__file__).resolve().parents[2] / "tools") not in sys.path:  # tools/: fastformer_testing, the tools
+    sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "tools"))
 from fastformer_testing import binary  # noqa: E402
 
 MODEL_ENV = "FASTFORMER_DEMO_MODEL_DIR"

@@ -14,7 +14,7 @@ import time
 import grpc
 import numpy as np
 import pytest
-from fastformer_testing import REPO, ServerProcess, server_opts  # tests/pysupport, on sys.path by conftest.py
+from fastformer_testing import REPO, ServerProcess, server_opts  # tools/, on sys.path by conftest.py
 from fastformer_testing.cpu_features import has_bf16_gemms
 
 LOGIT_TOLERANCE = 1e-4  # relative to the page's largest |logit|

@@ -19,7 +19,7 @@ What the tests get, through fixtures (never `from conftest import ...`):
                 (server.local_port(port) is where a port the file declares is listened on here)
 
 The binaries, the server process (_Server derives from fastformer_testing's ServerProcess) and its
-ports come from tests/pysupport/fastformer_testing; a missing binary is a test failure.
+ports come from tools/fastformer_testing; a missing binary is a test failure.
 """
 
 from __future__ import annotations
@@ -35,7 +35,7 @@ from pathlib import Path
 import pytest
 
 HERE = Path(__file__).resolve().parent
-for _path in (HERE, HERE.parent / "pysupport"):  # deploy_*.py; fastformer_testing
+for _path in (HERE, HERE.parents[1] / "tools"):  # deploy_*.py; fastformer_testing
     if str(_path) not in sys.path:
         sys.path.insert(0, str(_path))
 

@@ -17,7 +17,7 @@ import pytest
 import yaml
 
 import deploy_sources
-from fastformer_testing import die_with_parent, server_ports  # tests/pysupport, on sys.path through conftest.py
+from fastformer_testing import die_with_parent, server_ports  # tools/, on sys.path through conftest.py
 
 SCRAPES = 3   # rate() needs two samples; wait for three
 

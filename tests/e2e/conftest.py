@@ -13,7 +13,7 @@ when several test directories with a conftest.py are collected together):
             same configuration, stopped at the end of the session.
 
 The binary, the server process (Server derives from fastformer_testing's ServerProcess), its
-ports and the sanitizer-report check come from tests/pysupport/fastformer_testing. A missing
+ports and the sanitizer-report check come from tools/fastformer_testing. A missing
 binary is a test FAILURE (FASTFORMER_ALLOW_MISSING_BINARIES=1 turns it into a skip, while
 developing). When a test fails, the log (stderr) of every server it used is attached to the report.
 
@@ -42,15 +42,13 @@ import numpy as np
 import pytest
 
 HERE = Path(__file__).resolve().parent
-if str(HERE.parent / "pysupport") not in sys.path:
-    sys.path.insert(0, str(HERE.parent / "pysupport"))
+if str(HERE.parents[1] / "tools") not in sys.path:  # tools/: fastformer_testing, the tools
+    sys.path.insert(0, str(HERE.parents[1] / "tools"))
 
 import grpc  # noqa: E402
 from fastformer_testing import (REPO, ServerProcess, binary, die_with_parent, fail_on_sanitizer_reports,  # noqa: E402
                                 scrape_metrics, server_opts, server_ports, stop_all)
-from fastformer_testing.binaries import use_tools  # noqa: E402
 
-use_tools()
 import make_demo_model as mdm  # noqa: E402
 import reference as ref  # noqa: E402
 

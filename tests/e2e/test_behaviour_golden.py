@@ -6,7 +6,7 @@ Each case is one RPC to a fresh server on the "text" demo model (a tokenizer and
 or "noemb" (input embeddings only). An answer is the gRPC code's name, its details and the
 response as protobuf's JSON mapping; volatile fields (queue and compute times, the server's
 version, the device) are "<volatile>" and numbers compare within 1e-3
-(tests/pysupport/fastformer_testing/golden_answers.py).
+(tools/fastformer_testing/golden_answers.py).
 
     FASTFORMER_RECORD_GOLDEN=1 python3 -m pytest tests/e2e/test_behaviour_golden.py
 
@@ -17,7 +17,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from fastformer_testing.golden_answers import check, rpc_answer  # tests/pysupport, on sys.path by conftest
+from fastformer_testing.golden_answers import check, rpc_answer  # tools/, on sys.path by conftest
 
 GOLDEN = Path(__file__).with_name("behaviour_golden.json")
 IDS = [2, 10, 11, 12, 3]  # in the vocabulary of every demo model (vocab 1000)

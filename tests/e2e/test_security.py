@@ -19,7 +19,7 @@ from pathlib import Path
 
 import grpc
 import pytest
-from fastformer_testing import child_env  # tests/pysupport, on sys.path by conftest
+from fastformer_testing import child_env  # tools/, on sys.path by conftest
 
 MODEL = "head"
 TOKEN = "tok-3f1c9a7e5b2d4c6a8e0f1a2b3c4d5e6f"

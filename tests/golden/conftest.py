@@ -2,10 +2,10 @@
 
 Test modules get the helpers through the `golden` fixture (not `from conftest
 import ...`, which breaks when several test directories with a conftest.py are
-collected together); importing this conftest puts tools/ and tests/pysupport on sys.path.
+collected together); importing this conftest puts tools/ (with fastformer_testing) on sys.path.
 
 The C++ binaries are looked up in $FASTFORMER_BIN_DIR (default <repo>/build/bin) by
-tests/pysupport/fastformer_testing. A test that needs `fastformer-encode` FAILS when it is
+tools/fastformer_testing. A test that needs `fastformer-encode` FAILS when it is
 missing (set FASTFORMER_ALLOW_MISSING_BINARIES=1 to skip those tests instead, while developing).
 
 PyTorch's BLAS (tools/torch_blas.py): before numpy or torch is loaded, OPENBLAS_CORETYPE
@@ -24,12 +24,11 @@ import subprocess
 import sys
 from pathlib import Path
 
-if str(Path(__file__).resolve().parents[1] / "pysupport") not in sys.path:
-    sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "pysupport"))
-from fastformer_testing.binaries import REPO, TOOLS, bin_dir, use_tools  # noqa: E402  (no numpy, no torch)
+if str(Path(__file__).resolve().parents[2] / "tools") not in sys.path:  # tools/: fastformer_testing, the tools
+    sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "tools"))
+from fastformer_testing.binaries import REPO, TOOLS, bin_dir  # noqa: E402  (no numpy, no torch)
 from fastformer_testing.binaries import binary as require_binary  # noqa: E402
 
-use_tools()
 import torch_blas  # noqa: E402  (standard library only)
 
 BLAS_PRESET_NOTE = torch_blas.preset_openblas_coretype()  # before numpy/torch load libblas.so.3

@@ -54,22 +54,9 @@ from pathlib import Path
 HERE = Path(__file__).resolve().parent
 ROOT = HERE.parents[1]
 sys.path.insert(0, str(HERE))
+sys.path.insert(1, str(ROOT / "tools"))  # fastformer_testing: standard library only, no pytest
 import server_expected  # noqa: E402
-
-
-def _server_ports():
-    """tests/pysupport/fastformer_testing/server_ports.py alone: the package's __init__ imports
-    pytest, which the lent machine's python may lack."""
-    import importlib.util
-
-    path = ROOT / "tests" / "pysupport" / "fastformer_testing" / "server_ports.py"
-    spec = importlib.util.spec_from_file_location("fastformer_server_ports", path)
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
-
-
-PORT_LINES = _server_ports().FASTFORMER  # the listeners' start-up lines, as the tests read them
+from fastformer_testing.server_ports import FASTFORMER as PORT_LINES  # noqa: E402  (the tests' start-up lines)
 
 THRESHOLD = 0.999  # bfloat16 against float32: the issue's parity rule
 RATIO_TARGET = 0.90

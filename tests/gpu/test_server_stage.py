@@ -27,7 +27,7 @@ import pytest
 
 HERE = Path(__file__).resolve().parent
 ROOT = HERE.parents[1]
-sys.path.insert(0, str(ROOT / "tests" / "pysupport"))
+sys.path.insert(0, str(ROOT / "tools"))  # fastformer_testing
 sys.path.insert(0, str(HERE))
 from fastformer_testing.binaries import binary, bin_dir, child_env  # noqa: E402
 import server_expected  # noqa: E402
@@ -144,3 +144,26 @@ def test_expected_inputs_are_pinned():
     assert lines[1]["token_ids"][:3] == [2281, 2674, 8418]
     assert len(lines) == 65 and lengths[63] == 8192 and lengths[64] == 65536 and sum(lengths) == 125063
     assert all(1 <= i < 30522 for x in lines for i in x["token_ids"])
+
+
+def test_the_harness_imports_under_a_bare_python():
+    """The lease's Python has no pytest and no site-packages of ours: the stage (and the tools)
+    import tools/fastformer_testing there. Every module but golden_answers (pytest's, for the
+    behaviour goldens) imports with `python3 -S` (no site-packages, so no pytest, no numpy), and
+    pytest is not among what they loaded; outside pytest a failure raises HarnessError."""
+    code = ("import sys\n"
+            f"sys.path.insert(0, {str(ROOT / 'tools')!r})\n"
+            "import fastformer_testing as ft\n"
+            "from fastformer_testing import binaries, cpu_features, outcome, sanitizers, server, server_ports\n"
+            "assert 'pytest' not in sys.modules, 'pytest imported'\n"
+            "assert 0 < ft.free_port() < 65536\n"
+            "try:\n"
+            "    ft.binary('no-such-program')\n"
+            "except ft.HarnessError as e:\n"
+            "    print('HarnessError:', e)\n")
+    run = subprocess.run([sys.executable, "-S", "-c", code], capture_output=True, text=True, timeout=60,
+                         env=child_env())
+    assert run.returncode == 0, run.stderr
+    assert "HarnessError: no-such-program not found at" in run.stdout
+    run = subprocess.run([sys.executable, "-S", str(STAGE), "--help"], capture_output=True, text=True, timeout=60)
+    assert run.returncode == 0 and "parity" in run.stdout, run.stderr

@@ -19,7 +19,7 @@ over Debian's Python, whose PyTorch gives the float64 reference):
                (what a third-party client actually sends)
 
 The binaries, the server process (Server derives from fastformer_testing's ServerProcess: start
-on port 0, log, stop with the sanitizer-report check) come from tests/pysupport/fastformer_testing.
+on port 0, log, stop with the sanitizer-report check) come from tools/fastformer_testing.
 Expected token ids are worked out by hand from DEMO_WORDS (a token's id is its position), as
 tests/kserve/test_text.py does, never asked of the server.
 """
@@ -41,12 +41,10 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-if str(Path(__file__).resolve().parents[1] / "pysupport") not in sys.path:
-    sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "pysupport"))
+if str(Path(__file__).resolve().parents[2] / "tools") not in sys.path:  # tools/: fastformer_testing, the tools
+    sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "tools"))
 from fastformer_testing import REPO, ServerProcess, binary, server_opts, stop_all  # noqa: E402,F401  (REPO: tests)
-from fastformer_testing.binaries import use_tools  # noqa: E402
 
-use_tools()
 import make_demo_model as mdm  # noqa: E402
 import reference as ref  # noqa: E402
 

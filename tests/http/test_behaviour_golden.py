@@ -8,7 +8,7 @@ answer: the status, the headers that carry meaning (content-type, retry-after, a
 www-authenticate) and the body, parsed when it is JSON. Values that change from run to run
 (timestamps, durations, the server's version, the CPU the engine runs on) are "<volatile>";
 base64 embeddings are decoded to floats. Numbers compare within 1e-3, everything else exactly
-(tests/pysupport/fastformer_testing/golden_answers.py, shared with the gRPC goldens of tests/e2e
+(tools/fastformer_testing/golden_answers.py, shared with the gRPC goldens of tests/e2e
 and tests/kserve).
 
     FASTFORMER_RECORD_GOLDEN=1 .venv-http/bin/python -m pytest tests/http/test_behaviour_golden.py
@@ -25,7 +25,7 @@ import struct
 from pathlib import Path
 
 from conftest import TEXT, TEXTS, call
-from fastformer_testing.golden_answers import check, first_difference, normalize  # tests/pysupport, by conftest
+from fastformer_testing.golden_answers import check, first_difference, normalize  # tools/, on sys.path by conftest
 
 GOLDEN = Path(__file__).with_name("behaviour_golden.json")
 HEADERS = ("content-type", "retry-after", "allow", "www-authenticate")

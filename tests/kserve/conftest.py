@@ -14,7 +14,7 @@ over Debian's Python, whose PyTorch gives the float64 reference):
   encode     the same sequences through fastformer.v1.Encoder (fastformer-client encode)
 
 The binaries, the server process (Server derives from fastformer_testing's ServerProcess: start
-on port 0, log, stop with the sanitizer-report check) come from tests/pysupport/fastformer_testing.
+on port 0, log, stop with the sanitizer-report check) come from tools/fastformer_testing.
 """
 
 from __future__ import annotations
@@ -27,12 +27,10 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-if str(Path(__file__).resolve().parents[1] / "pysupport") not in sys.path:
-    sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "pysupport"))
+if str(Path(__file__).resolve().parents[2] / "tools") not in sys.path:  # tools/: fastformer_testing, the tools
+    sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "tools"))
 from fastformer_testing import REPO, ServerProcess, binary, server_opts, stop_all  # noqa: E402,F401  (REPO: tests)
-from fastformer_testing.binaries import use_tools  # noqa: E402
 
-use_tools()
 import make_demo_model as mdm  # noqa: E402
 import reference as ref  # noqa: E402
 import tritonclient.grpc as grpcclient  # noqa: E402

@@ -5,7 +5,7 @@ tests/e2e's goldens; recorded before the serving core is restructured).
 Raw protobuf requests through tritonclient's generated stub (so bad requests reach the server
 as sent) to a fresh server on the suite's demo model. An answer is the gRPC code's name, its
 details and the response as protobuf's JSON mapping, raw output tensors decoded by their
-datatype; volatile fields masked and numbers within 1e-3 (tests/pysupport/fastformer_testing/golden_answers.py).
+datatype; volatile fields masked and numbers within 1e-3 (tools/fastformer_testing/golden_answers.py).
 
     FASTFORMER_RECORD_GOLDEN=1 .venv-triton/bin/python -m pytest tests/kserve/test_behaviour_golden.py
 
@@ -22,7 +22,7 @@ import numpy as np
 from tritonclient.grpc import service_pb2 as pb
 from tritonclient.grpc import service_pb2_grpc
 
-from fastformer_testing.golden_answers import check, rpc_answer  # tests/pysupport, on sys.path by conftest
+from fastformer_testing.golden_answers import check, rpc_answer  # tools/, on sys.path by conftest
 
 GOLDEN = Path(__file__).with_name("behaviour_golden.json")
 IDS = [2, 10, 11, 12, 3]

@@ -22,7 +22,7 @@ mk/repository.mk; Debian's PyTorch gives the float64 reference):
 
 Helpers come by import, not by copy: the binaries, the server process (its start on port 0,
 the bound ports read from its log, its stop with the sanitizer-report check) and the clean
-environment from tests/pysupport/fastformer_testing; TOL, close and the Server's KServe
+environment from tools/fastformer_testing; TOL, close and the Server's KServe
 readiness and metrics from tests/kserve/conftest.py; the raw HTTP `call` from
 tests/http/conftest.py. fastformer-loadgen comes from $FASTFORMER_LOADGEN when set (test-tsan
 runs the TSan server against the Release load generator).
@@ -56,7 +56,7 @@ def _import(name: str, path: Path):
     return mod
 
 
-kserve = _import("kserve_conftest", REPO / "tests" / "kserve" / "conftest.py")  # puts tests/pysupport, tools/ on sys.path
+kserve = _import("kserve_conftest", REPO / "tests" / "kserve" / "conftest.py")  # puts tools/ (fastformer_testing) on sys.path
 http_helpers = _import("http_conftest", REPO / "tests" / "http" / "conftest.py")
 
 import tritonclient.grpc as grpcclient  # noqa: E402

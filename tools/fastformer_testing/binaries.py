@@ -1,9 +1,10 @@
-"""The built programs and how a test runs them.
+"""The built programs and how a test or a tool runs them.
 
 The binaries are looked up in $FASTFORMER_BIN_DIR (default <repo>/build/bin; make test-asan points
-it at build-asan/bin). A missing one FAILS the test that asked for it (call binary() inside the
-test or the fixture that needs it); FASTFORMER_ALLOW_MISSING_BINARIES=1 turns that into a skip,
-while developing.
+it at build-asan/bin), or in the directory a tool names (its --build-dir's bin). A missing one
+FAILS the test that asked for it (call binary() inside the test or the fixture that needs it);
+FASTFORMER_ALLOW_MISSING_BINARIES=1 turns that into a skip, while developing. Outside pytest it
+raises HarnessError (outcome.py).
 """
 
 from __future__ import annotations
@@ -14,9 +15,9 @@ import sys
 from pathlib import Path
 from typing import Mapping, Optional
 
-import pytest
+from .outcome import fail, skip
 
-REPO = Path(__file__).resolve().parents[3]
+REPO = Path(__file__).resolve().parents[2]
 TOOLS = REPO / "tools"
 
 
@@ -30,16 +31,17 @@ def bin_dir() -> Path:
     return Path(os.environ.get("FASTFORMER_BIN_DIR", str(REPO / "build" / "bin")))
 
 
-def binary(name: str) -> Path:
-    """The path of the built program `name`; fails the test (or skips, see above) when it is missing."""
-    path = bin_dir() / name
+def binary(name: str, directory: Optional[os.PathLike] = None) -> Path:
+    """The path of the built program `name` in `directory` (default bin_dir()); fails the test (or
+    skips, see above) when it is missing."""
+    path = Path(directory if directory is not None else bin_dir()) / name
     if path.is_file() and os.access(path, os.X_OK):
         return path
     msg = (f"{name} not found at {path}: build it first (make build, or cmake --build build --target {name}), "
            f"or point FASTFORMER_BIN_DIR at the directory holding it")
     if os.environ.get("FASTFORMER_ALLOW_MISSING_BINARIES") == "1":
-        pytest.skip(msg)
-    pytest.fail(msg, pytrace=False)
+        skip(msg)
+    fail(msg)
 
 
 def child_env(extra: Optional[Mapping[str, str]] = None) -> dict:

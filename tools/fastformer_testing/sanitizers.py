@@ -11,7 +11,7 @@ from __future__ import annotations
 import re
 from typing import Iterable, Optional
 
-import pytest
+from .outcome import fail
 
 # What ASan, LSan, UBSan and TSan print when they find something.
 SANITIZER_REPORT = re.compile(r"^(==\d+==ERROR: \w+Sanitizer|WARNING: ThreadSanitizer|\S+:\d+:\d+: runtime error: )",
@@ -36,4 +36,4 @@ def fail_on_sanitizer_reports(servers: Iterable):
             srv.sanitizer_reported = True
             found.append(f"{srv.title} log {srv.log_path}:\n{excerpt}")
     if found:
-        pytest.fail("sanitizer report in the server log\n" + "\n\n".join(found), pytrace=False)
+        fail("sanitizer report in the server log\n" + "\n\n".join(found))

@@ -21,7 +21,7 @@ starts a server with every listener on ANY and reads its ports through ServerPor
       -> {listener: port}: waits until the log holds every listener's line. `log` is the log
       file's path, a callable returning the text so far, or a readable stream (the server's
       stderr pipe; what was read is ServerPorts.text, and the caller keeps draining the pipe).
-      Fails the test (pytest.fail, with the command and the log's tail) when the server exits
+      Fails the test (outcome.fail, with the command and the log's tail) when the server exits
       first, when the listener is off, or when the line does not come within `timeout`.
   ServerPorts(log, proc=None, addresses=None, ...)
       the same, lazily and cached, for a server object's properties: ports["grpc"] waits for
@@ -32,6 +32,9 @@ starts a server with every listener on ANY and reads its ports through ServerPor
       it is refused, and no other process can take it while it is held (a "stopped server"
       address). With listen=True it also listens (a busy port for a start-up refusal test).
   port_of(address), client_address(address, port): "host:port" helpers.
+  free_port() -> a port free at this instant (bound, then closed): for a tool whose server is
+      given fixed ports (tools/bench_*.py); another process may take it before the server binds
+      it, which is why no test server uses it.
 """
 
 from __future__ import annotations
@@ -44,6 +47,8 @@ import socket
 import time
 from pathlib import Path
 from typing import Callable, Dict, Iterable, Mapping, Optional, Union
+
+from .outcome import fail as _fail
 
 ANY = "127.0.0.1:0"  # loopback, a port the kernel picks when the server binds
 
@@ -63,14 +68,6 @@ FASTFORMER_OFF: Dict[str, re.Pattern] = {"http": re.compile(r"\bHTTP: off\b")}
 PROMETHEUS: Dict[str, re.Pattern] = {"web": re.compile(r'msg="Listening on" address=\S*:(\d+)\b')}
 
 Log = Union[str, os.PathLike, Callable[[], str], object]
-
-
-def _fail(message: str):
-    try:
-        import pytest
-    except ImportError:  # outside pytest
-        raise RuntimeError(message) from None
-    pytest.fail(message, pytrace=False)
 
 
 def port_of(address) -> Optional[int]:
@@ -270,3 +267,11 @@ def held_port(host: str = "127.0.0.1", listen: bool = False):
         yield s.getsockname()[1]
     finally:
         s.close()
+
+
+def free_port(host: str = "127.0.0.1") -> int:
+    """A port nothing listens on at this instant (bound, then released): what a tool hands its
+    server as --listen host:port. Racy by nature (see above); a test server binds ANY instead."""
+    with socket.socket() as s:
+        s.bind((host, 0))
+        return s.getsockname()[1]
