@@ -1,7 +1,7 @@
 #!/usr/bin/env python3
 """Triton's perf_analyzer through the Open Inference Protocol beside fastformer-loadgen through
 fastformer.v1.Encoder, on one server, the same lengths and the same concurrency, for
-docs/benchmarks.md ("Open Inference Protocol: perf_analyzer beside fastformer-loadgen").
+docs/benchmarks/serving.md ("Open Inference Protocol: perf_analyzer beside fastformer-loadgen").
 
     .venv-triton/bin/python tools/bench_kserve.py [--build-dir build] [--model-dir models/official]
         [--concurrency 1,2,4] [--seconds 5] [--lengths 16:256] [--count 256] [--threads 2] [--stability 25]

@@ -1,7 +1,7 @@
 #!/usr/bin/env python3
 """What tokenizing in the server costs (issue 15): the trained demo model's held-out pages sent
-to one fastformer-server as text and as the same token ids, side by side, for docs/benchmarks.md
-("Text in: what tokenization costs").
+to one fastformer-server as text and as the same token ids, side by side, for
+docs/benchmarks/serving.md ("Text in: the trained demo model and what tokenization costs").
 
     /usr/bin/python3 tools/bench_text.py --model-dir build/demo-model [--build-dir build]
         [--seconds 15] [--rounds 2] [--concurrency 4] [--pages-per-request 8] [--threads 2] [--json]

@@ -57,6 +57,9 @@ struct Request {
   /// A chunked text row's tokens' character ranges (code points; empty for other rows), for
   /// each chunk's character range in the answer.
   std::vector<std::vector<std::pair<uint32_t, uint32_t>>> text_offsets;
+  /// Rows tokenized after a prompt: where its tokens are in each (at, count; empty when no
+  /// row has one). The caller's token positions skip them (text::PromptTokens).
+  std::vector<std::pair<int32_t, int32_t>> prompt_tokens;
   /// Rows longer than max_position_embeddings run as several passes (macro-chunks,
   /// EncodeInput::macro_overlap_tokens). Empty when every row is one sequence; else one entry
   /// per row, and `rows` holds the rows as sent (the whole ids, spans in the row's positions),

@@ -13,13 +13,8 @@ Status EncoderService::admit(const v1::EncodeRequest& proto, grpc::CallbackServe
   return intake_.admit(
       steady_deadline(context), proto.model_name(), proto.model_version(),
       [&](const ServedModel& model) {
-        if (Status s = check_embedding_types(proto, model.model->config().hidden_size,
-                                             model.config.quantization.get(),
-                                             model.config.quantization_file);
-            !s.ok())
-          return s;
         return convert_request(proto, *model.model, model.tokenizer(), model.config.limits,
-                               request.get());
+                               model.config.files(), request.get());
       },
       request);
 }
@@ -125,6 +120,10 @@ grpc::ServerUnaryReactor* EncoderService::GetModelInfo(grpc::CallbackServerConte
   info->set_vocab_size(uint32_t(c.vocab_size));
   info->set_num_labels(uint32_t(model.num_labels()));
   for (int64_t i = 0; i < model.num_labels(); ++i) info->add_labels(served->label(size_t(i)));
+  if (const request::Prompts* prompts = served->config.prompts.get()) {
+    for (const auto& [name, text] : prompts->by_name) (*info->mutable_prompts())[name] = text;
+    info->set_default_prompt_name(prompts->default_name.value_or(""));
+  }
   info->set_accepts_token_ids(model.has_word_embedding());
   info->set_dtype(engine::dtype_name(engine.dtype().dtype));  // as served: never "auto"
   info->set_backend(engine.backend_name());

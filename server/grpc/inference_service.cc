@@ -136,6 +136,7 @@ Status InferenceService::admit(const inference::ModelInferRequest& proto, InferC
       [&](const ServedModel& model) {
         call->quantization = model.config.quantization;
         call->quantization_file = model.config.quantization_file;
+        call->prompts = model.config.prompts;
         return serving::convert_infer_request(
             proto, *model.model, model.tokenizer(), model.config.limits,
             model.settings.max_batch_sequences, call, request.get());

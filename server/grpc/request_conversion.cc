@@ -16,10 +16,29 @@
 #include "server/text/tokenizer/unicode.h"
 
 namespace fastformer::rpc {
+namespace {
+
+// fastformer.v1's embedding type (a valid EmbeddingType value) as the request layer's.
+request::EmbeddingType our_type(int type) {
+  switch (type) {
+    case v1::EMBEDDING_TYPE_INT8:
+      return request::EmbeddingType::kInt8;
+    case v1::EMBEDDING_TYPE_UINT8:
+      return request::EmbeddingType::kUint8;
+    case v1::EMBEDDING_TYPE_BINARY:
+      return request::EmbeddingType::kBinary;
+    case v1::EMBEDDING_TYPE_UBINARY:
+      return request::EmbeddingType::kUbinary;
+    default:
+      return request::EmbeddingType::kFloat;
+  }
+}
+
+}  // namespace
 
 Status convert_request(const v1::EncodeRequest& proto, const engine::Model& model,
                        const text::Tokenizer* tokenizer, const request::Limits& limits,
-                       batching::Request* out) {
+                       const request::VersionFiles& files, batching::Request* out) {
   if (!v1::Truncation_IsValid(proto.truncation())) {
     return invalid_argument(
         "truncation: unknown value " + std::to_string(proto.truncation()) +
@@ -57,6 +76,15 @@ Status convert_request(const v1::EncodeRequest& proto, const engine::Model& mode
   out->given_char_spans.assign(size_t(proto.sequences_size()), {});
   if (auto refused = request::check_options(input.options, model))
     return invalid_argument("return_logits: " + *refused);
+  // The embedding types, checked against the model by the request layer (build_request).
+  for (const int t : proto.embedding_types()) {
+    if (!v1::EmbeddingType_IsValid(t)) {
+      return invalid_argument(
+          "embedding_types: unknown value " + std::to_string(t) +
+          " (expected EMBEDDING_TYPE_FLOAT, _INT8, _UINT8, _BINARY or _UBINARY)");
+    }
+    input.formats.push_back({request::embedding_type_name(our_type(t)), our_type(t), false});
+  }
   // The wire's shape: a Sequence holds any of its three inputs, and must hold exactly one.
   input.rows.reserve(size_t(proto.sequences_size()));
   for (int i = 0; i < proto.sequences_size(); ++i) {
@@ -105,7 +133,8 @@ Status convert_request(const v1::EncodeRequest& proto, const engine::Model& mode
                               .with_char_chunks(chars, c.sentences());
     }
   }
-  if (auto problem = request::build_request(input, model, tokenizer, limits, out))
+  if (!proto.prompt_name().empty()) input.prompt_name = proto.prompt_name();
+  if (auto problem = request::build_request(input, model, tokenizer, limits, out, &files))
     return invalid_argument(request::format_v1(*problem));
   return Status();
 }
@@ -169,21 +198,6 @@ std::string explain_encode_parse_failure(const std::string& bytes) {
 
 namespace {
 
-request::EmbeddingType our_type(int type) {
-  switch (type) {
-    case v1::EMBEDDING_TYPE_INT8:
-      return request::EmbeddingType::kInt8;
-    case v1::EMBEDDING_TYPE_UINT8:
-      return request::EmbeddingType::kUint8;
-    case v1::EMBEDDING_TYPE_BINARY:
-      return request::EmbeddingType::kBinary;
-    case v1::EMBEDDING_TYPE_UBINARY:
-      return request::EmbeddingType::kUbinary;
-    default:
-      return request::EmbeddingType::kFloat;
-  }
-}
-
 // The float values, unless the request asked only for quantized types.
 bool wants_float(const v1::EncodeRequest& proto) {
   if (proto.embedding_types().empty()) return true;
@@ -209,21 +223,6 @@ void quantize_into(const v1::EncodeRequest& proto, std::span<const float> embedd
 }
 
 }  // namespace
-
-Status check_embedding_types(const v1::EncodeRequest& proto, int64_t dims,
-                             const request::Quantization* quantization, const std::string& file) {
-  for (const int t : proto.embedding_types()) {
-    if (!v1::EmbeddingType_IsValid(t)) {
-      return invalid_argument(
-          "embedding_types: unknown value " + std::to_string(t) +
-          " (expected EMBEDDING_TYPE_FLOAT, _INT8, _UINT8, _BINARY or _UBINARY)");
-    }
-    if (auto refused =
-            request::check_embedding_type(our_type(t), dims, proto.normalize(), quantization, file))
-      return invalid_argument("embedding_types: " + *refused);
-  }
-  return Status();
-}
 
 void fill_response(const batching::Request& request, const v1::EncodeRequest& proto,
                    const request::Quantization* quantization, v1::EncodeResponse* response) {
@@ -251,8 +250,9 @@ void fill_response(const batching::Request& request, const v1::EncodeRequest& pr
             std::span<const float>(seq.span_embeddings).subspan(k * width, width);
         if (floats) chunk->mutable_embedding()->Add(span_embedding.begin(), span_embedding.end());
         if (quantized) quantize_into(proto, span_embedding, range, chunk->mutable_quantized());
-        chunk->mutable_tokens()->set_begin(uint32_t(spans[k].begin));
-        chunk->mutable_tokens()->set_end(uint32_t(spans[k].end));
+        const TokenSpan tokens = request::caller_tokens(request, b, spans[k]);
+        chunk->mutable_tokens()->set_begin(uint32_t(tokens.begin));
+        chunk->mutable_tokens()->set_end(uint32_t(tokens.end));
         if (const auto chars = request::chunk_characters(request, b, spans[k])) {
           chunk->mutable_chars()->set_begin(chars->first);
           chunk->mutable_chars()->set_end(chars->second);

@@ -30,17 +30,10 @@ Status parse_infer_request(const grpc::ByteBuffer& bytes, inference::ModelInferR
 std::string explain_encode_parse_failure(const std::string& bytes);
 
 // Fills `out` (sequences are views into `proto`, which must outlive the request). `tokenizer`:
-// the model's (null when it takes no text).
+// the model's (null when it takes no text); `files`: the version's prompts and ranges.
 Status convert_request(const v1::EncodeRequest& proto, const engine::Model& model,
                        const text::Tokenizer* tokenizer, const request::Limits& limits,
-                       batching::Request* out);
-
-// Why `proto`'s embedding_types cannot be answered for embeddings of `dims` dimensions with
-// the version's calibrated ranges `quantization` (null: none; `file` is where they would be):
-// an unknown value, BINARY on a dimension count that is not a multiple of 8, INT8 or UINT8
-// without ranges; INVALID_ARGUMENT naming embedding_types. OK when they can be.
-Status check_embedding_types(const v1::EncodeRequest& proto, int64_t dims,
-                             const request::Quantization* quantization, const std::string& file);
+                       const request::VersionFiles& files, batching::Request* out);
 
 // Copies the results of a finished request into `response` (encodings in `proto`'s
 // embedding_types, which check_embedding_types accepted with `quantization`; timings).

@@ -56,17 +56,33 @@ Api api_of(std::string_view path) {
   return Api::kTei;
 }
 
-}  // namespace
-
-std::optional<std::string> read_object(simdjson::dom::parser& parser, const Request& request,
-                                       simdjson::dom::object* body) {
-  simdjson::dom::element root;
-  if (auto e = json::parse(parser, request.body(), &root)) return e;
-  if (root.get_object().get(*body)) {
-    return std::string("the request body must be a JSON object, got ") + json::type_name(root);
+// The routes a 404 lists, from the route table: KServe's for a path under /v2 (but Cohere's
+// /v2/embed), else every other API's.
+std::string route_list(Api api) {
+  const bool kserve = api == Api::kKServe;
+  std::string out = kserve ? "KServe v2 routes: " : "routes: ";
+  bool first = true;
+  for (const HttpApi::Route& r : HttpApi::routes()) {
+    if ((api_of(r.pattern) == Api::kKServe) != kserve) continue;
+    out += first ? "" : ", ";
+    out += r.verb == bhttp::verb::get ? "GET " : "POST ";
+    out += r.pattern;
+    first = false;
   }
-  return std::nullopt;
+  return kserve ? out : out + "; KServe v2 under /v2";
 }
+
+// The field a refusal names first ("dimensions: ...", "input[2]: ..."), else `fallback`: OpenAI's
+// error param.
+std::string field_of(const Status& status, const std::string& fallback) {
+  const std::string& m = status.message();
+  size_t n = 0;
+  while (n < m.size() && (std::isalnum(static_cast<unsigned char>(m[n])) || m[n] == '_')) ++n;
+  if (n == 0 || n >= m.size() || (m[n] != ':' && m[n] != '[')) return fallback;
+  return m.substr(0, n);
+}
+
+}  // namespace
 
 void write_embedding(json::Writer& w, request::EmbeddingType type, std::span<const float> e,
                      const request::QuantizationRange* range, bool base64) {
@@ -206,14 +222,24 @@ Response HttpApi::refuse(std::string_view target, bhttp::status status,
   return response;
 }
 
+void HttpApi::refuse_body(Call& call, const reader::Refusal& refusal) {
+  fail(call, invalid_argument(refusal.message), refusal.field);
+}
+
 Status HttpApi::build(const serving::ServedModel& model, const request::EncodeInput& input,
-                      const char* param, bool single, batching::Request* out) const {
-  const std::optional<request::Problem> problem =
-      request::build_request(input, *model.model, model.tokenizer(), model.config.limits, out);
+                      const WireNames& names, bool single, batching::Request* out) const {
+  const request::VersionFiles files = model.config.files();
+  const std::optional<request::Problem> problem = request::build_request(
+      input, *model.model, model.tokenizer(), model.config.limits, out, &files);
   if (!problem) return Status();
-  std::string where = problem->field == request::Field::kMacroChunks && !problem->row
-                          ? "macro_overlap_tokens"
-                          : param;
+  using request::Field;
+  const Field f = problem->field;
+  std::string where = problem->row                  ? names.rows
+                      : f == Field::kMacroChunks    ? "macro_overlap_tokens"
+                      : f == Field::kPrompt         ? names.prompt
+                      : f == Field::kDimensions     ? names.dimensions
+                      : f == Field::kEmbeddingTypes ? names.embedding_types
+                                                    : names.rows;
   if (problem->row && !single) where += "[" + std::to_string(*problem->row) + "]";
   return invalid_argument(where + ": " +
                           (problem->row ? request::describe(*problem) : problem->message));
@@ -259,7 +285,8 @@ void HttpApi::submit(Call call, std::shared_ptr<const serving::ServedModel> mode
       call.deadline, model, [&](const serving::ServedModel&) { return convert(request.get()); },
       request);
   if (!status.ok()) {
-    fail(call, status, status.code() == StatusCode::kInvalidArgument ? param : "");
+    fail(call, status,
+         status.code() == StatusCode::kInvalidArgument ? field_of(status, param) : "");
   }
 }
 
@@ -441,19 +468,7 @@ void HttpApi::handle(Request& request, std::shared_ptr<Responder> responder) {
     return answer(call, std::move(response), invalid_argument("method not allowed"));
   }
   const std::string route = std::string(request.method_string()) + " " + std::string(path);
-  if (call.api == Api::kKServe) {
-    return fail(call, {StatusCode::kNotFound,
-                       "no route " + route +
-                           " (KServe v2 routes: GET /v2, /v2/health/{live,ready}, "
-                           "/v2/models/{model}[/versions/{version}][/ready|/config|/stats], "
-                           "POST .../infer, /v2/repository/index, "
-                           "/v2/repository/models/{model}/{load,unload})"});
-  }
-  fail(call, {StatusCode::kNotFound,
-              "no route " + route +
-                  " (routes: POST /v1/embeddings, GET /v1/models, POST /embed, /embed_all, "
-                  "/embed_chunks, /predict, /tokenize, /, GET /info, /health, and KServe v2 "
-                  "under /v2)"});
+  fail(call, {StatusCode::kNotFound, "no route " + route + " (" + route_list(call.api) + ")"});
 }
 
 void HttpApi::openai_model(Call call, const std::string& id) {

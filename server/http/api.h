@@ -1,4 +1,4 @@
-// The HTTP routes over the one intake (server/rpc/intake.h): the OpenAI embeddings API
+// The HTTP routes over the one intake (server/serving/intake.h): the OpenAI embeddings API
 // (openai.cc), text-embeddings-inference's routes (tei.cc), KServe v2 REST as Triton serves
 // it (kserve_rest.cc) and Cohere's embed API (cohere.cc). Each route maps its JSON into
 // request::EncodeInput (or, for KServe, the same ModelInferRequest the gRPC service converts), so
@@ -19,6 +19,7 @@
 
 #include "server/http/http_server.h"
 #include "server/http/json.h"
+#include "server/http/reader.h"
 #include "server/request/encode_input.h"
 #include "server/request/quantize.h"
 #include "server/serving/auth.h"
@@ -42,6 +43,8 @@ struct PathParams {
 // {name} segment any non-empty one, a trailing {name...} the non-empty rest. The one path
 // parser of every route.
 bool match_path(std::string_view pattern, std::string_view path, PathParams* params);
+
+struct TeiBody;  // tei.cc: a TEI route's body
 
 class HttpApi final : public Handler {
  public:
@@ -82,6 +85,9 @@ class HttpApi final : public Handler {
   void openai_embeddings(const Request& request, Call call);
   void openai_models(Call call);
   void openai_model(Call call, const std::string& id);  // GET /v1/models/{id}
+  // A model that is not served, in OpenAI's words (the names it serves); other statuses as
+  // they are.
+  Status openai_not_found(const Status& found, const std::string& name) const;
   // Cohere's POST /v1/embed (`v2` false) and /v2/embed (cohere.cc).
   void cohere_embed(const Request& request, Call call, bool v2);
   void tei_embed(const Request& request, Call call, bool all_tokens);
@@ -89,6 +95,11 @@ class HttpApi final : public Handler {
   void tei_tokenize(const Request& request, Call call);
   void tei_embed_chunks(const Request& request, Call call);
   void tei_info(Call call);
+  // Submits a TEI route's request (its rows from body->inputs unless the route made them) with
+  // TEI's timing headers on the answer that `answer` makes.
+  void tei_submit(Call call, std::shared_ptr<const serving::ServedModel> served,
+                  std::shared_ptr<TeiBody> body,
+                  std::function<Response(const batching::Request&)> answer);
   void tei_health(Call call);
   void tei_default(const Request& request, Call call);  // POST /: predict or embed
   void kserve_server_metadata(Call call);
@@ -112,10 +123,20 @@ class HttpApi final : public Handler {
   void submit(Call call, std::shared_ptr<const serving::ServedModel> model,
               std::shared_ptr<void> keep, std::function<Status(batching::Request*)> convert,
               Format format, const std::string& param = {});
-  // build_request on `input` for `model`, the refusal worded "<param>[row]: ..." as
-  // INVALID_ARGUMENT. `single`: the input was one value, not an array (no row index).
+  // A route's wire names for what the request layer refuses by field: its rows ("input"), and
+  // its names of dimensions, the embedding types and the prompt.
+  struct WireNames {
+    const char* rows;
+    const char* dimensions = "dimensions";
+    const char* embedding_types = "embedding_type";
+    const char* prompt = "prompt_name";
+  };
+  // build_request on `input` for `model`, the refusal worded "<rows>[row]: ..." (or the field's
+  // own name) as INVALID_ARGUMENT. `single`: the input was one value, not an array.
   Status build(const serving::ServedModel& model, const request::EncodeInput& input,
-               const char* param, bool single, batching::Request* out) const;
+               const WireNames& names, bool single, batching::Request* out) const;
+  // A body's refusal by the reader: INVALID_ARGUMENT, its field as OpenAI's param.
+  void refuse_body(Call& call, const reader::Refusal& refusal);
 
   // The model version `name` (an alias or empty: the default model; Repository::find) and
   // `version` stand for; null, having answered the call with the reason, when none serves.
@@ -128,27 +149,9 @@ class HttpApi final : public Handler {
   const int64_t created_ = 0;  // /v1/models' "created": when the server started (Unix s)
 };
 
-// The text or token-id inputs of OpenAI's `input` and TEI's `inputs`: a string, an array of
-// strings, an array of ids or an array of arrays of ids. `single`: a lone string or id array.
-struct Inputs {
-  std::vector<std::string> texts;
-  std::vector<std::vector<int64_t>> ids;
-  bool single = false;
-  size_t size() const { return texts.size() + ids.size(); }
-};
-// The request's body as a JSON object (parsed by `parser`, which must outlive `body`), or why
-// not: the one reading of a JSON body for the OpenAI, TEI and Cohere routes.
-std::optional<std::string> read_object(simdjson::dom::parser& parser, const Request& request,
-                                       simdjson::dom::object* body);
-// Why `value` is not such an input (naming `field`), or nothing.
-std::optional<std::string> read_inputs(const simdjson::dom::element& value, const char* field,
-                                       Inputs* out);
-// The rows of `inputs` (views into it).
-request::EncodeInput encode_input(const Inputs& inputs);
-// The optional `macro_overlap_tokens` of a JSON body (POST /v1/embeddings and /embed_chunks):
-// a non-negative integer, or an error naming the field; absent or null leaves it unset.
-std::optional<std::string> read_macro_overlap(const simdjson::dom::object& body,
-                                              std::optional<int32_t>* overlap);
+using reader::Inputs;
+// Appends the rows of `inputs` (views into it) to `input`.
+void add_rows(const Inputs& inputs, request::EncodeInput* input);
 
 // One embedding in `type` (request/quantize.h) as a JSON value: float as numbers, int8 and
 // binary as signed integers, uint8 and ubinary as unsigned ones; with `base64`, the type's

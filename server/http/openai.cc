@@ -20,78 +20,85 @@ int64_t real_tokens(const batching::Request& r, int32_t pad) {
   return n;
 }
 
-std::optional<std::string> read_macro_overlap(const simdjson::dom::object& body,
-                                              std::optional<int32_t>* overlap) {
-  simdjson::dom::element v;
-  if (body["macro_overlap_tokens"].get(v) || v.is_null()) return std::nullopt;
-  int64_t n = 0;
-  if (v.get_int64().get(n) || n < 0 || n > INT32_MAX) {
-    return std::string("macro_overlap_tokens: expected a non-negative integer, got ") +
-           (v.is_int64() ? std::to_string(n) : std::string(json::type_name(v)));
-  }
-  *overlap = int32_t(n);
-  return std::nullopt;
-}
-
-std::optional<std::string> read_inputs(const simdjson::dom::element& value, const char* field,
-                                       Inputs* out) {
-  const std::string f = field;
-  auto read_ids = [&](const simdjson::dom::array& array, const std::string& where,
-                      std::vector<int64_t>* ids) -> std::optional<std::string> {
-    for (const simdjson::dom::element id : array) {
-      int64_t v = 0;
-      if (id.get_int64().get(v)) {
-        return where + ": expected token ids (integers), got " + json::type_name(id);
-      }
-      ids->push_back(v);
-    }
-    return std::nullopt;
-  };
-  std::string_view text;
-  if (!value.get_string().get(text)) {
-    out->texts.emplace_back(text);
-    out->single = true;
-    return std::nullopt;
-  }
-  simdjson::dom::array array;
-  if (value.get_array().get(array)) {
-    return f +
-           ": expected a string, an array of strings, an array of token ids or an array of "
-           "arrays of token ids, got " +
-           json::type_name(value);
-  }
-  if (array.size() == 0) return f + ": is empty; send at least one input";
-  const simdjson::dom::element first = array.at(0).value_unsafe();
-  if (first.is_int64() || first.is_uint64()) {
-    out->single = true;
-    return read_ids(array, f, &out->ids.emplace_back());
-  }
-  size_t i = 0;
-  for (const simdjson::dom::element item : array) {
-    const std::string where = f + "[" + std::to_string(i++) + "]";
-    if (!item.get_string().get(text)) {
-      if (!out->ids.empty()) return where + ": mixes text with token ids; send one kind";
-      out->texts.emplace_back(text);
-      continue;
-    }
-    simdjson::dom::array ids;
-    if (!item.get_array().get(ids)) {
-      if (!out->texts.empty()) return where + ": mixes token ids with text; send one kind";
-      if (auto e = read_ids(ids, where, &out->ids.emplace_back())) return e;
-      continue;
-    }
-    return where + ": expected a string or an array of token ids, got " + json::type_name(item);
-  }
-  return std::nullopt;
-}
-
-request::EncodeInput encode_input(const Inputs& inputs) {
-  request::EncodeInput input;
-  input.rows.reserve(inputs.size());
-  for (const std::string& text : inputs.texts) input.rows.push_back(request::Row::from_text(text));
+void add_rows(const Inputs& inputs, request::EncodeInput* input) {
+  input->rows.reserve(input->rows.size() + inputs.size());
+  for (const std::string& text : inputs.texts) input->rows.push_back(request::Row::from_text(text));
   for (const std::vector<int64_t>& ids : inputs.ids)
-    input.rows.push_back(request::Row::wide_ids(ids));
-  return input;
+    input->rows.push_back(request::Row::wide_ids(ids));
+}
+
+namespace {
+
+// POST /v1/embeddings' body: OpenAI's fields, Jina's extensions (embedding_type, late_chunking)
+// and ours (macro_overlap_tokens, prompt_name), each setting the request layer's option.
+struct Embeddings {
+  std::string model;  // empty: the default model
+  Inputs input;
+  request::EncodeInput encode;
+  request::EmbeddingFormat format{"float"};
+  bool base64 = false;  // encoding_format: the chosen type's bytes in base64
+  std::shared_ptr<const serving::ServedModel> served;  // holds the range below
+  const request::QuantizationRange* range = nullptr;
+};
+
+const std::vector<reader::Field<Embeddings>>& embeddings_fields() {
+  using E = Embeddings;
+  static const std::vector<reader::Field<E>> fields = {
+      reader::string_field<E>("model", [](E& e, std::string v) { e.model = std::move(v); }),
+      {"input",
+       [](const simdjson::dom::element& v, E& e) { return reader::read_inputs(v, &e.input); },
+       true},
+      reader::choice_field<E>("encoding_format", {"float", "base64"},
+                              [](E& e, const std::string& v) { e.base64 = v == "base64"; }),
+      reader::int_field<E>("dimensions", 1, INT32_MAX,
+                           [](E& e, int64_t v) { e.encode.options.dimensions = v; }),
+      reader::format_field<E>("embedding_type",
+                              [](E& e, request::EmbeddingFormat f) { e.format = std::move(f); }),
+      reader::bool_field<E>("late_chunking", [](E& e, bool v) { e.encode.late_chunking = v; }),
+      reader::int_field<E>("macro_overlap_tokens", 0, INT32_MAX,
+                           [](E& e, int64_t v) { e.encode.macro_overlap_tokens = int32_t(v); }),
+      reader::string_field<E>("user", [](E&, std::string) {}),
+      reader::string_field<E>("prompt_name",
+                              [](E& e, std::string v) { e.encode.prompt_name = std::move(v); }),
+  };
+  return fields;
+}
+
+// The answer: one embedding per input (each sequence's, or with late chunking each chunk's, the
+// one document's span embeddings in input order) and the usage.
+Response embeddings_answer(const Embeddings& e, const batching::Request& r, int32_t pad) {
+  json::Writer w;
+  const size_t dims = r.results.empty() ? 0 : r.results[0].embedding.size();
+  const bool late = e.encode.late_chunking && dims > 0;
+  const size_t count = late ? r.results[0].span_embeddings.size() / dims : r.results.size();
+  w.reserve(64 + count * (48 + dims * (e.format.base64 ? 6 : 12)));
+  w.raw("{\"object\":\"list\",\"data\":[");
+  for (size_t i = 0; i < count; ++i) {
+    const std::span<const float> embedding =
+        late ? std::span<const float>(r.results[0].span_embeddings).subspan(i * dims, dims)
+             : std::span<const float>(r.results[i].embedding);
+    if (i > 0) w.ch(',');
+    w.raw("{\"object\":\"embedding\",\"index\":").number(int64_t(i)).raw(",\"embedding\":");
+    write_embedding(w, e.format.type, embedding, e.range, e.format.base64);
+    w.ch('}');
+  }
+  const int64_t tokens = real_tokens(r, pad);
+  w.raw("],\"model\":").string(e.model).raw(",\"usage\":{\"prompt_tokens\":");
+  w.number(tokens).raw(",\"total_tokens\":").number(tokens).raw("}}");
+  return json_response(bhttp::status::ok, w.take());
+}
+
+}  // namespace
+
+// A model that is not served, in OpenAI's words: the names it serves.
+Status HttpApi::openai_not_found(const Status& found, const std::string& name) const {
+  if (found.code() != StatusCode::kNotFound) return found;
+  std::string names;
+  for (const std::string& n : intake_.repository().served_names())
+    names += (names.empty() ? "'" : ", '") + n + "'";
+  return {StatusCode::kNotFound, "model: '" + name + "' is not served here; this server serves " +
+                                     (names.empty() ? std::string("no model yet") : names) +
+                                     " (GET /v1/models)"};
 }
 
 void HttpApi::openai_models(Call call) {
@@ -111,151 +118,30 @@ void HttpApi::openai_models(Call call) {
 
 void HttpApi::openai_embeddings(const Request& http_request, Call call) {
   if (Status s = intake_.availability(); !s.ok()) return fail(call, s);
-  thread_local simdjson::dom::parser parser;
-  simdjson::dom::object body;
-  if (auto e = read_object(parser, http_request, &body)) return fail(call, invalid_argument(*e));
-  struct Keep {
-    Inputs inputs;
-    request::EncodeInput input;
-    std::string model;
-    bool base64 = false;
-    int64_t dimensions = 0;
-    bool late_chunking = false;
-    request::EmbeddingType type = request::EmbeddingType::kFloat;
-    const request::QuantizationRange* range = nullptr;          // int8 / uint8: the version's, in
-    std::shared_ptr<const request::Quantization> quantization;  // (held here)
-  };
-  auto keep = std::make_shared<Keep>();
-  simdjson::dom::element v;
-  std::string_view name;  // empty: the default model
-  if (!body["model"].get(v) && !v.is_null()) {
-    if (v.get_string().get(name)) {
-      return fail(
-          call,
-          invalid_argument(std::string("model: expected a string, got ") + json::type_name(v)),
-          "model");
-    }
-  }
+  auto keep = std::make_shared<Embeddings>();
+  if (auto refused = reader::read_body(http_request, embeddings_fields(), keep.get()))
+    return refuse_body(call, *refused);
   Status found;
-  const auto served = intake_.find(std::string(name), "", &found);
-  if (!served) {
-    if (found.code() == StatusCode::kNotFound) {
-      std::string names;
-      for (const std::string& n : intake_.repository().served_names())
-        names += (names.empty() ? "'" : ", '") + n + "'";
-      found = {StatusCode::kNotFound,
-               "model: '" + std::string(name) + "' is not served here; this server serves " +
-                   (names.empty() ? std::string("no model yet") : names) + " (GET /v1/models)"};
-    }
-    return fail(call, found, "model");
-  }
-  const engine::Model& model = *served->model;
-  keep->model = name.empty() ? served->name : std::string(name);
-  if (body["input"].get(v)) return fail(call, invalid_argument("input: is required"), "input");
-  if (auto e = read_inputs(v, "input", &keep->inputs))
-    return fail(call, invalid_argument(*e), "input");
-  if (!body["encoding_format"].get(v) && !v.is_null()) {
-    std::string_view format;
-    if (v.get_string().get(format) || (format != "float" && format != "base64")) {
-      return fail(call, invalid_argument("encoding_format: expected \"float\" or \"base64\""),
-                  "encoding_format");
-    }
-    keep->base64 = format == "base64";
-  }
-  if (!body["dimensions"].get(v) && !v.is_null()) {
-    int64_t d = 0;
-    if (v.get_int64().get(d) || d < 1) {
-      return fail(call, invalid_argument("dimensions: expected a positive integer"), "dimensions");
-    }
-    if (auto refused = request::check_dimensions(d, model))
-      return fail(call, invalid_argument(*refused), "dimensions");
-    keep->dimensions = d;
-  }
-  // Jina's `embedding_type` (the openai SDK sends it in extra_body): float, base64 (float as
-  // base64), binary, ubinary, and ours int8 and uint8; encoding_format base64 encodes the
-  // chosen type's bytes.
-  if (!body["embedding_type"].get(v) && !v.is_null()) {
-    std::string_view type_name;
-    std::optional<request::EmbeddingType> type;
-    if (!v.get_string().get(type_name)) {
-      type = type_name == "base64" ? request::EmbeddingType::kFloat
-                                   : request::parse_embedding_type(type_name);
-      if (type_name == "base64") keep->base64 = true;
-    }
-    if (!type) {
-      return fail(call,
-                  invalid_argument(std::string("embedding_type: expected ") +
-                                   request::embedding_type_names() + " (or \"base64\": float as " +
-                                   "base64), got " +
-                                   (v.is_string() ? "\"" + std::string(type_name) + "\""
-                                                  : std::string(json::type_name(v)))),
-                  "embedding_type");
-    }
-    keep->type = *type;
-  }
-  {
-    const int64_t dims = keep->dimensions > 0 ? keep->dimensions : model.config().hidden_size;
-    if (auto refused = served->check_embedding_type(keep->type, dims, true))
-      return fail(call, invalid_argument("embedding_type: " + *refused), "embedding_type");
-    keep->quantization = served->config.quantization;
-    keep->range = served->quantization_range(dims, true);
-  }
-  // Jina's extension (the openai SDK sends it in extra_body): the inputs are one document's
-  // consecutive chunks, one embedding each from one pass.
-  if (!body["late_chunking"].get(v) && !v.is_null()) {
-    if (v.get_bool().get(keep->late_chunking)) {
-      return fail(call,
-                  invalid_argument(std::string("late_chunking: expected a boolean, got ") +
-                                   json::type_name(v)),
-                  "late_chunking");
-    }
-  }
-  std::optional<int32_t> macro;
-  if (auto e = read_macro_overlap(body, &macro))
-    return fail(call, invalid_argument(*e), "macro_overlap_tokens");
-  if (!body["user"].get(v) && !v.is_null() && !v.is_string()) {
-    return fail(call,
-                invalid_argument(std::string("user: expected a string, got ") + json::type_name(v)),
-                "user");
-  }
-  keep->input = encode_input(keep->inputs);
-  keep->input.options.normalize = true;               // OpenAI's embeddings have length 1
-  keep->input.options.dimensions = keep->dimensions;  // cut and re-normalised by the request layer
-  keep->input.late_chunking = keep->late_chunking;
-  keep->input.macro_overlap_tokens = macro;
-  const bool single = keep->inputs.single;
-  const int32_t pad = model.config().pad_token_id;
+  keep->served = intake_.find(keep->model, "", &found);
+  if (!keep->served) return fail(call, openai_not_found(found, keep->model), "model");
+  const auto served = keep->served;
+  if (keep->model.empty()) keep->model = served->name;
+  request::EncodeInput& input = keep->encode;
+  add_rows(keep->input, &input);
+  keep->format.base64 |= keep->base64;
+  input.formats = {keep->format};
+  input.options.normalize = true;  // OpenAI's embeddings have length 1
+  const int64_t dims = input.options.dimensions;
+  keep->range =
+      served->quantization_range(dims > 0 ? dims : served->model->config().hidden_size, true);
+  const bool single = keep->input.single;
+  const int32_t pad = served->model->config().pad_token_id;
   submit(
       call, served, keep,
-      [this, keep, single, served](batching::Request* out) {
-        return build(*served, keep->input, "input", single, out);
+      [this, keep, single](batching::Request* out) {
+        return build(*keep->served, keep->encode, {"input"}, single, out);
       },
-      [keep, pad](const batching::Request& r) {
-        json::Writer w;
-        const size_t dims = r.results.empty() ? 0 : r.results[0].embedding.size();
-        // One embedding per input: each sequence's, or with late chunking each chunk's (the
-        // one document's span embeddings, in input order).
-        const size_t count = keep->late_chunking && dims > 0
-                                 ? r.results[0].span_embeddings.size() / dims
-                                 : r.results.size();
-        auto embedding = [&](size_t i) -> std::span<const float> {
-          if (!keep->late_chunking) return r.results[i].embedding;
-          return std::span<const float>(r.results[0].span_embeddings).subspan(i * dims, dims);
-        };
-        w.reserve(64 + count * (48 + dims * (keep->base64 ? 6 : 12)));
-        w.raw("{\"object\":\"list\",\"data\":[");
-        for (size_t i = 0; i < count; ++i) {
-          const std::span<const float> e = embedding(i);
-          if (i > 0) w.ch(',');
-          w.raw("{\"object\":\"embedding\",\"index\":").number(int64_t(i)).raw(",\"embedding\":");
-          write_embedding(w, keep->type, e, keep->range, keep->base64);
-          w.ch('}');
-        }
-        const int64_t tokens = real_tokens(r, pad);
-        w.raw("],\"model\":").string(keep->model).raw(",\"usage\":{\"prompt_tokens\":");
-        w.number(tokens).raw(",\"total_tokens\":").number(tokens).raw("}}");
-        return json_response(bhttp::status::ok, w.take());
-      },
+      [keep, pad](const batching::Request& r) { return embeddings_answer(*keep, r, pad); },
       "input");
 }
 

@@ -12,6 +12,26 @@ namespace fastformer::http {
 
 using batching::Clock;
 
+// A TEI body: the fields of /embed, /embed_all, /embed_chunks, /predict and /tokenize, each
+// route reading those its table names.
+struct TeiBody {
+  Inputs inputs;
+  request::EncodeInput encode;
+  bool normalize = true;
+  bool truncate = false, left = false;       // truncate, truncation_direction
+  bool raw_scores = false;                   // /predict
+  bool special = true;                       // /tokenize's add_special_tokens
+  std::vector<TokenSpan> spans, char_spans;  // /embed_chunks' chunking
+  int64_t window = 0, overlap = 0;
+  bool sentences = false, chunking = false;
+  // The truncation the fields ask for: none, or right or left.
+  request::Truncate truncation() const {
+    return !truncate ? request::Truncate::kNone
+           : left    ? request::Truncate::kLeft
+                     : request::Truncate::kRight;
+  }
+};
+
 namespace {
 
 int64_t ms(uint64_t ns) { return int64_t(ns / 1000000); }
@@ -32,39 +52,145 @@ void set_timing(Response& response, const batching::Request& r, Clock::time_poin
   response.set("x-compute-characters", std::to_string(characters));
 }
 
-// An optional boolean field: its value, `fallback` when absent or null, or an error.
-std::optional<std::string> read_bool(const simdjson::dom::object& body, const char* name,
-                                     bool* value) {
-  simdjson::dom::element v;
-  if (body[name].get(v) || v.is_null()) return std::nullopt;
-  if (v.get_bool().get(*value)) {
-    return std::string(name) + ": expected true or false, got " + json::type_name(v);
+using Body = TeiBody;
+using Fields = std::vector<reader::Field<Body>>;
+
+reader::Field<Body> inputs_field() {
+  return {
+      "inputs",
+      [](const simdjson::dom::element& v, Body& b) { return reader::read_inputs(v, &b.inputs); },
+      true};
+}
+// TEI's truncation: truncate (bool, default false) and truncation_direction ("right" or "left",
+// any case); the normalisation (default true) and the prompt.
+void add_common(Fields* f) {
+  f->push_back(reader::bool_field<Body>("normalize", [](Body& b, bool v) { b.normalize = v; }));
+  f->push_back(reader::bool_field<Body>("truncate", [](Body& b, bool v) { b.truncate = v; }));
+  f->push_back(reader::choice_field<Body>(
+      "truncation_direction", {"right", "left"},
+      [](Body& b, const std::string& v) { b.left = v == "left"; }, /*any_case=*/true));
+  f->push_back(reader::string_field<Body>(
+      "prompt_name", [](Body& b, std::string v) { b.encode.prompt_name = std::move(v); }));
+}
+
+// /embed_chunks' `chunking`: {"spans": [[begin, end], ...], "char_spans": [...], "sentences":
+// bool, "window_tokens": n, "overlap_tokens": m}.
+reader::Why read_chunking(const simdjson::dom::element& v, Body& b) {
+  simdjson::dom::object chunking;
+  if (v.get_object().get(chunking)) return reader::expected("an object", v);
+  b.chunking = true;
+  for (const auto [key, value] : chunking) {
+    const std::string at = "." + std::string(key);
+    if (key == "spans" || key == "char_spans") {
+      simdjson::dom::array spans;
+      if (value.get_array().get(spans))
+        return at + ": " + reader::expected("an array of [begin, end]", value);
+      size_t k = 0;
+      for (const simdjson::dom::element s : spans) {
+        simdjson::dom::array pair;
+        int64_t x = 0, y = 0;
+        if (s.get_array().get(pair) || pair.size() != 2 || pair.at(0).get_int64().get(x) ||
+            pair.at(1).get_int64().get(y) || x < INT32_MIN || x > INT32_MAX || y < INT32_MIN ||
+            y > INT32_MAX) {
+          return at + reader::at_index(k) + reader::expected("[begin, end] (integers)", s);
+        }
+        (key == "spans" ? b.spans : b.char_spans).push_back({int32_t(x), int32_t(y)});
+        ++k;
+      }
+    } else if (key == "sentences") {
+      if (auto e = reader::read_bool(value, &b.sentences)) return at + ": " + *e;
+    } else if (key == "window_tokens" || key == "overlap_tokens") {
+      if (auto e = reader::read_int(value, 0, INT32_MAX,
+                                    key == "window_tokens" ? &b.window : &b.overlap))
+        return at + ": " + *e;
+    } else {
+      return "unknown field \"" + std::string(key) +
+             "\" (spans, char_spans, sentences, window_tokens, overlap_tokens)";
+    }
+  }
+  if (b.spans.empty() && b.char_spans.empty() && !b.sentences && b.window == 0)
+    return "give spans, char_spans, sentences or window_tokens";
+  return std::nullopt;
+}
+
+// /predict's `inputs`: "text" (one), [["a"], ["b"]] or ["a", "b", "c"] (a batch); a two-text
+// array is a pair, which this encoder (one text a row) cannot classify.
+reader::Why read_predict_inputs(const simdjson::dom::element& v, Body& b) {
+  const std::string pair =
+      "is a pair of texts; this model classifies one text a row (send [[\"a\"], [\"b\"]] for a "
+      "batch)";
+  std::string_view text;
+  simdjson::dom::array array;
+  if (!v.get_string().get(text)) {
+    b.inputs.texts.emplace_back(text);
+    b.inputs.single = true;
+    return std::nullopt;
+  }
+  if (v.get_array().get(array)) return reader::expected("a text or a list of texts", v);
+  if (array.size() == 0) return "is empty; send at least one text";
+  bool all_strings = true;
+  for (const simdjson::dom::element item : array) all_strings &= item.is_string();
+  if (all_strings && array.size() == 2) return pair;
+  size_t i = 0;
+  for (const simdjson::dom::element item : array) {
+    const std::string at = reader::at_index(i++);
+    simdjson::dom::array inner;
+    if (!item.get_string().get(text)) {
+      b.inputs.texts.emplace_back(text);
+    } else if (!item.get_array().get(inner) && inner.size() == 1 &&
+               !inner.at(0).get_string().get(text)) {
+      b.inputs.texts.emplace_back(text);
+    } else if (!item.get_array().get(inner) && inner.size() == 2) {
+      return at + pair;
+    } else {
+      return at + reader::expected("a text or [text]", item);
+    }
   }
   return std::nullopt;
 }
 
-// truncate (bool, default false) and truncation_direction ("right" or "left", any case).
-std::optional<std::string> read_truncation(const simdjson::dom::object& body,
-                                           request::Truncate* truncate) {
-  bool cut = false;
-  if (auto e = read_bool(body, "truncate", &cut)) return e;
-  bool left = false;
-  simdjson::dom::element v;
-  if (!body["truncation_direction"].get(v) && !v.is_null()) {
-    std::string_view d;
-    if (v.get_string().get(d))
-      return std::string("truncation_direction: expected \"right\" or \"left\"");
-    std::string lower(d);
-    std::transform(lower.begin(), lower.end(), lower.begin(), ::tolower);
-    if (lower != "right" && lower != "left") {
-      return "truncation_direction: expected \"right\" or \"left\", got \"" + std::string(d) + "\"";
-    }
-    left = lower == "left";
-  }
-  *truncate = !cut   ? request::Truncate::kNone
-              : left ? request::Truncate::kLeft
-                     : request::Truncate::kRight;
-  return std::nullopt;
+const Fields& embed_fields() {
+  static const Fields fields = [] {
+    Fields f{inputs_field()};
+    add_common(&f);
+    return f;
+  }();
+  return fields;
+}
+
+const Fields& chunks_fields() {
+  static const Fields fields = [] {
+    Fields f{inputs_field()};
+    add_common(&f);
+    f.push_back(reader::int_field<Body>(
+        "macro_overlap_tokens", 0, INT32_MAX,
+        [](Body& b, int64_t v) { b.encode.macro_overlap_tokens = int32_t(v); }));
+    f.push_back(
+        reader::choice_field<Body>("pooling", {"model", "mean"}, [](Body& b, const std::string& v) {
+          b.encode.options.span_pooling = v == "mean" ? SpanPooling::kMean : SpanPooling::kModel;
+        }));
+    f.push_back({"chunking", read_chunking, true});
+    return f;
+  }();
+  return fields;
+}
+
+const Fields& predict_fields() {
+  static const Fields fields = [] {
+    Fields f{{"inputs", read_predict_inputs, true}};
+    add_common(&f);
+    f.push_back(reader::bool_field<Body>("raw_scores", [](Body& b, bool v) { b.raw_scores = v; }));
+    return f;
+  }();
+  return fields;
+}
+
+const Fields& tokenize_fields() {
+  static const Fields fields = {
+      inputs_field(),
+      reader::bool_field<Body>("add_special_tokens", [](Body& b, bool v) { b.special = v; }),
+  };
+  return fields;
 }
 
 size_t characters(const Inputs& inputs) {
@@ -73,288 +199,212 @@ size_t characters(const Inputs& inputs) {
   return n;
 }
 
+// /embed_chunks' answer: each chunk's embedding, its tokens as the caller numbers them (a
+// prompt's left out) and its characters.
+Response chunks_answer(const batching::Request& r) {
+  const EncodedSequence& seq = r.results[0];
+  const std::span<const TokenSpan> spans = r.sequences[0].spans;
+  const size_t width = seq.embedding.size();
+  json::Writer w;
+  w.reserve(16 + spans.size() * (32 + width * 12));
+  w.ch('[');
+  for (size_t k = 0; k < spans.size(); ++k) {
+    if (k > 0) w.ch(',');
+    w.raw("{\"embedding\":");
+    w.floats(std::span<const float>(seq.span_embeddings).subspan(k * width, width));
+    const TokenSpan tokens = request::caller_tokens(r, 0, spans[k]);
+    w.raw(",\"tokens\":[").number(int64_t(tokens.begin)).ch(',');
+    w.number(int64_t(tokens.end)).ch(']');
+    if (const auto chars = request::chunk_characters(r, 0, spans[k])) {
+      w.raw(",\"text\":[").number(int64_t(chars->first)).ch(',');
+      w.number(int64_t(chars->second)).ch(']');
+    }
+    w.ch('}');
+  }
+  w.ch(']');
+  return json_response(bhttp::status::ok, w.take());
+}
+
+// /embed's and /embed_all's answer: an embedding a row, or every token's.
+Response embed_answer(const batching::Request& r, bool all_tokens, int64_t D) {
+  json::Writer w;
+  w.reserve(16 + r.results.size() * size_t(D) * 12);
+  w.ch('[');
+  for (size_t i = 0; i < r.results.size(); ++i) {
+    if (i > 0) w.ch(',');
+    if (!all_tokens) {
+      w.floats(r.results[i].embedding);
+      continue;
+    }
+    const std::vector<float>& t = r.results[i].token_embeddings;
+    w.ch('[');
+    for (size_t row = 0; row * size_t(D) < t.size(); ++row) {
+      if (row > 0) w.ch(',');
+      w.floats(std::span<const float>(t).subspan(row * size_t(D), size_t(D)));
+    }
+    w.ch(']');
+  }
+  w.ch(']');
+  return json_response(bhttp::status::ok, w.take());
+}
+
+// /predict's answer: each row's labels by score (softmax unless raw_scores).
+Response predict_answer(const batching::Request& r, bool single, bool raw_scores) {
+  json::Writer w;
+  if (!single) w.ch('[');
+  for (size_t i = 0; i < r.results.size(); ++i) {
+    if (i > 0) w.ch(',');
+    std::vector<float> scores = r.results[i].logits;
+    if (!raw_scores && !scores.empty()) {
+      const float top = *std::max_element(scores.begin(), scores.end());
+      double sum = 0;
+      for (float& s : scores) sum += (s = std::exp(s - top));
+      for (float& s : scores) s = float(s / sum);
+    }
+    std::vector<size_t> order(scores.size());
+    std::iota(order.begin(), order.end(), 0);
+    std::stable_sort(order.begin(), order.end(),
+                     [&](size_t a, size_t b) { return scores[a] > scores[b]; });
+    w.ch('[');
+    for (size_t k = 0; k < order.size(); ++k) {
+      if (k > 0) w.ch(',');
+      w.raw("{\"score\":")
+          .f32(scores[order[k]])
+          .raw(",\"label\":")
+          .string(serving::Intake::served(r).label(order[k]));
+      w.ch('}');
+    }
+    w.ch(']');
+  }
+  if (!single) w.ch(']');
+  return json_response(bhttp::status::ok, w.take());
+}
+
 }  // namespace
+
+void HttpApi::tei_submit(Call call, std::shared_ptr<const serving::ServedModel> served,
+                         std::shared_ptr<Body> body,
+                         std::function<Response(const batching::Request&)> answer) {
+  body->encode.truncate = body->truncation();
+  if (body->encode.rows.empty()) add_rows(body->inputs, &body->encode);
+  const bool single = body->inputs.single;
+  const auto start = call.start;
+  submit(
+      call, served, body,
+      [this, body, single, served](batching::Request* out) {
+        return build(*served, body->encode, {"inputs"}, single, out);
+      },
+      [body, start, answer](const batching::Request& r) {
+        Response response = answer(r);
+        set_timing(response, r, start, characters(body->inputs));
+        return response;
+      });
+}
 
 // POST /embed_chunks: late chunking of one document in TEI's style (ours; TEI has no such
 // route): {"inputs": a text or token ids, "chunking": {"spans": [[begin, end], ...],
 // "window_tokens": n, "overlap_tokens": m}, "pooling": "model" | "mean", "normalize": true,
-// "truncate", "truncation_direction"} -> [{"embedding": [...], "tokens": [begin, end]}, ...],
-// the spans first, then the windows (docs/api.md).
+// "truncate", "truncation_direction", "prompt_name"} -> [{"embedding": [...], "tokens": [begin,
+// end]}, ...], the spans first, then the windows (docs/api.md).
 void HttpApi::tei_embed_chunks(const Request& http_request, Call call) {
   const auto served = find(call, "");
   if (!served) return;
-  thread_local simdjson::dom::parser parser;
-  simdjson::dom::object body;
-  if (auto e = read_object(parser, http_request, &body)) return fail(call, invalid_argument(*e));
-  struct Keep {
-    Inputs inputs;
-    request::EncodeInput input;
-    std::vector<TokenSpan> spans, char_spans;
-  };
-  auto keep = std::make_shared<Keep>();
-  simdjson::dom::element v;
-  if (body["inputs"].get(v)) return fail(call, invalid_argument("inputs: is required"));
-  if (auto e = read_inputs(v, "inputs", &keep->inputs)) return fail(call, invalid_argument(*e));
-  if (keep->inputs.size() != 1) {
+  auto body = std::make_shared<Body>();
+  if (auto refused = reader::read_body(http_request, chunks_fields(), body.get()))
+    return refuse_body(call, *refused);
+  if (body->inputs.size() != 1) {
     return fail(call, invalid_argument("inputs: one document (a text or an array of token ids), "
                                        "got " +
-                                       std::to_string(keep->inputs.size())));
+                                       std::to_string(body->inputs.size())));
   }
-  keep->input = encode_input(keep->inputs);
-  bool normalize = true;
-  if (auto e = read_bool(body, "normalize", &normalize)) return fail(call, invalid_argument(*e));
-  if (auto e = read_truncation(body, &keep->input.truncate))
-    return fail(call, invalid_argument(*e));
-  keep->input.options.normalize = normalize;
-  if (auto e = read_macro_overlap(body, &keep->input.macro_overlap_tokens))
-    return fail(call, invalid_argument(*e));
-  if (!body["pooling"].get(v) && !v.is_null()) {
-    std::string_view p;
-    if (v.get_string().get(p) || (p != "model" && p != "mean"))
-      return fail(call, invalid_argument("pooling: expected \"model\" or \"mean\""));
-    keep->input.options.span_pooling = p == "mean" ? SpanPooling::kMean : SpanPooling::kModel;
-  }
-  simdjson::dom::object chunking;
-  if (body["chunking"].get(v) || v.get_object().get(chunking)) {
-    return fail(call, invalid_argument("chunking: is required, an object with spans and/or "
-                                       "window_tokens (and overlap_tokens)"));
-  }
-  int64_t window = 0, overlap = 0;
-  bool sentences = false;
-  for (const auto [key, value] : chunking) {
-    if (key == "spans" || key == "char_spans") {
-      simdjson::dom::array spans;
-      const std::string field = "chunking." + std::string(key);
-      if (value.get_array().get(spans))
-        return fail(call, invalid_argument(field + ": expected an array of [begin, end]"));
-      size_t k = 0;
-      for (const simdjson::dom::element s : spans) {
-        simdjson::dom::array pair;
-        int64_t b = 0, e = 0;
-        if (s.get_array().get(pair) || pair.size() != 2 || pair.at(0).get_int64().get(b) ||
-            pair.at(1).get_int64().get(e) || b < INT32_MIN || b > INT32_MAX || e < INT32_MIN ||
-            e > INT32_MAX) {
-          return fail(call, invalid_argument(field + "[" + std::to_string(k) +
-                                             "]: expected [begin, end] (integers)"));
-        }
-        (key == "spans" ? keep->spans : keep->char_spans).push_back({int32_t(b), int32_t(e)});
-        ++k;
-      }
-    } else if (key == "sentences") {
-      if (value.get_bool().get(sentences))
-        return fail(call, invalid_argument("chunking.sentences: expected true or false"));
-    } else if (key == "window_tokens" || key == "overlap_tokens") {
-      int64_t n = 0;
-      if (value.get_int64().get(n) || n < 0 || n > INT32_MAX)
-        return fail(call, invalid_argument("chunking." + std::string(key) +
-                                           ": expected a non-negative integer"));
-      (key == "window_tokens" ? window : overlap) = n;
-    } else {
-      return fail(call, invalid_argument("chunking: unknown field \"" + std::string(key) +
-                                         "\" (spans, char_spans, sentences, window_tokens, "
-                                         "overlap_tokens)"));
-    }
-  }
-  if (keep->spans.empty() && keep->char_spans.empty() && !sentences && window == 0)
-    return fail(call,
-                invalid_argument("chunking: give spans, char_spans, sentences or window_tokens"));
-  keep->input.rows[0] = keep->input.rows[0]
-                            .with_spans(keep->spans)
-                            .with_windows(int32_t(window), int32_t(overlap))
-                            .with_char_chunks(keep->char_spans, sentences);
-  const auto start = call.start;
-  submit(
-      call, served, keep,
-      [this, keep, served](batching::Request* out) {
-        return build(*served, keep->input, "inputs", true, out);
-      },
-      [keep, start](const batching::Request& r) {
-        const EncodedSequence& seq = r.results[0];
-        const std::span<const TokenSpan> spans = r.sequences[0].spans;
-        const size_t width = seq.embedding.size();
-        json::Writer w;
-        w.reserve(16 + spans.size() * (32 + width * 12));
-        w.ch('[');
-        for (size_t k = 0; k < spans.size(); ++k) {
-          if (k > 0) w.ch(',');
-          w.raw("{\"embedding\":");
-          w.floats(std::span<const float>(seq.span_embeddings).subspan(k * width, width));
-          w.raw(",\"tokens\":[").number(int64_t(spans[k].begin)).ch(',');
-          w.number(int64_t(spans[k].end)).ch(']');
-          if (const auto chars = request::chunk_characters(r, 0, spans[k])) {
-            w.raw(",\"text\":[").number(int64_t(chars->first)).ch(',');
-            w.number(int64_t(chars->second)).ch(']');
-          }
-          w.ch('}');
-        }
-        w.ch(']');
-        Response response = json_response(bhttp::status::ok, w.take());
-        set_timing(response, r, start, characters(keep->inputs));
-        return response;
-      });
+  body->encode.options.normalize = body->normalize;
+  add_rows(body->inputs, &body->encode);
+  request::Row& row = body->encode.rows[0];  // its chunks view the body's spans
+  row = row.with_spans(body->spans)
+            .with_windows(int32_t(body->window), int32_t(body->overlap))
+            .with_char_chunks(body->char_spans, body->sentences);
+  tei_submit(call, served, body, chunks_answer);
 }
 
 void HttpApi::tei_embed(const Request& http_request, Call call, bool all_tokens) {
   const auto served = find(call, "");  // TEI serves one model: the default one
   if (!served) return;
-  thread_local simdjson::dom::parser parser;
-  simdjson::dom::object body;
-  if (auto e = read_object(parser, http_request, &body)) return fail(call, invalid_argument(*e));
-  struct Keep {
-    Inputs inputs;
-    request::EncodeInput input;
-  };
-  auto keep = std::make_shared<Keep>();
-  simdjson::dom::element v;
-  if (body["inputs"].get(v)) return fail(call, invalid_argument("inputs: is required"));
-  if (auto e = read_inputs(v, "inputs", &keep->inputs)) return fail(call, invalid_argument(*e));
-  keep->input = encode_input(keep->inputs);
-  bool normalize = true;
-  if (auto e = read_bool(body, "normalize", &normalize)) return fail(call, invalid_argument(*e));
-  if (auto e = read_truncation(body, &keep->input.truncate))
-    return fail(call, invalid_argument(*e));
-  if (!body["prompt_name"].get(v) && !v.is_null()) {
-    return fail(call, invalid_argument(
-                          "prompt_name: this model has no prompts (config_sentence_transformers"
-                          ".json); leave it out"));
-  }
-  keep->input.options.normalize = normalize && !all_tokens;
-  keep->input.options.token_embeddings = all_tokens;
+  auto body = std::make_shared<Body>();
+  if (auto refused = reader::read_body(http_request, embed_fields(), body.get()))
+    return refuse_body(call, *refused);
+  body->encode.options.normalize = body->normalize && !all_tokens;
+  body->encode.options.token_embeddings = all_tokens;
   const int64_t D = served->model->config().hidden_size;
-  const bool single = keep->inputs.single;
-  const auto start = call.start;
-  submit(
-      call, served, keep,
-      [this, keep, single, served](batching::Request* out) {
-        return build(*served, keep->input, "inputs", single, out);
-      },
-      [keep, all_tokens, D, start](const batching::Request& r) {
-        json::Writer w;
-        w.reserve(16 + r.results.size() * size_t(D) * 12);
-        w.ch('[');
-        for (size_t i = 0; i < r.results.size(); ++i) {
-          if (i > 0) w.ch(',');
-          if (!all_tokens) {
-            w.floats(r.results[i].embedding);
-            continue;
-          }
-          const std::vector<float>& t = r.results[i].token_embeddings;
-          w.ch('[');
-          for (size_t row = 0; row * size_t(D) < t.size(); ++row) {
-            if (row > 0) w.ch(',');
-            w.floats(std::span<const float>(t).subspan(row * size_t(D), size_t(D)));
-          }
-          w.ch(']');
-        }
-        w.ch(']');
-        Response response = json_response(bhttp::status::ok, w.take());
-        set_timing(response, r, start, characters(keep->inputs));
-        return response;
-      });
+  tei_submit(call, served, body, [all_tokens, D](const batching::Request& r) {
+    return embed_answer(r, all_tokens, D);
+  });
 }
 
 void HttpApi::tei_predict(const Request& http_request, Call call) {
   const auto served = find(call, "");
   if (!served) return;
-  const engine::Model& model = *served->model;
-  if (model.num_labels() == 0) {
+  if (served->model->num_labels() == 0) {
     return fail(call, invalid_argument(
                           "this model has no classifier head: /predict needs one (use /embed)"));
   }
-  thread_local simdjson::dom::parser parser;
-  simdjson::dom::object body;
-  if (auto e = read_object(parser, http_request, &body)) return fail(call, invalid_argument(*e));
-  struct Keep {
-    Inputs inputs;
-    request::EncodeInput input;
-  };
-  auto keep = std::make_shared<Keep>();
-  simdjson::dom::element v;
-  if (body["inputs"].get(v)) return fail(call, invalid_argument("inputs: is required"));
-  // TEI's shapes: "text" (one), [["a"], ["b"]] or ["a", "b", "c"] (a batch); a two-text array
-  // is a pair, which this encoder (one text a row) cannot classify.
-  const std::string pair_error =
-      ": is a pair of texts; this model classifies one text a row (send [[\"a\"], [\"b\"]] for "
-      "a batch)";
-  std::string_view text;
-  simdjson::dom::array array;
-  if (!v.get_string().get(text)) {
-    keep->inputs.texts.emplace_back(text);
-    keep->inputs.single = true;
-  } else if (!v.get_array().get(array)) {
-    if (array.size() == 0)
-      return fail(call, invalid_argument("inputs: is empty; send at least one text"));
-    bool all_strings = true;
-    for (const simdjson::dom::element item : array) all_strings &= item.is_string();
-    if (all_strings && array.size() == 2)
-      return fail(call, invalid_argument("inputs" + pair_error));
-    size_t i = 0;
-    for (const simdjson::dom::element item : array) {
-      const std::string where = "inputs[" + std::to_string(i++) + "]";
-      simdjson::dom::array inner;
-      if (!item.get_string().get(text)) {
-        keep->inputs.texts.emplace_back(text);
-      } else if (!item.get_array().get(inner) && inner.size() == 1 &&
-                 !inner.at(0).get_string().get(text)) {
-        keep->inputs.texts.emplace_back(text);
-      } else if (!item.get_array().get(inner) && inner.size() == 2) {
-        return fail(call, invalid_argument(where + pair_error));
-      } else {
-        return fail(call, invalid_argument(where + ": expected a text or [text], got " +
-                                           std::string(json::type_name(item))));
+  auto body = std::make_shared<Body>();
+  if (auto refused = reader::read_body(http_request, predict_fields(), body.get()))
+    return refuse_body(call, *refused);
+  body->encode.options.logits = true;
+  const bool single = body->inputs.single, raw = body->raw_scores;
+  tei_submit(call, served, body,
+             [single, raw](const batching::Request& r) { return predict_answer(r, single, raw); });
+}
+
+namespace {
+
+// One text's tokens as TEI's /tokenize answers them; why not, when the tokenizer refuses it.
+std::optional<std::string> write_tokens(json::Writer& w, const text::Tokenizer& tokenizer,
+                                        const std::string& text, bool special) {
+  tokenizer::Encoding encoding;
+  try {
+    encoding = tokenizer.encode(text, tokenizer.truncation(), special, /*offsets=*/true);
+  } catch (const std::exception& e) {
+    return std::string(e.what());
+  }
+  // "special" as Hugging Face's special-tokens mask has it: the tokens the post-processor
+  // added ([CLS], [SEP]), found as what lies around the text's own encoding; an [UNK] the
+  // model made from an unknown word is not special.
+  size_t first = 0, last = encoding.ids.size();
+  if (special) {
+    const tokenizer::Encoding bare = tokenizer.encode(text, false);
+    for (size_t o = 0; o + bare.ids.size() <= encoding.ids.size(); ++o) {
+      if (std::equal(bare.ids.begin(), bare.ids.end(), encoding.ids.begin() + ptrdiff_t(o))) {
+        first = o;
+        last = o + bare.ids.size();
+        break;
       }
     }
-  } else {
-    return fail(call,
-                invalid_argument(std::string("inputs: expected a text or a list of texts, got ") +
-                                 json::type_name(v)));
   }
-  bool raw_scores = false;
-  if (auto e = read_bool(body, "raw_scores", &raw_scores)) return fail(call, invalid_argument(*e));
-  keep->input = encode_input(keep->inputs);
-  if (auto e = read_truncation(body, &keep->input.truncate))
-    return fail(call, invalid_argument(*e));
-  keep->input.options.logits = true;
-  const bool single = keep->inputs.single;
-  const auto start = call.start;
-  submit(
-      call, served, keep,
-      [this, keep, single, served](batching::Request* out) {
-        return build(*served, keep->input, "inputs", single, out);
-      },
-      [keep, single, raw_scores, start](const batching::Request& r) {
-        json::Writer w;
-        if (!single) w.ch('[');
-        for (size_t i = 0; i < r.results.size(); ++i) {
-          if (i > 0) w.ch(',');
-          std::vector<float> scores = r.results[i].logits;
-          if (!raw_scores && !scores.empty()) {
-            const float top = *std::max_element(scores.begin(), scores.end());
-            double sum = 0;
-            for (float& s : scores) sum += (s = std::exp(s - top));
-            for (float& s : scores) s = float(s / sum);
-          }
-          std::vector<size_t> order(scores.size());
-          std::iota(order.begin(), order.end(), 0);
-          std::stable_sort(order.begin(), order.end(),
-                           [&](size_t a, size_t b) { return scores[a] > scores[b]; });
-          w.ch('[');
-          for (size_t k = 0; k < order.size(); ++k) {
-            if (k > 0) w.ch(',');
-            w.raw("{\"score\":")
-                .f32(scores[order[k]])
-                .raw(",\"label\":")
-                .string(serving::Intake::served(r).label(order[k]));
-            w.ch('}');
-          }
-          w.ch(']');
-        }
-        if (!single) w.ch(']');
-        Response response = json_response(bhttp::status::ok, w.take());
-        set_timing(response, r, start, characters(keep->inputs));
-        return response;
-      });
+  w.ch('[');
+  // TEI's answer: a special token's own text and null offsets; any other token the text's
+  // characters [start, stop), counted in Unicode code points as TEI counts them (its
+  // `input.chars().skip(start).take(stop - start)`).
+  const std::u32string chars = tokenizer::decode_utf8(text);
+  for (size_t k = 0; k < encoding.ids.size(); ++k) {
+    if (k > 0) w.ch(',');
+    const bool is_special = (k < first || k >= last) && tokenizer.is_special(encoding.ids[k]);
+    w.raw("{\"id\":").number(int64_t(encoding.ids[k])).raw(",\"text\":");
+    if (is_special) {
+      w.string(encoding.tokens[k]);
+      w.raw(",\"special\":true,\"start\":null,\"stop\":null}");
+      continue;
+    }
+    const auto [start, stop] = encoding.offsets[k];
+    w.string(tokenizer::encode_utf8(std::u32string_view(chars).substr(start, stop - start)));
+    w.raw(",\"special\":false,\"start\":").number(int64_t(start));
+    w.raw(",\"stop\":").number(int64_t(stop)).ch('}');
+  }
+  w.ch(']');
+  return std::nullopt;
 }
+
+}  // namespace
 
 void HttpApi::tei_tokenize(const Request& http_request, Call call) {
   const auto served = find(call, "");
@@ -364,13 +414,10 @@ void HttpApi::tei_tokenize(const Request& http_request, Call call) {
     return fail(call,
                 invalid_argument("this model has no tokenizer.json: it takes token ids, not text"));
   }
-  thread_local simdjson::dom::parser parser;
-  simdjson::dom::object body;
-  if (auto e = read_object(parser, http_request, &body)) return fail(call, invalid_argument(*e));
-  simdjson::dom::element v;
-  Inputs inputs;
-  if (body["inputs"].get(v)) return fail(call, invalid_argument("inputs: is required"));
-  if (auto e = read_inputs(v, "inputs", &inputs)) return fail(call, invalid_argument(*e));
+  Body body;
+  if (auto refused = reader::read_body(http_request, tokenize_fields(), &body))
+    return refuse_body(call, *refused);
+  const Inputs& inputs = body.inputs;
   if (!inputs.ids.empty())
     return fail(call, invalid_argument("inputs: expected text, got token ids"));
   const int64_t max_inputs = served->config.limits.max_request_inputs;
@@ -379,56 +426,15 @@ void HttpApi::tei_tokenize(const Request& http_request, Call call) {
                 invalid_argument("inputs: the request has " + std::to_string(inputs.size()) +
                                  " texts, over max_request_inputs " + std::to_string(max_inputs)));
   }
-  bool special = true;
-  if (auto e = read_bool(body, "add_special_tokens", &special))
-    return fail(call, invalid_argument(*e));
   json::Writer w;
   w.ch('[');
   for (size_t i = 0; i < inputs.texts.size(); ++i) {
-    tokenizer::Encoding encoding;
-    try {
-      encoding = tokenizer->encode(inputs.texts[i], tokenizer->truncation(), special,
-                                   /*offsets=*/true);
-    } catch (const std::exception& e) {
+    if (i > 0) w.ch(',');
+    if (auto why = write_tokens(w, *tokenizer, inputs.texts[i], body.special)) {
       return fail(call, invalid_argument((inputs.single ? std::string("inputs")
                                                         : "inputs[" + std::to_string(i) + "]") +
-                                         ": " + e.what()));
+                                         ": " + *why));
     }
-    // "special" as Hugging Face's special-tokens mask has it: the tokens the post-processor
-    // added ([CLS], [SEP]), found as what lies around the text's own encoding; an [UNK] the
-    // model made from an unknown word is not special.
-    size_t first = 0, last = encoding.ids.size();
-    if (special) {
-      const tokenizer::Encoding bare = tokenizer->encode(inputs.texts[i], false);
-      for (size_t o = 0; o + bare.ids.size() <= encoding.ids.size(); ++o) {
-        if (std::equal(bare.ids.begin(), bare.ids.end(), encoding.ids.begin() + ptrdiff_t(o))) {
-          first = o;
-          last = o + bare.ids.size();
-          break;
-        }
-      }
-    }
-    if (i > 0) w.ch(',');
-    w.ch('[');
-    // TEI's answer: a special token's own text and null offsets; any other token the text's
-    // characters [start, stop), counted in Unicode code points as TEI counts them (its
-    // `input.chars().skip(start).take(stop - start)`).
-    const std::u32string chars = tokenizer::decode_utf8(inputs.texts[i]);
-    for (size_t k = 0; k < encoding.ids.size(); ++k) {
-      if (k > 0) w.ch(',');
-      const bool is_special = (k < first || k >= last) && tokenizer->is_special(encoding.ids[k]);
-      w.raw("{\"id\":").number(int64_t(encoding.ids[k])).raw(",\"text\":");
-      if (is_special) {
-        w.string(encoding.tokens[k]);
-        w.raw(",\"special\":true,\"start\":null,\"stop\":null}");
-        continue;
-      }
-      const auto [start, stop] = encoding.offsets[k];
-      w.string(tokenizer::encode_utf8(std::u32string_view(chars).substr(start, stop - start)));
-      w.raw(",\"special\":false,\"start\":").number(int64_t(start));
-      w.raw(",\"stop\":").number(int64_t(stop)).ch('}');
-    }
-    w.ch(']');
   }
   w.ch(']');
   answer(call, json_response(bhttp::status::ok, w.take()), Status());
@@ -469,6 +475,19 @@ void HttpApi::tei_info(Call call) {
   w.raw(",\"backend\":").string(engine.backend_name());
   w.raw(",\"device\":").string(engine.device_name());
   w.raw(",\"accepts_text\":").boolean(served->tokenizer() != nullptr);
+  // The prompts for prompt_name, as sentence-transformers names them (ours: TEI has none here).
+  w.raw(",\"prompts\":{");
+  const request::Prompts* prompts = served->config.prompts.get();
+  if (prompts != nullptr) {
+    size_t k = 0;
+    for (const auto& [name, text] : prompts->by_name) (k++ ? w.ch(',') : w).key(name).string(text);
+  }
+  w.raw("},\"default_prompt_name\":");
+  if (prompts != nullptr && prompts->default_name) {
+    w.string(*prompts->default_name);
+  } else {
+    w.null();
+  }
   w.raw(",\"model_version\":").string(served->version);
   w.raw(",\"version\":").string(config.version).raw(",\"sha\":null,\"docker_label\":null}");
   answer(call, json_response(bhttp::status::ok, w.take()), Status());

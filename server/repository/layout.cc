@@ -108,6 +108,23 @@ std::vector<std::string> read_labels(const fs::path& version_dir) {
   return labels;
 }
 
+std::shared_ptr<const request::Prompts> read_prompts(const fs::path& version_dir,
+                                                     const std::string& from_settings) {
+  if (!from_settings.empty()) {
+    return std::make_shared<const request::Prompts>(
+        request::Prompts::parse(from_settings, "config.pbtxt parameters \"prompts\""));
+  }
+  const fs::path path = version_dir / "config_sentence_transformers.json";
+  std::error_code ec;
+  if (!fs::exists(path, ec)) return nullptr;
+  std::ifstream in(path);
+  const std::string text((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
+  if (!in && !in.eof()) throw std::invalid_argument(path.string() + ": cannot be read");
+  auto prompts =
+      std::make_shared<const request::Prompts>(request::Prompts::parse(text, path.string()));
+  return prompts->by_name.empty() ? nullptr : prompts;
+}
+
 std::shared_ptr<const request::Quantization> read_quantization(const fs::path& version_dir,
                                                                int64_t hidden_size) {
   const fs::path path = version_dir / "quantization.json";
@@ -262,6 +279,9 @@ ModelSettings read_settings(const std::filesystem::path& model_dir, const std::s
       s.interactive_timeout_ms = positive(f, key, v);
     } else if (key == "bulk_timeout_ms") {
       s.bulk_timeout_ms = positive(f, key, v);
+    } else if (key == "prompts") {
+      request::Prompts::parse(v, f + ": parameters \"prompts\"");  // refused here, at load
+      s.prompts = v;
     } else {
       throw std::invalid_argument(
           f + ": parameters \"" + key +
@@ -269,7 +289,7 @@ ModelSettings read_settings(const std::filesystem::path& model_dir, const std::s
           "max_queue_tokens, max_request_tokens, threads, "
           "default_priority, max_bulk_queue_tokens, "
           "bulk_promote_after_ms, mixed_batch_tokens, interactive_timeout_ms, "
-          "bulk_timeout_ms)");
+          "bulk_timeout_ms, prompts)");
     }
   }
   if (config.has_version_policy()) {

@@ -16,6 +16,7 @@
 
 #include "inference/model_config.pb.h"
 #include "server/repository/settings.h"
+#include "server/request/prompts.h"
 #include "server/request/quantize.h"
 
 namespace fastformer::repository {
@@ -46,5 +47,11 @@ std::vector<std::string> read_labels(const std::filesystem::path& version_dir);
 // load. `hidden_size`: no range may have more dimensions.
 std::shared_ptr<const request::Quantization> read_quantization(
     const std::filesystem::path& version_dir, int64_t hidden_size);
+// The version's prompts (request/prompts.h): `from_settings` (config.pbtxt's parameters["prompts"],
+// ModelSettings::prompts) when set, else the version directory's
+// config_sentence_transformers.json; null when neither names a prompt. Throws
+// std::invalid_argument naming the file and what is wrong, so a broken file stops the load.
+std::shared_ptr<const request::Prompts> read_prompts(const std::filesystem::path& version_dir,
+                                                     const std::string& from_settings);
 
 }  // namespace fastformer::repository

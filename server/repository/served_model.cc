@@ -126,6 +126,7 @@ std::shared_ptr<ServedModel> ServedModel::load(const std::string& name, int64_t 
   served->config.labels = read_labels(dir);
   served->config.quantization = read_quantization(dir, c.hidden_size);
   served->config.quantization_file = (std::filesystem::path(dir) / "quantization.json").string();
+  served->config.prompts = read_prompts(dir, settings.prompts);
   const int64_t max_request_tokens = settings.request_tokens(c);
   if (max_request_tokens > settings.max_queue_tokens) {
     throw std::invalid_argument(

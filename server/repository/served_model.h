@@ -37,6 +37,12 @@ struct ServiceConfig {
   /// the int8 and uint8 embedding types are refused naming quantization_file.
   std::shared_ptr<const request::Quantization> quantization;
   std::string quantization_file;  ///< where it is (or would be)
+  /// The version's prompts (read_prompts), read once at load; null: none.
+  std::shared_ptr<const request::Prompts> prompts;
+  // The files above as the request rules take them (valid while this config lives).
+  request::VersionFiles files() const {
+    return {prompts.get(), quantization.get(), quantization_file};
+  }
 };
 
 // Cumulative statistics of one model version, for the protocol's ModelStatistics: every

@@ -52,6 +52,9 @@ struct ModelSettings {
     return p == batching::Priority::kBulk ? bulk_timeout_ms : interactive_timeout_ms;
   }
   inference::ModelVersionPolicy version_policy;  ///< default: latest 1
+  /// config.pbtxt's parameters["prompts"]: the prompts object as JSON (request::Prompts::parse),
+  /// which replaces the version's config_sentence_transformers.json; empty: that file's.
+  std::string prompts;
 
   // max_request_tokens, resolved against the model when 0.
   int64_t request_tokens(const engine::ModelConfig& model) const;

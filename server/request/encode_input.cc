@@ -55,10 +55,12 @@ std::optional<Problem> keep_ids(std::span<const Id> ids, size_t row, const engin
 // The row's chunks in `storage` (which `in->spans` then views): its token spans, then its
 // character spans and sentences (a text's, through `offsets`), then its windows over the tokens
 // as tokenized (a text's special tokens, tokenizer.json's, belonging to no window).
+// `prompt`: the row's prompt tokens, in no chunk; `in->spans` already holds the row's token spans.
 std::optional<Problem> add_chunks(const Row& row, size_t i, const text::Tokenizer* tokenizer,
                                   int64_t tokens, const std::vector<tokenizer::Offsets>& offsets,
-                                  SequenceInput* in, std::vector<TokenSpan>* storage) {
-  storage->assign(row.spans.begin(), row.spans.end());
+                                  text::PromptTokens prompt, SequenceInput* in,
+                                  std::vector<TokenSpan>* storage) {
+  storage->assign(in->spans.begin(), in->spans.end());
   const bool text = row.field == Field::kText && tokenizer != nullptr;
   if (!row.char_spans.empty() || row.sentences) {
     if (!text) {
@@ -70,7 +72,8 @@ std::optional<Problem> add_chunks(const Row& row, size_t i, const text::Tokenize
     }
     const std::u32string chars = tokenizer::decode_utf8(row.text);
     const std::vector<int32_t> ids(in->token_ids.begin(), in->token_ids.end());
-    const auto content = text::content_tokens(*tokenizer, ids);
+    auto content = text::content_tokens(*tokenizer, ids);
+    content.first = std::max(content.first, size_t(prompt.at + prompt.count));
     size_t which = 0;
     if (auto why = text::token_spans_of_chars(row.char_spans, chars.size(), offsets, content,
                                               storage, &which))
@@ -99,6 +102,7 @@ std::optional<Problem> add_chunks(const Row& row, size_t i, const text::Tokenize
     std::vector<int32_t> content;  // the positions windows cover
     for (int64_t t = 0; t < tokens; ++t) {
       if (text && tokenizer->is_special(in->token_ids[size_t(t)])) continue;
+      if (t >= prompt.at && t < prompt.at + prompt.count) continue;
       content.push_back(int32_t(t));
     }
     const int64_t stride = w - overlap;
@@ -126,6 +130,12 @@ const char* field_name(Field field) {
       return "spans";
     case Field::kMacroChunks:
       return "macro_overlap_tokens";
+    case Field::kPrompt:
+      return "prompt_name";
+    case Field::kDimensions:
+      return "dimensions";
+    case Field::kEmbeddingTypes:
+      return "embedding_types";
   }
   return "?";
 }
@@ -139,8 +149,14 @@ std::string what(const Problem& p) {
 std::string describe(const Problem& p) { return std::string(field_name(p.field)) + ": " + what(p); }
 
 std::string format_v1(const Problem& p) {
-  if (!p.row)
-    return (p.field == Field::kMacroChunks ? "macro_overlap_tokens: " : "sequences: ") + what(p);
+  if (!p.row) {
+    return (p.field == Field::kMacroChunks ? "macro_overlap_tokens: "
+            : p.field == Field::kPrompt || p.field == Field::kDimensions ||
+                    p.field == Field::kEmbeddingTypes
+                ? std::string(field_name(p.field)) + ": "
+                : "sequences: ") +
+           what(p);
+  }
   return engine::InputError{*p.row, field_name(p.field), what(p)}.to_string();
 }
 
@@ -153,9 +169,9 @@ std::optional<std::string> check_options(const OutputOptions& options, const eng
 
 std::optional<std::string> check_dimensions(int64_t dimensions, const engine::Model& model) {
   const int64_t hidden = model.config().hidden_size;
-  if (dimensions < 0) return "dimensions: expected a positive integer";
+  if (dimensions < 0) return "expected a positive integer, got " + std::to_string(dimensions);
   if (dimensions > hidden) {
-    return "dimensions: " + std::to_string(dimensions) + " is over the model's hidden_size " +
+    return std::to_string(dimensions) + " is over the model's hidden_size " +
            std::to_string(hidden);
   }
   return std::nullopt;
@@ -196,6 +212,23 @@ engine::ModelConfig unbounded(const engine::ModelConfig& c) {
   engine::ModelConfig u = c;
   u.max_position_embeddings = std::numeric_limits<int32_t>::max();
   return u;
+}
+
+// The output options every protocol shares: logits need a head, `dimensions` at most
+// hidden_size, each embedding type its dimension count and calibrated ranges.
+std::optional<Problem> check_output(const EncodeInput& input, const engine::Model& model,
+                                    const VersionFiles* files) {
+  const OutputOptions& o = input.options;
+  if (auto why = check_dimensions(o.dimensions, model))
+    return Problem{std::nullopt, Field::kDimensions, {}, std::move(*why)};
+  const int64_t dims = o.dimensions > 0 ? o.dimensions : model.config().hidden_size;
+  for (const EmbeddingFormat& f : input.formats) {
+    const std::string file(files ? files->quantization_file : "quantization.json");
+    if (auto why = check_embedding_type(f.type, dims, o.normalize,
+                                        files ? files->quantization : nullptr, file))
+      return Problem{std::nullopt, Field::kEmbeddingTypes, {}, std::move(*why)};
+  }
+  return std::nullopt;
 }
 
 std::optional<Problem> check_macro(const EncodeInput& input, const engine::ModelConfig& c) {
@@ -316,7 +349,7 @@ std::optional<Problem> add_passes(const SequenceInput& in, std::optional<size_t>
 // build_request for input.late_chunking: the rows joined into one document, one span each.
 std::optional<Problem> build_late_chunked(const EncodeInput& input, const engine::Model& model,
                                           const text::Tokenizer* tokenizer, const Limits& limits,
-                                          batching::Request* out) {
+                                          std::string_view prompt, batching::Request* out) {
   const engine::ModelConfig& c = model.config();
   const size_t rows = input.rows.size();
   const Field kind = input.rows[0].field;
@@ -343,8 +376,9 @@ std::optional<Problem> build_late_chunked(const EncodeInput& input, const engine
     for (const Row& r : input.rows) texts.push_back(r.text);
     size_t which = rows;
     const auto start = batching::Clock::now();
-    std::optional<std::string> refused = text::chunk_texts(
-        tokenizer, input.macro_overlap_tokens ? unbounded(c) : c, texts, &ids, &spans, &which);
+    std::optional<std::string> refused =
+        text::chunk_texts(tokenizer, input.macro_overlap_tokens ? unbounded(c) : c, texts, &ids,
+                          &spans, &which, prompt);
     out->tokenize_ns += batching::ns_since(start);
     out->texts = int64_t(rows);
     if (refused) {
@@ -480,9 +514,15 @@ std::optional<std::pair<uint32_t, uint32_t>> chunk_characters(const batching::Re
   return range;
 }
 
+TokenSpan caller_tokens(const batching::Request& request, size_t row, TokenSpan chunk) {
+  if (row >= request.prompt_tokens.size()) return chunk;
+  const text::PromptTokens p{request.prompt_tokens[row].first, request.prompt_tokens[row].second};
+  return {p.to_caller(chunk.begin), p.to_caller(chunk.end)};
+}
+
 std::optional<Problem> build_request(const EncodeInput& input, const engine::Model& model,
                                      const text::Tokenizer* tokenizer, const Limits& limits,
-                                     batching::Request* out) {
+                                     batching::Request* out, const VersionFiles* files) {
   const engine::ModelConfig& c = model.config();
   const int64_t D = c.hidden_size, max_len = c.max_position_embeddings;
   const size_t rows = input.rows.size();
@@ -496,9 +536,27 @@ std::optional<Problem> build_request(const EncodeInput& input, const engine::Mod
                        std::to_string(limits.max_request_inputs)};
   }
   if (auto p = check_macro(input, c)) return p;
+  if (auto p = check_output(input, model, files)) return p;
+  std::string prompt, prompt_name;
+  if (auto why = choose_prompt(files ? files->prompts : nullptr, input.prompt_name,
+                               input.prompt_hint, &prompt, &prompt_name))
+    return Problem{std::nullopt, Field::kPrompt, {}, std::move(*why)};
+  if (!prompt.empty() && input.prompt_name) {
+    // A prompt named by the request is text: token ids or embeddings cannot take it.
+    for (size_t i = 0; i < rows; ++i) {
+      if (input.rows[i].field == Field::kText) continue;
+      return Problem{i,
+                     Field::kPrompt,
+                     {},
+                     "the prompt '" + prompt_name + "' is put before text, and this row is " +
+                         (input.rows[i].field == Field::kTokenIds ? "token ids" : "embeddings") +
+                         " (send the text, or tokenize the prompt and the text yourself)"};
+    }
+  }
   out->passes.clear();
   out->rows.clear();
-  if (input.late_chunking) return build_late_chunked(input, model, tokenizer, limits, out);
+  out->prompt_tokens.clear();
+  if (input.late_chunking) return build_late_chunked(input, model, tokenizer, limits, prompt, out);
   const bool macro = input.macro_overlap_tokens.has_value();
   const engine::ModelConfig any_length = unbounded(c);
   const engine::ModelConfig& row_config = macro ? any_length : c;  // what a row may hold
@@ -509,13 +567,14 @@ std::optional<Problem> build_request(const EncodeInput& input, const engine::Mod
   out->text_ids.clear();
   out->text_ids.reserve(rows);
   out->spans.clear();
-  out->spans.reserve(rows);
+  out->spans.reserve(2 * rows);  // a row's spans in its prompted positions, then its chunks
   out->text_offsets.clear();
   int64_t total = 0, spans = 0;
   for (size_t i = 0; i < rows; ++i) {
     const Row& row = input.rows[i];
     SequenceInput in;
     in.spans = row.spans;
+    text::PromptTokens prompted;
     switch (row.field) {
       case Field::kText: {
         std::vector<int32_t>& ids = out->text_ids.emplace_back();
@@ -524,12 +583,22 @@ std::optional<Problem> build_request(const EncodeInput& input, const engine::Mod
         // each chunk's character range in the answer).
         if (row.chunked()) out->text_offsets.resize(rows);
         std::optional<std::string> refused =
-            text::tokenize_text(tokenizer, row_config, row.text, input.truncate, &ids,
-                                row.chunked() ? &out->text_offsets[i] : nullptr);
+            text::tokenize_prompted(tokenizer, row_config, prompt, row.text, input.truncate, &ids,
+                                    row.chunked() ? &out->text_offsets[i] : nullptr, &prompted);
         out->tokenize_ns += batching::ns_since(start);
         ++out->texts;
         if (refused) return Problem{i, Field::kText, {}, std::move(*refused)};
         in.token_ids = ids;
+        if (prompted.count > 0) {
+          out->prompt_tokens.resize(rows);
+          out->prompt_tokens[i] = {prompted.at, prompted.count};
+          if (!row.spans.empty()) {  // the caller's positions, past the prompt's tokens
+            std::vector<TokenSpan>& moved = out->spans.emplace_back();
+            for (const TokenSpan s : row.spans)
+              moved.push_back({prompted.to_row(s.begin), prompted.to_row(s.end)});
+            in.spans = moved;
+          }
+        }
         break;
       }
       case Field::kTokenIds: {
@@ -554,6 +623,9 @@ std::optional<Problem> build_request(const EncodeInput& input, const engine::Mod
       }
       case Field::kSpans:  // name refusals only; a row's input is one of the three above
       case Field::kMacroChunks:
+      case Field::kPrompt:
+      case Field::kDimensions:
+      case Field::kEmbeddingTypes:
         return Problem{i, Field::kSpans, {}, "a row needs token_ids, input_embeddings or text"};
     }
     if (row.field != Field::kText) {
@@ -567,8 +639,8 @@ std::optional<Problem> build_request(const EncodeInput& input, const engine::Mod
       static const std::vector<tokenizer::Offsets> kNone;
       const std::vector<tokenizer::Offsets>& offsets =
           i < out->text_offsets.size() ? out->text_offsets[i] : kNone;
-      if (auto p = add_chunks(row, i, tokenizer, engine::sequence_length(in, D), offsets, &in,
-                              &out->spans.emplace_back()))
+      if (auto p = add_chunks(row, i, tokenizer, engine::sequence_length(in, D), offsets, prompted,
+                              &in, &out->spans.emplace_back()))
         return p;
       // A window of pad tokens only has nothing to pool: refused as a caller's span would be.
       if (auto error = engine::validate_spans(c, in, i))

@@ -20,6 +20,8 @@
 
 #include "server/batching/request.h"
 #include "server/engine/model.h"
+#include "server/request/prompts.h"
+#include "server/request/quantize.h"
 #include "server/text/text.h"
 
 namespace fastformer::request {
@@ -27,8 +29,18 @@ namespace fastformer::request {
 using text::Truncate;
 
 // Which input of a row a rule speaks of.
-// kMacroChunks: the request's macro_overlap_tokens (EncodeInput), or what it cannot serve.
-enum class Field { kTokenIds, kInputEmbeddings, kText, kSpans, kMacroChunks };
+// kMacroChunks: the request's macro_overlap_tokens (EncodeInput), or what it cannot serve;
+// kPrompt: its prompt_name; kDimensions and kEmbeddingTypes: its output options.
+enum class Field {
+  kTokenIds,
+  kInputEmbeddings,
+  kText,
+  kSpans,
+  kMacroChunks,
+  kPrompt,
+  kDimensions,
+  kEmbeddingTypes
+};
 
 // One row (sequence) of a request, as its protocol decoded it: exactly one input is set.
 // The spans view storage the protocol keeps alive for as long as the request.
@@ -97,6 +109,27 @@ struct EncodeInput {
   /// pooled from the pass that holds it with the most context on both sides, and the row's own
   /// embedding is the mean of its passes' (docs/api.md, "Macro-chunks"). Unset: refused.
   std::optional<int32_t> macro_overlap_tokens;
+  /// The model's prompt (prompts.h) put before each text row: one the model lacks is refused.
+  /// With token-id rows it is refused (a prompt is text). Spans, character spans and the
+  /// answer's token and character positions stay the caller's text's; the prompt's tokens are
+  /// in no chunk.
+  std::optional<std::string> prompt_name;
+  /// A prompt by another protocol's word (Cohere's input_type): used where the model has it,
+  /// never refused. Neither set: the model's default_prompt_name, for text rows.
+  std::optional<std::string> prompt_hint;
+  /// The types every embedding is answered in (empty: float). Checked against the model's
+  /// dimensions (options.dimensions, else hidden_size) and its quantization.json here, once for
+  /// every protocol.
+  std::vector<EmbeddingFormat> formats;
+};
+
+// What a model version's directory adds to its weights for the rules: its prompts
+// (config_sentence_transformers.json) and its calibrated ranges (quantization.json, which
+// int8 and uint8 need; `quantization_file` is where it is or would be).
+struct VersionFiles {
+  const Prompts* prompts = nullptr;
+  const Quantization* quantization = nullptr;
+  std::string_view quantization_file;
 };
 
 struct Limits {
@@ -115,7 +148,7 @@ struct Problem {
 };
 
 // The field's name in fastformer.v1 and the JSON lines: token_ids, input_embeddings, text,
-// spans, macro_overlap_tokens.
+// spans, macro_overlap_tokens, prompt_name, dimensions, embedding_types.
 const char* field_name(Field field);
 
 // The problem without its row: "token_ids: token 5 has id 1000, outside [0, vocab_size 1000)".
@@ -128,16 +161,16 @@ std::string format_v1(const Problem& problem);
 // Fills `out`: its sequences (views into the rows' storage, or into out->text_ids for what
 // was tokenized or narrowed here), its options and the tokenizer's time and count. Rows are
 // checked in order; the first refusal is returned and `out` must not be queued.
-// `tokenizer`: the model's (null when it takes no text).
+// `tokenizer`: the model's (null when it takes no text); `files`: the version's (null: none).
 std::optional<Problem> build_request(const EncodeInput& input, const engine::Model& model,
                                      const text::Tokenizer* tokenizer, const Limits& limits,
-                                     batching::Request* out);
+                                     batching::Request* out, const VersionFiles* files = nullptr);
 
 // The output options the model can answer: asking for logits of a model with no classifier
 // head is refused (the message, without the option's name, which differs per protocol).
 std::optional<std::string> check_options(const OutputOptions& options, const engine::Model& model);
-// Why `dimensions` (OutputOptions::dimensions) cannot be served by `model`: "dimensions: 900 is
-// over the model's hidden_size 768", or below 0; nothing when it can.
+// Why `dimensions` (OutputOptions::dimensions) cannot be served by `model`: "900 is over the
+// model's hidden_size 768", or below 0; nothing when it can.
 std::optional<std::string> check_dimensions(int64_t dimensions, const engine::Model& model);
 // The options every protocol shares that act on a finished request's results: the first
 // options.dimensions values of each embedding, re-normalised when options.normalize (the
@@ -154,5 +187,7 @@ void merge_passes(batching::Request* request);
 // (or a chunk of special tokens only).
 std::optional<std::pair<uint32_t, uint32_t>> chunk_characters(const batching::Request& request,
                                                               size_t row, TokenSpan chunk);
+// A chunk of row `row` as its caller numbers tokens: without the prompt's (text::PromptTokens).
+TokenSpan caller_tokens(const batching::Request& request, size_t row, TokenSpan chunk);
 
 }  // namespace fastformer::request

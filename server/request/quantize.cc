@@ -35,6 +35,17 @@ const char* embedding_type_names() {
   return "\"float\", \"int8\", \"uint8\", \"binary\" or \"ubinary\"";
 }
 
+std::optional<EmbeddingFormat> parse_embedding_format(std::string_view name) {
+  if (name == "base64") return EmbeddingFormat{"base64", EmbeddingType::kFloat, true};
+  const auto type = parse_embedding_type(name);
+  if (!type) return std::nullopt;
+  return EmbeddingFormat{std::string(name), *type, false};
+}
+
+const char* embedding_format_names() {
+  return "\"float\", \"int8\", \"uint8\", \"binary\", \"ubinary\" or \"base64\"";
+}
+
 size_t embedding_type_bytes(EmbeddingType type, size_t dims) {
   switch (type) {
     case EmbeddingType::kFloat:

@@ -32,6 +32,19 @@ const char* embedding_type_name(EmbeddingType type);
 std::optional<EmbeddingType> parse_embedding_type(std::string_view name);
 // "\"float\", \"int8\", \"uint8\", \"binary\" or \"ubinary\"": for the refusals.
 const char* embedding_type_names();
+
+// An embedding type as the JSON APIs name it (OpenAI's and Jina's embedding_type, Cohere's
+// embedding_types): one of the names above, or "base64", the float32 values' bytes in base64.
+// `base64` also stands for OpenAI's encoding_format "base64" (any type's bytes in base64).
+struct EmbeddingFormat {
+  std::string name;
+  EmbeddingType type = EmbeddingType::kFloat;
+  bool base64 = false;
+};
+// The format a name denotes, or nothing.
+std::optional<EmbeddingFormat> parse_embedding_format(std::string_view name);
+// embedding_type_names() and "base64": for the refusals.
+const char* embedding_format_names();
 // Bytes a `dims`-dimensional embedding takes in the type (float: 4 per dimension).
 size_t embedding_type_bytes(EmbeddingType type, size_t dims);
 // Whether the type's values are signed (int8, binary).

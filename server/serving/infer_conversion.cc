@@ -126,10 +126,12 @@ Status read_floats(const Input& input, int64_t count, std::vector<float>* out) {
   return Status();
 }
 
-Status read_parameters(const inference::ModelInferRequest& proto, OutputOptions* options,
-                       Truncate* truncate, std::optional<int32_t>* macro_overlap,
+Status read_parameters(const inference::ModelInferRequest& proto, request::EncodeInput* input,
                        request::EmbeddingType* embedding_type,
                        std::optional<batching::Priority>* priority) {
+  OutputOptions* options = &input->options;
+  Truncate* truncate = &input->truncate;
+  std::optional<int32_t>* macro_overlap = &input->macro_overlap_tokens;
   // Parameters we do not know are ignored, as the protocol asks (clients add their own).
   for (const auto& [key, value] : proto.parameters()) {
     if (key == "span_pooling") {
@@ -181,6 +183,10 @@ Status read_parameters(const inference::ModelInferRequest& proto, OutputOptions*
                                 request::embedding_type_names());
       }
       *embedding_type = *type;
+    } else if (key == "prompt_name") {
+      if (value.parameter_choice_case() != inference::InferParameter::kStringParam)
+        return invalid_argument("parameters: prompt_name must be a string parameter");
+      input->prompt_name = value.string_param();
     }
   }
   return Status();
@@ -337,6 +343,9 @@ Status refuse(const request::Problem& p) {
                        : p.field == request::Field::kInputEmbeddings ? "input_embeddings"
                        : p.field == request::Field::kSpans           ? "spans"
                        : p.field == request::Field::kMacroChunks     ? "macro_overlap_tokens"
+                       : p.field == request::Field::kPrompt          ? "parameters: prompt_name"
+                       : p.field == request::Field::kEmbeddingTypes  ? "parameters: embedding_type"
+                       : p.field == request::Field::kDimensions      ? "parameters: dimensions"
                                                                      : "text";
   std::string where = tensor;
   if (p.row) {
@@ -355,6 +364,8 @@ Status convert_infer_request(const inference::ModelInferRequest& proto, const en
                              int64_t max_batch_size, InferCall* call, batching::Request* out) {
   const engine::ModelConfig& c = model.config();
   const int64_t D = c.hidden_size, max_len = c.max_position_embeddings;
+  const request::VersionFiles files{call->prompts.get(), call->quantization.get(),
+                                    call->quantization_file};
 
   // The inputs by name.
   if (proto.raw_input_contents_size() > 0 &&
@@ -392,16 +403,12 @@ Status convert_infer_request(const inference::ModelInferRequest& proto, const en
 
   request::EncodeInput input;
   std::optional<batching::Priority> priority;
-  if (Status s = read_parameters(proto, &input.options, &input.truncate,
-                                 &input.macro_overlap_tokens, &call->embedding_type, &priority);
-      !s.ok())
+  if (Status s = read_parameters(proto, &input, &call->embedding_type, &priority); !s.ok())
     return s;
   if (priority) out->asked_priority = priority;  // else the header's (HTTP), or the default
-  if (auto refused = request::check_embedding_type(
-          call->embedding_type, model.config().hidden_size, input.options.normalize,
-          call->quantization.get(), call->quantization_file)) {
-    return invalid_argument("parameters: embedding_type: " + *refused);
-  }
+  // Checked against the model with the other output options (build_request).
+  input.formats = {
+      {request::embedding_type_name(call->embedding_type), call->embedding_type, false}};
   if (call->quantization)
     call->range = call->quantization->find(model.config().hidden_size, input.options.normalize);
   if (Status s = read_outputs(proto, model, tokenizer, spans_in.has_value(), call); !s.ok())
@@ -463,7 +470,7 @@ Status convert_infer_request(const inference::ModelInferRequest& proto, const en
     if (Status s = check_batch("text", int64_t(texts.size())); !s.ok()) return s;
     for (const std::string_view t : texts) input.rows.push_back(request::Row::from_text(t));
     if (Status s = attach_spans(); !s.ok()) return s;
-    if (auto problem = request::build_request(input, model, tokenizer, limits, out))
+    if (auto problem = request::build_request(input, model, tokenizer, limits, out, &files))
       return refuse(*problem);
     call->rows = int64_t(texts.size());
     for (const SequenceInput& row : out->row_inputs())
@@ -519,7 +526,7 @@ Status convert_infer_request(const inference::ModelInferRequest& proto, const en
     }
   }
   if (Status s = attach_spans(); !s.ok()) return s;
-  if (auto problem = request::build_request(input, model, tokenizer, limits, out))
+  if (auto problem = request::build_request(input, model, tokenizer, limits, out, &files))
     return refuse(*problem);
   return Status();
 }

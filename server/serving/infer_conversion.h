@@ -10,7 +10,8 @@
 //         token_embeddings FP32 [batch, length, hidden], zero past each row's tokens
 //         logits           FP32 [batch, num_labels], when the model has a classifier head
 //         num_tokens       INT64 [batch], tokens per row, when the model has a tokenizer.json
-// Parameters (request): normalize (bool), truncation ("none", "right" or "left").
+// Parameters (request): normalize (bool), truncation ("none", "right" or "left"), prompt_name
+// (string: one of the model's prompts, docs/api.md "Prompts"), and the rest docs/api.md lists.
 #pragma once
 
 #include <cstdint>
@@ -60,6 +61,8 @@ struct InferCall {
   std::shared_ptr<const request::Quantization> quantization;
   std::string quantization_file;
   const request::QuantizationRange* range = nullptr;  ///< int8 / uint8: in `quantization`
+  /// The model version's prompts (the `prompt_name` parameter's), set by the caller; null: none.
+  std::shared_ptr<const request::Prompts> prompts;
 };
 
 // INVALID_ARGUMENT naming the tensor, the row and the limit for anything wrong (the model and

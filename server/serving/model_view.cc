@@ -78,6 +78,9 @@ void fill_model_config(const ServedModel& served, inference::ModelConfig* config
   auto& parameters = *config->mutable_parameters();
   parameters["dtype"].set_string_value(engine::dtype_name(engine.dtype().dtype));  // never "auto"
   parameters["device"].set_string_value(engine.device_name());
+  // The prompts as config.pbtxt's "prompts" parameter takes them (the parameters' prompt_name).
+  if (served.config.prompts)
+    parameters["prompts"].set_string_value(served.config.prompts->to_json());
   parameters["max_batch_tokens"].set_string_value(std::to_string(served.settings.max_batch_tokens));
   parameters["max_request_tokens"].set_string_value(
       std::to_string(service.limits.max_request_tokens));

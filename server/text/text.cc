@@ -75,6 +75,78 @@ std::optional<std::string> tokenize_text(const Tokenizer* tok, const engine::Mod
   return std::nullopt;
 }
 
+std::optional<std::string> tokenize_prompted(const Tokenizer* tok, const engine::ModelConfig& c,
+                                             std::string_view prompt, std::string_view text,
+                                             Truncate truncate, std::vector<int32_t>* ids,
+                                             std::vector<tokenizer::Offsets>* offsets,
+                                             PromptTokens* where) {
+  *where = {};
+  if (prompt.empty()) return tokenize_text(tok, c, text, truncate, ids, offsets);
+  if (tok == nullptr) return tokenize_text(tok, c, text, truncate, ids, offsets);
+  if (text.empty()) return "the text is empty";
+  std::string joined;
+  joined.reserve(prompt.size() + text.size());
+  joined.append(prompt).append(text);
+  tokenizer::Encoding enc;
+  try {
+    enc = tok->encode(joined, nullptr, true, true);
+  } catch (const tokenizer::TokenizerError& e) {
+    return std::string(e.what());
+  }
+  const auto [begin, end] = content_tokens(*tok, enc.ids);
+  const uint32_t prompt_chars = uint32_t(tokenizer::code_point_count(prompt));
+  size_t count = 0;  // the prompt's tokens: those that start in it
+  while (begin + count < end && enc.offsets[begin + count].first < prompt_chars) ++count;
+  const size_t text_tokens = end - begin - count;
+  // The cut: tokenizer.json's own rule first (as in training), then the request's.
+  size_t cap = SIZE_MAX;
+  bool left = false;
+  if (const tokenizer::Truncation* rule = tok->truncation()) {
+    cap = rule->max_length;
+    left = rule->direction == tokenizer::TruncationDirection::kLeft;
+  }
+  const size_t max_len = size_t(c.max_position_embeddings);
+  if (truncate != Truncate::kNone && max_len < cap) {
+    cap = max_len;
+    left = truncate == Truncate::kLeft;
+  }
+  const std::string limit = cap == max_len ? "max_position_embeddings " + std::to_string(max_len)
+                                           : "tokenizer.json's max_length " + std::to_string(cap);
+  if (enc.ids.size() > cap) {
+    const size_t over = enc.ids.size() - cap;
+    if (over >= text_tokens) {
+      return "the prompt's " + std::to_string(count) + " tokens and the special tokens leave " +
+             "the text no token under " + limit;
+    }
+    const size_t from = left ? begin + count : end - over;
+    enc.ids.erase(enc.ids.begin() + ptrdiff_t(from), enc.ids.begin() + ptrdiff_t(from + over));
+    enc.offsets.erase(enc.offsets.begin() + ptrdiff_t(from),
+                      enc.offsets.begin() + ptrdiff_t(from + over));
+  }
+  if (text_tokens == 0) {
+    return "the text tokenizes to no tokens (its " + std::to_string(text.size()) +
+           " bytes are whitespace or characters the tokenizer drops)";
+  }
+  if (enc.ids.size() > max_len) {
+    return "the prompt and the text are " + std::to_string(enc.ids.size()) +
+           " tokens, over max_position_embeddings " + std::to_string(max_len) +
+           " (truncation right or left cuts the text, never the prompt)";
+  }
+  for (size_t t = 0; t < enc.offsets.size(); ++t) {
+    auto& [s, e] = enc.offsets[t];
+    if (t >= begin && t < begin + count) {
+      s = e = 0;  // the prompt's: no character of the text
+    } else if (e > s) {
+      s = s >= prompt_chars ? s - prompt_chars : 0;
+      e = e >= prompt_chars ? e - prompt_chars : 0;
+    }
+  }
+  *ids = std::move(enc.ids);
+  if (offsets) *offsets = std::move(enc.offsets);
+  *where = {int32_t(begin), int32_t(count)};
+  return std::nullopt;
+}
+
 std::pair<size_t, size_t> content_tokens(const Tokenizer& tok, const std::vector<int32_t>& ids) {
   size_t begin = 0, end = ids.size();
   while (begin < end && tok.is_special(ids[begin])) ++begin;
@@ -184,11 +256,11 @@ std::vector<TokenSpan> sentence_spans(std::u32string_view text) {
 std::optional<std::string> chunk_texts(const Tokenizer* tok, const engine::ModelConfig& c,
                                        std::span<const std::string_view> texts,
                                        std::vector<int32_t>* ids, std::vector<TokenSpan>* spans,
-                                       size_t* which) {
+                                       size_t* which, std::string_view prompt) {
   *which = texts.size();
-  std::string document;
+  std::string document(prompt);
   std::vector<TokenSpan> chars;  // each text's characters in the document
-  size_t at = 0;
+  size_t at = tokenizer::code_point_count(prompt);
   for (size_t i = 0; i < texts.size(); ++i) {
     if (i > 0) {
       document += ' ';

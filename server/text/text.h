@@ -46,6 +46,31 @@ std::optional<std::string> tokenize_text(const Tokenizer* tokenizer,
                                          Truncate truncate, std::vector<int32_t>* ids,
                                          std::vector<tokenizer::Offsets>* offsets = nullptr);
 
+// Where a prompt's tokens lie in a row tokenized with one (tokenize_prompted): `count` tokens
+// from `at` (after the special tokens the post-processor put first). A row without a prompt
+// has count 0.
+struct PromptTokens {
+  int32_t at = 0;
+  int32_t count = 0;
+  // The row's position of the caller's token `t` (numbered as if the text had no prompt), and
+  // back: the prompt's tokens are in no span the caller gives or gets.
+  int32_t to_row(int32_t t) const { return t >= at ? t + count : t; }
+  int32_t to_caller(int32_t t) const { return t >= at + count ? t - count : std::min(t, at); }
+};
+
+// tokenize_text for `prompt` + `text`, tokenized as one string (as sentence-transformers and TEI
+// do). The prompt counts toward the position limit and tokenizer.json's truncation, but a cut
+// (the request's or tokenizer.json's, in its direction) takes the text's tokens, never the
+// prompt's; a prompt that leaves the text no token is refused. `offsets` (when asked) are the
+// text's characters as sent (the prompt's tokens: (0, 0), as special tokens). An empty prompt:
+// tokenize_text.
+std::optional<std::string> tokenize_prompted(const Tokenizer* tokenizer,
+                                             const engine::ModelConfig& config,
+                                             std::string_view prompt, std::string_view text,
+                                             Truncate truncate, std::vector<int32_t>* ids,
+                                             std::vector<tokenizer::Offsets>* offsets,
+                                             PromptTokens* where);
+
 // The tokens of `ids` between the special tokens the post-processor put around the text:
 // [begin, end).
 std::pair<size_t, size_t> content_tokens(const Tokenizer& tokenizer,
@@ -75,13 +100,14 @@ std::vector<TokenSpan> sentence_spans(std::u32string_view text);
 
 // Late chunking in Jina's form: `texts` are one document's consecutive chunks, joined with one
 // space and tokenized once into `ids` (special tokens included, no truncation: a document over
-// the model's positions is refused); `spans` gets each text's token range in it: the tokens
+// the model's positions is refused), after `prompt` when one is given (its tokens in no span);
+// `spans` gets each text's token range in it: the tokens
 // whose first character is one of the text's (the tokenizer's character offsets). Returns why
 // (and sets *which to the text at fault, or to texts.size() for the document), or nothing.
 std::optional<std::string> chunk_texts(const Tokenizer* tokenizer,
                                        const engine::ModelConfig& config,
                                        std::span<const std::string_view> texts,
                                        std::vector<int32_t>* ids, std::vector<TokenSpan>* spans,
-                                       size_t* which);
+                                       size_t* which, std::string_view prompt = {});
 
 }  // namespace fastformer::text

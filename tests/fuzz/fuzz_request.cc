@@ -39,17 +39,11 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
     return 0;
   }
 
-  // No calibrated ranges here: INT8 and UINT8 are refused (as is an unknown type, or BINARY on
-  // a hidden size that is not a multiple of 8), the other types answered.
-  if (const Status types = rpc::check_embedding_types(proto, c.hidden_size, nullptr, "ranges.json");
-      !types.ok()) {
-    FUZZ_CHECK(types.code() == StatusCode::kInvalidArgument);
-    FUZZ_CHECK(types.message().starts_with("embedding_types: "));
-    return 0;
-  }
+  // No calibrated ranges here: INT8 and UINT8 are refused by convert_request (as is an unknown
+  // type, or BINARY on a hidden size that is not a multiple of 8), the other types answered.
   auto request = std::make_shared<batching::Request>();
   const Status status =
-      rpc::convert_request(proto, model, served.tokenizer.get(), limits, request.get());
+      rpc::convert_request(proto, model, served.tokenizer.get(), limits, {}, request.get());
   if (!status.ok()) {
     FUZZ_CHECK(status.code() == StatusCode::kInvalidArgument);
     FUZZ_CHECK(!status.message().empty());

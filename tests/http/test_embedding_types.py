@@ -223,12 +223,12 @@ def test_cohere_v1_sdk_floats_and_by_type(typed, quantize):
 @pytest.mark.parametrize(
     "body, words",
     [
-        ({"texts": ["hello"], "embedding_types": ["int4"]}, ['embedding_types: expected "float"', 'got "int4"']),
+        ({"texts": ["hello"], "embedding_types": ["int4"]}, ['embedding_types[0]: expected "float"', 'got "int4"']),
         ({"texts": ["hello"], "embedding_types": ["binary"], "output_dimension": 60}, ["multiple of 8, got 60"]),
         ({"texts": ["hello"], "embedding_types": ["int8"], "output_dimension": 48}, ["48 dimensions"]),
         ({"texts": ["hello"], "input_type": "image"}, ['input_type: expected "search_document"']),
         ({"texts": ["hello"], "truncate": "MIDDLE"}, ['truncate: expected "NONE", "START" or "END"']),
-        ({"texts": "hello"}, ["texts: expected an array of strings, got a string"]),
+        ({"texts": "hello"}, ['texts: expected an array of strings, got "hello"']),
         ({"input_type": "search_query"}, ["texts: is required"]),
         ({"texts": ["hello"], "images": ["data:image/png;base64,AAAA"]}, ["images: not served here"]),
     ],

@@ -72,6 +72,9 @@ struct RowSpec {
       case Field::kTokenIds:
       case Field::kSpans:
       case Field::kMacroChunks:
+      case Field::kPrompt:
+      case Field::kDimensions:
+      case Field::kEmbeddingTypes:
         break;
     }
     return (wide.empty() ? Row::ids(ids) : Row::wide_ids(wide)).with_spans(spans);
@@ -475,6 +478,161 @@ TEST(EncodeInput, InputsPerRequestAreLimited) {
   EXPECT_FALSE(build_request(input, *s.model, s.tokenizer.get(), limits, &out));
 }
 
+// Prompts (issue 49) on the "words" model: WordLevel, whitespace split, no special tokens, 8
+// positions; "a" 2, "b" 3, "c" 4. The prompt "a b " is two tokens before the text's.
+struct Prompted {
+  Prompts prompts = Prompts::parse(
+      R"({"prompts": {"query": "a b ", "none": ""}, "default_prompt_name": null, "x": 1})", "test");
+  VersionFiles files{&prompts, nullptr, {}};
+  batching::Request out;
+  std::optional<Problem> build(const EncodeInput& input, int64_t tokens = 100) {
+    const Served& s = served(true);
+    return build_request(input, *s.model, s.tokenizer.get(), Limits{tokens}, &out, &files);
+  }
+};
+
+EncodeInput text_input(std::string_view text, std::optional<std::string> prompt,
+                       Truncate truncate = Truncate::kNone) {  // `text` outlives the input
+  EncodeInput input;
+  input.rows = {Row::from_text(text)};
+  input.prompt_name = std::move(prompt);
+  input.truncate = truncate;
+  return input;
+}
+
+TEST(Prompts, ThePromptIsTokenizedFirstAndACutTakesOnlyTheText) {
+  Prompted p;
+  const std::string text = "c c c a a a b b b";  // 9 tokens: with the prompt's 2, 11 of 8
+  ASSERT_FALSE(p.build(text_input("c a", "query")));
+  EXPECT_EQ(p.out.text_ids[0], (std::vector<int32_t>{2, 3, 4, 2}));
+  ASSERT_FALSE(p.build(text_input(text, "query", Truncate::kRight)));
+  EXPECT_EQ(p.out.text_ids[0], (std::vector<int32_t>{2, 3, 4, 4, 4, 2, 2, 2}));
+  ASSERT_FALSE(p.build(text_input(text, "query", Truncate::kLeft)));
+  EXPECT_EQ(p.out.text_ids[0], (std::vector<int32_t>{2, 3, 2, 2, 2, 3, 3, 3}));
+  const auto refused = p.build(text_input(text, "query"));
+  ASSERT_TRUE(refused);
+  EXPECT_EQ(format_v1(*refused),
+            "sequence 0: text: the prompt and the text are 11 tokens, over "
+            "max_position_embeddings 8 (truncation right or left cuts the text, never the "
+            "prompt)");
+  // The prompt counts toward the request's token budget.
+  const auto budget = p.build(text_input("c a", "query"), 3);
+  ASSERT_TRUE(budget);
+  EXPECT_EQ(format_v1(*budget), "sequences: the request has 4 tokens, over max_request_tokens 3");
+  // An empty prompt is no prompt.
+  ASSERT_FALSE(p.build(text_input("c a", "none")));
+  EXPECT_EQ(p.out.text_ids[0], (std::vector<int32_t>{4, 2}));
+  EXPECT_TRUE(p.out.prompt_tokens.empty());
+}
+
+TEST(Prompts, AnUnknownNameIsRefusedWithTheModelsPromptsAndAHintNever) {
+  Prompted p;
+  auto refused = p.build(text_input("c", "passage"));
+  ASSERT_TRUE(refused);
+  EXPECT_EQ(format_v1(*refused),
+            "prompt_name: 'passage' is not a prompt of this model; its prompts: 'none', 'query'");
+  const Served& s = served(true);
+  refused = build_request(text_input("c", "query"), *s.model, s.tokenizer.get(), Limits{100},
+                          &p.out);  // no files: the model has no prompts
+  ASSERT_TRUE(refused);
+  EXPECT_EQ(describe(*refused),
+            "prompt_name: 'query' is not a prompt of this model: it has none "
+            "(config_sentence_transformers.json)");
+  EncodeInput hinted = text_input("c", std::nullopt);
+  hinted.prompt_hint = "clustering";  // Cohere's input_type the model does not name: no prompt
+  ASSERT_FALSE(p.build(hinted));
+  EXPECT_EQ(p.out.text_ids[0], (std::vector<int32_t>{4}));
+  hinted.prompt_hint = "query";
+  ASSERT_FALSE(p.build(hinted));
+  EXPECT_EQ(p.out.text_ids[0], (std::vector<int32_t>{2, 3, 4}));
+}
+
+TEST(Prompts, TheDefaultAppliesToTextAndANamedPromptRefusesTokenIds) {
+  Prompted p;
+  p.prompts.default_name = "query";
+  const std::vector<int32_t> ids{4, 4};
+  EncodeInput input = text_input("c", std::nullopt);
+  input.rows.push_back(Row::ids(ids));
+  ASSERT_FALSE(p.build(input));  // the default: text rows only
+  EXPECT_EQ(p.out.text_ids[0], (std::vector<int32_t>{2, 3, 4}));
+  EXPECT_EQ(std::vector<int32_t>(p.out.sequences[1].token_ids.begin(),
+                                 p.out.sequences[1].token_ids.end()),
+            ids);
+  input.prompt_name = "query";
+  const auto refused = p.build(input);
+  ASSERT_TRUE(refused);
+  EXPECT_EQ(format_v1(*refused),
+            "sequence 1: prompt_name: the prompt 'query' is put before text, and this row is "
+            "token ids (send the text, or tokenize the prompt and the text yourself)");
+}
+
+TEST(Prompts, SpansAndCharactersStayTheCallersText) {
+  Prompted p;
+  const std::vector<TokenSpan> tokens{{0, 1}, {1, 3}};  // "c", "a b" of the text as sent
+  const std::vector<TokenSpan> chars{{2, 3}};           // "a"
+  EncodeInput input = text_input("c a b", "query");
+  input.rows[0] = input.rows[0].with_spans(tokens).with_char_chunks(chars, false);
+  ASSERT_FALSE(p.build(input));
+  ASSERT_EQ(p.out.text_ids[0], (std::vector<int32_t>{2, 3, 4, 2, 3}));
+  const std::span<const TokenSpan> run = p.out.sequences[0].spans;
+  ASSERT_EQ(run.size(), 3u);
+  EXPECT_EQ(run[0].begin, 2);  // past the prompt's two tokens
+  EXPECT_EQ(run[0].end, 3);
+  EXPECT_EQ(run[1].begin, 3);
+  EXPECT_EQ(run[1].end, 5);
+  EXPECT_EQ(run[2].begin, 3);  // the character span's token
+  EXPECT_EQ(run[2].end, 4);
+  for (size_t k = 0; k < 2; ++k) {
+    const TokenSpan back = caller_tokens(p.out, 0, run[k]);
+    EXPECT_EQ(back.begin, tokens[k].begin);
+    EXPECT_EQ(back.end, tokens[k].end);
+  }
+  const auto range = chunk_characters(p.out, 0, run[2]);
+  ASSERT_TRUE(range);
+  EXPECT_EQ(range->first, 2u);
+  EXPECT_EQ(range->second, 3u);
+  // Windows cover the text's tokens only: 2 a window over "c a b".
+  EncodeInput windows = text_input("c a b", "query");
+  windows.rows[0] = windows.rows[0].with_windows(2, 0);
+  ASSERT_FALSE(p.build(windows));
+  const std::span<const TokenSpan> w = p.out.sequences[0].spans;
+  ASSERT_EQ(w.size(), 2u);
+  EXPECT_EQ(w[0].begin, 2);
+  EXPECT_EQ(w[0].end, 4);
+  EXPECT_EQ(w[1].begin, 4);
+  EXPECT_EQ(w[1].end, 5);
+}
+
+TEST(Prompts, LateChunkingPutsThePromptBeforeTheDocumentInNoChunk) {
+  Prompted p;
+  const std::string a = "c", b = "a b";
+  EncodeInput input;
+  input.rows = {Row::from_text(a), Row::from_text(b)};
+  input.late_chunking = true;
+  input.prompt_name = "query";
+  ASSERT_FALSE(p.build(input));
+  EXPECT_EQ(p.out.text_ids[0], (std::vector<int32_t>{2, 3, 4, 2, 3}));
+  const std::span<const TokenSpan> spans = p.out.sequences[0].spans;
+  ASSERT_EQ(spans.size(), 2u);
+  EXPECT_EQ(spans[0].begin, 2);
+  EXPECT_EQ(spans[0].end, 3);
+  EXPECT_EQ(spans[1].begin, 3);
+  EXPECT_EQ(spans[1].end, 5);
+}
+
+TEST(Prompts, AMalformedFileIsRefusedNamingIt) {
+  EXPECT_THROW(Prompts::parse(R"({"prompts": {"q": 1}})", "f.json"), std::invalid_argument);
+  try {
+    Prompts::parse(R"({"prompts": {"q": "x"}, "default_prompt_name": "p"})", "f.json");
+    FAIL();
+  } catch (const std::invalid_argument& e) {
+    EXPECT_STREQ(e.what(), "f.json: default_prompt_name \"p\" names no prompt ('q')");
+  }
+  const Prompts p = Prompts::parse(R"({"prompts": {"q": "x: "}, "default_prompt_name": "q"})", "f");
+  EXPECT_EQ(Prompts::parse(p.to_json(), "again").by_name, p.by_name);
+  EXPECT_EQ(Prompts::parse(p.to_json(), "again").default_name, "q");
+}
+
 TEST(EncodeInput, LogitsNeedAClassifierHead) {
   OutputOptions logits;
   logits.logits = true;
@@ -516,9 +674,9 @@ TEST(OutputOptionsTest, DimensionsCutAndRenormalise) {
   const engine::Model& model = *served(false).model;
   const int64_t hidden = model.config().hidden_size;
   EXPECT_EQ(check_dimensions(hidden, model), std::nullopt);
-  EXPECT_EQ(check_dimensions(hidden + 1, model), "dimensions: " + std::to_string(hidden + 1) +
-                                                     " is over the model's hidden_size " +
-                                                     std::to_string(hidden));
+  EXPECT_EQ(
+      check_dimensions(hidden + 1, model),
+      std::to_string(hidden + 1) + " is over the model's hidden_size " + std::to_string(hidden));
 }
 
 // The C++ API's byte spans: whole characters only ("é" is 2 bytes, "€" 3).

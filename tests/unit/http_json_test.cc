@@ -83,7 +83,8 @@ Inputs read(const char* text, std::optional<std::string>* error) {
   simdjson::dom::element root;
   EXPECT_FALSE(json::parse(parser, text, &root).has_value()) << text;
   Inputs inputs;
-  *error = read_inputs(root, "input", &inputs);
+  *error = reader::read_inputs(root, &inputs);
+  if (*error) *error = reader::where("input", **error);
   return inputs;
 }
 
@@ -120,6 +121,84 @@ TEST(HttpInputs, RefusalsNameTheField) {
   EXPECT_EQ(*e, "input[0]: expected token ids (integers), got a number");
   read("[\"a\", {}]", &e);
   EXPECT_EQ(*e, "input[1]: expected a string or an array of token ids, got an object");
+}
+
+// The one reader (reader.h): a table of fields over a struct, every refusal in one wording.
+struct Body {
+  std::string name = "default";
+  int64_t count = 0;
+  bool flag = false;
+  std::string side;
+  std::vector<std::string> words;
+  request::EmbeddingFormat format;
+};
+
+const std::vector<reader::Field<Body>>& body_fields() {
+  static const std::vector<reader::Field<Body>> fields = {
+      reader::string_field<Body>(
+          "name", [](Body& b, std::string v) { b.name = std::move(v); },
+          /*required=*/true),
+      reader::int_field<Body>("count", 1, INT32_MAX, [](Body& b, int64_t v) { b.count = v; }),
+      reader::bool_field<Body>("flag", [](Body& b, bool v) { b.flag = v; }),
+      reader::choice_field<Body>(
+          "side", {"right", "left"}, [](Body& b, const std::string& v) { b.side = v; }, true),
+      {"words",
+       [](const simdjson::dom::element& v, Body& b) { return reader::read_strings(v, &b.words); }},
+      reader::format_field<Body>("type", [](Body& b, request::EmbeddingFormat f) { b.format = f; }),
+      reader::refused_field<Body>("images", "not served here"),
+  };
+  return fields;
+}
+
+std::optional<reader::Refusal> read_body(const char* text, Body* body) {
+  static simdjson::dom::parser parser;
+  simdjson::dom::element root;
+  EXPECT_FALSE(json::parse(parser, text, &root).has_value()) << text;
+  simdjson::dom::object object;
+  EXPECT_FALSE(root.get_object().get(object)) << text;
+  return reader::read(object, body_fields(), body);
+}
+
+TEST(HttpReader, FillsTheStructAndIgnoresUnknownFieldsAndNulls) {
+  Body b;
+  ASSERT_FALSE(read_body(R"({"name": "x", "count": 3, "flag": true, "side": "LEFT",
+                             "words": ["a", "b"], "type": "base64", "other": [1], "images": null})",
+                         &b));
+  EXPECT_EQ(b.name, "x");
+  EXPECT_EQ(b.count, 3);
+  EXPECT_TRUE(b.flag);
+  EXPECT_EQ(b.side, "left");  // any case
+  EXPECT_EQ(b.words, (std::vector<std::string>{"a", "b"}));
+  EXPECT_EQ(b.format.type, request::EmbeddingType::kFloat);
+  EXPECT_TRUE(b.format.base64);
+  Body d;
+  ASSERT_FALSE(read_body(R"({"name": "y", "count": null})", &d));
+  EXPECT_EQ(d.count, 0);  // null: the default
+}
+
+TEST(HttpReader, EveryRefusalNamesTheFieldInOneWording) {
+  const std::vector<std::pair<const char*, std::string>> cases = {
+      {R"({})", "name: is required"},
+      {R"({"name": null})", "name: is required"},
+      {R"({"name": 5})", "name: expected a string, got an integer"},
+      {R"({"name": "x", "count": 0})", "count: expected a positive integer, got 0"},
+      {R"({"name": "x", "count": "8"})", "count: expected a positive integer, got \"8\""},
+      {R"({"name": "x", "flag": 1})", "flag: expected true or false, got an integer"},
+      {R"({"name": "x", "side": "up"})", "side: expected \"right\" or \"left\", got \"up\""},
+      {R"({"name": "x", "words": ["a", 2]})", "words[1]: expected a string, got an integer"},
+      {R"({"name": "x", "words": "a"})", "words: expected an array of strings, got \"a\""},
+      {R"({"name": "x", "type": "int4"})",
+       "type: expected \"float\", \"int8\", \"uint8\", \"binary\", \"ubinary\" or \"base64\", "
+       "got \"int4\""},
+      {R"({"name": "x", "images": []})", "images: not served here"},
+  };
+  for (const auto& [text, message] : cases) {
+    Body b;
+    const auto refused = read_body(text, &b);
+    ASSERT_TRUE(refused) << text;
+    EXPECT_EQ(refused->message, message) << text;
+    EXPECT_EQ(refused->message.substr(0, refused->field.size()), refused->field) << text;
+  }
 }
 
 TEST(HttpErrors, EachApiItsShapeAndStatus) {

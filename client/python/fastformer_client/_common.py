@@ -198,7 +198,7 @@ def _embedding_types(types) -> List[int]:
 
 def build_request(sequences, *, return_token_embeddings=False, return_logits=False, normalize=False,
                   truncation=None, request_id=None, model_name=None, model_version=None, chunk_pooling="model",
-                  macro_overlap_tokens=None, embedding_types=None, priority=None):
+                  macro_overlap_tokens=None, embedding_types=None, priority=None, prompt_name=None):
     """An EncodeRequest. sequences: a list whose items are each one kind: a text (str, tokenized
     by the server), token ids (a list or 1-D integer array), input embeddings (a 2-D float array
     [n, hidden]), or a dict {"text": ...} / {"token_ids": ...} / {"input_embeddings": ...}
@@ -227,6 +227,10 @@ def build_request(sequences, *, return_token_embeddings=False, return_logits=Fal
         if priority not in _PRIORITIES:
             raise ValueError(f"priority: expected \"interactive\" or \"bulk\", got {priority!r}")
         req.priority = _PRIORITIES[priority]
+    if prompt_name is not None:
+        if not isinstance(prompt_name, str) or not prompt_name:
+            raise ValueError(f"prompt_name: expected a prompt's name (model_info()[\"prompts\"]), got {prompt_name!r}")
+        req.prompt_name = prompt_name
     for i, s in enumerate(sequences):
         _add_sequence(req, i, s)
     return req
@@ -665,12 +669,12 @@ class ClientBase:
     def _encode_steps(self, sequences, *, return_token_embeddings, return_logits, normalize, truncation,
                       request_id, deadline_s, return_result, model_name=None, model_version=None,
                       chunk_pooling="model", macro_overlap_tokens=None, embedding_types=None,
-                      priority=None) -> Steps:
+                      priority=None, prompt_name=None) -> Steps:
         req = build_request(sequences, return_token_embeddings=return_token_embeddings,
                             return_logits=return_logits, normalize=normalize, truncation=truncation,
                             request_id=request_id, model_name=model_name, model_version=model_version,
                             chunk_pooling=chunk_pooling, macro_overlap_tokens=macro_overlap_tokens,
-                            embedding_types=embedding_types, priority=priority)
+                            embedding_types=embedding_types, priority=priority, prompt_name=prompt_name)
         raw = yield from self._unary("encode", req, self._cfg.timeout(deadline_s), request_id)
         if raw.error is not None and raw.error[0] != 0:
             raise error_for(raw.error[0], raw.error[1], request_id)

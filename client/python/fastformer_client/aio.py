@@ -63,14 +63,15 @@ class AsyncClient(ClientBase):
                      chunk_pooling: str = "model",
                      macro_overlap_tokens: Optional[int] = None,
                      embedding_types: Optional[Sequence[str]] = None,
-                     priority: Optional[str] = None) -> Union[np.ndarray, EncodeResult]:
+                     priority: Optional[str] = None,
+                     prompt_name: Optional[str] = None) -> Union[np.ndarray, EncodeResult]:
         """See Client.encode."""
         return await self._run(self._encode_steps(
             sequences, return_token_embeddings=return_token_embeddings, return_logits=return_logits,
             normalize=normalize, truncation=truncation, request_id=request_id, deadline_s=deadline_s,
             return_result=return_result, model_name=model_name, model_version=model_version,
             chunk_pooling=chunk_pooling, macro_overlap_tokens=macro_overlap_tokens,
-            embedding_types=embedding_types, priority=priority))
+            embedding_types=embedding_types, priority=priority, prompt_name=prompt_name))
 
     async def encode_stream(self, requests, *, return_token_embeddings: bool = False, return_logits: bool = False,
                             normalize: bool = False, truncation=None, deadline_s: Optional[float] = None,

@@ -62,7 +62,8 @@ class Client(ClientBase):
                chunk_pooling: str = "model",
                macro_overlap_tokens: Optional[int] = None,
                embedding_types: Optional[Sequence[str]] = None,
-               priority: Optional[str] = None) -> Union[np.ndarray, EncodeResult]:
+               priority: Optional[str] = None,
+               prompt_name: Optional[str] = None) -> Union[np.ndarray, EncodeResult]:
         """Encodes the sequences of one request.
 
         sequences: a list whose items are each a text (a str, tokenized by the server with the
@@ -90,6 +91,8 @@ class Client(ClientBase):
         .embeddings the floats, empty without "float").
         priority: "interactive" (batched first) or "bulk" (fills the rest of each batch); None:
         the model's default (docs/operations.md, "Priority classes").
+        prompt_name: one of the model's prompts (model_info()["prompts"]), put before every text
+        (docs/api.md, "Prompts"); None: the model's default prompt, if it has one.
         Raises the FastformerError subclass of the status (InvalidArgument, ResourceExhausted, ...).
         """
         return self._run(self._encode_steps(
@@ -97,7 +100,7 @@ class Client(ClientBase):
             normalize=normalize, truncation=truncation, request_id=request_id, deadline_s=deadline_s,
             return_result=return_result, model_name=model_name, model_version=model_version,
             chunk_pooling=chunk_pooling, macro_overlap_tokens=macro_overlap_tokens,
-            embedding_types=embedding_types, priority=priority))
+            embedding_types=embedding_types, priority=priority, prompt_name=prompt_name))
 
     def encode_stream(self, requests: Iterable, *, return_token_embeddings: bool = False,
                       return_logits: bool = False, normalize: bool = False, truncation=None,
