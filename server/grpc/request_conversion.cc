@@ -36,25 +36,26 @@ request::EmbeddingType our_type(int type) {
 
 }  // namespace
 
-Status convert_request(const v1::EncodeRequest& proto, const engine::Model& model,
-                       const text::Tokenizer* tokenizer, const request::Limits& limits,
-                       const request::VersionFiles& files, batching::Request* out) {
+namespace {
+
+// The request's options (everything but its sequences) into `input`, each enum checked.
+Status read_options(const v1::EncodeRequest& proto, const engine::Model& model,
+                    request::EncodeInput* input, batching::Request* out) {
   if (!v1::Truncation_IsValid(proto.truncation())) {
     return invalid_argument(
         "truncation: unknown value " + std::to_string(proto.truncation()) +
         " (expected TRUNCATION_UNSPECIFIED, TRUNCATION_RIGHT or TRUNCATION_LEFT)");
   }
-  request::EncodeInput input;
-  input.truncate = proto.truncation() == v1::TRUNCATION_RIGHT  ? request::Truncate::kRight
-                   : proto.truncation() == v1::TRUNCATION_LEFT ? request::Truncate::kLeft
-                                                               : request::Truncate::kNone;
-  input.options = {proto.return_token_embeddings(), proto.return_logits(), proto.normalize()};
+  input->truncate = proto.truncation() == v1::TRUNCATION_RIGHT  ? request::Truncate::kRight
+                    : proto.truncation() == v1::TRUNCATION_LEFT ? request::Truncate::kLeft
+                                                                : request::Truncate::kNone;
+  input->options = {proto.return_token_embeddings(), proto.return_logits(), proto.normalize()};
   if (!v1::ChunkPooling_IsValid(proto.chunk_pooling())) {
     return invalid_argument("chunk_pooling: unknown value " +
                             std::to_string(proto.chunk_pooling()) +
                             " (expected CHUNK_POOLING_MODEL or CHUNK_POOLING_MEAN)");
   }
-  input.options.span_pooling =
+  input->options.span_pooling =
       proto.chunk_pooling() == v1::CHUNK_POOLING_MEAN ? SpanPooling::kMean : SpanPooling::kModel;
   if (!v1::Priority_IsValid(proto.priority())) {
     return invalid_argument("priority: unknown value " + std::to_string(proto.priority()) +
@@ -66,15 +67,10 @@ Status convert_request(const v1::EncodeRequest& proto, const engine::Model& mode
   }
   if (proto.has_macro_overlap_tokens()) {
     // A uint32 over int32's range is over any model's positions: the request layer's message.
-    input.macro_overlap_tokens =
+    input->macro_overlap_tokens =
         int32_t(std::min<uint32_t>(proto.macro_overlap_tokens().value(), uint32_t(INT32_MAX)));
   }
-  // The caller's spans, converted (uint32 on the wire) into the request's storage, which the
-  // rows (and then its sequences) view.
-  std::vector<std::vector<TokenSpan>>& spans = out->given_spans;
-  spans.assign(size_t(proto.sequences_size()), {});
-  out->given_char_spans.assign(size_t(proto.sequences_size()), {});
-  if (auto refused = request::check_options(input.options, model))
+  if (auto refused = request::check_options(input->options, model))
     return invalid_argument("return_logits: " + *refused);
   // The embedding types, checked against the model by the request layer (build_request).
   for (const int t : proto.embedding_types()) {
@@ -83,57 +79,74 @@ Status convert_request(const v1::EncodeRequest& proto, const engine::Model& mode
           "embedding_types: unknown value " + std::to_string(t) +
           " (expected EMBEDDING_TYPE_FLOAT, _INT8, _UINT8, _BINARY or _UBINARY)");
     }
-    input.formats.push_back({request::embedding_type_name(our_type(t)), our_type(t), false});
+    input->formats.push_back({request::embedding_type_name(our_type(t)), our_type(t), false});
   }
-  // The wire's shape: a Sequence holds any of its three inputs, and must hold exactly one.
+  if (!proto.prompt_name().empty()) input->prompt_name = proto.prompt_name();
+  return Status();
+}
+
+// Sequence `i` as a row of `input`: the wire's shape (a Sequence holds any of its three inputs,
+// and must hold exactly one) and its chunking, whose spans (uint32 on the wire) are converted
+// into the request's storage, which the row (and then its sequences) views.
+Status read_row(const v1::EncodeRequest& proto, int i, request::EncodeInput* input,
+                batching::Request* out) {
+  const v1::Sequence& s = proto.sequences(i);
+  const std::span<const int32_t> ids{s.token_ids().data(), size_t(s.token_ids_size())};
+  const std::span<const float> embeddings{s.input_embeddings().data(),
+                                          size_t(s.input_embeddings_size())};
+  auto refuse = [&](const char* field, std::string message) {
+    return invalid_argument(engine::InputError{size_t(i), field, std::move(message)}.to_string());
+  };
+  if (!s.text().empty()) {
+    if (!ids.empty() || !embeddings.empty()) {
+      return refuse("text", std::string("the sequence also has ") +
+                                (ids.empty() ? "input_embeddings" : "token_ids") +
+                                "; send exactly one of token_ids, input_embeddings and text");
+    }
+    input->rows.push_back(request::Row::from_text(s.text()));
+  } else if (ids.empty() && embeddings.empty()) {
+    return refuse("token_ids",
+                  "empty sequence: send at least one token id or embedding row, or a non-empty "
+                  "text");
+  } else if (!ids.empty() && !embeddings.empty()) {
+    return refuse("token_ids", "set either token_ids or input_embeddings, not both");
+  } else {
+    input->rows.push_back(ids.empty() ? request::Row::embeddings(embeddings)
+                                      : request::Row::ids(ids));
+  }
+  if (!s.has_chunking()) return Status();
+  const v1::Chunking& c = s.chunking();
+  constexpr uint32_t kMax = uint32_t(std::numeric_limits<int32_t>::max());
+  std::vector<TokenSpan>& spans = out->given_spans[size_t(i)];
+  for (const v1::TokenSpan& span : c.spans()) {
+    // Past int32: out of every sequence's range, as validate_spans then says.
+    spans.push_back({int32_t(std::min(span.begin(), kMax)), int32_t(std::min(span.end(), kMax))});
+  }
+  if (c.window_tokens() > kMax || c.overlap_tokens() > kMax)
+    return refuse("chunking", "window_tokens and overlap_tokens must be below 2^31");
+  std::vector<TokenSpan>& chars = out->given_char_spans[size_t(i)];
+  for (const v1::TokenSpan& span : c.char_spans())
+    chars.push_back({int32_t(std::min(span.begin(), kMax)), int32_t(std::min(span.end(), kMax))});
+  input->rows.back() = input->rows.back()
+                           .with_spans(spans)
+                           .with_windows(int32_t(c.window_tokens()), int32_t(c.overlap_tokens()))
+                           .with_char_chunks(chars, c.sentences());
+  return Status();
+}
+
+}  // namespace
+
+Status convert_request(const v1::EncodeRequest& proto, const engine::Model& model,
+                       const text::Tokenizer* tokenizer, const request::Limits& limits,
+                       const request::VersionFiles& files, batching::Request* out) {
+  request::EncodeInput input;
+  if (Status s = read_options(proto, model, &input, out); !s.ok()) return s;
+  out->given_spans.assign(size_t(proto.sequences_size()), {});
+  out->given_char_spans.assign(size_t(proto.sequences_size()), {});
   input.rows.reserve(size_t(proto.sequences_size()));
   for (int i = 0; i < proto.sequences_size(); ++i) {
-    const v1::Sequence& s = proto.sequences(i);
-    const std::span<const int32_t> ids{s.token_ids().data(), size_t(s.token_ids_size())};
-    const std::span<const float> embeddings{s.input_embeddings().data(),
-                                            size_t(s.input_embeddings_size())};
-    auto refuse = [&](const char* field, std::string message) {
-      return invalid_argument(engine::InputError{size_t(i), field, std::move(message)}.to_string());
-    };
-    if (!s.text().empty()) {
-      if (!ids.empty() || !embeddings.empty()) {
-        return refuse("text", std::string("the sequence also has ") +
-                                  (ids.empty() ? "input_embeddings" : "token_ids") +
-                                  "; send exactly one of token_ids, input_embeddings and text");
-      }
-      input.rows.push_back(request::Row::from_text(s.text()));
-    } else if (ids.empty() && embeddings.empty()) {
-      return refuse("token_ids",
-                    "empty sequence: send at least one token id or embedding row, or a non-empty "
-                    "text");
-    } else if (!ids.empty() && !embeddings.empty()) {
-      return refuse("token_ids", "set either token_ids or input_embeddings, not both");
-    } else {
-      input.rows.push_back(ids.empty() ? request::Row::embeddings(embeddings)
-                                       : request::Row::ids(ids));
-    }
-    if (s.has_chunking()) {
-      const v1::Chunking& c = s.chunking();
-      constexpr uint32_t kMax = uint32_t(std::numeric_limits<int32_t>::max());
-      for (const v1::TokenSpan& span : c.spans()) {
-        // Past int32: out of every sequence's range, as validate_spans then says.
-        spans[size_t(i)].push_back(
-            {int32_t(std::min(span.begin(), kMax)), int32_t(std::min(span.end(), kMax))});
-      }
-      if (c.window_tokens() > kMax || c.overlap_tokens() > kMax)
-        return refuse("chunking", "window_tokens and overlap_tokens must be below 2^31");
-      std::vector<TokenSpan>& chars = out->given_char_spans[size_t(i)];
-      for (const v1::TokenSpan& span : c.char_spans()) {
-        chars.push_back(
-            {int32_t(std::min(span.begin(), kMax)), int32_t(std::min(span.end(), kMax))});
-      }
-      input.rows.back() = input.rows.back()
-                              .with_spans(spans[size_t(i)])
-                              .with_windows(int32_t(c.window_tokens()), int32_t(c.overlap_tokens()))
-                              .with_char_chunks(chars, c.sentences());
-    }
+    if (Status s = read_row(proto, i, &input, out); !s.ok()) return s;
   }
-  if (!proto.prompt_name().empty()) input.prompt_name = proto.prompt_name();
   if (auto problem = request::build_request(input, model, tokenizer, limits, out, &files))
     return invalid_argument(request::format_v1(*problem));
   return Status();

@@ -395,6 +395,36 @@ const std::vector<HttpApi::Route>& HttpApi::routes() {
   return table;
 }
 
+// The headers every route takes: x-request-timeout-ms (the call's deadline) and x-priority
+// (its class).
+Status HttpApi::read_headers(const Request& request, Call* call) {
+  if (const auto timeout = request.find("x-request-timeout-ms"); timeout != request.end()) {
+    const std::string value(timeout->value());
+    char* end = nullptr;
+    const double ms = std::strtod(value.c_str(), &end);
+    if (end == value.c_str() || *end != '\0' || !(ms > 0)) {
+      return invalid_argument(
+          "x-request-timeout-ms: expected a positive number of "
+          "milliseconds, got '" +
+          value + "'");
+    }
+    call->deadline = Clock::now() + std::chrono::duration_cast<Clock::duration>(
+                                        std::chrono::duration<double, std::milli>(ms));
+  }
+  if (const auto priority = request.find("x-priority"); priority != request.end()) {
+    // The priority class (docs/operations.md, "Priority classes"), on every route.
+    std::string value(priority->value());
+    std::transform(value.begin(), value.end(), value.begin(),
+                   [](unsigned char c) { return char(std::tolower(c)); });
+    call->priority = batching::parse_priority(value);
+    if (!call->priority) {
+      return invalid_argument("x-priority: expected \"interactive\" or \"bulk\", got '" +
+                              std::string(priority->value()) + "'");
+    }
+  }
+  return Status();
+}
+
 void HttpApi::handle(Request& request, std::shared_ptr<Responder> responder) {
   const std::string_view target = request.target();
   const std::string_view path = target.substr(0, target.find('?'));
@@ -413,29 +443,7 @@ void HttpApi::handle(Request& request, std::shared_ptr<Responder> responder) {
       return fail(call, s);
     }
   }
-  if (const auto timeout = request.find("x-request-timeout-ms"); timeout != request.end()) {
-    const std::string value(timeout->value());
-    char* end = nullptr;
-    const double ms = std::strtod(value.c_str(), &end);
-    if (end == value.c_str() || *end != '\0' || !(ms > 0)) {
-      return fail(call, invalid_argument("x-request-timeout-ms: expected a positive number of "
-                                         "milliseconds, got '" +
-                                         value + "'"));
-    }
-    call.deadline = Clock::now() + std::chrono::duration_cast<Clock::duration>(
-                                       std::chrono::duration<double, std::milli>(ms));
-  }
-  if (const auto priority = request.find("x-priority"); priority != request.end()) {
-    // The priority class (docs/operations.md, "Priority classes"), on every route.
-    std::string value(priority->value());
-    std::transform(value.begin(), value.end(), value.begin(),
-                   [](unsigned char c) { return char(std::tolower(c)); });
-    call.priority = batching::parse_priority(value);
-    if (!call.priority) {
-      return fail(call, invalid_argument("x-priority: expected \"interactive\" or \"bulk\", got '" +
-                                         std::string(priority->value()) + "'"));
-    }
-  }
+  if (Status s = read_headers(request, &call); !s.ok()) return fail(call, s);
   if (const auto encoding = request.find(bhttp::field::content_encoding);
       encoding != request.end() && !boost::beast::iequals(encoding->value(), "identity")) {
     return fail(call,

@@ -135,6 +135,8 @@ class HttpApi final : public Handler {
   // own name) as INVALID_ARGUMENT. `single`: the input was one value, not an array.
   Status build(const serving::ServedModel& model, const request::EncodeInput& input,
                const WireNames& names, bool single, batching::Request* out) const;
+  // The headers every route takes into `call` (its deadline and priority), or why not.
+  static Status read_headers(const Request& request, Call* call);
   // A body's refusal by the reader: INVALID_ARGUMENT, its field as OpenAI's param.
   void refuse_body(Call& call, const reader::Refusal& refusal);
 

@@ -231,6 +231,130 @@ void HttpApi::kserve_repository(const Request& http_request, Call call, const st
     intake_.repository().load(model, std::move(done));
 }
 
+namespace {
+
+// An infer body's `parameters`: binary_data_output and timeout are the REST API's own, the rest
+// become the request's InferParameters.
+Status read_rest_parameters(const simdjson::dom::element& v, RestInferRequest* out) {
+  simdjson::dom::object parameters;
+  if (v.get_object().get(parameters)) return invalid_argument("parameters: expected an object");
+  for (const auto [key, value] : parameters) {
+    if (key == "binary_data_output") {
+      if (value.get_bool().get(out->binary_default))
+        return invalid_argument("parameters.binary_data_output: expected true or false");
+    } else if (key == "timeout") {  // microseconds, as Triton's
+      int64_t us = 0;
+      if (value.get_int64().get(us) || us <= 0)
+        return invalid_argument("parameters.timeout: expected a positive number of microseconds");
+      out->timeout_us = us;
+    } else {
+      inference::InferParameter p;
+      if (auto e = read_parameter(value, "parameters." + std::string(key), &p))
+        return invalid_argument(*e);
+      (*out->proto.mutable_parameters())[std::string(key)] = p;
+    }
+  }
+  return Status();
+}
+
+// One of `inputs` (`where`: "inputs[i]"): name, datatype, shape, parameters, and its data as
+// JSON or (binary_data_size) the next bytes of `binary` from *offset.
+Status read_rest_input(const simdjson::dom::element& item, const std::string& where,
+                       std::string_view binary, size_t* offset, RestInferRequest* out) {
+  inference::ModelInferRequest& proto = out->proto;
+  simdjson::dom::object in;
+  simdjson::dom::element v;
+  std::string_view s;
+  if (item.get_object().get(in)) return invalid_argument(where + ": expected an object");
+  inference::ModelInferRequest::InferInputTensor* tensor = proto.add_inputs();
+  if (in["name"].get(v) || v.get_string().get(s))
+    return invalid_argument(where + ".name: is required (a string)");
+  tensor->set_name(std::string(s));
+  const std::string named = where + " (" + tensor->name() + ")";
+  if (in["datatype"].get(v) || v.get_string().get(s))
+    return invalid_argument(named + ".datatype: is required (a string)");
+  tensor->set_datatype(std::string(s));
+  simdjson::dom::array shape;
+  if (in["shape"].get(v) || v.get_array().get(shape))
+    return invalid_argument(named + ".shape: is required (an array of integers)");
+  for (const simdjson::dom::element d : shape) {
+    int64_t n = 0;
+    if (d.get_int64().get(n)) return invalid_argument(named + ".shape: expected integers");
+    tensor->add_shape(n);
+  }
+  std::string* raw = proto.add_raw_input_contents();
+  int64_t binary_size = -1;
+  if (!in["parameters"].get(v)) {
+    simdjson::dom::object parameters;
+    if (v.get_object().get(parameters))
+      return invalid_argument(named + ".parameters: expected an object");
+    for (const auto [key, value] : parameters) {
+      if (key == "binary_data_size") {
+        if (value.get_int64().get(binary_size) || binary_size < 0)
+          return invalid_argument(named + ".parameters.binary_data_size: expected a size");
+        continue;
+      }
+      inference::InferParameter p;
+      if (auto e = read_parameter(value, named + ".parameters." + std::string(key), &p))
+        return invalid_argument(*e);
+      (*tensor->mutable_parameters())[std::string(key)] = p;
+    }
+  }
+  if (binary_size >= 0) {
+    if (*offset + size_t(binary_size) > binary.size()) {
+      return invalid_argument(
+          named + ".parameters.binary_data_size: " + std::to_string(binary_size) +
+          " bytes at offset " + std::to_string(*offset) + " run past the " +
+          std::to_string(binary.size()) + " binary bytes after the JSON (" + kHeaderLength + ")");
+    }
+    raw->assign(binary.substr(*offset, size_t(binary_size)));
+    *offset += size_t(binary_size);
+    return Status();
+  }
+  if (in["data"].get(v))
+    return invalid_argument(named + ".data: is required (or parameters.binary_data_size)");
+  int64_t count = 0;
+  if (auto e = flatten(v, tensor->datatype(), named + ".data", raw, &count))
+    return invalid_argument(*e);
+  return Status();
+}
+
+// `outputs`: each by name, and whether it is answered as binary data.
+Status read_rest_outputs(const simdjson::dom::element& v, RestInferRequest* out) {
+  simdjson::dom::array outputs;
+  if (v.get_array().get(outputs)) return invalid_argument("outputs: expected an array");
+  size_t k = 0;
+  for (const simdjson::dom::element item : outputs) {
+    const std::string where = "outputs[" + std::to_string(k++) + "]";
+    simdjson::dom::object output;
+    simdjson::dom::element e;
+    std::string_view s;
+    if (item.get_object().get(output) || output["name"].get(e) || e.get_string().get(s))
+      return invalid_argument(where + ".name: is required (a string)");
+    out->proto.add_outputs()->set_name(std::string(s));
+    bool binary_output = out->binary_default;
+    if (!output["parameters"].get(e)) {
+      simdjson::dom::object parameters;
+      if (e.get_object().get(parameters))
+        return invalid_argument(where + ".parameters: expected an object");
+      for (const auto [key, value] : parameters) {
+        if (key == "binary_data") {
+          if (value.get_bool().get(binary_output))
+            return invalid_argument(where + ".parameters.binary_data: expected true or false");
+        } else if (key == "classification") {
+          return invalid_argument(where +
+                                  ".parameters.classification: the classification "
+                                  "extension is not supported; ask for logits");
+        }
+      }
+    }
+    out->binary_output.push_back(binary_output);
+  }
+  return Status();
+}
+
+}  // namespace
+
 Status parse_rest_infer(std::string_view body, std::optional<std::string_view> header_length,
                         RestInferRequest* out) {
   // The JSON header, then (binary tensor extension) the tensors' bytes.
@@ -256,145 +380,29 @@ Status parse_rest_infer(std::string_view body, std::optional<std::string_view> h
                             json::type_name(root));
   }
   *out = {};
-  inference::ModelInferRequest& proto = out->proto;
   simdjson::dom::element v;
   if (!object["id"].get(v)) {
     std::string_view id;
     if (v.get_string().get(id)) return invalid_argument("id: expected a string");
-    proto.set_id(std::string(id));
+    out->proto.set_id(std::string(id));
   }
   if (!object["parameters"].get(v)) {
-    simdjson::dom::object parameters;
-    if (v.get_object().get(parameters)) return invalid_argument("parameters: expected an object");
-    for (const auto [key, value] : parameters) {
-      if (key == "binary_data_output") {
-        if (value.get_bool().get(out->binary_default)) {
-          return invalid_argument("parameters.binary_data_output: expected true or false");
-        }
-        continue;
-      }
-      if (key == "timeout") {  // microseconds, as Triton's
-        int64_t us = 0;
-        if (value.get_int64().get(us) || us <= 0) {
-          return invalid_argument("parameters.timeout: expected a positive number of microseconds");
-        }
-        out->timeout_us = us;
-        continue;
-      }
-      inference::InferParameter p;
-      if (auto e = read_parameter(value, "parameters." + std::string(key), &p)) {
-        return invalid_argument(*e);
-      }
-      (*proto.mutable_parameters())[std::string(key)] = p;
-    }
+    if (Status s = read_rest_parameters(v, out); !s.ok()) return s;
   }
   simdjson::dom::array inputs;
   if (object["inputs"].get(v)) return invalid_argument("inputs: is required");
   if (v.get_array().get(inputs)) return invalid_argument("inputs: expected an array");
-  size_t offset = 0;
-  size_t i = 0;
+  size_t offset = 0, i = 0;
   for (const simdjson::dom::element item : inputs) {
     const std::string where = "inputs[" + std::to_string(i++) + "]";
-    simdjson::dom::object in;
-    if (item.get_object().get(in)) return invalid_argument(where + ": expected an object");
-    inference::ModelInferRequest::InferInputTensor* tensor = proto.add_inputs();
-    std::string_view s;
-    if (in["name"].get(v) || v.get_string().get(s)) {
-      return invalid_argument(where + ".name: is required (a string)");
-    }
-    tensor->set_name(std::string(s));
-    const std::string named = where + " (" + tensor->name() + ")";
-    if (in["datatype"].get(v) || v.get_string().get(s)) {
-      return invalid_argument(named + ".datatype: is required (a string)");
-    }
-    tensor->set_datatype(std::string(s));
-    simdjson::dom::array shape;
-    if (in["shape"].get(v) || v.get_array().get(shape)) {
-      return invalid_argument(named + ".shape: is required (an array of integers)");
-    }
-    for (const simdjson::dom::element d : shape) {
-      int64_t n = 0;
-      if (d.get_int64().get(n)) return invalid_argument(named + ".shape: expected integers");
-      tensor->add_shape(n);
-    }
-    std::string* raw = proto.add_raw_input_contents();
-    int64_t binary_size = -1;
-    if (!in["parameters"].get(v)) {
-      simdjson::dom::object parameters;
-      if (v.get_object().get(parameters)) {
-        return invalid_argument(named + ".parameters: expected an object");
-      }
-      for (const auto [key, value] : parameters) {
-        if (key == "binary_data_size") {
-          if (value.get_int64().get(binary_size) || binary_size < 0) {
-            return invalid_argument(named + ".parameters.binary_data_size: expected a size");
-          }
-          continue;
-        }
-        inference::InferParameter p;
-        if (auto e = read_parameter(value, named + ".parameters." + std::string(key), &p)) {
-          return invalid_argument(*e);
-        }
-        (*tensor->mutable_parameters())[std::string(key)] = p;
-      }
-    }
-    if (binary_size >= 0) {
-      if (offset + size_t(binary_size) > binary.size()) {
-        return invalid_argument(
-            named + ".parameters.binary_data_size: " + std::to_string(binary_size) +
-            " bytes at offset " + std::to_string(offset) + " run past the " +
-            std::to_string(binary.size()) + " binary bytes after the JSON (" + kHeaderLength + ")");
-      }
-      raw->assign(binary.substr(offset, size_t(binary_size)));
-      offset += size_t(binary_size);
-      continue;
-    }
-    if (in["data"].get(v)) {
-      return invalid_argument(named + ".data: is required (or parameters.binary_data_size)");
-    }
-    int64_t count = 0;
-    if (auto e = flatten(v, tensor->datatype(), named + ".data", raw, &count)) {
-      return invalid_argument(*e);
-    }
+    if (Status s = read_rest_input(item, where, binary, &offset, out); !s.ok()) return s;
   }
   if (offset != binary.size()) {
     return invalid_argument("the body has " + std::to_string(binary.size() - offset) +
                             " binary bytes after the JSON that no input's binary_data_size "
                             "claims");
   }
-  if (!object["outputs"].get(v)) {
-    simdjson::dom::array outputs;
-    if (v.get_array().get(outputs)) return invalid_argument("outputs: expected an array");
-    size_t k = 0;
-    for (const simdjson::dom::element item : outputs) {
-      const std::string where = "outputs[" + std::to_string(k++) + "]";
-      simdjson::dom::object output;
-      std::string_view s;
-      if (item.get_object().get(output) || output["name"].get(v) || v.get_string().get(s)) {
-        return invalid_argument(where + ".name: is required (a string)");
-      }
-      proto.add_outputs()->set_name(std::string(s));
-      bool binary_output = out->binary_default;
-      if (!output["parameters"].get(v)) {
-        simdjson::dom::object parameters;
-        if (v.get_object().get(parameters)) {
-          return invalid_argument(where + ".parameters: expected an object");
-        }
-        for (const auto [key, value] : parameters) {
-          if (key == "binary_data") {
-            if (value.get_bool().get(binary_output)) {
-              return invalid_argument(where + ".parameters.binary_data: expected true or false");
-            }
-          } else if (key == "classification") {
-            return invalid_argument(where +
-                                    ".parameters.classification: the classification "
-                                    "extension is not supported; ask for logits");
-          }
-        }
-      }
-      out->binary_output.push_back(binary_output);
-    }
-  }
+  if (!object["outputs"].get(v)) return read_rest_outputs(v, out);
   return Status();
 }
 

@@ -1,3 +1,6 @@
+// The protocol-neutral request layer (encode_input.h): rows in, the batch queue's sequences out;
+// build_request's row rules here, its chunks, macro-chunks and output options in their own files
+// (encode_parts.h).
 #include "server/request/encode_input.h"
 
 #include <algorithm>
@@ -9,9 +12,19 @@
 
 #include "server/engine/error.h"
 #include "server/engine/ragged_batch.h"
+#include "server/request/encode_parts.h"
 #include "server/text/tokenizer/unicode.h"
 
 namespace fastformer::request {
+
+using detail::add_chunks;
+using detail::add_passes;
+using detail::check_macro;
+using detail::check_output;
+using detail::macro_logits;
+using detail::macro_tokens;
+using detail::unbounded;
+
 namespace {
 
 Field field_of(const std::string& engine_field) {
@@ -49,70 +62,6 @@ std::optional<Problem> keep_ids(std::span<const Id> ids, size_t row, const engin
     std::vector<int32_t>& narrow = storage->emplace_back(keep.begin(), keep.end());
     *kept = narrow;
   }
-  return std::nullopt;
-}
-
-// The row's chunks in `storage` (which `in->spans` then views): its token spans, then its
-// character spans and sentences (a text's, through `offsets`), then its windows over the tokens
-// as tokenized (a text's special tokens, tokenizer.json's, belonging to no window).
-// `prompt`: the row's prompt tokens, in no chunk; `in->spans` already holds the row's token spans.
-std::optional<Problem> add_chunks(const Row& row, size_t i, const text::Tokenizer* tokenizer,
-                                  int64_t tokens, const std::vector<tokenizer::Offsets>& offsets,
-                                  text::PromptTokens prompt, SequenceInput* in,
-                                  std::vector<TokenSpan>* storage) {
-  storage->assign(in->spans.begin(), in->spans.end());
-  const bool text = row.field == Field::kText && tokenizer != nullptr;
-  if (!row.char_spans.empty() || row.sentences) {
-    if (!text) {
-      return Problem{i,
-                     Field::kSpans,
-                     {},
-                     "character spans and sentences need a text (this row is token ids or "
-                     "embeddings: give token spans)"};
-    }
-    const std::u32string chars = tokenizer::decode_utf8(row.text);
-    const std::vector<int32_t> ids(in->token_ids.begin(), in->token_ids.end());
-    auto content = text::content_tokens(*tokenizer, ids);
-    content.first = std::max(content.first, size_t(prompt.at + prompt.count));
-    size_t which = 0;
-    if (auto why = text::token_spans_of_chars(row.char_spans, chars.size(), offsets, content,
-                                              storage, &which))
-      return Problem{i, Field::kSpans, {}, std::move(*why)};
-    if (row.sentences) {
-      const std::vector<TokenSpan> sentences = text::sentence_spans(chars);
-      if (auto why = text::token_spans_of_chars(sentences, chars.size(), offsets, content, storage,
-                                                &which))
-        return Problem{
-            i, Field::kSpans, {}, "sentence " + std::to_string(which) + " holds no token: " + *why};
-    }
-  }
-  const int32_t w = row.window_tokens, overlap = row.overlap_tokens;
-  if (w != 0 || overlap != 0) {
-    if (w <= 0)
-      return Problem{i,
-                     Field::kSpans,
-                     {},
-                     "window_tokens " + std::to_string(w) + " must be at least 1 (0: no windows)"};
-    if (overlap < 0 || overlap >= w)
-      return Problem{i,
-                     Field::kSpans,
-                     {},
-                     "overlap_tokens " + std::to_string(overlap) +
-                         " must be in [0, window_tokens " + std::to_string(w) + ")"};
-    std::vector<int32_t> content;  // the positions windows cover
-    for (int64_t t = 0; t < tokens; ++t) {
-      if (text && tokenizer->is_special(in->token_ids[size_t(t)])) continue;
-      if (t >= prompt.at && t < prompt.at + prompt.count) continue;
-      content.push_back(int32_t(t));
-    }
-    const int64_t stride = w - overlap;
-    for (int64_t s = 0; s < int64_t(content.size()); s += stride) {
-      const int64_t e = std::min<int64_t>(s + w, int64_t(content.size()));
-      storage->push_back({content[size_t(s)], content[size_t(e - 1)] + 1});
-      if (e == int64_t(content.size())) break;
-    }
-  }
-  in->spans = *storage;
   return std::nullopt;
 }
 
@@ -160,191 +109,7 @@ std::string format_v1(const Problem& p) {
   return engine::InputError{*p.row, field_name(p.field), what(p)}.to_string();
 }
 
-std::optional<std::string> check_options(const OutputOptions& options, const engine::Model& model) {
-  if (options.logits && model.num_labels() == 0) {
-    return "this model has no classifier head (dense_linear)";
-  }
-  return std::nullopt;
-}
-
-std::optional<std::string> check_dimensions(int64_t dimensions, const engine::Model& model) {
-  const int64_t hidden = model.config().hidden_size;
-  if (dimensions < 0) return "expected a positive integer, got " + std::to_string(dimensions);
-  if (dimensions > hidden) {
-    return std::to_string(dimensions) + " is over the model's hidden_size " +
-           std::to_string(hidden);
-  }
-  return std::nullopt;
-}
-
-void apply_dimensions(const OutputOptions& options, std::vector<EncodedSequence>* results) {
-  if (options.dimensions <= 0) return;
-  const size_t dims = size_t(options.dimensions);
-  // Matryoshka-style: the first `dimensions` values of a row, re-normalised.
-  auto cut = [&](const float* row, float* to) {
-    std::memmove(to, row, dims * sizeof(float));  // `to` at or before `row`
-    if (!options.normalize) return;
-    double norm = 0;
-    for (size_t j = 0; j < dims; ++j) norm += double(to[j]) * to[j];
-    norm = std::sqrt(norm);
-    if (norm > 0) {
-      for (size_t j = 0; j < dims; ++j) to[j] = float(to[j] / norm);
-    }
-  };
-  for (EncodedSequence& seq : *results) {
-    std::vector<float>& e = seq.embedding;
-    const size_t width = e.size();
-    if (dims >= width) continue;
-    cut(e.data(), e.data());
-    e.resize(dims);
-    // Each span's embedding the same way, packed to `dims` a row.
-    std::vector<float>& spans = seq.span_embeddings;
-    const size_t count = spans.size() / width;
-    for (size_t i = 0; i < count; ++i) cut(spans.data() + i * width, spans.data() + i * dims);
-    spans.resize(count * dims);
-  }
-}
-
 namespace {
-
-// The model's config without its position limit: a row run as macro-chunks may be longer.
-engine::ModelConfig unbounded(const engine::ModelConfig& c) {
-  engine::ModelConfig u = c;
-  u.max_position_embeddings = std::numeric_limits<int32_t>::max();
-  return u;
-}
-
-// The output options every protocol shares: logits need a head, `dimensions` at most
-// hidden_size, each embedding type its dimension count and calibrated ranges.
-std::optional<Problem> check_output(const EncodeInput& input, const engine::Model& model,
-                                    const VersionFiles* files) {
-  const OutputOptions& o = input.options;
-  if (auto why = check_dimensions(o.dimensions, model))
-    return Problem{std::nullopt, Field::kDimensions, {}, std::move(*why)};
-  const int64_t dims = o.dimensions > 0 ? o.dimensions : model.config().hidden_size;
-  for (const EmbeddingFormat& f : input.formats) {
-    const std::string file(files ? files->quantization_file : "quantization.json");
-    if (auto why = check_embedding_type(f.type, dims, o.normalize,
-                                        files ? files->quantization : nullptr, file))
-      return Problem{std::nullopt, Field::kEmbeddingTypes, {}, std::move(*why)};
-  }
-  return std::nullopt;
-}
-
-std::optional<Problem> check_macro(const EncodeInput& input, const engine::ModelConfig& c) {
-  if (!input.macro_overlap_tokens) return std::nullopt;
-  const int64_t overlap = *input.macro_overlap_tokens, P = c.max_position_embeddings;
-  if (overlap < 0 || overlap >= P)
-    return Problem{std::nullopt,
-                   Field::kMacroChunks,
-                   {},
-                   std::to_string(overlap) + " must be in [0, max_position_embeddings " +
-                       std::to_string(P) + ")"};
-  if (input.truncate != Truncate::kNone)
-    return Problem{std::nullopt,
-                   Field::kMacroChunks,
-                   {},
-                   "macro-chunks keep the whole row, truncation cuts it: ask for one of them"};
-  return std::nullopt;
-}
-
-// Where the passes of an n-token row (n > P) start: every P - overlap tokens, the last one
-// ending at the row's end.
-std::vector<int32_t> pass_starts(int64_t n, int64_t P, int64_t overlap) {
-  std::vector<int32_t> starts;
-  for (int64_t s = 0; s + P < n; s += P - overlap) starts.push_back(int32_t(s));
-  starts.push_back(int32_t(n - P));
-  return starts;
-}
-
-// The tokens the passes of an n-token row compute (n when it fits one pass): what the token
-// budget counts.
-int64_t macro_tokens(int64_t n, int64_t P, int64_t overlap) {
-  return n <= P ? n : int64_t(pass_starts(n, P, overlap).size()) * P;
-}
-
-Problem macro_logits(std::optional<size_t> row, const engine::ModelConfig& c) {
-  return Problem{row,
-                 Field::kMacroChunks,
-                 {},
-                 "logits are not served for a row over max_position_embeddings " +
-                     std::to_string(c.max_position_embeddings) +
-                     " run as macro-chunks (a classification is one pass)"};
-}
-
-// The pass of `starts` (each P tokens) that holds `span` whole with the most context on both
-// sides (the earlier on a tie); -1 if none holds it.
-int32_t pass_for(TokenSpan span, const std::vector<int32_t>& starts, int32_t P) {
-  int32_t best = -1;
-  int64_t most = -1;
-  for (size_t w = 0; w < starts.size(); ++w) {
-    const int32_t a = starts[w], b = a + P;
-    if (span.begin < a || span.end > b) continue;
-    const int64_t context = std::min(span.begin - a, b - span.end);
-    if (context > most) {
-      most = context;
-      best = int32_t(w);
-    }
-  }
-  return best;
-}
-
-// Cuts row `in` (longer than P = max_position_embeddings) into passes of P tokens, each
-// P - overlap after the last and the last ending at the row's end, appended to out->sequences;
-// each span goes to the pass that holds it with the most context (pass_for).
-std::optional<Problem> add_passes(const SequenceInput& in, std::optional<size_t> row, Field field,
-                                  const engine::Model& model, int32_t overlap,
-                                  batching::Request* out, batching::Request::RowPasses* plan) {
-  const engine::ModelConfig& c = model.config();
-  const int64_t D = c.hidden_size;
-  const int32_t P = c.max_position_embeddings, n = int32_t(engine::sequence_length(in, D));
-  plan->first = int32_t(out->sequences.size());
-  plan->starts = pass_starts(n, P, overlap);
-  const size_t passes = plan->starts.size();
-  plan->count = int32_t(passes);
-  std::vector<std::vector<TokenSpan>> local(passes);
-  plan->span_pass.assign(in.spans.size(), 0);
-  plan->span_index.assign(in.spans.size(), 0);
-  for (size_t k = 0; k < in.spans.size(); ++k) {
-    const TokenSpan span = in.spans[k];
-    const int32_t w = pass_for(span, plan->starts, P);
-    if (w < 0) {
-      return Problem{row,
-                     Field::kSpans,
-                     {},
-                     "span " + std::to_string(k) + " [" + std::to_string(span.begin) + ", " +
-                         std::to_string(span.end) + ") lies in no single macro-chunk: passes of " +
-                         "max_position_embeddings " + std::to_string(P) + " tokens start every " +
-                         std::to_string(P - overlap) + " tokens (macro_overlap_tokens " +
-                         std::to_string(overlap) + "), so a chunk of at most " +
-                         std::to_string(overlap + 1) +
-                         " tokens always fits one; raise macro_overlap_tokens or cut the chunk"};
-    }
-    const int32_t start = plan->starts[size_t(w)];
-    plan->span_pass[k] = w;
-    plan->span_index[k] = int32_t(local[size_t(w)].size());
-    local[size_t(w)].push_back({span.begin - start, span.end - start});
-  }
-  for (size_t w = 0; w < passes; ++w) {
-    const int32_t start = plan->starts[w];
-    SequenceInput pass;
-    if (!in.token_ids.empty())
-      pass.token_ids = in.token_ids.subspan(size_t(start), size_t(P));
-    else
-      pass.input_embeddings = in.input_embeddings.subspan(size_t(start * D), size_t(P * D));
-    out->spans.push_back(std::move(local[w]));  // its buffer, which the view keeps, moves along
-    pass.spans = out->spans.back();
-    if (auto error = engine::validate_sequence(c, model.has_word_embedding(), pass, 0)) {
-      return Problem{row,
-                     field,
-                     {},
-                     "macro-chunk " + std::to_string(w) + " (tokens [" + std::to_string(start) +
-                         ", " + std::to_string(start + P) + ")): " + error->message};
-    }
-    out->sequences.push_back(pass);
-  }
-  return std::nullopt;
-}
 
 // build_request for input.late_chunking: the rows joined into one document, one span each.
 std::optional<Problem> build_late_chunked(const EncodeInput& input, const engine::Model& model,
@@ -444,81 +209,6 @@ std::optional<Problem> build_late_chunked(const EncodeInput& input, const engine
 }
 
 }  // namespace
-
-void merge_passes(batching::Request* request) {
-  batching::Request& r = *request;
-  if (r.passes.empty()) return;
-  std::vector<EncodedSequence> merged(r.passes.size());
-  for (size_t i = 0; i < r.passes.size(); ++i) {
-    const batching::Request::RowPasses& plan = r.passes[i];
-    EncodedSequence& row = merged[i];
-    if (plan.count == 1) {
-      row = std::move(r.results[size_t(plan.first)]);
-      continue;
-    }
-    const EncodedSequence* pass = r.results.data() + plan.first;
-    const size_t width = pass[0].embedding.size();
-    const int64_t P = pass[0].num_tokens;
-    // The row's embedding: the mean of its passes' (each normalised by the engine if asked).
-    std::vector<double> sum(width, 0.0);
-    for (int32_t w = 0; w < plan.count; ++w)
-      for (size_t j = 0; j < width; ++j) sum[j] += pass[w].embedding[j];
-    double norm = 0.0;
-    for (size_t j = 0; j < width; ++j) {
-      sum[j] /= plan.count;
-      norm += sum[j] * sum[j];
-    }
-    norm = std::sqrt(norm);
-    row.embedding.resize(width);
-    for (size_t j = 0; j < width; ++j)
-      row.embedding[j] = float(r.options.normalize && norm > 0 ? sum[j] / norm : sum[j]);
-    // Each chunk from the pass that holds it with the most context.
-    row.span_embeddings.resize(plan.span_pass.size() * width);
-    for (size_t k = 0; k < plan.span_pass.size(); ++k) {
-      const std::vector<float>& from = pass[plan.span_pass[k]].span_embeddings;
-      std::copy_n(from.begin() + int64_t(size_t(plan.span_index[k]) * width), width,
-                  row.span_embeddings.begin() + int64_t(k * width));
-    }
-    const int64_t n = int64_t(plan.starts.back()) + P;
-    row.num_tokens = n;
-    if (!pass[0].token_embeddings.empty()) {
-      // Token t from the pass that holds it with the most context on both sides.
-      const size_t D = pass[0].token_embeddings.size() / size_t(P);
-      row.token_embeddings.resize(size_t(n) * D);
-      for (int64_t t = 0; t < n; ++t) {
-        const TokenSpan token{int32_t(t), int32_t(t + 1)};
-        const int32_t w = pass_for(token, plan.starts, int32_t(P));
-        std::copy_n(pass[w].token_embeddings.begin() + (t - plan.starts[size_t(w)]) * int64_t(D), D,
-                    row.token_embeddings.begin() + t * int64_t(D));
-      }
-    }
-  }
-  r.results = std::move(merged);
-  r.sequences = std::move(r.rows);
-  r.rows.clear();
-  r.passes.clear();
-}
-
-std::optional<std::pair<uint32_t, uint32_t>> chunk_characters(const batching::Request& request,
-                                                              size_t row, TokenSpan chunk) {
-  if (row >= request.text_offsets.size()) return std::nullopt;
-  const auto& offsets = request.text_offsets[row];
-  std::optional<std::pair<uint32_t, uint32_t>> range;
-  for (int32_t t = std::max(chunk.begin, 0); t < chunk.end && size_t(t) < offsets.size(); ++t) {
-    const auto [s, e] = offsets[size_t(t)];
-    if (e <= s) continue;  // a special token, (0, 0)
-    if (!range) range = std::pair<uint32_t, uint32_t>{s, e};
-    range->first = std::min(range->first, s);
-    range->second = std::max(range->second, e);
-  }
-  return range;
-}
-
-TokenSpan caller_tokens(const batching::Request& request, size_t row, TokenSpan chunk) {
-  if (row >= request.prompt_tokens.size()) return chunk;
-  const text::PromptTokens p{request.prompt_tokens[row].first, request.prompt_tokens[row].second};
-  return {p.to_caller(chunk.begin), p.to_caller(chunk.end)};
-}
 
 std::optional<Problem> build_request(const EncodeInput& input, const engine::Model& model,
                                      const text::Tokenizer* tokenizer, const Limits& limits,
