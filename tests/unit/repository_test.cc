@@ -231,6 +231,50 @@ parameters { key: "bulk_timeout_ms" value { string_value: "9000" } })");
 
 // quantization.json: none is null (int8 refused later, naming the file); a good one gives its
 // ranges; a malformed one stops the version's load with a message naming the file and the fault.
+// Prompts (issue 49): sentence-transformers' file beside the weights, replaced by config.pbtxt's
+// "prompts" parameter; a broken one stops the load naming where it is.
+TEST(RepositorySettingsTest, PromptsComeFromTheFileOrConfigPbtxt) {
+  TempDir dir;
+  EXPECT_EQ(read_prompts(dir.path(), ""), nullptr);
+  write_text(dir.path() / "config_sentence_transformers.json",
+             R"({"prompts": {"query": "query: ", "document": "passage: "},
+                 "default_prompt_name": "query", "similarity_fn_name": "cosine"})");
+  auto p = read_prompts(dir.path(), "");
+  ASSERT_NE(p, nullptr);
+  EXPECT_EQ(p->by_name.at("document"), "passage: ");
+  EXPECT_EQ(p->default_name, "query");
+  // config.pbtxt's parameter, as read_settings keeps it, wins over the file.
+  write_text(dir.path() / "config.pbtxt",
+             "parameters { key: \"prompts\" value: { string_value: "
+             "\"{\\\"prompts\\\": {\\\"q\\\": \\\"search: \\\"}}\" } }\n");
+  const ModelSettings s = read_settings(dir.path(), "m", defaults());
+  p = read_prompts(dir.path(), s.prompts);
+  ASSERT_NE(p, nullptr);
+  EXPECT_EQ(p->names(), "'q'");
+  EXPECT_FALSE(p->default_name);
+  // Broken: refused at load, naming the file (or the parameter) and what is wrong.
+  write_text(dir.path() / "config_sentence_transformers.json", R"({"prompts": {"query": 5}})");
+  try {
+    read_prompts(dir.path(), "");
+    ADD_FAILURE() << "a prompt that is not a string was accepted";
+  } catch (const std::invalid_argument& e) {
+    EXPECT_NE(std::string(e.what()).find("config_sentence_transformers.json: prompts \"query\" "
+                                         "must be a string"),
+              std::string::npos)
+        << e.what();
+  }
+  write_text(dir.path() / "config.pbtxt",
+             "parameters { key: \"prompts\" value: { string_value: \"[1]\" } }\n");
+  try {
+    read_settings(dir.path(), "m", defaults());
+    ADD_FAILURE() << "a prompts parameter that is not an object was accepted";
+  } catch (const std::invalid_argument& e) {
+    EXPECT_NE(std::string(e.what()).find("parameters \"prompts\": is not a JSON object"),
+              std::string::npos)
+        << e.what();
+  }
+}
+
 TEST(RepositorySettingsTest, QuantizationJsonIsReadOrRefusedByName) {
   TempDir dir;
   EXPECT_EQ(read_quantization(dir.path(), 8), nullptr);
