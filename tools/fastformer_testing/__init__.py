@@ -18,6 +18,8 @@ imports from here; its own models and protocol clients stay in the conftest.
   golden_answers answers against a golden file (issue 33's "behaviour unchanged"); pytest only
   cpu_features   cpu_flags(), has_bf16_gemms(): what --dtype auto should pick on this CPU, read
                  from /proc/cpuinfo and ONEDNN_MAX_CPU_ISA (not from the engine)
+  bench          the bench scenarios' runner (import fastformer_testing.bench): Scenario, Runner
+                 (warm-up, rounds alternating the sides, medians), the JSON record with machine()
 """
 
 from .binaries import REPO, TOOLS, bin_dir, binary, child_env, die_with_parent, use_tools
