@@ -43,20 +43,24 @@ struct Pending {
 std::optional<std::string> prepare_line(const engine::Model& model,
                                         const text::Tokenizer* tokenizer,
                                         request::Truncate truncate, const OutputOptions& options,
-                                        std::optional<int32_t> macro_overlap, Pending* pending) {
+                                        std::optional<int32_t> macro_overlap,
+                                        const request::VersionFiles& files,
+                                        const std::optional<std::string>& prompt_name,
+                                        Pending* pending) {
   const jsonl::InputLine& line = pending->line;
   request::EncodeInput input;
   input.truncate = truncate;
   input.macro_overlap_tokens = macro_overlap;
   input.options = options;
+  input.prompt_name = prompt_name;
   input.rows.push_back((line.text                ? request::Row::from_text(*line.text)
                         : line.token_ids.empty() ? request::Row::embeddings(line.input_embeddings)
                                                  : request::Row::ids(line.token_ids))
                            .with_spans(line.spans));
   pending->request = std::make_unique<batching::Request>();
   const request::Limits one_line{std::numeric_limits<int64_t>::max()};  // --max-batch-tokens
-  if (auto problem =
-          request::build_request(input, model, tokenizer, one_line, pending->request.get())) {
+  if (auto problem = request::build_request(input, model, tokenizer, one_line,
+                                            pending->request.get(), &files)) {
     return request::describe(*problem);
   }
   return std::nullopt;
@@ -105,6 +109,10 @@ int main(int argc, char** argv) {
                  "most context, the line's embedding the mean of its passes' (unset: such a line "
                  "is an error)")
       ->check(CLI::NonNegativeNumber);
+  std::optional<std::string> prompt_name;
+  app.add_option("--prompt-name", prompt_name,
+                 "one of the model's prompts (config_sentence_transformers.json) put before every "
+                 "text line (docs/api.md, \"Prompts\"); unset: its default_prompt_name, if any");
   app.add_option("--max-batch-tokens", engine_options.max_batch_tokens,
                  "tokens per ragged batch (and the engine's buffer size)")
       ->check(CLI::PositiveNumber)
@@ -121,10 +129,12 @@ int main(int argc, char** argv) {
 
   std::shared_ptr<const engine::Model> model;
   std::shared_ptr<const text::Tokenizer> tokenizer;
+  std::shared_ptr<const request::Prompts> prompts;
   std::unique_ptr<engine::Engine> eng;
   try {
     model = engine::Model::load(model_dir);
     tokenizer = text::load_tokenizer(model_dir, *model);
+    prompts = request::Prompts::load(model_dir);
     std::string why;
     eng = engine::create_engine(model, engine_options, &why);
     spdlog::info("model {}: {} parameters ({}), backend {} ({}), max batch tokens {}",
@@ -209,6 +219,8 @@ int main(int argc, char** argv) {
     pending_tokens = 0;
   };
 
+  // The model directory's prompts, as the server reads them (no quantization here: floats out).
+  const request::VersionFiles files{prompts.get(), nullptr, {}};
   std::string line;
   int64_t line_number = 0, sequences = 0;
   int status = 0;
@@ -221,7 +233,7 @@ int main(int argc, char** argv) {
       if (auto read = jsonl::parse_input_line(line, D, &error)) {
         parsed = Pending{std::move(*read), nullptr};
         if (auto bad = prepare_line(*model, tokenizer.get(), truncate, out_options, macro_overlap,
-                                    &*parsed)) {
+                                    files, prompt_name, &*parsed)) {
           error = *bad;
           parsed.reset();
         }

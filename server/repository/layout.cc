@@ -114,15 +114,7 @@ std::shared_ptr<const request::Prompts> read_prompts(const fs::path& version_dir
     return std::make_shared<const request::Prompts>(
         request::Prompts::parse(from_settings, "config.pbtxt parameters \"prompts\""));
   }
-  const fs::path path = version_dir / "config_sentence_transformers.json";
-  std::error_code ec;
-  if (!fs::exists(path, ec)) return nullptr;
-  std::ifstream in(path);
-  const std::string text((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
-  if (!in && !in.eof()) throw std::invalid_argument(path.string() + ": cannot be read");
-  auto prompts =
-      std::make_shared<const request::Prompts>(request::Prompts::parse(text, path.string()));
-  return prompts->by_name.empty() ? nullptr : prompts;
+  return request::Prompts::load(version_dir);
 }
 
 std::shared_ptr<const request::Quantization> read_quantization(const fs::path& version_dir,

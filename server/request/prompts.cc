@@ -1,5 +1,7 @@
 #include "server/request/prompts.h"
 
+#include <fstream>
+#include <iterator>
 #include <nlohmann/json.hpp>
 #include <stdexcept>
 
@@ -39,6 +41,17 @@ Prompts Prompts::parse(std::string_view json, const std::string& where) {
     p.default_name = d.get<std::string>();
   }
   return p;
+}
+
+std::shared_ptr<const Prompts> Prompts::load(const std::filesystem::path& dir) {
+  const std::filesystem::path path = dir / "config_sentence_transformers.json";
+  std::error_code ec;
+  if (!std::filesystem::exists(path, ec)) return nullptr;
+  std::ifstream in(path);
+  if (!in) throw std::invalid_argument(path.string() + ": cannot be read");
+  const std::string text((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
+  auto prompts = std::make_shared<const Prompts>(parse(text, path.string()));
+  return prompts->by_name.empty() ? nullptr : prompts;
 }
 
 std::optional<std::string> choose_prompt(const Prompts* prompts,

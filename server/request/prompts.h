@@ -6,7 +6,9 @@
 // request gets lives here, once.
 #pragma once
 
+#include <filesystem>
 #include <map>
+#include <memory>
 #include <optional>
 #include <string>
 #include <string_view>
@@ -25,6 +27,9 @@ struct Prompts {
   // ignored). Throws std::invalid_argument naming `where` and what is wrong: a prompt that is not
   // a string, a default that names no prompt.
   static Prompts parse(std::string_view json, const std::string& where);
+  // `dir`/config_sentence_transformers.json, parsed; null when there is none or it names no
+  // prompt. Throws as parse(), naming the file.
+  static std::shared_ptr<const Prompts> load(const std::filesystem::path& dir);
 };
 
 // The prompt a request's text rows get, as chosen by the request:

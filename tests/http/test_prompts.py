@@ -141,3 +141,21 @@ def test_late_chunking_keeps_the_callers_positions(srv, prompt_model):
                                    [(1 + len(QUERY), 3 + len(QUERY)), (3 + len(QUERY), 4 + len(QUERY))], "model")
     for chunk, w in zip(with_prompt, want):
         assert_close(chunk["embedding"], unit(w))
+
+
+def test_the_offline_encoder_reads_the_same_prompts(prompt_model, tmp_path):
+    """fastformer-encode (the server's request layer, JSON lines) with --prompt-name."""
+    import subprocess
+
+    from conftest import binary
+
+    lines = tmp_path / "in.jsonl"
+    lines.write_text(json.dumps({"text": TEXT}) + "\n")
+    out = subprocess.run([str(binary("fastformer-encode")), "--model-dir", str(prompt_model.dir), "--backend",
+                          "cpu", "--dtype", "float32", "--threads", "1", "--normalize", "--prompt-name", "query",
+                          "--input", str(lines)], check=True, capture_output=True, text=True).stdout
+    assert_close(json.loads(out.splitlines()[0])["embedding"], prompt_model.unit(prompted(*QUERY)))
+    bad = subprocess.run([str(binary("fastformer-encode")), "--model-dir", str(prompt_model.dir), "--backend", "cpu",
+                          "--prompt-name", "passage", "--input", str(lines)], capture_output=True, text=True)
+    assert bad.returncode != 0
+    assert "'passage' is not a prompt of this model; its prompts: 'document', 'query'" in bad.stderr + bad.stdout
