@@ -9,6 +9,8 @@ on the same seeded workload) and fastformer-server under fastformer-loadgen (clo
 sequences of uniform:16:256 tokens a request), alternating old and new each round so that drift
 of the machine hits both alike. Prints one table: each round's figures, the median of each, and
 new / old. Each side uses its own fastformer-client, fastformer-loadgen and fastformer-bench.
+The rounds, their order and the medians are the bench runner's (fastformer_testing/bench.py);
+--json OUT writes its record: every run, the medians, the machine, the date and this command.
 """
 
 from __future__ import annotations
@@ -17,13 +19,13 @@ import argparse
 import json
 import platform
 import os
-import statistics
 import subprocess
 import sys
 import time
 from pathlib import Path
 
 from fastformer_testing import HarnessError, ServerProcess, free_port
+from fastformer_testing.bench import Runner, Scenario
 
 REPO = Path(__file__).resolve().parents[1]
 
@@ -68,15 +70,19 @@ def main() -> int:
     ap.add_argument("--seconds", type=float, default=8)
     ap.add_argument("--threads", type=int, default=2)
     ap.add_argument("--concurrency", type=int, default=8)
+    ap.add_argument("--json", type=Path, default=None, help="write the runner's record here")
     args = ap.parse_args()
 
-    figures: dict[tuple[str, str], list[float]] = {}
-    for r in range(args.rounds):
-        for what, measure in (("fastformer-bench", bench), ("server + loadgen", serve)):
-            for side, bin_dir in (("old", args.old), ("new", args.new)):
-                value = measure(bin_dir, args)
-                figures.setdefault((what, side), []).append(value)
-                print(f"round {r + 1}: {what} {side}: {value:,.0f} tokens/s", file=sys.stderr, flush=True)
+    # Each round: the engine old, new, then the server old, new (the sides alternate).
+    scenarios = [Scenario(f"{what} {side}", lambda m=measure, b=bin_dir: {"tokens_per_s": m(b, args)},
+                          params={"what": what, "side": side, "bin_dir": str(bin_dir)})
+                 for what, measure in (("fastformer-bench", bench), ("server + loadgen", serve))
+                 for side, bin_dir in (("old", args.old), ("new", args.new))]
+
+    def progress(r, s, f):
+        print(f"round {r + 1}: {s.name}: {f['tokens_per_s']:,.0f} tokens/s", file=sys.stderr, flush=True)
+
+    result = Runner(rounds=args.rounds, tool="compare_builds", on_run=progress, json_path=args.json).run(scenarios)
     cpu = next((line.split(":", 1)[1].strip() for line in open("/proc/cpuinfo") if line.startswith("model name")),
                platform.machine())
     print(f"{time.strftime('%Y-%m-%d')}, {cpu}, {args.threads} threads, model {args.model_dir}, "
@@ -84,10 +90,13 @@ def main() -> int:
     print("| tokens/s | old (each round) | new (each round) | old median | new median | new / old |")
     print("| --- | --- | --- | ---: | ---: | ---: |")
     for what in ("fastformer-bench", "server + loadgen"):
-        old, new = figures[(what, "old")], figures[(what, "new")]
-        mo, mn = statistics.median(old), statistics.median(new)
+        old, new = result.values(f"{what} old", "tokens_per_s"), result.values(f"{what} new", "tokens_per_s")
+        mo, mn = result.median(f"{what} old")["tokens_per_s"], result.median(f"{what} new")["tokens_per_s"]
         print(f"| {what} | {', '.join(f'{v:,.0f}' for v in old)} | {', '.join(f'{v:,.0f}' for v in new)} | "
               f"{mo:,.0f} | {mn:,.0f} | {mn / mo:.3f} |")
+    if args.json:
+        result.write(args.json, model_dir=args.model_dir, threads=args.threads, seconds=args.seconds,
+                     concurrency=args.concurrency)
     return 0
 
 
