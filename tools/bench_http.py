@@ -15,7 +15,9 @@ each round so that drift hits them alike:
               less the server's compute time (gRPC: tools/bench_serve.py with the response's
               compute_time_us; HTTP: fastformer-http-load with x-fastformer-compute-us).
 
-Prints a Markdown table and, with --json, writes every raw result.
+Prints a Markdown table and, with --json, writes every raw result, with the machine, the date
+and the command line. The rounds and the medians are the bench runner's
+(fastformer_testing/bench.py): each round runs every protocol once, in the order above.
 """
 
 from __future__ import annotations
@@ -24,7 +26,6 @@ import argparse
 import json
 import os
 import platform
-import statistics
 import subprocess
 import sys
 import tempfile
@@ -32,6 +33,7 @@ import time
 from pathlib import Path
 
 from fastformer_testing import ServerProcess, free_port
+from fastformer_testing.bench import Runner, Scenario
 
 REPO = Path(__file__).resolve().parents[1]
 HTTP_MODES = ["openai-float", "openai-base64", "tei", "kserve-binary", "kserve-json"]
@@ -77,7 +79,7 @@ def main() -> int:
                                        "--http-listen", f"127.0.0.1:{http_port}", "--threads", str(args.threads),
                                        "--dtype", args.dtype, "--log-level", "warn"],
                            bin_dir=bin_dir, base_env=os.environ, start_timeout=60, stop_grace=60)
-    results = {"saturation": {}, "low_load": {}}
+    runs = {}
     try:
         server.wait_grpc_health()
         common = ["--vocab-size", str(config["vocab_size"]), "--pad-token-id", str(config["pad_token_id"])]
@@ -96,42 +98,47 @@ def main() -> int:
                              "--duration-s", str(args.seconds), "--warmup-s", str(args.warmup), "--lengths", lengths,
                              "--pool-requests", "64", *common])
 
-        for rnd in range(args.rounds):
-            results["saturation"].setdefault("grpc-encode", []).append(grpc_run(args.concurrency, "fixed:128"))
-            for mode in HTTP_MODES:
-                results["saturation"].setdefault(mode, []).append(http_run(mode, args.concurrency, "fixed:128"))
-        for rnd in range(args.rounds):
+        def grpc_low_load():
             g = run_json([python, str(REPO / "tools/bench_serve.py"), "--target", f"127.0.0.1:{grpc_port}",
                           "--concurrency", "1", "--sequences-per-request", "1", "--lengths", "fixed:64",
                           "--seconds", str(args.seconds), "--json"])
-            results["low_load"].setdefault("grpc-encode", []).append(
-                {"overhead_p50_ms": g["overhead_ms"]["p50"], "overhead_p99_ms": g["overhead_ms"]["p99"],
-                 "p50_ms": g["latency_ms"]["p50"], "p99_ms": g["latency_ms"]["p99"], "requests": g.get("requests")})
-            for mode in ("openai-float", "openai-base64", "kserve-binary"):
-                results["low_load"].setdefault(mode, []).append(http_run(mode, 1, "fixed:64"))
+            return {"overhead_p50_ms": g["overhead_ms"]["p50"], "overhead_p99_ms": g["overhead_ms"]["p99"],
+                    "p50_ms": g["latency_ms"]["p50"], "p99_ms": g["latency_ms"]["p99"], "requests": g.get("requests")}
+
+        # Every round runs each protocol once, in this order: the rounds alternate them.
+        saturation = [Scenario("grpc-encode", lambda: grpc_run(args.concurrency, "fixed:128"))] + [
+            Scenario(mode, lambda m=mode: http_run(m, args.concurrency, "fixed:128")) for mode in HTTP_MODES]
+        low_load = [Scenario("grpc-encode", grpc_low_load)] + [
+            Scenario(mode, lambda m=mode: http_run(m, 1, "fixed:64"))
+            for mode in ("openai-float", "openai-base64", "kserve-binary")]
+        runs = {"saturation": Runner(rounds=args.rounds, tool="bench_http").run(saturation),
+                "low_load": Runner(rounds=args.rounds, tool="bench_http").run(low_load)}
     finally:
         server.stop(check=False)
 
-    def med(rows, key):
-        return statistics.median(r[key] for r in rows)
+    results = {phase: r.runs for phase, r in runs.items()}  # {phase: {protocol: [each round's figures]}}
 
-    base = med(results["saturation"]["grpc-encode"], "requests_per_s")
+    def med(phase, name, key):
+        return runs[phase].median(name)[key]
+
+    base = med("saturation", "grpc-encode", "requests_per_s")
     print(f"# {time.strftime('%Y-%m-%d')}, {cpu_model()}, {os.cpu_count()} cores, official model, "
           f"{args.concurrency} clients, fixed:128, {args.seconds:g} s x {args.rounds} rounds (medians)\n")
     print("| protocol | requests/s | vs gRPC Encode | p50 / p99 ms | errors |")
     print("| --- | --- | --- | --- | --- |")
     for name, rows in results["saturation"].items():
-        rps = med(rows, "requests_per_s")
+        rps = med("saturation", name, "requests_per_s")
         errors = sum(sum(r.get("errors", {}).values()) for r in rows)
-        print(f"| {name} | {rps:.1f} | {100 * rps / base:.0f}% | {med(rows, 'p50_ms'):.1f} / "
-              f"{med(rows, 'p99_ms'):.1f} | {errors} |")
+        print(f"| {name} | {rps:.1f} | {100 * rps / base:.0f}% | {med('saturation', name, 'p50_ms'):.1f} / "
+              f"{med('saturation', name, 'p99_ms'):.1f} | {errors} |")
     print("\n| protocol (1 client, fixed:64) | overhead p50 ms | overhead p99 ms | end-to-end p50 / p99 ms |")
     print("| --- | --- | --- | --- |")
-    for name, rows in results["low_load"].items():
-        print(f"| {name} | {med(rows, 'overhead_p50_ms'):.2f} | {med(rows, 'overhead_p99_ms'):.2f} | "
-              f"{med(rows, 'p50_ms'):.2f} / {med(rows, 'p99_ms'):.2f} |")
-    if args.json:
-        Path(args.json).write_text(json.dumps(results, indent=2))
+    for name in results["low_load"]:
+        print(f"| {name} | {med('low_load', name, 'overhead_p50_ms'):.2f} | "
+              f"{med('low_load', name, 'overhead_p99_ms'):.2f} | "
+              f"{med('low_load', name, 'p50_ms'):.2f} / {med('low_load', name, 'p99_ms'):.2f} |")
+    if args.json:  # the raw results as before, and the record's header: tool, date, command, commit, machine
+        Path(args.json).write_text(json.dumps({**results, **runs["saturation"].header}, indent=2))
     return 0
 
 
