@@ -15,6 +15,8 @@ docs/benchmarks/serving.md ("Text in: the trained demo model and what tokenizati
    (process_cpu_seconds_total) over the text runs.
 The model directory is what tools/train_demo_model.py writes (tokenizer.json, test.jsonl,
 test_ids.jsonl). Run it on a quiet machine: the client threads share the cores with the server.
+The warm-up, the rounds and their order are the bench runner's (fastformer_testing/bench.py);
+the JSON adds the command line and the commit to the machine and the date.
 """
 
 from __future__ import annotations
@@ -34,6 +36,7 @@ from pathlib import Path
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO / "tools"))
 from fastformer_testing import ServerProcess, free_port  # noqa: E402
+from fastformer_testing.bench import Runner, Scenario, command, commit  # noqa: E402
 from machine_info import describe  # noqa: E402
 
 
@@ -130,24 +133,32 @@ def main() -> int:
                            bin_dir=bin_dir, base_env=os.environ, start_timeout=60, stop_grace=30)
     channel = grpc.insecure_channel(f"127.0.0.1:{port}")
     stub = pb_grpc.EncoderStub(channel)
-    runs = {"text": [], "ids": []}
-    tokenize_s = cpu_s = 0.0
+    spent = {"tokenize_s": 0.0, "cpu_s": 0.0}  # the server's, over the text runs
+
+    def ids_once():
+        return run_load(stub, pb, ids, args.seconds, args.concurrency, args.pages_per_request)
+
+    def text_once():
+        t0, c0 = metric(metrics_port, "fastformer_tokenize_duration_seconds_sum"), \
+            metric(metrics_port, "process_cpu_seconds_total")
+        r = run_load(stub, pb, texts, args.seconds, args.concurrency, args.pages_per_request)
+        spent["tokenize_s"] += metric(metrics_port, "fastformer_tokenize_duration_seconds_sum") - t0
+        spent["cpu_s"] += metric(metrics_port, "process_cpu_seconds_total") - c0
+        return r
+
     try:
         # Serves once GetModelInfo answers (the model is loaded): the harness's loop, which stops
         # at once, with the command, when the server exits first.
         server.wait_for(lambda: stub.GetModelInfo(pb.GetModelInfoRequest(), timeout=2) is not None, "GetModelInfo",
                         interval=0.2, retry_on=(grpc.RpcError,))
-        run_load(stub, pb, ids, 2, args.concurrency, args.pages_per_request)  # warm-up
-        for _ in range(args.rounds):
-            for kind, pages in (("ids", ids), ("text", texts)):
-                t0, c0 = metric(metrics_port, "fastformer_tokenize_duration_seconds_sum"), \
-                    metric(metrics_port, "process_cpu_seconds_total")
-                r = run_load(stub, pb, pages, args.seconds, args.concurrency, args.pages_per_request)
-                if kind == "text":
-                    tokenize_s += metric(metrics_port, "fastformer_tokenize_duration_seconds_sum") - t0
-                    cpu_s += metric(metrics_port, "process_cpu_seconds_total") - c0
-                runs[kind].append(r)
-                print(f"{kind}: {r}", file=sys.stderr)
+        # One warm-up (2 s of ids), then each round ids, text.
+        scenarios = [Scenario("ids", ids_once,
+                              warm_up=lambda: run_load(stub, pb, ids, 2, args.concurrency, args.pages_per_request)),
+                     Scenario("text", text_once, warm_up=lambda: None)]
+        measured = Runner(rounds=args.rounds, warmup=1, tool="bench_text",
+                          on_run=lambda r, s, f: print(f"{s.name}: {f}", file=sys.stderr)).run(scenarios)
+        runs = {"text": measured.runs["text"], "ids": measured.runs["ids"]}
+        tokenize_s, cpu_s = spent["tokenize_s"], spent["cpu_s"]
     finally:
         channel.close()
         server.stop(check=False)
@@ -156,7 +167,8 @@ def main() -> int:
     ids_rate = sum(r["pages_per_s"] for r in runs["ids"]) / len(runs["ids"])
     result = {"machine": describe(), "date": time.strftime("%Y-%m-%d"), "pages": len(texts),
               "tokenizer_alone": alone, "runs": runs, "text_over_ids": text_rate / ids_rate,
-              "tokenize_share_of_server_cpu": tokenize_s / cpu_s if cpu_s else None}
+              "tokenize_share_of_server_cpu": tokenize_s / cpu_s if cpu_s else None,
+              "command": command(), "commit": commit()}
     if args.json:
         print(json.dumps(result))
         return 0
