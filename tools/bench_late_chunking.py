@@ -17,7 +17,8 @@ per size and way: /proc/<pid>/status VmHWM after its calls).
 
 DIR is a model with at least the largest size's positions, e.g.
     /usr/bin/python3 tools/make_demo_model.py --preset official --max-positions 65536 --out DIR
-Run it on a quiet machine.
+Run it on a quiet machine. The warm-up call and the timed rounds of each way are the bench
+runner's (fastformer_testing/bench.py); the JSON adds the command line and the commit.
 """
 
 from __future__ import annotations
@@ -25,7 +26,6 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import statistics
 import sys
 import time
 from pathlib import Path
@@ -34,6 +34,7 @@ REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO / "tools"))
 sys.path.insert(0, str(REPO / "client" / "python"))
 from fastformer_testing import ServerProcess, free_port  # noqa: E402
+from fastformer_testing.bench import Runner, Scenario, command, commit  # noqa: E402
 from machine_info import describe  # noqa: E402
 
 
@@ -65,13 +66,17 @@ def run_way(args, way: str, n: int, ids) -> dict:
             else:
                 chunks = [ids[i:i + args.chunk] for i in range(0, n, args.chunk)]
                 call = lambda: client.encode(chunks)  # noqa: E731
-            call()  # warm-up
-            times = []
-            for _ in range(args.rounds):
+
+            def timed():
                 t0 = time.perf_counter()
                 call()
-                times.append(time.perf_counter() - t0)
-        seconds = statistics.median(times)
+                return {"seconds": time.perf_counter() - t0}
+
+            # One warm-up call, then --rounds timed calls: their median.
+            measured = Runner(rounds=args.rounds, warmup=1, tool="bench_late_chunking").run(
+                [Scenario(f"{n} {way}", timed, warm_up=call)])
+        times = measured.values(f"{n} {way}", "seconds")
+        seconds = measured.median(f"{n} {way}")["seconds"]
         return {"way": way, "tokens": n, "seconds": seconds, "tokens_per_s": n / seconds,
                 "peak_rss_mib": peak_rss_mib(server.pid), "times": times}
     finally:
@@ -102,7 +107,8 @@ def main() -> int:
             print(f"{n:>6} tokens {way:>5}: {r['seconds'] * 1000:8.1f} ms, {r['tokens_per_s']:>10,.0f} tokens/s, "
                   f"peak RSS {r['peak_rss_mib']:7.1f} MiB", file=sys.stderr)
     result = {"machine": describe(), "date": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()),
-              "dtype": args.dtype, "threads": args.threads, "chunk": args.chunk, "rows": rows}
+              "dtype": args.dtype, "threads": args.threads, "chunk": args.chunk, "rows": rows,
+              "command": command(), "commit": commit()}
     if args.json:
         print(json.dumps(result))
         return 0

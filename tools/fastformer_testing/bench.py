@@ -82,10 +82,14 @@ def commit() -> Optional[str]:
         return None
 
 
-def header(tool: Optional[str] = None) -> dict:
-    """What every bench record opens with: tool, date (UTC), command, commit, machine."""
-    return {"tool": tool or Path(sys.argv[0]).stem, "date": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()),
-            "command": command(), "commit": commit(), "machine": machine()}
+def utc_now() -> str:
+    return time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime())
+
+
+def header(tool: Optional[str] = None, date: Optional[str] = None) -> dict:
+    """What every bench record opens with: tool, date (UTC; default now), command, commit, machine."""
+    return {"tool": tool or Path(sys.argv[0]).stem, "date": date or utc_now(), "command": command(),
+            "commit": commit(), "machine": machine()}
 
 
 def _is_number(v) -> bool:
@@ -117,7 +121,15 @@ class Result:
         self.scenarios = scenarios
         self.runs: dict = {s.name: [] for s in scenarios}
         self.order: list = []  # (round, name) of every measured run, as run
-        self.header = header(runner.tool)
+        self.date = utc_now()  # when the run started
+        self._header = None
+
+    @property
+    def header(self) -> dict:
+        """header(): read once, when first asked for (git and /proc are not read during the runs)."""
+        if self._header is None:
+            self._header = header(self.runner.tool, self.date)
+        return self._header
 
     def values(self, name: str, key: str) -> list:
         return [r[key] for r in self.runs[name]]
