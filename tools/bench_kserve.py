@@ -13,7 +13,8 @@ fastformer-loadgen (unary Encode, --lengths file: with these lengths). perf_anal
 every output the model lists (it has no option to name them), so the v2 answers carry the
 embedding, token_embeddings and logits; loadgen is asked for the same
 (--return-token-embeddings, --return-logits), so both APIs send the same answers. Prints a Markdown table
-(requests/s, p50 and p99 latency) and, with --json, the figures. perf_analyzer comes from
+(requests/s, p50 and p99 latency) and, with --json, the figures with the command line, the commit
+and the machine (fastformer_testing/bench.py's provenance()). perf_analyzer comes from
 `make kserve-venv` (mk/kserve.mk): run this with .venv-triton's Python.
 """
 
@@ -30,6 +31,7 @@ import tempfile
 from pathlib import Path
 
 from fastformer_testing import HarnessError, ServerProcess, free_port
+from fastformer_testing.bench import provenance
 
 REPO = Path(__file__).resolve().parents[1]
 
@@ -115,7 +117,7 @@ def main() -> int:
     finally:
         server.stop(check=False)
     if args.json:
-        print(json.dumps({"lengths": args.lengths, "count": args.count, "rows": rows}))
+        print(json.dumps({"lengths": args.lengths, "count": args.count, "rows": rows, **provenance()}))
         return 0
     print("| concurrency | perf_analyzer (ModelInfer) req/s | p50 / p99 ms | fastformer-loadgen (Encode) req/s "
           "| p50 / p99 ms | v2 ÷ Encode |")

@@ -18,7 +18,8 @@ cores). Then, one after the other:
               5 ms from /proc, against its resident memory before the swaps.
 
 Every request must succeed (loadgen's error count is printed). Prints a Markdown table; --json
-writes the raw figures.
+writes the raw figures, with the command line, the commit and the machine
+(fastformer_testing/bench.py's provenance(); one run of each phase, so no rounds).
 """
 
 from __future__ import annotations
@@ -41,6 +42,7 @@ sys.path.insert(0, str(REPO / "tools"))
 
 from bench_http import cpu_model  # noqa: E402
 from fastformer_testing import ServerProcess, free_port  # noqa: E402
+from fastformer_testing.bench import provenance  # noqa: E402
 
 
 def rss_bytes(pid: int) -> int:
@@ -157,7 +159,7 @@ def main() -> int:
           f"peak {f['rss_peak_mib']:.0f} MiB during the swaps")
     print("server log:", *ready_lines[-2:], sep="\n  ")
     if args.json:
-        Path(args.json).write_text(json.dumps(figures, indent=2))
+        Path(args.json).write_text(json.dumps({**figures, **provenance()}, indent=2))
     return 0 if sum(f["quiet"]["errors"].values()) + sum(f["swaps"]["errors"].values()) == 0 else 1
 
 

@@ -9,7 +9,7 @@ import sys
 
 import pytest
 
-from fastformer_testing.bench import Runner, Scenario, machine, medians
+from fastformer_testing.bench import Runner, Scenario, machine, medians, provenance
 
 
 def fake(name, log, values):
@@ -91,3 +91,4 @@ def test_machine_block_and_the_runner_import_under_a_bare_python(tmp_path):
     rec = json.loads(p.stdout)
     assert rec["scenarios"]["s"]["median"] == {"v": 1.5} and rec["machine"]["cpu"]["flags"]
     assert machine()["description"] == rec["machine"]["description"]
+    assert set(provenance()) == {"command", "commit", "machine"}  # what bench_swap/bench_kserve add to their JSON

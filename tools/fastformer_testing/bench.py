@@ -86,10 +86,14 @@ def utc_now() -> str:
     return time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime())
 
 
+def provenance() -> dict:
+    """command, commit and machine: what a tool that keeps its own date and figures adds to its JSON."""
+    return {"command": command(), "commit": commit(), "machine": machine()}
+
+
 def header(tool: Optional[str] = None, date: Optional[str] = None) -> dict:
     """What every bench record opens with: tool, date (UTC; default now), command, commit, machine."""
-    return {"tool": tool or Path(sys.argv[0]).stem, "date": date or utc_now(), "command": command(),
-            "commit": commit(), "machine": machine()}
+    return {"tool": tool or Path(sys.argv[0]).stem, "date": date or utc_now(), **provenance()}
 
 
 def _is_number(v) -> bool:
