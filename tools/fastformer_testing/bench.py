@@ -130,7 +130,7 @@ class Result:
 
     @property
     def header(self) -> dict:
-        """header(): read once, when first asked for (git and /proc are not read during the runs)."""
+        """header(): read once, when first asked for (git and /proc: after a run, never inside one)."""
         if self._header is None:
             self._header = header(self.runner.tool, self.date)
         return self._header
