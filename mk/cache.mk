@@ -7,7 +7,10 @@
 #   carry-server/  the GPU lease's packed server closure, keyed by its files' hashes
 #                  (deploy/carry-gpu-deps.sh --server)
 #   gpu-expected/  the GPU check's CPU float32 answers (tests/gpu/server_expected.py)
-# Each one may be deleted at any time: the next run rebuilds it (slower, never different).
+#   ctest-costs/   each build tree's record of its tests' times, for ctest's order (below)
+#   fuzz-corpus/   what make fuzz added to the seeds, per target (mk/fuzz.mk)
+# Each one may be deleted at any time: the next run rebuilds it (slower, never different; a
+# deleted fuzz-corpus/ only makes the next make fuzz start from the seeds, as a new machine does).
 # Included first by the Makefile.
 FASTFORMER_CACHE ?= /var/cache/fastformer
 export FASTFORMER_CCACHE_DIR ?= $(FASTFORMER_CACHE)/ccache
@@ -18,6 +21,21 @@ VENV_CACHE ?= $(FASTFORMER_CACHE)/venv
 ifneq ($(shell command -v ninja 2>/dev/null),)
 export CMAKE_GENERATOR ?= Ninja
 endif
+
+# ctest's record of each test's time (Testing/Temporary/CTestCostData.txt), kept per build tree
+# under $(FASTFORMER_CACHE)/ctest-costs (issue 32's caches): a fresh clone's tree has none, and
+# ctest -j then starts the tests in the order they are defined, so the longest ones (the emulated
+# CUDA engine's and kernels' sweeps, 20 to 120 s each under a sanitizer) can end up running last,
+# one core idle. With the record, ctest starts the longest first. It changes only the order
+# (every test still runs; ctest -j already runs them in any interleaving).
+#   $(call CTEST,TREE,NAME,ARGS): ctest --test-dir TREE ARGS, the record NAME copied in first (when
+#   the tree has none) and the tree's updated one copied back after (even when a test failed).
+CTEST_COSTS ?= $(FASTFORMER_CACHE)/ctest-costs
+CTEST = f=$(1)/Testing/Temporary/CTestCostData.txt c=$(CTEST_COSTS)/$(2).txt; \
+  mkdir -p $(1)/Testing/Temporary $(CTEST_COSTS); \
+  if [ ! -s $$f ] && [ -s $$c ]; then cp $$c $$f; fi; \
+  ctest --test-dir $(1) $(3); rc=$$?; \
+  if [ -s $$f ]; then cp $$f $$c.$$$$ && mv -f $$c.$$$$ $$c; fi; exit $$rc
 
 .PHONY: ccache-stats
 # The compiler cache's counters (.ci/run prints them at the end).

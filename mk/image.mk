@@ -3,7 +3,15 @@
 # (no registry, no container engine), with the host's compiler cache bind-mounted, then run the
 # image on loopback. Need root. deploy/image-test.sh says what each checks; docs/deploy.md
 # ("Images") what they cover and what only a GPU node can.
-.PHONY: image-test image-test-cuda
+.PHONY: image-test image-test-cuda image-tests
+
+# Both, one after the other (they share buildah's storage and layer cache), each its own step
+# (tools/step.sh): .ci/run runs this side by side with make test-tsan (tools/side_by_side.sh).
+# Neither times anything (their waits are bounds of 10 to 120 s on steps of a few seconds), and
+# they keep about one core busy (133 s of CPU in 120 s) while test-tsan's ctest takes both.
+image-tests:
+	@tools/step.sh "make image-test" $(MAKE) --no-print-directory image-test
+	@tools/step.sh "make image-test-cuda" $(MAKE) --no-print-directory image-test-cuda
 
 # The CPU image (FASTFORMER_CUDA=OFF): config, libraries, an Encode against the offline encoder,
 # /metrics, the health check, SIGTERM.
