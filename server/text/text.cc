@@ -81,8 +81,8 @@ std::optional<std::string> tokenize_prompted(const Tokenizer* tok, const engine:
                                              std::vector<tokenizer::Offsets>* offsets,
                                              PromptTokens* where) {
   *where = {};
-  if (prompt.empty()) return tokenize_text(tok, c, text, truncate, ids, offsets);
-  if (tok == nullptr) return tokenize_text(tok, c, text, truncate, ids, offsets);
+  // No prompt, or no tokenizer (tokenize_text's refusal): the plain rule.
+  if (prompt.empty() || tok == nullptr) return tokenize_text(tok, c, text, truncate, ids, offsets);
   if (text.empty()) return "the text is empty";
   std::string joined;
   joined.reserve(prompt.size() + text.size());
