@@ -45,10 +45,18 @@ class [[nodiscard]] Status {
   bool ok() const { return code_ == StatusCode::kOk; }
   StatusCode code() const { return code_; }
   const std::string& message() const { return message_; }
+  /// The request field a refusal is about, by its wire name and without an index ("input",
+  /// "dimensions"), for an API that reports it apart (OpenAI's error `param`); empty: unknown.
+  const std::string& field() const { return field_; }
+  Status with_field(std::string field) && {
+    field_ = std::move(field);
+    return std::move(*this);
+  }
 
  private:
   StatusCode code_ = StatusCode::kOk;
   std::string message_;
+  std::string field_;
 };
 
 // INVALID_ARGUMENT with `message`: what every refusal of a request's field is.

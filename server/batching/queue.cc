@@ -15,7 +15,7 @@ std::optional<Priority> parse_priority(std::string_view name) {
   return std::nullopt;
 }
 
-bool finish_request(Request& request, Outcome outcome, std::string error) {
+bool finish_job(Job& request, Outcome outcome, std::string error) {
   // Under the request's lock, so dead_reason never asks a finished call's context whether
   // it was cancelled (the rpc layer may free that context once the call is answered).
   std::lock_guard lock(request.mu);
@@ -31,7 +31,7 @@ namespace {
 
 // Why an entry must not be computed, or kOk when it is alive.
 Outcome dead_reason(const QueueEntry& entry, Clock::time_point now) {
-  Request& r = *entry.request;
+  Job& r = *entry.request;
   std::lock_guard lock(r.mu);
   if (r.finished.load()) return r.outcome == Outcome::kOk ? Outcome::kEngineFailure : r.outcome;
   if (r.deadline <= now) return Outcome::kDeadlineExceeded;
@@ -53,7 +53,7 @@ void BatchQueue::release_locked(Priority p, int64_t tokens) {
   if (budget_) budget_->count(p).fetch_sub(tokens);
 }
 
-Admission BatchQueue::push(std::shared_ptr<Request> request) {
+Admission BatchQueue::push(std::shared_ptr<Job> request) {
   int64_t tokens = 0;
   for (const auto& s : request->sequences)
     tokens += engine::sequence_length(s, config_.hidden_size);
@@ -250,7 +250,7 @@ std::optional<Batch> BatchQueue::next_batch() {
           (reason == Outcome::kDeadlineExceeded || reason == Outcome::kCancelled)) {
         observer_.on_dropped(entry, reason);
       }
-      finish_request(*entry.request, reason);  // no-op when the request already ended
+      finish_job(*entry.request, reason);  // no-op when the request already ended
     }
     dropped.clear();
     if (observer_.on_promoted)
@@ -348,7 +348,7 @@ bool BatchQueue::refresh(Batch* batch, Clock::duration lookahead) {
   bool changed = false, report = false;
   const auto now = Clock::now();
   auto key = [](const QueueEntry& e) { return std::pair(e.request.get(), e.index); };
-  std::vector<std::pair<Request*, int32_t>> formed;  // the batch's entries before, sorted
+  std::vector<std::pair<Job*, int32_t>> formed;  // the batch's entries before, sorted
   for (const QueueEntry& e : batch->entries) formed.push_back(key(e));
   std::sort(formed.begin(), formed.end());
   {
@@ -429,7 +429,7 @@ bool BatchQueue::refresh(Batch* batch, Clock::duration lookahead) {
         (reason == Outcome::kDeadlineExceeded || reason == Outcome::kCancelled)) {
       observer_.on_dropped(entry, reason);
     }
-    finish_request(*entry.request, reason);
+    finish_job(*entry.request, reason);
   }
   if (observer_.on_promoted)
     for (const QueueEntry& e : promoted) observer_.on_promoted(e);

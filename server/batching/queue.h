@@ -24,7 +24,7 @@
 #include <vector>
 
 #include "common/defaults.h"
-#include "server/batching/request.h"
+#include "server/batching/job.h"
 
 namespace fastformer::batching {
 
@@ -55,7 +55,7 @@ struct QueueLimits {
 
 // One queued sequence.
 struct QueueEntry {
-  std::shared_ptr<Request> request;            ///< the request it belongs to
+  std::shared_ptr<Job> request;                ///< the request it belongs to
   int32_t index = 0;                           ///< its position in the request
   int64_t tokens = 0;                          ///< its length
   Clock::time_point queued_at{};               ///< when it was admitted
@@ -110,7 +110,7 @@ class BatchQueue {
   // Admits every sequence of `request` or none, to its priority class: kQueueFull when its
   // tokens would push that class over its limit (QueueLimits::class_limit), kServerFull over
   // the shared budget's, kClosed once draining started.
-  Admission push(std::shared_ptr<Request> request);
+  Admission push(std::shared_ptr<Job> request);
 
   // Blocks until a batch is ready (honouring max_queue_delay), or returns nullopt once the
   // queue is closed and empty.

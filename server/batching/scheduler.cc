@@ -139,12 +139,12 @@ void Scheduler::form_loop() {
 
 void Scheduler::run_batch(Batch& batch, uint64_t staged) {
   const auto start = Clock::now();
-  std::vector<Request*> requests;  // distinct requests of this batch
+  std::vector<Job*> requests;  // distinct requests of this batch
   for (const QueueEntry& e : batch.entries) {
-    Request* r = e.request.get();
+    Job* r = e.request.get();
     if (std::find(requests.begin(), requests.end(), r) == requests.end()) requests.push_back(r);
   }
-  for (Request* r : requests) {
+  for (Job* r : requests) {
     std::lock_guard lock(r->mu);
     if (r->first_compute == Clock::time_point{}) r->first_compute = start;
   }
@@ -155,13 +155,13 @@ void Scheduler::run_batch(Batch& batch, uint64_t staged) {
   } catch (const std::exception& e) {
     // Only this batch's requests fail; the server keeps serving.
     if (observer_.on_failure) observer_.on_failure(e.what(), int64_t(batch.entries.size()));
-    for (Request* r : requests) finish_request(*r, Outcome::kEngineFailure, e.what());
+    for (Job* r : requests) finish_job(*r, Outcome::kEngineFailure, e.what());
     return;
   }
   const double seconds = std::chrono::duration<double>(Clock::now() - start).count();
   if (observer_.on_batch) observer_.on_batch(batch.tokens, int64_t(batch.entries.size()), seconds);
   const auto compute_us = static_cast<int64_t>(seconds * 1e6);
-  for (Request* r : requests) {
+  for (Job* r : requests) {
     std::lock_guard lock(r->mu);
     r->compute_us += compute_us;
   }
@@ -171,7 +171,7 @@ void Scheduler::run_batch(Batch& batch, uint64_t staged) {
       std::lock_guard lock(e.request->mu);
       e.request->results[size_t(e.index)] = std::move(results[i]);
     }
-    if (e.request->remaining.fetch_sub(1) == 1) finish_request(*e.request, Outcome::kOk);
+    if (e.request->remaining.fetch_sub(1) == 1) finish_job(*e.request, Outcome::kOk);
   }
 }
 

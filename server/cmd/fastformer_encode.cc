@@ -31,11 +31,11 @@ using namespace fastformer;
 
 constexpr int kExitBadInput = 2;
 
-// One parsed line and the request the request layer built from it (its sequence views the
-// line's storage, or the request's own for a text).
+// One parsed line, the request the request layer prepared from it and the job over that.
 struct Pending {
   jsonl::InputLine line;
-  std::unique_ptr<batching::Request> request;
+  std::shared_ptr<const request::Prepared> prepared;
+  std::shared_ptr<batching::Job> request;
 };
 
 // The line through the server's request rules (server/request/encode_input.h): text, truncation,
@@ -57,12 +57,14 @@ std::optional<std::string> prepare_line(const engine::Model& model,
                         : line.token_ids.empty() ? request::Row::embeddings(line.input_embeddings)
                                                  : request::Row::ids(line.token_ids))
                            .with_spans(line.spans));
-  pending->request = std::make_unique<batching::Request>();
+  auto prepared = std::make_shared<request::Prepared>();
   const request::Limits one_line{std::numeric_limits<int64_t>::max()};  // --max-batch-tokens
-  if (auto problem = request::build_request(input, model, tokenizer, one_line,
-                                            pending->request.get(), &files)) {
+  if (auto problem =
+          request::build_request(input, model, tokenizer, one_line, prepared.get(), &files)) {
     return request::describe(*problem);
   }
+  pending->prepared = prepared;
+  pending->request = request::make_job(std::move(prepared));
   return std::nullopt;
 }
 
@@ -187,7 +189,7 @@ int main(int argc, char** argv) {
     // The lines' sequences (a line over the positions has several: its macro-chunks) in
     // batches of at most --max-batch-tokens, then each line's result.
     engine::RaggedBatch batch;
-    std::vector<std::pair<batching::Request*, size_t>> where;
+    std::vector<std::pair<batching::Job*, size_t>> where;
     int64_t tokens = 0;
     auto run = [&]() {
       if (where.empty()) return;
@@ -211,7 +213,7 @@ int main(int argc, char** argv) {
     run();
     buffer.clear();
     for (const Pending& p : pending) {
-      request::merge_passes(p.request.get());
+      request::merge_passes(*p.prepared, p.request.get());
       jsonl::append_output_line(p.request->results[0], D, &buffer);
     }
     std::fwrite(buffer.data(), 1, buffer.size(), out);
@@ -231,7 +233,7 @@ int main(int argc, char** argv) {
       std::string error;
       std::optional<Pending> parsed;
       if (auto read = jsonl::parse_input_line(line, D, &error)) {
-        parsed = Pending{std::move(*read), nullptr};
+        parsed = Pending{std::move(*read), nullptr, nullptr};
         if (auto bad = prepare_line(*model, tokenizer.get(), truncate, out_options, macro_overlap,
                                     files, prompt_name, &*parsed)) {
           error = *bad;

@@ -9,12 +9,12 @@ namespace fastformer::rpc {
 using batching::Clock;
 
 Status EncoderService::admit(const v1::EncodeRequest& proto, grpc::CallbackServerContext* context,
-                             const std::shared_ptr<batching::Request>& request) {
+                             const std::shared_ptr<batching::Job>& request) {
   return intake_.admit(
       steady_deadline(context), proto.model_name(), proto.model_version(),
-      [&](const ServedModel& model) {
+      [&](const ServedModel& model, request::Prepared* out) {
         return convert_request(proto, *model.model, model.tokenizer(), model.config.limits,
-                               model.config.files(), request.get());
+                               model.config.files(), out);
       },
       request);
 }
@@ -24,7 +24,7 @@ grpc::ServerUnaryReactor* EncoderService::Encode(grpc::CallbackServerContext* co
                                                  grpc::ByteBuffer* out) {
   const auto start = Clock::now();
   grpc::ServerUnaryReactor* reactor = context->DefaultReactor();
-  // The request's sequences are views into the parsed proto: it lives as long as the request.
+  // The parsed request (which the answer echoes) and the response being made.
   struct Call {
     v1::EncodeRequest proto;
     v1::EncodeResponse response;
@@ -35,16 +35,18 @@ grpc::ServerUnaryReactor* EncoderService::Encode(grpc::CallbackServerContext* co
     reactor->Finish(to_grpc(invalid));
     return reactor;
   }
-  auto request = std::make_shared<batching::Request>();
+  auto request = std::make_shared<batching::Job>();
   request->is_cancelled = [context] { return context->IsCancelled(); };
-  request->on_complete = [this, reactor, call, out, start](batching::Request& r) {
+  request->on_complete = [this, reactor, call, out, start](batching::Job& r) {
     Status status = outcome_status(r);
     const auto filling = Clock::now();
     if (status.ok()) {
-      fill_response(r, call->proto, Intake::served(r).config.quantization.get(), &call->response);
+      const Admitted& admitted = Intake::admitted(r);
+      fill_response(r, admitted, call->proto, admitted.model->config.quantization.get(),
+                    &call->response);
       call->response.set_request_id(call->proto.request_id());
-      call->response.set_model_name(Intake::served(r).name);
-      call->response.set_model_version(Intake::served(r).version);
+      call->response.set_model_name(admitted.model->name);
+      call->response.set_model_version(admitted.model->version);
       bool own = false;
       status = from_grpc(
           grpc::SerializationTraits<v1::EncodeResponse>::Serialize(call->response, out, &own));
@@ -61,7 +63,7 @@ grpc::ServerUnaryReactor* EncoderService::Encode(grpc::CallbackServerContext* co
 }
 
 Status EncoderService::StreamProtocol::admit(Message& message, grpc::CallbackServerContext* context,
-                                             const std::shared_ptr<batching::Request>& request) {
+                                             const std::shared_ptr<batching::Job>& request) {
   if (Status invalid = parse_stream_message(message.proto, &message.parsed, parse_encode_request);
       !invalid.ok()) {
     return invalid;
@@ -70,16 +72,16 @@ Status EncoderService::StreamProtocol::admit(Message& message, grpc::CallbackSer
   return service->admit(message.parsed, context, request);
 }
 
-grpc::ByteBuffer EncoderService::StreamProtocol::answer(Message& message,
-                                                        const batching::Request* done,
+grpc::ByteBuffer EncoderService::StreamProtocol::answer(Message& message, const batching::Job* done,
                                                         const Status& status) {
   v1::EncodeResponse response;
   response.set_request_id(message.parsed.request_id());
   if (status.ok()) {
-    fill_response(*done, message.parsed, Intake::served(*done).config.quantization.get(),
+    const Admitted& admitted = Intake::admitted(*done);
+    fill_response(*done, admitted, message.parsed, admitted.model->config.quantization.get(),
                   &response);
-    response.set_model_name(Intake::served(*done).name);
-    response.set_model_version(Intake::served(*done).version);
+    response.set_model_name(admitted.model->name);
+    response.set_model_version(admitted.model->version);
   } else {
     response.set_model_name(message.parsed.model_name());
     response.set_model_version(message.parsed.model_version());

@@ -43,14 +43,14 @@ class EncoderService final
     };
     static constexpr const char* kMethod = "EncodeStream";
     Status admit(Message& message, grpc::CallbackServerContext* context,
-                 const std::shared_ptr<batching::Request>& request);
-    grpc::ByteBuffer answer(Message& message, const batching::Request* done, const Status& status);
+                 const std::shared_ptr<batching::Job>& request);
+    grpc::ByteBuffer answer(Message& message, const batching::Job* done, const Status& status);
     EncoderService* service;
   };
 
   // Validates and admits one request (Intake::admit with the Encode conversion).
   Status admit(const v1::EncodeRequest& proto, grpc::CallbackServerContext* context,
-               const std::shared_ptr<batching::Request>& request);
+               const std::shared_ptr<batching::Job>& request);
 
   Intake& intake_;
   StreamProtocol stream_protocol_;

@@ -130,16 +130,16 @@ grpc::ServerUnaryReactor* InferenceService::RepositoryModelUnload(
 
 Status InferenceService::admit(const inference::ModelInferRequest& proto, InferCall* call,
                                grpc::CallbackServerContext* context,
-                               const std::shared_ptr<batching::Request>& request) {
+                               const std::shared_ptr<batching::Job>& request) {
   return intake_.admit(
       steady_deadline(context), proto.model_name(), proto.model_version(),
-      [&](const ServedModel& model) {
+      [&](const ServedModel& model, request::Prepared* out) {
         call->quantization = model.config.quantization;
         call->quantization_file = model.config.quantization_file;
         call->prompts = model.config.prompts;
-        return serving::convert_infer_request(
-            proto, *model.model, model.tokenizer(), model.config.limits,
-            model.settings.max_batch_sequences, call, request.get());
+        return serving::convert_infer_request(proto, *model.model, model.tokenizer(),
+                                              model.config.limits,
+                                              model.settings.max_batch_sequences, call, out);
       },
       request);
 }
@@ -150,9 +150,9 @@ grpc::ServerUnaryReactor* InferenceService::ModelInfer(grpc::CallbackServerConte
   const auto start = Clock::now();
   grpc::ServerUnaryReactor* reactor = context->DefaultReactor();
   auto call = std::make_shared<InferCall>();
-  auto request = std::make_shared<batching::Request>();
+  auto request = std::make_shared<batching::Job>();
   request->is_cancelled = [context] { return context->IsCancelled(); };
-  request->on_complete = [this, reactor, proto, response, call, start](batching::Request& r) {
+  request->on_complete = [this, reactor, proto, response, call, start](batching::Job& r) {
     const Status status = outcome_status(r);
     const auto filling = Clock::now();
     if (status.ok()) {
@@ -175,7 +175,7 @@ grpc::ServerUnaryReactor* InferenceService::ModelInfer(grpc::CallbackServerConte
 
 Status InferenceService::StreamProtocol::admit(Message& message,
                                                grpc::CallbackServerContext* context,
-                                               const std::shared_ptr<batching::Request>& request) {
+                                               const std::shared_ptr<batching::Job>& request) {
   if (Status invalid = parse_stream_message(message.proto, &message.parsed, parse_infer_request);
       !invalid.ok()) {
     return invalid;
@@ -185,7 +185,7 @@ Status InferenceService::StreamProtocol::admit(Message& message,
 }
 
 grpc::ByteBuffer InferenceService::StreamProtocol::answer(Message& message,
-                                                          const batching::Request* done,
+                                                          const batching::Job* done,
                                                           const Status& status) {
   inference::ModelStreamInferResponse answer;
   inference::ModelInferResponse* response = answer.mutable_infer_response();

@@ -86,15 +86,14 @@ class InferenceService final : public InferenceServiceBase {
     };
     static constexpr const char* kMethod = "ModelStreamInfer";
     Status admit(Message& message, grpc::CallbackServerContext* context,
-                 const std::shared_ptr<batching::Request>& request);
-    Response answer(Message& message, const batching::Request* done, const Status& status);
+                 const std::shared_ptr<batching::Job>& request);
+    Response answer(Message& message, const batching::Job* done, const Status& status);
     InferenceService* service;
   };
 
   // Validates and admits one ModelInferRequest (Intake::admit with the v2 conversion).
   Status admit(const inference::ModelInferRequest& proto, InferCall* call,
-               grpc::CallbackServerContext* context,
-               const std::shared_ptr<batching::Request>& request);
+               grpc::CallbackServerContext* context, const std::shared_ptr<batching::Job>& request);
   // Answers a unary call at once with `status` (recorded under `method`).
   grpc::ServerUnaryReactor* finish(grpc::CallbackServerContext* context, const char* method,
                                    batching::Clock::time_point start, const Status& status);

@@ -40,7 +40,7 @@ namespace {
 
 // The request's options (everything but its sequences) into `input`, each enum checked.
 Status read_options(const v1::EncodeRequest& proto, const engine::Model& model,
-                    request::EncodeInput* input, batching::Request* out) {
+                    request::EncodeInput* input, request::Prepared* out) {
   if (!v1::Truncation_IsValid(proto.truncation())) {
     return invalid_argument(
         "truncation: unknown value " + std::to_string(proto.truncation()) +
@@ -62,8 +62,8 @@ Status read_options(const v1::EncodeRequest& proto, const engine::Model& model,
                             " (expected PRIORITY_DEFAULT, PRIORITY_INTERACTIVE or PRIORITY_BULK)");
   }
   if (proto.priority() != v1::PRIORITY_DEFAULT) {
-    out->asked_priority = proto.priority() == v1::PRIORITY_BULK ? batching::Priority::kBulk
-                                                                : batching::Priority::kInteractive;
+    out->priority = proto.priority() == v1::PRIORITY_BULK ? batching::Priority::kBulk
+                                                          : batching::Priority::kInteractive;
   }
   if (proto.has_macro_overlap_tokens()) {
     // A uint32 over int32's range is over any model's positions: the request layer's message.
@@ -87,9 +87,9 @@ Status read_options(const v1::EncodeRequest& proto, const engine::Model& model,
 
 // Sequence `i` as a row of `input`: the wire's shape (a Sequence holds any of its three inputs,
 // and must hold exactly one) and its chunking, whose spans (uint32 on the wire) are converted
-// into the request's storage, which the row (and then its sequences) views.
+// into `spans` and `chars` (this row's), which the row views until build_request copies them.
 Status read_row(const v1::EncodeRequest& proto, int i, request::EncodeInput* input,
-                batching::Request* out) {
+                std::vector<TokenSpan>* spans_out, std::vector<TokenSpan>* chars_out) {
   const v1::Sequence& s = proto.sequences(i);
   const std::span<const int32_t> ids{s.token_ids().data(), size_t(s.token_ids_size())};
   const std::span<const float> embeddings{s.input_embeddings().data(),
@@ -117,14 +117,14 @@ Status read_row(const v1::EncodeRequest& proto, int i, request::EncodeInput* inp
   if (!s.has_chunking()) return Status();
   const v1::Chunking& c = s.chunking();
   constexpr uint32_t kMax = uint32_t(std::numeric_limits<int32_t>::max());
-  std::vector<TokenSpan>& spans = out->given_spans[size_t(i)];
+  std::vector<TokenSpan>& spans = *spans_out;
   for (const v1::TokenSpan& span : c.spans()) {
     // Past int32: out of every sequence's range, as validate_spans then says.
     spans.push_back({int32_t(std::min(span.begin(), kMax)), int32_t(std::min(span.end(), kMax))});
   }
   if (c.window_tokens() > kMax || c.overlap_tokens() > kMax)
     return refuse("chunking", "window_tokens and overlap_tokens must be below 2^31");
-  std::vector<TokenSpan>& chars = out->given_char_spans[size_t(i)];
+  std::vector<TokenSpan>& chars = *chars_out;
   for (const v1::TokenSpan& span : c.char_spans())
     chars.push_back({int32_t(std::min(span.begin(), kMax)), int32_t(std::min(span.end(), kMax))});
   input->rows.back() = input->rows.back()
@@ -138,14 +138,14 @@ Status read_row(const v1::EncodeRequest& proto, int i, request::EncodeInput* inp
 
 Status convert_request(const v1::EncodeRequest& proto, const engine::Model& model,
                        const text::Tokenizer* tokenizer, const request::Limits& limits,
-                       const request::VersionFiles& files, batching::Request* out) {
+                       const request::VersionFiles& files, request::Prepared* out) {
   request::EncodeInput input;
   if (Status s = read_options(proto, model, &input, out); !s.ok()) return s;
-  out->given_spans.assign(size_t(proto.sequences_size()), {});
-  out->given_char_spans.assign(size_t(proto.sequences_size()), {});
-  input.rows.reserve(size_t(proto.sequences_size()));
-  for (int i = 0; i < proto.sequences_size(); ++i) {
-    if (Status s = read_row(proto, i, &input, out); !s.ok()) return s;
+  const size_t n = size_t(proto.sequences_size());
+  std::vector<std::vector<TokenSpan>> spans(n), chars(n);  // what the rows' chunking views
+  input.rows.reserve(n);
+  for (size_t i = 0; i < n; ++i) {
+    if (Status s = read_row(proto, int(i), &input, &spans[i], &chars[i]); !s.ok()) return s;
   }
   if (auto problem = request::build_request(input, model, tokenizer, limits, out, &files))
     return invalid_argument(request::format_v1(*problem));
@@ -237,8 +237,9 @@ void quantize_into(const v1::EncodeRequest& proto, std::span<const float> embedd
 
 }  // namespace
 
-void fill_response(const batching::Request& request, const v1::EncodeRequest& proto,
-                   const request::Quantization* quantization, v1::EncodeResponse* response) {
+void fill_response(const batching::Job& request, const request::Prepared& prepared,
+                   const v1::EncodeRequest& proto, const request::Quantization* quantization,
+                   v1::EncodeResponse* response) {
   const bool floats = wants_float(proto);
   const bool quantized =
       !proto.embedding_types().empty() && (proto.embedding_types_size() > 1 || !floats);
@@ -263,10 +264,10 @@ void fill_response(const batching::Request& request, const v1::EncodeRequest& pr
             std::span<const float>(seq.span_embeddings).subspan(k * width, width);
         if (floats) chunk->mutable_embedding()->Add(span_embedding.begin(), span_embedding.end());
         if (quantized) quantize_into(proto, span_embedding, range, chunk->mutable_quantized());
-        const TokenSpan tokens = request::caller_tokens(request, b, spans[k]);
+        const TokenSpan tokens = request::caller_tokens(prepared, b, spans[k]);
         chunk->mutable_tokens()->set_begin(uint32_t(tokens.begin));
         chunk->mutable_tokens()->set_end(uint32_t(tokens.end));
-        if (const auto chars = request::chunk_characters(request, b, spans[k])) {
+        if (const auto chars = request::chunk_characters(prepared, b, spans[k])) {
           chunk->mutable_chars()->set_begin(chars->first);
           chunk->mutable_chars()->set_end(chars->second);
         }

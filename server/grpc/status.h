@@ -7,7 +7,7 @@
 #include <grpcpp/grpcpp.h>
 
 #include "common/status.h"
-#include "server/batching/request.h"
+#include "server/batching/job.h"
 #include "server/request/outcome.h"
 #include "server/serving/infer_conversion.h"
 #include "server/serving/intake.h"
@@ -16,6 +16,7 @@ namespace fastformer::rpc {
 
 // The serving core's names, as every gRPC service uses them.
 using request::outcome_status;
+using serving::Admitted;
 using serving::InferCall;
 using serving::Intake;
 using serving::ns_since;

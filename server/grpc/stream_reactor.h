@@ -26,9 +26,9 @@ namespace fastformer::rpc {
 //   struct Message { Request proto; ... };  one message's state, kept until it is answered
 //   static constexpr const char* kMethod;   the metrics' method label
 //   Status admit(Message&, grpc::CallbackServerContext*, const
-//   std::shared_ptr<batching::Request>&);
+//   std::shared_ptr<batching::Job>&);
 //       Intake::admit with the API's conversion
-//   Response answer(Message&, const batching::Request* done, const Status&);
+//   Response answer(Message&, const batching::Job* done, const Status&);
 //       the answer: from `done`'s results when the status is OK, else the in-band error
 //       (`done` is null for a message refused at admission)
 template <class Protocol>
@@ -59,13 +59,13 @@ class StreamReactor final
     const auto start = Clock::now();
     auto message = std::make_shared<Message>();
     message->proto = std::move(incoming_);
-    auto request = std::make_shared<batching::Request>();
+    auto request = std::make_shared<batching::Job>();
     request->is_cancelled = [this] { return cancelled_.load(); };
     {
       std::lock_guard lock(mu_);
       ++outstanding_;  // before StartRead: the call cannot end while this message is open
     }
-    request->on_complete = [this, message, start](batching::Request& r) {
+    request->on_complete = [this, message, start](batching::Job& r) {
       const Status status = outcome_status(r);
       const auto filling = Clock::now();
       Response response = protocol_->answer(*message, &r, status);

@@ -72,16 +72,6 @@ std::string route_list(Api api) {
   return kserve ? out : out + "; KServe v2 under /v2";
 }
 
-// The field a refusal names first ("dimensions: ...", "input[2]: ..."), else `fallback`: OpenAI's
-// error param.
-std::string field_of(const Status& status, const std::string& fallback) {
-  const std::string& m = status.message();
-  size_t n = 0;
-  while (n < m.size() && (std::isalnum(static_cast<unsigned char>(m[n])) || m[n] == '_')) ++n;
-  if (n == 0 || n >= m.size() || (m[n] != ':' && m[n] != '[')) return fallback;
-  return m.substr(0, n);
-}
-
 }  // namespace
 
 void write_embedding(json::Writer& w, request::EmbeddingType type, std::span<const float> e,
@@ -227,31 +217,33 @@ void HttpApi::refuse_body(Call& call, const reader::Refusal& refusal) {
 }
 
 Status HttpApi::build(const serving::ServedModel& model, const request::EncodeInput& input,
-                      const WireNames& names, bool single, batching::Request* out) const {
+                      const WireNames& names, bool single, request::Prepared* out) const {
   const request::VersionFiles files = model.config.files();
   const std::optional<request::Problem> problem = request::build_request(
       input, *model.model, model.tokenizer(), model.config.limits, out, &files);
   if (!problem) return Status();
   using request::Field;
   const Field f = problem->field;
-  std::string where = problem->row                  ? names.rows
-                      : f == Field::kMacroChunks    ? "macro_overlap_tokens"
-                      : f == Field::kPrompt         ? names.prompt
-                      : f == Field::kDimensions     ? names.dimensions
-                      : f == Field::kEmbeddingTypes ? names.embedding_types
-                                                    : names.rows;
+  const std::string field = problem->row                  ? names.rows
+                            : f == Field::kMacroChunks    ? "macro_overlap_tokens"
+                            : f == Field::kPrompt         ? names.prompt
+                            : f == Field::kDimensions     ? names.dimensions
+                            : f == Field::kEmbeddingTypes ? names.embedding_types
+                                                          : names.rows;
+  std::string where = field;
   if (problem->row && !single) where += "[" + std::to_string(*problem->row) + "]";
   return invalid_argument(where + ": " +
-                          (problem->row ? request::describe(*problem) : problem->message));
+                          (problem->row ? request::describe(*problem) : problem->message))
+      .with_field(field);
 }
 
 void HttpApi::submit(Call call, std::shared_ptr<const serving::ServedModel> model,
-                     std::shared_ptr<void> keep, std::function<Status(batching::Request*)> convert,
-                     Format format, const std::string& param) {
-  auto request = std::make_shared<batching::Request>();
-  std::weak_ptr<batching::Request> weak = request;
-  request->on_complete = [this, call, keep, format, weak](batching::Request& r) {
-    auto finish = [this, call, keep, format](batching::Request& done) {
+                     std::function<Status(request::Prepared*)> convert, Format format,
+                     const std::string& param) {
+  auto request = std::make_shared<batching::Job>();
+  std::weak_ptr<batching::Job> weak = request;
+  request->on_complete = [this, call, format, weak](batching::Job& r) {
+    auto finish = [this, call, format](batching::Job& done) {
       const Status status = request::outcome_status(done);
       const auto filling = Clock::now();
       Response response =
@@ -273,20 +265,24 @@ void HttpApi::submit(Call call, std::shared_ptr<const serving::ServedModel> mode
     };
     // The answer is made on the connection's I/O thread, so that printing floats does not
     // hold up the batcher; the batcher holds the request while it calls this.
-    if (std::shared_ptr<batching::Request> held = weak.lock()) {
+    if (std::shared_ptr<batching::Job> held = weak.lock()) {
       call.responder->post([finish, held]() { finish(*held); });
     } else {
       finish(r);
     }
   };
-  // The header's class; the route's convert may set its own (a KServe `priority` parameter).
-  request->asked_priority = call.priority;
   const Status status = intake_.admit(
-      call.deadline, model, [&](const serving::ServedModel&) { return convert(request.get()); },
+      call.deadline, model,
+      [&](const serving::ServedModel&, request::Prepared* out) {
+        const Status converted = convert(out);
+        // The route's own class (a KServe `priority` parameter), else the header's.
+        if (!out->priority) out->priority = call.priority;
+        return converted;
+      },
       request);
   if (!status.ok()) {
-    fail(call, status,
-         status.code() == StatusCode::kInvalidArgument ? field_of(status, param) : "");
+    const bool invalid = status.code() == StatusCode::kInvalidArgument;
+    fail(call, status, !invalid ? "" : status.field().empty() ? param : status.field());
   }
 }
 

@@ -67,7 +67,7 @@ class HttpApi final : public Handler {
     std::optional<batching::Priority> priority;
   };
   // What a finished request's answer is made of (runs on an I/O thread).
-  using Format = std::function<Response(const batching::Request&)>;
+  using Format = std::function<Response(const batching::Job&)>;
 
   // The routes, one table: a request is matched against each pattern in order (match_path,
   // the one path parser); the first whose pattern and method match handles it. A path that
@@ -99,7 +99,7 @@ class HttpApi final : public Handler {
   // TEI's timing headers on the answer that `answer` makes.
   void tei_submit(Call call, std::shared_ptr<const serving::ServedModel> served,
                   std::shared_ptr<TeiBody> body,
-                  std::function<Response(const batching::Request&)> answer);
+                  std::function<Response(const batching::Job&)> answer);
   void tei_health(Call call);
   void tei_default(const Request& request, Call call);  // POST /: predict or embed
   void kserve_server_metadata(Call call);
@@ -116,13 +116,14 @@ class HttpApi final : public Handler {
   // Answers at once (and records the call with the status the answer stands for).
   void answer(Call& call, Response response, const Status& status);
   void fail(Call& call, const Status& status, const std::string& param = {});
-  // Queues `input` (rows viewing storage `keep` owns) and answers with format(), or with the
-  // error in call.api's shape. `convert` runs inside admission (counted in flight).
-  // `param`: the field a refusal by `convert` is about (OpenAI's error param).
-  // The request goes to `model` (found by find()); format() may use Intake::served(done).
+  // Queues what `convert` prepares (build) and answers with format(), or with the error in
+  // call.api's shape. `convert` runs inside admission (counted in flight).
+  // `param`: the field a refusal by `convert` is about when its Status names none (OpenAI's
+  // error param; build() names it). The request goes to `model` (found by find()); format()
+  // may use Intake::admitted(done).
   void submit(Call call, std::shared_ptr<const serving::ServedModel> model,
-              std::shared_ptr<void> keep, std::function<Status(batching::Request*)> convert,
-              Format format, const std::string& param = {});
+              std::function<Status(request::Prepared*)> convert, Format format,
+              const std::string& param = {});
   // A route's wire names for what the request layer refuses by field: its rows ("input"), and
   // its names of dimensions, the embedding types and the prompt.
   struct WireNames {
@@ -132,9 +133,10 @@ class HttpApi final : public Handler {
     const char* prompt = "prompt_name";
   };
   // build_request on `input` for `model`, the refusal worded "<rows>[row]: ..." (or the field's
-  // own name) as INVALID_ARGUMENT. `single`: the input was one value, not an array.
+  // own name) as INVALID_ARGUMENT, with that name as its Status::field. `single`: the input was one
+  // value, not an array.
   Status build(const serving::ServedModel& model, const request::EncodeInput& input,
-               const WireNames& names, bool single, batching::Request* out) const;
+               const WireNames& names, bool single, request::Prepared* out) const;
   // The headers every route takes into `call` (its deadline and priority), or why not.
   static Status read_headers(const Request& request, Call* call);
   // A body's refusal by the reader: INVALID_ARGUMENT, its field as OpenAI's param.
@@ -164,7 +166,7 @@ void write_embedding(json::Writer& w, request::EmbeddingType type, std::span<con
 
 // Real tokens of a finished request (pads in id inputs are not counted; special tokens the
 // tokenizer adds are): OpenAI's usage and Cohere's billed_units.
-int64_t real_tokens(const batching::Request& r, int32_t pad);
+int64_t real_tokens(const batching::Job& r, int32_t pad);
 
 // The response of `status` with `body` as application/json.
 Response json_response(bhttp::status status, std::string body);

@@ -94,7 +94,7 @@ const std::vector<reader::Field<Embed>>& embed_fields() {
   return fields;
 }
 
-Response embed_answer(const Embed& e, const batching::Request& r, int32_t pad, bool v2) {
+Response embed_answer(const Embed& e, const batching::Job& r, int32_t pad, bool v2) {
   json::Writer w;
   const size_t dims = r.results.empty() ? 0 : r.results[0].embedding.size();
   const std::vector<request::EmbeddingFormat>& types = e.encode.formats;
@@ -156,13 +156,12 @@ void HttpApi::cohere_embed(const Request& http_request, Call call, bool v2) {
   keep->typed |= v2;
   const int32_t pad = served->model->config().pad_token_id;
   submit(
-      call, served, keep,
-      [this, keep](batching::Request* out) {
+      call, served,
+      [this, keep](request::Prepared* out) {
         return build(*keep->served, keep->encode,
                      {"texts", "output_dimension", "embedding_types", "input_type"}, false, out);
       },
-      [keep, pad, v2](const batching::Request& r) { return embed_answer(*keep, r, pad, v2); },
-      "texts");
+      [keep, pad, v2](const batching::Job& r) { return embed_answer(*keep, r, pad, v2); }, "texts");
 }
 
 }  // namespace fastformer::http

@@ -471,8 +471,8 @@ void HttpApi::kserve_infer(const Request& http_request, Call call, const std::st
         std::min(call.deadline, Clock::now() + std::chrono::microseconds(keep->rest.timeout_us));
   }
   submit(
-      call, served, keep,
-      [keep, served](batching::Request* out) {
+      call, served,
+      [keep, served](request::Prepared* out) {
         keep->call.quantization = served->config.quantization;
         keep->call.quantization_file = served->config.quantization_file;
         keep->call.prompts = served->config.prompts;
@@ -480,7 +480,7 @@ void HttpApi::kserve_infer(const Request& http_request, Call call, const std::st
             keep->rest.proto, *served->model, served->tokenizer(), served->config.limits,
             served->settings.max_batch_sequences, &keep->call, out);
       },
-      [keep](const batching::Request& r) {
+      [keep](const batching::Job& r) {
         const serving::ServedModel& answered = serving::Intake::served(r);
         inference::ModelInferResponse response;
         serving::fill_infer_response(keep->call, r, *answered.model, &response);

@@ -7,7 +7,7 @@ namespace fastformer::http {
 
 using batching::Clock;
 
-int64_t real_tokens(const batching::Request& r, int32_t pad) {
+int64_t real_tokens(const batching::Job& r, int32_t pad) {
   int64_t n = 0;
   for (size_t i = 0; i < r.sequences.size(); ++i) {
     const SequenceInput& s = r.sequences[i];
@@ -66,7 +66,7 @@ const std::vector<reader::Field<Embeddings>>& embeddings_fields() {
 
 // The answer: one embedding per input (each sequence's, or with late chunking each chunk's, the
 // one document's span embeddings in input order) and the usage.
-Response embeddings_answer(const Embeddings& e, const batching::Request& r, int32_t pad) {
+Response embeddings_answer(const Embeddings& e, const batching::Job& r, int32_t pad) {
   json::Writer w;
   const size_t dims = r.results.empty() ? 0 : r.results[0].embedding.size();
   const bool late = e.encode.late_chunking && dims > 0;
@@ -137,12 +137,11 @@ void HttpApi::openai_embeddings(const Request& http_request, Call call) {
   const bool single = keep->input.single;
   const int32_t pad = served->model->config().pad_token_id;
   submit(
-      call, served, keep,
-      [this, keep, single](batching::Request* out) {
+      call, served,
+      [this, keep, single](request::Prepared* out) {
         return build(*keep->served, keep->encode, {"input"}, single, out);
       },
-      [keep, pad](const batching::Request& r) { return embeddings_answer(*keep, r, pad); },
-      "input");
+      [keep, pad](const batching::Job& r) { return embeddings_answer(*keep, r, pad); }, "input");
 }
 
 }  // namespace fastformer::http

@@ -37,17 +37,18 @@ namespace {
 int64_t ms(uint64_t ns) { return int64_t(ns / 1000000); }
 
 // TEI's timing headers (milliseconds, as TEI writes them) and x-compute-tokens.
-void set_timing(Response& response, const batching::Request& r, Clock::time_point start,
+void set_timing(Response& response, const batching::Job& r, Clock::time_point start,
                 size_t characters) {
   const uint64_t queue = uint64_t(std::max<int64_t>(
       0,
       std::chrono::duration_cast<std::chrono::nanoseconds>(r.first_compute - r.arrival).count()));
   const uint64_t inference = uint64_t(r.compute_us) * 1000;
+  const uint64_t tokenize_ns = serving::Intake::admitted(r).tokenize_ns;
   response.set("x-total-time", std::to_string(ms(batching::ns_since(start))));
-  response.set("x-tokenization-time", std::to_string(ms(r.tokenize_ns)));
+  response.set("x-tokenization-time", std::to_string(ms(tokenize_ns)));
   response.set("x-queue-time", std::to_string(ms(queue)));
   response.set("x-inference-time", std::to_string(ms(inference)));
-  response.set("x-compute-time", std::to_string(ms(r.tokenize_ns + inference)));
+  response.set("x-compute-time", std::to_string(ms(tokenize_ns + inference)));
   response.set("x-compute-tokens", std::to_string(r.tokens));
   response.set("x-compute-characters", std::to_string(characters));
 }
@@ -201,7 +202,8 @@ size_t characters(const Inputs& inputs) {
 
 // /embed_chunks' answer: each chunk's embedding, its tokens as the caller numbers them (a
 // prompt's left out) and its characters.
-Response chunks_answer(const batching::Request& r) {
+Response chunks_answer(const batching::Job& r) {
+  const request::Prepared& prepared = serving::Intake::admitted(r);
   const EncodedSequence& seq = r.results[0];
   const std::span<const TokenSpan> spans = r.sequences[0].spans;
   const size_t width = seq.embedding.size();
@@ -212,10 +214,10 @@ Response chunks_answer(const batching::Request& r) {
     if (k > 0) w.ch(',');
     w.raw("{\"embedding\":");
     w.floats(std::span<const float>(seq.span_embeddings).subspan(k * width, width));
-    const TokenSpan tokens = request::caller_tokens(r, 0, spans[k]);
+    const TokenSpan tokens = request::caller_tokens(prepared, 0, spans[k]);
     w.raw(",\"tokens\":[").number(int64_t(tokens.begin)).ch(',');
     w.number(int64_t(tokens.end)).ch(']');
-    if (const auto chars = request::chunk_characters(r, 0, spans[k])) {
+    if (const auto chars = request::chunk_characters(prepared, 0, spans[k])) {
       w.raw(",\"text\":[").number(int64_t(chars->first)).ch(',');
       w.number(int64_t(chars->second)).ch(']');
     }
@@ -226,7 +228,7 @@ Response chunks_answer(const batching::Request& r) {
 }
 
 // /embed's and /embed_all's answer: an embedding a row, or every token's.
-Response embed_answer(const batching::Request& r, bool all_tokens, int64_t D) {
+Response embed_answer(const batching::Job& r, bool all_tokens, int64_t D) {
   json::Writer w;
   w.reserve(16 + r.results.size() * size_t(D) * 12);
   w.ch('[');
@@ -249,7 +251,7 @@ Response embed_answer(const batching::Request& r, bool all_tokens, int64_t D) {
 }
 
 // /predict's answer: each row's labels by score (softmax unless raw_scores).
-Response predict_answer(const batching::Request& r, bool single, bool raw_scores) {
+Response predict_answer(const batching::Job& r, bool single, bool raw_scores) {
   json::Writer w;
   if (!single) w.ch('[');
   for (size_t i = 0; i < r.results.size(); ++i) {
@@ -284,17 +286,17 @@ Response predict_answer(const batching::Request& r, bool single, bool raw_scores
 
 void HttpApi::tei_submit(Call call, std::shared_ptr<const serving::ServedModel> served,
                          std::shared_ptr<Body> body,
-                         std::function<Response(const batching::Request&)> answer) {
+                         std::function<Response(const batching::Job&)> answer) {
   body->encode.truncate = body->truncation();
   if (body->encode.rows.empty()) add_rows(body->inputs, &body->encode);
   const bool single = body->inputs.single;
   const auto start = call.start;
   submit(
-      call, served, body,
-      [this, body, single, served](batching::Request* out) {
+      call, served,
+      [this, body, single, served](request::Prepared* out) {
         return build(*served, body->encode, {"inputs"}, single, out);
       },
-      [body, start, answer](const batching::Request& r) {
+      [body, start, answer](const batching::Job& r) {
         Response response = answer(r);
         set_timing(response, r, start, characters(body->inputs));
         return response;
@@ -335,9 +337,8 @@ void HttpApi::tei_embed(const Request& http_request, Call call, bool all_tokens)
   body->encode.options.normalize = body->normalize && !all_tokens;
   body->encode.options.token_embeddings = all_tokens;
   const int64_t D = served->model->config().hidden_size;
-  tei_submit(call, served, body, [all_tokens, D](const batching::Request& r) {
-    return embed_answer(r, all_tokens, D);
-  });
+  tei_submit(call, served, body,
+             [all_tokens, D](const batching::Job& r) { return embed_answer(r, all_tokens, D); });
 }
 
 void HttpApi::tei_predict(const Request& http_request, Call call) {
@@ -353,7 +354,7 @@ void HttpApi::tei_predict(const Request& http_request, Call call) {
   body->encode.options.logits = true;
   const bool single = body->inputs.single, raw = body->raw_scores;
   tei_submit(call, served, body,
-             [single, raw](const batching::Request& r) { return predict_answer(r, single, raw); });
+             [single, raw](const batching::Job& r) { return predict_answer(r, single, raw); });
 }
 
 namespace {

@@ -1,7 +1,7 @@
 // One model version as it serves: its weights, tokenizer and engine (loaded and warmed up off
 // the serving path), its own batch queue and its lane on the shared compute pool, the limits
 // its requests are checked against, and its protocol statistics. Immutable once READY, except
-// the statistics; requests hold it (batching::Request::owner) until they end, so a version
+// the statistics; requests hold it (batching::Job::owner) until they end, so a version
 // swapped out or unloaded finishes what it admitted before it is freed.
 #pragma once
 

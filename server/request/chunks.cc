@@ -68,8 +68,8 @@ std::optional<Problem> detail::add_chunks(const Row& row, size_t i,
   return std::nullopt;
 }
 
-std::optional<std::pair<uint32_t, uint32_t>> chunk_characters(const batching::Request& request,
-                                                              size_t row, TokenSpan chunk) {
+std::optional<std::pair<uint32_t, uint32_t>> chunk_characters(const Prepared& request, size_t row,
+                                                              TokenSpan chunk) {
   if (row >= request.text_offsets.size()) return std::nullopt;
   const auto& offsets = request.text_offsets[row];
   std::optional<std::pair<uint32_t, uint32_t>> range;
@@ -83,7 +83,7 @@ std::optional<std::pair<uint32_t, uint32_t>> chunk_characters(const batching::Re
   return range;
 }
 
-TokenSpan caller_tokens(const batching::Request& request, size_t row, TokenSpan chunk) {
+TokenSpan caller_tokens(const Prepared& request, size_t row, TokenSpan chunk) {
   if (row >= request.prompt_tokens.size()) return chunk;
   const text::PromptTokens p{request.prompt_tokens[row].first, request.prompt_tokens[row].second};
   return {p.to_caller(chunk.begin), p.to_caller(chunk.end)};

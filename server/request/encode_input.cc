@@ -35,7 +35,7 @@ Field field_of(const std::string& engine_field) {
 
 // The token ids of `row` kept under `truncate` (the first or last max_len of a longer row),
 // each inside the vocabulary; `first` is the position of the first kept one in the row as sent.
-// 64-bit ids are narrowed into `storage`.
+// They are copied (64-bit ids narrowed) into `storage`, which `kept` then views.
 template <class Id>
 std::optional<Problem> keep_ids(std::span<const Id> ids, size_t row, const engine::Model& model,
                                 Truncate truncate, std::vector<std::vector<int32_t>>* storage,
@@ -56,12 +56,8 @@ std::optional<Problem> keep_ids(std::span<const Id> ids, size_t row, const engin
       }
     }
   }
-  if constexpr (std::is_same_v<Id, int32_t>) {
-    *kept = keep;
-  } else {
-    std::vector<int32_t>& narrow = storage->emplace_back(keep.begin(), keep.end());
-    *kept = narrow;
-  }
+  std::vector<int32_t>& copy = storage->emplace_back(keep.begin(), keep.end());
+  *kept = copy;
   return std::nullopt;
 }
 
@@ -114,7 +110,7 @@ namespace {
 // build_request for input.late_chunking: the rows joined into one document, one span each.
 std::optional<Problem> build_late_chunked(const EncodeInput& input, const engine::Model& model,
                                           const text::Tokenizer* tokenizer, const Limits& limits,
-                                          std::string_view prompt, batching::Request* out) {
+                                          std::string_view prompt, Prepared* out) {
   const engine::ModelConfig& c = model.config();
   const size_t rows = input.rows.size();
   const Field kind = input.rows[0].field;
@@ -132,9 +128,7 @@ std::optional<Problem> build_late_chunked(const EncodeInput& input, const engine
                    "the request has " + std::to_string(rows) + " chunks, over max_request_spans " +
                        std::to_string(limits.max_request_spans)};
   }
-  out->text_ids.clear();
-  out->spans.clear();
-  std::vector<int32_t>& ids = out->text_ids.emplace_back();
+  std::vector<int32_t>& ids = out->ids.emplace_back();
   std::vector<TokenSpan>& spans = out->spans.emplace_back();
   if (kind == Field::kText) {
     std::vector<std::string_view> texts;
@@ -195,9 +189,8 @@ std::optional<Problem> build_late_chunked(const EncodeInput& input, const engine
   in.token_ids = ids;
   in.spans = spans;
   out->options = input.options;
-  out->sequences.clear();
+  out->rows.assign(1, in);
   if (split) {
-    out->rows.assign(1, in);
     out->passes.assign(1, {});
     return add_passes(in, std::nullopt, kind, model, *input.macro_overlap_tokens, out,
                       &out->passes[0]);
@@ -212,7 +205,7 @@ std::optional<Problem> build_late_chunked(const EncodeInput& input, const engine
 
 std::optional<Problem> build_request(const EncodeInput& input, const engine::Model& model,
                                      const text::Tokenizer* tokenizer, const Limits& limits,
-                                     batching::Request* out, const VersionFiles* files) {
+                                     Prepared* out, const VersionFiles* files) {
   const engine::ModelConfig& c = model.config();
   const int64_t D = c.hidden_size, max_len = c.max_position_embeddings;
   const size_t rows = input.rows.size();
@@ -243,31 +236,24 @@ std::optional<Problem> build_request(const EncodeInput& input, const engine::Mod
                          " (send the text, or tokenize the prompt and the text yourself)"};
     }
   }
-  out->passes.clear();
-  out->rows.clear();
-  out->prompt_tokens.clear();
   if (input.late_chunking) return build_late_chunked(input, model, tokenizer, limits, prompt, out);
   const bool macro = input.macro_overlap_tokens.has_value();
   const engine::ModelConfig any_length = unbounded(c);
   const engine::ModelConfig& row_config = macro ? any_length : c;  // what a row may hold
   bool split_any = false;
-  out->sequences.clear();
   out->sequences.reserve(rows);
-  // Views into text_ids must not move: one slot per row that may need one, reserved up front.
-  out->text_ids.clear();
-  out->text_ids.reserve(rows);
-  out->spans.clear();
-  out->spans.reserve(2 * rows);  // a row's spans in its prompted positions, then its chunks
-  out->text_offsets.clear();
+  out->rows.reserve(rows);
+  out->ids.reserve(rows);
+  out->spans.reserve(2 * rows);  // a row's spans as sent (or prompted), then its chunks
   int64_t total = 0, spans = 0;
   for (size_t i = 0; i < rows; ++i) {
     const Row& row = input.rows[i];
     SequenceInput in;
-    in.spans = row.spans;
+    if (!row.spans.empty()) in.spans = out->spans.emplace_back(row.spans.begin(), row.spans.end());
     text::PromptTokens prompted;
     switch (row.field) {
       case Field::kText: {
-        std::vector<int32_t>& ids = out->text_ids.emplace_back();
+        std::vector<int32_t>& ids = out->ids.emplace_back();
         const auto start = batching::Clock::now();
         // A chunked text keeps its tokens' character offsets (character spans, sentences, and
         // each chunk's character range in the answer).
@@ -283,10 +269,8 @@ std::optional<Problem> build_request(const EncodeInput& input, const engine::Mod
           out->prompt_tokens.resize(rows);
           out->prompt_tokens[i] = {prompted.at, prompted.count};
           if (!row.spans.empty()) {  // the caller's positions, past the prompt's tokens
-            std::vector<TokenSpan>& moved = out->spans.emplace_back();
-            for (const TokenSpan s : row.spans)
-              moved.push_back({prompted.to_row(s.begin), prompted.to_row(s.end)});
-            in.spans = moved;
+            std::vector<TokenSpan>& moved = out->spans.back();
+            for (TokenSpan& s : moved) s = {prompted.to_row(s.begin), prompted.to_row(s.end)};
           }
         }
         break;
@@ -294,21 +278,20 @@ std::optional<Problem> build_request(const EncodeInput& input, const engine::Mod
       case Field::kTokenIds: {
         std::optional<Problem> p =
             row.wide_token_ids.empty()
-                ? keep_ids(row.token_ids, i, model, input.truncate, &out->text_ids, &in.token_ids)
-                : keep_ids(row.wide_token_ids, i, model, input.truncate, &out->text_ids,
-                           &in.token_ids);
+                ? keep_ids(row.token_ids, i, model, input.truncate, &out->ids, &in.token_ids)
+                : keep_ids(row.wide_token_ids, i, model, input.truncate, &out->ids, &in.token_ids);
         if (p) return p;
         break;
       }
       case Field::kInputEmbeddings: {
-        in.input_embeddings = row.input_embeddings;
+        std::span<const float> kept = row.input_embeddings;
         // Only whole rows are cut; anything else is left for validate_sequence's message.
         const size_t keep = size_t(max_len * D);
-        if (input.truncate != Truncate::kNone && in.input_embeddings.size() % size_t(D) == 0 &&
-            in.input_embeddings.size() > keep) {
-          in.input_embeddings = input.truncate == Truncate::kLeft ? in.input_embeddings.last(keep)
-                                                                  : in.input_embeddings.first(keep);
+        if (input.truncate != Truncate::kNone && kept.size() % size_t(D) == 0 &&
+            kept.size() > keep) {
+          kept = input.truncate == Truncate::kLeft ? kept.last(keep) : kept.first(keep);
         }
+        in.input_embeddings = out->embeddings.emplace_back(kept.begin(), kept.end());
         break;
       }
       case Field::kSpans:  // name refusals only; a row's input is one of the three above
@@ -355,9 +338,9 @@ std::optional<Problem> build_request(const EncodeInput& input, const engine::Mod
                          std::to_string(total) + " tokens, over max_request_tokens " +
                          std::to_string(limits.max_request_tokens)};
     }
+    out->rows.push_back(in);
     if (macro) {
-      out->rows.push_back(in);
-      batching::Request::RowPasses& plan = out->passes.emplace_back();
+      RowPasses& plan = out->passes.emplace_back();
       plan.first = int32_t(out->sequences.size());
       if (length > max_len) {
         if (input.options.logits) return macro_logits(i, c);
@@ -369,10 +352,7 @@ std::optional<Problem> build_request(const EncodeInput& input, const engine::Mod
     }
     out->sequences.push_back(in);
   }
-  if (!split_any) {
-    out->passes.clear();
-    out->rows.clear();
-  }
+  if (!split_any) out->passes.clear();
   out->options = input.options;
   return std::nullopt;
 }

@@ -18,8 +18,9 @@
 #include <string_view>
 #include <vector>
 
-#include "server/batching/request.h"
+#include "server/batching/job.h"
 #include "server/engine/model.h"
+#include "server/request/prepared.h"
 #include "server/request/prompts.h"
 #include "server/request/quantize.h"
 #include "server/text/text.h"
@@ -43,7 +44,7 @@ enum class Field {
 };
 
 // One row (sequence) of a request, as its protocol decoded it: exactly one input is set.
-// The spans view storage the protocol keeps alive for as long as the request.
+// Its views need only outlive build_request, which copies what the request keeps (Prepared).
 struct Row {
   Field field = Field::kTokenIds;
   std::span<const int32_t> token_ids;       ///< kTokenIds, as sent (fastformer.v1, JSON lines)
@@ -158,13 +159,14 @@ std::string describe(const Problem& problem);
 // "sequences: the request has ...".
 std::string format_v1(const Problem& problem);
 
-// Fills `out`: its sequences (views into the rows' storage, or into out->text_ids for what
-// was tokenized or narrowed here), its options and the tokenizer's time and count. Rows are
-// checked in order; the first refusal is returned and `out` must not be queued.
-// `tokenizer`: the model's (null when it takes no text); `files`: the version's (null: none).
+// Fills `out`, a fresh Prepared: its sequences (views into its own storage: the ids tokenized,
+// narrowed or copied here, the embeddings and spans copied), its rows, pass plan and options,
+// and the tokenizer's time and count. Rows are checked in order; the first refusal is returned
+// and `out` must not be queued. `tokenizer`: the model's (null when it takes no text); `files`:
+// the version's (null: none).
 std::optional<Problem> build_request(const EncodeInput& input, const engine::Model& model,
                                      const text::Tokenizer* tokenizer, const Limits& limits,
-                                     batching::Request* out, const VersionFiles* files = nullptr);
+                                     Prepared* out, const VersionFiles* files = nullptr);
 
 // The output options the model can answer: asking for logits of a model with no classifier
 // head is refused (the message, without the option's name, which differs per protocol).
@@ -176,18 +178,18 @@ std::optional<std::string> check_dimensions(int64_t dimensions, const engine::Mo
 // options.dimensions values of each embedding, re-normalised when options.normalize (the
 // serving core applies it before any protocol formats its answer).
 void apply_dimensions(const OutputOptions& options, std::vector<EncodedSequence>* results);
-// Puts a request whose rows ran as several passes (batching::Request::passes) back into one
-// result per row: each chunk's embedding from its pass, the row's embedding the mean of its
-// passes' (re-normalised when options.normalize), token embeddings each from the pass that
-// holds the token with the most context; `sequences` becomes the rows. Nothing to do when
+// Puts a job whose rows ran as several passes (prepared.passes) back into one result per row:
+// each chunk's embedding from its pass, the row's embedding the mean of its passes'
+// (re-normalised when options.normalize), token embeddings each from the pass that holds the
+// token with the most context; the job's sequences become prepared.rows. Nothing to do when
 // `passes` is empty. The serving core calls it before apply_dimensions and any protocol.
-void merge_passes(batching::Request* request);
+void merge_passes(const Prepared& prepared, batching::Job* job);
 // A chunk's character range in its text row (code points): from its first token's start to its
 // last token's end, the special tokens left out; nothing for a row that is not a chunked text
 // (or a chunk of special tokens only).
-std::optional<std::pair<uint32_t, uint32_t>> chunk_characters(const batching::Request& request,
-                                                              size_t row, TokenSpan chunk);
+std::optional<std::pair<uint32_t, uint32_t>> chunk_characters(const Prepared& request, size_t row,
+                                                              TokenSpan chunk);
 // A chunk of row `row` as its caller numbers tokens: without the prompt's (text::PromptTokens).
-TokenSpan caller_tokens(const batching::Request& request, size_t row, TokenSpan chunk);
+TokenSpan caller_tokens(const Prepared& request, size_t row, TokenSpan chunk);
 
 }  // namespace fastformer::request

@@ -32,8 +32,8 @@ Problem macro_logits(std::optional<size_t> row, const engine::ModelConfig& c);
 // P - overlap after the last and the last ending at the row's end, appended to out->sequences;
 // each span goes to the pass that holds it with the most context.
 std::optional<Problem> add_passes(const SequenceInput& in, std::optional<size_t> row, Field field,
-                                  const engine::Model& model, int32_t overlap,
-                                  batching::Request* out, batching::Request::RowPasses* plan);
+                                  const engine::Model& model, int32_t overlap, Prepared* out,
+                                  RowPasses* plan);
 
 // The output options every protocol shares: logits need a head, `dimensions` at most
 // hidden_size, each embedding type its dimension count and calibrated ranges.

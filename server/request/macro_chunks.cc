@@ -78,8 +78,7 @@ Problem detail::macro_logits(std::optional<size_t> row, const engine::ModelConfi
 
 std::optional<Problem> detail::add_passes(const SequenceInput& in, std::optional<size_t> row,
                                           Field field, const engine::Model& model, int32_t overlap,
-                                          batching::Request* out,
-                                          batching::Request::RowPasses* plan) {
+                                          Prepared* out, RowPasses* plan) {
   const engine::ModelConfig& c = model.config();
   const int64_t D = c.hidden_size;
   const int32_t P = c.max_position_embeddings, n = int32_t(engine::sequence_length(in, D));
@@ -131,12 +130,12 @@ std::optional<Problem> detail::add_passes(const SequenceInput& in, std::optional
   return std::nullopt;
 }
 
-void merge_passes(batching::Request* request) {
-  batching::Request& r = *request;
-  if (r.passes.empty()) return;
-  std::vector<EncodedSequence> merged(r.passes.size());
-  for (size_t i = 0; i < r.passes.size(); ++i) {
-    const batching::Request::RowPasses& plan = r.passes[i];
+void merge_passes(const Prepared& prepared, batching::Job* job) {
+  batching::Job& r = *job;
+  if (prepared.passes.empty()) return;
+  std::vector<EncodedSequence> merged(prepared.passes.size());
+  for (size_t i = 0; i < prepared.passes.size(); ++i) {
+    const RowPasses& plan = prepared.passes[i];
     EncodedSequence& row = merged[i];
     if (plan.count == 1) {
       row = std::move(r.results[size_t(plan.first)]);
@@ -180,9 +179,7 @@ void merge_passes(batching::Request* request) {
     }
   }
   r.results = std::move(merged);
-  r.sequences = std::move(r.rows);
-  r.rows.clear();
-  r.passes.clear();
+  r.sequences = prepared.rows;
 }
 
 }  // namespace fastformer::request

@@ -2,7 +2,7 @@
 
 namespace fastformer::request {
 
-Status outcome_status(const batching::Request& request) {
+Status outcome_status(const batching::Job& request) {
   switch (request.outcome) {
     case batching::Outcome::kOk:
       return Status();

@@ -3,10 +3,10 @@
 #pragma once
 
 #include "common/status.h"
-#include "server/batching/request.h"
+#include "server/batching/job.h"
 
 namespace fastformer::request {
 
-Status outcome_status(const batching::Request& request);
+Status outcome_status(const batching::Job& request);
 
 }  // namespace fastformer::request

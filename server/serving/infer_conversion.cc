@@ -357,31 +357,36 @@ Status refuse(const request::Problem& p) {
   return invalid_argument(where + p.message);
 }
 
-}  // namespace
+// A batch of B rows against the model's max_batch_size (0: no limit).
+Status check_batch(const std::string& tensor, int64_t B, int64_t max_batch_size) {
+  if (max_batch_size > 0 && B > max_batch_size) {
+    return invalid_argument(tensor + ": batch size " + std::to_string(B) +
+                            " exceeds max_batch_size " + std::to_string(max_batch_size));
+  }
+  return Status();
+}
 
-Status convert_infer_request(const inference::ModelInferRequest& proto, const engine::Model& model,
-                             const text::Tokenizer* tokenizer, const request::Limits& limits,
-                             int64_t max_batch_size, InferCall* call, batching::Request* out) {
-  const engine::ModelConfig& c = model.config();
-  const int64_t D = c.hidden_size, max_len = c.max_position_embeddings;
-  const request::VersionFiles files{call->prompts.get(), call->quantization.get(),
-                                    call->quantization_file};
+// The request's inputs by name: exactly one of input_ids, input_embeddings and text, and the
+// optional attention_mask and spans.
+struct Inputs {
+  std::optional<Input> ids, mask, embeddings, text, spans;
+};
 
-  // The inputs by name.
+Status find_inputs(const inference::ModelInferRequest& proto, const text::Tokenizer* tokenizer,
+                   Inputs* in) {
   if (proto.raw_input_contents_size() > 0 &&
       proto.raw_input_contents_size() != proto.inputs_size()) {
     return invalid_argument(
         "raw_input_contents: " + std::to_string(proto.raw_input_contents_size()) + " entries for " +
         std::to_string(proto.inputs_size()) + " inputs; send one per input, or typed contents");
   }
-  std::optional<Input> ids_in, mask_in, embeddings_in, text_in, spans_in;
   for (int i = 0; i < proto.inputs_size(); ++i) {
     const InputTensorProto& t = proto.inputs(i);
-    std::optional<Input>* slot = t.name() == "input_ids"          ? &ids_in
-                                 : t.name() == "attention_mask"   ? &mask_in
-                                 : t.name() == "input_embeddings" ? &embeddings_in
-                                 : t.name() == "text"             ? &text_in
-                                 : t.name() == "spans"            ? &spans_in
+    std::optional<Input>* slot = t.name() == "input_ids"          ? &in->ids
+                                 : t.name() == "attention_mask"   ? &in->mask
+                                 : t.name() == "input_embeddings" ? &in->embeddings
+                                 : t.name() == "text"             ? &in->text
+                                 : t.name() == "spans"            ? &in->spans
                                                                   : nullptr;
     if (slot == nullptr) {
       return invalid_argument(
@@ -393,145 +398,161 @@ Status convert_infer_request(const inference::ModelInferRequest& proto, const en
                               "' is sent twice");
     *slot = Input{&t, proto.raw_input_contents_size() > 0 ? &proto.raw_input_contents(i) : nullptr};
   }
-  if (int(ids_in.has_value()) + int(embeddings_in.has_value()) + int(text_in.has_value()) != 1) {
+  if (int(in->ids.has_value()) + int(in->embeddings.has_value()) + int(in->text.has_value()) != 1) {
     return invalid_argument(tokenizer != nullptr
                                 ? "inputs: send exactly one of input_ids, input_embeddings and text"
                                 : "inputs: send exactly one of input_ids and input_embeddings");
   }
-  if (text_in && mask_in)
+  if (in->text && in->mask)
     return invalid_argument("attention_mask: not used with text (each text is one row)");
+  return Status();
+}
 
-  request::EncodeInput input;
-  std::optional<batching::Priority> priority;
-  if (Status s = read_parameters(proto, &input, &call->embedding_type, &priority); !s.ok())
-    return s;
-  if (priority) out->asked_priority = priority;  // else the header's (HTTP), or the default
-  // Checked against the model with the other output options (build_request).
-  input.formats = {
-      {request::embedding_type_name(call->embedding_type), call->embedding_type, false}};
-  if (call->quantization)
-    call->range = call->quantization->find(model.config().hidden_size, input.options.normalize);
-  if (Status s = read_outputs(proto, model, tokenizer, spans_in.has_value(), call); !s.ok())
-    return s;
-  // Late chunking: spans [K, 3] of (row, begin, end), grouped by row into the request's storage
-  // (the rows view it), each remembering its slot for the span_embeddings output.
-  std::vector<std::vector<TokenSpan>>& row_spans = out->given_spans;
-  row_spans.clear();
-  if (spans_in) {
-    const auto& shape = spans_in->tensor->shape();
-    if (shape.size() != 2 || shape[1] != 3) {
-      return invalid_argument("spans: shape " + shape_string(shape) +
-                              " must be [chunks, 3]: row, begin, end");
-    }
-    std::vector<int64_t> values;
-    if (Status s = read_integers(*spans_in, shape[0] * 3, &values); !s.ok()) return s;
-    if (limits.max_request_spans > 0 && shape[0] > limits.max_request_spans) {
-      return invalid_argument("spans: the request has " + std::to_string(shape[0]) +
-                              " chunks, over max_request_spans " +
-                              std::to_string(limits.max_request_spans));
-    }
-    for (int64_t k = 0; k < shape[0]; ++k) {
-      const int64_t row = values[size_t(3 * k)], b = values[size_t(3 * k + 1)],
-                    e = values[size_t(3 * k + 2)];
-      constexpr int64_t kMax = std::numeric_limits<int32_t>::max();
-      if (row < 0 || row >= kMax || b < -kMax || b > kMax || e < -kMax || e > kMax) {
-        return invalid_argument("spans: chunk " + std::to_string(k) + " (" + std::to_string(row) +
-                                ", " + std::to_string(b) + ", " + std::to_string(e) +
-                                ") is out of range");
-      }
-      if (size_t(row) >= row_spans.size()) row_spans.resize(size_t(row) + 1);
-      call->span_slots.emplace_back(row, int64_t(row_spans[size_t(row)].size()));
-      row_spans[size_t(row)].push_back({int32_t(b), int32_t(e)});
-    }
+// Late chunking: the spans input [K, 3] of (row, begin, end), grouped by row into `row_spans`,
+// each chunk's slot kept for the span_embeddings output.
+Status read_spans(const Input& spans, const request::Limits& limits, InferCall* call,
+                  std::vector<std::vector<TokenSpan>>* row_spans) {
+  const auto& shape = spans.tensor->shape();
+  if (shape.size() != 2 || shape[1] != 3) {
+    return invalid_argument("spans: shape " + shape_string(shape) +
+                            " must be [chunks, 3]: row, begin, end");
   }
-  // A span naming a row the request does not have is refused once the rows are known.
-  auto attach_spans = [&]() -> Status {
-    if (row_spans.size() > input.rows.size()) {
-      return invalid_argument("spans: a chunk names row " + std::to_string(row_spans.size() - 1) +
-                              ", but the request has " + std::to_string(input.rows.size()) +
-                              " rows");
-    }
-    for (size_t r = 0; r < row_spans.size(); ++r)
-      input.rows[r] = input.rows[r].with_spans(row_spans[r]);
-    return Status();
-  };
-  input.options.token_embeddings = call->token_embeddings;
-  input.options.logits = call->logits;
-  auto check_batch = [&](const std::string& tensor, int64_t B) {
-    if (max_batch_size > 0 && B > max_batch_size) {
-      return invalid_argument(tensor + ": batch size " + std::to_string(B) +
-                              " exceeds max_batch_size " + std::to_string(max_batch_size));
-    }
-    return Status();
-  };
-  if (text_in) {
-    std::vector<std::string_view> texts;
-    if (Status s = read_texts(*text_in, &texts); !s.ok()) return s;
-    if (Status s = check_batch("text", int64_t(texts.size())); !s.ok()) return s;
-    for (const std::string_view t : texts) input.rows.push_back(request::Row::from_text(t));
-    if (Status s = attach_spans(); !s.ok()) return s;
-    if (auto problem = request::build_request(input, model, tokenizer, limits, out, &files))
-      return refuse(*problem);
-    call->rows = int64_t(texts.size());
-    for (const SequenceInput& row : out->row_inputs())
-      call->length = std::max(call->length, int64_t(row.token_ids.size()));
-    return Status();
+  std::vector<int64_t> values;
+  if (Status s = read_integers(spans, shape[0] * 3, &values); !s.ok()) return s;
+  if (limits.max_request_spans > 0 && shape[0] > limits.max_request_spans) {
+    return invalid_argument("spans: the request has " + std::to_string(shape[0]) +
+                            " chunks, over max_request_spans " +
+                            std::to_string(limits.max_request_spans));
   }
+  for (int64_t k = 0; k < shape[0]; ++k) {
+    const int64_t row = values[size_t(3 * k)], b = values[size_t(3 * k + 1)],
+                  e = values[size_t(3 * k + 2)];
+    constexpr int64_t kMax = std::numeric_limits<int32_t>::max();
+    if (row < 0 || row >= kMax || b < -kMax || b > kMax || e < -kMax || e > kMax) {
+      return invalid_argument("spans: chunk " + std::to_string(k) + " (" + std::to_string(row) +
+                              ", " + std::to_string(b) + ", " + std::to_string(e) +
+                              ") is out of range");
+    }
+    if (size_t(row) >= row_spans->size()) row_spans->resize(size_t(row) + 1);
+    call->span_slots.emplace_back(row, int64_t((*row_spans)[size_t(row)].size()));
+    (*row_spans)[size_t(row)].push_back({int32_t(b), int32_t(e)});
+  }
+  return Status();
+}
 
-  // The main input's values and its [batch, length].
-  const Input& main = ids_in ? *ids_in : *embeddings_in;
+// The rows of the input_ids or input_embeddings tensor [batch, length(, hidden)], trimmed by
+// the attention mask (masked ids become the pad token, which the engine skips), as rows of
+// `input` viewing `ids` or `embeddings`; the request layer truncates and checks them.
+Status read_tensor_rows(const Inputs& in, const engine::Model& model, int64_t max_batch_size,
+                        InferCall* call, request::EncodeInput* input, std::vector<int64_t>* ids,
+                        std::vector<float>* embeddings) {
+  const engine::ModelConfig& c = model.config();
+  const int64_t D = c.hidden_size;
+  const Input& main = in.ids ? *in.ids : *in.embeddings;
   int64_t count = 0;
-  if (Status s = element_count(main, ids_in ? 2 : 3, &count); !s.ok()) return s;
+  if (Status s = element_count(main, in.ids ? 2 : 3, &count); !s.ok()) return s;
   const int64_t B = main.tensor->shape(0), L = main.tensor->shape(1);
-  if (embeddings_in && main.tensor->shape(2) != D) {
+  if (in.embeddings && main.tensor->shape(2) != D) {
     return invalid_argument("input_embeddings: shape " + shape_string(main.tensor->shape()) +
                             ": the last dimension must be hidden_size " + std::to_string(D));
   }
-  if (Status s = check_batch(main.tensor->name(), B); !s.ok()) return s;
-  if (ids_in) {
-    if (Status s = read_integers(*ids_in, count, &call->ids); !s.ok()) return s;
-  } else {
-    if (Status s = read_floats(*embeddings_in, count, &call->embeddings); !s.ok()) return s;
-  }
+  if (Status s = check_batch(main.tensor->name(), B, max_batch_size); !s.ok()) return s;
+  if (Status s = in.ids ? read_integers(*in.ids, count, ids)
+                        : read_floats(*in.embeddings, count, embeddings);
+      !s.ok())
+    return s;
   std::vector<int64_t> mask;
-  if (mask_in) {
-    const auto& ms = mask_in->tensor->shape();
+  if (in.mask) {
+    const auto& ms = in.mask->tensor->shape();
     if (ms.size() != 2 || ms[0] != B || ms[1] != L) {
       return invalid_argument("attention_mask: shape " + shape_string(ms) +
                               " must equal the rows of " + main.tensor->name() + ": [" +
                               std::to_string(B) + ", " + std::to_string(L) + "]");
     }
-    if (Status s = read_integers(*mask_in, B * L, &mask); !s.ok()) return s;
+    if (Status s = read_integers(*in.mask, B * L, &mask); !s.ok()) return s;
   }
-
-  // The rows, trimmed by the mask (masked ids become the pad token, which the engine skips);
-  // the request layer truncates and checks them.
   call->rows = B;
-  call->length = input.truncate == Truncate::kNone ? L : std::min(L, max_len);
-  input.rows.reserve(size_t(B));
+  call->length =
+      input->truncate == Truncate::kNone ? L : std::min<int64_t>(L, c.max_position_embeddings);
+  input->rows.reserve(size_t(B));
   for (int64_t r = 0; r < B; ++r) {
     int64_t n = L;
-    if (mask_in) {
-      if (Status s = mask_length(mask, r, L, embeddings_in.has_value(), &n); !s.ok()) return s;
+    if (in.mask) {
+      if (Status s = mask_length(mask, r, L, in.embeddings.has_value(), &n); !s.ok()) return s;
     }
-    if (ids_in) {
-      const std::span<int64_t> row(call->ids.data() + r * L, size_t(n));
-      for (int64_t t = 0; t < n && mask_in; ++t) {
+    if (in.ids) {
+      const std::span<int64_t> row(ids->data() + r * L, size_t(n));
+      for (int64_t t = 0; t < n && in.mask; ++t) {
         if (mask[size_t(r * L + t)] == 0) row[size_t(t)] = c.pad_token_id;
       }
-      input.rows.push_back(request::Row::wide_ids(row));
+      input->rows.push_back(request::Row::wide_ids(row));
     } else {
-      input.rows.push_back(request::Row::embeddings(
-          std::span<const float>(call->embeddings.data() + r * L * D, size_t(n * D))));
+      input->rows.push_back(request::Row::embeddings(
+          std::span<const float>(embeddings->data() + r * L * D, size_t(n * D))));
     }
   }
-  if (Status s = attach_spans(); !s.ok()) return s;
-  if (auto problem = request::build_request(input, model, tokenizer, limits, out, &files))
-    return refuse(*problem);
   return Status();
 }
 
-void fill_infer_response(const InferCall& call, const batching::Request& request,
+}  // namespace
+
+Status convert_infer_request(const inference::ModelInferRequest& proto, const engine::Model& model,
+                             const text::Tokenizer* tokenizer, const request::Limits& limits,
+                             int64_t max_batch_size, InferCall* call, request::Prepared* out) {
+  const request::VersionFiles files{call->prompts.get(), call->quantization.get(),
+                                    call->quantization_file};
+  Inputs in;
+  if (Status s = find_inputs(proto, tokenizer, &in); !s.ok()) return s;
+  request::EncodeInput input;
+  std::optional<batching::Priority> priority;
+  if (Status s = read_parameters(proto, &input, &call->embedding_type, &priority); !s.ok())
+    return s;
+  if (priority) out->priority = priority;  // else the header's (HTTP), or the default
+  // Checked against the model with the other output options (build_request).
+  input.formats = {
+      {request::embedding_type_name(call->embedding_type), call->embedding_type, false}};
+  if (call->quantization)
+    call->range = call->quantization->find(model.config().hidden_size, input.options.normalize);
+  if (Status s = read_outputs(proto, model, tokenizer, in.spans.has_value(), call); !s.ok())
+    return s;
+  input.options.token_embeddings = call->token_embeddings;
+  input.options.logits = call->logits;
+  // What the rows view until build_request copies it: the spans by row, the texts or the
+  // tensor's values.
+  std::vector<std::vector<TokenSpan>> row_spans;
+  if (in.spans) {
+    if (Status s = read_spans(*in.spans, limits, call, &row_spans); !s.ok()) return s;
+  }
+  std::vector<std::string_view> texts;
+  std::vector<int64_t> ids;
+  std::vector<float> embeddings;
+  if (in.text) {
+    if (Status s = read_texts(*in.text, &texts); !s.ok()) return s;
+    if (Status s = check_batch("text", int64_t(texts.size()), max_batch_size); !s.ok()) return s;
+    for (const std::string_view t : texts) input.rows.push_back(request::Row::from_text(t));
+    call->rows = int64_t(texts.size());
+  } else if (Status s =
+                 read_tensor_rows(in, model, max_batch_size, call, &input, &ids, &embeddings);
+             !s.ok()) {
+    return s;
+  }
+  // A span naming a row the request does not have is refused once the rows are known.
+  if (row_spans.size() > input.rows.size()) {
+    return invalid_argument("spans: a chunk names row " + std::to_string(row_spans.size() - 1) +
+                            ", but the request has " + std::to_string(input.rows.size()) + " rows");
+  }
+  for (size_t r = 0; r < row_spans.size(); ++r)
+    input.rows[r] = input.rows[r].with_spans(row_spans[r]);
+  if (auto problem = request::build_request(input, model, tokenizer, limits, out, &files))
+    return refuse(*problem);
+  if (in.text) {  // the token_embeddings output's length: the longest text's tokens
+    for (const SequenceInput& row : out->rows)
+      call->length = std::max(call->length, int64_t(row.token_ids.size()));
+  }
+  return Status();
+}
+
+void fill_infer_response(const InferCall& call, const batching::Job& request,
                          const engine::Model& model, inference::ModelInferResponse* response) {
   const int64_t B = call.rows, D = model.config().hidden_size, labels = model.num_labels();
   for (const std::string& name : call.output_order) {

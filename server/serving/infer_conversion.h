@@ -1,5 +1,6 @@
 // The model as Open Inference Protocol (KServe v2) tensors, and ModelInferRequest <->
-// batching::Request. Every row of a request's batch is one sequence in the batch queue.
+// request::Prepared and the job's results. Every row of a request's batch is one sequence in
+// the batch queue.
 //
 // Inputs  input_ids       INT64 or INT32 [batch, length]
 //         attention_mask  INT64 or INT32 [batch, length], optional: 1 real, 0 padding
@@ -20,7 +21,7 @@
 
 #include "common/status.h"
 #include "inference/grpc_service.pb.h"
-#include "server/batching/request.h"
+#include "server/batching/job.h"
 #include "server/engine/model.h"
 #include "server/request/encode_input.h"
 #include "server/request/quantize.h"
@@ -40,11 +41,9 @@ struct TensorSpec {
 std::vector<TensorSpec> model_inputs(const engine::Model& model, const text::Tokenizer* tokenizer);
 std::vector<TensorSpec> model_outputs(const engine::Model& model, const text::Tokenizer* tokenizer);
 
-// One ModelInferRequest's rows, converted: what the batching::Request's sequences point into,
-// and what to answer with.
+// What answering one ModelInferRequest needs beyond its results: its shape, the outputs asked
+// for and their order, the span slots and the embedding type.
 struct InferCall {
-  std::vector<int64_t> ids;       ///< the input_ids tensor, [rows, length] (masked ids: pad)
-  std::vector<float> embeddings;  ///< the input_embeddings tensor, [rows, length, hidden]
   int64_t rows = 0;
   int64_t length = 0;  ///< the token_embeddings output's length dimension
   bool embedding = false, token_embeddings = false, logits = false;  ///< outputs asked for
@@ -66,18 +65,18 @@ struct InferCall {
 };
 
 // INVALID_ARGUMENT naming the tensor, the row and the limit for anything wrong (the model and
-// version were found by Intake::find). On OK, `out` holds one sequence per row (views into `call`).
+// version were found by Intake::find). On OK, `out` (a fresh Prepared) holds one row per row.
 Status convert_infer_request(const inference::ModelInferRequest& proto, const engine::Model& model,
                              const text::Tokenizer* tokenizer, const request::Limits& limits,
-                             int64_t max_batch_size, InferCall* call, batching::Request* out);
+                             int64_t max_batch_size, InferCall* call, request::Prepared* out);
 
 // Why `bytes` is not a ModelInferRequest: the field and the byte where it fails (a string
 // field that is not UTF-8, a tensor or output that does not parse, a field that runs past
 // the end).
 std::string explain_infer_parse_failure(const std::string& bytes);
 
-// The outputs of a finished request, raw little-endian FP32, in call.output_order.
-void fill_infer_response(const InferCall& call, const batching::Request& request,
+// The outputs of a finished job, raw little-endian FP32, in call.output_order.
+void fill_infer_response(const InferCall& call, const batching::Job& request,
                          const engine::Model& model, inference::ModelInferResponse* response);
 
 }  // namespace fastformer::serving

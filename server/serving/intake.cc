@@ -2,6 +2,8 @@
 
 #include <spdlog/spdlog.h>
 
+#include <cstdlib>
+
 #include "server/request/encode_input.h"
 
 namespace fastformer::serving {
@@ -49,9 +51,9 @@ Status Intake::open_stream(const char* method) {
   return Status();
 }
 
-void Intake::record_inference(const batching::Request& request, bool ok, Clock::time_point start,
+void Intake::record_inference(const batching::Job& request, bool ok, Clock::time_point start,
                               uint64_t output_ns) {
-  if (!request.owner) return;
+  if (!request.keep) return;
   InferenceStatistics& s = served(request).statistics;
   const uint64_t total = ns_since(start);
   if (!ok) {
@@ -72,88 +74,111 @@ void Intake::record_inference(const batching::Request& request, bool ok, Clock::
                             std::memory_order_relaxed);
 }
 
+namespace {
+
+// Why the queue did not take `job`: its class's limit on the model's queue or the server's
+// budget (RESOURCE_EXHAUSTED), or the drain (UNAVAILABLE).
+Status refusal(batching::Admission admission, const ServedModel& model, const batching::Job& job) {
+  const bool bulk = job.priority == batching::Priority::kBulk;
+  const std::string more = "queue full: " + std::to_string(job.tokens) + " more " +
+                           (bulk ? "bulk " : "") + "tokens would exceed ";
+  const char* limit = bulk ? "max_bulk_queue_tokens " : "max_queue_tokens ";
+  switch (admission) {
+    case batching::Admission::kQueueFull:
+      return {StatusCode::kResourceExhausted,
+              more + "model '" + model.name + "' " + limit +
+                  std::to_string(model.queue->limits().class_limit(job.priority)) +
+                  "; retry later"};
+    case batching::Admission::kServerFull:
+      return {StatusCode::kResourceExhausted,
+              more + "the server's " + limit +
+                  std::to_string(model.queue->budget_limit(job.priority)) +
+                  " over every model; retry later"};
+    case batching::Admission::kClosed:
+    case batching::Admission::kAdmitted:
+      break;
+  }
+  return {StatusCode::kUnavailable, "the server is shutting down"};
+}
+
+}  // namespace
+
+const Admitted& Intake::admitted(const batching::Job& job) {
+  // Every job this intake queues holds an Admitted; anything else is a programming error.
+  const auto* held = dynamic_cast<const Admitted*>(job.keep.get());
+  if (held == nullptr) {
+    spdlog::critical("a job that the intake did not admit reached a protocol's answer");
+    std::abort();
+  }
+  return *held;
+}
+
 Status Intake::admit(Clock::time_point deadline, const std::string& name,
                      const std::string& version, const Convert& convert,
-                     const std::shared_ptr<batching::Request>& request) {
+                     const std::shared_ptr<batching::Job>& job) {
   // Counted in flight before the draining check: the drain (start_draining, then wait for
   // inflight() == 0) either sees this call or this call sees the drain; never neither.
   inflight_.fetch_add(1);
   metrics_.inflight_requests.Increment();
   Status status;
   std::shared_ptr<const ServedModel> model = find(name, version, &status);
-  return admit_found(deadline, std::move(model), std::move(status), convert, request);
+  return admit_found(deadline, std::move(model), std::move(status), convert, job);
 }
 
 Status Intake::admit(Clock::time_point deadline, const std::shared_ptr<const ServedModel>& model,
-                     const Convert& convert, const std::shared_ptr<batching::Request>& request) {
+                     const Convert& convert, const std::shared_ptr<batching::Job>& job) {
   inflight_.fetch_add(1);  // before the draining check, as above
   metrics_.inflight_requests.Increment();
-  return admit_found(deadline, model, availability(), convert, request);
+  return admit_found(deadline, model, availability(), convert, job);
 }
 
 Status Intake::admit_found(Clock::time_point deadline, std::shared_ptr<const ServedModel> model,
                            Status status, const Convert& convert,
-                           const std::shared_ptr<batching::Request>& request) {
+                           const std::shared_ptr<batching::Job>& request) {
   const Clock::time_point converting = Clock::now();
-  if (model && status.ok()) status = convert(*model);
+  auto prepared = std::make_shared<Admitted>();
+  if (model && status.ok()) status = convert(*model, prepared.get());
   request->input_ns = ns_since(converting);
-  if (request->texts > 0) {
-    metrics_.tokenize_duration.Observe(double(request->tokenize_ns) * 1e-9);
-    metrics_.texts_total.Increment(double(request->texts));
+  if (prepared->texts > 0) {
+    metrics_.tokenize_duration.Observe(double(prepared->tokenize_ns) * 1e-9);
+    metrics_.texts_total.Increment(double(prepared->texts));
   }
   if (!status.ok()) {
     answered();
     return status;
   }
-  if (request->options.dimensions > 0 || !request->passes.empty()) {
+  if (prepared->options.dimensions > 0 || !prepared->passes.empty()) {
     // What acts on the results before any protocol formats them: a row run as macro-chunks
     // back to one result, then the output options.
-    request->on_complete = [format = std::move(request->on_complete)](batching::Request& r) {
-      if (r.outcome == batching::Outcome::kOk) request::merge_passes(&r);
+    request->on_complete = [format = std::move(request->on_complete)](batching::Job& r) {
+      if (r.outcome == batching::Outcome::kOk) request::merge_passes(admitted(r), &r);
       request::apply_dimensions(r.options, &r.results);
       format(r);
     };
   }
+  request->sequences = prepared->sequences;
+  request->options = prepared->options;
   request->arrival = Clock::now();
-  request->priority = request->asked_priority.value_or(model->settings.default_priority);
+  request->priority = prepared->priority.value_or(model->settings.default_priority);
   // The call's deadline, else its class's default (0: none).
   const int64_t default_ms = model->settings.default_timeout_ms(request->priority);
   request->deadline = deadline == batching::Clock::time_point::max() && default_ms > 0
                           ? request->arrival + std::chrono::milliseconds(default_ms)
                           : deadline;
-  const bool bulk = request->priority == batching::Priority::kBulk;
-  auto count = [&](prometheus::Counter* const* by_class) {
-    if (model->series) by_class[int(request->priority)]->Increment();
-  };
-  // The version it is admitted to lives until the request ends, even once swapped out.
-  request->owner = model;
-  switch (model->queue->push(request)) {
-    case batching::Admission::kAdmitted:
-      count(model->series ? model->series->class_requests : nullptr);
-      return Status();
-    case batching::Admission::kQueueFull:
-      status = {StatusCode::kResourceExhausted,
-                "queue full: " + std::to_string(request->tokens) + " more " +
-                    (bulk ? "bulk " : "") + "tokens would exceed model '" + model->name + "' " +
-                    (bulk ? "max_bulk_queue_tokens " : "max_queue_tokens ") +
-                    std::to_string(model->queue->limits().class_limit(request->priority)) +
-                    "; retry later"};
-      count(model->series ? model->series->class_rejected : nullptr);
-      break;
-    case batching::Admission::kServerFull:
-      status = {StatusCode::kResourceExhausted,
-                "queue full: " + std::to_string(request->tokens) + " more " +
-                    (bulk ? "bulk " : "") + "tokens would exceed the server's " +
-                    (bulk ? "max_bulk_queue_tokens " : "max_queue_tokens ") +
-                    std::to_string(model->queue->budget_limit(request->priority)) +
-                    " over every model; retry later"};
-      count(model->series ? model->series->class_rejected : nullptr);
-      break;
-    case batching::Admission::kClosed:
-      status = {StatusCode::kUnavailable, "the server is shutting down"};
-      break;
+  // What the job views, and the version it is admitted to, live until it ends, even once
+  // the version is swapped out.
+  prepared->model = model;
+  request->keep = std::move(prepared);
+  const batching::Admission admission = model->queue->push(request);
+  if (model->series) {
+    prometheus::Counter* const* by_class = admission == batching::Admission::kAdmitted
+                                               ? model->series->class_requests
+                                               : model->series->class_rejected;
+    if (admission != batching::Admission::kClosed) by_class[int(request->priority)]->Increment();
   }
-  request->owner.reset();
+  if (admission == batching::Admission::kAdmitted) return Status();
+  status = refusal(admission, *model, *request);
+  request->keep.reset();
   answered();
   return status;
 }

@@ -17,12 +17,20 @@
 #include "server/engine/engine.h"
 #include "server/metrics/metrics.h"
 #include "server/repository/repository.h"
+#include "server/request/prepared.h"
 
 namespace fastformer::serving {
 
 using repository::InferenceStatistics;
 using repository::ServedModel;
 using repository::ServiceConfig;
+
+// What an admitted job holds (its batching::Job::keep): the request as prepared (what its
+// sequences view) and the model version it was admitted to, which serves it even once swapped
+// out. Built by the intake and the protocol's conversion; read-only once queued.
+struct Admitted final : request::Prepared {
+  std::shared_ptr<const ServedModel> model;
+};
 
 class Intake {
  public:
@@ -45,26 +53,26 @@ class Intake {
   // READY version), or null with `status` NOT_FOUND / UNAVAILABLE naming it (or availability()).
   std::shared_ptr<const ServedModel> find(const std::string& name, const std::string& version,
                                           Status* status) const;
-  // The model version an admitted request was admitted to (until complete() releases it).
-  static const ServedModel& served(const batching::Request& request) {
-    return *static_cast<const ServedModel*>(request.owner.get());
-  }
+  // What a job admitted here holds: its request and model version (until complete()).
+  static const Admitted& admitted(const batching::Job& job);
+  // The model version an admitted job was admitted to (until complete() releases it).
+  static const ServedModel& served(const batching::Job& job) { return *admitted(job).model; }
 
   // Counts the request in flight, finds the model version for `model` and `version` (find),
-  // runs `convert` (which fills `request` from the call, for that version) and queues it on
-  // the version's queue. OK: queued, and request->on_complete will run once; it must call
-  // complete(), and may use served(*request) until then. Otherwise the status to answer with;
-  // nothing was queued.
-  using Convert = std::function<Status(const ServedModel& model)>;
+  // runs `convert` (which fills a fresh Prepared from the call, for that version: build_request)
+  // and queues `job` over it on the version's queue. OK: queued, and job->on_complete will run
+  // once; it must call complete(), and may use admitted(*job) until then. Otherwise the status
+  // to answer with; nothing was queued.
+  using Convert = std::function<Status(const ServedModel& model, request::Prepared* out)>;
   // `deadline` is the call's, on the steady clock (max() for none).
   Status admit(batching::Clock::time_point deadline, const std::string& model,
                const std::string& version, const Convert& convert,
-               const std::shared_ptr<batching::Request>& request);
+               const std::shared_ptr<batching::Job>& job);
   // The same on a version found before (find): it serves the request even if swapped out
   // meanwhile, as a request admitted before the swap would be.
   Status admit(batching::Clock::time_point deadline,
                const std::shared_ptr<const ServedModel>& model, const Convert& convert,
-               const std::shared_ptr<batching::Request>& request);
+               const std::shared_ptr<batching::Job>& job);
   // An admitted request has been answered.
   void answered() {
     inflight_.fetch_sub(1);
@@ -86,16 +94,16 @@ class Intake {
 
   // Adds one finished inference request to its model version's statistics: `start` is when
   // its call arrived, `output_ns` the time spent converting its results into the response.
-  static void record_inference(const batching::Request& request, bool ok,
+  static void record_inference(const batching::Job& request, bool ok,
                                batching::Clock::time_point start, uint64_t output_ns);
   // Closes an admitted call once its answer is ready: the statistics (record_inference), the
   // request metrics (record), the request's hold on its model version, and the drain count
   // (answered). Every API's completion calls it.
-  void complete(const char* method, const batching::Request& request, const Status& status,
+  void complete(const char* method, const batching::Job& request, const Status& status,
                 batching::Clock::time_point start, uint64_t output_ns) {
     record_inference(request, status.ok(), start, output_ns);
     record(method, status, start);
-    request.owner.reset();  // before answered(): the drain frees the versions at inflight 0
+    request.keep.reset();  // before answered(): the drain frees the versions at inflight 0
     answered();
   }
 
@@ -108,7 +116,7 @@ class Intake {
   // admit's common part: `model` found (or null, with `status` saying why).
   Status admit_found(batching::Clock::time_point deadline, std::shared_ptr<const ServedModel> model,
                      Status status, const Convert& convert,
-                     const std::shared_ptr<batching::Request>& request);
+                     const std::shared_ptr<batching::Job>& job);
 
   // Set once by start_serving, before serving_ turns true (release/acquire).
   repository::Repository* repository_ = nullptr;

@@ -87,7 +87,7 @@ Completer& completer() {
 struct Req {
   std::vector<std::vector<int32_t>> ids;
   std::vector<std::vector<float>> embeddings;
-  std::shared_ptr<batching::Request> request = std::make_shared<batching::Request>();
+  std::shared_ptr<batching::Job> request = std::make_shared<batching::Job>();
   bool admitted = false, deadline_passed = false, cancelled = false;
   int completions = 0;                // on_complete calls seen
   Outcome outcome = Outcome::kOk;     // as on_complete saw it
@@ -190,7 +190,7 @@ class Harness {
     for (const auto& v : r.ids) r.request->sequences.push_back({v, {}});
     for (const auto& v : r.embeddings) r.request->sequences.push_back({{}, v});
     r.request->is_cancelled = [&r] { return r.cancelled; };
-    r.request->on_complete = [&r](batching::Request& req) {
+    r.request->on_complete = [&r](batching::Job& req) {
       ++r.completions;
       r.outcome = req.outcome;
     };
@@ -245,7 +245,7 @@ class Harness {
   }
 
   struct Drop {
-    const batching::Request* request;
+    const batching::Job* request;
     int32_t index;
     Outcome reason;
   };

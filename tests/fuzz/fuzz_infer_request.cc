@@ -40,15 +40,19 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
   }
 
   serving::InferCall call;
-  auto request = std::make_shared<batching::Request>();
-  const Status status = serving::convert_infer_request(proto, model, served.tokenizer.get(), limits,
-                                                       max_batch_size, &call, request.get());
+  // Converted from a copy freed before the job runs: the Prepared owns what it views (ASan).
+  auto prepared = std::make_shared<request::Prepared>();
+  auto wire = std::make_unique<inference::ModelInferRequest>(proto);
+  const Status status = serving::convert_infer_request(*wire, model, served.tokenizer.get(), limits,
+                                                       max_batch_size, &call, prepared.get());
+  wire.reset();
   if (!status.ok()) {
     FUZZ_CHECK(status.code() == StatusCode::kInvalidArgument);
     FUZZ_CHECK(!status.message().empty());
     return 0;
   }
   // Accepted: one sequence per row, each within the model's limits, the request within its own.
+  const std::shared_ptr<batching::Job> request = request::make_job(prepared);
   FUZZ_CHECK(call.rows >= 1 && int64_t(request->sequences.size()) == call.rows);
   FUZZ_CHECK(max_batch_size == 0 || call.rows <= max_batch_size);
   int64_t total = 0;

@@ -104,11 +104,11 @@ std::vector<Served>& served_models() {
   return served;
 }
 
-void run_request(Served& served, const std::shared_ptr<batching::Request>& request) {
+void run_request(Served& served, const std::shared_ptr<batching::Job>& request) {
   const engine::Model& model = *served.model;
   const engine::ModelConfig& c = model.config();
   int completions = 0;
-  request->on_complete = [&](batching::Request&) { ++completions; };
+  request->on_complete = [&](batching::Job&) { ++completions; };
   batching::QueueLimits q;
   q.max_batch_tokens = kMaxBatchTokens;
   q.max_batch_sequences = 3;

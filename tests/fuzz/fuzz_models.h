@@ -7,7 +7,7 @@
 #include <memory>
 #include <vector>
 
-#include "server/batching/request.h"
+#include "server/batching/job.h"
 #include "server/engine/engine.h"
 #include "server/engine/model.h"
 #include "server/text/text.h"
@@ -30,6 +30,6 @@ std::vector<Served>& served_models();
 
 // Queues `request` (converted and accepted), forms its batches and encodes them, checking every
 // batch and result; fills request->results. Its on_complete is replaced.
-void run_request(Served& served, const std::shared_ptr<batching::Request>& request);
+void run_request(Served& served, const std::shared_ptr<batching::Job>& request);
 
 }  // namespace fastformer::fuzz

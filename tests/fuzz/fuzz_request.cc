@@ -41,9 +41,12 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
 
   // No calibrated ranges here: INT8 and UINT8 are refused by convert_request (as is an unknown
   // type, or BINARY on a hidden size that is not a multiple of 8), the other types answered.
-  auto request = std::make_shared<batching::Request>();
+  // Converted from a copy freed before the job runs: the Prepared owns what it views (ASan).
+  auto prepared = std::make_shared<request::Prepared>();
+  auto wire = std::make_unique<v1::EncodeRequest>(proto);
   const Status status =
-      rpc::convert_request(proto, model, served.tokenizer.get(), limits, {}, request.get());
+      rpc::convert_request(*wire, model, served.tokenizer.get(), limits, {}, prepared.get());
+  wire.reset();
   if (!status.ok()) {
     FUZZ_CHECK(status.code() == StatusCode::kInvalidArgument);
     FUZZ_CHECK(!status.message().empty());
@@ -51,8 +54,9 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
   }
   // Accepted: every sequence within the model's limits, the request within its own.
   // One sequence a row, or (macro-chunks) a row over the positions in several passes.
-  FUZZ_CHECK(int(request->row_inputs().size()) == proto.sequences_size());
-  FUZZ_CHECK(request->passes.empty() || proto.has_macro_overlap_tokens());
+  const std::shared_ptr<batching::Job> request = request::make_job(prepared);
+  FUZZ_CHECK(int(prepared->rows.size()) == proto.sequences_size());
+  FUZZ_CHECK(prepared->passes.empty() || proto.has_macro_overlap_tokens());
   int64_t total = 0, spans = 0;
   for (size_t i = 0; i < request->sequences.size(); ++i) {
     const SequenceInput& s = request->sequences[i];
@@ -61,10 +65,10 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
     for (const TokenSpan& span : s.spans)
       FUZZ_CHECK(0 <= span.begin && span.begin < span.end && span.end <= n);
     total += n;
-    if (request->passes.empty()) spans += int64_t(s.spans.size());
+    if (prepared->passes.empty()) spans += int64_t(s.spans.size());
   }
-  for (const SequenceInput& row : request->row_inputs()) {
-    if (!request->passes.empty()) spans += int64_t(row.spans.size());
+  for (const SequenceInput& row : prepared->rows) {
+    if (!prepared->passes.empty()) spans += int64_t(row.spans.size());
     const int64_t n = engine::sequence_length(row, c.hidden_size);
     for (const TokenSpan& span : row.spans)
       FUZZ_CHECK(0 <= span.begin && span.begin < span.end && span.end <= n);
@@ -75,10 +79,10 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
 
   // Through the queue, as the server batches it, and the engine.
   fuzz::run_request(served, request);
-  request::merge_passes(request.get());  // as the serving core does before any protocol
+  request::merge_passes(*prepared, request.get());  // as the serving core does before any door
 
   v1::EncodeResponse response;
-  rpc::fill_response(*request, proto, nullptr, &response);
+  rpc::fill_response(*request, *prepared, proto, nullptr, &response);
   FUZZ_CHECK(response.encodings_size() == proto.sequences_size());
   for (int i = 0; i < response.encodings_size(); ++i) {
     FUZZ_CHECK(response.encodings(i).chunks_size() ==

@@ -38,14 +38,14 @@ engine::ModelConfig config() {
 // A request of sequences with the given lengths; the ids live in `storage`.
 struct TestRequest {
   std::vector<std::vector<int32_t>> storage;
-  std::shared_ptr<Request> request = std::make_shared<Request>();
+  std::shared_ptr<Job> request = std::make_shared<Job>();
   std::atomic<int> completions{0};
   Outcome outcome = Outcome::kOk;
 
   explicit TestRequest(std::vector<int> lengths, int32_t first_id = 1) {
     for (int n : lengths) storage.emplace_back(size_t(n), first_id);
     for (const auto& ids : storage) request->sequences.push_back({ids, {}});
-    request->on_complete = [this](Request& r) {
+    request->on_complete = [this](Job& r) {
       outcome = r.outcome;
       ++completions;
     };
@@ -61,8 +61,8 @@ QueueLimits limits(int64_t batch_tokens, int64_t batch_sequences = 100,
   return l;
 }
 
-std::vector<std::pair<Request*, int32_t>> members(const Batch& batch) {
-  std::vector<std::pair<Request*, int32_t>> out;
+std::vector<std::pair<Job*, int32_t>> members(const Batch& batch) {
+  std::vector<std::pair<Job*, int32_t>> out;
   for (const auto& e : batch.entries) out.emplace_back(e.request.get(), e.index);
   return out;
 }
@@ -74,7 +74,7 @@ TEST(BatchQueueTest, SequencesOfSeveralRequestsShareABatchInArrivalOrder) {
   ASSERT_EQ(queue.push(b.request), Admission::kAdmitted);
   auto batch = queue.next_batch();
   ASSERT_TRUE(batch);
-  using P = std::pair<Request*, int32_t>;
+  using P = std::pair<Job*, int32_t>;
   EXPECT_EQ(members(*batch),
             (std::vector<P>{{a.request.get(), 0}, {a.request.get(), 1}, {b.request.get(), 0}}));
   EXPECT_EQ(batch->tokens, 60);
@@ -530,7 +530,7 @@ TEST(ComputePoolTest, ASharedBudgetLimitsEveryQueueTogether) {
 // ---- priority classes (queue.h): interactive first, bulk fills, per-class limits, promotion,
 // and a formed batch refreshed when interactive work arrives after it.
 
-std::shared_ptr<Request> with_priority(TestRequest& r, Priority p) {
+std::shared_ptr<Job> with_priority(TestRequest& r, Priority p) {
   r.request->priority = p;
   return r.request;
 }
@@ -547,7 +547,7 @@ TEST(BatchQueuePriorityTest, InteractiveFirstThenBulkFillsTheBudget) {
   EXPECT_EQ(queue.queued_sequences(Priority::kBulk), 2);
   auto batch = queue.next_batch();
   ASSERT_TRUE(batch);
-  using P = std::pair<Request*, int32_t>;
+  using P = std::pair<Job*, int32_t>;
   // The query first though it came last; the first bulk sequence fills (8 of 10 tokens).
   EXPECT_EQ(members(*batch), (std::vector<P>{{query.request.get(), 0}, {bulk1.request.get(), 0}}));
   batch = queue.next_batch();
@@ -566,8 +566,8 @@ TEST(BatchQueuePriorityTest, BulkFillsABatchWithQueriesOnlyToTheMixedBudget) {
   TestRequest bulk({4, 4, 4, 4, 4, 4}), query({2});
   ASSERT_EQ(queue.push(with_priority(bulk, Priority::kBulk)), Admission::kAdmitted);
   ASSERT_EQ(queue.push(with_priority(query, Priority::kInteractive)), Admission::kAdmitted);
-  using P = std::pair<Request*, int32_t>;
-  Request* b = bulk.request.get();
+  using P = std::pair<Job*, int32_t>;
+  Job* b = bulk.request.get();
   auto batch = queue.next_batch();  // the query (2), then bulk while the total stays <= 8
   ASSERT_TRUE(batch);
   EXPECT_EQ(members(*batch), (std::vector<P>{{query.request.get(), 0}, {b, 0}}));
@@ -663,7 +663,7 @@ TEST(BatchQueuePriorityTest, RefreshLetsInteractiveWorkJoinOrDisplaceBulk) {
   TestRequest query({4});
   ASSERT_EQ(queue.push(with_priority(query, Priority::kInteractive)), Admission::kAdmitted);
   EXPECT_TRUE(queue.refresh(&*batch));
-  using P = std::pair<Request*, int32_t>;
+  using P = std::pair<Job*, int32_t>;
   // The query first; the last bulk sequence back at the head of its queue.
   EXPECT_EQ(
       members(*batch),
@@ -692,7 +692,7 @@ TEST(BatchQueuePriorityTest, RefreshPutsAPromotedSequenceBeforeNewerOnes) {
   ASSERT_EQ(queue.push(with_priority(q2, Priority::kInteractive)), Admission::kAdmitted);
   auto batch = queue.next_batch();  // q1 and q2 (8 of 8 tokens); the bulk one waits
   ASSERT_TRUE(batch);
-  using P = std::pair<Request*, int32_t>;
+  using P = std::pair<Job*, int32_t>;
   ASSERT_EQ(members(*batch), (std::vector<P>{{q1.request.get(), 0}, {q2.request.get(), 0}}));
   std::this_thread::sleep_for(40ms);  // past the bound: promoted at the refresh
   EXPECT_TRUE(queue.refresh(&*batch));
@@ -720,7 +720,7 @@ TEST(BatchQueuePriorityTest, RefreshPromotesAnOverdueBulkSequenceInTheBatch) {
   ASSERT_EQ(queue.push(with_priority(q1, Priority::kInteractive)), Admission::kAdmitted);
   auto batch = queue.next_batch();  // q1, then the bulk sequence fills (8 of 8 tokens)
   ASSERT_TRUE(batch);
-  using P = std::pair<Request*, int32_t>;
+  using P = std::pair<Job*, int32_t>;
   ASSERT_EQ(members(*batch), (std::vector<P>{{q1.request.get(), 0}, {bulk.request.get(), 0}}));
   std::this_thread::sleep_for(40ms);  // past the bound while staged
   TestRequest q2({4});

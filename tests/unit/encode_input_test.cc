@@ -393,6 +393,15 @@ const std::vector<Case>& cases() {
 
 class EncodeInputRules : public testing::TestWithParam<Case> {};
 
+// build_request into a fresh Prepared, as every caller makes one; `out` holds it after.
+std::optional<Problem> prepare(const EncodeInput& input, const engine::Model& model,
+                               const text::Tokenizer* tokenizer, const Limits& limits,
+                               std::unique_ptr<Prepared>* out,
+                               const VersionFiles* files = nullptr) {
+  *out = std::make_unique<Prepared>();
+  return build_request(input, model, tokenizer, limits, out->get(), files);
+}
+
 TEST_P(EncodeInputRules, AnswersAsTheRuleSays) {
   const Case& c = GetParam();
   const Served& s = served(c.words);
@@ -400,9 +409,9 @@ TEST_P(EncodeInputRules, AnswersAsTheRuleSays) {
   for (const RowSpec& r : c.rows) input.rows.push_back(r.row());
   input.truncate = c.truncate;
   input.options.normalize = true;
-  batching::Request out;
+  std::unique_ptr<Prepared> out;
   const std::optional<Problem> problem =
-      build_request(input, *s.model, s.tokenizer.get(), Limits{c.max_request_tokens}, &out);
+      prepare(input, *s.model, s.tokenizer.get(), Limits{c.max_request_tokens}, &out);
   if (!c.v1.empty()) {
     ASSERT_TRUE(problem.has_value()) << "accepted";
     if (c.v1.ends_with("is outside")) {  // the rest names the text's token count
@@ -415,12 +424,12 @@ TEST_P(EncodeInputRules, AnswersAsTheRuleSays) {
     return;
   }
   ASSERT_FALSE(problem.has_value()) << format_v1(*problem);
-  ASSERT_EQ(out.sequences.size(), c.kept.size());
+  ASSERT_EQ(out->sequences.size(), c.kept.size());
   for (size_t i = 0; i < c.kept.size(); ++i)  // the row's spans ride on its sequence
-    EXPECT_EQ(out.sequences[i].spans.size(), c.rows[i].spans.size()) << "row " << i;
-  EXPECT_TRUE(out.options.normalize);
+    EXPECT_EQ(out->sequences[i].spans.size(), c.rows[i].spans.size()) << "row " << i;
+  EXPECT_TRUE(out->options.normalize);
   for (size_t i = 0; i < c.kept.size(); ++i) {
-    const SequenceInput& seq = out.sequences[i];
+    const SequenceInput& seq = out->sequences[i];
     SCOPED_TRACE("row " + std::to_string(i));
     EXPECT_EQ(engine::sequence_length(seq, 4), c.kept[i].length);
     if (!seq.token_ids.empty()) {
@@ -441,20 +450,67 @@ INSTANTIATE_TEST_SUITE_P(EveryRule, EncodeInputRules, testing::ValuesIn(cases())
                            return name;
                          });
 
-TEST(EncodeInput, TextsAreCountedAndTheirIdsOwnedByTheRequest) {
+TEST(EncodeInput, TextsAreCountedAndEveryIdOwnedByTheRequest) {
   const Served& s = served(true);
   const std::string first = "a b", second = "c";
   EncodeInput input;
   input.rows = {Row::from_text(first), Row::ids(std::vector<int32_t>{}), Row::from_text(second)};
   const std::vector<int32_t> nine{9};
   input.rows[1] = Row::ids(nine);
-  batching::Request out;
-  ASSERT_FALSE(build_request(input, *s.model, s.tokenizer.get(), Limits{100}, &out));
-  EXPECT_EQ(out.texts, 2);
-  ASSERT_EQ(out.text_ids.size(), 2u);
-  EXPECT_EQ(out.sequences[0].token_ids.data(), out.text_ids[0].data());
-  EXPECT_EQ(out.sequences[1].token_ids.data(), nine.data());  // ids as sent are viewed, not copied
-  EXPECT_EQ(out.text_ids[1], std::vector<int32_t>{4});
+  std::unique_ptr<Prepared> out;
+  ASSERT_FALSE(prepare(input, *s.model, s.tokenizer.get(), Limits{100}, &out));
+  EXPECT_EQ(out->texts, 2);
+  ASSERT_EQ(out->ids.size(), 3u);  // tokenized, or copied as sent: the caller's may go
+  for (size_t i = 0; i < 3; ++i)
+    EXPECT_EQ(out->sequences[i].token_ids.data(), out->ids[i].data()) << "row " << i;
+  EXPECT_EQ(out->ids[1], std::vector<int32_t>{9});
+  EXPECT_EQ(out->ids[2], std::vector<int32_t>{4});
+}
+
+// What a Prepared's sequences view is its own: the caller's ids, embeddings and spans may be
+// overwritten and freed once build_request returns (ASan sees any view left into them), and
+// the job made over it holds it until the job goes.
+TEST(Prepared, OwnsWhatItsSequencesViewAndTheJobHoldsIt) {
+  auto wide = std::make_unique<std::vector<int64_t>>(std::vector<int64_t>{5, 6, 7});
+  auto ids = std::make_unique<std::vector<int32_t>>(std::vector<int32_t>{8, 9});
+  auto spans = std::make_unique<std::vector<TokenSpan>>(std::vector<TokenSpan>{{0, 2}, {1, 3}});
+  EncodeInput input;
+  input.rows = {Row::wide_ids(*wide).with_spans(*spans), Row::ids(*ids)};
+  std::unique_ptr<Prepared> out;
+  const Served& words = served(true);
+  ASSERT_FALSE(prepare(input, *words.model, words.tokenizer.get(), Limits{100}, &out));
+  std::fill(wide->begin(), wide->end(), 1);
+  std::fill(ids->begin(), ids->end(), 1);
+  std::fill(spans->begin(), spans->end(), TokenSpan{0, 1});
+  wide.reset(), ids.reset(), spans.reset(), input = {};
+  auto as_vector = [](std::span<const int32_t> v) {
+    return std::vector<int32_t>(v.begin(), v.end());
+  };
+  ASSERT_EQ(out->sequences.size(), 2u);
+  EXPECT_EQ(as_vector(out->sequences[0].token_ids), (std::vector<int32_t>{5, 6, 7}));
+  EXPECT_EQ(as_vector(out->sequences[1].token_ids), (std::vector<int32_t>{8, 9}));
+  ASSERT_EQ(out->sequences[0].spans.size(), 2u);
+  EXPECT_EQ(out->sequences[0].spans[1].begin, 1);
+  EXPECT_EQ(out->sequences[0].spans[1].end, 3);
+
+  // Input embeddings (hidden_size 4): two tokens, copied.
+  auto floats = std::make_unique<std::vector<float>>(8, 0.5f);
+  EncodeInput embedded;
+  embedded.rows = {Row::embeddings(*floats)};
+  std::unique_ptr<Prepared> rows;
+  ASSERT_FALSE(prepare(embedded, *served(false).model, nullptr, Limits{100}, &rows));
+  floats.reset();
+  ASSERT_EQ(rows->sequences[0].input_embeddings.size(), 8u);
+  EXPECT_EQ(rows->sequences[0].input_embeddings[7], 0.5f);
+
+  // The job views the Prepared's storage and keeps it alive, alone once the caller lets go.
+  std::shared_ptr<const Prepared> held(std::move(out));
+  const std::weak_ptr<const Prepared> watch = held;
+  std::shared_ptr<batching::Job> job = make_job(std::move(held));
+  EXPECT_EQ(job->sequences[1].token_ids.data(), watch.lock()->ids[1].data());
+  EXPECT_FALSE(watch.expired());
+  job.reset();
+  EXPECT_TRUE(watch.expired());
 }
 
 TEST(EncodeInput, InputsPerRequestAreLimited) {
@@ -464,18 +520,17 @@ TEST(EncodeInput, InputsPerRequestAreLimited) {
   input.rows = {Row::ids(a), Row::ids(b), Row::ids(c)};
   Limits limits{100};
   limits.max_request_inputs = 2;
-  batching::Request out;
-  const std::optional<Problem> problem =
-      build_request(input, *s.model, s.tokenizer.get(), limits, &out);
+  std::unique_ptr<Prepared> out;
+  const std::optional<Problem> problem = prepare(input, *s.model, s.tokenizer.get(), limits, &out);
   ASSERT_TRUE(problem.has_value());
   EXPECT_FALSE(problem->row.has_value());
   EXPECT_EQ(format_v1(*problem),
             "sequences: the request has 3 sequences, over max_request_inputs 2");
   limits.max_request_inputs = 3;  // at the limit
-  EXPECT_FALSE(build_request(input, *s.model, s.tokenizer.get(), limits, &out));
-  EXPECT_EQ(out.sequences.size(), 3u);
+  EXPECT_FALSE(prepare(input, *s.model, s.tokenizer.get(), limits, &out));
+  EXPECT_EQ(out->sequences.size(), 3u);
   limits.max_request_inputs = 0;  // no limit
-  EXPECT_FALSE(build_request(input, *s.model, s.tokenizer.get(), limits, &out));
+  EXPECT_FALSE(prepare(input, *s.model, s.tokenizer.get(), limits, &out));
 }
 
 // Prompts (issue 49) on the "words" model: WordLevel, whitespace split, no special tokens, 8
@@ -484,10 +539,10 @@ struct Prompted {
   Prompts prompts = Prompts::parse(
       R"({"prompts": {"query": "a b ", "none": ""}, "default_prompt_name": null, "x": 1})", "test");
   VersionFiles files{&prompts, nullptr, {}};
-  batching::Request out;
+  std::unique_ptr<Prepared> out;
   std::optional<Problem> build(const EncodeInput& input, int64_t tokens = 100) {
     const Served& s = served(true);
-    return build_request(input, *s.model, s.tokenizer.get(), Limits{tokens}, &out, &files);
+    return prepare(input, *s.model, s.tokenizer.get(), Limits{tokens}, &out, &files);
   }
 };
 
@@ -504,11 +559,11 @@ TEST(Prompts, ThePromptIsTokenizedFirstAndACutTakesOnlyTheText) {
   Prompted p;
   const std::string text = "c c c a a a b b b";  // 9 tokens: with the prompt's 2, 11 of 8
   ASSERT_FALSE(p.build(text_input("c a", "query")));
-  EXPECT_EQ(p.out.text_ids[0], (std::vector<int32_t>{2, 3, 4, 2}));
+  EXPECT_EQ(p.out->ids[0], (std::vector<int32_t>{2, 3, 4, 2}));
   ASSERT_FALSE(p.build(text_input(text, "query", Truncate::kRight)));
-  EXPECT_EQ(p.out.text_ids[0], (std::vector<int32_t>{2, 3, 4, 4, 4, 2, 2, 2}));
+  EXPECT_EQ(p.out->ids[0], (std::vector<int32_t>{2, 3, 4, 4, 4, 2, 2, 2}));
   ASSERT_FALSE(p.build(text_input(text, "query", Truncate::kLeft)));
-  EXPECT_EQ(p.out.text_ids[0], (std::vector<int32_t>{2, 3, 2, 2, 2, 3, 3, 3}));
+  EXPECT_EQ(p.out->ids[0], (std::vector<int32_t>{2, 3, 2, 2, 2, 3, 3, 3}));
   const auto refused = p.build(text_input(text, "query"));
   ASSERT_TRUE(refused);
   EXPECT_EQ(format_v1(*refused),
@@ -521,8 +576,8 @@ TEST(Prompts, ThePromptIsTokenizedFirstAndACutTakesOnlyTheText) {
   EXPECT_EQ(format_v1(*budget), "sequences: the request has 4 tokens, over max_request_tokens 3");
   // An empty prompt is no prompt.
   ASSERT_FALSE(p.build(text_input("c a", "none")));
-  EXPECT_EQ(p.out.text_ids[0], (std::vector<int32_t>{4, 2}));
-  EXPECT_TRUE(p.out.prompt_tokens.empty());
+  EXPECT_EQ(p.out->ids[0], (std::vector<int32_t>{4, 2}));
+  EXPECT_TRUE(p.out->prompt_tokens.empty());
 }
 
 TEST(Prompts, AnUnknownNameIsRefusedWithTheModelsPromptsAndAHintNever) {
@@ -532,8 +587,8 @@ TEST(Prompts, AnUnknownNameIsRefusedWithTheModelsPromptsAndAHintNever) {
   EXPECT_EQ(format_v1(*refused),
             "prompt_name: 'passage' is not a prompt of this model; its prompts: 'none', 'query'");
   const Served& s = served(true);
-  refused = build_request(text_input("c", "query"), *s.model, s.tokenizer.get(), Limits{100},
-                          &p.out);  // no files: the model has no prompts
+  refused = prepare(text_input("c", "query"), *s.model, s.tokenizer.get(), Limits{100},
+                    &p.out);  // no files: the model has no prompts
   ASSERT_TRUE(refused);
   EXPECT_EQ(describe(*refused),
             "prompt_name: 'query' is not a prompt of this model: it has none "
@@ -541,10 +596,10 @@ TEST(Prompts, AnUnknownNameIsRefusedWithTheModelsPromptsAndAHintNever) {
   EncodeInput hinted = text_input("c", std::nullopt);
   hinted.prompt_hint = "clustering";  // Cohere's input_type the model does not name: no prompt
   ASSERT_FALSE(p.build(hinted));
-  EXPECT_EQ(p.out.text_ids[0], (std::vector<int32_t>{4}));
+  EXPECT_EQ(p.out->ids[0], (std::vector<int32_t>{4}));
   hinted.prompt_hint = "query";
   ASSERT_FALSE(p.build(hinted));
-  EXPECT_EQ(p.out.text_ids[0], (std::vector<int32_t>{2, 3, 4}));
+  EXPECT_EQ(p.out->ids[0], (std::vector<int32_t>{2, 3, 4}));
 }
 
 TEST(Prompts, TheDefaultAppliesToTextAndANamedPromptRefusesTokenIds) {
@@ -554,9 +609,9 @@ TEST(Prompts, TheDefaultAppliesToTextAndANamedPromptRefusesTokenIds) {
   EncodeInput input = text_input("c", std::nullopt);
   input.rows.push_back(Row::ids(ids));
   ASSERT_FALSE(p.build(input));  // the default: text rows only
-  EXPECT_EQ(p.out.text_ids[0], (std::vector<int32_t>{2, 3, 4}));
-  EXPECT_EQ(std::vector<int32_t>(p.out.sequences[1].token_ids.begin(),
-                                 p.out.sequences[1].token_ids.end()),
+  EXPECT_EQ(p.out->ids[0], (std::vector<int32_t>{2, 3, 4}));
+  EXPECT_EQ(std::vector<int32_t>(p.out->sequences[1].token_ids.begin(),
+                                 p.out->sequences[1].token_ids.end()),
             ids);
   input.prompt_name = "query";
   const auto refused = p.build(input);
@@ -573,8 +628,8 @@ TEST(Prompts, SpansAndCharactersStayTheCallersText) {
   EncodeInput input = text_input("c a b", "query");
   input.rows[0] = input.rows[0].with_spans(tokens).with_char_chunks(chars, false);
   ASSERT_FALSE(p.build(input));
-  ASSERT_EQ(p.out.text_ids[0], (std::vector<int32_t>{2, 3, 4, 2, 3}));
-  const std::span<const TokenSpan> run = p.out.sequences[0].spans;
+  ASSERT_EQ(p.out->ids[0], (std::vector<int32_t>{2, 3, 4, 2, 3}));
+  const std::span<const TokenSpan> run = p.out->sequences[0].spans;
   ASSERT_EQ(run.size(), 3u);
   EXPECT_EQ(run[0].begin, 2);  // past the prompt's two tokens
   EXPECT_EQ(run[0].end, 3);
@@ -583,11 +638,11 @@ TEST(Prompts, SpansAndCharactersStayTheCallersText) {
   EXPECT_EQ(run[2].begin, 3);  // the character span's token
   EXPECT_EQ(run[2].end, 4);
   for (size_t k = 0; k < 2; ++k) {
-    const TokenSpan back = caller_tokens(p.out, 0, run[k]);
+    const TokenSpan back = caller_tokens(*p.out, 0, run[k]);
     EXPECT_EQ(back.begin, tokens[k].begin);
     EXPECT_EQ(back.end, tokens[k].end);
   }
-  const auto range = chunk_characters(p.out, 0, run[2]);
+  const auto range = chunk_characters(*p.out, 0, run[2]);
   ASSERT_TRUE(range);
   EXPECT_EQ(range->first, 2u);
   EXPECT_EQ(range->second, 3u);
@@ -595,7 +650,7 @@ TEST(Prompts, SpansAndCharactersStayTheCallersText) {
   EncodeInput windows = text_input("c a b", "query");
   windows.rows[0] = windows.rows[0].with_windows(2, 0);
   ASSERT_FALSE(p.build(windows));
-  const std::span<const TokenSpan> w = p.out.sequences[0].spans;
+  const std::span<const TokenSpan> w = p.out->sequences[0].spans;
   ASSERT_EQ(w.size(), 2u);
   EXPECT_EQ(w[0].begin, 2);
   EXPECT_EQ(w[0].end, 4);
@@ -611,8 +666,8 @@ TEST(Prompts, LateChunkingPutsThePromptBeforeTheDocumentInNoChunk) {
   input.late_chunking = true;
   input.prompt_name = "query";
   ASSERT_FALSE(p.build(input));
-  EXPECT_EQ(p.out.text_ids[0], (std::vector<int32_t>{2, 3, 4, 2, 3}));
-  const std::span<const TokenSpan> spans = p.out.sequences[0].spans;
+  EXPECT_EQ(p.out->ids[0], (std::vector<int32_t>{2, 3, 4, 2, 3}));
+  const std::span<const TokenSpan> spans = p.out->sequences[0].spans;
   ASSERT_EQ(spans.size(), 2u);
   EXPECT_EQ(spans[0].begin, 2);
   EXPECT_EQ(spans[0].end, 3);
@@ -737,19 +792,19 @@ TEST(MacroChunks, PassesStartEveryPMinusOverlapAndEachSpanGoesWhereItHasMostCont
   EncodeInput input;
   input.rows = {Row::ids(short_row), Row::ids(ids).with_spans(spans)};
   // Without macro-chunks: refused, naming the limit.
-  batching::Request refused;
-  auto problem = build_request(input, *s.model, s.tokenizer.get(), Limits{1000}, &refused);
+  std::unique_ptr<Prepared> refused;
+  auto problem = prepare(input, *s.model, s.tokenizer.get(), Limits{1000}, &refused);
   ASSERT_TRUE(problem);
   EXPECT_EQ(format_v1(*problem),
             "sequence 1: token_ids: 20 tokens exceed max_position_embeddings 8");
   input.macro_overlap_tokens = 2;
-  batching::Request out;
-  ASSERT_FALSE(build_request(input, *s.model, s.tokenizer.get(), Limits{1000}, &out));
-  ASSERT_EQ(out.passes.size(), 2u);
-  ASSERT_EQ(out.rows.size(), 2u);
-  EXPECT_EQ(out.passes[0].first, 0);
-  EXPECT_EQ(out.passes[0].count, 1);
-  const batching::Request::RowPasses& plan = out.passes[1];
+  std::unique_ptr<Prepared> out;
+  ASSERT_FALSE(prepare(input, *s.model, s.tokenizer.get(), Limits{1000}, &out));
+  ASSERT_EQ(out->passes.size(), 2u);
+  ASSERT_EQ(out->rows.size(), 2u);
+  EXPECT_EQ(out->passes[0].first, 0);
+  EXPECT_EQ(out->passes[0].count, 1);
+  const RowPasses& plan = out->passes[1];
   EXPECT_EQ(plan.first, 1);
   EXPECT_EQ(plan.count, 3);
   EXPECT_EQ(plan.starts, (std::vector<int32_t>{0, 6, 12}));
@@ -758,18 +813,18 @@ TEST(MacroChunks, PassesStartEveryPMinusOverlapAndEachSpanGoesWhereItHasMostCont
   // [13,20): pass 2 only; [0,1): pass 0.
   EXPECT_EQ(plan.span_pass, (std::vector<int32_t>{0, 1, 1, 0, 2, 0}));
   EXPECT_EQ(plan.span_index, (std::vector<int32_t>{0, 0, 1, 1, 0, 2}));
-  ASSERT_EQ(out.sequences.size(), 4u);
-  EXPECT_EQ(out.sequences[2].token_ids.front(), 16);  // pass 1 starts at token 6
-  EXPECT_EQ(out.sequences[3].token_ids.size(), 8u);
-  EXPECT_EQ(out.sequences[3].token_ids.back(), 29);
-  ASSERT_EQ(out.sequences[2].spans.size(), 2u);
-  EXPECT_EQ(out.sequences[2].spans[0].begin, 1);  // [7,9) in pass 1's positions
-  EXPECT_EQ(out.sequences[2].spans[1].end, 7);    // [10,13) -> [4,7)
-  EXPECT_EQ(out.row_inputs()[1].token_ids.size(), 20u);
+  ASSERT_EQ(out->sequences.size(), 4u);
+  EXPECT_EQ(out->sequences[2].token_ids.front(), 16);  // pass 1 starts at token 6
+  EXPECT_EQ(out->sequences[3].token_ids.size(), 8u);
+  EXPECT_EQ(out->sequences[3].token_ids.back(), 29);
+  ASSERT_EQ(out->sequences[2].spans.size(), 2u);
+  EXPECT_EQ(out->sequences[2].spans[0].begin, 1);  // [7,9) in pass 1's positions
+  EXPECT_EQ(out->sequences[2].spans[1].end, 7);    // [10,13) -> [4,7)
+  EXPECT_EQ(out->rows[1].token_ids.size(), 20u);
   // A span of more than overlap + 1 tokens that crosses a pass boundary fits no pass.
   const std::vector<TokenSpan> wide{{5, 10}};
   input.rows[1] = Row::ids(ids).with_spans(wide);
-  problem = build_request(input, *s.model, s.tokenizer.get(), Limits{1000}, &out);
+  problem = prepare(input, *s.model, s.tokenizer.get(), Limits{1000}, &out);
   ASSERT_TRUE(problem);
   EXPECT_EQ(format_v1(*problem),
             "sequence 1: spans: span 0 [5, 10) lies in no single macro-chunk: passes of "
@@ -778,40 +833,41 @@ TEST(MacroChunks, PassesStartEveryPMinusOverlapAndEachSpanGoesWhereItHasMostCont
             "chunk");
   // The token budget counts what the passes compute (3 passes of 8) beside the 2-token row.
   input.rows[1] = Row::ids(ids);
-  problem = build_request(input, *s.model, s.tokenizer.get(), Limits{25}, &out);
+  problem = prepare(input, *s.model, s.tokenizer.get(), Limits{25}, &out);
   ASSERT_TRUE(problem);
   EXPECT_EQ(format_v1(*problem),
             "sequences: the request has 26 tokens, over max_request_tokens 25");
-  EXPECT_FALSE(build_request(input, *s.model, s.tokenizer.get(), Limits{26}, &out));
+  EXPECT_FALSE(prepare(input, *s.model, s.tokenizer.get(), Limits{26}, &out));
   // The overlap must leave a pass room to move; truncation and logits are refused with them.
   input.macro_overlap_tokens = 8;
-  problem = build_request(input, *s.model, s.tokenizer.get(), Limits{1000}, &out);
+  problem = prepare(input, *s.model, s.tokenizer.get(), Limits{1000}, &out);
   ASSERT_TRUE(problem);
   EXPECT_EQ(format_v1(*problem),
             "macro_overlap_tokens: 8 must be in [0, max_position_embeddings 8)");
   input.macro_overlap_tokens = 0;
   input.truncate = Truncate::kRight;
-  problem = build_request(input, *s.model, s.tokenizer.get(), Limits{1000}, &out);
+  problem = prepare(input, *s.model, s.tokenizer.get(), Limits{1000}, &out);
   ASSERT_TRUE(problem);
   EXPECT_EQ(describe(*problem),
             "macro_overlap_tokens: macro-chunks keep the whole row, truncation cuts it: ask for "
             "one of them");
   input.truncate = Truncate::kNone;
   input.options.logits = true;
-  problem = build_request(input, *s.model, s.tokenizer.get(), Limits{1000}, &out);
+  problem = prepare(input, *s.model, s.tokenizer.get(), Limits{1000}, &out);
   ASSERT_TRUE(problem);
   EXPECT_EQ(format_v1(*problem),
             "sequence 1: macro_overlap_tokens: logits are not served for a row over "
             "max_position_embeddings 8 run as macro-chunks (a classification is one pass)");
   // Overlap 0: passes 0, 8 and 12 (the last one ends at 20).
   input.options.logits = false;
-  ASSERT_FALSE(build_request(input, *s.model, s.tokenizer.get(), Limits{1000}, &out));
-  EXPECT_EQ(out.passes[1].starts, (std::vector<int32_t>{0, 8, 12}));
+  ASSERT_FALSE(prepare(input, *s.model, s.tokenizer.get(), Limits{1000}, &out));
+  EXPECT_EQ(out->passes[1].starts, (std::vector<int32_t>{0, 8, 12}));
   // Rows that all fit one pass leave the request as it was.
   input.rows = {Row::ids(short_row)};
-  ASSERT_FALSE(build_request(input, *s.model, s.tokenizer.get(), Limits{1000}, &out));
-  EXPECT_TRUE(out.passes.empty());
-  EXPECT_TRUE(out.rows.empty());
+  ASSERT_FALSE(prepare(input, *s.model, s.tokenizer.get(), Limits{1000}, &out));
+  EXPECT_TRUE(out->passes.empty());
+  ASSERT_EQ(out->rows.size(), 1u);  // the rows as sent, here the sequences
+  EXPECT_EQ(out->rows[0].token_ids.data(), out->sequences[0].token_ids.data());
 }
 
 // A late-chunked (Jina form) document over the positions runs as passes too.
@@ -821,36 +877,37 @@ TEST(MacroChunks, LateChunkedDocumentsOverThePositions) {
   EncodeInput input;
   input.rows = {Row::from_text(a), Row::from_text(b)};
   input.late_chunking = true;
-  batching::Request out;
-  auto problem = build_request(input, *s.model, s.tokenizer.get(), Limits{1000}, &out);
+  std::unique_ptr<Prepared> out;
+  auto problem = prepare(input, *s.model, s.tokenizer.get(), Limits{1000}, &out);
   ASSERT_TRUE(problem);
   EXPECT_NE(describe(*problem).find("over max_position_embeddings 8"), std::string::npos);
   input.macro_overlap_tokens = 4;  // passes at 0 and 2 (the last ends at token 10)
-  ASSERT_FALSE(build_request(input, *s.model, s.tokenizer.get(), Limits{1000}, &out));
-  ASSERT_EQ(out.passes.size(), 1u);
-  EXPECT_EQ(out.passes[0].starts, (std::vector<int32_t>{0, 2}));
+  ASSERT_FALSE(prepare(input, *s.model, s.tokenizer.get(), Limits{1000}, &out));
+  ASSERT_EQ(out->passes.size(), 1u);
+  EXPECT_EQ(out->passes[0].starts, (std::vector<int32_t>{0, 2}));
   // Chunk 0 [0,5): pass 0 (context 0 and 3); chunk 1 [5,10): pass 1 ([2,10): 3 and 0).
-  EXPECT_EQ(out.passes[0].span_pass, (std::vector<int32_t>{0, 1}));
-  EXPECT_EQ(out.row_inputs().size(), 1u);
+  EXPECT_EQ(out->passes[0].span_pass, (std::vector<int32_t>{0, 1}));
+  EXPECT_EQ(out->rows.size(), 1u);
 }
 
 // merge_passes by hand: the row's embedding is the mean of its passes' (re-normalised when
 // normalize), each chunk comes from its pass, each token from the pass with most context.
 TEST(MacroChunks, MergeMakesOneResultPerRow) {
-  batching::Request r;
+  batching::Job r;
+  Prepared prepared;
   const std::vector<int32_t> ids(12, 5);
   const std::vector<TokenSpan> row_spans{{0, 2}, {9, 12}};
   SequenceInput row;
   row.token_ids = ids;
   row.spans = row_spans;
-  r.rows = {row};
-  batching::Request::RowPasses plan;
+  prepared.rows = {row};
+  RowPasses plan;
   plan.first = 0;
   plan.count = 2;
   plan.starts = {0, 4};  // passes of 8 tokens: [0,8) and [4,12)
   plan.span_pass = {0, 1};
   plan.span_index = {0, 0};
-  r.passes = {plan};
+  prepared.passes = {plan};
   r.sequences.resize(2);
   r.results.resize(2);
   for (int w = 0; w < 2; ++w) {
@@ -862,9 +919,8 @@ TEST(MacroChunks, MergeMakesOneResultPerRow) {
       e.token_embeddings.insert(e.token_embeddings.end(), {float(w), float(t)});
   }
   r.options.normalize = true;
-  merge_passes(&r);
+  merge_passes(prepared, &r);
   ASSERT_EQ(r.results.size(), 1u);
-  EXPECT_TRUE(r.passes.empty());
   ASSERT_EQ(r.sequences.size(), 1u);
   EXPECT_EQ(r.sequences[0].token_ids.size(), 12u);
   const float h = float(1 / std::sqrt(2.0));

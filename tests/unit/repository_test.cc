@@ -341,19 +341,27 @@ std::optional<Status> load(Repository& r, const std::string& name) {
   return done.get_future().get();
 }
 
+// What a job here holds, as the intake's Admitted does: the version it was admitted to.
+struct HeldVersion final : batching::KeepAlive {
+  std::shared_ptr<const ServedModel> served;
+};
+
 // One request of one sequence on `served`'s queue, as the intake admits it.
-std::shared_ptr<batching::Request> submit(const std::shared_ptr<const ServedModel>& served,
-                                          std::vector<int32_t>& ids, std::atomic<int>& ok,
-                                          std::atomic<int>& failed) {
-  auto request = std::make_shared<batching::Request>();
+std::shared_ptr<batching::Job> submit(const std::shared_ptr<const ServedModel>& served,
+                                      std::vector<int32_t>& ids, std::atomic<int>& ok,
+                                      std::atomic<int>& failed) {
+  auto request = std::make_shared<batching::Job>();
   request->sequences.push_back({ids, {}});
-  request->owner = served;
+  auto held = std::make_shared<HeldVersion>();
+  held->served = served;
+  request->keep = held;
   const std::string version = served->version;
-  request->on_complete = [&ok, &failed, version](batching::Request& r) {
+  request->on_complete = [&ok, &failed, version](batching::Job& r) {
+    const auto* held = dynamic_cast<const HeldVersion*>(r.keep.get());
     const bool right = r.outcome == batching::Outcome::kOk && r.results.size() == 1 &&
-                       static_cast<const ServedModel*>(r.owner.get())->version == version;
+                       held != nullptr && held->served->version == version;
     (right ? ok : failed).fetch_add(1);
-    r.owner.reset();
+    r.keep.reset();
   };
   EXPECT_EQ(served->queue->push(request), batching::Admission::kAdmitted);
   return request;
@@ -558,7 +566,7 @@ TEST(RepositoryTest, UnloadWaitsForTheRequestsInFlight) {
   std::string why;
   ASSERT_TRUE(repository.start(&why)) << why;
   Status e;
-  std::vector<std::shared_ptr<batching::Request>> requests;
+  std::vector<std::shared_ptr<batching::Job>> requests;
   {
     auto served = repository.find("m", "", &e);
     for (int i = 0; i < 50; ++i) requests.push_back(submit(served, ids, ok, failed));
