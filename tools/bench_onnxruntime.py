@@ -53,7 +53,9 @@ threads, inter_op_threads, opset, cpu, kernels, parity, and per mode under
 modes.padded / modes.sorted the fields of bench_pytorch.py (tokens_per_second,
 sequences_per_second, batches, tokens, sequences, seconds, batch_latency_p50_ms,
 batch_latency_p99_ms, peak_rss_bytes, padded_tokens, backend, threads, dtype, lengths,
-batch_tokens, seed, pool_batches, warmup_batches).
+batch_tokens, seed, pool_batches, warmup_batches). The object opens with the bench runner's
+header (tools/fastformer_testing/bench.py, standard library only): tool, date, command, commit,
+machine.
 
 tools/bench_openvino.py imports the export (export(); --_export-threads is its torch thread
 count), prepare_workload(), parity_sequences(), pad_batch(), check_parity() and time_modes()
@@ -78,6 +80,7 @@ TOOLS = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, TOOLS)
 from machine_info import cpu_info  # noqa: E402
 from workload import add_bench_arguments, make_pool, parse_lengths, run_timed, summarize  # noqa: E402
+from fastformer_testing.bench import header  # noqa: E402
 
 TOLERANCE = 1e-4
 MODES = ("padded", "sorted")
@@ -500,8 +503,8 @@ def main(argv=None) -> int:
     except ParityError as e:
         print(f"bench_onnxruntime: PARITY FAILED: {e}", file=sys.stderr)
         return 3
-    if a.json:
-        print(json.dumps(r))
+    if a.json:  # the runner's header (tool, date, command, commit, machine), then the result
+        print(json.dumps({**header("bench_onnxruntime"), **r}))
     else:
         p = r["parity"]
         print(f"onnxruntime {r['onnxruntime_version']} {'/'.join(r['providers'])} threads={a.threads} "

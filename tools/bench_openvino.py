@@ -41,7 +41,8 @@ inference_precision (read back), the compiled model's properties, exec_graph (th
 compiled graph's layers counted per layer type and runtime precision: shows where bf16
 runs; gemm_primitives: the FullyConnected/MatMul kernels, e.g. brgemm_avx512_amx_bf16),
 cpu, parity and modes.padded / modes.sorted with bench_onnxruntime.py's fields
-(backend "openvino", dtype "float32" or "bfloat16").
+(backend "openvino", dtype "float32" or "bfloat16"); it opens with the bench runner's header
+(tools/fastformer_testing/bench.py, standard library only): tool, date, command, commit, machine.
 """
 
 from __future__ import annotations
@@ -61,6 +62,7 @@ sys.path.insert(0, TOOLS)
 import bench_onnxruntime as bo  # noqa: E402  (importable without onnxruntime)
 from machine_info import cpu_info  # noqa: E402
 from workload import add_bench_arguments  # noqa: E402
+from fastformer_testing.bench import header  # noqa: E402
 
 PRECISIONS = {"f32": "float32", "bf16": "bfloat16"}
 BF16_MIN_COSINE = 0.99
@@ -277,8 +279,8 @@ def main(argv=None) -> int:
     except bo.ParityError as e:
         print(f"bench_openvino: PARITY FAILED: {e}", file=sys.stderr)
         return 3
-    if a.json:
-        print(json.dumps(r))
+    if a.json:  # the runner's header (tool, date, command, commit, machine), then the result
+        print(json.dumps({**header("bench_openvino"), **r}))
     else:
         p = r["parity"]
         gate = (f"embedding cosine >= {min(p['embedding_cosine_vs_torch_float32']):.4f}" if a.precision == "bf16"

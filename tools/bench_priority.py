@@ -21,7 +21,15 @@ interactive clients saturating it, and one bulk request a second among them: the
 server queue time against the bound plus two batches.
 
     /usr/bin/python3 tools/bench_priority.py --model-dir DIR [--build-dir build] [--seconds 20]
-        [--threads 2] [--dtype float32] [--mixed-batch-tokens N] [--server-cpus 0] [--json]
+        [--rounds 1] [--threads 2] [--dtype float32] [--mixed-batch-tokens N] [--server-cpus 0] [--json]
+
+The rounds and the medians are the bench runner's (fastformer_testing/bench.py): the saturation,
+the four phases (each round runs every phase once, in the order above, so a drift of the machine
+hits them alike) and the promotion probe each run --rounds times; the table, the acceptance and
+the JSON give every figure's median (a figure missing from a round, e.g. no queries: none). --json
+prints the runner's record: tool, date, command, commit, machine (machine["description"] is the
+line of before), rounds, scenarios (each phase's runs and medians), order; and, as before, args,
+saturation_queries_per_s, query_rate, phases (the medians), acceptance and promotion.
 
 DIR: e.g. /usr/bin/python3 tools/make_demo_model.py --preset official --seed 1 --out DIR. Run it
 on a quiet machine.
@@ -42,7 +50,7 @@ REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO / "tools"))
 sys.path.insert(0, str(REPO / "client" / "python"))
 from fastformer_testing import ServerProcess, free_port  # noqa: E402
-from machine_info import describe  # noqa: E402
+from fastformer_testing.bench import Runner, Scenario, medians  # noqa: E402
 
 
 class Server(ServerProcess):
@@ -113,6 +121,19 @@ def query_flags(args, priority, *, rate=None, clients=None):
     return [*load, "--lengths", f"fixed:{args.query_tokens}", "--priority", priority, "--seed", 200]
 
 
+def median_of(runs: list) -> dict:
+    """Each figure of the runs (one a round) as its median, the keys of the first run kept: a
+    figure that is not a number in every round (None: no bulk, no queries) is None."""
+    med = medians(runs)
+    return {k: med.get(k) for k in runs[0]}
+
+
+def measure(name, run_once, args, tool="bench_priority", on_run=None):
+    """`run_once` --rounds times (the runner: no warm-up call, each load generator has its own):
+    the Result."""
+    return Runner(rounds=args.rounds, tool=tool, on_run=on_run).run([Scenario(name, run_once)])
+
+
 def phase(srv, args, *, bulk, query_rate=0, bulk_priority="bulk", saturate_clients=0, seconds=None):
     seconds = seconds or args.seconds
     procs = {}
@@ -149,6 +170,8 @@ def main() -> int:
     ap.add_argument("--build-dir", default=str(REPO / "build"))
     ap.add_argument("--seconds", type=float, default=20)
     ap.add_argument("--warmup", type=float, default=3)
+    ap.add_argument("--rounds", type=int, default=1,
+                    help="rounds of each measurement (the phases alternate within a round); figures are medians")
     ap.add_argument("--threads", type=int, default=2)
     ap.add_argument("--dtype", default="float32")
     ap.add_argument("--batch-tokens", type=int, default=8192)
@@ -168,13 +191,21 @@ def main() -> int:
     ap.add_argument("--json", action="store_true")
     args = ap.parse_args()
 
-    result = {"machine": describe(), "date": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()),
-              "args": vars(args)}
+    if args.rounds < 1:
+        ap.error("--rounds must be at least 1")
+
+    def progress(rnd, scenario, r):
+        p50 = f"{r['query_p50_ms']:7.1f}" if r["queries"] else "      -"
+        p99 = f"{r['query_p99_ms']:7.1f}" if r["queries"] else "      -"
+        print(f"{scenario.name:>24}: bulk {r['bulk_tokens_per_s'] or 0:>10,.0f} tokens/s, batch "
+              f"{r['batch_compute_ms'] or 0:6.1f} ms of {r['batch_tokens'] or 0:,.0f} tokens; queries "
+              f"{r['queries']:>5} p50 {p50} ms p99 {p99} ms (round {rnd + 1}/{args.rounds})", file=sys.stderr)
+
     with Server(args, "--bulk-promote-after-ms", "60000") as srv:
-        sat = phase(srv, args, bulk=False, saturate_clients=args.saturate_clients, seconds=max(5, args.seconds / 2))
+        sat_runs = measure("saturation", lambda: phase(srv, args, bulk=False, saturate_clients=args.saturate_clients,
+                                                       seconds=max(5, args.seconds / 2)), args)
+        sat = median_of(sat_runs.runs["saturation"])
         rate = args.query_share * sat["query_rate"]
-        result["saturation_queries_per_s"] = sat["query_rate"]
-        result["query_rate"] = rate
         print(f"interactive saturation {sat['query_rate']:.0f} queries/s; the interactive client sends "
               f"{rate:.1f}/s", file=sys.stderr)
         runs = {
@@ -183,20 +214,13 @@ def main() -> int:
             "mix, priority classes": dict(bulk=True, query_rate=rate),
             "mix, one class (FIFO)": dict(bulk=True, query_rate=rate, bulk_priority="interactive"),
         }
-        result["phases"] = {}
-        for name, kw in runs.items():
-            r = phase(srv, args, **kw)
-            result["phases"][name] = r
-            p50 = f"{r['query_p50_ms']:7.1f}" if r["queries"] else "      -"
-            p99 = f"{r['query_p99_ms']:7.1f}" if r["queries"] else "      -"
-            print(f"{name:>24}: bulk {r['bulk_tokens_per_s'] or 0:>10,.0f} tokens/s, batch "
-                  f"{r['batch_compute_ms'] or 0:6.1f} ms of {r['batch_tokens'] or 0:,.0f} tokens; queries "
-                  f"{r['queries']:>5} p50 {p50} ms p99 {p99} ms", file=sys.stderr)
-    ph = result["phases"]
+        measured = Runner(rounds=args.rounds, tool="bench_priority", on_run=progress).run(
+            [Scenario(name, lambda kw=kw: phase(srv, args, **kw), params=kw) for name, kw in runs.items()])
+    ph = {name: median_of(measured.runs[name]) for name in runs}
     full_ms = ph["bulk alone"]["batch_compute_ms"]
     bound = 2 * ph["interactive alone"]["query_p99_ms"] + 2 * full_ms
     mix = ph["mix, priority classes"]
-    result["acceptance"] = {
+    acceptance = {
         "interactive_p99_bound_ms": bound,
         "interactive_p99_ms": mix["query_p99_ms"],
         "bulk_share": mix["bulk_tokens_per_s"] / ph["bulk alone"]["bulk_tokens_per_s"],
@@ -204,28 +228,41 @@ def main() -> int:
 
     # The promotion bound: interactive clients saturate the server; bulk requests among them.
     with Server(args, "--bulk-promote-after-ms", str(args.promote_ms)) as srv:
-        seconds = float(args.promote_probes)
-        flood = srv.loadgen(*bulk_flags(args, "interactive"), warmup=args.warmup, seconds=seconds + 1)
-        time.sleep(args.warmup)
-        before = srv.batch_totals()
-        probes = srv.loadgen("--rate", "1", "--arrivals", "constant", "--lengths", f"fixed:{args.query_tokens}",
-                             "--priority", "bulk", "--seed", 7, warmup=0, seconds=seconds)
-        probe = finish(probes)
-        after = srv.batch_totals()
-        finish(flood)
-        batch_ms = (after[0] - before[0]) / max(1.0, after[1] - before[1]) * 1000
-        result["promotion"] = {"bound_ms": args.promote_ms, "probes": probe["succeeded"],
-                               "bulk_latency_ms": probe["latency_ms"], "bulk_queue_ms": probe["server_queue_ms"],
-                               "batch_compute_ms": batch_ms}
-        print(f"promotion: bound {args.promote_ms} ms, {probe['succeeded']} bulk requests under an interactive "
-              f"flood answered in {probe['latency_ms']['min']:.0f}-{probe['latency_ms']['max']:.0f} ms, queued in "
-              f"the server {probe['server_queue_ms']['min']:.0f}-{probe['server_queue_ms']['max']:.0f} ms (bound + "
-              f"2 batches of {batch_ms:.1f} ms: {args.promote_ms + 2 * batch_ms:.0f} ms)", file=sys.stderr)
+        def promotion():
+            seconds = float(args.promote_probes)
+            flood = srv.loadgen(*bulk_flags(args, "interactive"), warmup=args.warmup, seconds=seconds + 1)
+            time.sleep(args.warmup)
+            before = srv.batch_totals()
+            probes = srv.loadgen("--rate", "1", "--arrivals", "constant", "--lengths", f"fixed:{args.query_tokens}",
+                                 "--priority", "bulk", "--seed", 7, warmup=0, seconds=seconds)
+            probe = finish(probes)
+            after = srv.batch_totals()
+            finish(flood)
+            batch_ms = (after[0] - before[0]) / max(1.0, after[1] - before[1]) * 1000
+            return {"bound_ms": args.promote_ms, "probes": probe["succeeded"],
+                    "bulk_latency_ms": probe["latency_ms"], "bulk_queue_ms": probe["server_queue_ms"],
+                    "batch_compute_ms": batch_ms}
+
+        promo_runs = measure("promotion", promotion, args)
+    pr = {**median_of(promo_runs.runs["promotion"]), "bound_ms": args.promote_ms}  # a setting, not a median
+    print(f"promotion: bound {args.promote_ms} ms, {pr['probes']:g} bulk requests under an interactive "
+          f"flood answered in {pr['bulk_latency_ms']['min']:.0f}-{pr['bulk_latency_ms']['max']:.0f} ms, queued in "
+          f"the server {pr['bulk_queue_ms']['min']:.0f}-{pr['bulk_queue_ms']['max']:.0f} ms (bound + "
+          f"2 batches of {pr['batch_compute_ms']:.1f} ms: {args.promote_ms + 2 * pr['batch_compute_ms']:.0f} ms)",
+          file=sys.stderr)
+    # The runner's record (tool, date, command, commit, machine; rounds, each phase's runs and
+    # medians) with this tool's figures as before: the medians.
+    result = measured.record(
+        args=vars(args), saturation_queries_per_s=sat["query_rate"], query_rate=rate, phases=ph,
+        acceptance=acceptance, promotion=pr,
+        saturation={"runs": sat_runs.runs["saturation"], "median": sat_runs.median("saturation")},
+        promotion_runs=promo_runs.runs["promotion"])
     if args.json:
         print(json.dumps(result))
         return 0
     mixed = args.mixed_batch_tokens if args.mixed_batch_tokens is not None else "the default (half)"
-    print(f"{result['machine']}, {result['date']}; {args.dtype}, {args.threads} threads, batches of "
+    rounds = f", medians of {args.rounds} rounds" if args.rounds > 1 else ""
+    print(f"{result['machine']['description']}, {result['date']}{rounds}; {args.dtype}, {args.threads} threads, batches of "
           f"{args.batch_tokens} tokens, --mixed-batch-tokens {mixed}; bulk: {args.bulk_clients} clients x "
           f"{args.bulk_texts} x {args.bulk_tokens} tokens; queries of {args.query_tokens} tokens at {rate:.1f}/s "
           f"({args.query_share:.0%} of {result['saturation_queries_per_s']:.0f}/s)\n")
@@ -237,11 +274,10 @@ def main() -> int:
         p50 = f"{r['query_p50_ms']:.1f}" if r["queries"] else ""
         p99 = f"{r['query_p99_ms']:.1f}" if r["queries"] else ""
         print(f"| {name} | {p50} | {p99} | {bulk} | {batch} |")
-    acc = result["acceptance"]
+    acc = acceptance
     print(f"\nInteractive p99 {acc['interactive_p99_ms']:.1f} ms against 2 x {ph['interactive alone']['query_p99_ms']:.1f}"
           f" + 2 x {full_ms:.1f} = {acc['interactive_p99_bound_ms']:.1f} ms; bulk {acc['bulk_share']:.1%} of bulk alone")
-    pr = result["promotion"]
-    print(f"Promotion: bound {pr['bound_ms']} ms; {pr['probes']} bulk requests under an interactive flood answered "
+    print(f"Promotion: bound {pr['bound_ms']} ms; {pr['probes']:g} bulk requests under an interactive flood answered "
           f"in {pr['bulk_latency_ms']['min']:.0f}-{pr['bulk_latency_ms']['max']:.0f} ms, of which queued in the "
           f"server {pr['bulk_queue_ms']['min']:.0f}-{pr['bulk_queue_ms']['max']:.0f} ms (batches of "
           f"{pr['batch_compute_ms']:.1f} ms: bound + 2 batches {pr['bound_ms'] + 2 * pr['batch_compute_ms']:.0f} ms)")

@@ -24,6 +24,9 @@ usual warm-up, so compilation stays out of the timing (compile_seconds is that
 pass). If torch.compile is missing or fails, the JSON says so (compile_error, and
 tokens_per_second null) and the exit status is still 0: a failed compile is a
 result, not a crash. Every run adds device and compile to the fields.
+
+--json opens with the bench runner's header (tools/fastformer_testing/bench.py, standard library
+only): tool, date, command, commit, machine; the fields above follow it, unchanged.
 """
 
 from __future__ import annotations
@@ -40,6 +43,7 @@ import torch
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from reference import load_model_dir  # noqa: E402
 from workload import add_bench_arguments, make_pool, parse_lengths, run_timed, summarize  # noqa: E402
+from fastformer_testing.bench import header  # noqa: E402
 
 DTYPES = {"float32": torch.float32, "float16": torch.float16, "bfloat16": torch.bfloat16}
 DEVICES = ("cpu", "cuda")
@@ -156,10 +160,11 @@ def main(argv=None) -> int:
              "lengths": a.lengths, "batch_tokens": a.batch_tokens, "seed": a.seed,
              "pool_batches": a.pool_batches, "warmup_batches": a.warmup_batches,
              "torch_version": torch.__version__}
-        print(json.dumps(r) if a.json else f"pytorch --compile: failed: {r['compile_error']}")
+        print(json.dumps({**header("bench_pytorch"), **r}) if a.json
+              else f"pytorch --compile: failed: {r['compile_error']}")
         return 0
-    if a.json:
-        print(json.dumps(r))
+    if a.json:  # the runner's header (tool, date, command, commit, machine), then the result
+        print(json.dumps({**header("bench_pytorch"), **r}))
     else:
         print(f"pytorch {a.dtype} {a.device}{' compiled' if a.compile else ''} threads={a.threads} "
               f"lengths={a.lengths} batch_tokens={a.batch_tokens}: "

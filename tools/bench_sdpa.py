@@ -29,7 +29,8 @@ seconds, batch_latency_p50_ms, batch_latency_p99_ms (nearest rank), peak_rss_byt
 backend ("pytorch-sdpa"), device, dtype, tokens_per_sequence, batch_tokens, hidden,
 heads, layers, intermediate, norm, attention ("sdpa", or "math" on a PyTorch without
 SDPA), flops_per_batch (matmul FLOPs, attention included), tflops, torch_version,
-and on CUDA device_name and peak_gpu_memory_bytes.
+and on CUDA device_name and peak_gpu_memory_bytes. --json opens with the bench runner's header
+(tools/fastformer_testing/bench.py, standard library only): tool, date, command, commit, machine.
 """
 
 from __future__ import annotations
@@ -47,6 +48,7 @@ import torch.nn.functional as F
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from workload import peak_rss_bytes, percentile_nearest_rank  # noqa: E402
+from fastformer_testing.bench import header  # noqa: E402
 
 DTYPES = {"float32": torch.float32, "float16": torch.float16, "bfloat16": torch.bfloat16}
 BERT_BASE = {"hidden": 768, "heads": 12, "layers": 12, "intermediate": 3072, "vocab": 30522}
@@ -262,8 +264,8 @@ def main(argv=None) -> int:
     except (ValueError, OSError, KeyError) as e:
         print(f"bench_sdpa: error: {e}", file=sys.stderr)
         return 2
-    if a.json:
-        print(json.dumps(r))
+    if a.json:  # the runner's header (tool, date, command, commit, machine), then the result
+        print(json.dumps({**header("bench_sdpa"), **r}))
     else:
         print(f"sdpa {a.dtype} {a.device} D={shape['hidden']} L={shape['layers']} n={r['tokens_per_sequence']} "
               f"x{r['sequences_per_batch']}: {r['tokens_per_second']:.0f} tokens/s, {r['tflops']:.1f} TFLOP/s, "
