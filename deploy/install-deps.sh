@@ -31,6 +31,7 @@ build_pkgs=(
   # The HTTP listener: Boost.Beast (header-only; Boost 1.74 on Debian 12, 1.83 on Ubuntu 24.04),
   # simdjson for request bodies, OpenSSL for HTTPS.
   libboost-dev libsimdjson-dev libssl-dev
+  libsqlite3-dev  # SQLite: the state of bulk embedding jobs under --jobs-dir (issue 50)
 )
 test_pkgs=(
   python3 python3-numpy python3-torch python3-pytest

@@ -9,6 +9,8 @@
                                                   text rules: beside the batching, above the
                                                   engine)
     server/repository and above -> server/metrics -> common
+    server/serving and above -> server/jobs -> common (bulk jobs' durable state, SQLite: no
+                                                 protocol, no model)
 
 A layer may include itself and any layer below it, never one above or beside it: server/grpc
 and server/http never include each other; server/metrics knows none of the others (the
@@ -49,13 +51,14 @@ ALLOWED = {layer: SERVER_LAYERS[: i + 1] for i, layer in enumerate(SERVER_LAYERS
 # The batching never sees text: requests reach it as token ids.
 ALLOWED["server/batching"] = [l for l in ALLOWED["server/batching"] if l != "server/text"]
 ALLOWED["server/metrics"] = ["common", "server/metrics"]
+ALLOWED["server/jobs"] = ["common", "server/jobs"]
 ALLOWED["server/repository"] = ALLOWED["server/repository"] + ["server/metrics", INFERENCE_MESSAGES]
-ALLOWED["server/serving"] = ALLOWED["server/serving"] + ["server/metrics", INFERENCE_MESSAGES]
-ALLOWED["server/grpc"] = ALLOWED["server/grpc"] + ["server/metrics", INFERENCE_MESSAGES] + PROTO
+ALLOWED["server/serving"] = ALLOWED["server/serving"] + ["server/metrics", "server/jobs", INFERENCE_MESSAGES]
+ALLOWED["server/grpc"] = ALLOWED["server/grpc"] + ["server/metrics", "server/jobs", INFERENCE_MESSAGES] + PROTO
 # The front doors stand side by side over the serving core: HTTP never includes gRPC's.
 ALLOWED["server/http"] = [l for l in ALLOWED["server/http"] if l != "server/grpc"] + [
-    "server/metrics", INFERENCE_MESSAGES]
-ALLOWED["server/cmd"] = ALLOWED["server/cmd"] + ["server/metrics", INFERENCE_MESSAGES] + PROTO
+    "server/metrics", "server/jobs", INFERENCE_MESSAGES]
+ALLOWED["server/cmd"] = ALLOWED["server/cmd"] + ["server/metrics", "server/jobs", INFERENCE_MESSAGES] + PROTO
 ALLOWED["client"] = ["client", "common"] + PROTO + CLIENT_PUBLIC
 
 SOURCE_SUFFIXES = {".h", ".hpp", ".cc", ".cpp", ".cu", ".cuh"}
