@@ -392,11 +392,30 @@ Status Store::set_status(std::string_view id, BatchStatus status, int64_t at,
   return Status();
 }
 
-Status Store::set_output_files(std::string_view id, const std::string& output_file_id,
-                               const std::string& error_file_id) {
+Status Store::request_cancel(std::string_view id, int64_t at) {
   std::lock_guard lock(mu_);
-  Statement s(db_, "UPDATE batches SET output_file_id = ?, error_file_id = ? WHERE id = ?");
-  s.bind(1, output_file_id).bind(2, error_file_id).bind(3, id).step();
+  Statement s(db_,
+              "UPDATE batches SET status = 'cancelling', cancelling_at = ? WHERE id = ? AND status "
+              "IN ('validating', 'in_progress')");
+  s.bind(1, at).bind(2, id).step();
+  if (!s.ok())
+    return {StatusCode::kInternal, "jobs database " + database_path(dir_) + ": " + s.error()};
+  if (sqlite3_changes(db_) > 0) return Status();
+  Statement now(db_, "SELECT status FROM batches WHERE id = ?");
+  if (!now.bind(1, id).step()) return {StatusCode::kNotFound, "no batch '" + std::string(id) + "'"};
+  return {StatusCode::kFailedPrecondition, "batch '" + std::string(id) + "' is " + now.text(0) +
+                                               ": only a validating or in_progress batch can be "
+                                               "cancelled"};
+}
+
+Status Store::start_batch(std::string_view id, int64_t total, const std::string& output_file_id,
+                          const std::string& error_file_id, int64_t at) {
+  std::lock_guard lock(mu_);
+  Statement s(db_,
+              "UPDATE batches SET total = ?, output_file_id = ?, error_file_id = ?, status = CASE "
+              "status WHEN 'cancelling' THEN status ELSE 'in_progress' END, in_progress_at = ? "
+              "WHERE id = ?");
+  s.bind(1, total).bind(2, output_file_id).bind(3, error_file_id).bind(4, at).bind(5, id).step();
   if (!s.ok())
     return {StatusCode::kInternal, "jobs database " + database_path(dir_) + ": " + s.error()};
   return Status();

@@ -126,9 +126,13 @@ class Store {
   // Moves batch `id` to `status` at `at` (its *_at field), with `errors_json` when given.
   Status set_status(std::string_view id, BatchStatus status, int64_t at,
                     std::optional<std::string> errors_json = std::nullopt);
-  // Sets the ids of the batch's output and error files once it makes them.
-  Status set_output_files(std::string_view id, const std::string& output_file_id,
-                          const std::string& error_file_id);
+  // Moves batch `id` to cancelling at `at` if it is validating or in_progress;
+  // FAILED_PRECONDITION naming its status otherwise, NOT_FOUND for none.
+  Status request_cancel(std::string_view id, int64_t at);
+  // A validated batch starts: its request count, the ids of the output and error files it will
+  // write, and status in_progress at `at` (unless a cancel came meanwhile), in one transaction.
+  Status start_batch(std::string_view id, int64_t total, const std::string& output_file_id,
+                     const std::string& error_file_id, int64_t at);
   // After a crash: cuts the batch's output and error files back to their committed lengths
   // (creating an empty one where none is), so that the lines after next_line are run again and
   // written once. An error names the file.

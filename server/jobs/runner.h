@@ -1,0 +1,95 @@
+// The batches' runner (issue 50): one thread that takes the oldest unfinished batch of the store
+// (store.h) and runs it through its states: validating (the input file checked line by line,
+// batch_input.h), in_progress (each line's body run on the endpoint, a bounded number in flight,
+// the answers appended to the output or the error file in input order), finalizing (the two
+// files recorded) and completed; or failed (validation), cancelled, expired.
+//
+// Exactly once across a crash: the answers of lines [next_line, k) are appended in input order,
+// the files fsynced, and then next_line = k and both lengths are committed together
+// (Store::commit_progress). A restart resumes every unfinished batch after cutting its files back
+// to their committed lengths (Store::recover_files), so the lines after the last commit run again
+// and are written once.
+//
+// What runs a line is the front door's business (`Execute`): the runner knows no protocol, only
+// the status code and the body each line's request answered.
+#pragma once
+
+#include <atomic>
+#include <condition_variable>
+#include <cstdint>
+#include <functional>
+#include <mutex>
+#include <string>
+#include <string_view>
+#include <thread>
+
+#include "server/jobs/batch_input.h"
+#include "server/jobs/store.h"
+
+namespace fastformer::jobs {
+
+// What running one line gave: the endpoint's status code and answer (a JSON body: the
+// embeddings, or the error in the endpoint's shape), and the tokens it counted.
+struct LineResult {
+  int status_code = 200;
+  std::string body = "{}";
+  int64_t prompt_tokens = 0;
+};
+
+// Runs `line` (its body) on `batch`'s endpoint and model, and calls `done` exactly once, from any
+// thread.
+using Execute = std::function<void(const BatchRecord& batch, const BatchLine& line,
+                                   std::function<void(LineResult)> done)>;
+
+struct RunnerOptions {
+  int64_t max_in_flight = 32;  ///< lines of a batch running at once (the feeder's bound)
+  int64_t commit_every = 64;   ///< lines between commits (each an fsync of both files)
+  InputValidator::Limits limits;
+  std::function<int64_t()> now;  ///< Unix seconds; default: the system clock
+  /// Tests: called at each step of a line's writing ("written", "synced", "committed") with
+  /// the batch's next_line after it, and once the batch is finalizing ("finalizing").
+  std::function<void(std::string_view step, int64_t next_line)> on_step;
+};
+
+class Runner {
+ public:
+  Runner(Store& store, Execute execute, RunnerOptions options = {});
+  ~Runner();  // stop()
+  Runner(const Runner&) = delete;
+  Runner& operator=(const Runner&) = delete;
+
+  // Starts the thread; it resumes the unfinished batches, oldest first, then waits for more.
+  void start();
+  // A batch was added (validating), or one was asked to cancel: look again.
+  void notify();
+  // Asks batch `id` to stop: cancelling now, cancelled once its lines in flight are written.
+  // FAILED_PRECONDITION for a finished batch, NOT_FOUND for none.
+  Status cancel(std::string_view id);
+  // Stops the thread after the lines in flight are written and committed (a later start, or
+  // a restart of the server, resumes the batch).
+  void stop();
+  // Tests: true once every batch in the store is finished.
+  bool idle();
+
+ private:
+  void loop();
+  // Runs `batch` until it is finished or the runner stops.
+  void run(BatchRecord batch);
+  Status validate(BatchRecord& batch);
+  Status run_lines(BatchRecord& batch);
+  Status finalize(BatchRecord& batch, BatchStatus end);
+  int64_t now() const;
+  bool stopping() const { return stop_.load(); }
+
+  Store& store_;
+  Execute execute_;
+  RunnerOptions options_;
+  std::thread thread_;
+  std::mutex mu_;
+  std::condition_variable wake_;
+  bool poke_ = false;
+  std::atomic<bool> stop_{false};
+  std::atomic<bool> idle_{false};
+};
+
+}  // namespace fastformer::jobs
