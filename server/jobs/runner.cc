@@ -315,11 +315,10 @@ Status Runner::run_lines(BatchRecord& batch) {
             400, R"({"error":{"message":)" + nlohmann::json(error.message).dump() + "}}"};
         continue;
       }
+      // Notified under the lock: once it is released, run_lines (and `mu`, `answered`) may end.
       execute_(batch, *parsed, [slot, &mu, &answered](LineResult r) {
-        {
-          std::lock_guard lock(mu);
-          slot->result = std::move(r);
-        }
+        std::lock_guard lock(mu);
+        slot->result = std::move(r);
         answered.notify_all();
       });
     }
