@@ -14,7 +14,7 @@
 
 FUZZ_DIR = $(ASAN_DIR)
 FUZZ_SECONDS ?= 60
-FUZZ_TARGETS ?= fuzz_model_load fuzz_request fuzz_infer_request fuzz_http fuzz_batch_queue fuzz_tokenizer
+FUZZ_TARGETS ?= fuzz_model_load fuzz_request fuzz_infer_request fuzz_http fuzz_batch_queue fuzz_tokenizer fuzz_multipart fuzz_batch_input
 
 build-fuzz: deps
 	$(ASAN_CONFIGURE)

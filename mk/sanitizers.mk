@@ -107,7 +107,8 @@ test-asan-repository: $(TRITON_VENV)/.complete
 TSAN_TARGETS := fastformer_unit_tests fastformer_emulation_tests fastformer_request_tests \
   fastformer_tokenizer_tests fastformer_auth_tests sanitizer_gate_data_race \
   fuzz_model_load_replay fuzz_batch_queue_replay fuzz_tokenizer_replay fuzz_request_replay \
-  fuzz_infer_request_replay fastformer_repository_tests fastformer_jobs_tests
+  fuzz_infer_request_replay fuzz_batch_input_replay fastformer_repository_tests \
+  fastformer_jobs_tests
 # fastformer_client_tests (label client) is not built here: its placeholder test carries the
 # label, so it is left out with the others; any other test not built still fails.
 # Label no_tsan, each run in make test and under ASan:
