@@ -69,13 +69,13 @@ case "$os_id:$os_version" in
     runtime_pkgs=(
       libdnnl2 libspdlog1.10 libfmt9 libicu72
       libgrpc++1.51 libprotobuf32 libprometheus-cpp-pull1.0 libprometheus-cpp-core1.0
-      libsimdjson14 libssl3
+      libsimdjson14 libssl3 libsqlite3-0
     ) ;;
   ubuntu:24.04)
     runtime_pkgs=(
       libdnnl3 libspdlog1.12 libfmt9 libicu74
       libgrpc++1.51t64 libprotobuf32t64 libprometheus-cpp-pull1.0 libprometheus-cpp-core1.0
-      libssl3t64
+      libssl3t64 libsqlite3-0
     )
     # simdjson's library, by the soname Ubuntu's libsimdjson-dev depends on (not pinned here).
     simdjson_lib=$(apt-cache depends libsimdjson-dev 2>/dev/null | awk '/Depends: libsimdjson[0-9]/ {print $2; exit}')

@@ -107,6 +107,17 @@ bool Server::listen_http() {
   }
   http::ApiOptions api;
   api.authenticator = security_->authenticator();
+  if (!f.jobs_dir.empty()) {
+    std::string why;
+    jobs_store_ = jobs::Store::open(f.jobs_dir, &why);
+    if (!jobs_store_) {
+      fail_start(why);
+      return false;
+    }
+    spdlog::info("jobs: {} (the Files API under /v1/files)", f.jobs_dir);
+    api.jobs = jobs_store_.get();
+    api.files = {f.jobs_max_file_bytes, f.jobs_max_stored_bytes, f.jobs_file_ttl_s};
+  }
   http_api_ = std::make_unique<http::HttpApi>(intake_, std::move(api));
   http::HttpOptions o;
   o.listen = f.http_listen;

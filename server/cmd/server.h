@@ -21,6 +21,7 @@
 #include "server/grpc/unimplemented.h"
 #include "server/http/api.h"
 #include "server/http/http_server.h"
+#include "server/jobs/store.h"
 #include "server/metrics/metrics.h"
 #include "server/repository/repository.h"
 #include "server/serving/auth.h"
@@ -79,6 +80,7 @@ class Server {
   rpc::InferenceService inference_service_;
   rpc::UnimplementedMethods unimplemented_;
   std::unique_ptr<grpc::Server> grpc_server_;
+  std::unique_ptr<jobs::Store> jobs_store_;              // --jobs-dir's; null: off
   std::unique_ptr<http::HttpApi> http_api_;              // the HTTP routes, over intake_
   std::unique_ptr<http::HttpServer> http_server_;        // null without --http-listen
   grpc::HealthCheckServiceInterface* health_ = nullptr;  // owned by grpc_server_

@@ -70,6 +70,21 @@ void add_front_door_flags(CLI::App& app, ServerOptions& f) {
       "time a client has to send a request's headers, from its first byte",
       "FASTFORMER_HTTP_HEADER_TIMEOUT_S")
       ->check(CLI::PositiveNumber);
+  opt(app, "--jobs-dir", f.jobs_dir,
+      "data directory of OpenAI's Files and Batch APIs (SQLite in WAL mode: a local disk, one "
+      "server a directory; empty: off)",
+      "FASTFORMER_JOBS_DIR");
+  opt(app, "--jobs-max-file-bytes", f.jobs_max_file_bytes,
+      "largest file POST /v1/files takes; beyond: 413", "FASTFORMER_JOBS_MAX_FILE_BYTES")
+      ->check(CLI::PositiveNumber);
+  opt(app, "--jobs-max-stored-bytes", f.jobs_max_stored_bytes,
+      "every stored file together (uploads and batch outputs); beyond, an upload is 413",
+      "FASTFORMER_JOBS_MAX_STORED_BYTES")
+      ->check(CLI::PositiveNumber);
+  opt(app, "--jobs-file-ttl-s", f.jobs_file_ttl_s,
+      "an upload's expiry when it names none (OpenAI's default for batch files: 30 days)",
+      "FASTFORMER_JOBS_FILE_TTL_S")
+      ->check(CLI::PositiveNumber);
   app.add_option("--served-model-name", f.served_model_names,
                  "names the default model also answers to, on every protocol (HTTP's model field, "
                  "/v1/models, gRPC's and KServe's model_name); repeat or comma-separate")

@@ -29,6 +29,11 @@ struct ServerOptions {
   double http_idle_timeout_s = defaults::kHttpIdleTimeoutS;
   double http_header_timeout_s = defaults::kHttpHeaderTimeoutS;
   std::vector<std::string> served_model_names;  ///< names the model answers to besides its own
+  /// --jobs-dir: the Files and Batch APIs' data directory (server/jobs); empty: both off.
+  std::string jobs_dir;
+  int64_t jobs_max_file_bytes = int64_t(512) << 20;
+  int64_t jobs_max_stored_bytes = int64_t(100) << 30;
+  int64_t jobs_file_ttl_s = 30 * 24 * 3600;
   /// Every model's settings as the flags give them (--backend, --dtype, --max-batch-tokens,
   /// ...); each model's config.pbtxt overrides them. --max-queue-tokens is also the limit
   /// over every model's queue.

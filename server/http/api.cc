@@ -65,7 +65,7 @@ std::string route_list(Api api) {
   for (const HttpApi::Route& r : HttpApi::routes()) {
     if ((api_of(r.pattern) == Api::kKServe) != kserve) continue;
     out += first ? "" : ", ";
-    out += r.verb == bhttp::verb::get ? "GET " : "POST ";
+    out += std::string(bhttp::to_string(r.verb)) + " ";
     out += r.pattern;
     first = false;
   }
@@ -301,9 +301,11 @@ bool match_path(std::string_view pattern, std::string_view path, PathParams* par
     }
     const size_t s_end = std::min(path.find('/'), path.size());
     const std::string_view got = path.substr(0, s_end);
-    if (want == "{model}" || want == "{version}") {
+    if (want == "{model}" || want == "{version}" || want == "{id}") {
       if (got.empty()) return false;
-      (want == "{model}" ? params->model : params->version) = std::string(got);
+      (want == "{model}" ? params->model
+       : want == "{id}"  ? params->id
+                         : params->version) = std::string(got);
     } else if (want != got) {
       return false;
     }
@@ -327,6 +329,17 @@ const std::vector<HttpApi::Route>& HttpApi::routes() {
        [](HttpApi& a, R r, Call c, P) { a.cohere_embed(r, std::move(c), false); }},
       {V::post, "/v2/embed", "POST /v2/embed",
        [](HttpApi& a, R r, Call c, P) { a.cohere_embed(r, std::move(c), true); }},
+      // OpenAI's Files API (files.cc; POST /v1/files streams, HttpApi::stream)
+      {V::post, "/v1/files", "POST /v1/files",
+       [](HttpApi& a, R, Call c, P) { a.files_enabled(c); }},
+      {V::get, "/v1/files", "GET /v1/files",
+       [](HttpApi& a, R r, Call c, P) { a.files_list(r, std::move(c)); }},
+      {V::get, "/v1/files/{id}", "GET /v1/files/{id}",
+       [](HttpApi& a, R, Call c, P p) { a.files_get(std::move(c), p.id); }},
+      {V::delete_, "/v1/files/{id}", "DELETE /v1/files/{id}",
+       [](HttpApi& a, R, Call c, P p) { a.files_delete(std::move(c), p.id); }},
+      {V::get, "/v1/files/{id}/content", "GET /v1/files/{id}/content",
+       [](HttpApi& a, R, Call c, P p) { a.files_content(std::move(c), p.id); }},
       {V::get, "/v1/models", "GET /v1/models",
        [](HttpApi& a, R, Call c, P) { a.openai_models(std::move(c)); }},
       {V::get, "/v1/models/{model...}", "GET /v1/models",
@@ -421,6 +434,16 @@ Status HttpApi::read_headers(const Request& request, Call* call) {
   return Status();
 }
 
+Status HttpApi::authorize(const Request& request, std::string_view path) const {
+  if (options_.authenticator == nullptr) return Status();
+  const bool health = path == "/health" || path == "/v2/health/live" || path == "/v2/health/ready";
+  std::vector<std::string_view> authorization;
+  for (const auto& field : request) {
+    if (field.name() == bhttp::field::authorization) authorization.push_back(field.value());
+  }
+  return options_.authenticator->check(path, health, authorization);
+}
+
 void HttpApi::handle(Request& request, std::shared_ptr<Responder> responder) {
   const std::string_view target = request.target();
   const std::string_view path = target.substr(0, target.find('?'));
@@ -428,16 +451,9 @@ void HttpApi::handle(Request& request, std::shared_ptr<Responder> responder) {
   Call call{"HTTP (no route)",        api_of(path), Clock::now(), std::move(responder),
             Clock::time_point::max(), std::nullopt};
 
-  const bool health = path == "/health" || path == "/v2/health/live" || path == "/v2/health/ready";
-  if (options_.authenticator != nullptr) {
-    std::vector<std::string_view> authorization;
-    for (const auto& field : request) {
-      if (field.name() == bhttp::field::authorization) authorization.push_back(field.value());
-    }
-    if (Status s = options_.authenticator->check(path, health, authorization); !s.ok()) {
-      call.method = "HTTP (unauthenticated)";
-      return fail(call, s);
-    }
+  if (Status s = authorize(request, path); !s.ok()) {
+    call.method = "HTTP (unauthenticated)";
+    return fail(call, s);
   }
   if (Status s = read_headers(request, &call); !s.ok()) return fail(call, s);
   if (const auto encoding = request.find(bhttp::field::content_encoding);
@@ -464,7 +480,7 @@ void HttpApi::handle(Request& request, std::shared_ptr<Responder> responder) {
   }
   if (wrong_method != nullptr) {
     call.method = wrong_method->method;
-    const char* allowed = wrong_method->verb == bhttp::verb::get ? "GET" : "POST";
+    const std::string allowed(bhttp::to_string(wrong_method->verb));
     Response response = error_response(
         call.api, bhttp::status::method_not_allowed,
         std::string(request.method_string()) + " " + std::string(path) + ": use " + allowed);

@@ -1,6 +1,7 @@
 // The HTTP routes over the one intake (server/serving/intake.h): the OpenAI embeddings API
-// (openai.cc), text-embeddings-inference's routes (tei.cc), KServe v2 REST as Triton serves
-// it (kserve_rest.cc) and Cohere's embed API (cohere.cc). Each route maps its JSON into
+// (openai.cc) and Files API (files.cc, over the jobs store), text-embeddings-inference's routes
+// (tei.cc), KServe v2 REST as Triton serves it (kserve_rest.cc) and Cohere's embed API
+// (cohere.cc). Each route maps its JSON into
 // request::EncodeInput (or, for KServe, the same ModelInferRequest the gRPC service converts), so
 // every request rule, limit, metric and the drain are the gRPC services'. docs/api.md ("HTTP") is
 // the contract.
@@ -20,6 +21,7 @@
 #include "server/http/http_server.h"
 #include "server/http/json.h"
 #include "server/http/reader.h"
+#include "server/jobs/store.h"
 #include "server/request/encode_input.h"
 #include "server/request/quantize.h"
 #include "server/serving/auth.h"
@@ -27,8 +29,18 @@
 
 namespace fastformer::http {
 
+// The Files API's limits (files.cc; flags --jobs-max-file-bytes, --jobs-max-stored-bytes,
+// --jobs-file-ttl-s).
+struct FilesOptions {
+  int64_t max_file_bytes = int64_t(512) << 20;    ///< one upload
+  int64_t max_stored_bytes = int64_t(100) << 30;  ///< every stored file together
+  int64_t ttl_seconds = 30 * 24 * 3600;           ///< an upload's default expiry
+};
+
 struct ApiOptions {
   const serving::TokenAuthenticator* authenticator = nullptr;  ///< null: no token needed
+  jobs::Store* jobs = nullptr;  ///< --jobs-dir's store; null: the Files and Batch APIs are off
+  FilesOptions files;
 };
 
 // Which API a route belongs to: its error shape and status codes.
@@ -37,7 +49,7 @@ enum class Api { kOpenAI, kTei, kKServe, kCohere };
 // What a route's pattern captured from a path: {model} (or {model...}: the rest of the path,
 // slashes and all, as OpenAI's model ids may hold them) and {version}.
 struct PathParams {
-  std::string model, version;
+  std::string model, version, id;
 };
 // Whether `path` matches `pattern` ("/v2/models/{model}/ready"): literal segments equal, a
 // {name} segment any non-empty one, a trailing {name...} the non-empty rest. The one path
@@ -51,6 +63,8 @@ class HttpApi final : public Handler {
   HttpApi(serving::Intake& intake, ApiOptions options);
 
   void handle(Request& request, std::shared_ptr<Responder> responder) override;
+  // POST /v1/files streams its body to disk (files.cc); every other request is read whole.
+  Stream stream(const Request& header) override;
   Response refuse(std::string_view target, bhttp::status status,
                   const std::string& message) override;
 
@@ -73,7 +87,7 @@ class HttpApi final : public Handler {
   // the one path parser); the first whose pattern and method match handles it. A path that
   // matches with another method is answered 405 with Allow; none, 404.
   struct Route {
-    bhttp::verb verb;          ///< get (which also answers HEAD) or post
+    bhttp::verb verb;          ///< get (which also answers HEAD), post or delete_
     std::string_view pattern;  ///< "/v2/models/{model}/versions/{version}/infer"
     const char* method;        ///< the metrics' method label
     void (*handle)(HttpApi& api, const Request& request, Call call, const PathParams& params);
@@ -83,6 +97,14 @@ class HttpApi final : public Handler {
  private:
   // Routes (each answers through call.responder exactly once).
   void openai_embeddings(const Request& request, Call call);
+  // OpenAI's Files API (files.cc): POST /v1/files is streamed (stream()); with the jobs off,
+  // every route answers 501 naming --jobs-dir.
+  bool files_enabled(Call& call);
+  std::optional<jobs::FileRecord> find_file(Call& call, const std::string& id);  // else 404
+  void files_list(const Request& request, Call call);
+  void files_get(Call call, const std::string& id);
+  void files_content(Call call, const std::string& id);
+  void files_delete(Call call, const std::string& id);
   void openai_models(Call call);
   void openai_model(Call call, const std::string& id);  // GET /v1/models/{id}
   // A model that is not served, in OpenAI's words (the names it serves); other statuses as
@@ -137,6 +159,8 @@ class HttpApi final : public Handler {
   // value, not an array.
   Status build(const serving::ServedModel& model, const request::EncodeInput& input,
                const WireNames& names, bool single, request::Prepared* out) const;
+  // The bearer token check of every route (and of a streamed one, before its body).
+  Status authorize(const Request& request, std::string_view path) const;
   // The headers every route takes into `call` (its deadline and priority), or why not.
   static Status read_headers(const Request& request, Call* call);
   // A body's refusal by the reader: INVALID_ARGUMENT, its field as OpenAI's param.

@@ -84,6 +84,13 @@ class Session final : public Responder, public std::enable_shared_from_this<Sess
               });
   }
 
+  void send_file(Response head, std::string path) override {
+    server_.pending_writes.fetch_add(1);
+    net::post(stream_.get_executor(),
+              [self = this->shared_from_this(), h = std::move(head),
+               p = std::move(path)]() mutable { self->write_file(std::move(h), p); });
+  }
+
   void post(std::function<void()> work) override {
     net::post(stream_.get_executor(), std::move(work));
   }
@@ -119,6 +126,17 @@ class Session final : public Responder, public std::enable_shared_from_this<Sess
 
   void on_header() {
     const Request& header = parser_->get();
+    version_ = header.version();
+    target_ = std::string(header.target());
+    Handler::Stream streamed = over_limit_ ? Handler::Stream{} : server_.handler.stream(header);
+    if (streamed.answer) {  // refused before its body: the body is not read
+      keep_alive_ = false;
+      parser_.reset();
+      server_.pending_writes.fetch_add(1);
+      return write(std::move(*streamed.answer));
+    }
+    sink_ = std::move(streamed.sink);
+    sink_limit_ = streamed.limit;
     if (beast::iequals(header[bhttp::field::expect], "100-continue")) {
       auto go_on = std::make_shared<bhttp::response<bhttp::empty_body>>(bhttp::status::continue_,
                                                                         header.version());
@@ -126,11 +144,67 @@ class Session final : public Responder, public std::enable_shared_from_this<Sess
       bhttp::async_write(stream_, *go_on,
                          [self = this->shared_from_this(), go_on](beast::error_code ec, size_t) {
                            if (ec) return self->close_now();
-                           self->read_body();
+                           self->sink_ ? self->read_streamed() : self->read_body();
                          });
       return;
     }
-    read_body();
+    sink_ ? read_streamed() : read_body();
+  }
+
+  // A streamed body: the header's parser, now with a buffer body under the route's limit,
+  // reads it a chunk at a time into the route's sink.
+  void read_streamed() {
+    streamed_.emplace(std::move(*parser_));
+    parser_.reset();
+    streamed_->body_limit(sink_limit_);
+    chunk_.resize(64 << 10);
+    read_chunk();
+  }
+
+  void read_chunk() {
+    auto& body = streamed_->get().body();
+    body.data = chunk_.data();
+    body.size = chunk_.size();
+    lowest().expires_after(server_.options.idle_timeout);
+    bhttp::async_read(
+        stream_, buffer_, *streamed_,
+        [self = this->shared_from_this()](beast::error_code ec, size_t) { self->on_chunk(ec); });
+  }
+
+  void on_chunk(beast::error_code ec) {
+    if (ec == bhttp::error::need_buffer) ec = {};
+    const size_t got = chunk_.size() - streamed_->get().body().size;
+    if (!ec && got > 0) {
+      if (std::optional<Response> refusal = sink_->feed(std::string_view(chunk_.data(), got))) {
+        sink_->abandon();
+        return end_streamed(std::move(*refusal), false);
+      }
+    }
+    if (ec) {
+      sink_->abandon();
+      if (is_disconnect(ec)) return close_now();
+      const bool over = ec == bhttp::error::body_limit;
+      return end_streamed(
+          server_.handler.refuse(
+              target_, over ? bhttp::status::payload_too_large : bhttp::status::bad_request,
+              over ? "the upload is over the limit of " + std::to_string(sink_limit_) + " bytes"
+                   : "malformed HTTP request: " + ec.message()),
+          false);
+    }
+    if (!streamed_->is_done()) return read_chunk();
+    keep_alive_ = streamed_->get().keep_alive();
+    lowest().expires_never();
+    Response answer = sink_->finish();
+    end_streamed(std::move(answer), keep_alive_);
+  }
+
+  void end_streamed(Response answer, bool keep_alive) {
+    keep_alive_ = keep_alive;
+    sink_.reset();
+    streamed_.reset();
+    chunk_ = {};
+    server_.pending_writes.fetch_add(1);
+    write(std::move(answer));
   }
 
   // The body, with no more than the idle timeout between its bytes' arrivals... and in all.
@@ -193,6 +267,36 @@ class Session final : public Responder, public std::enable_shared_from_this<Sess
     }
   }
 
+  // A response whose body is a file read from disk as it is written (send_file). The write may
+  // take the idle timeout plus a second for each MiB (a slow reader of a big file is cut off).
+  void write_file(Response head, const std::string& path) {
+    bhttp::response<bhttp::file_body> res{head.result(), version_};
+    beast::error_code ec;
+    res.body().open(path.c_str(), beast::file_mode::scan, ec);
+    if (ec) {
+      spdlog::error("HTTP: cannot read {}: {}", path, ec.message());
+      return write(server_.handler.refuse(target_, bhttp::status::internal_server_error,
+                                          "the file cannot be read: " + ec.message()));
+    }
+    for (const auto& field : head) res.set(field.name_string(), field.value());
+    res.keep_alive(keep_alive_ && head.keep_alive());
+    res.set(bhttp::field::server, "fastformer-server");
+    res.prepare_payload();
+    const auto seconds = std::chrono::seconds(int64_t(res.body().size() >> 20));
+    file_response_.emplace(std::move(res));
+    request_ = {};
+    lowest().expires_after(server_.options.idle_timeout + seconds);
+    bhttp::async_write(stream_, *file_response_,
+                       [self = this->shared_from_this()](beast::error_code ec, size_t) {
+                         self->server_.pending_writes.fetch_sub(1);
+                         if (ec) return self->close_now();
+                         const bool keep = self->file_response_->keep_alive();
+                         self->file_response_.reset();
+                         if (!keep) return self->close_gracefully();
+                         self->wait_request();
+                       });
+  }
+
   void write(Response response) {
     response.version(version_);
     response.keep_alive(keep_alive_ && response.keep_alive());
@@ -248,6 +352,14 @@ class Session final : public Responder, public std::enable_shared_from_this<Sess
   std::optional<bhttp::request_parser<bhttp::string_body>> parser_;
   Request request_;
   std::optional<Response> response_;
+  // A streamed request (Handler::stream): its sink, limit, parser and read buffer; and a file
+  // response (send_file).
+  std::shared_ptr<BodySink> sink_;
+  uint64_t sink_limit_ = 0;
+  std::optional<bhttp::request_parser<bhttp::buffer_body>> streamed_;
+  std::vector<char> chunk_;
+  std::optional<bhttp::response<bhttp::file_body>> file_response_;
+  std::string target_;
   bool keep_alive_ = true;
   unsigned version_ = 11;
 };

@@ -7,7 +7,10 @@
 //
 // This file is transport only: it reads whole requests and writes whole responses, one at a
 // time per connection. What a request means is the Handler's (api.h), which may answer at once
-// or later from any thread (a queued inference answers from the batcher's thread).
+// or later from any thread (a queued inference answers from the batcher's thread). Two routes
+// stream instead (issue 50, the Files API): an upload's body goes to its route's BodySink as it
+// arrives, under the route's own limit, and a stored file is answered from disk (send_file),
+// neither held in memory whole.
 #pragma once
 
 #include <boost/beast/http/message.hpp>
@@ -16,7 +19,9 @@
 #include <cstdint>
 #include <functional>
 #include <memory>
+#include <optional>
 #include <string>
+#include <string_view>
 
 #include "server/serving/security_options.h"
 
@@ -33,7 +38,24 @@ class Responder {
  public:
   virtual ~Responder() = default;
   virtual void send(Response response) = 0;
+  // The same, its body the file at `path` read from disk as it is written out (`head` gives the
+  // status and headers; its body is ignored). A file that cannot be opened is answered 500.
+  virtual void send_file(Response head, std::string path) = 0;
   virtual void post(std::function<void()> work) = 0;
+};
+
+// Where a streamed request's body goes (an upload), in order, as it arrives.
+class BodySink {
+ public:
+  virtual ~BodySink() = default;
+  // The next bytes of the body; an answer here (a refusal) ends the request, and the
+  // connection is closed after it (the rest of the body is not read).
+  virtual std::optional<Response> feed(std::string_view bytes) = 0;
+  // The body ended: the answer.
+  virtual Response finish() = 0;
+  // The transport could not read the whole body (the client went away, a timeout, the limit):
+  // whatever was kept is dropped.
+  virtual void abandon() = 0;
 };
 
 class Handler {
@@ -41,6 +63,18 @@ class Handler {
   virtual ~Handler() = default;
   // One complete request, on an I/O thread.
   virtual void handle(Request& request, std::shared_ptr<Responder> responder) = 0;
+  // A request whose header names a streamed route: its sink and, in `limit`, its body limit
+  // (which replaces max_body_bytes); or an answer at once (a refusal: the body is not read);
+  // or neither (null, nothing): the body is read whole and handle() gets it.
+  struct Stream {
+    std::shared_ptr<BodySink> sink;
+    uint64_t limit = 0;
+    std::optional<Response> answer;
+  };
+  virtual Stream stream(const Request& header) {
+    (void)header;
+    return {};
+  }
   // The answer to a request the transport refused before handling it (413 body over the
   // limit, 431 header too large, 400 malformed HTTP, 503 too many connections), in the error
   // shape of the route `target` names (it may be empty when not even the start line parsed).

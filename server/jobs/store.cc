@@ -298,6 +298,12 @@ std::vector<FileRecord> Store::files(std::string_view after, int64_t limit) {
   return out;
 }
 
+int64_t Store::stored_bytes() {
+  std::lock_guard lock(mu_);
+  Statement s(db_, "SELECT coalesce(sum(bytes), 0) FROM files");
+  return s.step() ? s.number(0) : 0;
+}
+
 bool Store::delete_file(std::string_view id) {
   std::lock_guard lock(mu_);
   Statement s(db_, "DELETE FROM files WHERE id = ?");

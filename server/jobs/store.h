@@ -110,6 +110,8 @@ class Store {
   std::optional<FileRecord> file(std::string_view id);
   // Oldest first; after `after` (an id; empty: from the start); at most `limit`.
   std::vector<FileRecord> files(std::string_view after, int64_t limit);
+  // The bytes of every stored file together (what --jobs-max-stored-bytes bounds).
+  int64_t stored_bytes();
   // Deletes the record and the stored file; false when there was none.
   bool delete_file(std::string_view id);
 

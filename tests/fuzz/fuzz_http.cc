@@ -34,6 +34,10 @@ namespace {
 struct Capture final : http::Responder {
   std::vector<http::Response> answers;
   void send(http::Response response) override { answers.push_back(std::move(response)); }
+  void send_file(http::Response head, std::string path) override {
+    head.body() = "<file " + path + ">";
+    answers.push_back(std::move(head));
+  }
   void post(std::function<void()> work) override { work(); }
 };
 
