@@ -12,6 +12,7 @@
 #include <memory>
 #include <nlohmann/json.hpp>
 #include <optional>
+#include <thread>
 
 namespace fastformer::jobs {
 namespace {
@@ -72,9 +73,14 @@ class Appender {
 struct Slot {
   int64_t line = 0;  ///< 0-based physical line of the input file
   std::string custom_id;
+  std::optional<BatchLine> request;  ///< kept to run it again when the server was busy
   std::optional<LineResult> result;
   std::string unrun_code;  ///< set for a line not run (cancelled, expired)
+  bool busy = false;       ///< answered 429 or 503: the queue was full; run it again
 };
+
+// The queue or the server was busy (429, 503): not the request's answer; run it again.
+bool busy_answer(const LineResult& r) { return r.status_code == 429 || r.status_code == 503; }
 
 }  // namespace
 
@@ -222,6 +228,19 @@ Status Runner::run_lines(BatchRecord& batch) {
   bool input_done = false;
   int64_t since_commit = 0;
 
+  // Runs a slot's request; a busy answer marks it to run again (the loop resubmits it).
+  auto run_slot = [&](const std::shared_ptr<Slot>& s) {
+    // Notified under the lock: once it is released, run_lines (and `mu`, `answered`) may end.
+    execute_(batch, *s->request, [s, &mu, &answered](LineResult r) {
+      std::lock_guard lock(mu);
+      if (busy_answer(r)) {
+        s->busy = true;
+      } else {
+        s->result = std::move(r);
+      }
+      answered.notify_all();
+    });
+  };
   auto check_stop = [&]() {
     if (unrun != nullptr) return;
     const auto now_record = store_.batch(batch.id);
@@ -316,19 +335,34 @@ Status Runner::run_lines(BatchRecord& batch) {
         continue;
       }
       // Notified under the lock: once it is released, run_lines (and `mu`, `answered`) may end.
-      execute_(batch, *parsed, [slot, &mu, &answered](LineResult r) {
-        std::lock_guard lock(mu);
-        slot->result = std::move(r);
-        answered.notify_all();
-      });
+      slot->request = std::move(parsed);
+      run_slot(slot);
     }
     if (Status s = write_ready(); !s.ok()) return s;
+    std::vector<std::shared_ptr<Slot>> again;  // answered busy: after a pause, once more
+    {
+      std::lock_guard lock(mu);
+      for (const auto& s : slots) {
+        if (s->busy) {
+          s->busy = false;
+          again.push_back(s);
+        }
+      }
+    }
+    if (!again.empty()) {
+      std::this_thread::sleep_for(std::chrono::milliseconds(20));
+      for (const auto& s : again) run_slot(s);
+    }
     {
       std::unique_lock lock(mu);
       if (slots.empty() && (input_done || stopping())) break;
       if (!slots.empty() && !slots.front()->result && slots.front()->unrun_code.empty()) {
-        answered.wait_for(lock, std::chrono::milliseconds(200),
-                          [&] { return slots.front()->result.has_value(); });
+        answered.wait_for(lock, std::chrono::milliseconds(200), [&] {
+          if (slots.front()->result.has_value()) return true;
+          for (const auto& s : slots)
+            if (s->busy) return true;
+          return false;
+        });
       }
     }
   }

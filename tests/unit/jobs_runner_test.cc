@@ -322,3 +322,43 @@ TEST(JobsRunner, KilledAtEveryStepAndRestartedEveryRequestIsAnsweredOnce) {
 
 }  // namespace
 }  // namespace fastformer::jobs
+
+namespace fastformer::jobs {
+namespace {
+
+// A full queue (429) or a draining server (503) is not a line's answer: the line runs again.
+TEST(JobsRunner, BusyAnswersAreRunAgainNotWritten) {
+  test::TempDir tmp;
+  std::string why;
+  auto store = Store::open(tmp / "jobs", &why);
+  ASSERT_TRUE(store) << why;
+  const BatchRecord made = make_batch(*store, 20);
+  FakeEndpoint endpoint;
+  std::mutex mu;
+  std::map<std::string, int> tries;
+  Execute busy_first = [&](const BatchRecord& b, const BatchLine& line,
+                           std::function<void(LineResult)> done) {
+    int n = 0;
+    {
+      std::lock_guard lock(mu);
+      n = tries[line.custom_id]++;
+    }
+    if (n < 2 && line.custom_id.back() % 3 == 0) {  // req-0, req-3, ...: busy twice
+      done({n == 0 ? 429 : 503, R"({"error":{"message":"queue full"}})", 0});
+      return;
+    }
+    endpoint.execute()(b, line, std::move(done));
+  };
+  Runner runner(*store, busy_first);
+  runner.start();
+  ASSERT_TRUE(wait_idle(runner));
+  const auto b = store->batch(made.id);
+  EXPECT_EQ(b->status, BatchStatus::kCompleted);
+  EXPECT_EQ(b->completed + b->failed, 20);
+  expect_each_once(*store, *b, 20);
+  EXPECT_EQ(tries["req-3"], 3);
+  EXPECT_EQ(tries["req-1"], 1);
+}
+
+}  // namespace
+}  // namespace fastformer::jobs
