@@ -114,9 +114,13 @@ bool Server::listen_http() {
       fail_start(why);
       return false;
     }
-    spdlog::info("jobs: {} (the Files API under /v1/files)", f.jobs_dir);
+    spdlog::info("jobs: {} (OpenAI's Files and Batch APIs under /v1/files and /v1/batches)",
+                 f.jobs_dir);
     api.jobs = jobs_store_.get();
-    api.files = {f.jobs_max_file_bytes, f.jobs_max_stored_bytes, f.jobs_file_ttl_s};
+    api.files.max_file_bytes = f.jobs_max_file_bytes;
+    api.files.max_stored_bytes = f.jobs_max_stored_bytes;
+    api.files.ttl_seconds = f.jobs_file_ttl_s;
+    api.files.completion_window_s = f.jobs_completion_window_s;
   }
   http_api_ = std::make_unique<http::HttpApi>(intake_, std::move(api));
   http::HttpOptions o;
@@ -185,6 +189,7 @@ bool Server::load_models() {
 void Server::start_serving() {
   intake_.start_serving(*repository_, FASTFORMER_VERSION);
   update_health();
+  if (http_api_) http_api_->start_jobs();  // resumes unfinished batches (--jobs-dir)
   std::string models;
   for (const auto& served : repository_->serving())
     models += (models.empty() ? "" : ", ") + served->name + " version " + served->version;
@@ -220,6 +225,9 @@ int Server::drain(const std::string& cause) {
     draining_ = true;
   }
   set_health(false);
+  // Batches first: their lines in flight are answered and committed while the queues still
+  // take work; the rest resumes at the next start.
+  if (http_api_) http_api_->stop_jobs();
   intake_.start_draining();
   while (intake_.inflight() > 0 && Clock::now() < give_up) {
     std::this_thread::sleep_for(std::chrono::milliseconds(5));

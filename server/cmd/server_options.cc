@@ -85,6 +85,11 @@ void add_front_door_flags(CLI::App& app, ServerOptions& f) {
       "an upload's expiry when it names none (OpenAI's default for batch files: 30 days)",
       "FASTFORMER_JOBS_FILE_TTL_S")
       ->check(CLI::PositiveNumber);
+  opt(app, "--jobs-completion-window-s", f.jobs_completion_window_s,
+      "a batch's window (OpenAI's \"24h\"); one not finished by then ends expired. Shorter: "
+      "tests",
+      "FASTFORMER_JOBS_COMPLETION_WINDOW_S")
+      ->check(CLI::PositiveNumber);
   app.add_option("--served-model-name", f.served_model_names,
                  "names the default model also answers to, on every protocol (HTTP's model field, "
                  "/v1/models, gRPC's and KServe's model_name); repeat or comma-separate")

@@ -176,7 +176,22 @@ HttpApi::HttpApi(serving::Intake& intake, ApiOptions options)
       options_(std::move(options)),
       created_(std::chrono::duration_cast<std::chrono::seconds>(
                    std::chrono::system_clock::now().time_since_epoch())
-                   .count()) {}
+                   .count()) {
+  if (options_.jobs != nullptr) {
+    // A batch's lines run through POST /v1/embeddings itself (batches.cc, execute_line).
+    jobs::RunnerOptions runner;
+    runner.max_in_flight = options_.files.batch_lines_in_flight;
+    runner_ = std::make_unique<jobs::Runner>(
+        *options_.jobs,
+        [this](const jobs::BatchRecord& b, const jobs::BatchLine& line,
+               std::function<void(jobs::LineResult)> done) {
+          execute_line(b, line, std::move(done));
+        },
+        runner);
+  }
+}
+
+HttpApi::~HttpApi() { stop_jobs(); }
 
 std::shared_ptr<const serving::ServedModel> HttpApi::find(Call& call, std::string_view name,
                                                           const std::string& version,
@@ -340,6 +355,15 @@ const std::vector<HttpApi::Route>& HttpApi::routes() {
        [](HttpApi& a, R, Call c, P p) { a.files_delete(std::move(c), p.id); }},
       {V::get, "/v1/files/{id}/content", "GET /v1/files/{id}/content",
        [](HttpApi& a, R, Call c, P p) { a.files_content(std::move(c), p.id); }},
+      // OpenAI's Batch API (batches.cc)
+      {V::post, "/v1/batches", "POST /v1/batches",
+       [](HttpApi& a, R r, Call c, P) { a.batches_create(r, std::move(c)); }},
+      {V::get, "/v1/batches", "GET /v1/batches",
+       [](HttpApi& a, R r, Call c, P) { a.batches_list(r, std::move(c)); }},
+      {V::get, "/v1/batches/{id}", "GET /v1/batches/{id}",
+       [](HttpApi& a, R, Call c, P p) { a.batches_get(std::move(c), p.id); }},
+      {V::post, "/v1/batches/{id}/cancel", "POST /v1/batches/{id}/cancel",
+       [](HttpApi& a, R, Call c, P p) { a.batches_cancel(std::move(c), p.id); }},
       {V::get, "/v1/models", "GET /v1/models",
        [](HttpApi& a, R, Call c, P) { a.openai_models(std::move(c)); }},
       {V::get, "/v1/models/{model...}", "GET /v1/models",

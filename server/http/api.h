@@ -21,6 +21,7 @@
 #include "server/http/http_server.h"
 #include "server/http/json.h"
 #include "server/http/reader.h"
+#include "server/jobs/runner.h"
 #include "server/jobs/store.h"
 #include "server/request/encode_input.h"
 #include "server/request/quantize.h"
@@ -35,6 +36,8 @@ struct FilesOptions {
   int64_t max_file_bytes = int64_t(512) << 20;    ///< one upload
   int64_t max_stored_bytes = int64_t(100) << 30;  ///< every stored file together
   int64_t ttl_seconds = 30 * 24 * 3600;           ///< an upload's default expiry
+  int64_t completion_window_s = 24 * 3600;        ///< a batch's window ("24h"; shorter: tests)
+  int64_t batch_lines_in_flight = 32;             ///< a batch's lines queued at once (the feeder)
 };
 
 struct ApiOptions {
@@ -61,6 +64,11 @@ struct TeiBody;  // tei.cc: a TEI route's body
 class HttpApi final : public Handler {
  public:
   HttpApi(serving::Intake& intake, ApiOptions options);
+  ~HttpApi() override;
+  // The batches' runner (with --jobs-dir): started once the server serves, resuming the
+  // unfinished batches; stopped before the drain, its lines in flight answered and committed.
+  void start_jobs();
+  void stop_jobs();
 
   void handle(Request& request, std::shared_ptr<Responder> responder) override;
   // POST /v1/files streams its body to disk (files.cc); every other request is read whole.
@@ -105,6 +113,16 @@ class HttpApi final : public Handler {
   void files_get(Call call, const std::string& id);
   void files_content(Call call, const std::string& id);
   void files_delete(Call call, const std::string& id);
+  // OpenAI's Batch API (batches.cc), over the same store and the runner.
+  void batches_create(const Request& request, Call call);
+  void batches_list(const Request& request, Call call);
+  void batches_get(Call call, const std::string& id);
+  void batches_cancel(Call call, const std::string& id);
+  void write_batch(json::Writer& w, const jobs::BatchRecord& b);
+  // Runs one batch line's body through POST /v1/embeddings in the bulk class; `done` gets its
+  // status and answer.
+  void execute_line(const jobs::BatchRecord& batch, const jobs::BatchLine& line,
+                    std::function<void(jobs::LineResult)> done);
   void openai_models(Call call);
   void openai_model(Call call, const std::string& id);  // GET /v1/models/{id}
   // A model that is not served, in OpenAI's words (the names it serves); other statuses as
@@ -174,7 +192,8 @@ class HttpApi final : public Handler {
 
   serving::Intake& intake_;
   const ApiOptions options_;
-  const int64_t created_ = 0;  // /v1/models' "created": when the server started (Unix s)
+  const int64_t created_ = 0;             // /v1/models' "created": when the server started (Unix s)
+  std::unique_ptr<jobs::Runner> runner_;  // with --jobs-dir; last: stopped first
 };
 
 using reader::Inputs;
@@ -194,6 +213,9 @@ int64_t real_tokens(const batching::Job& r, int32_t pad);
 
 // The response of `status` with `body` as application/json.
 Response json_response(bhttp::status status, std::string body);
+// A query parameter's value in a request target ("" when absent; not percent-decoded: ids and
+// numbers).
+std::string query_param(std::string_view target, std::string_view name);
 // The error body in `api`'s shape; `param` is OpenAI's param (the field), may be empty.
 Response error_response(Api api, bhttp::status status, const std::string& message,
                         const std::string& param = {});

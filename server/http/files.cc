@@ -44,22 +44,6 @@ void write_file_object(json::Writer& w, const jobs::FileRecord& f) {
   w.raw(",\"status\":").string(f.status).raw(",\"status_details\":null}");
 }
 
-// A query parameter's value ("" when absent); no percent-decoding is needed for ids and numbers.
-std::string query_param(std::string_view target, std::string_view name) {
-  const size_t q = target.find('?');
-  if (q == std::string_view::npos) return {};
-  std::string_view rest = target.substr(q + 1);
-  while (!rest.empty()) {
-    const size_t amp = std::min(rest.find('&'), rest.size());
-    const std::string_view pair = rest.substr(0, amp);
-    const size_t eq = pair.find('=');
-    if (pair.substr(0, eq) == name)
-      return std::string(eq == std::string_view::npos ? "" : pair.substr(eq + 1));
-    rest.remove_prefix(std::min(amp + 1, rest.size()));
-  }
-  return {};
-}
-
 // Why the file at `path` is not JSON lines (each line that is not blank a JSON object), or
 // nothing.
 std::optional<std::string> not_json_lines(const fs::path& path) {
@@ -238,6 +222,21 @@ class FileUpload final : public BodySink {
 };
 
 }  // namespace
+
+std::string query_param(std::string_view target, std::string_view name) {
+  const size_t q = target.find('?');
+  if (q == std::string_view::npos) return {};
+  std::string_view rest = target.substr(q + 1);
+  while (!rest.empty()) {
+    const size_t amp = std::min(rest.find('&'), rest.size());
+    const std::string_view pair = rest.substr(0, amp);
+    const size_t eq = pair.find('=');
+    if (pair.substr(0, eq) == name)
+      return std::string(eq == std::string_view::npos ? "" : pair.substr(eq + 1));
+    rest.remove_prefix(std::min(amp + 1, rest.size()));
+  }
+  return {};
+}
 
 Handler::Stream HttpApi::stream(const Request& header) {
   const std::string_view target = header.target();

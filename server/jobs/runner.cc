@@ -160,6 +160,11 @@ void Runner::run(BatchRecord batch) {
     return;
   }
   if (batch.status == BatchStatus::kInProgress || batch.status == BatchStatus::kCancelling) {
+    if (batch.next_line > 0) {
+      spdlog::info("batch {}: resuming {} at input line {} ({} done: output {} bytes, errors {})",
+                   batch.id, batch_status_name(batch.status), batch.next_line + 1,
+                   batch.completed + batch.failed, batch.output_bytes, batch.error_bytes);
+    }
     if (Status s = store_.recover_files(batch); !s.ok()) return fail(s);
     if (Status s = run_lines(batch); !s.ok()) return fail(s);
     if (stopping()) return;

@@ -1,0 +1,170 @@
+"""OpenAI's Batch API on our server (issue 50, docs/api.md "Batches"), through the real openai SDK:
+files.create, batches.create, batches.retrieve until completed, files.content of the output and
+error files. Every answer equals what POST /v1/embeddings answers for the same body (within the
+engine's batch-invariance bound), refused lines land in the error file and the batch goes on;
+an input that fails validation fails the batch with OpenAI's errors; cancel; and a server killed
+with SIGKILL mid-batch and restarted on the same --jobs-dir finishes it with exactly one answer per
+custom_id.
+"""
+
+from __future__ import annotations
+
+import json
+import signal
+import time
+
+import numpy as np
+import openai
+import pytest
+
+from conftest import Server, call
+
+WORDS = ["hello", "world", "the", "lazy", "dog", "cafe", "!", ","]
+
+
+def line(i: int, model: str) -> dict:
+    """Request i: mostly texts, every 7th a late-chunked pair, every 25th refused (an unknown model)."""
+    text = " ".join(WORDS[(i + k) % len(WORDS)] for k in range(1 + i % 9))
+    body = {"model": model, "input": text}
+    if i % 7 == 3:
+        body = {"model": model, "input": [text, "the lazy dog"], "late_chunking": True}
+    if i % 25 == 11:
+        body = {"model": "no-such-model", "input": text}
+    return {"custom_id": f"request-{i}", "method": "POST", "url": "/v1/embeddings", "body": body}
+
+
+def jsonl(lines) -> bytes:
+    return ("\n".join(json.dumps(x) for x in lines) + "\n").encode()
+
+
+def client(srv):
+    return openai.OpenAI(base_url=f"{srv.base}/v1", api_key="dummy", max_retries=0, timeout=60)
+
+
+def wait_done(c, batch_id, timeout=120.0):
+    end = time.monotonic() + timeout
+    while True:
+        b = c.batches.retrieve(batch_id)
+        if b.status in ("completed", "failed", "expired", "cancelled"):
+            return b
+        assert time.monotonic() < end, f"batch {batch_id} still {b.status}: {b.request_counts}"
+        time.sleep(0.1)
+
+
+def read_jsonl(c, file_id) -> list:
+    if file_id is None:
+        return []
+    return [json.loads(x) for x in c.files.content(file_id).content.decode().splitlines() if x.strip()]
+
+
+def model_name(srv) -> str:
+    return call(srv.http_port, "GET", "/v1/models").json()["data"][0]["id"]
+
+
+def check_answers(srv, requests: dict, output: list, errors: list):
+    """One answer per custom_id; each output body as /v1/embeddings answers the same body."""
+    seen = [x["custom_id"] for x in output + errors]
+    assert sorted(seen) == sorted(requests), "each custom_id exactly once"
+    for x in output:
+        assert x["response"]["status_code"] == 200 and x["error"] is None
+        live = call(srv.http_port, "POST", "/v1/embeddings", requests[x["custom_id"]]["body"]).json()
+        got = [d["embedding"] for d in x["response"]["body"]["data"]]
+        want = [d["embedding"] for d in live["data"]]
+        np.testing.assert_allclose(np.array(got), np.array(want), rtol=1e-5, atol=1e-6)
+        assert x["response"]["body"]["usage"] == live["usage"]
+    for x in errors:
+        assert x["response"]["status_code"] == 404, x
+        assert "no-such-model" in x["response"]["body"]["error"]["message"]
+
+
+@pytest.fixture(scope="module")
+def srv(text_model, logs, tmp_path_factory):
+    s = Server(text_model.dir, logs, "batches", **{"jobs-dir": tmp_path_factory.mktemp("jobs")}).wait_ready()
+    yield s
+    s.stop()
+
+
+def test_a_batch_through_the_openai_sdk_answers_as_the_live_route(srv):
+    c = client(srv)
+    model = model_name(srv)
+    lines = [line(i, model) for i in range(200)]
+    f = c.files.create(file=("requests.jsonl", jsonl(lines)), purpose="batch")
+    b = c.batches.create(input_file_id=f.id, endpoint="/v1/embeddings", completion_window="24h",
+                         metadata={"corpus": "test"})
+    assert b.status == "validating" and b.metadata == {"corpus": "test"}
+    done = wait_done(c, b.id)
+    assert done.status == "completed", done
+    refused = sum(1 for i in range(200) if i % 25 == 11)
+    assert done.request_counts.total == 200
+    assert done.request_counts.completed == 200 - refused and done.request_counts.failed == refused
+    assert done.completed_at >= done.finalizing_at >= done.in_progress_at >= done.created_at
+    assert done.usage.input_tokens > 0
+    check_answers(srv, {x["custom_id"]: x for x in lines}, read_jsonl(c, done.output_file_id),
+                  read_jsonl(c, done.error_file_id))
+    assert b.id in [x.id for x in c.batches.list().data]
+
+
+def test_validation_failure_and_bad_requests(srv):
+    c = client(srv)
+    model = model_name(srv)
+    dup = [line(1, model), line(2, model), line(1, model)]
+    f = c.files.create(file=("dup.jsonl", jsonl(dup)), purpose="batch")
+    b = wait_done(c, c.batches.create(input_file_id=f.id, endpoint="/v1/embeddings", completion_window="24h").id)
+    assert b.status == "failed"
+    assert [(e.code, e.line) for e in b.errors.data] == [("duplicate_custom_id", 3)]
+    assert b.output_file_id is None
+    with pytest.raises(openai.NotFoundError):
+        c.batches.create(input_file_id="file-000000000000000000000000", endpoint="/v1/embeddings",
+                         completion_window="24h")
+    with pytest.raises(openai.BadRequestError) as e:
+        c.batches.create(input_file_id=f.id, endpoint="/v1/chat/completions", completion_window="24h")
+    assert "only /v1/embeddings" in str(e.value)
+    with pytest.raises(openai.BadRequestError):
+        c.batches.cancel(b.id)  # a finished batch
+    with pytest.raises(openai.NotFoundError):
+        c.batches.retrieve("batch_nope")
+
+
+def test_cancel_marks_the_lines_not_run(srv):
+    c = client(srv)
+    model = model_name(srv)
+    lines = [line(i, model) for i in range(3000)]
+    f = c.files.create(file=("big.jsonl", jsonl(lines)), purpose="batch")
+    b = c.batches.create(input_file_id=f.id, endpoint="/v1/embeddings", completion_window="24h")
+    while c.batches.retrieve(b.id).status == "validating":
+        time.sleep(0.01)
+    cancelled = c.batches.cancel(b.id)
+    assert cancelled.status in ("cancelling", "cancelled")
+    done = wait_done(c, b.id)
+    assert done.status == "cancelled"
+    output, errors = read_jsonl(c, done.output_file_id), read_jsonl(c, done.error_file_id)
+    assert sorted(x["custom_id"] for x in output + errors) == sorted(x["custom_id"] for x in lines)
+    unrun = [x for x in errors if x["response"] is None]
+    assert unrun and all(x["error"]["code"] == "batch_cancelled" for x in unrun)
+
+
+def test_a_server_killed_mid_batch_finishes_it_after_a_restart(text_model, logs, tmp_path):
+    jobs = tmp_path / "jobs"
+    s = Server(text_model.dir, logs, "batches-killed", **{"jobs-dir": jobs}).wait_ready()
+    c = client(s)
+    model = model_name(s)
+    lines = [line(i, model) for i in range(2000)]
+    f = c.files.create(file=("requests.jsonl", jsonl(lines)), purpose="batch")
+    b = c.batches.create(input_file_id=f.id, endpoint="/v1/embeddings", completion_window="24h")
+    while c.batches.retrieve(b.id).request_counts.completed < 100:
+        time.sleep(0.01)
+    s.signal(signal.SIGKILL)
+    s.wait_exit(30)
+    s = Server(text_model.dir, logs, "batches-restarted", **{"jobs-dir": jobs}).wait_ready()
+    try:
+        c = client(s)
+        done = wait_done(c, b.id, timeout=300)
+        assert done.status == "completed", done
+        assert done.request_counts.completed + done.request_counts.failed == 2000
+        output, errors = read_jsonl(c, done.output_file_id), read_jsonl(c, done.error_file_id)
+        ids = [x["custom_id"] for x in output + errors]
+        assert len(ids) == 2000 and len(set(ids)) == 2000, "exactly one answer per custom_id"
+        # It was killed mid-batch: the restarted server resumed it where its last commit was.
+        assert f"batch {b.id}: resuming in_progress at input line" in s.log_text(), s.log_tail()
+    finally:
+        s.stop()
