@@ -181,6 +181,12 @@ HttpApi::HttpApi(serving::Intake& intake, ApiOptions options)
     // A batch's lines run through POST /v1/embeddings itself (batches.cc, execute_line).
     jobs::RunnerOptions runner;
     runner.max_in_flight = options_.files.batch_lines_in_flight;
+    metrics::Metrics& m = intake_.metrics();
+    runner.on_line = [&m](bool completed) {
+      (completed ? m.job_lines_completed : m.job_lines_failed).Increment();
+    };
+    runner.on_in_flight = [&m](int64_t delta) { m.job_lines_in_flight.Increment(double(delta)); };
+    runner.on_change = [this] { intake_.metrics().set_jobs(options_.jobs->count_by_status()); };
     runner_ = std::make_unique<jobs::Runner>(
         *options_.jobs,
         [this](const jobs::BatchRecord& b, const jobs::BatchLine& line,

@@ -179,6 +179,7 @@ void HttpApi::batches_create(const Request& request, Call call) {
   b.expires_at = b.created_at + options_.files.completion_window_s;
   if (Status s = options_.jobs->add_batch(b); !s.ok()) return fail(call, s);
   spdlog::info("batch {}: validating {} ({} bytes)", b.id, input->id, input->bytes);
+  intake_.metrics().set_jobs(options_.jobs->count_by_status());
   runner_->notify();
   json::Writer w;
   write_batch(w, b);

@@ -96,8 +96,13 @@ int64_t Runner::now() const {
       .count();
 }
 
+void Runner::changed() {
+  if (options_.on_change) options_.on_change();
+}
+
 void Runner::start() {
   stop_.store(false);
+  changed();
   thread_ = std::thread([this] { loop(); });
 }
 
@@ -125,6 +130,7 @@ Status Runner::cancel(std::string_view id) {
   // reached finalizing meanwhile is not turned back.
   if (Status s = store_.request_cancel(id, now()); !s.ok()) return s;
   spdlog::info("batch {}: cancelling", id);
+  changed();
   notify();
   return Status();
 }
@@ -148,15 +154,18 @@ void Runner::run(BatchRecord batch) {
     const std::string errors = errors_json({{"server_error", s.message(), std::nullopt, 0}});
     if (!store_.set_status(batch.id, BatchStatus::kFailed, now(), errors).ok())
       spdlog::error("batch {}: cannot record its failure", batch.id);
+    changed();
   };
   if (batch.status == BatchStatus::kValidating) {
     if (Status s = validate(batch); !s.ok()) return fail(s);
+    changed();
     if (batch_finished(batch.status)) return;
   }
   if (batch.status == BatchStatus::kCancelling && batch.output_file_id.empty()) {
     // Cancelled before it ran a line: nothing to write.
     if (!store_.set_status(batch.id, BatchStatus::kCancelled, now()).ok())
       spdlog::error("batch {}: cannot record its cancel", batch.id);
+    changed();
     return;
   }
   if (batch.status == BatchStatus::kInProgress || batch.status == BatchStatus::kCancelling) {
@@ -175,6 +184,7 @@ void Runner::run(BatchRecord batch) {
                           : batch.status == BatchStatus::kExpired  ? BatchStatus::kExpired
                                                                    : BatchStatus::kCompleted;
   if (Status s = finalize(batch, end); !s.ok()) return fail(s);
+  changed();
 }
 
 Status Runner::validate(BatchRecord& batch) {
@@ -294,9 +304,11 @@ Status Runner::run_lines(BatchRecord& batch) {
         if (Status s = (ok ? output : errors).append(answer_line(front->custom_id, r)); !s.ok())
           return s;
         ++(ok ? progress.completed : progress.failed);
+        if (options_.on_in_flight && front->request) options_.on_in_flight(-1);
         progress.prompt_tokens += r.prompt_tokens;
         progress.total_tokens += r.prompt_tokens;
       }
+      if (options_.on_line) options_.on_line(front->result && front->result->status_code == 200);
       progress.next_line = front->line + 1;
       if (options_.on_step) options_.on_step("written", progress.next_line);
       if (++since_commit >= options_.commit_every) {
@@ -341,6 +353,7 @@ Status Runner::run_lines(BatchRecord& batch) {
       }
       // Notified under the lock: once it is released, run_lines (and `mu`, `answered`) may end.
       slot->request = std::move(parsed);
+      if (options_.on_in_flight) options_.on_in_flight(1);
       run_slot(slot);
     }
     if (Status s = write_ready(); !s.ok()) return s;

@@ -46,6 +46,11 @@ struct RunnerOptions {
   int64_t commit_every = 64;   ///< lines between commits (each an fsync of both files)
   InputValidator::Limits limits;
   std::function<int64_t()> now;  ///< Unix seconds; default: the system clock
+  /// Observers (the server's metrics): a line written (true: status 200), lines queued now
+  /// (+1 when one is first run, -1 when its answer is written), a batch's status changed.
+  std::function<void(bool completed)> on_line;
+  std::function<void(int64_t delta)> on_in_flight;
+  std::function<void()> on_change;
   /// Tests: called at each step of a line's writing ("written", "synced", "committed") with
   /// the batch's next_line after it, and once the batch is finalizing ("finalizing").
   std::function<void(std::string_view step, int64_t next_line)> on_step;
@@ -79,6 +84,7 @@ class Runner {
   Status run_lines(BatchRecord& batch);
   Status finalize(BatchRecord& batch, BatchStatus end);
   int64_t now() const;
+  void changed();  // options_.on_change
   bool stopping() const { return stop_.load(); }
 
   Store& store_;

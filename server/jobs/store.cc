@@ -353,6 +353,18 @@ std::vector<BatchRecord> Store::batches(std::string_view after, int64_t limit) {
   return out;
 }
 
+std::vector<std::pair<std::string, int64_t>> Store::count_by_status() {
+  std::lock_guard lock(mu_);
+  std::vector<std::pair<std::string, int64_t>> out;
+  for (const char* name : kStatusNames) out.emplace_back(name, 0);
+  Statement s(db_, "SELECT status, count(*) FROM batches GROUP BY status");
+  while (s.step()) {
+    for (auto& [name, count] : out)
+      if (name == s.text(0)) count = s.number(1);
+  }
+  return out;
+}
+
 std::vector<BatchRecord> Store::unfinished() {
   std::lock_guard lock(mu_);
   Statement s(db_, std::string("SELECT ") + kBatchColumns +

@@ -120,6 +120,8 @@ class Store {
   std::optional<BatchRecord> batch(std::string_view id);
   // Newest first, as OpenAI lists them; after `after` (an id); at most `limit`.
   std::vector<BatchRecord> batches(std::string_view after, int64_t limit);
+  // How many batches are in each status (every status, 0 included), OpenAI's names.
+  std::vector<std::pair<std::string, int64_t>> count_by_status();
   // The batches a restart resumes (validating, in_progress, finalizing, cancelling), oldest first.
   std::vector<BatchRecord> unfinished();
   // Records `progress` for batch `id` in one transaction: call it once the output and error files

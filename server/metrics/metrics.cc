@@ -160,6 +160,16 @@ Metrics::Metrics()
                          .Help("Bulk sequences batched as interactive, so that they start "
                                "computing by the promotion bound.")
                          .Register(*registry_)),
+      job_lines_(BuildCounter()
+                     .Name("fastformer_job_lines_total")
+                     .Help("Lines of batch jobs answered, by outcome: completed (status 200) or "
+                           "failed (refused by the route, cancelled, expired).")
+                     .Register(*registry_)),
+      jobs_(BuildGauge()
+                .Name("fastformer_jobs")
+                .Help("Batch jobs in each status (validating, in_progress, finalizing, "
+                      "completed, failed, expired, cancelling, cancelled).")
+                .Register(*registry_)),
       inflight_requests(BuildGauge()
                             .Name("fastformer_inflight_requests")
                             .Help("Encode calls and stream messages admitted and not yet answered.")
@@ -182,6 +192,14 @@ Metrics::Metrics()
                       .Help("Text sequences tokenized (accepted or not).")
                       .Register(*registry_)
                       .Add({})),
+      job_lines_completed(job_lines_.Add({{"outcome", "completed"}})),
+      job_lines_failed(job_lines_.Add({{"outcome", "failed"}})),
+      job_lines_in_flight(BuildGauge()
+                              .Name("fastformer_job_lines_in_flight")
+                              .Help("Lines of batch jobs queued as bulk requests and not yet "
+                                    "answered.")
+                              .Register(*registry_)
+                              .Add({})),
       model_info_(BuildGauge()
                       .Name("fastformer_model_info")
                       .Help("Each loaded model version (set once it is loaded); always 1.")
@@ -326,6 +344,10 @@ void Metrics::record_model_load(const std::string& model, bool ok, double second
   } else {
     model_load_failures_.Add({{"model", model}}).Increment();
   }
+}
+
+void Metrics::set_jobs(const std::vector<std::pair<std::string, int64_t>>& by_status) {
+  for (const auto& [status, count] : by_status) jobs_.Add({{"status", status}}).Set(double(count));
 }
 
 void Metrics::record_request(const std::string& method, const std::string& code, double seconds) {

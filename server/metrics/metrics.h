@@ -17,6 +17,8 @@
 #include <memory>
 #include <mutex>
 #include <string>
+#include <utility>
+#include <vector>
 
 namespace fastformer::metrics {
 
@@ -81,6 +83,8 @@ class Metrics {
   prometheus::Family<prometheus::Counter>& class_requests_;
   prometheus::Family<prometheus::Counter>& class_rejected_;
   prometheus::Family<prometheus::Counter>& bulk_promoted_;
+  prometheus::Family<prometheus::Counter>& job_lines_;  // fastformer_job_lines_total{outcome}
+  prometheus::Family<prometheus::Gauge>& jobs_;         // fastformer_jobs{status}
 
  public:
   Metrics();
@@ -110,6 +114,13 @@ class Metrics {
   prometheus::Gauge& open_streams;           ///< EncodeStream calls open
   prometheus::Histogram& tokenize_duration;  ///< per request with text, all its texts
   prometheus::Counter& texts_total;          ///< texts tokenized
+  // Bulk jobs (issue 50, OpenAI's Batch API): a batch's lines answered, by outcome (completed:
+  // status 200; failed: refused, cancelled or expired), and its lines queued now.
+  prometheus::Counter& job_lines_completed;
+  prometheus::Counter& job_lines_failed;
+  prometheus::Gauge& job_lines_in_flight;
+  // fastformer_jobs{status}: the batches in each status (OpenAI's names), as the store counts them.
+  void set_jobs(const std::vector<std::pair<std::string, int64_t>>& by_status);
 
  private:
   prometheus::Family<prometheus::Gauge>& model_info_;

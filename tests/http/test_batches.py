@@ -10,7 +10,9 @@ custom_id.
 from __future__ import annotations
 
 import json
+import shutil
 import signal
+import subprocess
 import time
 
 import numpy as np
@@ -101,6 +103,20 @@ def test_a_batch_through_the_openai_sdk_answers_as_the_live_route(srv):
     check_answers(srv, {x["custom_id"]: x for x in lines}, read_jsonl(c, done.output_file_id),
                   read_jsonl(c, done.error_file_id))
     assert b.id in [x.id for x in c.batches.list().data]
+    # The metrics (docs/metrics.md): lines by outcome, none left in flight, batches by status;
+    # promtool accepts the page.
+    page = srv.scrape()
+    values = {ln.rsplit(" ", 1)[0]: float(ln.rsplit(" ", 1)[1]) for ln in page.splitlines()
+              if ln.startswith("fastformer_job")}
+    assert values['fastformer_job_lines_total{outcome="completed"}'] >= 1980
+    assert values['fastformer_job_lines_total{outcome="failed"}'] >= 20
+    assert values["fastformer_job_lines_in_flight"] == 0
+    assert values['fastformer_jobs{status="completed"}'] >= 1
+    assert values['fastformer_jobs{status="in_progress"}'] == 0
+    promtool = shutil.which("promtool")
+    assert promtool, "promtool not found: install Debian's prometheus package (deploy/install-deps.sh)"
+    check = subprocess.run([promtool, "check", "metrics"], input=page, capture_output=True, text=True, timeout=60)
+    assert check.returncode == 0, check.stdout + check.stderr
 
 
 def test_validation_failure_and_bad_requests(srv):
