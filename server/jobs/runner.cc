@@ -137,10 +137,20 @@ Status Runner::cancel(std::string_view id) {
 
 void Runner::loop() {
   while (!stopping()) {
+    if (const int64_t t = now(); t - retained_at_ >= options_.retention_every_s) {
+      retained_at_ = t;
+      const auto [files, batches] = store_.delete_expired(t, options_.batch_ttl_s);
+      if (files + batches > 0) {
+        spdlog::info("jobs: retention deleted {} expired files and {} finished batches", files,
+                     batches);
+        changed();
+      }
+    }
     const std::vector<BatchRecord> batches = store_.unfinished();
     if (batches.empty()) {
       std::unique_lock lock(mu_);
-      wake_.wait(lock, [&] { return poke_ || stopping(); });
+      wake_.wait_for(lock, std::chrono::seconds(options_.retention_every_s),
+                     [&] { return poke_ || stopping(); });
       poke_ = false;
       continue;
     }

@@ -46,6 +46,10 @@ struct RunnerOptions {
   int64_t commit_every = 64;   ///< lines between commits (each an fsync of both files)
   InputValidator::Limits limits;
   std::function<int64_t()> now;  ///< Unix seconds; default: the system clock
+  /// Retention (Store::delete_expired), at most this often: expired files, and finished
+  /// batches with no file left made more than batch_ttl_s ago.
+  int64_t retention_every_s = 60;
+  int64_t batch_ttl_s = 30 * 24 * 3600;
   /// Observers (the server's metrics): a line written (true: status 200), lines queued now
   /// (+1 when one is first run, -1 when its answer is written), a batch's status changed.
   std::function<void(bool completed)> on_line;
@@ -95,6 +99,7 @@ class Runner {
   std::condition_variable wake_;
   bool poke_ = false;
   std::atomic<bool> stop_{false};
+  int64_t retained_at_ = 0;  // when retention last ran (the runner's thread)
   std::atomic<bool> idle_{false};
 };
 

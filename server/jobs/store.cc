@@ -304,6 +304,26 @@ int64_t Store::stored_bytes() {
   return s.step() ? s.number(0) : 0;
 }
 
+std::pair<int64_t, int64_t> Store::delete_expired(int64_t now, int64_t batch_ttl_s) {
+  std::vector<std::string> gone;
+  {
+    std::lock_guard lock(mu_);
+    Statement s(db_, "SELECT id FROM files WHERE expires_at > 0 AND expires_at <= ?");
+    s.bind(1, now);
+    while (s.step()) gone.push_back(s.text(0));
+  }
+  int64_t files = 0;
+  for (const std::string& id : gone) files += delete_file(id) ? 1 : 0;
+  std::lock_guard lock(mu_);
+  Statement s(db_,
+              "DELETE FROM batches WHERE status IN ('completed', 'failed', 'expired', "
+              "'cancelled') AND created_at <= ? AND output_file_id NOT IN (SELECT id FROM files) "
+              "AND error_file_id NOT IN (SELECT id FROM files) AND input_file_id NOT IN (SELECT id "
+              "FROM files)");
+  s.bind(1, now - batch_ttl_s).step();
+  return {files, s.ok() ? int64_t(sqlite3_changes(db_)) : 0};
+}
+
 bool Store::delete_file(std::string_view id) {
   std::lock_guard lock(mu_);
   Statement s(db_, "DELETE FROM files WHERE id = ?");

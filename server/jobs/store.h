@@ -112,6 +112,10 @@ class Store {
   std::vector<FileRecord> files(std::string_view after, int64_t limit);
   // The bytes of every stored file together (what --jobs-max-stored-bytes bounds).
   int64_t stored_bytes();
+  // Retention: deletes the files whose expires_at has passed (records and bytes), and the
+  // finished batches none of whose files is left and that were made more than `batch_ttl_s`
+  // ago. Returns how many files and batches it deleted.
+  std::pair<int64_t, int64_t> delete_expired(int64_t now, int64_t batch_ttl_s);
   // Deletes the record and the stored file; false when there was none.
   bool delete_file(std::string_view id);
 

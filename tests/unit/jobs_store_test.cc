@@ -272,3 +272,40 @@ TEST(JobsStore, AFileShorterThanItsCommitIsAnErrorNotASilentGap) {
 
 }  // namespace
 }  // namespace fastformer::jobs
+
+namespace fastformer::jobs {
+namespace {
+
+// Retention: expired files go (records and bytes); a finished batch goes once none of its files
+// is left and its age passed the batch ttl; an unfinished one stays.
+TEST(JobsStore, RetentionDeletesExpiredFilesThenTheirFinishedBatches) {
+  test::TempDir tmp;
+  std::string why;
+  auto store = Store::open(tmp / "jobs", &why);
+  ASSERT_TRUE(store) << why;
+  const std::string input = Store::new_id("file-"), output = Store::new_id("file-");
+  ASSERT_TRUE(store->add_file({input, "in.jsonl", "batch", 1, 100, 200, "processed"}).ok());
+  ASSERT_TRUE(
+      store->add_file({output, "out.jsonl", "batch_output", 1, 150, 500, "processed"}).ok());
+  test::write_file(*store->file_path(input), "x");
+  test::write_file(*store->file_path(output), "y");
+  BatchRecord done;
+  done.id = "batch_done", done.input_file_id = input, done.output_file_id = output;
+  done.status = BatchStatus::kCompleted, done.created_at = 100;
+  ASSERT_TRUE(store->add_batch(done).ok());
+  BatchRecord running = done;
+  running.id = "batch_running", running.status = BatchStatus::kInProgress;
+  ASSERT_TRUE(store->add_batch(running).ok());
+
+  EXPECT_EQ(store->delete_expired(199, 50), std::make_pair(int64_t(0), int64_t(0)));
+  EXPECT_EQ(store->delete_expired(200, 50), std::make_pair(int64_t(1), int64_t(0)));  // the input
+  EXPECT_FALSE(store->file(input));
+  EXPECT_FALSE(std::filesystem::exists(tmp / "jobs" / "files" / input));
+  EXPECT_TRUE(store->batch("batch_done"));  // its output is still there
+  EXPECT_EQ(store->delete_expired(500, 50), std::make_pair(int64_t(1), int64_t(1)));
+  EXPECT_FALSE(store->batch("batch_done"));
+  EXPECT_TRUE(store->batch("batch_running"));  // never while it runs
+}
+
+}  // namespace
+}  // namespace fastformer::jobs
