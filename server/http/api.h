@@ -216,6 +216,24 @@ Response json_response(bhttp::status status, std::string body);
 // A query parameter's value in a request target ("" when absent; not percent-decoded: ids and
 // numbers).
 std::string query_param(std::string_view target, std::string_view name);
+// The `limit` query parameter of a list route: `fallback` when absent, else 1 to `max`;
+// INVALID_ARGUMENT naming it otherwise.
+Status query_limit(std::string_view target, int64_t fallback, int64_t max, int64_t* limit);
+// OpenAI's list object, {"object": "list", "data": [...], "first_id", "last_id", "has_more"},
+// over `items` (each with an `id`), each written by write(w, item).
+template <class T, class Write>
+void write_list(json::Writer& w, std::span<const T> items, bool has_more, Write write) {
+  w.raw("{\"object\":\"list\",\"data\":[");
+  for (size_t i = 0; i < items.size(); ++i) {
+    if (i > 0) w.ch(',');
+    write(w, items[i]);
+  }
+  w.raw("],\"first_id\":");
+  items.empty() ? (void)w.raw("null") : (void)w.string(items.front().id);
+  w.raw(",\"last_id\":");
+  items.empty() ? (void)w.raw("null") : (void)w.string(items.back().id);
+  w.raw(",\"has_more\":").raw(has_more ? "true" : "false").ch('}');
+}
 // The error body in `api`'s shape; `param` is OpenAI's param (the field), may be empty.
 Response error_response(Api api, bhttp::status status, const std::string& message,
                         const std::string& param = {});

@@ -198,29 +198,14 @@ void HttpApi::batches_get(Call call, const std::string& id) {
 void HttpApi::batches_list(const Request& request, Call call) {
   if (!files_enabled(call)) return;
   const std::string after = query_param(request.target(), "after");
-  const std::string limit_text = query_param(request.target(), "limit");
-  int64_t limit = 20;
-  if (!limit_text.empty()) {
-    const auto [end, ec] =
-        std::from_chars(limit_text.data(), limit_text.data() + limit_text.size(), limit);
-    if (ec != std::errc() || end != limit_text.data() + limit_text.size() || limit < 1 ||
-        limit > 100)
-      return fail(call, invalid_argument("limit: expected 1 to 100, got '" + limit_text + "'"),
-                  "limit");
-  }
+  int64_t limit = 0;
+  if (Status s = query_limit(request.target(), 20, 100, &limit); !s.ok())
+    return fail(call, s, "limit");
   const std::vector<jobs::BatchRecord> page = options_.jobs->batches(after, limit + 1);
   const size_t n = std::min(page.size(), size_t(limit));
   json::Writer w;
-  w.raw("{\"object\":\"list\",\"data\":[");
-  for (size_t i = 0; i < n; ++i) {
-    if (i > 0) w.ch(',');
-    write_batch(w, page[i]);
-  }
-  w.raw("],\"first_id\":");
-  n > 0 ? (void)w.string(page[0].id) : (void)w.raw("null");
-  w.raw(",\"last_id\":");
-  n > 0 ? (void)w.string(page[n - 1].id) : (void)w.raw("null");
-  w.raw(",\"has_more\":").raw(page.size() > n ? "true" : "false").ch('}');
+  write_list(w, std::span<const jobs::BatchRecord>(page).first(n), page.size() > n,
+             [this](json::Writer& out, const jobs::BatchRecord& b) { write_batch(out, b); });
   answer(call, json_response(bhttp::status::ok, w.take()), Status());
 }
 

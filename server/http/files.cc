@@ -238,6 +238,16 @@ std::string query_param(std::string_view target, std::string_view name) {
   return {};
 }
 
+Status query_limit(std::string_view target, int64_t fallback, int64_t max, int64_t* limit) {
+  const std::string text = query_param(target, "limit");
+  *limit = fallback;
+  if (text.empty()) return Status();
+  const auto [end, ec] = std::from_chars(text.data(), text.data() + text.size(), *limit);
+  if (ec != std::errc() || end != text.data() + text.size() || *limit < 1 || *limit > max)
+    return invalid_argument("limit: expected 1 to " + std::to_string(max) + ", got '" + text + "'");
+  return Status();
+}
+
 Handler::Stream HttpApi::stream(const Request& header) {
   const std::string_view target = header.target();
   const std::string_view path = target.substr(0, target.find('?'));
@@ -270,16 +280,9 @@ void HttpApi::files_list(const Request& request, Call call) {
   const std::string after = query_param(request.target(), "after");
   const std::string order = query_param(request.target(), "order");
   const std::string purpose = query_param(request.target(), "purpose");
-  const std::string limit_text = query_param(request.target(), "limit");
-  int64_t limit = 10000;
-  if (!limit_text.empty()) {
-    const auto [end, ec] =
-        std::from_chars(limit_text.data(), limit_text.data() + limit_text.size(), limit);
-    if (ec != std::errc() || end != limit_text.data() + limit_text.size() || limit < 1 ||
-        limit > 10000)
-      return fail(call, invalid_argument("limit: expected 1 to 10000, got '" + limit_text + "'"),
-                  "limit");
-  }
+  int64_t limit = 0;
+  if (Status s = query_limit(request.target(), 10000, 10000, &limit); !s.ok())
+    return fail(call, s, "limit");
   if (!order.empty() && order != "asc" && order != "desc")
     return fail(call, invalid_argument("order: expected asc or desc, got '" + order + "'"),
                 "order");
@@ -296,16 +299,8 @@ void HttpApi::files_list(const Request& request, Call call) {
   }
   const size_t to = std::min(all.size(), from + size_t(limit));
   json::Writer w;
-  w.raw("{\"object\":\"list\",\"data\":[");
-  for (size_t i = from; i < to; ++i) {
-    if (i > from) w.ch(',');
-    write_file_object(w, all[i]);
-  }
-  w.raw("],\"first_id\":");
-  to > from ? (void)w.string(all[from].id) : (void)w.raw("null");
-  w.raw(",\"last_id\":");
-  to > from ? (void)w.string(all[to - 1].id) : (void)w.raw("null");
-  w.raw(",\"has_more\":").raw(to < all.size() ? "true" : "false").ch('}');
+  write_list(w, std::span<const jobs::FileRecord>(all).subspan(from, to - from), to < all.size(),
+             write_file_object);
   answer(call, json_response(bhttp::status::ok, w.take()), Status());
 }
 
