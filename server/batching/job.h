@@ -62,6 +62,9 @@ struct Job {
   uint64_t input_ns = 0;                 ///< time the API layer took to convert the call
   Clock::time_point deadline = Clock::time_point::max();  ///< the call's deadline
   Priority priority = Priority::kInteractive;             ///< its class
+  /// false: never batched as interactive after bulk_promote_after (a batch job's line: it has
+  /// a 24 h window, and must not go ahead of queries); bulk work behind it still is.
+  bool promotable = true;
   std::function<bool()> is_cancelled;  ///< true once the client gave up (may be empty)
   // Called exactly once, from the engine or batcher thread, when the job ends.
   std::function<void(Job&)> on_complete;

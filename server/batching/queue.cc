@@ -175,9 +175,14 @@ void BatchQueue::promote(Clock::time_point now, std::vector<QueueEntry>* promote
   if (limits_.bulk_promote_after.count() <= 0) return;
   std::deque<QueueEntry>& bulk = entries_[int(Priority::kBulk)];
   std::deque<QueueEntry>& interactive = entries_[int(Priority::kInteractive)];
-  while (!bulk.empty() && bulk.front().queued_at + limits_.bulk_promote_after <= now) {
-    QueueEntry e = std::move(bulk.front());
-    bulk.pop_front();
+  // A batch job's lines (Job::promotable false) stay; the bulk work behind them is promoted.
+  for (auto it = bulk.begin(); it != bulk.end() && it->queued_at + limits_.bulk_promote_after <= now;) {
+    if (!it->request->promotable) {
+      ++it;
+      continue;
+    }
+    QueueEntry e = std::move(*it);
+    it = bulk.erase(it);
     e.promoted = true;
     // In arrival order among the interactive entries (it has waited longer than most).
     auto at = std::upper_bound(
@@ -199,8 +204,11 @@ Clock::time_point BatchQueue::wake_at() const {
   for (const std::deque<QueueEntry>& queue : entries_)
     if (!queue.empty()) at = std::min(at, queue.front().queued_at + limits_.max_queue_delay);
   const std::deque<QueueEntry>& bulk = entries_[int(Priority::kBulk)];
-  if (!bulk.empty() && limits_.bulk_promote_after.count() > 0)
-    at = std::min(at, bulk.front().queued_at + limits_.bulk_promote_after);
+  if (limits_.bulk_promote_after.count() > 0) {
+    const auto first = std::find_if(bulk.begin(), bulk.end(),
+                                    [](const QueueEntry& e) { return e.request->promotable; });
+    if (first != bulk.end()) at = std::min(at, first->queued_at + limits_.bulk_promote_after);
+  }
   return at;
 }
 
@@ -365,7 +373,8 @@ bool BatchQueue::refresh(Batch* batch, Clock::duration lookahead) {
     if (limits_.bulk_promote_after.count() > 0) {
       bool overdue = false;
       for (QueueEntry& e : batch->entries) {
-        if (is_bulk(e) && e.queued_at + limits_.bulk_promote_after <= due) {
+        if (is_bulk(e) && e.request->promotable &&
+            e.queued_at + limits_.bulk_promote_after <= due) {
           e.promoted = true;
           promoted.push_back(e);
           overdue = true;

@@ -121,6 +121,10 @@ bool Server::listen_http() {
     api.files.max_stored_bytes = f.jobs_max_stored_bytes;
     api.files.ttl_seconds = f.jobs_file_ttl_s;
     api.files.completion_window_s = f.jobs_completion_window_s;
+    const int64_t bulk_limit = f.model.max_bulk_queue_tokens > 0 ? f.model.max_bulk_queue_tokens
+                                                                 : f.model.max_queue_tokens;
+    api.files.batch_queued_tokens =
+        f.jobs_queued_tokens > 0 ? f.jobs_queued_tokens : std::max<int64_t>(1, bulk_limit / 2);
   }
   http_api_ = std::make_unique<http::HttpApi>(intake_, std::move(api));
   http::HttpOptions o;

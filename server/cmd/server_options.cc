@@ -90,6 +90,12 @@ void add_front_door_flags(CLI::App& app, ServerOptions& f) {
       "tests",
       "FASTFORMER_JOBS_COMPLETION_WINDOW_S")
       ->check(CLI::PositiveNumber);
+  opt(app, "--jobs-queued-tokens", f.jobs_queued_tokens,
+      "tokens of batch jobs' lines admitted and not yet answered, all batches together (0: half "
+      "of --max-bulk-queue-tokens, else of --max-queue-tokens), so live bulk requests still find "
+      "room",
+      "FASTFORMER_JOBS_QUEUED_TOKENS")
+      ->check(CLI::NonNegativeNumber);
   app.add_option("--served-model-name", f.served_model_names,
                  "names the default model also answers to, on every protocol (HTTP's model field, "
                  "/v1/models, gRPC's and KServe's model_name); repeat or comma-separate")

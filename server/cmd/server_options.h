@@ -35,6 +35,7 @@ struct ServerOptions {
   int64_t jobs_max_stored_bytes = int64_t(100) << 30;
   int64_t jobs_file_ttl_s = 30 * 24 * 3600;
   int64_t jobs_completion_window_s = 24 * 3600;
+  int64_t jobs_queued_tokens = 0;  ///< 0: half the bulk class's queue limit
   /// Every model's settings as the flags give them (--backend, --dtype, --max-batch-tokens,
   /// ...); each model's config.pbtxt overrides them. --max-queue-tokens is also the limit
   /// over every model's queue.

@@ -5,6 +5,9 @@
 #include <algorithm>
 #include <boost/beast/core/string.hpp>
 #include <cctype>
+#include <charconv>
+#include <csignal>
+#include <cstdlib>
 #include <filesystem>
 #include <fstream>
 #include <nlohmann/json.hpp>
@@ -17,6 +20,27 @@ using batching::Clock;
 using batching::ns_since;
 
 namespace {
+
+// Crash-safety tests (tests/http/test_batches.py): FASTFORMER_JOBS_TEST_KILL_AT=<step>:<n> kills
+// the server with SIGKILL, as `kill -9` would, at that step of a batch's runner
+// (jobs::RunnerOptions::on_step: validating, written, synced, committed, finalizing) once its
+// line count reaches n. Unset (always, outside those tests): nothing.
+std::function<void(std::string_view, int64_t)> kill_hook() {
+  const char* spec = std::getenv("FASTFORMER_JOBS_TEST_KILL_AT");
+  if (spec == nullptr || *spec == '\0') return nullptr;
+  const std::string_view text(spec);
+  const size_t colon = text.find(':');
+  const std::string step(text.substr(0, colon));
+  int64_t at = 0;
+  if (colon != std::string_view::npos)
+    std::from_chars(text.data() + colon + 1, text.data() + text.size(), at);
+  spdlog::warn("jobs: FASTFORMER_JOBS_TEST_KILL_AT={}: this server kills itself (SIGKILL) at "
+               "batch step {} from line {}, a crash-safety test",
+               spec, step, at);
+  return [step, at](std::string_view now, int64_t line) {
+    if (now == step && line >= at) ::raise(SIGKILL);
+  };
+}
 
 const char* openai_type(bhttp::status status) {
   switch (status) {
@@ -181,17 +205,22 @@ HttpApi::HttpApi(serving::Intake& intake, ApiOptions options)
     // A batch's lines run through POST /v1/embeddings itself (batches.cc, execute_line).
     jobs::RunnerOptions runner;
     runner.max_in_flight = options_.files.batch_lines_in_flight;
+    runner.max_queued_tokens = options_.files.batch_queued_tokens;
+    runner.on_step = kill_hook();
     metrics::Metrics& m = intake_.metrics();
     runner.on_line = [&m](bool completed) {
       (completed ? m.job_lines_completed : m.job_lines_failed).Increment();
     };
     runner.on_in_flight = [&m](int64_t delta) { m.job_lines_in_flight.Increment(double(delta)); };
+    runner.on_queued_tokens = [&m](int64_t delta) {
+      m.job_queued_tokens.Increment(double(delta));
+    };
     runner.on_change = [this] { intake_.metrics().set_jobs(options_.jobs->count_by_status()); };
     runner_ = std::make_unique<jobs::Runner>(
         *options_.jobs,
         [this](const jobs::BatchRecord& b, const jobs::BatchLine& line,
                std::function<void(jobs::LineResult)> done) {
-          execute_line(b, line, std::move(done));
+          return execute_line(b, line, std::move(done));
         },
         runner);
   }
@@ -298,9 +327,11 @@ void HttpApi::submit(Call call, std::shared_ptr<const serving::ServedModel> mode
         const Status converted = convert(out);
         // The route's own class (a KServe `priority` parameter), else the header's.
         if (!out->priority) out->priority = call.priority;
+        out->promotable = !call.job_line;
         return converted;
       },
       request);
+  if (status.ok() && call.admitted_tokens != nullptr) *call.admitted_tokens = request->tokens;
   if (!status.ok()) {
     const bool invalid = status.code() == StatusCode::kInvalidArgument;
     fail(call, status, !invalid ? "" : status.field().empty() ? param : status.field());

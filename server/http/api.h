@@ -37,7 +37,8 @@ struct FilesOptions {
   int64_t max_stored_bytes = int64_t(100) << 30;  ///< every stored file together
   int64_t ttl_seconds = 30 * 24 * 3600;           ///< an upload's default expiry
   int64_t completion_window_s = 24 * 3600;        ///< a batch's window ("24h"; shorter: tests)
-  int64_t batch_lines_in_flight = 32;             ///< a batch's lines queued at once (the feeder)
+  int64_t batch_lines_in_flight = 32;  ///< batches' lines queued at once (the feeder), together
+  int64_t batch_queued_tokens = 0;     ///< and their tokens (--jobs-queued-tokens; 0: no bound)
 };
 
 struct ApiOptions {
@@ -87,6 +88,10 @@ class HttpApi final : public Handler {
     /// The x-priority header's class (every route); unset: the route's own choice, else the
     /// model's default.
     std::optional<batching::Priority> priority;
+    /// A batch job's line (execute_line): never promoted to interactive (batching::Job), and
+    /// the tokens it queued are written here once it is admitted.
+    bool job_line = false;
+    int64_t* admitted_tokens = nullptr;
   };
   // What a finished request's answer is made of (runs on an I/O thread).
   using Format = std::function<Response(const batching::Job&)>;
@@ -119,10 +124,11 @@ class HttpApi final : public Handler {
   void batches_get(Call call, const std::string& id);
   void batches_cancel(Call call, const std::string& id);
   void write_batch(json::Writer& w, const jobs::BatchRecord& b);
-  // Runs one batch line's body through POST /v1/embeddings in the bulk class; `done` gets its
-  // status and answer.
-  void execute_line(const jobs::BatchRecord& batch, const jobs::BatchLine& line,
-                    std::function<void(jobs::LineResult)> done);
+  // Runs one batch line's body through POST /v1/embeddings in the bulk class, never promoted,
+  // with the batch's expiry as its deadline; `done` gets its status and answer. Returns the
+  // tokens it queued (0: refused at once).
+  int64_t execute_line(const jobs::BatchRecord& batch, const jobs::BatchLine& line,
+                       std::function<void(jobs::LineResult)> done);
   void openai_models(Call call);
   void openai_model(Call call, const std::string& id);  // GET /v1/models/{id}
   // A model that is not served, in OpenAI's words (the names it serves); other statuses as

@@ -128,18 +128,28 @@ void HttpApi::write_batch(json::Writer& w, const jobs::BatchRecord& b) {
   w.number(b.total_tokens).raw("}}");
 }
 
-void HttpApi::execute_line(const jobs::BatchRecord&, const jobs::BatchLine& line,
-                           std::function<void(jobs::LineResult)> done) {
+int64_t HttpApi::execute_line(const jobs::BatchRecord& batch, const jobs::BatchLine& line,
+                              std::function<void(jobs::LineResult)> done) {
   Request request{bhttp::verb::post, "/v1/embeddings", 11};
   request.set(bhttp::field::content_type, "application/json");
   request.body() = line.body;
+  // The batch's window is the line's deadline (not the bulk class's --bulk-timeout-ms).
+  const auto start = batching::Clock::now();
+  const auto deadline = batch.expires_at > 0
+                            ? start + std::chrono::seconds(std::max<int64_t>(
+                                          1, batch.expires_at - unix_now()))
+                            : batching::Clock::time_point::max();
+  int64_t tokens = 0;
   Call call{"batch POST /v1/embeddings",
             Api::kOpenAI,
-            batching::Clock::now(),
+            start,
             std::make_shared<LineResponder>(std::move(done)),
-            batching::Clock::time_point::max(),
-            batching::Priority::kBulk};
+            deadline,
+            batching::Priority::kBulk,
+            /*job_line=*/true,
+            &tokens};
   openai_embeddings(request, std::move(call));
+  return tokens;
 }
 
 void HttpApi::batches_create(const Request& request, Call call) {

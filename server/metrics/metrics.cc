@@ -200,6 +200,12 @@ Metrics::Metrics()
                                     "answered.")
                               .Register(*registry_)
                               .Add({})),
+      job_queued_tokens(BuildGauge()
+                            .Name("fastformer_job_queued_tokens")
+                            .Help("Tokens of the batch jobs' lines admitted as bulk requests and "
+                                  "not yet answered.")
+                            .Register(*registry_)
+                            .Add({})),
       model_info_(BuildGauge()
                       .Name("fastformer_model_info")
                       .Help("Each loaded model version (set once it is loaded); always 1.")

@@ -119,6 +119,7 @@ class Metrics {
   prometheus::Counter& job_lines_completed;
   prometheus::Counter& job_lines_failed;
   prometheus::Gauge& job_lines_in_flight;
+  prometheus::Gauge& job_queued_tokens;  ///< those lines' tokens (the feeder's token bound)
   // fastformer_jobs{status}: the batches in each status (OpenAI's names), as the store counts them.
   void set_jobs(const std::vector<std::pair<std::string, int64_t>>& by_status);
 

@@ -44,6 +44,7 @@ class Prepared : public batching::KeepAlive {
   /// The class the call asked for (a protocol's field or parameter, Cohere's input_type);
   /// unset: the header's (HTTP), else the model's default. The serving core resolves it.
   std::optional<batching::Priority> priority;
+  bool promotable = true;  ///< batching::Job::promotable (false: a batch job's line)
   /// A chunked text row's tokens' character ranges (code points; empty for other rows), for
   /// each chunk's character range in the answer (chunk_characters).
   std::vector<std::vector<std::pair<uint32_t, uint32_t>>> text_offsets;

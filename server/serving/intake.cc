@@ -160,6 +160,7 @@ Status Intake::admit_found(Clock::time_point deadline, std::shared_ptr<const Ser
   request->options = prepared->options;
   request->arrival = Clock::now();
   request->priority = prepared->priority.value_or(model->settings.default_priority);
+  request->promotable = prepared->promotable;
   // The call's deadline, else its class's default (0: none).
   const int64_t default_ms = model->settings.default_timeout_ms(request->priority);
   request->deadline = deadline == batching::Clock::time_point::max() && default_ms > 0

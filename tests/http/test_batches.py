@@ -2,9 +2,9 @@
 files.create, batches.create, batches.retrieve until completed, files.content of the output and
 error files. Every answer equals what POST /v1/embeddings answers for the same body (within the
 engine's batch-invariance bound), refused lines land in the error file and the batch goes on;
-an input that fails validation fails the batch with OpenAI's errors; cancel; and a server killed
-with SIGKILL mid-batch and restarted on the same --jobs-dir finishes it with exactly one answer per
-custom_id.
+an input that fails validation fails the batch with OpenAI's errors; cancel; expiry; and a server
+killed with SIGKILL at five points of a batch, restarted each time on the same --jobs-dir, finishes
+it with exactly one answer per custom_id.
 """
 
 from __future__ import annotations
@@ -158,28 +158,75 @@ def test_cancel_marks_the_lines_not_run(srv):
     assert unrun and all(x["error"]["code"] == "batch_cancelled" for x in unrun)
 
 
-def test_a_server_killed_mid_batch_finishes_it_after_a_restart(text_model, logs, tmp_path):
+def test_killed_at_five_points_and_restarted_every_line_is_answered_once(text_model, logs, tmp_path):
+    """kill -9 at five points of one batch, each followed by a restart on the same --jobs-dir:
+    during validation, early (files synced, the first commit not made), in the middle (SIGKILL
+    from outside), just after a line's answer is written (not yet synced), and while finalizing.
+    The server's crash-test hook (FASTFORMER_JOBS_TEST_KILL_AT=<step>:<line>) raises SIGKILL itself
+    at the exact step; the batch ends completed with exactly one line per custom_id."""
     jobs = tmp_path / "jobs"
-    s = Server(text_model.dir, logs, "batches-killed", **{"jobs-dir": jobs}).wait_ready()
+    n = 600
+
+    def server(name, kill_at=None):
+        env = {"FASTFORMER_JOBS_TEST_KILL_AT": kill_at} if kill_at else None
+        return Server(text_model.dir, logs, f"batches-{name}", env_extra=env, **{"jobs-dir": jobs})
+
+    def killed(s):
+        assert s.wait_exit(120) == -signal.SIGKILL, s.log_tail()
+        return s.log_text()
+
+    s = server("validating", "validating:300").wait_ready()
     c = client(s)
     model = model_name(s)
-    lines = [line(i, model) for i in range(2000)]
+    lines = [line(i, model) for i in range(n)]
     f = c.files.create(file=("requests.jsonl", jsonl(lines)), purpose="batch")
-    b = c.batches.create(input_file_id=f.id, endpoint="/v1/embeddings", completion_window="24h")
-    while c.batches.retrieve(b.id).request_counts.completed < 100:
+    try:  # the kill may come before the answer: the batch is committed before it is run
+        c.batches.create(input_file_id=f.id, endpoint="/v1/embeddings", completion_window="24h")
+    except openai.APIConnectionError:
+        pass
+    killed(s)
+    killed(server("early", "synced:64"))
+    s = server("middle").wait_ready()
+    c = client(s)
+    [b] = c.batches.list().data
+    while c.batches.retrieve(b.id).request_counts.completed < 250:
         time.sleep(0.01)
     s.signal(signal.SIGKILL)
-    s.wait_exit(30)
-    s = Server(text_model.dir, logs, "batches-restarted", **{"jobs-dir": jobs}).wait_ready()
+    killed(s)
+    log = killed(server("written", "written:450"))
+    assert f"batch {b.id}: resuming in_progress at input line" in log, log[-4000:]
+    killed(server("finalizing", "finalizing:0"))
+    s = server("restarted").wait_ready()
     try:
         c = client(s)
         done = wait_done(c, b.id, timeout=300)
         assert done.status == "completed", done
-        assert done.request_counts.completed + done.request_counts.failed == 2000
+        assert done.request_counts.completed + done.request_counts.failed == n
         output, errors = read_jsonl(c, done.output_file_id), read_jsonl(c, done.error_file_id)
-        ids = [x["custom_id"] for x in output + errors]
-        assert len(ids) == 2000 and len(set(ids)) == 2000, "exactly one answer per custom_id"
-        # It was killed mid-batch: the restarted server resumed it where its last commit was.
-        assert f"batch {b.id}: resuming in_progress at input line" in s.log_text(), s.log_tail()
+        check_answers(s, {x["custom_id"]: x for x in lines}, output, errors)
+    finally:
+        s.stop()
+
+
+def test_expiry_ends_a_batch_with_its_finished_lines_downloadable(text_model, logs, tmp_path):
+    """A window of one second (--jobs-completion-window-s, the test flag): the batch ends
+    expired, the lines it finished are in its output, the rest are batch_expired."""
+    s = Server(text_model.dir, logs, "batches-expiry",
+               **{"jobs-dir": tmp_path / "jobs", "jobs-completion-window-s": 1}).wait_ready()
+    try:
+        c = client(s)
+        model = model_name(s)
+        lines = [line(i, model) for i in range(20000)]
+        f = c.files.create(file=("requests.jsonl", jsonl(lines)), purpose="batch")
+        b = c.batches.create(input_file_id=f.id, endpoint="/v1/embeddings", completion_window="24h")
+        assert b.expires_at - b.created_at == 1
+        done = wait_done(c, b.id, timeout=120)
+        assert done.status == "expired", done
+        assert done.expired_at >= b.expires_at
+        output, errors = read_jsonl(c, done.output_file_id), read_jsonl(c, done.error_file_id)
+        assert sorted(x["custom_id"] for x in output + errors) == sorted(x["custom_id"] for x in lines)
+        expired = [x for x in errors if x["response"] is None]
+        assert expired and all(x["error"]["code"] == "batch_expired" for x in expired)
+        assert done.request_counts.completed == len(output)
     finally:
         s.stop()

@@ -650,6 +650,34 @@ TEST(BatchQueuePriorityTest, BulkWaitingPastTheBoundIsPromotedInArrivalOrder) {
   EXPECT_EQ(batch->entries[0].request.get(), q2.request.get());
 }
 
+// A batch job's line (Job::promotable false) is never promoted, however long it waits: the query
+// that came later goes first, and a promotable bulk request behind the line passes it.
+TEST(BatchQueuePriorityTest, ABatchJobsLineIsNeverPromotedAndBulkBehindItIs) {
+  QueueLimits l = limits(4);  // one 4-token sequence a batch
+  l.bulk_promote_after = 30ms;
+  l.max_queue_delay = 0us;
+  BatchQueue queue(l, config());
+  TestRequest line({4}), bulk({4});
+  line.request->promotable = false;
+  ASSERT_EQ(queue.push(with_priority(line, Priority::kBulk)), Admission::kAdmitted);
+  ASSERT_EQ(queue.push(with_priority(bulk, Priority::kBulk)), Admission::kAdmitted);
+  std::this_thread::sleep_for(40ms);
+  TestRequest query({4});
+  ASSERT_EQ(queue.push(with_priority(query, Priority::kInteractive)), Admission::kAdmitted);
+  using P = std::pair<Job*, int32_t>;
+  std::vector<P> order;
+  for (int i = 0; i < 3; ++i) {
+    auto batch = queue.next_batch();
+    ASSERT_TRUE(batch);
+    ASSERT_EQ(batch->entries.size(), 1u);
+    order.push_back(members(*batch)[0]);
+    EXPECT_EQ(batch->entries[0].promoted, batch->entries[0].request == bulk.request);
+  }
+  // The promoted bulk request is older than the query; the job's line waits for both.
+  EXPECT_EQ(order, (std::vector<P>{{bulk.request.get(), 0}, {query.request.get(), 0},
+                                   {line.request.get(), 0}}));
+}
+
 TEST(BatchQueuePriorityTest, RefreshLetsInteractiveWorkJoinOrDisplaceBulk) {
   QueueLimits l = limits(12);
   l.mixed_batch_tokens = 12;

@@ -6,6 +6,7 @@
 // every custom_id answered exactly once.
 #include <gtest/gtest.h>
 #include <signal.h>
+#include <sys/resource.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
@@ -13,6 +14,7 @@
 #include <deque>
 #include <fstream>
 #include <map>
+#include <set>
 #include <nlohmann/json.hpp>
 #include <sstream>
 #include <thread>
@@ -51,14 +53,21 @@ class FakeEndpoint {
     std::lock_guard lock(mu_);
     return calls_;
   }
+  int64_t calls(const std::string& batch_id) {
+    std::lock_guard lock(mu_);
+    return calls_by_batch_[batch_id];
+  }
   Execute execute() {
-    return [this](const BatchRecord&, const BatchLine& line, std::function<void(LineResult)> done) {
+    return [this](const BatchRecord& b, const BatchLine& line,
+                  std::function<void(LineResult)> done) -> int64_t {
       {
         std::lock_guard lock(mu_);
         queue_.emplace_back(line.body, std::move(done));
         ++calls_;
+        ++calls_by_batch_[b.id];
       }
       cv_.notify_all();
+      return answer(line.body).prompt_tokens;  // the tokens it queued: the input's length
     };
   }
   static LineResult answer(const std::string& body) {
@@ -85,6 +94,7 @@ class FakeEndpoint {
   std::deque<std::pair<std::string, std::function<void(LineResult)>>> queue_;
   bool held_ = false, done_ = false;
   int64_t calls_ = 0;
+  std::map<std::string, int64_t> calls_by_batch_;
   std::thread worker_;
 };
 
@@ -280,8 +290,9 @@ int run_child(const fs::path& dir, std::string step, int64_t at) {
     };
     // Answers at once, on the runner's thread.
     Execute inline_endpoint = [](const BatchRecord&, const BatchLine& line,
-                                 std::function<void(LineResult)> done) {
+                                 std::function<void(LineResult)> done) -> int64_t {
       done(FakeEndpoint::answer(line.body));
+      return 0;
     };
     Runner runner(*store, inline_endpoint, options);
     runner.start();
@@ -337,7 +348,7 @@ TEST(JobsRunner, BusyAnswersAreRunAgainNotWritten) {
   std::mutex mu;
   std::map<std::string, int> tries;
   Execute busy_first = [&](const BatchRecord& b, const BatchLine& line,
-                           std::function<void(LineResult)> done) {
+                           std::function<void(LineResult)> done) -> int64_t {
     int n = 0;
     {
       std::lock_guard lock(mu);
@@ -345,9 +356,9 @@ TEST(JobsRunner, BusyAnswersAreRunAgainNotWritten) {
     }
     if (n < 2 && line.custom_id.back() % 3 == 0) {  // req-0, req-3, ...: busy twice
       done({n == 0 ? 429 : 503, R"({"error":{"message":"queue full"}})", 0});
-      return;
+      return 0;
     }
-    endpoint.execute()(b, line, std::move(done));
+    return endpoint.execute()(b, line, std::move(done));
   };
   Runner runner(*store, busy_first);
   runner.start();
@@ -358,6 +369,153 @@ TEST(JobsRunner, BusyAnswersAreRunAgainNotWritten) {
   expect_each_once(*store, *b, 20);
   EXPECT_EQ(tries["req-3"], 3);
   EXPECT_EQ(tries["req-1"], 1);
+}
+
+}  // namespace
+}  // namespace fastformer::jobs
+
+namespace fastformer::jobs {
+namespace {
+
+// Two batches run at once and share the feeder's line bound evenly (the older does not hold
+// every slot), and each still answers every request once.
+TEST(JobsRunner, BatchesRunSideBySideSharingTheLinesInFlight) {
+  test::TempDir tmp;
+  std::string why;
+  auto store = Store::open(tmp / "jobs", &why);
+  ASSERT_TRUE(store) << why;
+  const BatchRecord big = make_batch(*store, 60), small = make_batch(*store, 10);
+  FakeEndpoint endpoint;
+  endpoint.hold(true);
+  RunnerOptions options;
+  options.max_in_flight = 4, options.max_running = 2;
+  Runner runner(*store, endpoint.execute(), options);
+  runner.start();
+  const auto end = std::chrono::steady_clock::now() + std::chrono::seconds(20);
+  while (endpoint.calls() < 4 && std::chrono::steady_clock::now() < end)
+    std::this_thread::sleep_for(std::chrono::milliseconds(2));
+  std::this_thread::sleep_for(std::chrono::milliseconds(50));  // nothing more is fed
+  EXPECT_EQ(endpoint.calls(big.id), 2);
+  EXPECT_EQ(endpoint.calls(small.id), 2);
+  endpoint.hold(false);
+  ASSERT_TRUE(wait_idle(runner));
+  for (const auto& [made, n] : {std::pair(big, 60), std::pair(small, 10)}) {
+    const auto b = store->batch(made.id);
+    EXPECT_EQ(b->status, BatchStatus::kCompleted);
+    expect_each_once(*store, *b, n);
+  }
+  // One at a time (max_running 1): the older first.
+  const BatchRecord first = make_batch(*store, 5), second = make_batch(*store, 5);
+  RunnerOptions one;
+  one.max_running = 1;
+  endpoint.hold(true);
+  Runner serial(*store, endpoint.execute(), one);
+  serial.start();
+  while (endpoint.calls(first.id) < 5) std::this_thread::sleep_for(std::chrono::milliseconds(2));
+  EXPECT_EQ(endpoint.calls(second.id), 0);
+  endpoint.hold(false);
+  ASSERT_TRUE(wait_idle(serial));
+}
+
+// The token bound: with max_queued_tokens 1 a line runs only once the one before is answered;
+// the observer's count goes back to 0.
+TEST(JobsRunner, TheTokenBoundHoldsLinesBack) {
+  test::TempDir tmp;
+  std::string why;
+  auto store = Store::open(tmp / "jobs", &why);
+  ASSERT_TRUE(store) << why;
+  const BatchRecord made = make_batch(*store, 30);
+  FakeEndpoint endpoint;
+  endpoint.hold(true);
+  std::atomic<int64_t> queued{0}, most{0};
+  RunnerOptions options;
+  options.max_in_flight = 8, options.max_queued_tokens = 1;
+  options.on_queued_tokens = [&](int64_t delta) {
+    const int64_t now = queued += delta;
+    int64_t seen = most.load();
+    while (now > seen && !most.compare_exchange_weak(seen, now)) {
+    }
+  };
+  Runner runner(*store, endpoint.execute(), options);
+  runner.start();
+  while (endpoint.calls() < 1) std::this_thread::sleep_for(std::chrono::milliseconds(2));
+  std::this_thread::sleep_for(std::chrono::milliseconds(100));
+  EXPECT_EQ(endpoint.calls(), 1);  // the line bound (8) would have let 8 run
+  endpoint.hold(false);
+  ASSERT_TRUE(wait_idle(runner));
+  EXPECT_EQ(endpoint.calls(), 30);
+  EXPECT_EQ(queued.load(), 0);
+  EXPECT_LE(most.load(), 17);  // one line at a time: the longest input, "text " and 12 x
+  EXPECT_GE(most.load(), 5);
+  expect_each_once(*store, *store->batch(made.id), 30);
+}
+
+// A disk that fills up while a batch writes (here a file size limit, RLIMIT_FSIZE: writes past it
+// fail as on a full disk): the batch fails with an error naming the file, never completed; what
+// it committed stays downloadable, in whole lines, each request at most once.
+TEST(JobsRunner, AFullDiskFailsTheBatchAndKeepsWhatItCommitted) {
+  test::TempDir tmp;
+  const fs::path dir = tmp / "jobs";
+  std::string id;
+  {
+    std::string why;
+    auto store = Store::open(dir, &why);
+    ASSERT_TRUE(store) << why;
+    id = make_batch(*store, 3000).id;
+  }
+  const pid_t pid = fork();
+  if (pid == 0) {
+    ::signal(SIGXFSZ, SIG_IGN);  // a write past the limit fails with EFBIG instead
+    const rlimit limit{200 << 10, 200 << 10};
+    if (::setrlimit(RLIMIT_FSIZE, &limit) != 0) _exit(5);
+    std::string why;
+    auto store = Store::open(dir, &why);
+    if (!store) _exit(3);
+    RunnerOptions options;
+    options.commit_every = 500;
+    Runner runner(*store,
+                  [](const BatchRecord&, const BatchLine& line,
+                     std::function<void(LineResult)> done) -> int64_t {
+                    done(FakeEndpoint::answer(line.body));
+                    return 0;
+                  },
+                  options);
+    runner.start();
+    const bool idle = wait_idle(runner);
+    runner.stop();
+    _exit(idle ? 0 : 4);
+  }
+  int status = 0;
+  ::waitpid(pid, &status, 0);
+  ASSERT_TRUE(WIFEXITED(status) && WEXITSTATUS(status) == 0) << status;
+  std::string why;
+  auto store = Store::open(dir, &why);
+  ASSERT_TRUE(store) << why;
+  const auto b = store->batch(id);
+  ASSERT_TRUE(b);
+  EXPECT_EQ(b->status, BatchStatus::kFailed);
+  const json errors = json::parse(b->errors_json);
+  const std::string message = errors["data"][0]["message"];
+  EXPECT_EQ(errors["data"][0]["code"], "server_error");
+  EXPECT_NE(message.find("write " + store->file_path(b->output_file_id)->string()),
+            std::string::npos)
+      << message;
+  EXPECT_NE(message.find("File too large"), std::string::npos) << message;
+  EXPECT_GT(b->next_line, 0);
+  EXPECT_LT(b->next_line, 3000);
+  // What it committed is downloadable: whole lines, each once, as many as it counted.
+  const auto output = store->file(b->output_file_id);
+  ASSERT_TRUE(output);
+  EXPECT_EQ(output->bytes, int64_t(fs::file_size(*store->file_path(b->output_file_id))));
+  std::set<std::string> seen;
+  int64_t lines = 0;
+  for (const std::string& file : {b->output_file_id, b->error_file_id}) {
+    for (const json& line : read_lines(*store, file)) {
+      EXPECT_TRUE(seen.insert(line["custom_id"].get<std::string>()).second);
+      ++lines;
+    }
+  }
+  EXPECT_EQ(lines, b->completed + b->failed);
 }
 
 }  // namespace
