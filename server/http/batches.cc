@@ -3,8 +3,8 @@
 //   GET  /v1/batches              the list, newest first (after, limit)
 //   GET  /v1/batches/{id}         one batch object
 //   POST /v1/batches/{id}/cancel
-// A batch's lines run through POST /v1/embeddings itself (execute_line): the same reader, rules
-// and answers as a live request, in the bulk class.
+// A batch's lines run through POST /v1/embeddings (or Cohere's POST /v2/embed) itself
+// (execute_line): the same reader, rules and answers as a live request, in the bulk class.
 #include <simdjson.h>
 #include <spdlog/spdlog.h>
 
@@ -63,12 +63,21 @@ void write_time(json::Writer& w, const char* name, int64_t t) {
   }
 }
 
-// What an embeddings answer counted (usage.prompt_tokens), 0 if it says none.
+// The endpoints a batch may name: OpenAI's embeddings, and Cohere's v2 embed.
+bool batch_endpoint(std::string_view endpoint) {
+  return endpoint == "/v1/embeddings" || endpoint == "/v2/embed";
+}
+
+// What an embeddings answer counted (OpenAI's usage.prompt_tokens, Cohere's
+// meta.billed_units.input_tokens), 0 if it says none.
 int64_t prompt_tokens_of(const std::string& body) {
   thread_local simdjson::dom::parser parser;
+  simdjson::dom::element doc;
+  if (parser.parse(body).get(doc) != simdjson::SUCCESS) return 0;
   int64_t n = 0;
-  if (parser.parse(body).at_pointer("/usage/prompt_tokens").get(n) != simdjson::SUCCESS) return 0;
-  return n;
+  if (doc.at_pointer("/usage/prompt_tokens").get(n) == simdjson::SUCCESS) return n;
+  if (doc.at_pointer("/meta/billed_units/input_tokens").get(n) == simdjson::SUCCESS) return n;
+  return 0;
 }
 
 // A batch line's answer, taken as the endpoint gives it to a client.
@@ -130,7 +139,8 @@ void HttpApi::write_batch(json::Writer& w, const jobs::BatchRecord& b) {
 
 int64_t HttpApi::execute_line(const jobs::BatchRecord& batch, const jobs::BatchLine& line,
                               std::function<void(jobs::LineResult)> done) {
-  Request request{bhttp::verb::post, "/v1/embeddings", 11};
+  const bool cohere = batch.endpoint == "/v2/embed";
+  Request request{bhttp::verb::post, cohere ? "/v2/embed" : "/v1/embeddings", 11};
   request.set(bhttp::field::content_type, "application/json");
   request.body() = line.body;
   // The batch's window is the line's deadline (not the bulk class's --bulk-timeout-ms).
@@ -140,15 +150,19 @@ int64_t HttpApi::execute_line(const jobs::BatchRecord& batch, const jobs::BatchL
                                           1, batch.expires_at - unix_now()))
                             : batching::Clock::time_point::max();
   int64_t tokens = 0;
-  Call call{"batch POST /v1/embeddings",
-            Api::kOpenAI,
+  Call call{cohere ? "batch POST /v2/embed" : "batch POST /v1/embeddings",
+            cohere ? Api::kCohere : Api::kOpenAI,
             start,
             std::make_shared<LineResponder>(std::move(done)),
             deadline,
             batching::Priority::kBulk,
             /*job_line=*/true,
             &tokens};
-  openai_embeddings(request, std::move(call));
+  if (cohere) {
+    cohere_embed(request, std::move(call), /*v2=*/true);
+  } else {
+    openai_embeddings(request, std::move(call));
+  }
   return tokens;
 }
 
@@ -157,10 +171,11 @@ void HttpApi::batches_create(const Request& request, Call call) {
   NewBatch body;
   if (auto refused = reader::read_body(request, new_batch_fields(), &body))
     return refuse_body(call, *refused);
-  if (body.endpoint != "/v1/embeddings") {
+  if (!batch_endpoint(body.endpoint)) {
     return fail(call,
                 invalid_argument("endpoint: '" + body.endpoint +
-                                 "' is not served here: only /v1/embeddings (this is an encoder)"),
+                                 "' is not served here: only /v1/embeddings and /v2/embed (this is "
+                                 "an encoder)"),
                 "endpoint");
   }
   if (body.completion_window != "24h") {

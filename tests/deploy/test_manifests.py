@@ -635,3 +635,38 @@ def test_health_check_client_reads_no_server_variable(flags, client_health_flags
     server's certificate becomes the client's)."""
     shared = sorted(set(deploy_flags.env_names(flags)) & set(deploy_flags.env_names(client_health_flags)))
     assert not shared, f"variables read by both fastformer-server and fastformer-client health: {shared}"
+
+
+def test_k8s_jobs_statefulset_gives_each_pod_its_own_volume(flags, deploy_files):
+    """deploy/k8s/jobs (issue 50): jobs belong to one server's directory, so the servers that keep
+    them are a StatefulSet whose volumeClaimTemplates give each pod a ReadWriteOnce volume,
+    mounted where FASTFORMER_JOBS_DIR points; its env is the server's; a headless Service gives
+    each pod its own name; the kustomization lists the files and builds."""
+    d = deploy_files.k8s / "jobs"
+    sts = deploy_sources.load_yaml_docs(d / "statefulset.yaml")[0]
+    svc = deploy_sources.load_yaml_docs(d / "service.yaml")[0]
+    assert (sts["apiVersion"], sts["kind"]) == ("apps/v1", "StatefulSet")
+    pod = sts["spec"]["template"]
+    labels = pod["metadata"]["labels"]
+    assert _selects(sts["spec"]["selector"]["matchLabels"], labels)
+    assert labels.get("app.kubernetes.io/component") != "server", "the jobs pods must not join the Deployment's Services"
+    [c] = pod["spec"]["containers"]
+    env = {e["name"]: e["value"] for e in c.get("env") or [] if "value" in e}
+    problems = _check_env(flags, env, "jobs statefulset")
+    assert not problems, "\n".join(problems)
+    claims = {t["metadata"]["name"]: t["spec"] for t in sts["spec"]["volumeClaimTemplates"]}
+    mounts = {m["mountPath"]: m["name"] for m in c["volumeMounts"]}
+    jobs_dir = env["FASTFORMER_JOBS_DIR"]
+    assert mounts.get(jobs_dir) in claims, f"{jobs_dir} is not on a volume of volumeClaimTemplates: {mounts}"
+    assert claims[mounts[jobs_dir]]["accessModes"] == ["ReadWriteOnce"]
+    assert mounts.get("/models") and pod["spec"]["securityContext"].get("fsGroup"), "the volume must be writable"
+    assert svc["spec"].get("clusterIP") == "None" and sts["spec"]["serviceName"] == svc["metadata"]["name"]
+    assert _selects(svc["spec"]["selector"], labels)
+    ports = {p["name"]: p["containerPort"] for p in c["ports"]}
+    assert ports["http"] == deploy_flags.port_of(deploy_flags.effective(flags, env)["http-listen"])
+    kust = deploy_sources.load_yaml_docs(d / "kustomization.yaml")[0]
+    assert sorted(kust["resources"]) == sorted(p.name for p in d.glob("*.yaml") if p.name != "kustomization.yaml")
+    kubectl = shutil.which("kubectl")
+    if kubectl:   # kustomize builds offline
+        p = subprocess.run([kubectl, "kustomize", str(d)], capture_output=True, text=True, timeout=60)
+        assert p.returncode == 0, p.stderr

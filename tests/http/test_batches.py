@@ -230,3 +230,35 @@ def test_expiry_ends_a_batch_with_its_finished_lines_downloadable(text_model, lo
         assert done.request_counts.completed == len(output)
     finally:
         s.stop()
+
+
+def test_a_cohere_v2_embed_batch_answers_as_the_live_route(srv):
+    """endpoint "/v2/embed": each line's body is Cohere's, run through POST /v2/embed itself; the
+    output holds Cohere's answers, a refused line Cohere's error shape."""
+    c = client(srv)
+    model = model_name(srv)
+    lines = []
+    for i in range(20):
+        body = {"model": model, "texts": [" ".join(WORDS[: 1 + i % 8]), "the lazy dog"],
+                "input_type": "search_document", "embedding_types": ["float", "ubinary"]}
+        if i == 13:
+            body = {"model": model, "texts": ["a"], "input_type": "poetry"}
+        lines.append({"custom_id": f"cohere-{i}", "method": "POST", "url": "/v2/embed", "body": body})
+    f = c.files.create(file=("cohere.jsonl", jsonl(lines)), purpose="batch")
+    done = wait_done(c, c.batches.create(input_file_id=f.id, endpoint="/v2/embed", completion_window="24h").id)
+    assert done.status == "completed", done
+    assert (done.request_counts.completed, done.request_counts.failed) == (19, 1), read_jsonl(c, done.error_file_id)[:2]
+    output, errors = read_jsonl(c, done.output_file_id), read_jsonl(c, done.error_file_id)
+    by_id = {x["custom_id"]: x for x in lines}
+    for x in output:
+        live = call(srv.http_port, "POST", "/v2/embed", by_id[x["custom_id"]]["body"]).json()
+        got = x["response"]["body"]
+        np.testing.assert_allclose(np.array(got["embeddings"]["float"]), np.array(live["embeddings"]["float"]),
+                                   rtol=1e-5, atol=1e-6)
+        assert [len(r) for r in got["embeddings"]["ubinary"]] == [len(r) for r in live["embeddings"]["ubinary"]]
+        assert got["meta"]["billed_units"] == live["meta"]["billed_units"]
+    assert done.usage.input_tokens == sum(x["response"]["body"]["meta"]["billed_units"]["input_tokens"]
+                                          for x in output)
+    [refused] = errors
+    assert refused["custom_id"] == "cohere-13" and refused["response"]["status_code"] == 400
+    assert "input_type" in refused["response"]["body"]["message"]
