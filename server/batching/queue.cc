@@ -176,7 +176,8 @@ void BatchQueue::promote(Clock::time_point now, std::vector<QueueEntry>* promote
   std::deque<QueueEntry>& bulk = entries_[int(Priority::kBulk)];
   std::deque<QueueEntry>& interactive = entries_[int(Priority::kInteractive)];
   // A batch job's lines (Job::promotable false) stay; the bulk work behind them is promoted.
-  for (auto it = bulk.begin(); it != bulk.end() && it->queued_at + limits_.bulk_promote_after <= now;) {
+  for (auto it = bulk.begin();
+       it != bulk.end() && it->queued_at + limits_.bulk_promote_after <= now;) {
     if (!it->request->promotable) {
       ++it;
       continue;

@@ -7,10 +7,11 @@
 // runs alone. A bulk sequence queued for bulk_promote_after joins the interactive queue in its
 // arrival order (refresh promotes the ones whose bound passes while the batch computes, so each
 // starts by its bound); a batch job's line (Job::promotable false) is never promoted, and the bulk
-// sequences behind it pass it when they are. Sequences of expired, cancelled or already failed requests are dropped at
-// the heads, before compute. Within a class nothing overtakes an earlier sequence: an entry that
-// does not fit stays at the head. A batch formed before interactive work arrived is refreshed
-// before it runs (refresh): that work joins it, and bulk sequences at its end make room.
+// sequences behind it pass it when they are. Sequences of expired, cancelled or already failed
+// requests are dropped at the heads, before compute. Within a class nothing overtakes an earlier
+// sequence: an entry that does not fit stays at the head. A batch formed before interactive work
+// arrived is refreshed before it runs (refresh): that work joins it, and bulk sequences at its end
+// make room.
 #pragma once
 
 #include <algorithm>

@@ -34,9 +34,10 @@ std::function<void(std::string_view, int64_t)> kill_hook() {
   int64_t at = 0;
   if (colon != std::string_view::npos)
     std::from_chars(text.data() + colon + 1, text.data() + text.size(), at);
-  spdlog::warn("jobs: FASTFORMER_JOBS_TEST_KILL_AT={}: this server kills itself (SIGKILL) at "
-               "batch step {} from line {}, a crash-safety test",
-               spec, step, at);
+  spdlog::warn(
+      "jobs: FASTFORMER_JOBS_TEST_KILL_AT={}: this server kills itself (SIGKILL) at "
+      "batch step {} from line {}, a crash-safety test",
+      spec, step, at);
   return [step, at](std::string_view now, int64_t line) {
     if (now == step && line >= at) ::raise(SIGKILL);
   };
@@ -212,9 +213,7 @@ HttpApi::HttpApi(serving::Intake& intake, ApiOptions options)
       (completed ? m.job_lines_completed : m.job_lines_failed).Increment();
     };
     runner.on_in_flight = [&m](int64_t delta) { m.job_lines_in_flight.Increment(double(delta)); };
-    runner.on_queued_tokens = [&m](int64_t delta) {
-      m.job_queued_tokens.Increment(double(delta));
-    };
+    runner.on_queued_tokens = [&m](int64_t delta) { m.job_queued_tokens.Increment(double(delta)); };
     runner.on_change = [this] { intake_.metrics().set_jobs(options_.jobs->count_by_status()); };
     runner_ = std::make_unique<jobs::Runner>(
         *options_.jobs,

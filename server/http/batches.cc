@@ -145,10 +145,10 @@ int64_t HttpApi::execute_line(const jobs::BatchRecord& batch, const jobs::BatchL
   request.body() = line.body;
   // The batch's window is the line's deadline (not the bulk class's --bulk-timeout-ms).
   const auto start = batching::Clock::now();
-  const auto deadline = batch.expires_at > 0
-                            ? start + std::chrono::seconds(std::max<int64_t>(
-                                          1, batch.expires_at - unix_now()))
-                            : batching::Clock::time_point::max();
+  const auto deadline =
+      batch.expires_at > 0
+          ? start + std::chrono::seconds(std::max<int64_t>(1, batch.expires_at - unix_now()))
+          : batching::Clock::time_point::max();
   int64_t tokens = 0;
   Call call{cohere ? "batch POST /v2/embed" : "batch POST /v1/embeddings",
             cohere ? Api::kCohere : Api::kOpenAI,

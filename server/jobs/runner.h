@@ -58,7 +58,7 @@ struct RunnerOptions {
   int64_t max_running = 4;  ///< batches run at once, oldest first
   /// A batch whose failure could not be recorded (a full disk) is tried again this much later.
   int64_t retry_after_s = 30;
-  int64_t commit_every = 64;   ///< lines between commits (each an fsync of both files)
+  int64_t commit_every = 64;  ///< lines between commits (each an fsync of both files)
   InputValidator::Limits limits;
   std::function<int64_t()> now;  ///< Unix seconds; default: the system clock
   /// Retention (Store::delete_expired), at most this often: expired files, and finished
@@ -126,11 +126,11 @@ class Runner {
   std::condition_variable wake_;
   bool poke_ = false;
   std::atomic<bool> stop_{false};
-  int64_t retained_at_ = 0;                      // when retention last ran (the loop's thread)
-  std::map<std::string, std::thread> runs_;      // the running batches, by id
-  std::vector<std::string> ended_;               // runs that ended, to join
-  std::map<std::string, int64_t> retry_at_;      // not before this time (a failure not recorded)
-  std::atomic<int64_t> running_{0};              // runs_.size(), for the feeder's shares
+  int64_t retained_at_ = 0;                  // when retention last ran (the loop's thread)
+  std::map<std::string, std::thread> runs_;  // the running batches, by id
+  std::vector<std::string> ended_;           // runs that ended, to join
+  std::map<std::string, int64_t> retry_at_;  // not before this time (a failure not recorded)
+  std::atomic<int64_t> running_{0};          // runs_.size(), for the feeder's shares
 };
 
 }  // namespace fastformer::jobs

@@ -16,6 +16,15 @@
 namespace fastformer::jobs {
 namespace {
 
+// SQLite's message, and the system's error behind it where there was one ("disk I/O error
+// (No space left on device)").
+std::string sqlite_error(sqlite3* db, const char* message) {
+  std::string text = message != nullptr ? message : "unknown error";
+  if (const int err = sqlite3_system_errno(db); err != 0)
+    text += std::string(" (") + std::strerror(err) + ")";
+  return text;
+}
+
 namespace fs = std::filesystem;
 
 constexpr int32_t kApplicationId = 0x46464a42;  // "FFJB": a fastformer jobs database
@@ -98,7 +107,7 @@ class Statement {
              : std::string();
   }
   int64_t number(int col) const { return sqlite3_column_int64(stmt_, col); }
-  std::string error() const { return sqlite3_errmsg(db_); }
+  std::string error() const { return sqlite_error(db_, sqlite3_errmsg(db_)); }
 
  private:
   sqlite3* db_;
@@ -166,10 +175,11 @@ std::optional<std::string> prepare_database(sqlite3* db, const std::string& path
                              "PRAGMA application_id=" + std::to_string(kApplicationId) +
                              ";PRAGMA user_version=" + std::to_string(kSchemaVersion) + ";COMMIT;";
     if (sqlite3_exec(db, init.c_str(), nullptr, nullptr, &error) != SQLITE_OK) {
-      const std::string message = error ? error : "unknown error";
+      const std::string message = sqlite_error(db, error);
       sqlite3_free(error);
       sqlite3_exec(db, "ROLLBACK", nullptr, nullptr, nullptr);
-      return fail("cannot create its tables: " + message);
+      return fail("cannot create its tables: " + message +
+                  "; check that the disk has room and is writable");
     }
   }
   const auto version = query_one(db, "PRAGMA user_version", &why);

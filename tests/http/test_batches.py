@@ -111,6 +111,7 @@ def test_a_batch_through_the_openai_sdk_answers_as_the_live_route(srv):
     assert values['fastformer_job_lines_total{outcome="completed"}'] >= 1980
     assert values['fastformer_job_lines_total{outcome="failed"}'] >= 20
     assert values["fastformer_job_lines_in_flight"] == 0
+    assert values["fastformer_job_queued_tokens"] == 0
     assert values['fastformer_jobs{status="completed"}'] >= 1
     assert values['fastformer_jobs{status="in_progress"}'] == 0
     promtool = shutil.which("promtool")

@@ -115,7 +115,7 @@ def test_without_jobs_dir_the_routes_say_how_to_turn_them_on(text_model, logs):
         s.stop()
 
 
-def test_with_a_token_every_files_route_is_401_without_it(text_model, logs, tmp_path):
+def test_with_a_token_every_files_and_batches_route_is_401_without_it(text_model, logs, tmp_path):
     token = tmp_path / "token"
     token.write_text("s3cret\n")
     s = Server(text_model.dir, logs, "files-auth", **{"jobs-dir": tmp_path / "jobs",
@@ -124,7 +124,13 @@ def test_with_a_token_every_files_route_is_401_without_it(text_model, logs, tmp_
         body, headers = multipart([("purpose", b"batch", None), ("file", CONTENT, "a.jsonl")])
         for method, path, b, h in [("POST", "/v1/files", body, headers), ("GET", "/v1/files", None, None),
                                    ("GET", "/v1/files/file-000000000000000000000000", None, None),
-                                   ("DELETE", "/v1/files/file-000000000000000000000000", None, None)]:
+                                   ("GET", "/v1/files/file-000000000000000000000000/content", None, None),
+                                   ("DELETE", "/v1/files/file-000000000000000000000000", None, None),
+                                   ("POST", "/v1/batches", b'{"input_file_id": "file-000000000000000000000000", '
+                                    b'"endpoint": "/v1/embeddings", "completion_window": "24h"}',
+                                    {"Content-Type": "application/json"}),
+                                   ("GET", "/v1/batches", None, None), ("GET", "/v1/batches/batch_x", None, None),
+                                   ("POST", "/v1/batches/batch_x/cancel", b"", None)]:
             r = call(s.http_port, method, path, b, h)
             assert r.status == 401, (method, path, r.status, r.body)
         f = client(s, api_key="s3cret").files.create(file=("a.jsonl", CONTENT), purpose="batch")

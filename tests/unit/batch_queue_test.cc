@@ -674,8 +674,9 @@ TEST(BatchQueuePriorityTest, ABatchJobsLineIsNeverPromotedAndBulkBehindItIs) {
     EXPECT_EQ(batch->entries[0].promoted, batch->entries[0].request == bulk.request);
   }
   // The promoted bulk request is older than the query; the job's line waits for both.
-  EXPECT_EQ(order, (std::vector<P>{{bulk.request.get(), 0}, {query.request.get(), 0},
-                                   {line.request.get(), 0}}));
+  EXPECT_EQ(
+      order,
+      (std::vector<P>{{bulk.request.get(), 0}, {query.request.get(), 0}, {line.request.get(), 0}}));
 }
 
 TEST(BatchQueuePriorityTest, RefreshLetsInteractiveWorkJoinOrDisplaceBulk) {

@@ -14,8 +14,8 @@
 #include <deque>
 #include <fstream>
 #include <map>
-#include <set>
 #include <nlohmann/json.hpp>
+#include <set>
 #include <sstream>
 #include <thread>
 
@@ -473,13 +473,14 @@ TEST(JobsRunner, AFullDiskFailsTheBatchAndKeepsWhatItCommitted) {
     if (!store) _exit(3);
     RunnerOptions options;
     options.commit_every = 500;
-    Runner runner(*store,
-                  [](const BatchRecord&, const BatchLine& line,
-                     std::function<void(LineResult)> done) -> int64_t {
-                    done(FakeEndpoint::answer(line.body));
-                    return 0;
-                  },
-                  options);
+    Runner runner(
+        *store,
+        [](const BatchRecord&, const BatchLine& line,
+           std::function<void(LineResult)> done) -> int64_t {
+          done(FakeEndpoint::answer(line.body));
+          return 0;
+        },
+        options);
     runner.start();
     const bool idle = wait_idle(runner);
     runner.stop();

@@ -7,6 +7,7 @@
 #include <gtest/gtest.h>
 #include <signal.h>
 #include <sqlite3.h>
+#include <sys/resource.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
@@ -97,6 +98,37 @@ TEST(JobsStore, ADatabaseNotOursIsRefusedNamingIt) {
               std::string::npos)
         << why;
   }
+}
+
+// A disk with no room at start-up (here a file size limit, RLIMIT_FSIZE, in a child process:
+// every write past it fails as on a full disk) is a clear error naming the database, never a
+// crash and never a store that seems to work.
+TEST(JobsStore, AFullDiskAtStartUpIsAClearError) {
+  test::TempDir tmp;
+  int out[2];
+  ASSERT_EQ(::pipe(out), 0);
+  const pid_t pid = fork();
+  if (pid == 0) {
+    ::close(out[0]);
+    ::signal(SIGXFSZ, SIG_IGN);  // a write past the limit fails with EFBIG instead
+    const rlimit limit{1024, 1024};
+    if (::setrlimit(RLIMIT_FSIZE, &limit) != 0) _exit(5);
+    std::string why;
+    const bool opened = Store::open(tmp / "jobs", &why) != nullptr;
+    if (::write(out[1], why.data(), why.size()) < 0) _exit(6);
+    _exit(opened ? 1 : 0);
+  }
+  ::close(out[1]);
+  std::string why;
+  char buffer[4096];
+  for (ssize_t n; (n = ::read(out[0], buffer, sizeof buffer)) > 0;) why.append(buffer, size_t(n));
+  ::close(out[0]);
+  int status = 0;
+  ::waitpid(pid, &status, 0);
+  ASSERT_TRUE(WIFEXITED(status)) << status;
+  EXPECT_EQ(WEXITSTATUS(status), 0) << "the store opened on a full disk";
+  EXPECT_NE(why.find((tmp / "jobs" / "jobs.sqlite3").string()), std::string::npos) << why;
+  EXPECT_NE(why.find("check that the disk has room and is writable"), std::string::npos) << why;
 }
 
 TEST(JobsStore, FilesAndBatchesOutliveTheServer) {
