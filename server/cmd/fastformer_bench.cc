@@ -21,6 +21,7 @@
 
 #include "common/workload.h"
 #include "server/cmd/dtype_flag.h"
+#include "server/engine/cpu/amx_gemm.h"
 #include "server/engine/cpu/onednn_gemm.h"
 #include "server/engine/cpu/peak_probe.h"
 #include "server/engine/engine.h"
@@ -137,6 +138,33 @@ double kernel_peak(const std::string& kernel, const nlohmann::ordered_json& roof
   if (kernel.find("amx") != std::string::npos && amx > 0) return amx;
   if (kernel.find("bf16") != std::string::npos && dot > 0) return dot;
   return roofline["fma_gflops"].get<double>();
+}
+
+// The AMX kernel's epilogue alone (engine::epilogue_ns_per_element: finish_block on one
+// thread), per epilogue: ns per output element; it needs no AMX (vector code).
+nlohmann::ordered_json epilogue_probe(std::ostream& out) {
+  using engine::Activation;
+  using engine::Epilogue;
+  const std::pair<const char*, std::pair<Epilogue, Activation>> epilogues[] = {
+      {"store", {Epilogue::kStore, Activation::kGeluErf}},
+      {"bias", {Epilogue::kBias, Activation::kGeluErf}},
+      {"accumulate", {Epilogue::kAccumulate, Activation::kGeluErf}},
+      {"bias+gelu_erf", {Epilogue::kBiasAct, Activation::kGeluErf}},
+      {"bias+gelu_tanh", {Epilogue::kBiasAct, Activation::kGeluTanh}},
+      {"bias+silu", {Epilogue::kBiasAct, Activation::kSilu}},
+      {"bias+relu", {Epilogue::kBiasAct, Activation::kRelu}},
+  };
+  nlohmann::ordered_json rows = nlohmann::ordered_json::array();
+  out << "AMX kernel's epilogue (finish_block, one thread, 32 x 32 blocks), ns per element:";
+  for (const auto& [name, e] : epilogues) {
+    const double ns = engine::epilogue_ns_per_element(e.first, e.second, 0.2);
+    char cell[64];
+    std::snprintf(cell, sizeof cell, " %s %.3f", name, ns);
+    out << cell;
+    rows.push_back({{"epilogue", name}, {"ns_per_element", ns}});
+  }
+  out << "\n";
+  return rows;
 }
 
 // The GEMM probe: each GEMM site's shape (as the graph ran it, M = the largest batch's
@@ -269,7 +297,8 @@ void add_flags(CLI::App& app, BenchOptions* o) {
                "CPU engine: after the timed run, time oneDNN's packed fixed-M primitive alone on "
                "each GEMM shape the model ran (M = the largest batch), on 1 and on --threads "
                "threads: a \"gemm_probe\" array in the JSON, a table on stderr, and with --profile "
-               "each GEMM op's share of its ceiling");
+               "each GEMM op's share of its ceiling; and the AMX kernel's epilogue alone, ns per "
+               "element for each epilogue (\"epilogue_probe\"; any CPU)");
   app.add_flag("--print-workload", o->print_workload,
                "print the workload's batches as JSON (token ids) and exit");
 }
@@ -603,6 +632,7 @@ int run(const BenchOptions& options, const LengthSpec& lengths) {
     if (!run_gemm_probe(*eng, options.engine, ragged.largest_batch_tokens, roofline, &probe_rows))
       return 2;
     if (!probe_rows.is_null()) result["gemm_probe"] = probe_rows;
+    if (eng->backend_name() == "cpu") result["epilogue_probe"] = epilogue_probe(std::cerr);
   }
   if (options.profile)
     result["profile"] =

@@ -6,9 +6,11 @@
 #include "server/engine/cpu/amx_gemm.h"
 
 #include <algorithm>
+#include <chrono>
 #include <cmath>
 #include <new>
 #include <string>
+#include <vector>
 
 #include "common/half.h"
 #include "server/engine/cpu/vector_math.h"
@@ -59,7 +61,10 @@ inline float erf_approx(float x) {
   r = r * t + 2.595574845e-01f;
   r = r * t + 1.839172554e-03f;
   const float large = 1.0f - vmath::exp(-x2) * r;
-  return std::copysign(ax < 1.0f ? small : large, x);
+  // A blend, not a branch: both halves are computed for every lane (GCC leaves `?:` here as
+  // control flow, and the loop unvectorised).
+  const float below = ax < 1.0f ? 1.0f : 0.0f;
+  return std::copysign(large + below * (small - large), x);
 }
 
 struct GeluErf {
@@ -86,10 +91,15 @@ void activate(float* v, int cols) {
 // Rows x cols of C from the block's float32 accumulators (`acc`, rows of kBlockColumns):
 // bias, activation or the old C on float32, one rounding to bfloat16. `bias` is the block's
 // first column's, or null. Vectorised by the loops over a row (clones per ISA where GCC makes
-// them: the hardware path runs on CPUs with AVX-512).
-FASTFORMER_VECTOR_CLONES
-void finish_block(const float* acc, int rows, int cols, const float* bias, uint16_t* c, int64_t ldc,
-                  Epilogue epilogue, Activation act) {
+// them: the hardware path runs on CPUs with AVX-512). Flattened: every call in it (activate<>,
+// erf_approx, vmath::exp and tanh, the bfloat16 conversions) is inlined into each clone, so
+// the activations run on that clone's vectors (zmm in the AVX-512 one); out of line they were
+// compiled for baseline x86-64 (4-wide SSE, no FMA) and cost more than the GEMM (issue 51).
+FASTFORMER_VECTOR_CLONES __attribute__((flatten)) void finish_block(const float* acc, int rows,
+                                                                    int cols, const float* bias,
+                                                                    uint16_t* c, int64_t ldc,
+                                                                    Epilogue epilogue,
+                                                                    Activation act) {
   static constexpr float kNoBias[kBlockColumns] = {};
   const float* b = bias ? bias : kNoBias;
   for (int r = 0; r < rows; ++r) {
@@ -321,6 +331,32 @@ void AmxMatmul::run(int64_t m, const uint16_t* a, const Weights& weights, const 
 #else
   throw EngineError("AMX GEMM: this build has no AMX intrinsics");  // the constructor refused
 #endif
+}
+
+double epilogue_ns_per_element(Epilogue epilogue, Activation act, double seconds) {
+  // One block's accumulators (values around the activations' interesting range), the bias, and
+  // C: 32 rows of 64 blocks (128 KiB of bfloat16: L2, as the kernel's C rows are).
+  alignas(64) float acc[kBlockRows * kBlockColumns];
+  for (int i = 0; i < kBlockRows * kBlockColumns; ++i) acc[i] = float((i * 37) % 61 - 30) * 0.1f;
+  float bias[kBlockColumns];
+  for (int j = 0; j < kBlockColumns; ++j) bias[j] = float(j) * 0.01f;
+  constexpr int kBlocks = 64;
+  const int64_t ldc = int64_t(kBlocks) * kBlockColumns;
+  std::vector<uint16_t> c(size_t(kBlockRows * ldc), float_to_bfloat16(0.5f));
+  int64_t elements = 0;
+  const auto start = std::chrono::steady_clock::now();
+  double elapsed = 0;
+  do {
+    for (int b = 0; b < kBlocks; ++b) {
+      finish_block(acc, kBlockRows, kBlockColumns, bias, c.data() + b * kBlockColumns, ldc,
+                   epilogue, act);
+    }
+    elements += int64_t(kBlocks) * kBlockRows * kBlockColumns;
+    elapsed = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+  } while (elapsed < seconds);
+  volatile uint16_t keep = c[size_t(ldc) + 3];
+  (void)keep;
+  return elapsed * 1e9 / double(elements);
 }
 
 }  // namespace fastformer::engine

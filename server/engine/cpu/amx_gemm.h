@@ -61,6 +61,12 @@ enum class TileBackend {
   kModel,     ///< the portable model of the instructions (amx_tiles.h): any CPU, slow (tests)
 };
 
+// The kernel's epilogue alone (finish_block: bias, activation or the old C, the bfloat16 store)
+// on whole 32 x 32 blocks, on the calling thread for about `seconds`: nanoseconds per output
+// element (fastformer-bench --gemm-probe's epilogue table). Needs no AMX: the epilogue is
+// vector code (the AVX-512, AVX2 or baseline clone, as the CPU picks).
+double epilogue_ns_per_element(Epilogue epilogue, Activation act, double seconds);
+
 class AmxMatmul {
  public:
   struct Shape {
