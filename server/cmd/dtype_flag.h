@@ -26,15 +26,16 @@ inline CLI::Option* add_dtype_flag(CLI::App& app, engine::Dtype* dtype, const st
 }
 
 // --cpu-gemm (fastformer-server, fastformer-bench): who runs the CPU engine's bfloat16 GEMMs,
-// by name ("onednn", "amx"; engine.h, CpuGemm).
+// by name ("auto", "onednn", "amx"; engine.h, CpuGemm).
 inline CLI::Option* add_cpu_gemm_flag(CLI::App& app, engine::CpuGemm* gemm) {
   return app
       .add_option_function<std::string>(
           "--cpu-gemm", [gemm](const std::string& name) { engine::parse_cpu_gemm(name, gemm); },
-          "the CPU engine's bfloat16 GEMMs: onednn, or amx (the hand-written AMX kernel where the "
-          "CPU has AMX and grants the tiles, else onednn and the log says why; opt-in until "
-          "measured on an AMX CPU)")
-      ->check(CLI::IsMember({"onednn", "amx"}))
+          "the CPU engine's bfloat16 GEMMs: auto (per GEMM shape, the faster of oneDNN and the "
+          "hand-written AMX kernel, timed at load; oneDNN where the kernel cannot run, and the log "
+          "says why), onednn, or amx (the AMX kernel where the CPU has AMX and grants the tiles, "
+          "else onednn and the log says why)")
+      ->check(CLI::IsMember({"auto", "onednn", "amx"}))
       ->default_str(engine::cpu_gemm_name(*gemm));
 }
 

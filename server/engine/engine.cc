@@ -61,33 +61,21 @@ cuda::MakeCudaOpsFn cuda_plugin(std::string* why) {
 
 namespace {
 
-// Who runs the CPU engine's bfloat16 GEMMs for --cpu-gemm, and a note for the device string when
-// it is not oneDNN or a request was refused. FASTFORMER_AMX_TILES=model (tests only): the
-// AMX kernel on the portable model of the tiles, on any CPU (slow; never a serving choice).
+// Who runs the CPU engine's bfloat16 GEMMs for --cpu-gemm (pick_bf16_gemm, cpu_ops.h), and a
+// note for the device string. FASTFORMER_AMX_TILES=model (tests only): the AMX kernel on the
+// portable model of the tiles, on any CPU (slow; never a serving choice).
 Bf16Gemm choose_bf16_gemm(CpuGemm requested, CpuDtype dtype, std::string* note) {
   const char* env = std::getenv("FASTFORMER_AMX_TILES");
-  if (dtype == CpuDtype::kFloat32) {
-    if (requested == CpuGemm::kAmx) *note = "; --cpu-gemm amx is for bfloat16: oneDNN's GEMMs";
-    return Bf16Gemm::kOnednn;
-  }
-  if (env != nullptr && std::string(env) == "model") {
-    *note = "; GEMMs on the AMX kernel over the tile model (tests)";
-    return Bf16Gemm::kAmxModel;
-  }
-  if (requested != CpuGemm::kAmx) return Bf16Gemm::kOnednn;
   std::string why;
-  if (!amx_available(&why)) {
-    *note = "; --cpu-gemm amx refused (" + why + "): oneDNN's GEMMs";
-    return Bf16Gemm::kOnednn;
-  }
-  *note = "; GEMMs on the hand-written AMX kernel (K % 32 == 0; oneDNN for the others)";
-  return Bf16Gemm::kAmx;
+  if (dtype != CpuDtype::kFloat32 && requested != CpuGemm::kOnednn) amx_available(&why);
+  return pick_bf16_gemm(cpu_gemm_name(requested), dtype, why,
+                        env != nullptr && std::string(env) == "model", note);
 }
 
 }  // namespace
 
 bool parse_cpu_gemm(std::string_view name, CpuGemm* out) {
-  for (const CpuGemm g : {CpuGemm::kOnednn, CpuGemm::kAmx}) {
+  for (const CpuGemm g : {CpuGemm::kAuto, CpuGemm::kOnednn, CpuGemm::kAmx}) {
     if (name == cpu_gemm_name(g)) {
       *out = g;
       return true;
@@ -96,7 +84,9 @@ bool parse_cpu_gemm(std::string_view name, CpuGemm* out) {
   return false;
 }
 
-const char* cpu_gemm_name(CpuGemm gemm) { return gemm == CpuGemm::kAmx ? "amx" : "onednn"; }
+const char* cpu_gemm_name(CpuGemm gemm) {
+  return gemm == CpuGemm::kAmx ? "amx" : gemm == CpuGemm::kAuto ? "auto" : "onednn";
+}
 
 bool parse_backend(const std::string& name, Backend* out) {
   if (name == "auto")

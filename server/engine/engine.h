@@ -67,12 +67,13 @@ struct CpuGemmInfo;  // what oneDNN runs on this CPU (cpu/onednn_gemm.h)
 // cuda::choose_cuda_dtype, which the plugin applies to its device).
 DtypeChoice choose_cpu_dtype(Dtype requested, const CpuGemmInfo& gemm);
 
-// Who runs the CPU engine's bfloat16 GEMMs (--cpu-gemm): oneDNN's kernels, or the hand-written
-// AMX kernel (cpu/amx_gemm.h) where the CPU has AMX and the kernel grants the tiles (else oneDNN,
-// and the engine's device string says why). Opt-in until it is measured on an AMX CPU
-// (docs/kernels.md). float32 always runs oneDNN.
-enum class CpuGemm { kOnednn, kAmx };
-// "onednn", "amx"; false for anything else.
+// Who runs the CPU engine's bfloat16 GEMMs (--cpu-gemm): auto (the default: per GEMM shape and
+// row bucket, the faster of oneDNN and the hand-written AMX kernel, timed at load; oneDNN where
+// the AMX kernel cannot run, the device string saying why), oneDNN's kernels, or the AMX kernel
+// (cpu/amx_gemm.h) where the CPU has AMX and the kernel grants the tiles (else oneDNN, and the
+// device string says why). float32 always runs oneDNN.
+enum class CpuGemm { kAuto, kOnednn, kAmx };
+// "auto", "onednn", "amx"; false for anything else.
 bool parse_cpu_gemm(std::string_view name, CpuGemm* out);
 const char* cpu_gemm_name(CpuGemm gemm);
 
@@ -89,7 +90,7 @@ struct EngineOptions {
   /// The CUDA engine's opt-in kernels, comma-separated (--cuda-opt-in; docs/kernels.md, "Opt-in
   /// kernels"): "" takes FASTFORMER_CUDA_OPT_IN from the environment, "none" none.
   std::string cuda_opt_in;
-  CpuGemm cpu_gemm = CpuGemm::kOnednn;  ///< the CPU engine's bfloat16 GEMMs
+  CpuGemm cpu_gemm = CpuGemm::kAuto;  ///< the CPU engine's bfloat16 GEMMs
   /// The CPU engine's passes (pass_tokens, workspace.h): at most this many tokens a pass of
   /// the forward graph; -1 sizes them to the CPU's cache, 0 runs every batch in one pass.
   int64_t pass_tokens = -1;

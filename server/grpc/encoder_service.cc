@@ -130,6 +130,7 @@ grpc::ServerUnaryReactor* EncoderService::GetModelInfo(grpc::CallbackServerConte
   info->set_dtype(engine::dtype_name(engine.dtype().dtype));  // as served: never "auto"
   info->set_backend(engine.backend_name());
   info->set_device(engine.device_name());
+  for (const std::string& site : engine.gemm_report()) info->add_gemm_kernels(site);
   info->set_max_batch_tokens(uint32_t(served->settings.max_batch_tokens));
   info->set_max_request_tokens(uint32_t(config.limits.max_request_tokens));
   info->set_server_version(config.version);

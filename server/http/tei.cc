@@ -475,6 +475,10 @@ void HttpApi::tei_info(Call call) {
   w.raw(",\"auto_truncate\":false,\"tokenization_workers\":").number(int64_t(0));
   w.raw(",\"backend\":").string(engine.backend_name());
   w.raw(",\"device\":").string(engine.device_name());
+  w.raw(",\"gemm_kernels\":[");  // ours: which kernel runs each GEMM site (docs/api.md)
+  size_t site = 0;
+  for (const std::string& line : engine.gemm_report()) (site++ ? w.ch(',') : w).string(line);
+  w.ch(']');
   w.raw(",\"accepts_text\":").boolean(served->tokenizer() != nullptr);
   // The prompts for prompt_name, as sentence-transformers names them (ours: TEI has none here).
   w.raw(",\"prompts\":{");

@@ -242,7 +242,7 @@ ModelSettings read_settings(const std::filesystem::path& model_dir, const std::s
     } else if (key == "cpu_gemm") {
       if (!engine::parse_cpu_gemm(v, &s.cpu_gemm)) {
         throw std::invalid_argument(f + ": parameters \"cpu_gemm\": \"" + v +
-                                    "\" is not onednn or amx");
+                                    "\" is not auto, onednn or amx");
       }
     } else if (key == "backend") {
       s.backend = v;

@@ -25,7 +25,7 @@ struct ModelSettings {
   int threads = defaults::kThreads;
   bool allow_tf32 = false;
   std::string cuda_opt_in;  ///< the CUDA engine's opt-in kernels (EngineOptions::cuda_opt_in)
-  engine::CpuGemm cpu_gemm = engine::CpuGemm::kOnednn;  ///< the CPU engine's bfloat16 GEMMs
+  engine::CpuGemm cpu_gemm = engine::CpuGemm::kAuto;  ///< the CPU engine's bfloat16 GEMMs
   int64_t max_batch_tokens = defaults::kMaxBatchTokens;
   int64_t max_batch_sequences = defaults::kMaxBatchSequences;
   int64_t max_queue_delay_us = defaults::kMaxQueueDelayUs;

@@ -78,6 +78,11 @@ void fill_model_config(const ServedModel& served, inference::ModelConfig* config
   auto& parameters = *config->mutable_parameters();
   parameters["dtype"].set_string_value(engine::dtype_name(engine.dtype().dtype));  // never "auto"
   parameters["device"].set_string_value(engine.device_name());
+  // Which kernel runs each GEMM site, a line each (--cpu-gemm auto's choice and figures).
+  std::string gemm_kernels;
+  for (const std::string& site : engine.gemm_report())
+    gemm_kernels += (gemm_kernels.empty() ? "" : "\n") + site;
+  parameters["gemm_kernels"].set_string_value(gemm_kernels);
   // The prompts as config.pbtxt's "prompts" parameter takes them (the parameters' prompt_name).
   if (served.config.prompts)
     parameters["prompts"].set_string_value(served.config.prompts->to_json());

@@ -130,7 +130,27 @@ def test_the_amx_kernel_serves_through_the_server_on_the_tile_model(e2e, servers
     _assert_serves_bf16(e2e, srv)
 
 
-def test_a_cpu_gemm_outside_onednn_and_amx_is_refused_at_start_up(servers):
+def test_cpu_gemm_auto_is_the_default_and_says_its_choice(e2e, servers):
+    """--cpu-gemm auto (issue 51), the default: per GEMM shape the faster of oneDNN and the AMX
+    kernel, timed at load, where the kernel can run; elsewhere oneDNN, the device string saying
+    why. GetModelInfo's gemm_kernels says which kernel runs each GEMM site, and the load's log
+    has the same lines."""
+    srv = servers.start("head", extra_env=_bf16_env(), dtype="bfloat16")
+    info = srv.stub.GetModelInfo(e2e.pb.GetModelInfoRequest(), timeout=e2e.RPC_TIMEOUT_S)
+    if {"amx_bf16", "amx_tile"} <= cpu_flags():
+        assert "GEMMs picked per shape by measurement at load" in info.device, info.device
+        assert all("auto: " in line for line in info.gemm_kernels), info.gemm_kernels
+    else:
+        assert re.search(r"--cpu-gemm auto: oneDNN's GEMMs \(the AMX kernel cannot run: no AMX on this CPU",
+                         info.device), info.device
+    names = [line.split(" ", 1)[0] for line in info.gemm_kernels]
+    assert "ffn_in_gemm" in names and "ffn_out_gemm" in names, info.gemm_kernels
+    for line in info.gemm_kernels:
+        assert f"GEMM {line}" in srv.log_text(), (line, srv.log_tail())
+    _assert_serves_bf16(e2e, srv)
+
+
+def test_a_cpu_gemm_outside_auto_onednn_and_amx_is_refused_at_start_up(servers):
     srv = servers.start("head", wait=False, cpu_gemm="tiles")
     assert srv.wait_exit(timeout=30) != 0
-    assert "--cpu-gemm: tiles not in {onednn,amx}" in srv.log_text(), srv.log_tail()
+    assert "--cpu-gemm: tiles not in {auto,onednn,amx}" in srv.log_text(), srv.log_tail()

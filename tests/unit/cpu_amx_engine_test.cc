@@ -172,8 +172,12 @@ TEST(CpuAmxEngine, CpuGemmNames) {
   EXPECT_EQ(g, CpuGemm::kOnednn);
   EXPECT_TRUE(parse_cpu_gemm("amx", &g));
   EXPECT_EQ(g, CpuGemm::kAmx);
+  EXPECT_TRUE(parse_cpu_gemm("auto", &g));
+  EXPECT_EQ(g, CpuGemm::kAuto);
   EXPECT_FALSE(parse_cpu_gemm("AMX", &g));
   EXPECT_STREQ(cpu_gemm_name(CpuGemm::kOnednn), "onednn");
+  EXPECT_STREQ(cpu_gemm_name(CpuGemm::kAuto), "auto");
+  EXPECT_EQ(EngineOptions{}.cpu_gemm, CpuGemm::kAuto);  // the default
 }
 
 }  // namespace

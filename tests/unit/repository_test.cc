@@ -119,7 +119,7 @@ TEST(RepositorySettingsTest, AConfigPbtxtErrorNamesTheFileAndTheField) {
                 .find("\"float64\" is not auto, float32, float16 or bfloat16"),
             std::string::npos);
   EXPECT_NE(why(R"(parameters { key: "cpu_gemm" value: { string_value: "tiles" } })")
-                .find("parameters \"cpu_gemm\": \"tiles\" is not onednn or amx"),
+                .find("parameters \"cpu_gemm\": \"tiles\" is not auto, onednn or amx"),
             std::string::npos);
 }
 

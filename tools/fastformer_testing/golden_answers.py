@@ -23,10 +23,11 @@ from pathlib import Path
 import pytest
 
 TOL = 1e-3
-# "device" names the CPU's instruction set and thread count; the two TEI counts may follow the
+# "device" names the CPU's instruction set and thread count, and "gemm_kernels" the kernels this
+# CPU's oneDNN picked (and --cpu-gemm auto's timings); the two TEI counts may follow the
 # machine's cores.
 VOLATILE = {"created", "last_inference", "version", "sha", "model_sha", "docker_label", "device",
-            "max_concurrent_requests", "tokenization_workers", "server_version", "ns",
+            "gemm_kernels", "max_concurrent_requests", "tokenization_workers", "server_version", "ns",
             "last_inference_timestamp"}
 
 

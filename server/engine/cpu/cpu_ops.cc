@@ -76,11 +76,44 @@ std::unique_ptr<GemmBackend> make_gemm_backend(CpuDtype dtype, Bf16Gemm bf16_gem
   if (dtype == CpuDtype::kFloat32) return std::make_unique<OnednnGemm>(pool);
   auto packed = std::make_unique<PackedGemm>(pool, dtype == CpuDtype::kBfloat16Emulated);
   if (bf16_gemm == Bf16Gemm::kOnednn) return packed;
+  if (bf16_gemm == Bf16Gemm::kAuto) {
+    // The kernel's own fallback is never used: AutoGemm gives oneDNN the shapes it refuses.
+    auto amx = std::make_unique<AmxGemm>(pool, TileBackend::kHardware,
+                                         std::make_unique<PackedGemm>(pool, false));
+    return std::make_unique<AutoGemm>(std::move(packed), std::move(amx));
+  }
   return std::make_unique<AmxGemm>(
       pool, bf16_gemm == Bf16Gemm::kAmx ? TileBackend::kHardware : TileBackend::kModel,
       std::move(packed));
 }
 }  // namespace
+
+Bf16Gemm pick_bf16_gemm(std::string_view requested, CpuDtype dtype, const std::string& amx_why,
+                        bool tile_model, std::string* note) {
+  if (dtype == CpuDtype::kFloat32) {
+    if (requested == "amx") *note = "; --cpu-gemm amx is for bfloat16: oneDNN's GEMMs";
+    return Bf16Gemm::kOnednn;
+  }
+  if (tile_model) {
+    *note = "; GEMMs on the AMX kernel over the tile model (tests)";
+    return Bf16Gemm::kAmxModel;
+  }
+  if (requested == "onednn") return Bf16Gemm::kOnednn;
+  if (!amx_why.empty()) {
+    *note = requested == "amx"
+                ? "; --cpu-gemm amx refused (" + amx_why + "): oneDNN's GEMMs"
+                : "; --cpu-gemm auto: oneDNN's GEMMs (the AMX kernel cannot run: " + amx_why + ")";
+    return Bf16Gemm::kOnednn;
+  }
+  if (requested == "amx") {
+    *note = "; GEMMs on the hand-written AMX kernel (K % 32 == 0; oneDNN for the others)";
+    return Bf16Gemm::kAmx;
+  }
+  *note =
+      "; GEMMs picked per shape by measurement at load, oneDNN or the AMX kernel "
+      "(--cpu-gemm auto)";
+  return Bf16Gemm::kAuto;
+}
 
 CpuOps::CpuOps(int threads, const ModelConfig& config, CpuDtype dtype, Bf16Gemm bf16_gemm)
     : config_(config),

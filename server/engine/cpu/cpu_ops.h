@@ -22,6 +22,7 @@
 #include <optional>
 #include <span>
 #include <string>
+#include <string_view>
 #include <utility>
 #include <vector>
 
@@ -41,10 +42,20 @@ enum class CpuDtype {
   kBfloat16Emulated,  ///< bfloat16 buffers over float32 GEMMs (PackedMatmul::Shape::emulate): tests
 };
 
-// Who runs the bfloat16 GEMMs: oneDNN (PackedGemm), or the hand-written AMX kernel (AmxGemm,
-// gemm_backend.h) on the tiles or on their portable model (tests, any CPU). The AMX kernel takes
-// the shapes it supports (K a multiple of 32); oneDNN keeps the others.
-enum class Bf16Gemm { kOnednn, kAmx, kAmxModel };
+// Who runs the bfloat16 GEMMs: oneDNN (PackedGemm), the hand-written AMX kernel (AmxGemm,
+// gemm_backend.h) on the tiles or on their portable model (tests, any CPU), or the faster of
+// the two per shape, by measurement at load (AutoGemm, on the tiles). The AMX kernel takes the
+// shapes it supports (K a multiple of 32); oneDNN keeps the others.
+enum class Bf16Gemm { kOnednn, kAmx, kAmxModel, kAuto };
+
+// The rule that turns --cpu-gemm (`requested`: "auto", "onednn" or "amx") into a Bf16Gemm for a
+// CPU engine of `dtype`: float32 is always oneDNN; `amx_why` is empty where the AMX kernel may
+// run on the tiles, else why not (amx_available's reason): then auto is oneDNN and amx is
+// refused, both saying why in `note` (the device string's tail, and so the load's log);
+// `tile_model` (FASTFORMER_AMX_TILES=model, tests) runs the kernel on the tile model. The one
+// place the rule is written (engine.cc calls it).
+Bf16Gemm pick_bf16_gemm(std::string_view requested, CpuDtype dtype, const std::string& amx_why,
+                        bool tile_model, std::string* note);
 
 // The last-level cache the CPU's first core shares with others (Linux's sysfs: the size of
 // its highest-level data or unified cache), which sizes the CPU engine's passes

@@ -19,10 +19,14 @@
 //   AmxGemm     bfloat16: the hand-written AMX kernel (AmxMatmul, amx_gemm.h) on the tiles or
 //               on their portable model, for the shapes it supports (K a multiple of 32); a
 //               PackedGemm runs the others (gemm_backend_amx.cc).
+//   AutoGemm    bfloat16 (--cpu-gemm auto): per GEMM shape, the faster of a PackedGemm and an
+//               AmxGemm as timed on the shape's first run (gemm_backend_auto.cc).
 #pragma once
 
+#include <array>
 #include <cstddef>
 #include <cstdint>
+#include <functional>
 #include <map>
 #include <memory>
 #include <string>
@@ -111,6 +115,45 @@ class AmxGemm final : public GemmBackend {
   const std::unique_ptr<GemmBackend> others_;
   std::map<std::pair<const void*, AmxMatmul::Shape>, Site> sites_;
   std::map<const void*, std::string> kernels_;  // weight -> the kernel's description
+};
+
+// Times one GEMM of `m` rows on the back-end named `backend` ("onednn" or "amx") by calling
+// `run`, which does it once: seconds. The default runs it once untimed (the site's first run
+// packs its weights), then takes the best of three; the tests give a stub.
+using GemmTimer =
+    std::function<double(const char* backend, int64_t m, const std::function<void()>& run)>;
+
+// --cpu-gemm auto. On a GEMM shape's first run (the load's warm-up batch), it times both
+// back-ends on scratch rows of each bucket's size (kBuckets: 512 and 2,048 rows; A of small
+// values, C zero) with the site's own weights, and keeps the faster per bucket (the AMX kernel
+// only when strictly faster); every later call of that shape runs on the choice for its row
+// count's bucket (up to 1,024 rows, the buckets' geometric mean: 512's). A shape the AMX kernel
+// does not take (supports()) is oneDNN's, untimed. kernel(w) says the choice with both figures
+// (the load's log, the model's info). A shape whose buckets pick different back-ends keeps
+// both packed copies of its weights.
+class AutoGemm final : public GemmBackend {
+ public:
+  static constexpr std::array<int64_t, 2> kBuckets = {512, 2048};
+  AutoGemm(std::unique_ptr<GemmBackend> onednn, std::unique_ptr<GemmBackend> amx,
+           GemmTimer timer = {});
+  void linear(const Mat& a, const WeightRef& w, Mat c, Epilogue epilogue, Activation act) override;
+  // "auto: M=512: amx (amx:hand bf16 (...)) 0.610 ms against onednn 0.720 ms; M=2048: ...".
+  std::string kernel(const WeightRef& w) const override;
+  size_t packed_weight_bytes() const override;
+  // The bucket (index into kBuckets) a call of `rows` rows runs on.
+  static size_t bucket(int64_t rows);
+
+ private:
+  struct Choice {
+    std::array<GemmBackend*, 2> backend{};  ///< per bucket
+    std::string note;
+  };
+  const Choice& choose(const Mat& a, const WeightRef& w, Mat c, Epilogue epilogue, Activation act);
+
+  std::unique_ptr<GemmBackend> onednn_, amx_;
+  GemmTimer timer_;
+  std::map<AmxMatmul::Shape, Choice> choices_;
+  std::map<const void*, std::string> notes_;  // weight -> its shape's choice
 };
 
 }  // namespace fastformer::engine
