@@ -73,16 +73,18 @@ void print_rows(const nlohmann::ordered_json& rows, std::ostream& out);
 void print_profile(const nlohmann::ordered_json& rows, const nlohmann::ordered_json& roofline,
                    std::ostream& out) {
   char line[400];
-  std::snprintf(line, sizeof line, "%-20s %5s %6s %10s %12s %12s %9s %8s %7s %9s %9s %8s %8s  %s\n",
-                "op", "layer", "calls", "ms", "MB", "GFLOP", "GB/s", "TFLOP/s", "share", "ceiling",
-                "bound ms", "x bound", "of peak", "kernel");
+  std::snprintf(line, sizeof line,
+                "%-20s %5s %6s %10s %12s %12s %9s %8s %7s %9s %9s %8s %8s %8s  %s\n", "op", "layer",
+                "calls", "ms", "MB", "GFLOP", "GB/s", "TFLOP/s", "share", "ceiling", "bound ms",
+                "x bound", "of peak", "of L2fed", "kernel");
   const size_t rounds =
       rows.empty() || !rows[0].contains("ms_rounds") ? 1 : rows[0]["ms_rounds"].size();
   out << "profile (per batch, the median of " << rounds
       << " rounds; ceiling: the GEMM probe's N-thread TFLOP/s for the op's shape";
   if (!roofline.is_null()) {
     out << "; bound: the larger of bytes / copy rate and FLOPs / multiply-add peak, for ops "
-           "other than GEMMs; of peak: a GEMM's share of the hardware's peak)\n"
+           "other than GEMMs; of peak: a GEMM's share of the hardware's peak; of L2fed: an AMX "
+           "GEMM's share of the L2-fed tile loop's ceiling)\n"
         << "roofline: memcpy (GB/s copied)";
     for (const auto& copy : roofline["copy"])
       out << " " << (copy["bytes"].get<size_t>() >> 20) << " MiB " << copy["gbps"].get<double>();
@@ -106,7 +108,9 @@ void print_rows(const nlohmann::ordered_json& rows, std::ostream& out) {
   char line[400];
   double total_ms = 0;
   for (const auto& r : rows) {
-    char ceiling[32] = "", bound[32] = "", of_bound[32] = "", of_peak[32] = "";
+    char ceiling[32] = "", bound[32] = "", of_bound[32] = "", of_peak[32] = "", of_l2[32] = "";
+    if (r.contains("of_l2_fed"))
+      std::snprintf(of_l2, sizeof of_l2, "%.0f%%", 100 * r["of_l2_fed"].get<double>());
     if (r.contains("of_ceiling"))
       std::snprintf(ceiling, sizeof ceiling, "%.0f%%", 100 * r["of_ceiling"].get<double>());
     if (r.contains("bound_ms")) {
@@ -115,13 +119,13 @@ void print_rows(const nlohmann::ordered_json& rows, std::ostream& out) {
     }
     if (r.contains("of_peak"))
       std::snprintf(of_peak, sizeof of_peak, "%.0f%%", 100 * r["of_peak"].get<double>());
-    std::snprintf(line, sizeof line,
-                  "%-20s %5d %6.1f %10.4f %12.3f %12.3f %9.1f %8.2f %6.1f%% %9s %9s %8s %8s  %s\n",
-                  r["name"].get<std::string>().c_str(), r["layer"].get<int>(),
-                  r["calls"].get<double>(), r["ms"].get<double>(), r["bytes"].get<double>() / 1e6,
-                  r["flops"].get<double>() / 1e9, r["gbps"].get<double>(),
-                  r["tflops"].get<double>(), 100 * r["share"].get<double>(), ceiling, bound,
-                  of_bound, of_peak, r["kernel"].get<std::string>().c_str());
+    std::snprintf(
+        line, sizeof line,
+        "%-20s %5d %6.1f %10.4f %12.3f %12.3f %9.1f %8.2f %6.1f%% %9s %9s %8s %8s %8s  %s\n",
+        r["name"].get<std::string>().c_str(), r["layer"].get<int>(), r["calls"].get<double>(),
+        r["ms"].get<double>(), r["bytes"].get<double>() / 1e6, r["flops"].get<double>() / 1e9,
+        r["gbps"].get<double>(), r["tflops"].get<double>(), 100 * r["share"].get<double>(), ceiling,
+        bound, of_bound, of_peak, of_l2, r["kernel"].get<std::string>().c_str());
     out << line;
     total_ms += r["ms"].get<double>();
   }
@@ -184,6 +188,15 @@ nlohmann::ordered_json gemm_probe(const engine::ForwardEngine& eng, bool bf16, i
           << roofline["amx_gflops"].get<double>() << " (" << roofline["amx_how"].get<std::string>()
           << ")";
     out << "\n";
+    for (const auto& c : roofline["amx_ceilings"]) {
+      out << "AMX tile loop, one core, " << c["name"].get<std::string>() << ": ";
+      if (c["gflops_1_thread"].get<double>() > 0) {
+        out << c["gflops_1_thread"].get<double>() << " GFLOP/s (" << c["how"].get<std::string>()
+            << ")\n";
+      } else {
+        out << "not measured (" << c["how"].get<std::string>() << ")\n";
+      }
+    }
   }
   nlohmann::ordered_json rows = nlohmann::ordered_json::array();
   std::vector<std::string> seen;
@@ -224,6 +237,9 @@ nlohmann::ordered_json gemm_probe(const engine::ForwardEngine& eng, bool bf16, i
                     {"gflops_n_threads", all},
                     {"peak_gflops", peak},
                     {"of_peak", peak > 0 ? all / peak : 0.0}});
+    const double l2_fed = roofline.is_null() ? 0 : roofline.value("amx_l2_fed_gflops", 0.0);
+    if (kernel.find("amx") != std::string::npos && l2_fed > 0)
+      rows.back()["of_l2_fed"] = all / l2_fed;  // the share of the L2-fed tile loop's ceiling
   }
   return rows;
 }
@@ -508,6 +524,21 @@ nlohmann::ordered_json measure_roofline(int threads, bool bf16) {
   out["bf16_how"] = dot.how;
   out["amx_gflops"] = amx.gflops;
   out["amx_how"] = amx.how;
+  // The tile loop's ceilings on one core (issue 51): no loads, fed from L1, fed from L2; the
+  // L2-fed one on the engine's threads is what an AMX GEMM's share is taken of.
+  nlohmann::ordered_json ceilings = nlohmann::ordered_json::array();
+  double l2_fed = 0;
+  if (bf16) {
+    for (const engine::TileCeiling& c : engine::amx_tile_ceilings()) {
+      ceilings.push_back({{"name", c.name},
+                          {"bytes", c.bytes},
+                          {"gflops_1_thread", c.peak.gflops},
+                          {"how", c.peak.how}});
+      if (std::string(c.name) == "L2-fed") l2_fed = c.peak.gflops * threads;
+    }
+  }
+  out["amx_ceilings"] = ceilings;
+  out["amx_l2_fed_gflops"] = l2_fed;
   return out;
 }
 
@@ -521,6 +552,9 @@ void add_bounds(nlohmann::ordered_json& row, const nlohmann::ordered_json& roofl
     const double peak = kernel_peak(kernel, roofline);
     row["peak_tflops"] = peak / 1e3;
     row["of_peak"] = row["tflops"].get<double>() / (peak / 1e3);
+    const double l2_fed = roofline.value("amx_l2_fed_gflops", 0.0);
+    if (kernel.find("amx") != std::string::npos && l2_fed > 0)
+      row["of_l2_fed"] = row["tflops"].get<double>() / (l2_fed / 1e3);
     return;
   }
   const double bytes = row["bytes"].get<double>();

@@ -12,9 +12,11 @@
 #include <iterator>
 #include <memory>
 #include <string>
+#include <vector>
 
 #include "server/engine/cpu/amx_tiles.h"
 #include "server/engine/cpu/onednn_gemm.h"
+#include "server/engine/cpu/peak_probe.h"
 #include "server/engine/engine.h"
 #include "server/engine/model.h"
 #include "tests/support/engine_parity.h"
@@ -164,6 +166,38 @@ TEST(CpuAmxEngine, PeakLoopOnTheModel) {
   EXPECT_EQ(amx::kPeakLoopFlops, 65536.0);
   // The tiles were released: any tile instruction now faults, as on the CPU.
   EXPECT_THROW(tiles.zero<0>(), amx::TileFault);
+}
+
+// The fed tile loop (--gemm-probe's L1- and L2-fed ceilings) on the model: 2 x 2 accumulators,
+// two A and two B tiles loaded from the working set at every step, cycling through its groups of
+// four tiles: with B 2^-20 in the first group and 2^-19 in the second, three steps (groups 0, 1,
+// 0) give every element 32 (2^-20 + 2^-19 + 2^-20) = 2^-13.
+TEST(CpuAmxEngine, FedLoopOnTheModelCyclesThroughItsWorkingSet) {
+  constexpr size_t kTile = 16 * 32;
+  std::vector<uint16_t> buffer(8 * kTile);
+  for (int g = 0; g < 2; ++g) {
+    uint16_t* t = buffer.data() + g * 4 * kTile;
+    std::fill(t, t + 2 * kTile, uint16_t{0x3f80});  // A: 1.0
+    std::fill(t + 2 * kTile, t + 4 * kTile, g == 0 ? uint16_t{0x3580} : uint16_t{0x3600});  // B
+  }
+  float c[4 * 16 * 16];
+  std::fill(std::begin(c), std::end(c), -1.0f);
+  amx::ModelTiles tiles;
+  amx::fed_loop(tiles, buffer.data(), 8, 3, c);
+  for (float x : c) ASSERT_EQ(x, 0x1p-13f);
+  EXPECT_THROW(tiles.zero<0>(), amx::TileFault);  // released
+  // Where the CPU has no AMX the probe's ceilings are 0, each with the reason.
+  std::string why;
+  if (!amx_available(&why)) {
+    const std::vector<TileCeiling> ceilings = amx_tile_ceilings();
+    ASSERT_EQ(ceilings.size(), 3u);
+    EXPECT_STREQ(ceilings[2].name, "L2-fed");
+    EXPECT_EQ(ceilings[2].bytes, 256 << 10);
+    for (const TileCeiling& c : ceilings) {
+      EXPECT_EQ(c.peak.gflops, 0);
+      EXPECT_EQ(c.peak.how, why);
+    }
+  }
 }
 
 TEST(CpuAmxEngine, CpuGemmNames) {

@@ -7,6 +7,7 @@
 #include <cstring>
 #include <mutex>
 #include <utility>
+#include <vector>
 
 #include "server/engine/error.h"
 
@@ -251,6 +252,27 @@ float hardware_peak_loop(int64_t iterations) {
   peak_loop(tiles, a, b, iterations, c);
   return c[0];
 #else
+  (void)iterations;
+  throw EngineError("this build has no AMX intrinsics (built without -mamx-tile -mamx-bf16)");
+#endif
+}
+
+float hardware_fed_loop(int64_t bytes, int64_t iterations) {
+#if defined(FASTFORMER_AMX_INTRINSICS)
+  constexpr int64_t kTileElements = kMaxRows * kBytesPerRow / 2;
+  const int64_t groups = std::max<int64_t>(1, bytes / (4 * kTileElements * 2));
+  std::vector<uint16_t> buffer(size_t(groups * 4 * kTileElements));
+  for (int64_t g = 0; g < groups; ++g) {
+    uint16_t* t = buffer.data() + g * 4 * kTileElements;
+    std::fill(t, t + 2 * kTileElements, uint16_t{0x3f80});                      // A tiles: 1.0
+    std::fill(t + 2 * kTileElements, t + 4 * kTileElements, uint16_t{0x3580});  // B: 2^-20
+  }
+  alignas(64) float c[4 * 16 * 16];
+  HardwareTiles tiles;
+  fed_loop(tiles, buffer.data(), groups * 4, iterations, c);
+  return c[0];
+#else
+  (void)bytes;
   (void)iterations;
   throw EngineError("this build has no AMX intrinsics (built without -mamx-tile -mamx-bf16)");
 #endif

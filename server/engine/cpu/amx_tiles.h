@@ -24,6 +24,7 @@
 // What the model follows of the reference, and where it stops, is said at ModelTiles.
 #pragma once
 
+#include <algorithm>
 #include <cstdint>
 #include <stdexcept>
 #include <string>
@@ -272,5 +273,51 @@ inline constexpr double kPeakLoopFlops = 4.0 * 16 * 16 * 32 * 2;  ///< per itera
 // (iterations x 32 x 2^-20). Call only where amx_available(); EngineError in a build without
 // the intrinsics.
 float hardware_peak_loop(int64_t iterations);
+
+// The tile loop fed from memory (fastformer-bench --gemm-probe's ceilings, peak_probe.h): 2 x 2
+// accumulator tiles (0..3) as the GEMM's micro-kernel keeps them, and at every step two A tiles
+// (4, 5) and two B tiles (6, 7) loaded from the next four 1 KB tiles of `buffer` (`buffer_tiles`
+// of them, cycled: the working set), then four TDPBF16PS: kPeakLoopFlops an iteration, as
+// peak_loop. Leaves the four sums in `c` (4 x 16 x 16 float32) and the tiles released. Over the
+// tile layer, so the unit tests run it on the model.
+template <class Tiles>
+void fed_loop(Tiles& tiles, const uint16_t* buffer, int64_t buffer_tiles, int64_t iterations,
+              float* c) {
+  TileConfig config;
+  config.palette_id = 1;
+  for (int t = 0; t < kTiles; ++t) {
+    config.rows[t] = kMaxRows;
+    config.colsb[t] = kBytesPerRow;
+  }
+  tiles.load_config(config);
+  tiles.template zero<0>();
+  tiles.template zero<1>();
+  tiles.template zero<2>();
+  tiles.template zero<3>();
+  constexpr int64_t kTileElements = kMaxRows * kBytesPerRow / 2;
+  const int64_t groups = std::max<int64_t>(1, buffer_tiles / 4);
+  for (int64_t i = 0, g = 0; i < iterations; ++i, g = g + 1 == groups ? 0 : g + 1) {
+    const uint16_t* t = buffer + g * 4 * kTileElements;
+    tiles.template load<4>(t, kBytesPerRow);
+    tiles.template load<5>(t + kTileElements, kBytesPerRow);
+    tiles.template load<6>(t + 2 * kTileElements, kBytesPerRow);
+    tiles.template load<7>(t + 3 * kTileElements, kBytesPerRow);
+    tiles.template dpbf16ps<0, 4, 6>();
+    tiles.template dpbf16ps<1, 4, 7>();
+    tiles.template dpbf16ps<2, 5, 6>();
+    tiles.template dpbf16ps<3, 5, 7>();
+  }
+  tiles.template store<0>(c, kBytesPerRow);
+  tiles.template store<1>(c + 256, kBytesPerRow);
+  tiles.template store<2>(c + 512, kBytesPerRow);
+  tiles.template store<3>(c + 768, kBytesPerRow);
+  tiles.release();
+}
+
+// fed_loop on the instructions over a working set of `bytes` (rounded down to whole groups of
+// four tiles, at least one), every element bfloat16 1.0 in A's tiles' places and 2^-20 in B's;
+// returns c[0][0][0] (iterations x 32 x 2^-20). Call only where amx_available(); EngineError in
+// a build without the intrinsics.
+float hardware_fed_loop(int64_t bytes, int64_t iterations);
 
 }  // namespace fastformer::engine::amx

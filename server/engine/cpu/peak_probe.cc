@@ -141,6 +141,25 @@ HardwarePeak avx512_bf16_peak(int threads) {
   return {0, "no AVX512_BF16 on this CPU"};
 }
 
+std::vector<TileCeiling> amx_tile_ceilings() {
+  std::vector<TileCeiling> out = {{"no loads", 0, amx_bf16_peak(1)}};
+  std::string why;
+  const bool amx = amx_available(&why);
+  // Captureless, so each is a kernel for time_peak (iterations / 8, as amx_loop).
+  const std::pair<const char*, float (*)(int64_t)> fed[] = {
+      {"L1-fed", [](int64_t n) { return amx::hardware_fed_loop(int64_t(16) << 10, n / 8); }},
+      {"L2-fed", [](int64_t n) { return amx::hardware_fed_loop(int64_t(256) << 10, n / 8); }}};
+  const int64_t bytes[] = {int64_t(16) << 10, int64_t(256) << 10};
+  for (size_t i = 0; i < 2; ++i) {
+    out.push_back({fed[i].first, bytes[i],
+                   amx ? time_peak(1, amx::kPeakLoopFlops / 8, fed[i].second,
+                                   "2 x 2 tiles, 2 A + 2 B tiles loaded a step from " +
+                                       std::to_string(bytes[i] >> 10) + " KiB")
+                       : HardwarePeak{0, why}});
+  }
+  return out;
+}
+
 HardwarePeak amx_bf16_peak(int threads) {
   std::string why;
   if (!amx_available(&why)) return {0, why};

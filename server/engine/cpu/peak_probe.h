@@ -9,7 +9,9 @@
 // per second, measured on a copy of about the op's size (caches hold a small one).
 #pragma once
 
+#include <cstdint>
 #include <string>
+#include <vector>
 
 namespace fastformer::engine {
 
@@ -29,5 +31,17 @@ HardwarePeak avx512_bf16_peak(int threads);
 // AMX's TDPBF16PS back to back on four independent accumulator tiles (amx::peak_loop: 16 x 16 x
 // 32 products each); 0 with the reason where there is no AMX or the kernel refuses the tiles.
 HardwarePeak amx_bf16_peak(int threads);
+
+// The ceilings of a tile loop that loads its operands (issue 51): on one thread, amx::fed_loop's
+// 2 x 2 accumulators with two A and two B tiles loaded at every step, from a working set that
+// L1 holds (16 KiB) and one that L2 holds (256 KiB); with the no-load peak (amx_bf16_peak on one
+// thread) first. What the GEMM kernel's blocking is measured against (--gemm-probe, --profile:
+// each GEMM's share of the L2-fed one). Each 0 with the reason where there is no AMX.
+struct TileCeiling {
+  const char* name;  ///< "no loads", "L1-fed", "L2-fed"
+  int64_t bytes;     ///< the working set (0: none)
+  HardwarePeak peak;
+};
+std::vector<TileCeiling> amx_tile_ceilings();
 
 }  // namespace fastformer::engine
