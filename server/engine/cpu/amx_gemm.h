@@ -56,6 +56,21 @@
 
 namespace fastformer::engine {
 
+// The kernel's blocking, in one place (docs/kernels.md, "Blocking", explains each against the
+// tile loop's measured ceilings: no loads, L1-fed, L2-fed; fastformer-bench --gemm-probe).
+struct AmxBlocking {
+  /// Micro-kernel: 2 x 2 C tiles, a block of 32 rows x 32 columns of C over all of K; each k
+  /// step loads two A and two B tiles (4 KB) for four TDPBF16PS.
+  static constexpr int kBlockRows = 32;
+  static constexpr int kBlockColumns = 32;
+  /// Packed weights per N panel (half of a Sapphire Rapids core's 2 MiB L2): every row block of
+  /// a call runs over one panel before the next, so the panel is read from memory once a call.
+  static constexpr int64_t kPanelBytes = int64_t(1) << 20;
+  /// Most rows of A per call of run() (a piece of the engine's pool): A's 512 rows stream
+  /// through a panel; the pool gets four pieces a worker, in multiples of kBlockRows.
+  static constexpr int64_t kPieceRows = 512;
+};
+
 enum class TileBackend {
   kHardware,  ///< the AMX instructions; needs amx_available()
   kModel,     ///< the portable model of the instructions (amx_tiles.h): any CPU, slow (tests)

@@ -7,7 +7,7 @@ namespace fastformer::engine {
 namespace {
 
 // Most rows per piece (A's rows stream through an L2 panel of W).
-constexpr int64_t kAmxRows = 512;
+constexpr int64_t kAmxRows = AmxBlocking::kPieceRows;
 
 }  // namespace
 
