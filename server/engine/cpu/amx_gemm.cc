@@ -20,14 +20,14 @@ namespace fastformer::engine {
 
 namespace {
 
-constexpr int kTileRows = amx::kMaxRows;         // 16 rows of A and C per tile
-constexpr int kTileColumns = 16;                 // 16 float32 columns of C, 16 n of B per tile
-constexpr int kStepK = 32;                       // k per tile step: 32 bfloat16 in a 64-byte row
+constexpr int kTileRows = amx::kMaxRows;  // 16 rows of A and C per tile
+constexpr int kTileColumns = 16;          // 16 float32 columns of C, 16 n of B per tile
+constexpr int kStepK = 32;                // k per tile step: 32 bfloat16 in a 64-byte row
 constexpr int kBlockRows = AmxBlocking::kBlockRows;        // the micro-kernel's 2 x 2 tiles of C
 constexpr int kBlockColumns = AmxBlocking::kBlockColumns;  // a pair of B tiles
 static_assert(kBlockRows == 2 * kTileRows && kBlockColumns == 2 * kTileColumns);
 constexpr int64_t kTileElements = kTileRows * amx::kBytesPerRow / 2;  // bfloat16 per B tile
-constexpr int64_t kPanelBytes = AmxBlocking::kPanelBytes;  // packed weights per N panel
+constexpr int64_t kPanelBytes = AmxBlocking::kPanelBytes;             // packed weights per N panel
 
 // Packed weights start on a cache line: each 1 KB B tile is 16 whole lines.
 constexpr std::align_val_t kWeightAlignment{64};
