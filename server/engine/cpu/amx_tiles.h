@@ -234,17 +234,14 @@ class HardwareTiles {
 #undef FASTFORMER_AMX_EACH_TILE
 #endif  // FASTFORMER_AMX_INTRINSICS
 
-// The matrix units' peak loop (fastformer-bench's hardware peak, peak_probe.h): TDPBF16PS back
-// to back on four independent accumulator tiles (tiles 0..3, 16 x 16 float32), against one A
-// tile (4: 16 rows x 32 bfloat16, `a` of 16 x 32) and one B tile (5: 16 pair rows x 16
-// columns, `b` of 16 x 32), `iterations` times: 4 x 16 x 16 x 32 x 2 = 65,536 FLOPs an
-// iteration. Leaves the four sums in `c` (4 x 16 x 16 float32) and the tiles released. Over the
-// tile layer, so the unit tests run it on the model.
+// The probe loops' frame: tiles 0..`count` - 1 configured full (16 rows x 64 bytes), the four
+// accumulators 0..3 zeroed; at the end their sums stored to `c` (4 x 16 x 16 float32) and the
+// tiles released.
 template <class Tiles>
-void peak_loop(Tiles& tiles, const uint16_t* a, const uint16_t* b, int64_t iterations, float* c) {
+void start_four_sums(Tiles& tiles, int count) {
   TileConfig config;
   config.palette_id = 1;
-  for (int t = 0; t < 6; ++t) {
+  for (int t = 0; t < count; ++t) {
     config.rows[t] = kMaxRows;
     config.colsb[t] = kBytesPerRow;
   }
@@ -253,6 +250,25 @@ void peak_loop(Tiles& tiles, const uint16_t* a, const uint16_t* b, int64_t itera
   tiles.template zero<1>();
   tiles.template zero<2>();
   tiles.template zero<3>();
+}
+template <class Tiles>
+void finish_four_sums(Tiles& tiles, float* c) {
+  tiles.template store<0>(c, kBytesPerRow);
+  tiles.template store<1>(c + 256, kBytesPerRow);
+  tiles.template store<2>(c + 512, kBytesPerRow);
+  tiles.template store<3>(c + 768, kBytesPerRow);
+  tiles.release();
+}
+
+// The matrix units' peak loop (fastformer-bench's hardware peak, peak_probe.h): TDPBF16PS back
+// to back on four independent accumulator tiles (tiles 0..3, 16 x 16 float32), against one A
+// tile (4: 16 rows x 32 bfloat16, `a` of 16 x 32) and one B tile (5: 16 pair rows x 16
+// columns, `b` of 16 x 32), `iterations` times: 4 x 16 x 16 x 32 x 2 = 65,536 FLOPs an
+// iteration. Leaves the four sums in `c` (4 x 16 x 16 float32) and the tiles released. Over the
+// tile layer, so the unit tests run it on the model.
+template <class Tiles>
+void peak_loop(Tiles& tiles, const uint16_t* a, const uint16_t* b, int64_t iterations, float* c) {
+  start_four_sums(tiles, 6);
   tiles.template load<4>(a, kBytesPerRow);
   tiles.template load<5>(b, kBytesPerRow);
   for (int64_t i = 0; i < iterations; ++i) {
@@ -261,11 +277,7 @@ void peak_loop(Tiles& tiles, const uint16_t* a, const uint16_t* b, int64_t itera
     tiles.template dpbf16ps<2, 4, 5>();
     tiles.template dpbf16ps<3, 4, 5>();
   }
-  tiles.template store<0>(c, kBytesPerRow);
-  tiles.template store<1>(c + 256, kBytesPerRow);
-  tiles.template store<2>(c + 512, kBytesPerRow);
-  tiles.template store<3>(c + 768, kBytesPerRow);
-  tiles.release();
+  finish_four_sums(tiles, c);
 }
 inline constexpr double kPeakLoopFlops = 4.0 * 16 * 16 * 32 * 2;  ///< per iteration
 
@@ -283,17 +295,7 @@ float hardware_peak_loop(int64_t iterations);
 template <class Tiles>
 void fed_loop(Tiles& tiles, const uint16_t* buffer, int64_t buffer_tiles, int64_t iterations,
               float* c) {
-  TileConfig config;
-  config.palette_id = 1;
-  for (int t = 0; t < kTiles; ++t) {
-    config.rows[t] = kMaxRows;
-    config.colsb[t] = kBytesPerRow;
-  }
-  tiles.load_config(config);
-  tiles.template zero<0>();
-  tiles.template zero<1>();
-  tiles.template zero<2>();
-  tiles.template zero<3>();
+  start_four_sums(tiles, kTiles);
   constexpr int64_t kTileElements = kMaxRows * kBytesPerRow / 2;
   const int64_t groups = std::max<int64_t>(1, buffer_tiles / 4);
   for (int64_t i = 0, g = 0; i < iterations; ++i, g = g + 1 == groups ? 0 : g + 1) {
@@ -307,11 +309,7 @@ void fed_loop(Tiles& tiles, const uint16_t* buffer, int64_t buffer_tiles, int64_
     tiles.template dpbf16ps<2, 5, 6>();
     tiles.template dpbf16ps<3, 5, 7>();
   }
-  tiles.template store<0>(c, kBytesPerRow);
-  tiles.template store<1>(c + 256, kBytesPerRow);
-  tiles.template store<2>(c + 512, kBytesPerRow);
-  tiles.template store<3>(c + 768, kBytesPerRow);
-  tiles.release();
+  finish_four_sums(tiles, c);
 }
 
 // fed_loop on the instructions over a working set of `bytes` (rounded down to whole groups of
